@@ -1,0 +1,58 @@
+"""Shared set-up for benchmark scripts: the real model, built like the server builds it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import semantic.adapters.mlx  # noqa: F401 - OpenBLAS before MLX
+from semantic.adapters.cli.progress import ProgressPrinter
+from semantic.adapters.mlx.backend import MlxBackend
+from semantic.adapters.mlx.blas import report_blas
+from semantic.adapters.mlx.kv_blocks import spec_from_model
+from semantic.adapters.mlx.loader import LoadedModel, load_model
+from semantic.adapters.mlx.tokenizer import MlxTokenizer
+from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
+from semantic.bootstrap import prepare_model
+from semantic.config import Settings
+from semantic.domain.block_pool import BlockPool
+from semantic.domain.cache_spec import ModelCacheSpec
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Bench:
+    loaded: LoadedModel
+    tokenizer: MlxTokenizer
+    spec: ModelCacheSpec
+
+    def engine(self, budget_bytes: int = 4 << 30, **config: Any) -> BlockPoolBatchEngine:
+        backend = MlxBackend(
+            self.loaded.model, self.spec, self.loaded.model_id, self.tokenizer.eos_token_ids,
+            max_decoding=config.get("max_running", 32),
+        )  # fmt: skip
+        pool = BlockPool.from_budget(self.spec, budget_bytes)
+        return BlockPoolBatchEngine(backend, self.tokenizer, pool, EngineConfig(**config))
+
+
+def load_bench(settings: Settings | None = None) -> Bench:
+    status = report_blas()
+    print(f"BLAS: {status.name}" + (" + one-row sgemv shim" if status.gemv_shim else ""))
+    path, model_id = prepare_model(settings or Settings(), ProgressPrinter())
+    loaded = load_model(path, model_id)
+    return Bench(loaded, MlxTokenizer(loaded.tokenizer), spec_from_model(loaded.model))
+
+
+def timed(fn: Callable[[], T]) -> tuple[T, float]:
+    start = time.perf_counter()
+    result = fn()
+    return result, time.perf_counter() - start
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Set up semantic on this machine: a fast BLAS (Linux), a virtualenv in .venv with the package
+# and its dev tools, and the embedded model in the per-user model cache. Safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+"$PYTHON" - <<'PY' || { echo "semantic needs Python >= 3.11 (set PYTHON=...)" >&2; exit 1; }
+import sys
+sys.exit(0 if sys.version_info >= (3, 11) else 1)
+PY
+
+# OpenBLAS: MLX's Linux CPU wheel bundles the reference BLAS, about 30x slower (ADR 0004).
+if [ "$(uname -s)" = "Linux" ] && ! ldconfig -p 2>/dev/null | grep -q 'libopenblas\.so\.0'; then
+  SUDO=""
+  [ "$(id -u)" = "0" ] || SUDO="sudo"
+  if command -v apt-get >/dev/null 2>&1; then
+    echo "installing OpenBLAS (libopenblas0-pthread) for fast matmuls..."
+    $SUDO apt-get install -y -q libopenblas0-pthread >/dev/null 2>&1 \
+      || { $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q libopenblas0-pthread >/dev/null; } \
+      || echo "warning: could not install OpenBLAS; semantic will run, about 30x slower" >&2
+  else
+    echo "warning: no apt-get; install OpenBLAS with your package manager for speed" >&2
+  fi
+fi
+
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+.venv/bin/python -m pip install -q -e ".[dev,bench]"
+.venv/bin/semantic model pull

@@ -1,0 +1,79 @@
+"""Subcommands: each parses its options and calls into the composition root."""
+
+from __future__ import annotations
+
+import argparse
+import queue
+import sys
+from typing import Any
+
+from semantic.adapters.cli.main import settings_from
+from semantic.adapters.cli.progress import ProgressPrinter
+
+
+def register(sub: Any, common: argparse.ArgumentParser) -> None:
+    model = sub.add_parser("model", help="manage models in the model cache")
+    model_sub = model.add_subparsers(dest="model_command", required=True)
+    pull = model_sub.add_parser("pull", parents=[common], help="fetch and convert a model")
+    pull.add_argument("--force", action="store_true", help="fetch and convert again")
+    pull.set_defaults(handler=pull_model)
+
+    generate = sub.add_parser("generate", parents=[common], help="stream one chat answer")
+    generate.add_argument("prompt", help="the user message")
+    generate.add_argument("--system", default=None, help="a system prompt")
+    generate.add_argument("--max-tokens", type=int, default=256)
+    generate.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    generate.add_argument("--top-p", type=float, default=1.0)
+    generate.add_argument("--seed", type=int, default=None)
+    generate.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
+    generate.set_defaults(handler=generate_text)
+
+
+def pull_model(args: argparse.Namespace) -> int:
+    from semantic.adapters.mlx.model_cache import ModelCache
+    from semantic.bootstrap import weight_format
+
+    settings = settings_from(args)
+    cache = ModelCache(settings.model_cache_dir)
+    path = cache.ensure(
+        settings.model, weight_format(settings), ProgressPrinter(), force=args.force
+    )
+    print(path)
+    return 0
+
+
+def generate_text(args: argparse.Namespace) -> int:
+    from semantic.application.events import CompletionEvent, EngineEvent, TokenEvent
+    from semantic.bootstrap import build_engine
+    from semantic.domain.chat import ChatMessage
+    from semantic.domain.generation import SamplingParams
+
+    settings = settings_from(args)
+    sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+    runtime = build_engine(settings, ProgressPrinter(), warm_up=False)
+    try:
+        messages = [ChatMessage("system", args.system)] if args.system else []
+        messages.append(ChatMessage("user", args.prompt))
+        prompt = runtime.tokenizer.render_chat(messages)
+        events: queue.Queue[EngineEvent] = queue.Queue()
+        runtime.loop.submit(
+            events.put,
+            agent_id="cli",
+            prompt_tokens=prompt,
+            max_tokens=args.max_tokens,
+            sampling=sampling,
+            stop=args.stop,
+        )
+        while True:
+            event = events.get()
+            if isinstance(event, TokenEvent) and event.text:
+                sys.stdout.write(event.text)
+                sys.stdout.flush()
+            elif isinstance(event, CompletionEvent):
+                sys.stdout.write("\n")
+                if event.error:
+                    print(f"error: {event.error}", file=sys.stderr)
+                    return 1
+                return 0
+    finally:
+        runtime.close()

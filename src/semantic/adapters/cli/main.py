@@ -1,0 +1,85 @@
+"""The ``semantic`` command line: ``model pull``, ``generate``, ``serve``, ``bench``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from semantic.config import DEFAULT_MODEL, WEIGHT_CHOICES, Settings, default_data_dir
+from semantic.domain.errors import SemanticError
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO if args.log_info else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        return int(args.handler(args))
+    except SemanticError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def settings_from(args: argparse.Namespace, **overrides: object) -> Settings:
+    values: dict[str, object] = {"data_dir": args.data_dir, "model": args.model}
+    if getattr(args, "model_cache", None):
+        values["model_cache_dir"] = args.model_cache
+    if getattr(args, "weights", None):
+        values["weights"] = args.weights
+    values.update(overrides)
+    return Settings(**values)  # type: ignore[arg-type]  # argparse values are untyped by nature
+
+
+def _parser() -> argparse.ArgumentParser:
+    from semantic.adapters.cli import commands
+
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--data-dir",
+        type=_path,
+        default=default_data_dir(),
+        help="where KV blocks and the database live (default: %(default)s)",
+    )
+    common.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help="embedded model name, local mlx-lm model directory, or hub id (default: %(default)s)",
+    )
+    common.add_argument(
+        "--model-cache",
+        type=_path,
+        default=None,
+        help="per-user model cache (default: $SEMANTIC_MODEL_CACHE or ~/.cache/semantic/models)",
+    )
+    common.add_argument(
+        "--weights",
+        choices=WEIGHT_CHOICES,
+        default=None,
+        help="weight format of the embedded model (auto: float32 on a Linux "
+        "CPU, 4-bit on Apple silicon)",
+    )
+    common.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    common.add_argument("--log-info", action="store_true", help="info logging")
+
+    parser = argparse.ArgumentParser(prog="semantic", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    commands.register(sub, common)
+    return parser  # fmt: skip
+
+
+def _path(text: str) -> object:
+    from pathlib import Path
+
+    return Path(text).expanduser()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

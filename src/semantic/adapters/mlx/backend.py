@@ -1,0 +1,179 @@
+"""The model backend on MLX: our own chunked prefill, mlx-lm's ``BatchGenerator`` for decode.
+
+Prefill runs here, one sequence and one chunk at a time, so the engine's scheduler decides
+exactly how many prompt tokens each step costs. The prompt's last chunk also yields the
+first new token, which the caller can stream at once; the sequence then joins the
+``BatchGenerator`` with that token as its one-token prompt, so the generator never prefills
+and never paces anything itself. Every method runs on the engine thread: MLX streams belong
+to the thread that made them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.generate import BatchGenerator
+
+from semantic.adapters.mlx.kv_blocks import cut_into_blocks, gather_cache
+from semantic.adapters.mlx.sampling import Sampler, make_sampler
+from semantic.domain.blocks import AgentBlocks
+from semantic.domain.cache_spec import ModelCacheSpec
+from semantic.domain.errors import InvalidRequestError
+from semantic.domain.generation import SamplingParams
+from semantic.ports.model_backend import DecodedToken, ExportedKV, SampledToken
+
+
+@dataclass(slots=True)
+class _Sequence:
+    caches: list[Any]
+    sampler: Sampler
+    track_top_prob: bool
+    uid: int | None = None
+
+
+class MlxBackend:
+    def __init__(
+        self,
+        model: Any,
+        spec: ModelCacheSpec,
+        model_id: str,
+        eos_token_ids: frozenset[int],
+        *,
+        max_decoding: int = 32,
+    ) -> None:
+        self._model = model
+        self._spec = spec
+        self._model_id = model_id
+        self._eos = sorted(eos_token_ids)
+        self._max_decoding = max_decoding
+        self._generator: Any = None  # a BatchGenerator; mlx-lm leaves its methods untyped
+        self._sequences: dict[str, _Sequence] = {}
+        self._by_uid: dict[int, str] = {}
+
+    @property
+    def spec(self) -> ModelCacheSpec:
+        return self._spec
+
+    @property
+    def model_id(self) -> str:
+        return self._model_id
+
+    @property
+    def decoding_count(self) -> int:
+        return len(self._by_uid)
+
+    def open_sequence(
+        self,
+        seq_id: str,
+        *,
+        restored: AgentBlocks | None,
+        n_restored: int,
+        n_new: int,
+        sampling: SamplingParams,
+        track_top_prob: bool = False,
+    ) -> None:
+        if seq_id in self._sequences:
+            raise InvalidRequestError(f"sequence {seq_id} is already open")
+        caches = gather_cache(self._model, restored, n_restored, n_new, self._spec)
+        self._sequences[seq_id] = _Sequence(caches, make_sampler(sampling), track_top_prob)
+
+    def prefill(self, seq_id: str, tokens: Sequence[int]) -> None:
+        caches = self._sequences[seq_id].caches
+        self._model(mx.array([list(tokens)]), cache=caches)
+        mx.eval([(c.keys, c.values) for c in caches])
+
+    def prefill_and_sample(self, seq_id: str, tokens: Sequence[int]) -> SampledToken:
+        sequence = self._sequences[seq_id]
+        logits = self._model(mx.array([list(tokens)]), cache=sequence.caches)[:, -1, :]
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        token = sequence.sampler(logprobs)
+        top = mx.exp(mx.max(logprobs)) if sequence.track_top_prob else None
+        mx.eval(token, [(c.keys, c.values) for c in sequence.caches], *([top] if top else []))
+        return SampledToken(_scalar_int(token), _scalar_float(top) if top is not None else None)
+
+    def start_decoding(self, seq_id: str, first_token: int, max_new_tokens: int) -> None:
+        sequence = self._sequences[seq_id]
+        (uid,) = self._batch_generator().insert(
+            [[first_token]],
+            max_tokens=[max_new_tokens],
+            caches=[sequence.caches],
+            samplers=[sequence.sampler],
+        )
+        sequence.uid = uid
+        self._by_uid[uid] = seq_id
+
+    def decode_step(self) -> list[DecodedToken]:
+        if not self._by_uid or self._generator is None:
+            return []
+        _, responses = self._generator.next()
+        out: list[DecodedToken] = []
+        for response in responses:
+            seq_id = self._by_uid.get(response.uid)
+            if seq_id is None:
+                continue
+            sequence = self._sequences[seq_id]
+            top = None
+            if sequence.track_top_prob:
+                top = _scalar_float(mx.exp(mx.max(response.logprobs)))
+            finished = response.finish_reason is not None
+            if finished:
+                sequence.caches = response.prompt_cache
+                sequence.uid = None
+                del self._by_uid[response.uid]
+            out.append(DecodedToken(seq_id, int(response.token), top, finished))
+        return out
+
+    def close_sequence(self, seq_id: str, keep_tokens: int) -> ExportedKV:
+        sequence = self._sequences.pop(seq_id)
+        caches = sequence.caches
+        if sequence.uid is not None and self._generator is not None:
+            removed = self._generator.remove([sequence.uid], return_prompt_caches=True)
+            del self._by_uid[sequence.uid]
+            caches = removed[sequence.uid][0]
+        held = min(int(c.offset) for c in caches) if caches else 0
+        keep = min(keep_tokens, held)
+        if keep <= 0:
+            return ExportedKV(0, [[] for _ in range(self._spec.n_layers)])
+        return ExportedKV(keep, cut_into_blocks(caches, keep, self._spec))
+
+    def warm_up(self) -> None:
+        """Prefill and decode a few tokens so MLX has compiled and allocated what it needs."""
+        self.open_sequence(
+            "warm-up", restored=None, n_restored=0, n_new=8, sampling=SamplingParams()
+        )
+        first = self.prefill_and_sample("warm-up", [0] * 8)
+        self.start_decoding("warm-up", first.token, 2)
+        for _ in range(3):
+            if any(token.finished for token in self.decode_step()):
+                break
+        self.close_sequence("warm-up", 0)
+
+    def _batch_generator(self) -> Any:
+        if self._generator is None:
+            # Created on first use, on the engine thread: an MLX stream belongs to its thread.
+            self._generator = BatchGenerator(
+                self._model,
+                max_tokens=1,
+                stop_tokens=[[eos] for eos in self._eos],
+                completion_batch_size=self._max_decoding,
+                prefill_batch_size=self._max_decoding,
+                stream=mx.new_stream(mx.default_device()),
+            )
+        return self._generator
+
+
+def _scalar_int(array: mx.array) -> int:
+    value = array.item()
+    if not isinstance(value, int):
+        raise TypeError(f"expected an integer token id, got {value!r}")
+    return value
+
+
+def _scalar_float(array: mx.array) -> float:
+    value = array.item()
+    if not isinstance(value, int | float):
+        raise TypeError(f"expected a real number, got {value!r}")
+    return float(value)

@@ -1,0 +1,172 @@
+"""Convert a llama-family GGUF file into an ordinary MLX model directory.
+
+The result (config.json, model.safetensors, tokenizer files) loads with ``mlx_lm.load``
+like any mlx-community model. ``mx.load`` already reads GGUF quantized tensors as MLX
+affine-quantized triples (weight, scales, biases); we rename them, optionally dequantize,
+and write the config that mlx-lm's llama model expects.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from enum import StrEnum
+from pathlib import Path
+
+import mlx.core as mx
+
+from semantic.adapters.mlx.gguf_tokenizer import write_tokenizer_files
+
+GGUF_GROUP_SIZE = 32
+
+Progress = Callable[[str, int, int], None]
+"""Called as ``progress(stage, done, total)``."""
+
+
+class WeightFormat(StrEnum):
+    """How the converted weights are stored.
+
+    float32 is the fast path on a Linux CPU (MLX's CPU quantized matmul is slow there);
+    ``quantized`` keeps the GGUF's 4/8-bit weights, small and fast on Apple silicon.
+    """
+
+    FLOAT32 = "float32"
+    FLOAT16 = "float16"
+    QUANTIZED = "quantized"
+
+
+class GGUFConversionError(ValueError):
+    """The GGUF is not a model this converter understands."""
+
+
+_LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_BLOCK = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|scales|biases|bias)$")
+_TOP = re.compile(r"^([a-z_]+)\.(weight|scales|biases|bias)$")
+
+
+def convert_gguf(
+    gguf_path: Path, out_dir: Path, weight_format: WeightFormat, progress: Progress
+) -> None:
+    """Write the MLX model directory for ``gguf_path`` into ``out_dir`` (which must exist)."""
+    loaded = mx.load(str(gguf_path), return_metadata=True)
+    if not isinstance(loaded, tuple):
+        raise GGUFConversionError(f"{gguf_path} did not load as GGUF")
+    tensors, metadata = loaded
+    if metadata.get("general.architecture") != "llama":
+        raise GGUFConversionError(
+            f"only llama-architecture GGUF files are supported, got "
+            f"{metadata.get('general.architecture')!r}"
+        )
+    config = llama_config(metadata)
+    weights = _convert_tensors(tensors, weight_format, progress)
+    if weight_format is WeightFormat.QUANTIZED:
+        config["quantization"] = {"group_size": GGUF_GROUP_SIZE, "bits": 4}
+    config["tie_word_embeddings"] = "lm_head.weight" not in weights
+    config["torch_dtype"] = "float16" if weight_format is WeightFormat.FLOAT16 else "float32"
+    progress("writing weights", 0, 1)
+    mx.save_safetensors(str(out_dir / "model.safetensors"), weights, metadata={"format": "mlx"})
+    progress("writing weights", 1, 1)
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    write_tokenizer_files(metadata, out_dir)
+
+
+def llama_config(metadata: Mapping[str, object]) -> dict[str, object]:
+    """The mlx-lm llama config for the GGUF's ``llama.*`` sizes.
+
+    GGUF stores the Q and K rows permuted for llama.cpp's interleaved RoPE, which is what
+    mlx-lm calls ``rope_traditional``.
+    """
+
+    def num(key: str) -> float:
+        value = metadata[f"llama.{key}"]
+        item = value.item() if hasattr(value, "item") else value
+        if not isinstance(item, int | float):
+            raise GGUFConversionError(f"llama.{key} is not a number")
+        return item
+
+    heads = int(num("attention.head_count"))
+    hidden = int(num("embedding_length"))
+    return {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": hidden,
+        "num_hidden_layers": int(num("block_count")),
+        "intermediate_size": int(num("feed_forward_length")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(num("attention.head_count_kv")),
+        "head_dim": int(num("rope.dimension_count"))
+        if "llama.rope.dimension_count" in metadata
+        else hidden // heads,
+        "rms_norm_eps": float(num("attention.layer_norm_rms_epsilon")),
+        "vocab_size": int(num("vocab_size")),
+        "rope_theta": float(num("rope.freq_base")),
+        "rope_traditional": True,
+        "max_position_embeddings": int(num("context_length")),
+        "bos_token_id": _meta_int(metadata, "tokenizer.ggml.bos_token_id"),
+        "eos_token_id": _meta_int(metadata, "tokenizer.ggml.eos_token_id"),
+    }
+
+
+def _convert_tensors(
+    tensors: Mapping[str, mx.array], weight_format: WeightFormat, progress: Progress
+) -> dict[str, mx.array]:
+    renamed = {_mlx_name(name): value for name, value in tensors.items()}
+    out: dict[str, mx.array] = {}
+    stems = sorted({name.rsplit(".", 1)[0] for name in renamed})
+    for done, stem in enumerate(stems, start=1):
+        weight = renamed[f"{stem}.weight"]
+        scales = renamed.get(f"{stem}.scales")
+        if scales is None or weight_format is WeightFormat.QUANTIZED:
+            for suffix in ("weight", "scales", "biases", "bias"):
+                if f"{stem}.{suffix}" in renamed:
+                    out[f"{stem}.{suffix}"] = renamed[f"{stem}.{suffix}"]
+        else:
+            out[f"{stem}.weight"] = _dequantize(weight, scales, renamed[f"{stem}.biases"])
+        if weight_format is WeightFormat.FLOAT16 and out[f"{stem}.weight"].dtype == mx.float32:
+            out[f"{stem}.weight"] = out[f"{stem}.weight"].astype(mx.float16)
+        mx.eval(out[f"{stem}.weight"])
+        progress("converting tensors", done, len(stems))
+    return out
+
+
+def _dequantize(weight: mx.array, scales: mx.array, biases: mx.array) -> mx.array:
+    in_dims = scales.shape[-1] * GGUF_GROUP_SIZE
+    bits = weight.shape[-1] * 32 // in_dims
+    return mx.dequantize(
+        weight,
+        scales.astype(mx.float32),
+        biases.astype(mx.float32),
+        group_size=GGUF_GROUP_SIZE,
+        bits=bits,
+    ).astype(mx.float32)
+
+
+def _mlx_name(gguf_name: str) -> str:
+    if match := _BLOCK.match(gguf_name):
+        layer, part, suffix = match.groups()
+        if part not in _LAYER_NAMES:
+            raise GGUFConversionError(f"unknown GGUF tensor {gguf_name!r}")
+        return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{suffix}"
+    if (match := _TOP.match(gguf_name)) and match.group(1) in _TOP_NAMES:
+        return f"{_TOP_NAMES[match.group(1)]}.{match.group(2)}"
+    raise GGUFConversionError(f"unknown GGUF tensor {gguf_name!r}")
+
+
+def _meta_int(metadata: Mapping[str, object], key: str) -> int:
+    value = metadata[key]
+    item = value.item() if hasattr(value, "item") else value
+    if not isinstance(item, int):
+        raise GGUFConversionError(f"{key} is not an integer")
+    return item

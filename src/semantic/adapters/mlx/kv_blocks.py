@@ -1,0 +1,165 @@
+"""Cut mlx-lm caches into 256-token blocks and gather blocks back into caches.
+
+Two cache kinds are supported: ``KVCache`` (global attention) and ``RotatingKVCache`` with
+``keep=0`` (sliding-window attention, as in Gemma 3). A block payload is an ``MlxKV``: the
+keys and values of the block's positions ``start .. n_tokens - 1``, shaped
+``(1, kv_heads, n_tokens - start, head_dim)``, owning its memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
+
+from semantic.domain.blocks import AgentBlocks, KVBlock
+from semantic.domain.cache_spec import ModelCacheSpec
+from semantic.domain.errors import IncompatibleCacheError
+from semantic.ports.model_backend import BlockPayload
+
+_DTYPE_NAMES = {mx.float32: "float32", mx.float16: "float16", mx.bfloat16: "bfloat16"}
+
+
+@dataclass(frozen=True, slots=True)
+class MlxKV:
+    keys: mx.array
+    values: mx.array
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.keys.nbytes + self.values.nbytes)
+
+
+def spec_from_model(model: Any) -> ModelCacheSpec:
+    """Read the cache geometry off the model by running one token through a fresh cache."""
+    caches = make_prompt_cache(model)
+    windows: list[int | None] = []
+    for layer, cache in enumerate(caches):
+        if type(cache) is KVCache:
+            windows.append(None)
+        elif type(cache) is RotatingKVCache and cache.keep == 0:
+            windows.append(int(cache.max_size))
+        else:
+            raise IncompatibleCacheError(
+                f"layer {layer} uses {type(cache).__name__}; semantic supports KVCache and "
+                "RotatingKVCache(keep=0) layers"
+            )
+    model(mx.array([[0]]), cache=caches)
+    keys, values = caches[0].state[:2]
+    mx.eval(keys, values)
+    return ModelCacheSpec(
+        n_layers=len(caches),
+        n_kv_heads=int(keys.shape[1]),
+        k_head_dim=int(keys.shape[3]),
+        v_head_dim=int(values.shape[3]),
+        kv_dtype=_DTYPE_NAMES[keys.dtype],
+        layer_windows=tuple(windows),
+    )
+
+
+def cut_into_blocks(
+    caches: Sequence[Any], keep_tokens: int, spec: ModelCacheSpec
+) -> list[list[BlockPayload]]:
+    """The first ``keep_tokens`` positions of each layer's cache, as block payloads."""
+    out: list[list[BlockPayload]] = []
+    arrays: list[mx.array] = []
+    for cache in caches:
+        keys, values, first_position = _ordered_kv(cache)
+        if keep_tokens > cache.offset:
+            raise IncompatibleCacheError(
+                f"asked to keep {keep_tokens} positions of a cache holding {cache.offset}"
+            )
+        payloads: list[BlockPayload] = []
+        end = keep_tokens
+        start = max(first_position, 0)
+        index = start // spec.block_tokens
+        while index * spec.block_tokens < end:
+            lo = max(index * spec.block_tokens, start)
+            hi = min((index + 1) * spec.block_tokens, end)
+            if lo < hi:
+                a, b = lo - first_position, hi - first_position
+                kv = MlxKV(mx.contiguous(keys[..., a:b, :]), mx.contiguous(values[..., a:b, :]))
+                arrays += (kv.keys, kv.values)
+                payloads.append(
+                    BlockPayload(
+                        index=index,
+                        start=lo - index * spec.block_tokens,
+                        n_tokens=hi - index * spec.block_tokens,
+                        data=kv,
+                    )
+                )
+            index += 1
+        out.append(payloads)
+    mx.eval(arrays)
+    return out
+
+
+def gather_cache(
+    model: Any, blocks: AgentBlocks | None, n_tokens: int, room: int, spec: ModelCacheSpec
+) -> list[Any]:
+    """Fresh per-layer caches holding the first ``n_tokens`` positions of ``blocks``.
+
+    Each layer is built with one concatenation, with ``room`` extra zeroed positions so the
+    prefill that follows writes in place instead of growing (and copying) the buffer.
+    """
+    caches = make_prompt_cache(model)
+    if blocks is None or n_tokens == 0:
+        return caches
+    for layer, cache in enumerate(caches):
+        window = spec.window(layer)
+        first = 0 if window is None else max(0, n_tokens - window)
+        layer_room = room if window is None else 0  # a rotating cache sizes its own buffer
+        keys, values = _concat_positions(blocks.layers[layer], first, n_tokens, layer_room, spec)
+        cache.keys, cache.values, cache.offset = keys, values, n_tokens
+        if isinstance(cache, RotatingKVCache):
+            cache._idx = n_tokens - first  # noqa: SLF001 - its write cursor, as from_state sets it
+    mx.eval([c.state[:2] for c in caches])
+    return caches
+
+
+def _concat_positions(
+    layer_blocks: Sequence[KVBlock], first: int, end: int, room: int, spec: ModelCacheSpec
+) -> tuple[mx.array, mx.array]:
+    keys: list[mx.array] = []
+    values: list[mx.array] = []
+    covered = first
+    for block in layer_blocks:
+        base = block.index * spec.block_tokens
+        lo, hi = max(base + block.start, covered), min(base + block.n_tokens, end)
+        if hi <= lo:
+            continue
+        if lo != covered:
+            raise IncompatibleCacheError(
+                f"layer {block.layer} is missing positions {covered}..{lo - 1}"
+            )
+        kv = block.payload
+        if not isinstance(kv, MlxKV):
+            raise IncompatibleCacheError(f"block payload is {type(kv).__name__}, not MlxKV")
+        a, b = lo - base - block.start, hi - base - block.start
+        keys.append(kv.keys[..., a:b, :])
+        values.append(kv.values[..., a:b, :])
+        covered = hi
+    if covered != end:
+        raise IncompatibleCacheError(f"blocks cover positions up to {covered}, not {end}")
+    if room > 0:
+        shape = (1, spec.n_kv_heads, room)
+        keys.append(mx.zeros((*shape, spec.k_head_dim), dtype=keys[0].dtype))
+        values.append(mx.zeros((*shape, spec.v_head_dim), dtype=values[0].dtype))
+    return mx.concatenate(keys, axis=2), mx.concatenate(values, axis=2)
+
+
+def _ordered_kv(cache: Any) -> tuple[Any, Any, int]:
+    """Keys and values in position order, and the position of their first entry."""
+    if type(cache) is KVCache:
+        return cache.keys, cache.values, 0
+    if isinstance(cache, RotatingKVCache):
+        rotating: Any = cache  # mlx-lm leaves _temporal_order untyped
+        keys = rotating._temporal_order(cache.keys)  # noqa: SLF001 - mlx-lm's own reordering
+        values = rotating._temporal_order(cache.values)  # noqa: SLF001
+        length = min(int(keys.shape[2]), cache.offset)
+        keys, values = keys[..., -length:, :], values[..., -length:, :]
+        return keys, values, cache.offset - length
+    raise IncompatibleCacheError(f"cannot cut a {type(cache).__name__} into blocks")

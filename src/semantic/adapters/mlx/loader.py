@@ -1,0 +1,88 @@
+"""Resolve ``--model`` to a directory and load it with mlx-lm.
+
+``--model`` is an embedded model's name (fetched into the model cache on first use), a
+local mlx-lm model directory, or a Hugging Face hub id where a hub is reachable.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mlx_lm import load as mlx_lm_load
+
+from semantic.adapters.mlx.errors import CorruptModelError, ModelDownloadError, UnknownModelError
+from semantic.adapters.mlx.gguf import WeightFormat
+from semantic.adapters.mlx.model_cache import (
+    EMBEDDED_MODELS,
+    ModelCache,
+    Progress,
+    check_model_dir,
+)
+from semantic.adapters.mlx.runtime import check_mlx_lm_version
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedModel:
+    model: Any
+    tokenizer: Any
+    path: Path
+    model_id: str
+    config: dict[str, Any]
+
+
+def resolve_model(
+    name: str, cache: ModelCache, weight_format: WeightFormat, progress: Progress
+) -> tuple[Path, str]:
+    """The model directory for ``name`` and the id the API serves it under."""
+    if name in EMBEDDED_MODELS:
+        return cache.ensure(name, weight_format, progress), name
+    local = Path(name).expanduser()
+    if local.exists():
+        if not local.is_dir():
+            raise CorruptModelError(f"--model {name}: a file, not an mlx-lm model directory")
+        check_model_dir(local)
+        return local.resolve(), local.resolve().name
+    if name.count("/") == 1 and not name.startswith((".", "/", "~")):
+        return _from_hub(name), name
+    raise UnknownModelError(
+        f"unknown model {name!r}: not an embedded model ({', '.join(sorted(EMBEDDED_MODELS))}), "
+        "not an existing directory, and not a hub id like 'org/name'."
+    )
+
+
+def load_model(path: Path, model_id: str) -> LoadedModel:
+    """Load weights and tokenizer; a broken directory gives one clear error."""
+    check_mlx_lm_version()
+    check_model_dir(path)
+    try:
+        loaded: Any = mlx_lm_load(str(path), return_config=True)
+        model, tokenizer, config = loaded
+    except (ValueError, KeyError, OSError, RuntimeError) as error:
+        raise CorruptModelError(
+            f"could not load the model in {path}: {error}. Fix: re-create it (for the "
+            "embedded model: `semantic model pull --force`)."
+        ) from error
+    log.info("loaded model %s from %s", model_id, path)
+    return LoadedModel(model, tokenizer, path, model_id, dict(config))
+
+
+def _from_hub(repo: str) -> Path:
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(
+            snapshot_download(
+                repo, allow_patterns=["*.json", "model*.safetensors", "*.jinja", "*.txt"]
+            )
+        )
+    except Exception as error:  # the hub client raises many unrelated types
+        raise ModelDownloadError(
+            f"could not fetch {repo!r} from the Hugging Face hub ({type(error).__name__}: "
+            f"{error}). Fix: check network access, or convert it elsewhere and pass the "
+            "local directory to --model."
+        ) from error

@@ -1,0 +1,69 @@
+"""The engine's record of one request, from submission to completion."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from semantic.application.completion import CompletionDetector
+from semantic.application.events import RequestStats
+from semantic.application.reservation import BlockReservation
+from semantic.domain.blocks import AgentBlocks
+from semantic.domain.generation import CompletionCriteria, Priority, SamplingParams
+
+
+class Phase(Enum):
+    WAITING = "waiting"
+    PREFILLING = "prefilling"
+    DECODING = "decoding"
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    """What a caller asks the engine for; validated before it is queued."""
+
+    agent_id: str
+    prompt: tuple[int, ...]
+    criteria: CompletionCriteria
+    sampling: SamplingParams
+    cached: AgentBlocks | None = None
+    priority: Priority = Priority.NORMAL
+
+
+@dataclass(slots=True)
+class ActiveRequest:
+    id: str
+    request: GenerationRequest
+    detector: CompletionDetector
+    reservation: BlockReservation
+    submitted_at: float
+    phase: Phase = Phase.WAITING
+    n_cached: int = 0
+    prefilled: int = 0
+    admitted_at: float | None = None
+    first_token_at: float | None = None
+    cancel_requested: bool = False
+
+    @property
+    def prompt(self) -> tuple[int, ...]:
+        return self.request.prompt
+
+    @property
+    def remaining_prompt(self) -> int:
+        return len(self.request.prompt) - self.prefilled
+
+    def positions_after(self, generated: int) -> int:
+        """Cache positions once ``generated`` tokens have been made (each is fed back)."""
+        return len(self.request.prompt) + generated
+
+    def stats(self, now: float) -> RequestStats:
+        admitted = self.admitted_at if self.admitted_at is not None else now
+        first = self.first_token_at if self.first_token_at is not None else now
+        return RequestStats(
+            queued_s=admitted - self.submitted_at,
+            prefill_s=max(0.0, first - admitted),
+            decode_s=max(0.0, now - first),
+            cached_tokens=self.n_cached,
+            computed_tokens=max(0, self.prefilled - self.n_cached),
+            generated_tokens=self.detector.generated_count,
+        )

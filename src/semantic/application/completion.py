@@ -1,0 +1,148 @@
+"""Completion detection: what a stream may show, and when (and why) a request ends.
+
+Checked every token in this order: max tokens, the model's end-of-turn tokens, stop strings,
+the maximum response length in characters, then low confidence (cancellation is checked by
+the engine before a token is even produced). Whatever ends a request, the text is cut at the
+earliest stop-string occurrence, and the kept token ids end with the last token that lies
+wholly before the cut, so the KV kept for the agent ends where the text ends.
+
+A stream shows text as soon as it is safe: held back only while its tail could still grow
+into a stop string, or while a stop string that starts earlier than one already found might
+still complete.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from semantic.application.detokenizer import IncrementalDetokenizer
+from semantic.domain.generation import CompletionCriteria, FinishReason
+from semantic.ports.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    text: str
+    """Text that became safe to show with this token (may be empty)."""
+    finish: FinishReason | None
+
+
+class CompletionDetector:
+    def __init__(
+        self, tokenizer: Tokenizer, criteria: CompletionCriteria, end_tokens: frozenset[int]
+    ) -> None:
+        self._criteria = criteria
+        self._stops = criteria.stop_strings
+        self._longest = criteria.longest_stop
+        self._end_tokens = end_tokens
+        self._detok = IncrementalDetokenizer(tokenizer)
+        self._tokens: list[int] = []
+        self._shown = 0
+        self._stop_at: int | None = None
+        self._scanned = 0
+        self._low_streak = 0
+        self._cut: int | None = None
+        self.reason: FinishReason | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.reason is not None
+
+    @property
+    def generated_count(self) -> int:
+        return len(self._tokens)
+
+    @property
+    def text(self) -> str:
+        """The visible text: final once the request has finished."""
+        end = self._cut if self._cut is not None else self._shown
+        return self._detok.text[:end]
+
+    @property
+    def kept_tokens(self) -> list[int]:
+        """Generated token ids whose KV is kept: all of them unless the text was cut."""
+        if self._cut is None or self._cut >= len(self._detok.text):
+            return list(self._tokens)
+        return self._tokens[: self._detok.tokens_within(self._cut)]
+
+    def add(self, token: int, top_prob: float | None = None) -> Progress:
+        """Take one generated token; say what to show and whether the request ended."""
+        if self.finished:
+            raise RuntimeError("CompletionDetector.add after the request finished")
+        self._tokens.append(token)
+        is_end = token in self._end_tokens
+        if not is_end:
+            self._detok.add(token)
+            self._scan_for_stops()
+        if len(self._tokens) >= self._criteria.max_tokens:
+            return self._finish(FinishReason.MAX_TOKENS)
+        if is_end:
+            return self._finish(FinishReason.END_OF_TURN)
+        if self._stop_at is not None and self._pending_stop_start() is None:
+            return self._finish(FinishReason.STOP_STRING)
+        max_chars = self._criteria.max_chars
+        if max_chars is not None and len(self._detok.text) >= max_chars:
+            return self._finish(FinishReason.MAX_CHARS, limit=max_chars)
+        if self._is_unconfident(top_prob):
+            return self._finish(FinishReason.LOW_CONFIDENCE)
+        return Progress(self._release(self._safe_end()), None)
+
+    def end(self, reason: FinishReason) -> Progress:
+        """End from outside (cancellation, pool exhaustion, an error): show what is final."""
+        if self.finished:
+            return Progress("", self.reason)
+        return self._finish(reason)
+
+    def _finish(self, reason: FinishReason, limit: int | None = None) -> Progress:
+        self.reason = reason
+        self._detok.flush()
+        self._scan_for_stops()
+        cut = len(self._detok.text)
+        if self._stop_at is not None:
+            cut = min(cut, self._stop_at)
+        if limit is not None:
+            cut = min(cut, limit)
+        self._cut = cut
+        return Progress(self._release(cut), self.reason)
+
+    def _release(self, end: int) -> str:
+        end = max(end, self._shown)
+        delta = self._detok.text[self._shown : end]
+        self._shown = end
+        return delta
+
+    def _scan_for_stops(self) -> None:
+        """Record the earliest start of any stop string in text not scanned before."""
+        if not self._stops:
+            return
+        text = self._detok.text
+        start = max(0, self._scanned - self._longest + 1)
+        for stop in self._stops:
+            found = text.find(stop, start)
+            if found != -1 and (self._stop_at is None or found < self._stop_at):
+                self._stop_at = found
+        self._scanned = len(text)
+
+    def _pending_stop_start(self) -> int | None:
+        """Earliest position whose tail is a proper prefix of some stop string."""
+        text = self._detok.text
+        limit = self._stop_at if self._stop_at is not None else len(text)
+        for start in range(max(0, len(text) - self._longest + 1), min(limit, len(text))):
+            tail = text[start:]
+            if any(len(stop) > len(tail) and stop.startswith(tail) for stop in self._stops):
+                return start
+        return None
+
+    def _safe_end(self) -> int:
+        end = len(self._detok.text)
+        if self._stop_at is not None:
+            end = self._stop_at
+        pending = self._pending_stop_start()
+        return end if pending is None else min(end, pending)
+
+    def _is_unconfident(self, top_prob: float | None) -> bool:
+        threshold = self._criteria.min_top_prob
+        if threshold is None or top_prob is None:
+            return False
+        self._low_streak = self._low_streak + 1 if top_prob < threshold else 0
+        return self._low_streak >= self._criteria.low_confidence_patience

@@ -1,0 +1,294 @@
+"""BlockPoolBatchEngine: continuous batching with per-request KV block accounting.
+
+One ``step()`` is one round: apply cancellations, run one batched decode step for every
+decoding request, then spend the round's prefill token budget on prompt chunks (requests
+already prefilling first, then newly admitted ones). ``submit`` and ``cancel`` may be called
+from any thread; ``step`` runs on the engine thread only. The tensor work is the backend's;
+this class decides what runs, keeps the block books, and reports events.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from semantic.application.active_request import ActiveRequest, GenerationRequest, Phase
+from semantic.application.completion import CompletionDetector
+from semantic.application.events import CompletionEvent, EngineEvent, TokenEvent
+from semantic.application.prefill import PrefillPlanner, SimplePrefillPlanner
+from semantic.application.request_validation import validate_request
+from semantic.application.reservation import BlockReservation
+from semantic.domain.block_pool import BlockPool
+from semantic.domain.blocks import AgentBlocks
+from semantic.domain.generation import (
+    GREEDY,
+    CompletionCriteria,
+    FinishReason,
+    Priority,
+    SamplingParams,
+)
+from semantic.ports.model_backend import ModelBackend
+from semantic.ports.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    default_max_tokens: int = 512
+    max_context: int = 8192
+    prefill_chunk_tokens: int = 256
+    prefill_token_budget: int = 256
+    max_running: int = 32
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    events: list[EngineEvent]
+    decoding: int
+    prefilling: int
+    waiting: int
+
+
+class BlockPoolBatchEngine:
+    def __init__(
+        self,
+        backend: ModelBackend,
+        tokenizer: Tokenizer,
+        pool: BlockPool,
+        config: EngineConfig | None = None,
+        *,
+        planner: PrefillPlanner | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._backend = backend
+        self._tokenizer = tokenizer
+        self._pool = pool
+        self._spec = backend.spec
+        self._config = config or EngineConfig()
+        self._planner = planner or SimplePrefillPlanner(self._config.prefill_chunk_tokens)
+        self._clock = clock
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._inbox: list[ActiveRequest] = []
+        self._cancels: set[str] = set()
+        self._requests: dict[str, ActiveRequest] = {}
+        self._waiting: list[ActiveRequest] = []
+
+    @property
+    def pool(self) -> BlockPool:
+        return self._pool
+
+    @property
+    def config(self) -> EngineConfig:
+        return self._config
+
+    def submit(
+        self,
+        agent_id: str,
+        prompt_tokens: Sequence[int],
+        cached_blocks: AgentBlocks | None = None,
+        *,
+        max_tokens: int | None = None,
+        sampling: SamplingParams = GREEDY,
+        stop: Sequence[str] = (),
+        criteria: CompletionCriteria | None = None,
+        priority: Priority = Priority.NORMAL,
+    ) -> str:
+        """Queue a request; returns its id. Raises domain errors for bad input."""
+        criteria = criteria or CompletionCriteria(
+            max_tokens=max_tokens or self._config.default_max_tokens, stop_strings=tuple(stop)
+        )
+        request = GenerationRequest(
+            agent_id, tuple(prompt_tokens), criteria, sampling, cached_blocks, priority
+        )
+        validate_request(request, self._spec, self._pool, self._tokenizer, self._config.max_context)
+        request_id = f"req-{next(self._ids)}"
+        reservation = BlockReservation(self._pool, self._spec, request_id)
+        if cached_blocks is not None:  # pin: hot blocks stay put until admission copies them
+            self._pool.share(request_id, cached_blocks.pool_ids())
+        active = ActiveRequest(
+            request_id,
+            request,
+            CompletionDetector(self._tokenizer, criteria, self._tokenizer.eos_token_ids),
+            reservation,
+            submitted_at=self._clock(),
+        )
+        with self._lock:
+            self._inbox.append(active)
+        return request_id
+
+    def cancel(self, request_id: str) -> None:
+        """Ask for a request to end at the next step; unknown ids are ignored."""
+        with self._lock:
+            self._cancels.add(request_id)
+
+    def release_blocks(self, request_id: str) -> None:
+        """Drop the hold a completion's blocks still have under ``request_id``."""
+        self._pool.release_owner(request_id)
+
+    def has_work(self) -> bool:
+        with self._lock:
+            return bool(self._inbox or self._cancels or self._requests)
+
+    def step(self) -> StepResult:
+        events: list[EngineEvent] = []
+        self._take_inbox()
+        self._apply_cancellations(events)
+        self._decode(events)
+        self._prefill(events)
+        prefilling = sum(1 for r in self._requests.values() if r.phase is Phase.PREFILLING)
+        return StepResult(events, self._backend.decoding_count, prefilling, len(self._waiting))
+
+    def _take_inbox(self) -> None:
+        with self._lock:
+            arrived, self._inbox = self._inbox, []
+        for active in arrived:
+            self._requests[active.id] = active
+            self._waiting.append(active)
+        self._waiting.sort(key=lambda r: (r.request.priority, r.submitted_at))
+
+    def _apply_cancellations(self, events: list[EngineEvent]) -> None:
+        with self._lock:
+            cancels, self._cancels = self._cancels, set()
+        for request_id in cancels:
+            cancelled = self._requests.get(request_id)
+            if cancelled is not None:
+                cancelled.detector.end(FinishReason.CANCELLED)
+                self._complete(cancelled, events, keep_kv=cancelled.phase is Phase.DECODING)
+
+    def _decode(self, events: list[EngineEvent]) -> None:
+        try:
+            produced = self._backend.decode_step()
+        except Exception as error:  # noqa: BLE001 - a failed step fails its requests, not the server
+            for active in [r for r in self._requests.values() if r.phase is Phase.DECODING]:
+                self._fail(active, error, events)
+            return
+        for token in produced:
+            owner = self._requests.get(token.seq_id)
+            if owner is not None:
+                self._accept_token(owner, token.token, token.top_prob, events)
+
+    def _prefill(self, events: list[EngineEvent]) -> None:
+        prefilling = [r for r in self._requests.values() if r.phase is Phase.PREFILLING]
+        running = len(self._requests) - len(self._waiting)
+        plan = self._planner.plan(
+            prefilling, self._waiting, self._config.prefill_token_budget,
+            room=self._config.max_running - running, admit=self._admit,
+        )  # fmt: skip
+        for active, n_tokens in plan:
+            if active.id in self._requests:  # an earlier chunk may have failed it
+                self._prefill_chunk(active, n_tokens, events)
+
+    def _admit(self, active: ActiveRequest) -> bool:
+        """Reserve blocks and build the cache for a waiting request; False if it must wait."""
+        prompt = active.prompt
+        if not active.reservation.grow_to(len(prompt)):
+            return False
+        cached = active.request.cached
+        n_cached = _common_prefix(cached.token_ids, prompt) if cached is not None else 0
+        n_cached = min(n_cached, len(prompt) - 1)  # the last prompt token is always fed
+        try:
+            self._backend.open_sequence(
+                active.id,
+                restored=cached,
+                n_restored=n_cached,
+                n_new=len(prompt) - n_cached,
+                sampling=active.request.sampling,
+                track_top_prob=active.request.criteria.min_top_prob is not None,
+            )
+        finally:
+            if cached is not None:
+                self._pool.release(active.id, cached.pool_ids())
+        self._waiting.remove(active)
+        active.phase = Phase.PREFILLING
+        active.n_cached = active.prefilled = n_cached
+        active.admitted_at = self._clock()
+        return True
+
+    def _prefill_chunk(self, active: ActiveRequest, n: int, events: list[EngineEvent]) -> None:
+        chunk = active.prompt[active.prefilled : active.prefilled + n]
+        try:
+            if active.prefilled + n < len(active.prompt):
+                self._backend.prefill(active.id, chunk)
+                active.prefilled += n
+                return
+            first = self._backend.prefill_and_sample(active.id, chunk)
+        except Exception as error:  # noqa: BLE001 - one failed prompt must not fail the others
+            self._fail(active, error, events)
+            return
+        active.prefilled += n
+        active.first_token_at = self._clock()
+        active.phase = Phase.DECODING
+        self._accept_token(active, first.token, first.top_prob, events)
+        if active.id in self._requests:
+            remaining = active.request.criteria.max_tokens - 1
+            self._backend.start_decoding(active.id, first.token, remaining)
+
+    def _accept_token(
+        self, active: ActiveRequest, token: int, top_prob: float | None, events: list[EngineEvent]
+    ) -> None:
+        generated = active.detector.generated_count + 1
+        if not active.reservation.grow_to(active.positions_after(generated)):
+            active.detector.end(FinishReason.POOL_EXHAUSTED)
+            self._complete(active, events, keep_kv=True)
+            return
+        progress = active.detector.add(token, top_prob)
+        events.append(TokenEvent(active.id, token, progress.text))
+        if progress.finish is not None:
+            self._complete(active, events, keep_kv=True)
+
+    def _fail(self, active: ActiveRequest, error: Exception, events: list[EngineEvent]) -> None:
+        active.detector.end(FinishReason.ERROR)
+        self._complete(active, events, keep_kv=False, error=f"{type(error).__name__}: {error}")
+
+    def _complete(
+        self,
+        active: ActiveRequest,
+        events: list[EngineEvent],
+        *,
+        keep_kv: bool,
+        error: str | None = None,
+    ) -> None:
+        del self._requests[active.id]
+        kept = active.detector.kept_tokens
+        blocks = None
+        if active.phase is Phase.WAITING:
+            self._waiting.remove(active)
+            if active.request.cached is not None:
+                self._pool.release(active.id, active.request.cached.pool_ids())
+        else:
+            keep = active.positions_after(len(kept)) if keep_kv else 0
+            try:
+                exported = self._backend.close_sequence(active.id, keep)
+            except Exception as close_error:  # noqa: BLE001 - the request is over either way
+                error = error or f"{type(close_error).__name__}: {close_error}"
+                exported = None
+            if exported is not None and exported.n_tokens > 0:
+                token_ids = (active.prompt + tuple(kept))[: exported.n_tokens]
+                layers = active.reservation.bind(exported)
+                blocks = AgentBlocks(active.request.agent_id, token_ids, layers)
+            else:
+                active.reservation.release()
+        events.append(
+            CompletionEvent(
+                request_id=active.id,
+                agent_id=active.request.agent_id,
+                finish_reason=active.detector.reason or FinishReason.ERROR,
+                text=active.detector.text,
+                token_ids=tuple(kept),
+                prompt_tokens=len(active.prompt),
+                blocks=blocks,
+                stats=active.stats(self._clock()),
+                error=error,
+            )
+        )
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n

@@ -1,0 +1,187 @@
+"""Run the engine on one dedicated thread and route its events to whoever asked.
+
+MLX work must stay on one thread (its streams belong to the thread that made them), while
+requests arrive on HTTP workers and the asyncio loop. ``EngineLoop`` owns that thread:
+``submit``/``cancel``/``call`` are safe from anywhere, each request's events go to the sink
+registered with it, and an asyncio caller gets them through ``AsyncEventStream``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+from semantic.application.engine import BlockPoolBatchEngine, StepResult
+from semantic.application.events import CompletionEvent, EngineEvent
+from semantic.domain.errors import ShuttingDownError
+
+log = logging.getLogger(__name__)
+
+EventSink = Callable[[EngineEvent], None]
+"""Called on the engine thread for each event of one request; must be quick, must not block."""
+
+T = TypeVar("T")
+
+
+class EngineLoop:
+    def __init__(
+        self,
+        engine: BlockPoolBatchEngine,
+        *,
+        on_step: Callable[[StepResult], None] | None = None,
+        on_completion: Callable[[CompletionEvent], None] | None = None,
+    ) -> None:
+        """``on_completion`` runs on the engine thread for every completion, before the
+        request's sink; it must adopt or release the completion's blocks (by default they
+        are released)."""
+        self.engine = engine
+        self._on_step = on_step
+        self._on_completion = on_completion or (lambda e: engine.release_blocks(e.request_id))
+        self._sinks: dict[str, EventSink] = {}
+        self._calls: list[tuple[Callable[[], Any], Future[Any]]] = []
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._thread: threading.Thread | None = None
+        self._running = False
+        self._accepting = True
+        self.last_step: StepResult | None = None
+
+    def start(self) -> None:
+        with self._lock:
+            if self._thread is not None:
+                return
+            self._running = True
+            self._thread = threading.Thread(target=self._run, name="semantic-engine", daemon=True)
+            self._thread.start()
+
+    def submit(self, sink: EventSink, **request: Any) -> str:
+        """Queue a request (``BlockPoolBatchEngine.submit``'s arguments); events go to ``sink``."""
+        with self._lock:
+            if not self._accepting:
+                raise ShuttingDownError("the server is shutting down; no new requests")
+            request_id = self.engine.submit(**request)
+            self._sinks[request_id] = sink
+            self._wake.notify()
+        return request_id
+
+    def cancel(self, request_id: str) -> None:
+        self.engine.cancel(request_id)
+        with self._lock:
+            self._wake.notify()
+
+    def call(self, fn: Callable[[], T]) -> Future[T]:
+        """Run ``fn`` on the engine thread between two steps."""
+        future: Future[T] = Future()
+        with self._lock:
+            self._calls.append((fn, future))
+            self._wake.notify()
+        return future
+
+    def run_sync(self, fn: Callable[[], T], timeout: float | None = None) -> T:
+        if threading.current_thread() is self._thread:
+            return fn()
+        return self.call(fn).result(timeout)
+
+    @property
+    def active_requests(self) -> int:
+        with self._lock:
+            return len(self._sinks)
+
+    def drain(self, grace_s: float) -> None:
+        """Stop accepting; let running requests finish for ``grace_s``, then cancel the rest."""
+        with self._lock:
+            self._accepting = False
+            pending = list(self._sinks)
+        deadline = time.monotonic() + grace_s
+        while self.active_requests and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for request_id in pending:
+            self.cancel(request_id)
+        deadline = time.monotonic() + 30.0
+        while self.active_requests and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        with self._lock:
+            self._running = False
+            self._wake.notify()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout=30.0)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while self._running and not self._calls and not self.engine.has_work():
+                    self._wake.wait(timeout=1.0)
+                if not self._running:
+                    return
+                calls, self._calls = self._calls, []
+            for fn, future in calls:
+                self._run_call(fn, future)
+            if self.engine.has_work():
+                self._step()
+
+    def _step(self) -> None:
+        try:
+            result = self.engine.step()
+        except Exception:
+            log.exception("engine step failed")
+            time.sleep(0.1)
+            return
+        self.last_step = result
+        for event in result.events:
+            self._dispatch(event)
+        if self._on_step is not None:
+            self._on_step(result)
+
+    def _dispatch(self, event: EngineEvent) -> None:
+        with self._lock:
+            sink = self._sinks.get(event.request_id)
+            if isinstance(event, CompletionEvent):
+                self._sinks.pop(event.request_id, None)
+        if isinstance(event, CompletionEvent):
+            try:
+                self._on_completion(event)
+            except Exception:
+                log.exception("completion handler failed for %s", event.request_id)
+                self.engine.release_blocks(event.request_id)
+        if sink is None:
+            return
+        try:
+            sink(event)
+        except Exception:
+            log.exception("event sink for %s failed; cancelling it", event.request_id)
+            self.engine.cancel(event.request_id)
+
+    @staticmethod
+    def _run_call(fn: Callable[[], Any], future: Future[Any]) -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(fn())
+        except BaseException as error:  # noqa: BLE001 - handed to the caller through the future
+            future.set_exception(error)
+
+
+class AsyncEventStream:
+    """An ``EventSink`` that hands events to an asyncio loop; iterate it for one request."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self._loop = loop or asyncio.get_running_loop()
+        self._queue: asyncio.Queue[EngineEvent] = asyncio.Queue()
+
+    def __call__(self, event: EngineEvent) -> None:
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+
+    async def __aiter__(self) -> AsyncIterator[EngineEvent]:
+        while True:
+            event = await self._queue.get()
+            yield event
+            if isinstance(event, CompletionEvent):
+                return

@@ -1,0 +1,52 @@
+"""What the engine reports as it runs: tokens as they are made, and completions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from semantic.domain.blocks import AgentBlocks
+from semantic.domain.generation import FinishReason
+
+
+@dataclass(frozen=True, slots=True)
+class RequestStats:
+    """Per-request timings (seconds) and token counts, for ``usage`` and metrics."""
+
+    queued_s: float
+    prefill_s: float
+    decode_s: float
+    cached_tokens: int
+    computed_tokens: int
+    generated_tokens: int
+
+    @property
+    def time_to_first_token_s(self) -> float:
+        return self.queued_s + self.prefill_s
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    request_id: str
+    token_id: int
+    text: str
+    """Text that became safe to show with this token; empty while held back."""
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionEvent:
+    """A request ended. ``blocks`` (owned by the pool owner ``request_id`` until someone
+    adopts or releases them) hold the KV of ``blocks.token_ids``: the prompt and the kept
+    generated tokens."""
+
+    request_id: str
+    agent_id: str
+    finish_reason: FinishReason
+    text: str
+    token_ids: tuple[int, ...]
+    prompt_tokens: int
+    blocks: AgentBlocks | None
+    stats: RequestStats
+    error: str | None = None
+
+
+EngineEvent = TokenEvent | CompletionEvent

@@ -1,0 +1,58 @@
+"""Where things live on disk, and the settings a user can change.
+
+Read once by the composition root (``semantic.bootstrap``) and the CLI; the inner rings get
+plain values passed down, never this module.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DATA_DIR_ENV = "SEMANTIC_DATA_DIR"
+MODEL_CACHE_ENV = "SEMANTIC_MODEL_CACHE"
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+def default_data_dir() -> Path:
+    """Per-user data directory: KV blocks and the database live here."""
+    if explicit := os.environ.get(DATA_DIR_ENV):
+        return Path(explicit).expanduser()
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "semantic"
+
+
+def default_model_cache_dir() -> Path:
+    """Per-user model cache, shared by every data directory so a model is fetched once."""
+    if explicit := os.environ.get(MODEL_CACHE_ENV):
+        return Path(explicit).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "semantic" / "models"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything a user can set; each field maps to a CLI option of ``semantic serve``."""
+
+    data_dir: Path = field(default_factory=default_data_dir)
+    model_cache_dir: Path = field(default_factory=default_model_cache_dir)
+    model: str = DEFAULT_MODEL
+    weights: str = "auto"
+    kv_budget_bytes: int = 2 << 30
+    default_max_tokens: int = 512
+    max_tokens_cap: int = 4096
+    prefill_chunk_tokens: int = 256
+    prefill_token_budget: int = 256
+    max_running: int = 32
+
+    def __post_init__(self) -> None:
+        if self.weights not in WEIGHT_CHOICES:
+            raise ValueError(f"weights must be one of {', '.join(WEIGHT_CHOICES)}")
+        for name in ("kv_budget_bytes", "default_max_tokens", "max_tokens_cap",
+                     "prefill_chunk_tokens", "prefill_token_budget", "max_running"):  # fmt: skip
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+
+
+WEIGHT_CHOICES = ("auto", "float32", "float16", "quantized")

@@ -1,0 +1,91 @@
+"""Domain errors.
+
+Every failure a caller can act on has its own type here. The HTTP edge maps each type to a
+status code once (see ``semantic.adapters.http.errors``); nothing inside the rings knows
+about HTTP.
+"""
+
+from __future__ import annotations
+
+
+class SemanticError(Exception):
+    """Base of every error this product raises on purpose."""
+
+
+class InvalidRequestError(SemanticError):
+    """The caller asked for something malformed or out of range.
+
+    ``param`` names the offending field when there is one, so an API edge can point at it.
+    """
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class PromptTooLongError(InvalidRequestError):
+    """The prompt plus the requested output does not fit the model's context."""
+
+
+class PoolExhaustedError(SemanticError):
+    """The block pool cannot hold what was asked, even after eviction."""
+
+    def __init__(self, *, requested: int, free: int, capacity: int, what: str = "blocks") -> None:
+        super().__init__(
+            f"block pool exhausted: asked for {requested} {what}, {free} free "
+            f"of {capacity} in total"
+        )
+        self.requested = requested
+        self.free = free
+        self.capacity = capacity
+
+
+class BlockOwnershipError(SemanticError):
+    """An owner tried to release or share a block it does not hold."""
+
+
+class PoolIntegrityError(SemanticError):
+    """The pool's books do not balance: a bug, never a user error."""
+
+
+class QueueFullError(SemanticError):
+    """The request queue is at its bound; the caller should retry later."""
+
+    def __init__(self, *, capacity: int, retry_after_s: float = 1.0) -> None:
+        super().__init__(f"the request queue is full ({capacity} waiting); retry later")
+        self.capacity = capacity
+        self.retry_after_s = retry_after_s
+
+
+class CacheCorruptionError(SemanticError):
+    """Stored KV failed verification: missing, truncated or not matching its checksum."""
+
+
+class IncompatibleCacheError(SemanticError):
+    """Stored KV belongs to another model fingerprint, shape or dtype."""
+
+
+class AgentNotFoundError(SemanticError):
+    """No agent with this id exists in the namespace."""
+
+    def __init__(self, agent_id: str, namespace: str = "default") -> None:
+        super().__init__(f"agent {agent_id!r} not found in namespace {namespace!r}")
+        self.agent_id = agent_id
+        self.namespace = namespace
+
+
+class AgentExistsError(SemanticError):
+    """An agent with this id already exists in the namespace."""
+
+    def __init__(self, agent_id: str, namespace: str = "default") -> None:
+        super().__init__(f"agent {agent_id!r} already exists in namespace {namespace!r}")
+        self.agent_id = agent_id
+        self.namespace = namespace
+
+
+class ModelUnavailableError(SemanticError):
+    """The model is not loaded yet (or failed to load); the caller may retry."""
+
+
+class ShuttingDownError(SemanticError):
+    """The server is draining and accepts no new work."""

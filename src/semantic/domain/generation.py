@@ -1,0 +1,100 @@
+"""Value objects of one generation: how to sample, when to stop, why it stopped."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import IntEnum, StrEnum
+
+from semantic.domain.errors import InvalidRequestError
+
+
+class FinishReason(StrEnum):
+    """Why a request ended. The API edge maps these to each protocol's own words."""
+
+    END_OF_TURN = "end_of_turn"
+    STOP_STRING = "stop_string"
+    MAX_TOKENS = "max_tokens"
+    MAX_CHARS = "max_chars"
+    LOW_CONFIDENCE = "low_confidence"
+    CANCELLED = "cancelled"
+    POOL_EXHAUSTED = "pool_exhausted"
+    ERROR = "error"
+
+
+class Priority(IntEnum):
+    """Queue priority; a lower value is served first."""
+
+    HIGH = 0
+    NORMAL = 1
+    LOW = 2
+
+    @classmethod
+    def parse(cls, text: str) -> Priority:
+        try:
+            return cls[text.strip().upper()]
+        except KeyError:
+            raise InvalidRequestError(
+                f"priority must be one of high, normal, low; got {text!r}", param="priority"
+            ) from None
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Greedy when ``temperature`` is 0; ``seed`` makes a sampled answer repeatable."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.temperature) or not 0.0 <= self.temperature <= 10.0:
+            raise InvalidRequestError(
+                f"temperature must be between 0 and 10, got {self.temperature}",
+                param="temperature",
+            )
+        if not math.isfinite(self.top_p) or not 0.0 < self.top_p <= 1.0:
+            raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}", param="top_p")
+        if self.seed is not None and not 0 <= self.seed < 2**63:
+            raise InvalidRequestError(f"seed must be in [0, 2^63), got {self.seed}", param="seed")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+GREEDY = SamplingParams()
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionCriteria:
+    """When a request ends besides the model's own end-of-turn tokens.
+
+    Checked in this order every token: cancellation, ``max_tokens``, end-of-turn tokens,
+    ``stop_strings``, ``max_chars``, then low confidence (only when ``min_top_prob`` is set:
+    the top token's probability stayed below it for ``low_confidence_patience`` tokens).
+    """
+
+    max_tokens: int
+    stop_strings: tuple[str, ...] = ()
+    max_chars: int | None = None
+    min_top_prob: float | None = None
+    low_confidence_patience: int = 8
+
+    def __post_init__(self) -> None:
+        if self.max_tokens <= 0:
+            raise InvalidRequestError(
+                f"max_tokens must be at least 1, got {self.max_tokens}", param="max_tokens"
+            )
+        if any(not s for s in self.stop_strings):
+            raise InvalidRequestError("stop strings must not be empty", param="stop")
+        if self.max_chars is not None and self.max_chars <= 0:
+            raise InvalidRequestError("max_chars must be positive", param="max_chars")
+        if self.min_top_prob is not None and not 0.0 < self.min_top_prob < 1.0:
+            raise InvalidRequestError("min_top_prob must be in (0, 1)", param="min_top_prob")
+        if self.low_confidence_patience <= 0:
+            raise InvalidRequestError("low_confidence_patience must be positive")
+
+    @property
+    def longest_stop(self) -> int:
+        return max((len(s) for s in self.stop_strings), default=0)

@@ -1,0 +1,116 @@
+"""The model backend port: the tensor work of prefill, batched decode and KV blocks.
+
+The application decides what runs when (admission, chunk sizes, block accounting, when a
+request ends); the backend only executes it. Sequences are named by the caller's ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from semantic.domain.blocks import AgentBlocks
+from semantic.domain.cache_spec import ModelCacheSpec
+from semantic.domain.generation import SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class BlockPayload:
+    """One layer's KV for one block, as cut from a finished sequence's cache."""
+
+    index: int
+    start: int
+    n_tokens: int
+    data: object
+
+
+@dataclass(frozen=True, slots=True)
+class ExportedKV:
+    """A closed sequence's KV: ``n_tokens`` positions, cut into blocks layer by layer."""
+
+    n_tokens: int
+    layers: list[list[BlockPayload]]
+
+
+@dataclass(frozen=True, slots=True)
+class SampledToken:
+    token: int
+    top_prob: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedToken:
+    """One token a decode step produced for one sequence.
+
+    ``finished`` is set when the backend itself stopped the sequence (its token budget or
+    an end-of-turn token); the sequence's cache then waits for ``close_sequence``.
+    """
+
+    seq_id: str
+    token: int
+    top_prob: float | None
+    finished: bool
+
+
+class ModelBackend(Protocol):
+    """Executes the engine's plan on a real model.
+
+    Lifecycle of a sequence: ``open_sequence`` (with restored blocks, gathered once into a
+    contiguous cache) -> ``prefill`` chunks -> ``prefill_and_sample`` (the last chunk, which
+    yields the first token) -> ``start_decoding`` -> ``decode_step`` until the engine decides
+    it ends -> ``close_sequence`` (cuts the KV into blocks). ``close_sequence`` may be called
+    at any stage, which is how cancellation works.
+    """
+
+    @property
+    def spec(self) -> ModelCacheSpec: ...
+
+    @property
+    def model_id(self) -> str: ...
+
+    def open_sequence(
+        self,
+        seq_id: str,
+        *,
+        restored: AgentBlocks | None,
+        n_restored: int,
+        n_new: int,
+        sampling: SamplingParams,
+        track_top_prob: bool = False,
+    ) -> None:
+        """Create the sequence's cache from the first ``n_restored`` tokens of ``restored``,
+        sized once for the ``n_new`` prompt tokens that will be prefilled after them."""
+        ...
+
+    def prefill(self, seq_id: str, tokens: Sequence[int]) -> None:
+        """Run ``tokens`` through the model into the sequence's cache."""
+        ...
+
+    def prefill_and_sample(self, seq_id: str, tokens: Sequence[int]) -> SampledToken:
+        """Like ``prefill`` for the prompt's last chunk; samples the first new token."""
+        ...
+
+    def start_decoding(self, seq_id: str, first_token: int, max_new_tokens: int) -> None:
+        """Join the batched decoder; ``first_token`` is fed next, then up to
+        ``max_new_tokens`` more are made."""
+        ...
+
+    def decode_step(self) -> list[DecodedToken]:
+        """One batched decode step for every decoding sequence (and admit new ones)."""
+        ...
+
+    @property
+    def decoding_count(self) -> int:
+        """Sequences in the batched decoder right now."""
+        ...
+
+    def close_sequence(self, seq_id: str, keep_tokens: int) -> ExportedKV:
+        """End the sequence; return at most its first ``keep_tokens`` positions (fewer if
+        the cache holds fewer) cut into blocks, one list per layer (a sliding layer only
+        has the blocks its window reaches)."""
+        ...
+
+    def warm_up(self) -> None:
+        """Run one forward pass so the first real request does not pay for it."""
+        ...

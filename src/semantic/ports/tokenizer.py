@@ -1,0 +1,36 @@
+"""The tokenizer port: text to token ids and back, and the model's chat template."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from semantic.domain.chat import ChatMessage
+
+
+class Tokenizer(Protocol):
+    """What the application needs from a tokenizer.
+
+    ``decode`` must be a pure function of the ids (no state between calls), so streaming
+    detokenization and stop-string cutting can re-decode any window of ids.
+    """
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        """Ids that end the assistant's turn (for the chat models: ``<|im_end|>``)."""
+        ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of ``text`` with no special tokens added."""
+        ...
+
+    def decode(self, token_ids: Sequence[int]) -> str: ...
+
+    def render_chat(
+        self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True
+    ) -> list[int]:
+        """Token ids of ``messages`` rendered with the model's chat template."""
+        ...

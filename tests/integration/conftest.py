@@ -1,0 +1,57 @@
+"""The real embedded model, loaded once per test run."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from semantic.adapters.cli.progress import ProgressPrinter
+from semantic.adapters.mlx.backend import MlxBackend
+from semantic.adapters.mlx.kv_blocks import spec_from_model
+from semantic.adapters.mlx.loader import LoadedModel, load_model
+from semantic.adapters.mlx.tokenizer import MlxTokenizer
+from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
+from semantic.bootstrap import prepare_model
+from semantic.config import Settings
+from semantic.domain.block_pool import BlockPool
+from semantic.domain.cache_spec import ModelCacheSpec
+
+
+@dataclass(frozen=True)
+class RealModel:
+    loaded: LoadedModel
+    tokenizer: MlxTokenizer
+    spec: ModelCacheSpec
+    path: Path
+
+
+EngineFactory = Callable[..., tuple[BlockPoolBatchEngine, MlxBackend]]
+
+
+@pytest.fixture(scope="session")
+def real_model(tmp_path_factory: pytest.TempPathFactory) -> RealModel:
+    settings = Settings(data_dir=tmp_path_factory.mktemp("data"))
+    path, model_id = prepare_model(settings, ProgressPrinter())
+    loaded = load_model(path, model_id)
+    return RealModel(loaded, MlxTokenizer(loaded.tokenizer), spec_from_model(loaded.model), path)
+
+
+@pytest.fixture
+def make_engine(real_model: RealModel) -> EngineFactory:
+    """A fresh engine on the shared weights, stepped by the test on the test's own thread."""
+
+    def build(
+        budget_bytes: int = 1 << 30, **config: Any
+    ) -> tuple[BlockPoolBatchEngine, MlxBackend]:
+        backend = MlxBackend(
+            real_model.loaded.model, real_model.spec, "test", real_model.tokenizer.eos_token_ids
+        )
+        pool = BlockPool.from_budget(real_model.spec, budget_bytes)
+        engine = BlockPoolBatchEngine(backend, real_model.tokenizer, pool, EngineConfig(**config))
+        return engine, backend
+
+    return build

@@ -1,0 +1,155 @@
+"""The engine on the real embedded model: answers, exact restores, exact batching."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import mlx.core as mx
+import pytest
+from benchmarks.corpus import conversation
+
+from semantic.adapters.mlx.kv_blocks import MlxKV, cut_into_blocks, gather_cache
+from semantic.application.events import CompletionEvent
+from semantic.domain.chat import ChatMessage
+from semantic.domain.generation import FinishReason, SamplingParams
+from tests.integration.conftest import EngineFactory, RealModel
+from tests.integration.helpers import completions, generate, run_until_idle
+
+pytestmark = pytest.mark.model
+
+QUESTION = [ChatMessage("user", "What is the capital of France?")]
+
+
+def counter(real_model: RealModel) -> Callable[[Sequence[ChatMessage]], int]:
+    return lambda messages: len(real_model.tokenizer.render_chat(messages))
+
+
+def test_the_embedded_model_knows_the_capital_of_france(
+    real_model: RealModel, make_engine: EngineFactory
+) -> None:
+    engine, _ = make_engine()
+    done = generate(engine, real_model.tokenizer.render_chat(QUESTION), 24)
+    assert "Paris" in done.text
+    assert done.finish_reason is FinishReason.END_OF_TURN
+
+
+def test_a_stop_string_is_cut_from_the_text_and_the_kept_tokens(
+    real_model: RealModel, make_engine: EngineFactory
+) -> None:
+    engine, _ = make_engine()
+    prompt = real_model.tokenizer.render_chat(QUESTION)
+    done = generate(engine, prompt, 24, stop=["Paris"])
+    assert done.finish_reason is FinishReason.STOP_STRING
+    assert "Paris" not in done.text
+    assert done.text.startswith("The capital of France is")
+    assert done.blocks is not None
+    kept_text = real_model.tokenizer.decode(done.token_ids)
+    assert done.text.startswith(kept_text)  # " Paris" straddles the cut, so it is not kept
+    assert done.blocks.n_tokens == len(prompt) + len(done.token_ids)
+
+
+@pytest.mark.parametrize(("seed", "history"), [(1, 300), (2, 700)])
+def test_restored_blocks_continue_exactly_as_a_cold_prefill(
+    real_model: RealModel, make_engine: EngineFactory, seed: int, history: int
+) -> None:
+    tokenizer = real_model.tokenizer
+    messages = conversation(seed, history, counter(real_model))
+    earlier = tokenizer.render_chat(messages[:-2])
+    full = tokenizer.render_chat(messages)
+    engine, _ = make_engine()
+    first = generate(engine, earlier, 4)
+    assert first.blocks is not None
+    warm = generate(engine, full, 32, cached_blocks=first.blocks)
+    cold = generate(engine, full, 32)
+    assert warm.stats.cached_tokens >= len(earlier) - 1
+    assert cold.stats.cached_tokens == 0
+    assert warm.token_ids == cold.token_ids
+
+
+def test_blocks_to_cache_to_blocks_is_bit_exact(
+    real_model: RealModel, make_engine: EngineFactory
+) -> None:
+    engine, _ = make_engine()
+    prompt = real_model.tokenizer.render_chat(conversation(3, 600, counter(real_model)))
+    blocks = generate(engine, prompt, 2).blocks
+    assert blocks is not None
+    assert len(blocks.layers[0]) == -(-blocks.n_tokens // 256)
+    assert blocks.layers[0][-1].n_tokens == blocks.n_tokens % 256 or 256
+    caches = gather_cache(real_model.loaded.model, blocks, blocks.n_tokens, 0, real_model.spec)
+    again = cut_into_blocks(caches, blocks.n_tokens, real_model.spec)
+    for layer, payloads in enumerate(again):
+        assert len(payloads) == len(blocks.layers[layer])
+        for block, payload in zip(blocks.layers[layer], payloads, strict=True):
+            original, copy = block.payload, payload.data
+            assert isinstance(original, MlxKV)
+            assert isinstance(copy, MlxKV)
+            assert original.keys.shape == copy.keys.shape
+            assert mx.array_equal(original.keys, copy.keys).item()
+            assert mx.array_equal(original.values, copy.values).item()
+
+
+def test_eight_staggered_agents_get_what_each_gets_alone(
+    real_model: RealModel, make_engine: EngineFactory
+) -> None:
+    tokenizer = real_model.tokenizer
+    prompts = [
+        tokenizer.render_chat([ChatMessage("user", f"Name a fruit that is {colour}.")])
+        for colour in ("red", "yellow", "green", "orange", "purple", "blue", "brown", "pink")
+    ]
+    engine, _ = make_engine(prefill_token_budget=512)
+    alone = [generate(engine, prompt, 10).token_ids for prompt in prompts]
+    ids, events, most_decoding = [], [], 0
+    for prompt in prompts:
+        ids.append(engine.submit("agent", prompt, max_tokens=10))
+        step = engine.step()
+        events += step.events
+        most_decoding = max(most_decoding, step.decoding)
+    while engine.has_work():
+        step = engine.step()
+        events += step.events
+        most_decoding = max(most_decoding, step.decoding)
+    done = completions(events)
+    assert most_decoding == 8
+    assert [done[i].token_ids for i in ids] == alone
+
+
+def test_a_dry_pool_ends_a_request_gracefully_and_keeps_its_kv(
+    real_model: RealModel, make_engine: EngineFactory
+) -> None:
+    spec = real_model.spec
+    engine, _ = make_engine(budget_bytes=spec.n_layers * spec.block_bytes)  # 256 positions
+    prompt = real_model.tokenizer.render_chat(conversation(4, 250, counter(real_model)))[:250]
+    done = generate(engine, prompt, 40)
+    assert done.finish_reason is FinishReason.POOL_EXHAUSTED
+    assert done.blocks is not None
+    assert done.blocks.n_tokens == 256
+    engine.release_blocks(done.request_id)
+    assert engine.pool.used_count == 0
+
+
+def test_the_same_seed_samples_the_same_tokens(
+    real_model: RealModel, make_engine: EngineFactory
+) -> None:
+    engine, _ = make_engine()
+    prompt = real_model.tokenizer.render_chat([ChatMessage("user", "Tell me a story.")])
+    sampling = SamplingParams(temperature=1.0, top_p=0.95, seed=1234)
+    first = generate(engine, prompt, 16, sampling=sampling)
+    second = generate(engine, prompt, 16, sampling=sampling)
+    other = generate(engine, prompt, 16, sampling=SamplingParams(temperature=1.0, seed=99))
+    assert first.token_ids == second.token_ids
+    assert first.token_ids != other.token_ids
+
+
+def test_cancelling_mid_decode_frees_everything(
+    real_model: RealModel, make_engine: EngineFactory
+) -> None:
+    engine, _ = make_engine()
+    request_id = engine.submit("agent", real_model.tokenizer.render_chat(QUESTION), max_tokens=64)
+    for _ in range(4):
+        engine.step()
+    engine.cancel(request_id)
+    done = completions(run_until_idle(engine))[request_id]
+    assert isinstance(done, CompletionEvent)
+    assert done.finish_reason is FinishReason.CANCELLED
+    engine.release_blocks(request_id)
+    assert engine.pool.used_count == 0

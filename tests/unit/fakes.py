@@ -1,0 +1,190 @@
+"""Small hand-written fakes at the ports, for unit tests of the application ring."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from semantic.domain.blocks import AgentBlocks
+from semantic.domain.cache_spec import ModelCacheSpec
+from semantic.domain.chat import ChatMessage
+from semantic.domain.errors import IncompatibleCacheError
+from semantic.domain.generation import SamplingParams
+from semantic.ports.model_backend import BlockPayload, DecodedToken, ExportedKV, SampledToken
+
+EOS = 0
+VOCAB = 64
+
+
+class FakeTokenizer:
+    """Token ``i`` is the letter-ish piece ``PIECES[i]``; 0 is the end-of-turn token."""
+
+    PIECES = ("<eos>", *[chr(ord("a") + i % 26) + str(i // 26 or "") for i in range(1, VOCAB)])
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return frozenset({EOS})
+
+    @property
+    def vocab_size(self) -> int:
+        return VOCAB
+
+    def encode(self, text: str) -> list[int]:
+        return [self.PIECES.index(ch) for ch in text]
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return "".join(self.PIECES[t] for t in token_ids)
+
+    def render_chat(
+        self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True
+    ) -> list[int]:
+        return [t for m in messages for t in self.encode(m.content)]
+
+
+class ByteTokenizer:
+    """Tokens are UTF-8 byte strings, so one character can span several tokens."""
+
+    def __init__(self, pieces: Sequence[bytes]) -> None:
+        self.pieces = list(pieces)
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return frozenset()
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.pieces)
+
+    def encode(self, text: str) -> list[int]:
+        raise NotImplementedError
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return b"".join(self.pieces[t] for t in token_ids).decode("utf-8", errors="replace")
+
+    def render_chat(
+        self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True
+    ) -> list[int]:
+        raise NotImplementedError
+
+
+def next_token(history: Sequence[int]) -> int:
+    """The fake model: a deterministic function of everything before (never the EOS id)."""
+    return 1 + (sum((i + 7) * t for i, t in enumerate(history[-5:])) + len(history)) % (VOCAB - 1)
+
+
+@dataclass
+class _Seq:
+    tokens: list[int]
+    pending: int | None = None
+    remaining: int = 0
+    decoding: bool = False
+    finished: bool = False
+
+
+@dataclass
+class FakeBackend:
+    """A model whose "KV" is the token ids themselves, so restores can be checked exactly."""
+
+    spec: ModelCacheSpec = field(
+        default_factory=lambda: ModelCacheSpec(
+            n_layers=2, n_kv_heads=1, k_head_dim=2, v_head_dim=2, kv_dtype="float32",
+            layer_windows=(None, None), block_tokens=4,
+        )
+    )  # fmt: skip
+    eos_at_length: int | None = None
+    """Produce the end-of-turn token once a sequence holds this many positions."""
+    fail_prefill_for: set[int] = field(default_factory=set)
+    """First prompt tokens whose prefill raises, to test failure isolation."""
+    model_id: str = "fake"
+    sequences: dict[str, _Seq] = field(default_factory=dict)
+    restored_tokens: dict[str, list[int]] = field(default_factory=dict)
+    prefill_calls: list[tuple[str, int]] = field(default_factory=list)
+    decode_batches: list[int] = field(default_factory=list)
+
+    @property
+    def decoding_count(self) -> int:
+        return sum(1 for s in self.sequences.values() if s.decoding and not s.finished)
+
+    def open_sequence(
+        self,
+        seq_id: str,
+        *,
+        restored: AgentBlocks | None,
+        n_restored: int,
+        n_new: int,
+        sampling: SamplingParams,
+        track_top_prob: bool = False,
+    ) -> None:
+        tokens = _gather(restored, n_restored, self.spec) if restored else []
+        self.restored_tokens[seq_id] = list(tokens)
+        self.sequences[seq_id] = _Seq(tokens)
+
+    def prefill(self, seq_id: str, tokens: Sequence[int]) -> None:
+        if tokens and tokens[0] in self.fail_prefill_for:
+            raise RuntimeError("prefill failed on purpose")
+        self.prefill_calls.append((seq_id, len(tokens)))
+        self.sequences[seq_id].tokens.extend(tokens)
+
+    def prefill_and_sample(self, seq_id: str, tokens: Sequence[int]) -> SampledToken:
+        self.prefill(seq_id, tokens)
+        return SampledToken(self._next(self.sequences[seq_id]), 0.5)
+
+    def start_decoding(self, seq_id: str, first_token: int, max_new_tokens: int) -> None:
+        seq = self.sequences[seq_id]
+        seq.pending, seq.remaining, seq.decoding = first_token, max_new_tokens, True
+
+    def decode_step(self) -> list[DecodedToken]:
+        """Like mlx-lm's BatchGenerator: a newly joined sequence only has its first token fed
+        in its first step; afterwards each token is fed before it is returned."""
+        out = []
+        live = [(k, s) for k, s in self.sequences.items() if s.decoding and not s.finished]
+        self.decode_batches.append(len(live))
+        for seq_id, seq in live:
+            if seq.pending is not None:
+                seq.tokens.append(seq.pending)
+                seq.pending = None
+                continue
+            token = self._next(seq)
+            seq.tokens.append(token)
+            seq.remaining -= 1
+            seq.finished = seq.remaining <= 0 or token == EOS
+            out.append(DecodedToken(seq_id, token, 0.5, seq.finished))
+        return out
+
+    def close_sequence(self, seq_id: str, keep_tokens: int) -> ExportedKV:
+        seq = self.sequences.pop(seq_id)
+        keep = min(keep_tokens, len(seq.tokens))
+        size = self.spec.block_tokens
+        layers = [
+            [
+                BlockPayload(
+                    i // size, 0, min(size, keep - i), tuple(seq.tokens[i : min(i + size, keep)])
+                )
+                for i in range(0, keep, size)
+            ]
+            for _ in range(self.spec.n_layers)
+        ]
+        return ExportedKV(keep, layers)
+
+    def warm_up(self) -> None:
+        pass
+
+    def _next(self, seq: _Seq) -> int:
+        if self.eos_at_length is not None and len(seq.tokens) >= self.eos_at_length:
+            return EOS
+        return next_token(seq.tokens)
+
+
+def _gather(blocks: AgentBlocks, n: int, spec: ModelCacheSpec) -> list[int]:
+    per_layer = []
+    for layer_blocks in blocks.layers:
+        tokens: list[int] = []
+        for block in layer_blocks:
+            payload = block.payload
+            if not isinstance(payload, tuple):
+                raise IncompatibleCacheError("fake payload must be a tuple of token ids")
+            tokens.extend(payload)
+        per_layer.append(tokens[:n])
+    if any(layer != per_layer[0] for layer in per_layer):
+        raise IncompatibleCacheError("layers disagree")
+    return per_layer[0]

@@ -1,0 +1,136 @@
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from semantic.application.completion import CompletionDetector
+from semantic.domain.generation import CompletionCriteria, FinishReason
+from tests.unit.fakes import ByteTokenizer
+
+ALPHABET = st.sampled_from(list("ab c\n.é日😀"))
+TEXT = st.text(alphabet=ALPHABET, min_size=0, max_size=40)
+
+
+@st.composite
+def generations(draw: st.DrawFn) -> tuple[str, list[bytes], list[str], int]:
+    """A text, a random split of its UTF-8 bytes into tokens, stop strings, max_tokens."""
+    text = draw(TEXT)
+    data = text.encode()
+    cuts = sorted(draw(st.sets(st.integers(1, max(1, len(data) - 1)), max_size=len(data))))
+    pieces = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True) if b > a]
+    stops = draw(st.lists(st.text(alphabet=ALPHABET, min_size=1, max_size=4), max_size=3))
+    max_tokens = draw(st.integers(1, len(pieces) + 2))
+    return text, pieces, stops, max_tokens
+
+
+def run(
+    pieces: list[bytes], stops: list[str], max_tokens: int
+) -> tuple[CompletionDetector, list[str]]:
+    eos = len(pieces)
+    tokenizer = ByteTokenizer([*pieces, b""])
+    detector = CompletionDetector(
+        tokenizer,
+        CompletionCriteria(max_tokens=max_tokens, stop_strings=tuple(stops)),
+        frozenset({eos}),
+    )
+    streamed: list[str] = []
+    for token in [*range(len(pieces)), eos]:
+        progress = detector.add(token)
+        streamed.append(progress.text)
+        if progress.finish is not None:
+            break
+    return detector, streamed
+
+
+def expected_text(pieces: list[bytes], stops: list[str], max_tokens: int) -> str:
+    shown = b"".join(pieces[:max_tokens]).decode("utf-8", errors="replace")
+    found = [i for i in (shown.find(s) for s in stops) if i != -1]
+    return shown[: min(found)] if found else shown
+
+
+@settings(max_examples=400, deadline=None)
+@given(generations())
+def test_text_ends_at_the_first_stop_or_the_token_limit(
+    case: tuple[str, list[bytes], list[str], int],
+) -> None:
+    _, pieces, stops, max_tokens = case
+    detector, streamed = run(pieces, stops, max_tokens)
+    expected = expected_text(pieces, stops, max_tokens)
+    assert detector.text == expected
+    assert not any(stop in detector.text for stop in stops)
+    shown = ""
+    for delta in streamed:
+        shown += delta
+        assert expected.startswith(shown), "a stream showed text past the cut"
+    assert shown == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(generations())
+def test_kept_tokens_end_where_the_text_ends(case: tuple[str, list[bytes], list[str], int]) -> None:
+    _, pieces, stops, max_tokens = case
+    detector, _ = run(pieces, stops, max_tokens)
+    kept = [t for t in detector.kept_tokens if t < len(pieces)]
+    kept_text = b"".join(pieces[t] for t in kept).decode("utf-8", errors="replace")
+    assert detector.text.startswith(kept_text.rstrip("\ufffd"))
+    assert kept == list(range(len(kept))), "kept tokens are a prefix of the generated ones"
+
+
+def test_a_stop_string_split_across_tokens_is_caught_and_never_shown() -> None:
+    detector, streamed = run([b"Hello", b" wor", b"ld", b"!!"], ["world"], 10)
+    assert detector.text == "Hello "
+    assert detector.reason is FinishReason.STOP_STRING
+    assert streamed == ["Hello", " ", ""]
+
+
+def test_text_that_cannot_start_a_stop_string_is_shown_at_once() -> None:
+    _, streamed = run([b"abc", b"def", b"xy"], ["xyz"], 10)
+    assert streamed[0] == "abc"
+    assert streamed[1] == "def"
+    assert streamed[2] == ""  # "xy" could still become "xyz"
+
+
+def test_a_stop_string_that_starts_earlier_wins_even_if_it_completes_later() -> None:
+    detector, _ = run([b"a", b"b", b"c", b"d"], ["abcd", "c"], 10)
+    assert detector.text == ""
+
+
+def test_max_tokens_is_checked_before_the_end_token() -> None:
+    tokenizer = ByteTokenizer([b"a", b""])
+    detector = CompletionDetector(tokenizer, CompletionCriteria(max_tokens=2), frozenset({1}))
+    assert detector.add(0).finish is None
+    assert detector.add(1).finish is FinishReason.MAX_TOKENS
+
+
+def test_the_end_token_is_kept_but_never_shown() -> None:
+    tokenizer = ByteTokenizer([b"ok", b"<|im_end|>"])
+    detector = CompletionDetector(tokenizer, CompletionCriteria(max_tokens=9), frozenset({1}))
+    detector.add(0)
+    assert detector.add(1).finish is FinishReason.END_OF_TURN
+    assert detector.text == "ok"
+    assert detector.kept_tokens == [0, 1]
+
+
+def test_max_chars_cuts_the_text() -> None:
+    tokenizer = ByteTokenizer([b"abcd"])
+    criteria = CompletionCriteria(max_tokens=9, max_chars=6)
+    detector = CompletionDetector(tokenizer, criteria, frozenset())
+    assert detector.add(0).finish is None
+    progress = detector.add(0)
+    assert progress.finish is FinishReason.MAX_CHARS
+    assert detector.text == "abcdab"
+    assert detector.kept_tokens == [0]
+
+
+def test_low_confidence_stops_after_its_patience_runs_out() -> None:
+    tokenizer = ByteTokenizer([b"x"])
+    criteria = CompletionCriteria(max_tokens=99, min_top_prob=0.2, low_confidence_patience=3)
+    detector = CompletionDetector(tokenizer, criteria, frozenset())
+    reasons = [detector.add(0, top_prob=p).finish for p in (0.1, 0.1, 0.9, 0.1, 0.1, 0.1)]
+    assert reasons == [None, None, None, None, None, FinishReason.LOW_CONFIDENCE]
+
+
+def test_low_confidence_is_off_by_default() -> None:
+    tokenizer = ByteTokenizer([b"x"])
+    detector = CompletionDetector(tokenizer, CompletionCriteria(max_tokens=99), frozenset())
+    assert all(detector.add(0, top_prob=0.01).finish is None for _ in range(50))

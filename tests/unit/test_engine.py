@@ -1,0 +1,201 @@
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
+from semantic.application.events import CompletionEvent, EngineEvent, TokenEvent
+from semantic.domain.block_pool import BlockPool
+from semantic.domain.errors import InvalidRequestError, PoolExhaustedError, PromptTooLongError
+from semantic.domain.generation import FinishReason
+from tests.unit.fakes import EOS, FakeBackend, FakeTokenizer, next_token
+
+
+def make_engine(
+    capacity: int = 200, backend: FakeBackend | None = None, **config: int
+) -> tuple[BlockPoolBatchEngine, FakeBackend]:
+    backend = backend or FakeBackend()
+    settings = {"prefill_chunk_tokens": 4, "prefill_token_budget": 8, "max_context": 512, **config}
+    engine = BlockPoolBatchEngine(
+        backend, FakeTokenizer(), BlockPool(capacity), EngineConfig(**settings)
+    )
+    return engine, backend
+
+
+def run_until_idle(engine: BlockPoolBatchEngine, limit: int = 10_000) -> list[EngineEvent]:
+    events: list[EngineEvent] = []
+    for _ in range(limit):
+        if not engine.has_work():
+            return events
+        events += engine.step().events
+    raise AssertionError("engine did not go idle")
+
+
+def completions(events: list[EngineEvent]) -> dict[str, CompletionEvent]:
+    return {e.request_id: e for e in events if isinstance(e, CompletionEvent)}
+
+
+def cold_tokens(prompt: list[int], n: int) -> list[int]:
+    history, out = list(prompt), []
+    for _ in range(n):
+        out.append(next_token(history))
+        history.append(out[-1])
+    return out
+
+
+PROMPT = [5, 9, 2, 7, 11, 3, 8, 1, 4, 6]
+
+
+def test_a_request_streams_its_tokens_then_completes_with_its_blocks() -> None:
+    engine, _ = make_engine()
+    rid = engine.submit("agent", PROMPT, max_tokens=6)
+    events = run_until_idle(engine)
+    tokens = [e.token_id for e in events if isinstance(e, TokenEvent)]
+    done = completions(events)[rid]
+    assert tokens == cold_tokens(PROMPT, 6) == list(done.token_ids)
+    assert done.finish_reason is FinishReason.MAX_TOKENS
+    assert done.blocks is not None
+    assert done.blocks.n_tokens == len(PROMPT) + 6
+    done.blocks.validate(engine._spec)  # noqa: SLF001 - the engine's own spec
+    assert done.text == FakeTokenizer().decode(tokens)
+    engine.release_blocks(rid)
+    assert engine.pool.used_count == 0
+
+
+def test_restored_blocks_continue_exactly_as_a_cold_prefill() -> None:
+    engine, backend = make_engine()
+    first = engine.submit("agent", PROMPT, max_tokens=5)
+    earlier = completions(run_until_idle(engine))[first]
+    assert earlier.blocks is not None
+    follow_up = [*list(earlier.blocks.token_ids), 13, 14, 15]
+    rid = engine.submit("agent", follow_up, earlier.blocks, max_tokens=7)
+    engine.release_blocks(first)  # the submit pinned what it needs
+    done = completions(run_until_idle(engine))[rid]
+    assert list(done.token_ids) == cold_tokens(follow_up, 7)
+    assert done.stats.cached_tokens == len(earlier.blocks.token_ids)
+    assert backend.restored_tokens[rid] == follow_up[: done.stats.cached_tokens]
+    engine.release_blocks(rid)
+    assert engine.pool.used_count == 0
+
+
+def test_a_cache_covering_the_whole_prompt_still_feeds_the_last_token() -> None:
+    engine, backend = make_engine()
+    first = engine.submit("agent", PROMPT, max_tokens=3)
+    blocks = completions(run_until_idle(engine))[first].blocks
+    assert blocks is not None
+    rid = engine.submit("agent", PROMPT, blocks, max_tokens=3)
+    done = completions(run_until_idle(engine))[rid]
+    assert done.stats.cached_tokens == len(PROMPT) - 1
+    assert done.stats.computed_tokens == 1
+    assert list(done.token_ids) == cold_tokens(PROMPT, 3)
+    assert backend.prefill_calls[-1] == (rid, 1)
+
+
+def test_long_prompts_prefill_in_aligned_chunks_within_the_round_budget() -> None:
+    engine, backend = make_engine(prefill_chunk_tokens=4, prefill_token_budget=6)
+    rid = engine.submit("agent", list(range(1, 20)), max_tokens=2)
+    engine.step()
+    assert [n for seq, n in backend.prefill_calls if seq == rid] == [4, 2]
+    engine.step()
+    assert [n for seq, n in backend.prefill_calls if seq == rid] == [4, 2, 2, 4]
+    run_until_idle(engine)
+    assert sum(n for seq, n in backend.prefill_calls if seq == rid) == 19
+
+
+def test_requests_decode_together_in_one_batch() -> None:
+    engine, backend = make_engine(prefill_token_budget=256)
+    ids = [engine.submit(f"a{i}", [i + 1, i + 2, i + 3], max_tokens=8) for i in range(8)]
+    events = run_until_idle(engine)
+    assert max(backend.decode_batches) == 8
+    done = completions(events)
+    for i, rid in enumerate(ids):
+        assert list(done[rid].token_ids) == cold_tokens([i + 1, i + 2, i + 3], 8)
+
+
+@pytest.mark.parametrize("steps_before_cancel", [0, 1, 3])
+def test_cancelling_at_any_stage_frees_every_block(steps_before_cancel: int) -> None:
+    engine, _ = make_engine(prefill_token_budget=4)
+    rid = engine.submit("agent", list(range(1, 30)), max_tokens=50)
+    for _ in range(steps_before_cancel):
+        engine.step()
+    engine.cancel(rid)
+    done = completions(run_until_idle(engine))[rid]
+    assert done.finish_reason is FinishReason.CANCELLED
+    engine.release_blocks(rid)
+    assert engine.pool.used_count == 0
+    engine.pool.check_integrity()
+
+
+def test_a_dry_pool_mid_decode_ends_the_request_gracefully_with_its_kv() -> None:
+    engine, _ = make_engine(capacity=6)  # 2 layers x 3 blocks of 4 tokens = 12 positions
+    rid = engine.submit("agent", PROMPT, max_tokens=20)
+    done = completions(run_until_idle(engine))[rid]
+    assert done.finish_reason is FinishReason.POOL_EXHAUSTED
+    assert done.blocks is not None
+    assert done.blocks.n_tokens == 12
+    assert list(done.token_ids) == cold_tokens(PROMPT, 2)
+    engine.release_blocks(rid)
+    assert engine.pool.used_count == 0
+
+
+def test_an_end_of_turn_token_finishes_the_request_and_is_kept() -> None:
+    engine, _ = make_engine(backend=FakeBackend(eos_at_length=len(PROMPT) + 3))
+    rid = engine.submit("agent", PROMPT, max_tokens=20)
+    done = completions(run_until_idle(engine))[rid]
+    assert done.finish_reason is FinishReason.END_OF_TURN
+    assert done.token_ids[-1] == EOS
+
+
+def test_a_failed_prefill_fails_only_its_own_request() -> None:
+    engine, _ = make_engine(backend=FakeBackend(fail_prefill_for={42}), prefill_token_budget=64)
+    good = engine.submit("good", [1, 2, 3, 4, 5, 6], max_tokens=3)
+    bad = engine.submit("bad", [42, *list(range(1, 9))], max_tokens=3)
+    done = completions(run_until_idle(engine))
+    assert done[bad].finish_reason is FinishReason.ERROR
+    assert done[bad].error
+    assert done[good].finish_reason is FinishReason.MAX_TOKENS
+    engine.release_blocks(good)
+    assert engine.pool.used_count == 0
+
+
+def test_two_hundred_mixed_requests_leak_nothing() -> None:
+    rng = random.Random(7)
+    engine, _ = make_engine(capacity=40, prefill_token_budget=16)
+    outcomes: dict[FinishReason, int] = {}
+    live_peak = 0
+    submitted = 0
+    while submitted < 200 or engine.has_work():
+        if submitted < 200 and rng.random() < 0.5:
+            prompt = [rng.randrange(1, 60) for _ in range(rng.randrange(1, 12))]
+            rid = engine.submit(f"a{submitted}", prompt, max_tokens=rng.randrange(1, 30))
+            submitted += 1
+            if rng.random() < 0.2:
+                engine.cancel(rid)
+        result = engine.step()
+        finished = [e for e in result.events if isinstance(e, CompletionEvent)]
+        held_by_finished = sum(e.blocks.block_count() for e in finished if e.blocks)
+        needed = sum(r.reservation.block_count for r in engine._requests.values())  # noqa: SLF001
+        assert engine.pool.used_count == needed + held_by_finished, "a block leaked"
+        live_peak = max(live_peak, needed + held_by_finished)
+        for event in finished:
+            outcomes[event.finish_reason] = outcomes.get(event.finish_reason, 0) + 1
+            engine.release_blocks(event.request_id)
+    assert sum(outcomes.values()) == 200
+    assert outcomes.get(FinishReason.POOL_EXHAUSTED, 0) >= 20
+    assert outcomes.get(FinishReason.CANCELLED, 0) > 0
+    assert engine.pool.used_count == 0
+    assert engine.pool.usage().peak_used == live_peak
+
+
+def test_bad_requests_are_refused_before_they_queue() -> None:
+    engine, _ = make_engine(capacity=4)
+    with pytest.raises(InvalidRequestError):
+        engine.submit("agent", [])
+    with pytest.raises(InvalidRequestError):
+        engine.submit("agent", [1, 2, 999])
+    with pytest.raises(PromptTooLongError):
+        engine.submit("agent", [1] * 500, max_tokens=100)
+    with pytest.raises(PoolExhaustedError):
+        engine.submit("agent", [1] * 40, max_tokens=4)
+    assert not engine.has_work()
