@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -96,6 +97,8 @@ class FakeBackend:
     fail_prefill_for: set[int] = field(default_factory=set)
     """First prompt tokens whose prefill raises, to test failure isolation."""
     model_id: str = "fake"
+    paused: threading.Event = field(default_factory=threading.Event)
+    """While set, decode steps make no progress (a request stays in flight)."""
     sequences: dict[str, _Seq] = field(default_factory=dict)
     restored_tokens: dict[str, list[int]] = field(default_factory=dict)
     prefill_calls: list[tuple[str, int]] = field(default_factory=list)
@@ -136,7 +139,9 @@ class FakeBackend:
     def decode_step(self) -> list[DecodedToken]:
         """Like mlx-lm's BatchGenerator: a newly joined sequence only has its first token fed
         in its first step; afterwards each token is fed before it is returned."""
-        out = []
+        out: list[DecodedToken] = []
+        if self.paused.is_set():
+            return out
         live = [(k, s) for k, s in self.sequences.items() if s.decoding and not s.finished]
         self.decode_batches.append(len(live))
         for seq_id, seq in live:

@@ -50,6 +50,7 @@ class MlxBackend:
         self._eos = sorted(eos_token_ids)
         self._max_decoding = max_decoding
         self._generator: Any = None  # a BatchGenerator; mlx-lm leaves its methods untyped
+        self._streams: tuple[Any, ...] | None = None
         self._sequences: dict[str, _Sequence] = {}
         self._by_uid: dict[int, str] = {}
 
@@ -77,7 +78,9 @@ class MlxBackend:
     ) -> None:
         if seq_id in self._sequences:
             raise InvalidRequestError(f"sequence {seq_id} is already open")
-        caches = gather_cache(self._model, restored, n_restored, n_new, self._spec)
+        caches = gather_cache(
+            self._model, restored, n_restored, n_new, self._spec, self._copy_streams()
+        )
         self._sequences[seq_id] = _Sequence(caches, make_sampler(sampling), track_top_prob)
 
     def prefill(self, seq_id: str, tokens: Sequence[int]) -> None:
@@ -87,12 +90,19 @@ class MlxBackend:
 
     def prefill_and_sample(self, seq_id: str, tokens: Sequence[int]) -> SampledToken:
         sequence = self._sequences[seq_id]
-        logits = self._model(mx.array([list(tokens)]), cache=sequence.caches)[:, -1, :]
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        logprobs = self.prefill_logprobs(seq_id, tokens)
         token = sequence.sampler(logprobs)
         top = mx.exp(mx.max(logprobs)) if sequence.track_top_prob else None
-        mx.eval(token, [(c.keys, c.values) for c in sequence.caches], *([top] if top else []))
+        mx.eval(token, *([top] if top is not None else []))
         return SampledToken(_scalar_int(token), _scalar_float(top) if top is not None else None)
+
+    def prefill_logprobs(self, seq_id: str, tokens: Sequence[int]) -> mx.array:
+        """Prefill ``tokens`` and return the log-probabilities after the last one."""
+        caches = self._sequences[seq_id].caches
+        logits = self._model(mx.array([list(tokens)]), cache=caches)[:, -1, :]
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        mx.eval(logprobs, [(c.keys, c.values) for c in caches])
+        return logprobs
 
     def start_decoding(self, seq_id: str, first_token: int, max_new_tokens: int) -> None:
         sequence = self._sequences[seq_id]
@@ -150,6 +160,12 @@ class MlxBackend:
             if any(token.finished for token in self.decode_step()):
                 break
         self.close_sequence("warm-up", 0)
+
+    def _copy_streams(self) -> tuple[Any, ...]:
+        """Two CPU streams (two threads) for restore copies, made on the engine thread."""
+        if self._streams is None:
+            self._streams = (mx.default_stream(mx.default_device()), mx.new_stream(mx.cpu))
+        return self._streams
 
     def _batch_generator(self) -> Any:
         if self._generator is None:

@@ -54,6 +54,7 @@ def preload_fast_blas() -> BlasStatus:
     if choice.lower() == "none":
         return BlasStatus("reference BLAS (SEMANTIC_BLAS_LIBRARY=none)", None, fast=False)
     if "mlx.core" in sys.modules:
+        log.warning("mlx.core was imported before semantic.adapters.mlx; BLAS left as it is")
         return blas_in_use()
     path = choice or ctypes.util.find_library("openblas")
     if not path:
@@ -69,19 +70,40 @@ def preload_fast_blas() -> BlasStatus:
 
 
 def blas_in_use() -> BlasStatus:
-    """Read the process's mapped libraries to tell which BLAS is in scope."""
-    maps = Path("/proc/self/maps")
-    if not maps.exists():
-        return BlasStatus("unknown", None, fast=False)
-    paths = sorted({line.split()[-1] for line in maps.read_text().splitlines() if "/" in line})
-    shim = any("semantic_sgemm_gemv" in p for p in paths)
-    for path in paths:
-        if "openblas" in os.path.basename(path).lower():
-            return BlasStatus("OpenBLAS", path, fast=True, gemv_shim=shim)
-    for path in paths:
-        if "mlx_cpu.libs" in path and "blas" in os.path.basename(path):
-            return BlasStatus("reference BLAS (bundled with mlx-cpu)", path, fast=False)
-    return BlasStatus("unknown", None, fast=False)
+    """Tell which library MLX's ``cblas_sgemm`` resolves to: the first one in global scope.
+
+    MLX's own bundled BLAS is loaded privately, so if no global library provides the symbol,
+    MLX runs on the reference BLAS.
+    """
+    provider = _global_provider("cblas_sgemm")
+    if provider is None:
+        return BlasStatus("reference BLAS (bundled with mlx-cpu)", None, fast=False)
+    shim = "semantic_sgemm_gemv" in os.path.basename(provider)
+    if shim:
+        provider = _global_provider("cblas_sgemv") or provider
+    name = "OpenBLAS" if "openblas" in os.path.basename(provider).lower() else "BLAS"
+    return BlasStatus(name, provider, fast=True, gemv_shim=shim)
+
+
+class _DlInfo(ctypes.Structure):
+    _fields_ = (  # noqa: RUF012 - ctypes wants a plain sequence here
+        ("dli_fname", ctypes.c_char_p),
+        ("dli_fbase", ctypes.c_void_p),
+        ("dli_sname", ctypes.c_char_p),
+        ("dli_saddr", ctypes.c_void_p),
+    )
+
+
+def _global_provider(symbol: str) -> str | None:
+    """Path of the library that defines ``symbol`` in the process's global scope."""
+    try:
+        address = ctypes.cast(getattr(ctypes.CDLL(None), symbol), ctypes.c_void_p)
+    except AttributeError:
+        return None
+    info = _DlInfo()
+    if not ctypes.CDLL(None).dladdr(address, ctypes.byref(info)) or not info.dli_fname:
+        return None
+    return info.dli_fname.decode()
 
 
 def report_blas() -> BlasStatus:

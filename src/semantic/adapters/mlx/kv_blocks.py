@@ -98,12 +98,19 @@ def cut_into_blocks(
 
 
 def gather_cache(
-    model: Any, blocks: AgentBlocks | None, n_tokens: int, room: int, spec: ModelCacheSpec
+    model: Any,
+    blocks: AgentBlocks | None,
+    n_tokens: int,
+    room: int,
+    spec: ModelCacheSpec,
+    streams: Sequence[Any] = (),
 ) -> list[Any]:
     """Fresh per-layer caches holding the first ``n_tokens`` positions of ``blocks``.
 
     Each layer is built with one concatenation, with ``room`` extra zeroed positions so the
-    prefill that follows writes in place instead of growing (and copying) the buffer.
+    prefill that follows writes in place instead of growing (and copying) the buffer. Layers
+    are spread over ``streams`` (MLX runs each CPU stream on its own thread), so the copy
+    uses every core.
     """
     caches = make_prompt_cache(model)
     if blocks is None or n_tokens == 0:
@@ -112,7 +119,10 @@ def gather_cache(
         window = spec.window(layer)
         first = 0 if window is None else max(0, n_tokens - window)
         layer_room = room if window is None else 0  # a rotating cache sizes its own buffer
-        keys, values = _concat_positions(blocks.layers[layer], first, n_tokens, layer_room, spec)
+        with mx.stream(streams[layer % len(streams)] if streams else mx.default_stream(mx.cpu)):
+            keys, values = _concat_positions(
+                blocks.layers[layer], first, n_tokens, layer_room, spec
+            )
         cache.keys, cache.values, cache.offset = keys, values, n_tokens
         if isinstance(cache, RotatingKVCache):
             cache._idx = n_tokens - first  # noqa: SLF001 - its write cursor, as from_state sets it

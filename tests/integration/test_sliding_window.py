@@ -1,0 +1,73 @@
+"""Sliding-window layers (Gemma 3 shape) on a tiny random model built here, no download."""
+
+from __future__ import annotations
+
+import random
+
+import mlx.core as mx
+import pytest
+from mlx_lm.models import gemma3_text
+
+from semantic.adapters.mlx.backend import MlxBackend
+from semantic.adapters.mlx.kv_blocks import spec_from_model
+from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
+from semantic.domain.block_pool import BlockPool
+from tests.integration.helpers import generate
+from tests.unit.fakes import ByteTokenizer
+
+WINDOW = 300
+
+
+@pytest.fixture(scope="module")
+def tiny_gemma() -> gemma3_text.Model:
+    mx.random.seed(3)
+    args = gemma3_text.ModelArgs(
+        model_type="gemma3_text", hidden_size=64, num_hidden_layers=4, intermediate_size=128,
+        num_attention_heads=2, head_dim=32, num_key_value_heads=1, vocab_size=256,
+        sliding_window=WINDOW, sliding_window_pattern=2, query_pre_attn_scalar=32,
+    )  # fmt: skip
+    model = gemma3_text.Model(args)
+    mx.eval(model.parameters())
+    return model
+
+
+def make_engine(model: gemma3_text.Model) -> BlockPoolBatchEngine:
+    spec = spec_from_model(model)
+    backend = MlxBackend(model, spec, "tiny-gemma", frozenset())
+    tokenizer = ByteTokenizer([bytes([i]) for i in range(256)])
+    return BlockPoolBatchEngine(backend, tokenizer, BlockPool(400), EngineConfig(max_context=4096))
+
+
+def test_the_spec_knows_which_layers_slide(tiny_gemma: gemma3_text.Model) -> None:
+    assert spec_from_model(tiny_gemma).layer_windows == (WINDOW, None, WINDOW, None)
+
+
+def test_sliding_layers_keep_only_the_blocks_their_window_reaches(
+    tiny_gemma: gemma3_text.Model,
+) -> None:
+    engine = make_engine(tiny_gemma)
+    rng = random.Random(5)
+    done = generate(engine, [rng.randrange(256) for _ in range(900)], 6)
+    assert done.blocks is not None
+    n = done.blocks.n_tokens
+    sliding, global_ = done.blocks.layers[0], done.blocks.layers[1]
+    assert len(global_) == -(-n // 256)
+    assert len(sliding) <= -(-WINDOW // 256) + 1
+    first = sliding[0]
+    assert first.index * 256 + first.start <= n - WINDOW
+    engine.release_blocks(done.request_id)
+    assert engine.pool.used_count == 0
+
+
+def test_restoring_sliding_window_blocks_continues_like_a_cold_prefill(
+    tiny_gemma: gemma3_text.Model,
+) -> None:
+    engine = make_engine(tiny_gemma)
+    rng = random.Random(11)
+    first = generate(engine, [rng.randrange(256) for _ in range(700)], 4)
+    assert first.blocks is not None
+    follow_up = [*first.blocks.token_ids, *(rng.randrange(256) for _ in range(60))]
+    warm = generate(engine, follow_up, 8, cached_blocks=first.blocks)
+    cold = generate(engine, follow_up, 8)
+    assert warm.stats.cached_tokens == first.blocks.n_tokens
+    assert warm.token_ids == cold.token_ids

@@ -1,0 +1,99 @@
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
+from semantic.application.engine_loop import AsyncEventStream, EngineLoop
+from semantic.application.events import CompletionEvent, EngineEvent, TokenEvent
+from semantic.domain.block_pool import BlockPool
+from semantic.domain.errors import ShuttingDownError
+from semantic.domain.generation import FinishReason
+from tests.unit.fakes import FakeBackend, FakeTokenizer, next_token
+
+
+@pytest.fixture
+def backend() -> FakeBackend:
+    return FakeBackend()
+
+
+@pytest.fixture
+def loop(backend: FakeBackend) -> Iterator[EngineLoop]:
+    engine = BlockPoolBatchEngine(
+        backend, FakeTokenizer(), BlockPool(400), EngineConfig(prefill_chunk_tokens=4)
+    )
+    engine_loop = EngineLoop(engine)
+    engine_loop.start()
+    yield engine_loop
+    engine_loop.stop()
+
+
+def expected(prompt: list[int], n: int) -> list[int]:
+    history, out = list(prompt), []
+    for _ in range(n):
+        out.append(next_token(history))
+        history.append(out[-1])
+    return out
+
+
+async def collect(stream: AsyncEventStream) -> list[EngineEvent]:
+    return [event async for event in stream]
+
+
+async def test_requests_from_many_threads_stream_to_asyncio(loop: EngineLoop) -> None:
+    prompts = [[i + 1, i + 2, i + 3, i + 4, i + 5] for i in range(16)]
+    streams = [AsyncEventStream() for _ in prompts]
+
+    def submit(index: int) -> None:
+        loop.submit(
+            streams[index], agent_id=f"a{index}", prompt_tokens=prompts[index], max_tokens=6
+        )
+
+    threads = [threading.Thread(target=submit, args=(i,)) for i in range(len(prompts))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    results = await asyncio.wait_for(asyncio.gather(*(collect(s) for s in streams)), 10)
+    for prompt, events in zip(prompts, results, strict=True):
+        tokens = [e.token_id for e in events if isinstance(e, TokenEvent)]
+        assert tokens == expected(prompt, 6)
+        assert isinstance(events[-1], CompletionEvent)
+    assert loop.engine.pool.used_count == 0, "unclaimed completion blocks are released"
+
+
+async def test_cancel_from_another_thread_ends_the_stream(
+    loop: EngineLoop, backend: FakeBackend
+) -> None:
+    backend.paused.set()
+    stream = AsyncEventStream()
+    request_id = loop.submit(stream, agent_id="a", prompt_tokens=[1, 2, 3], max_tokens=100)
+    canceller = threading.Thread(target=loop.cancel, args=(request_id,))
+    canceller.start()
+    canceller.join()
+    events = await asyncio.wait_for(collect(stream), 10)
+    done = events[-1]
+    assert isinstance(done, CompletionEvent)
+    assert done.finish_reason is FinishReason.CANCELLED
+
+
+def test_calls_run_on_the_engine_thread(loop: EngineLoop) -> None:
+    name = loop.call(lambda: threading.current_thread().name).result(5)
+    assert name == "semantic-engine"
+
+
+def test_draining_refuses_new_work_and_cancels_what_outlives_the_grace(
+    loop: EngineLoop, backend: FakeBackend
+) -> None:
+    backend.paused.set()
+    events: list[EngineEvent] = []
+    loop.submit(events.append, agent_id="a", prompt_tokens=[1, 2, 3], max_tokens=100)
+    loop.drain(grace_s=0.2)
+    done = events[-1]
+    assert isinstance(done, CompletionEvent)
+    assert done.finish_reason is FinishReason.CANCELLED
+    with pytest.raises(ShuttingDownError):
+        loop.submit(events.append, agent_id="a", prompt_tokens=[1, 2], max_tokens=2)
