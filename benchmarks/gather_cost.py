@@ -42,7 +42,7 @@ def main() -> None:
     gathers = []
     for _ in range(REPEATS):
         start = time.perf_counter()
-        gather_cache(bench.loaded.model, blocks, TOKENS, 0, spec, streams)
+        gather_cache(bench.loaded.model, blocks, TOKENS, 0, spec, streams=streams)
         gathers.append(time.perf_counter() - start)
 
     source = np.frombuffer(np.random.bytes(nbytes), dtype=np.uint8)

@@ -26,8 +26,10 @@ from semantic.domain.generation import GREEDY
 NEW_TOKENS = 32
 
 
-def run(engine: BlockPoolBatchEngine, prompt: list[int], n: int, **kw: object) -> CompletionEvent:
-    request_id = engine.submit("bench", prompt, max_tokens=n, **kw)  # type: ignore[arg-type]  # bench passthrough
+def run(
+    engine: BlockPoolBatchEngine, prompt: list[int], n: int, cached: AgentBlocks | None = None
+) -> CompletionEvent:
+    request_id = engine.submit("bench", prompt, cached, max_tokens=n)
     while engine.has_work():
         for event in engine.step().events:
             if isinstance(event, CompletionEvent) and event.request_id == request_id:
@@ -73,7 +75,7 @@ def main() -> None:
         earlier, full = tokenizer.render_chat(messages[:-2]), tokenizer.render_chat(messages)
         first = run(engine, earlier, 4)
         assert first.blocks is not None
-        warm = run(engine, full, NEW_TOKENS, cached_blocks=first.blocks)
+        warm = run(engine, full, NEW_TOKENS, first.blocks)
         cold = run(engine, full, NEW_TOKENS)
         n_cached = warm.stats.cached_tokens
         diff = mx.max(mx.abs(first_logprobs(backend, full, first.blocks, n_cached)
@@ -85,8 +87,10 @@ def main() -> None:
         agree += equal
         worst = max(worst, float(diff))
         print(f"{index:>4} {len(full):>7} {n_cached:>6} {equal!s:>5} {float(diff):>14.3g}")
-    print(f"\nwarm == cold: {agree} of {args.conversations} conversations "
-          f"({NEW_TOKENS} greedy tokens each); largest first-token |dlogprob|: {worst:.3g}")  # fmt: skip
+    print(
+        f"\nwarm == cold: {agree} of {args.conversations} conversations ({NEW_TOKENS} greedy "
+        f"tokens each); largest first-token |dlogprob|: {worst:.3g}"
+    )
 
 
 if __name__ == "__main__":

@@ -79,7 +79,7 @@ class MlxBackend:
         if seq_id in self._sequences:
             raise InvalidRequestError(f"sequence {seq_id} is already open")
         caches = gather_cache(
-            self._model, restored, n_restored, n_new, self._spec, self._copy_streams()
+            self._model, restored, n_restored, n_new, self._spec, streams=self._copy_streams()
         )
         self._sequences[seq_id] = _Sequence(caches, make_sampler(sampling), track_top_prob)
 
@@ -99,7 +99,7 @@ class MlxBackend:
     def prefill_logprobs(self, seq_id: str, tokens: Sequence[int]) -> mx.array:
         """Prefill ``tokens`` and return the log-probabilities after the last one."""
         caches = self._sequences[seq_id].caches
-        logits = self._model(mx.array([list(tokens)]), cache=caches)[:, -1, :]
+        logits: mx.array = self._model(mx.array([list(tokens)]), cache=caches)[:, -1, :]
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         mx.eval(logprobs, [(c.keys, c.values) for c in caches])
         return logprobs

@@ -86,7 +86,7 @@ def blas_in_use() -> BlasStatus:
 
 
 class _DlInfo(ctypes.Structure):
-    _fields_ = (  # noqa: RUF012 - ctypes wants a plain sequence here
+    _fields_ = (
         ("dli_fname", ctypes.c_char_p),
         ("dli_fbase", ctypes.c_void_p),
         ("dli_sname", ctypes.c_char_p),
@@ -103,7 +103,7 @@ def _global_provider(symbol: str) -> str | None:
     info = _DlInfo()
     if not ctypes.CDLL(None).dladdr(address, ctypes.byref(info)) or not info.dli_fname:
         return None
-    return info.dli_fname.decode()
+    return str(info.dli_fname.decode())
 
 
 def report_blas() -> BlasStatus:

@@ -103,6 +103,7 @@ def gather_cache(
     n_tokens: int,
     room: int,
     spec: ModelCacheSpec,
+    *,
     streams: Sequence[Any] = (),
 ) -> list[Any]:
     """Fresh per-layer caches holding the first ``n_tokens`` positions of ``blocks``.
