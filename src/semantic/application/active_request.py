@@ -28,6 +28,7 @@ class GenerationRequest:
     sampling: SamplingParams
     cached: AgentBlocks | None = None
     priority: Priority = Priority.NORMAL
+    namespace: str = "default"
 
 
 @dataclass(slots=True)

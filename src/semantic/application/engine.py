@@ -60,8 +60,11 @@ class BlockPoolBatchEngine:
         config: EngineConfig | None = None,
         *,
         planner: PrefillPlanner | None = None,
+        reclaim: Callable[[int], int] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``reclaim(n)`` is asked to free ``n`` pool blocks (by evicting idle cached KV)
+        before a request is made to wait or ends for lack of memory."""
         self._backend = backend
         self._tokenizer = tokenizer
         self._pool = pool
@@ -69,6 +72,7 @@ class BlockPoolBatchEngine:
         self._config = config or EngineConfig()
         self._planner = planner or SimplePrefillPlanner(self._config.prefill_chunk_tokens)
         self._clock = clock
+        self._reclaim = reclaim
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._inbox: list[ActiveRequest] = []
@@ -95,13 +99,14 @@ class BlockPoolBatchEngine:
         stop: Sequence[str] = (),
         criteria: CompletionCriteria | None = None,
         priority: Priority = Priority.NORMAL,
+        namespace: str = "default",
     ) -> str:
         """Queue a request; returns its id. Raises domain errors for bad input."""
         criteria = criteria or CompletionCriteria(
             max_tokens=max_tokens or self._config.default_max_tokens, stop_strings=tuple(stop)
         )
         request = GenerationRequest(
-            agent_id, tuple(prompt_tokens), criteria, sampling, cached_blocks, priority
+            agent_id, tuple(prompt_tokens), criteria, sampling, cached_blocks, priority, namespace
         )
         validate_request(request, self._spec, self._pool, self._tokenizer, self._config.max_context)
         request_id = f"req-{next(self._ids)}"
@@ -184,7 +189,7 @@ class BlockPoolBatchEngine:
     def _admit(self, active: ActiveRequest) -> bool:
         """Reserve blocks and build the cache for a waiting request; False if it must wait."""
         prompt = active.prompt
-        if not active.reservation.grow_to(len(prompt)):
+        if not self._grow(active, len(prompt)):
             return False
         cached = active.request.cached
         n_cached = _common_prefix(cached.token_ids, prompt) if cached is not None else 0
@@ -230,7 +235,7 @@ class BlockPoolBatchEngine:
         self, active: ActiveRequest, token: int, top_prob: float | None, events: list[EngineEvent]
     ) -> None:
         generated = active.detector.generated_count + 1
-        if not active.reservation.grow_to(active.positions_after(generated)):
+        if not self._grow(active, active.positions_after(generated)):
             active.detector.end(FinishReason.POOL_EXHAUSTED)
             self._complete(active, events, keep_kv=True)
             return
@@ -238,6 +243,14 @@ class BlockPoolBatchEngine:
         events.append(TokenEvent(active.id, token, progress.text))
         if progress.finish is not None:
             self._complete(active, events, keep_kv=True)
+
+    def _grow(self, active: ActiveRequest, n_positions: int) -> bool:
+        if active.reservation.grow_to(n_positions):
+            return True
+        if self._reclaim is None:
+            return False
+        self._reclaim(active.reservation.shortfall(n_positions))
+        return active.reservation.grow_to(n_positions)
 
     def _fail(self, active: ActiveRequest, error: Exception, events: list[EngineEvent]) -> None:
         active.detector.end(FinishReason.ERROR)
@@ -275,6 +288,7 @@ class BlockPoolBatchEngine:
             CompletionEvent(
                 request_id=active.id,
                 agent_id=active.request.agent_id,
+                namespace=active.request.namespace,
                 finish_reason=active.detector.reason or FinishReason.ERROR,
                 text=active.detector.text,
                 token_ids=tuple(kept),

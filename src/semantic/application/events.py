@@ -40,6 +40,7 @@ class CompletionEvent:
 
     request_id: str
     agent_id: str
+    namespace: str
     finish_reason: FinishReason
     text: str
     token_ids: tuple[int, ...]

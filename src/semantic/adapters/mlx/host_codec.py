@@ -1,0 +1,78 @@
+"""MLX KV payloads to host arrays and back, without extra copies.
+
+Writing: an evaluated MLX array on the CPU exposes its memory to numpy, so the block file is
+written straight from the KV buffers. Reading: ``mx.empty`` buffers are handed to the file
+reader as numpy views and filled in place; nothing else holds them yet, so MLX sees the data
+as if it had computed it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import mlx.core as mx
+import numpy as np
+
+from semantic.adapters.mlx.kv_blocks import MlxKV
+from semantic.domain.blocks import KVBlock
+from semantic.domain.errors import CacheCorruptionError
+from semantic.ports.block_store import LayerPayload
+
+FORMAT = "semantic-kv-1"
+_BITS_AS = {mx.bfloat16: mx.uint16}  # numpy has no bfloat16: store its bits
+_BY_NAME = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
+_HOST = {"F32": mx.float32, "F16": mx.float16, "U16": mx.uint16}
+
+
+class MlxHostCodec:
+    def to_host(self, blocks: Sequence[KVBlock]) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+        tensors: dict[str, np.ndarray] = {}
+        layers: list[str] = []
+        dtype = ""
+        for block in blocks:
+            kv = block.payload
+            if not isinstance(kv, MlxKV):
+                raise TypeError(f"cannot store a {type(kv).__name__} payload")
+            dtype = _name(kv.keys.dtype)
+            tensors[f"{block.layer}.keys"] = _host_view(kv.keys)
+            tensors[f"{block.layer}.values"] = _host_view(kv.values)
+            layers.append(f"{block.layer}:{block.start}:{block.n_tokens}")
+        return tensors, {"format": FORMAT, "dtype": dtype, "layers": ",".join(layers)}
+
+    def reader(self) -> MlxHostReader:
+        return MlxHostReader()
+
+
+class MlxHostReader:
+    def __init__(self) -> None:
+        self._arrays: dict[str, mx.array] = {}
+
+    def allocate(self, name: str, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+        array = mx.empty((1, *shape), dtype=_HOST[dtype])
+        mx.eval(array)
+        self._arrays[name] = array
+        view: np.ndarray = np.asarray(array)[0]
+        return view
+
+    def finish(self, metadata: Mapping[str, str]) -> list[LayerPayload]:
+        if metadata.get("format") != FORMAT:
+            raise CacheCorruptionError(f"unknown block format {metadata.get('format')!r}")
+        dtype = _BY_NAME[metadata["dtype"]]
+        out = []
+        for entry in metadata["layers"].split(","):
+            layer, start, n_tokens = (int(part) for part in entry.split(":"))
+            keys = self._arrays[f"{layer}.keys"].view(dtype)
+            values = self._arrays[f"{layer}.values"].view(dtype)
+            out.append(LayerPayload(layer, start, n_tokens, MlxKV(keys, values)))
+        return out
+
+
+def _name(dtype: mx.Dtype) -> str:
+    return next(name for name, value in _BY_NAME.items() if value == dtype)
+
+
+def _host_view(array: mx.array) -> np.ndarray:
+    stored = array.view(_BITS_AS[array.dtype]) if array.dtype in _BITS_AS else array
+    mx.eval(stored)
+    view: np.ndarray = np.asarray(stored)[0]
+    return view

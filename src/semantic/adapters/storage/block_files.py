@@ -1,0 +1,149 @@
+"""Block files: one safetensors file per block key, written durably, verified on read.
+
+Writes go to a temporary name in the final directory, are fsynced, renamed into place, and
+the directory is fsynced: a crash leaves either the whole file or a ``*.tmp`` that the next
+start removes. Reads stream each tensor straight into memory the caller provides (for KV,
+MLX's own buffers), hashing as they go; the xxh3-128 of the whole file must equal the
+checksum recorded when it was written. ADR 0006 explains the layout and the order.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import struct
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import numpy as np
+import xxhash
+from safetensors.numpy import save as safetensors_bytes
+
+from semantic.domain.errors import CacheCorruptionError
+
+Allocate = Callable[[str, str, tuple[int, ...]], np.ndarray]
+"""``allocate(name, safetensors_dtype, shape)`` -> a writable, C-contiguous array to fill."""
+
+_DTYPES = {"F32": np.float32, "F16": np.float16, "U16": np.uint16}
+_MAX_HEADER = 1 << 20
+SUFFIX = ".safetensors"
+
+
+class BlockFiles:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.quarantine_dir = root.parent / "quarantine"
+
+    def path(self, key: str) -> Path:
+        return self.root / key[:2] / f"{key}{SUFFIX}"
+
+    def write(
+        self, key: str, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str]
+    ) -> tuple[int, str]:
+        """Write durably; returns (bytes, checksum). Rewriting an existing key is a no-op."""
+        data = safetensors_bytes(dict(tensors), metadata=dict(metadata))
+        checksum = xxhash.xxh3_128_hexdigest(data)
+        target = self.path(key)
+        if target.exists():
+            return len(data), checksum
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temporary = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+        with open(temporary, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, target)
+        fsync_directory(target.parent)
+        return len(data), checksum
+
+    def read(
+        self, key: str, checksum: str, allocate: Allocate
+    ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+        """Read every tensor into ``allocate``d memory; returns the tensors and the file's
+        metadata. Raises ``CacheCorruptionError`` if the file is missing, truncated,
+        malformed or does not match ``checksum``."""
+        path = self.path(key)
+        try:
+            with open(path, "rb", buffering=0) as handle:
+                return self._read_verified(handle, checksum, allocate, os.fstat(handle.fileno()))
+        except FileNotFoundError:
+            raise CacheCorruptionError(f"block file {path.name} is missing") from None
+        except (OSError, ValueError, KeyError, struct.error) as error:
+            raise CacheCorruptionError(f"block file {path.name} is unreadable: {error}") from error
+
+    def quarantine(self, key: str) -> Path | None:
+        """Move a bad file aside for inspection; returns where it went (None if missing)."""
+        source = self.path(key)
+        if not source.exists():
+            return None
+        self.quarantine_dir.mkdir(parents=True, exist_ok=True)
+        target = self.quarantine_dir / f"{key}.{int(time.time())}{SUFFIX}"
+        os.replace(source, target)
+        return target
+
+    def delete(self, key: str) -> None:
+        self.path(key).unlink(missing_ok=True)
+
+    def keys(self) -> set[str]:
+        return {p.name[: -len(SUFFIX)] for p in self.root.glob(f"*/*{SUFFIX}")}
+
+    def remove_temporaries(self) -> int:
+        """Delete ``*.tmp`` files a crash left behind; returns how many."""
+        stray = list(self.root.glob("*/*.tmp"))
+        for path in stray:
+            path.unlink(missing_ok=True)
+        return len(stray)
+
+    @staticmethod
+    def _read_verified(
+        handle: io.FileIO, checksum: str, allocate: Allocate, stat: os.stat_result
+    ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+        digest = xxhash.xxh3_128()
+        prefix = handle.read(8)
+        (header_size,) = struct.unpack("<Q", prefix)
+        if header_size > _MAX_HEADER:
+            raise ValueError(f"header of {header_size} bytes")
+        header_bytes = handle.read(header_size)
+        digest.update(prefix)
+        digest.update(header_bytes)
+        header = json.loads(header_bytes)
+        metadata = {str(k): str(v) for k, v in header.pop("__metadata__", {}).items()}
+        data_start = 8 + header_size
+        end = data_start
+        out: dict[str, np.ndarray] = {}
+        for name, info in sorted(header.items(), key=lambda item: item[1]["data_offsets"][0]):
+            begin, stop = info["data_offsets"]
+            if data_start + begin != end:
+                raise ValueError(f"tensor {name} is not where the previous one ended")
+            target = allocate(name, info["dtype"], tuple(info["shape"]))
+            if target.dtype != _DTYPES[info["dtype"]] or target.nbytes != stop - begin:
+                raise ValueError(f"tensor {name} does not match its header")
+            view = target.data.cast("B")
+            _fill(handle, view, name)
+            digest.update(view)
+            out[name] = target
+            end = data_start + stop
+        if stat.st_size != end:
+            raise ValueError(f"file is {stat.st_size} bytes, its header says {end}")
+        if digest.hexdigest() != checksum:
+            raise ValueError("checksum mismatch")
+        return out, metadata
+
+
+def _fill(handle: io.FileIO, view: memoryview, name: str) -> None:
+    filled = 0
+    while filled < len(view):
+        got = handle.readinto(view[filled:])
+        if not got:
+            raise ValueError(f"file ends inside tensor {name}")
+        filled += got
+
+
+def fsync_directory(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

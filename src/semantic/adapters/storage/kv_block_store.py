@@ -1,0 +1,59 @@
+"""The block store port on block files: KV payloads in, KV payloads out.
+
+The payload tensors belong to the model adapter; a ``HostCodec`` (MLX's lives in
+``semantic.adapters.mlx.host_codec``) turns them into host arrays to write, and provides the
+memory a read fills, so a restore copies each byte once, straight into the model's buffers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+import numpy as np
+
+from semantic.adapters.storage.block_files import BlockFiles
+from semantic.domain.blocks import KVBlock
+from semantic.ports.block_store import LayerPayload, StoredFile
+
+
+class HostReader(Protocol):
+    def allocate(self, name: str, dtype: str, shape: tuple[int, ...]) -> np.ndarray: ...
+
+    def finish(self, metadata: Mapping[str, str]) -> list[LayerPayload]: ...
+
+
+class HostCodec(Protocol):
+    def to_host(self, blocks: Sequence[KVBlock]) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+        """Zero-copy host views of the blocks' tensors, and the metadata to rebuild them."""
+        ...
+
+    def reader(self) -> HostReader: ...
+
+
+class KVBlockStore:
+    def __init__(self, files: BlockFiles, codec: HostCodec) -> None:
+        self._files = files
+        self._codec = codec
+
+    def save(self, key: str, layers: Sequence[KVBlock]) -> StoredFile:
+        tensors, metadata = self._codec.to_host(layers)
+        nbytes, checksum = self._files.write(key, tensors, metadata)
+        return StoredFile(nbytes, checksum)
+
+    def load(self, key: str, checksum: str) -> list[LayerPayload]:
+        reader = self._codec.reader()
+        _, metadata = self._files.read(key, checksum, reader.allocate)
+        return reader.finish(metadata)
+
+    def quarantine(self, key: str) -> None:
+        self._files.quarantine(key)
+
+    def delete(self, key: str) -> None:
+        self._files.delete(key)
+
+    def keys(self) -> set[str]:
+        return self._files.keys()
+
+    def remove_temporaries(self) -> int:
+        return self._files.remove_temporaries()

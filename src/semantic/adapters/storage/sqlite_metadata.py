@@ -1,0 +1,284 @@
+"""The metadata store on SQLite (WAL), through SQLAlchemy 2's asyncio API and aiosqlite."""
+
+from __future__ import annotations
+
+import time
+from array import array
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import delete, event, func, insert, select, update
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.engine import Row
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from semantic.adapters.storage.schema import agent_blocks, agents, blocks, messages, migrate
+from semantic.domain.errors import AgentExistsError
+from semantic.ports.metadata_store import AgentRecord, BlockRecord, MessageRecord
+
+_QUARANTINED = "quarantined"
+
+
+class SqliteMetadataStore:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._engine: AsyncEngine | None = None
+
+    async def open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        engine = create_async_engine(f"sqlite+aiosqlite:///{self.path}", pool_size=4)
+        event.listen(engine.sync_engine, "connect", _configure_connection)
+        async with engine.connect() as connection:
+            await migrate(connection)
+        self._engine = engine
+
+    async def close(self) -> None:
+        if self._engine is not None:
+            await self._engine.dispose()
+            self._engine = None
+
+    async def blocks(self, keys: Sequence[str]) -> dict[str, BlockRecord]:
+        if not keys:
+            return {}
+        out: dict[str, BlockRecord] = {}
+        async with self._db().connect() as connection:
+            for start in range(0, len(keys), 500):
+                chunk = list(keys[start : start + 500])
+                rows = await connection.execute(select(blocks).where(blocks.c.key.in_(chunk)))
+                out.update({row.key: _block(row) for row in rows})
+        return out
+
+    async def children(self, parent_key: str) -> list[BlockRecord]:
+        async with self._db().connect() as connection:
+            rows = await connection.execute(select(blocks).where(blocks.c.parent_key == parent_key))
+            return [_block(row) for row in rows]
+
+    async def save_agent_blocks(
+        self, agent: AgentRecord, new_blocks: Sequence[BlockRecord]
+    ) -> list[str]:
+        now = time.time()
+        async with self._db().begin() as connection:
+            for record in new_blocks:
+                row = _block_row(record, now)
+                replace = {k: row[k] for k in ("nbytes", "checksum", "tier")}
+                await connection.execute(
+                    sqlite_insert(blocks)
+                    .values(**row)
+                    .on_conflict_do_update(index_elements=[blocks.c.key], set_=replace)
+                )
+            old = await self._agent_keys(connection, agent.namespace, agent.agent_id)
+            await self._upsert_agent(connection, agent, now)
+            where = _agent_where(agent_blocks, agent.namespace, agent.agent_id)
+            await connection.execute(delete(agent_blocks).where(where))
+            if agent.block_keys:
+                await connection.execute(
+                    insert(agent_blocks),
+                    [
+                        {"namespace": agent.namespace, "agent_id": agent.agent_id,
+                         "position": i, "block_key": key}
+                        for i, key in enumerate(agent.block_keys)
+                    ],
+                )  # fmt: skip
+            return await self._recount(connection, set(old) | set(agent.block_keys))
+
+    async def quarantine_block(self, key: str) -> None:
+        async with self._db().begin() as connection:
+            await connection.execute(
+                update(blocks).where(blocks.c.key == key).values(tier=_QUARANTINED)
+            )
+
+    async def agent(self, namespace: str, agent_id: str) -> AgentRecord | None:
+        async with self._db().connect() as connection:
+            row = (
+                await connection.execute(
+                    select(agents).where(_agent_where(agents, namespace, agent_id))
+                )
+            ).first()
+            if row is None:
+                return None
+            keys = await self._agent_keys(connection, namespace, agent_id)
+            return _agent(row, keys)
+
+    async def agents(self, namespace: str | None = None) -> list[AgentRecord]:
+        async with self._db().connect() as connection:
+            query = select(agents).order_by(agents.c.namespace, agents.c.agent_id)
+            if namespace is not None:
+                query = query.where(agents.c.namespace == namespace)
+            rows = list(await connection.execute(query))
+            out = []
+            for row in rows:
+                keys = await self._agent_keys(connection, row.namespace, row.agent_id)
+                out.append(_agent(row, keys))
+            return out
+
+    async def create_agent(self, agent: AgentRecord) -> None:
+        now = time.time()
+        try:
+            async with self._db().begin() as connection:
+                await connection.execute(
+                    insert(agents).values(
+                        namespace=agent.namespace, agent_id=agent.agent_id,
+                        system_prompt=agent.system_prompt, anonymous=agent.anonymous,
+                        token_count=0, created_at=now, last_used=now,
+                    )
+                )  # fmt: skip
+        except IntegrityError:
+            raise AgentExistsError(agent.agent_id, agent.namespace) from None
+
+    async def delete_agent(self, namespace: str, agent_id: str) -> list[str]:
+        async with self._db().begin() as connection:
+            keys = await self._agent_keys(connection, namespace, agent_id)
+            await connection.execute(
+                delete(agent_blocks).where(_agent_where(agent_blocks, namespace, agent_id))
+            )
+            await connection.execute(
+                delete(messages).where(_agent_where(messages, namespace, agent_id))
+            )
+            await connection.execute(
+                delete(agents).where(_agent_where(agents, namespace, agent_id))
+            )
+            return await self._recount(connection, set(keys))
+
+    async def touch_agent(self, namespace: str, agent_id: str, when: float) -> None:
+        async with self._db().begin() as connection:
+            await connection.execute(
+                update(agents)
+                .where(_agent_where(agents, namespace, agent_id))
+                .values(last_used=when)
+            )
+
+    async def unreferenced_blocks(self) -> list[str]:
+        async with self._db().connect() as connection:
+            rows = await connection.execute(select(blocks.c.key).where(blocks.c.ref_count <= 0))
+            return [row.key for row in rows]
+
+    async def delete_blocks(self, keys: Sequence[str]) -> None:
+        async with self._db().begin() as connection:
+            for start in range(0, len(keys), 500):
+                chunk = list(keys[start : start + 500])
+                await connection.execute(delete(blocks).where(blocks.c.key.in_(chunk)))
+
+    async def all_block_keys(self) -> set[str]:
+        async with self._db().connect() as connection:
+            return {row.key for row in await connection.execute(select(blocks.c.key))}
+
+    async def total_block_bytes(self) -> int:
+        async with self._db().connect() as connection:
+            total = (await connection.execute(select(func.sum(blocks.c.nbytes)))).scalar()
+            return int(total or 0)
+
+    async def append_messages(
+        self, namespace: str, agent_id: str, records: Sequence[MessageRecord]
+    ) -> None:
+        if not records:
+            return
+        now = time.time()
+        async with self._db().begin() as connection:
+            await connection.execute(
+                insert(messages),
+                [
+                    {"namespace": namespace, "agent_id": agent_id, "role": m.role,
+                     "content": m.content, "created_at": m.created_at or now}
+                    for m in records
+                ],
+            )  # fmt: skip
+
+    async def messages(self, namespace: str, agent_id: str) -> list[MessageRecord]:
+        async with self._db().connect() as connection:
+            rows = await connection.execute(
+                select(messages)
+                .where(_agent_where(messages, namespace, agent_id))
+                .order_by(messages.c.id)
+            )
+            return [MessageRecord(row.role, row.content, row.created_at) for row in rows]
+
+    def _db(self) -> AsyncEngine:
+        if self._engine is None:
+            raise RuntimeError("SqliteMetadataStore.open() was not called")
+        return self._engine
+
+    @staticmethod
+    async def _agent_keys(connection: AsyncConnection, namespace: str, agent_id: str) -> list[str]:
+        rows = await connection.execute(
+            select(agent_blocks.c.block_key)
+            .where(_agent_where(agent_blocks, namespace, agent_id))
+            .order_by(agent_blocks.c.position)
+        )
+        return [row.block_key for row in rows]
+
+    @staticmethod
+    async def _upsert_agent(connection: AsyncConnection, agent: AgentRecord, now: float) -> None:
+        where = _agent_where(agents, agent.namespace, agent.agent_id)
+        used = agent.last_used or now
+        updated = await connection.execute(
+            update(agents).where(where).values(token_count=agent.token_count, last_used=used)
+        )
+        if updated.rowcount == 0:
+            await connection.execute(
+                insert(agents).values(
+                    namespace=agent.namespace, agent_id=agent.agent_id,
+                    system_prompt=agent.system_prompt, anonymous=agent.anonymous,
+                    token_count=agent.token_count, created_at=now, last_used=now,
+                )
+            )  # fmt: skip
+
+    @staticmethod
+    async def _recount(connection: AsyncConnection, keys: set[str]) -> list[str]:
+        """Recompute reference counts of ``keys``; delete and return the unreferenced."""
+        orphans = []
+        for key in keys:
+            count = (
+                await connection.execute(
+                    select(func.count())
+                    .select_from(agent_blocks)
+                    .where(agent_blocks.c.block_key == key)
+                )
+            ).scalar_one()
+            await connection.execute(
+                update(blocks).where(blocks.c.key == key).values(ref_count=count)
+            )
+            if count == 0:
+                orphans.append(key)
+        if orphans:
+            await connection.execute(delete(blocks).where(blocks.c.key.in_(orphans)))
+        return orphans
+
+
+def _configure_connection(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=FULL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA busy_timeout=10000")
+    cursor.close()
+
+
+def _agent_where(table: Any, namespace: str, agent_id: str) -> Any:
+    return (table.c.namespace == namespace) & (table.c.agent_id == agent_id)
+
+
+def _block_row(record: BlockRecord, now: float) -> dict[str, Any]:
+    return {
+        "key": record.key, "parent_key": record.parent_key, "namespace": record.namespace,
+        "n_tokens": record.n_tokens, "tokens": array("I", record.tokens).tobytes(),
+        "nbytes": record.nbytes, "checksum": record.checksum, "ref_count": 0,
+        "tier": "disk", "created_at": now,
+    }  # fmt: skip
+
+
+def _block(row: Row[Any]) -> BlockRecord:
+    tokens = array("I")
+    tokens.frombytes(row.tokens)
+    return BlockRecord(
+        row.key, row.parent_key, row.namespace, tuple(tokens), row.nbytes, row.checksum,
+        row.ref_count, row.tier == _QUARANTINED,
+    )  # fmt: skip
+
+
+def _agent(row: Row[Any], keys: list[str]) -> AgentRecord:
+    return AgentRecord(
+        row.namespace, row.agent_id, tuple(keys), row.token_count, row.system_prompt,
+        bool(row.anonymous), row.created_at, row.last_used,
+    )  # fmt: skip

@@ -1,0 +1,137 @@
+"""Hot blocks: KV kept in memory under the pool's budget, found by key or by parent.
+
+Every hot block is held in the pool by the owner ``CACHE_OWNER``; a request that restores
+from it adds its own hold until it has copied the data. Eviction takes the least recently
+used blocks that are safe on disk and that nobody else holds.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from semantic.domain.block_pool import BlockPool
+from semantic.domain.blocks import KVBlock
+
+CACHE_OWNER = "cache"
+
+
+@dataclass(slots=True)
+class HotBlock:
+    """One token block of one namespace's chain, with the KV of every layer that holds it."""
+
+    key: str
+    parent: str
+    index: int
+    tokens: tuple[int, ...]
+    layers: tuple[KVBlock | None, ...]
+    persisted: bool = False
+    last_used: float = field(default=0.0)
+
+    @property
+    def present(self) -> list[KVBlock]:
+        return [block for block in self.layers if block is not None]
+
+    def pool_ids(self) -> list[int]:
+        return [block.pool_id for block in self.present]
+
+
+class HotIndex:
+    def __init__(self, pool: BlockPool, clock: Callable[[], float] = time.monotonic) -> None:
+        self._pool = pool
+        self._clock = clock
+        self._blocks: OrderedDict[str, HotBlock] = OrderedDict()
+        self._children: dict[str, set[str]] = {}
+        self._lock = threading.RLock()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._blocks)
+
+    def get(self, key: str) -> HotBlock | None:
+        with self._lock:
+            block = self._blocks.get(key)
+            if block is not None:
+                self._touch(block)
+            return block
+
+    def children(self, parent: str) -> list[HotBlock]:
+        with self._lock:
+            return [self._blocks[k] for k in self._children.get(parent, ()) if k in self._blocks]
+
+    def add(self, block: HotBlock, pin: str | None = None) -> HotBlock:
+        """Index a block whose pool ids ``CACHE_OWNER`` already holds, and pin it for ``pin``.
+
+        Returns the block now indexed under its key: ``block``, or the one that was already
+        hot (the caller then gives ``block``'s ids back).
+        """
+        with self._lock:
+            kept = self._blocks.get(block.key)
+            if kept is None:
+                kept = block
+                self._blocks[block.key] = block
+                self._children.setdefault(block.parent, set()).add(block.key)
+            self._touch(kept)
+            if pin is not None:
+                self._pool.share(pin, kept.pool_ids())
+            return kept
+
+    def take(self, key: str, pin: str) -> HotBlock | None:
+        """The hot block under ``key``, pinned for ``pin`` so eviction cannot drop it."""
+        with self._lock:
+            block = self._blocks.get(key)
+            if block is None:
+                return None
+            self._pool.share(pin, block.pool_ids())
+            self._touch(block)
+            return block
+
+    def mark_persisted(self, keys: Iterable[str]) -> None:
+        with self._lock:
+            for key in keys:
+                if key in self._blocks:
+                    self._blocks[key].persisted = True
+
+    def evict(self, n_pool_blocks: int) -> int:
+        """Drop least recently used evictable blocks until ``n_pool_blocks`` pool blocks are
+        free again (or nothing more can go); returns how many pool blocks were freed."""
+        freed = 0
+        with self._lock:
+            for key in list(self._blocks):
+                if freed >= n_pool_blocks:
+                    break
+                block = self._blocks[key]
+                if block.persisted and self._only_cache_holds(block):
+                    freed += len(self._drop(block))
+        return freed
+
+    def remove(self, keys: Iterable[str]) -> None:
+        """Forget blocks (their agent is gone); blocks someone still holds stay."""
+        with self._lock:
+            for key in keys:
+                block = self._blocks.get(key)
+                if block is not None and self._only_cache_holds(block):
+                    self._drop(block)
+
+    def held_bytes_blocks(self) -> int:
+        with self._lock:
+            return sum(len(b.present) for b in self._blocks.values())
+
+    def _only_cache_holds(self, block: HotBlock) -> bool:
+        return all(self._pool.ref_count(pool_id) == 1 for pool_id in block.pool_ids())
+
+    def _drop(self, block: HotBlock) -> list[int]:
+        del self._blocks[block.key]
+        siblings = self._children.get(block.parent)
+        if siblings is not None:
+            siblings.discard(block.key)
+            if not siblings:
+                del self._children[block.parent]
+        return self._pool.release(CACHE_OWNER, block.pool_ids())
+
+    def _touch(self, block: HotBlock) -> None:
+        block.last_used = self._clock()
+        self._blocks.move_to_end(block.key)

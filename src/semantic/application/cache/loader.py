@@ -1,0 +1,94 @@
+"""Bring a block from disk into memory: verified, accounted in the pool, indexed hot."""
+
+from __future__ import annotations
+
+import logging
+from enum import Enum
+
+from semantic.application.cache.hot_index import CACHE_OWNER, HotBlock, HotIndex
+from semantic.application.cache.stats import CacheStats
+from semantic.domain.block_pool import BlockPool
+from semantic.domain.blocks import KVBlock
+from semantic.domain.cache_spec import ModelCacheSpec
+from semantic.domain.errors import CacheCorruptionError, PoolExhaustedError
+from semantic.ports.block_store import BlockStore
+from semantic.ports.metadata_store import BlockRecord, MetadataStore
+
+log = logging.getLogger(__name__)
+
+
+class LoadOutcome(Enum):
+    CORRUPT = "corrupt"
+    NO_ROOM = "no room"
+
+
+class BlockLoader:
+    def __init__(
+        self,
+        pool: BlockPool,
+        spec: ModelCacheSpec,
+        store: BlockStore,
+        *,
+        metadata: MetadataStore,
+        hot: HotIndex,
+        stats: CacheStats,
+    ) -> None:
+        self._pool = pool
+        self._spec = spec
+        self._store = store
+        self._metadata = metadata
+        self._hot = hot
+        self._stats = stats
+
+    def load(self, record: BlockRecord, index: int, pin: str) -> HotBlock | LoadOutcome:
+        """Read, verify and index one block (blocking: call from a worker thread)."""
+        already = self._hot.take(record.key, pin)
+        if already is not None:
+            return already
+        try:
+            payloads = self._store.load(record.key, record.checksum)
+        except CacheCorruptionError as error:
+            log.warning("block %s failed verification: %s", record.key[:16], error)
+            return LoadOutcome.CORRUPT
+        layers: list[KVBlock | None] = [None] * self._spec.n_layers
+        size = len(record.tokens)
+        for payload in payloads:
+            if not 0 <= payload.layer < self._spec.n_layers or payload.n_tokens != size:
+                log.warning("block %s holds the wrong shape; treating it as corrupt", record.key)
+                return LoadOutcome.CORRUPT
+        claimed = self._claim([p.layer for p in payloads])
+        if claimed is None:
+            return LoadOutcome.NO_ROOM
+        for pool_id, payload in zip(claimed, payloads, strict=True):
+            layers[payload.layer] = KVBlock(
+                pool_id, payload.layer, index, payload.n_tokens, payload.data, payload.start
+            )
+        block = HotBlock(record.key, record.parent_key, index, record.tokens, tuple(layers), True)
+        kept = self._hot.add(block, pin)
+        if kept is not block:
+            self._pool.release(CACHE_OWNER, claimed)
+        return kept
+
+    async def quarantine(self, key: str) -> None:
+        """A block failed verification: move its file aside and stop using it, unless it was
+        deleted meanwhile (then it was never corrupt, just gone)."""
+        still = await self._metadata.blocks([key])
+        if key not in still:
+            return
+        self._store.quarantine(key)
+        await self._metadata.quarantine_block(key)
+        self._stats.corrupt_blocks += 1
+        log.warning("quarantined block %s; the request recomputes from there", key[:16])
+
+    def _claim(self, layers: list[int]) -> list[int] | None:
+        """One pool block per layer, evicting idle hot blocks if needed; None if no room."""
+        for _ in range(2):
+            ids: list[int] = []
+            try:
+                for layer in layers:
+                    ids += self._pool.allocate(CACHE_OWNER, layer)
+                return ids
+            except PoolExhaustedError:
+                self._pool.release(CACHE_OWNER, ids)
+                self._hot.evict(len(layers))
+        return None

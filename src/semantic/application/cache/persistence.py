@@ -1,0 +1,166 @@
+"""Write-behind persistence: block files first, then the metadata that points at them.
+
+One asyncio task takes save jobs in order. For each it writes only the blocks the metadata
+does not know yet (a turn writes its new blocks and its partial tail, never the whole
+conversation), off the event loop, durably; only then does one transaction record the
+blocks and the agent's new block list. Files of blocks no agent references any more are
+deleted after that commit. A crash at any point leaves either the old list or the new one,
+and never a row pointing at a missing file (ADR 0006).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from semantic.application.cache.hot_index import HotBlock, HotIndex
+from semantic.application.cache.stats import CacheStats
+from semantic.ports.block_store import BlockStore
+from semantic.ports.metadata_store import AgentRecord, BlockRecord, MetadataStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SaveJob:
+    namespace: str
+    agent_id: str
+    anonymous: bool
+    chain: list[HotBlock]
+    token_count: int
+
+
+class Saver:
+    def __init__(
+        self,
+        store: BlockStore,
+        metadata: MetadataStore,
+        hot: HotIndex,
+        stats: CacheStats,
+        disk_quota_bytes: int | None,
+    ) -> None:
+        self._store = store
+        self._metadata = metadata
+        self._hot = hot
+        self._stats = stats
+        self._quota = disk_quota_bytes
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._queue: asyncio.Queue[SaveJob] | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    async def start(self) -> None:
+        await self.recover()
+        self._loop = asyncio.get_running_loop()
+        self._queue = asyncio.Queue()
+        self._task = asyncio.create_task(self._run(), name="semantic-saver")
+
+    def submit(self, job: SaveJob) -> None:
+        """Queue a save; safe from any thread."""
+        if self._loop is None or self._queue is None:
+            raise RuntimeError("Saver.start() was not awaited")
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, job)
+
+    async def flush(self) -> None:
+        if self._queue is not None:
+            await asyncio.sleep(0)  # let saves submitted from other threads land first
+            await self._queue.join()
+
+    async def close(self) -> None:
+        await self.flush()
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def recover(self) -> None:
+        """After a crash: remove half-written files, files no row knows, rows no one uses."""
+        temporaries = await asyncio.to_thread(self._store.remove_temporaries)
+        files = await asyncio.to_thread(self._store.keys)
+        rows = await self._metadata.all_block_keys()
+        unreferenced = await self._metadata.unreferenced_blocks()
+        await self._metadata.delete_blocks(unreferenced)
+        stray = (files - rows) | set(unreferenced)
+        await self.delete_files(sorted(stray))
+        if temporaries or stray:
+            log.info("recovery: removed %d temporary and %d unreferenced block files",
+                     temporaries, len(stray))  # fmt: skip
+
+    async def delete_files(self, keys: Sequence[str]) -> None:
+        if keys:
+            await asyncio.to_thread(self._delete_all, list(keys))
+
+    def _delete_all(self, keys: list[str]) -> None:
+        for key in keys:
+            self._store.delete(key)
+
+    async def _run(self) -> None:
+        queue = self._queue
+        if queue is None:
+            return
+        while True:
+            job = await queue.get()
+            try:
+                await self._save(job)
+            except Exception:
+                self._stats.saves_failed += 1
+                log.exception("saving %s/%s failed; its KV stays in memory only",
+                              job.namespace, job.agent_id)  # fmt: skip
+            finally:
+                queue.task_done()
+
+    async def _save(self, job: SaveJob) -> None:
+        keys = [block.key for block in job.chain]
+        known = await self._metadata.blocks(keys)
+        todo = [b for b in job.chain if b.key not in known or known[b.key].quarantined]
+        started = time.perf_counter()
+        records = await asyncio.to_thread(self._write, job.namespace, todo)
+        self._stats.write_seconds += time.perf_counter() - started
+        self._stats.blocks_written += len(records)
+        self._stats.bytes_written += sum(r.nbytes for r in records)
+        agent = AgentRecord(job.namespace, job.agent_id, tuple(keys), job.token_count,
+                            anonymous=job.anonymous)  # fmt: skip
+        orphans = await self._metadata.save_agent_blocks(agent, records)
+        self._hot.mark_persisted(keys)
+        await self.delete_files(orphans)
+        await self._enforce_quota(job.namespace, job.agent_id)
+
+    def _write(self, namespace: str, blocks: list[HotBlock]) -> list[BlockRecord]:
+        records = []
+        for block in blocks:
+            stored = self._store.save(block.key, block.present)
+            records.append(
+                BlockRecord(block.key, block.parent, namespace, block.tokens, stored.nbytes,
+                            stored.checksum)
+            )  # fmt: skip
+        return records
+
+    async def _enforce_quota(self, namespace: str, agent_id: str) -> None:
+        """Over the disk quota: drop least recently used agents' unshared blocks."""
+        if self._quota is None or await self._metadata.total_block_bytes() <= self._quota:
+            return
+        for agent in sorted(await self._metadata.agents(), key=lambda a: a.last_used):
+            if (agent.namespace, agent.agent_id) == (namespace, agent_id):
+                continue
+            records = await self._metadata.blocks(agent.block_keys)
+            keep: list[str] = []
+            for key in agent.block_keys:
+                if key not in records or records[key].ref_count <= 1:
+                    break
+                keep.append(key)
+            if len(keep) == len(agent.block_keys):
+                continue
+            tokens = sum(records[k].n_tokens for k in keep)
+            shorter = dataclasses.replace(agent, block_keys=tuple(keep), token_count=tokens)
+            orphans = await self._metadata.save_agent_blocks(shorter, [])
+            self._hot.remove(orphans)
+            await self.delete_files(orphans)
+            if await self._metadata.total_block_bytes() <= self._quota:
+                return

@@ -1,0 +1,228 @@
+"""AgentCacheStore: find the longest stored prefix of a prompt, and keep what requests leave.
+
+Lookups walk the prompt's block ids (memory first, then disk), then reuse the stored block
+that shares the longest token prefix with the rest, even if it ends mid-block. Completed
+requests hand their blocks over on the engine thread (no I/O there); a single writer task
+saves new blocks to disk and commits the metadata after the files are durable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from semantic.application.cache.hot_index import CACHE_OWNER, HotBlock, HotIndex
+from semantic.application.cache.loader import BlockLoader, LoadOutcome
+from semantic.application.cache.persistence import SaveJob, Saver
+from semantic.application.cache.stats import CacheStats
+from semantic.application.events import CompletionEvent
+from semantic.domain.block_identity import chain_keys, chain_root
+from semantic.domain.block_pool import BlockPool
+from semantic.domain.blocks import AgentBlocks, KVBlock
+from semantic.domain.cache_spec import ModelCacheSpec
+from semantic.ports.block_store import BlockStore
+from semantic.ports.metadata_store import BlockRecord, MetadataStore
+
+log = logging.getLogger(__name__)
+
+ANONYMOUS_PREFIX = "~anon-"
+"""Ids of requests without an agent: ``~`` can never start a client's agent id."""
+
+
+@dataclass(frozen=True)
+class CachedPrefix:
+    """What a prompt can restore. ``blocks`` are pinned under ``pin`` until released."""
+
+    blocks: AgentBlocks | None
+    pin: str
+    hot_tokens: int
+    disk_tokens: int
+    matched_tokens: int
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    disk_quota_bytes: int | None = None
+
+
+@dataclass
+class _Candidate:
+    hot: HotBlock | None = None
+    record: BlockRecord | None = None
+    tokens: tuple[int, ...] = field(default_factory=tuple)
+
+
+class AgentCacheStore:
+    def __init__(
+        self,
+        pool: BlockPool,
+        spec: ModelCacheSpec,
+        fingerprint: str,
+        *,
+        block_store: BlockStore,
+        metadata: MetadataStore,
+        config: CacheConfig | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._pool = pool
+        self._spec = spec
+        self._fingerprint = fingerprint
+        self._metadata = metadata
+        self.stats = CacheStats()
+        self.hot = HotIndex(pool, clock)
+        self._loader = BlockLoader(
+            pool, spec, block_store, metadata=metadata, hot=self.hot, stats=self.stats
+        )
+        quota = (config or CacheConfig()).disk_quota_bytes
+        self._saver = Saver(block_store, metadata, self.hot, self.stats, quota)
+        self._pins = itertools.count(1)
+
+    async def start(self) -> None:
+        """Clean up after a crash, then start the writer."""
+        await self._saver.start()
+
+    async def close(self) -> None:
+        """Flush every pending save, then stop the writer."""
+        await self._saver.close()
+
+    async def flush(self) -> None:
+        await self._saver.flush()
+
+    def root(self, namespace: str) -> str:
+        return chain_root(self._fingerprint, namespace)
+
+    def anonymous_id(self, namespace: str, prompt: Sequence[int]) -> str:
+        """A stable id for a conversation without an agent: its first two blocks' identity."""
+        keys = chain_keys(self.root(namespace), prompt[: 2 * self._spec.block_tokens],
+                          self._spec.block_tokens, include_partial=True)  # fmt: skip
+        return ANONYMOUS_PREFIX + keys[-1][:24]
+
+    async def prepare(self, namespace: str, prompt: Sequence[int]) -> CachedPrefix:
+        """Pin the longest stored prefix of ``prompt`` (loading disk blocks into memory)."""
+        pin = f"pin-{next(self._pins)}"
+        self.stats.queried_tokens += len(prompt)
+        candidates = await self._walk(namespace, prompt)
+        chain: list[HotBlock] = []
+        hot_tokens = disk_tokens = 0
+        for index, candidate in enumerate(candidates):
+            taken = self.hot.take(candidate.hot.key, pin) if candidate.hot is not None else None
+            if taken is not None:
+                chain.append(taken)
+                hot_tokens += len(taken.tokens)
+                continue
+            if candidate.record is None:
+                break
+            outcome = await asyncio.to_thread(self._loader.load, candidate.record, index, pin)
+            if not isinstance(outcome, HotBlock):
+                if outcome is LoadOutcome.CORRUPT:
+                    await self._loader.quarantine(candidate.record.key)
+                break
+            chain.append(outcome)
+            disk_tokens += len(outcome.tokens)
+        blocks = self._agent_blocks(chain)
+        matched = _common_prefix(blocks.token_ids, prompt) if blocks else 0
+        self.stats.hit_tokens += matched
+        share = matched / max(1, hot_tokens + disk_tokens)
+        self.stats.hot_restored_tokens += round(hot_tokens * share)
+        self.stats.disk_restored_tokens += round(disk_tokens * share)
+        return CachedPrefix(blocks, pin, hot_tokens, disk_tokens, matched)
+
+    def release(self, prefix: CachedPrefix) -> None:
+        self._pool.release_owner(prefix.pin)
+
+    def adopt(self, event: CompletionEvent, agent_id: str) -> None:
+        """Keep a finished request's blocks (engine thread; no I/O) and queue their save."""
+        blocks = event.blocks
+        if blocks is None or not self._saver.running:
+            self._pool.release_owner(event.request_id)
+            return
+        size = self._spec.block_tokens
+        tokens = blocks.token_ids
+        parent = self.root(event.namespace)
+        chain: list[HotBlock] = []
+        for index, key in enumerate(chain_keys(parent, tokens, size, include_partial=True)):
+            layers = tuple(_block_at(layer_blocks, index) for layer_blocks in blocks.layers)
+            block = HotBlock(key, parent, index, tokens[index * size : (index + 1) * size], layers)
+            self._pool.transfer(event.request_id, CACHE_OWNER, block.pool_ids())
+            kept = self.hot.add(block)
+            if kept is not block:
+                self._pool.release(CACHE_OWNER, block.pool_ids())
+            chain.append(kept)
+            parent = key
+        self._pool.release_owner(event.request_id)
+        anonymous = agent_id.startswith(ANONYMOUS_PREFIX)
+        self._saver.submit(SaveJob(event.namespace, agent_id, anonymous, chain, len(tokens)))
+
+    def reclaim(self, n_pool_blocks: int) -> int:
+        """Memory pressure: evict idle hot blocks that are safe on disk."""
+        return self.hot.evict(n_pool_blocks)
+
+    async def forget(self, keys: Sequence[str]) -> None:
+        """Drop deleted blocks from memory and disk."""
+        self.hot.remove(keys)
+        await self._saver.delete_files(keys)
+
+    async def _walk(self, namespace: str, prompt: Sequence[int]) -> list[_Candidate]:
+        size = self._spec.block_tokens
+        keys = chain_keys(self.root(namespace), prompt, size)
+        records = await self._metadata.blocks([k for k in keys if self.hot.get(k) is None])
+        out: list[_Candidate] = []
+        parent = self.root(namespace)
+        for index, key in enumerate(keys):
+            want = tuple(prompt[index * size : (index + 1) * size])
+            hot = self.hot.get(key)
+            record = records.get(key)
+            if hot is not None and hot.tokens == want:
+                out.append(_Candidate(hot=hot, tokens=want))
+            elif record is not None and not record.quarantined and record.tokens == want:
+                out.append(_Candidate(record=record, tokens=want))
+            else:
+                break
+            parent = key
+        rest = tuple(prompt[len(out) * size :])
+        if rest:
+            tail = await self._best_child(parent, rest)
+            if tail is not None:
+                out.append(tail)
+        return out
+
+    async def _best_child(self, parent: str, rest: tuple[int, ...]) -> _Candidate | None:
+        options = [_Candidate(hot=h, tokens=h.tokens) for h in self.hot.children(parent)]
+        hot_keys = {c.hot.key for c in options if c.hot is not None}
+        options += [
+            _Candidate(record=r, tokens=r.tokens)
+            for r in await self._metadata.children(parent)
+            if r.key not in hot_keys and not r.quarantined
+        ]
+        best = max(options, key=lambda c: (_common_prefix(c.tokens, rest), c.hot is not None),
+                   default=None)  # fmt: skip
+        return best if best is not None and _common_prefix(best.tokens, rest) > 0 else None
+
+    def _agent_blocks(self, chain: list[HotBlock]) -> AgentBlocks | None:
+        if not chain:
+            return None
+        tokens = tuple(t for block in chain for t in block.tokens)
+        layers: list[tuple[KVBlock, ...]] = []
+        for layer in range(self._spec.n_layers):
+            held = (block.layers[layer] for block in chain)
+            layers.append(tuple(b for b in held if b is not None))
+        return AgentBlocks("", tokens, tuple(layers))
+
+
+def _block_at(layer_blocks: Sequence[KVBlock], index: int) -> KVBlock | None:
+    for block in layer_blocks:
+        if block.index == index:
+            return block
+    return None
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n

@@ -1,0 +1,53 @@
+"""The block store port: durable KV block files, one per block key."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from semantic.domain.blocks import KVBlock
+
+
+@dataclass(frozen=True, slots=True)
+class StoredFile:
+    nbytes: int
+    checksum: str
+
+
+@dataclass(frozen=True, slots=True)
+class LayerPayload:
+    """One layer's KV of a block read back from disk."""
+
+    layer: int
+    start: int
+    n_tokens: int
+    data: object
+
+
+class BlockStore(Protocol):
+    """Writes are durable when they return (ADR 0006); reads are verified against the
+    checksum recorded at write time. Every method may block on disk: call from a worker."""
+
+    def save(self, key: str, layers: Sequence[KVBlock]) -> StoredFile:
+        """Persist one block (every layer that holds it) under ``key``."""
+        ...
+
+    def load(self, key: str, checksum: str) -> list[LayerPayload]:
+        """Read a block back; raises ``CacheCorruptionError`` for a missing, truncated or
+        altered file."""
+        ...
+
+    def quarantine(self, key: str) -> None:
+        """Move a bad file aside so it is never read again."""
+        ...
+
+    def delete(self, key: str) -> None: ...
+
+    def keys(self) -> set[str]:
+        """Keys of every block file present."""
+        ...
+
+    def remove_temporaries(self) -> int:
+        """Delete files an interrupted write left behind; returns how many."""
+        ...

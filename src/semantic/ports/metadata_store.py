@@ -1,0 +1,94 @@
+"""The metadata store port: agents, their block lists, blocks, transcripts."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class BlockRecord:
+    key: str
+    parent_key: str
+    namespace: str
+    tokens: tuple[int, ...]
+    nbytes: int
+    checksum: str
+    ref_count: int = 0
+    quarantined: bool = False
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class AgentRecord:
+    namespace: str
+    agent_id: str
+    block_keys: tuple[str, ...] = ()
+    token_count: int = 0
+    system_prompt: str | None = None
+    anonymous: bool = False
+    created_at: float = 0.0
+    last_used: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRecord:
+    role: str
+    content: str
+    created_at: float = 0.0
+
+
+class MetadataStore(Protocol):
+    """Durable metadata. ``save_agent_blocks`` is one transaction: the new blocks' rows and
+    the agent's new block list commit together, reference counts follow, and blocks that no
+    agent references any more are returned so their files can be deleted."""
+
+    async def open(self) -> None:
+        """Create or migrate the schema."""
+        ...
+
+    async def close(self) -> None: ...
+
+    async def blocks(self, keys: Sequence[str]) -> dict[str, BlockRecord]: ...
+
+    async def children(self, parent_key: str) -> list[BlockRecord]: ...
+
+    async def save_agent_blocks(
+        self, agent: AgentRecord, new_blocks: Sequence[BlockRecord]
+    ) -> list[str]: ...
+
+    async def quarantine_block(self, key: str) -> None:
+        """Mark a block bad: lookups stop before it until a save replaces it."""
+        ...
+
+    async def agent(self, namespace: str, agent_id: str) -> AgentRecord | None: ...
+
+    async def agents(self, namespace: str | None = None) -> list[AgentRecord]: ...
+
+    async def create_agent(self, agent: AgentRecord) -> None:
+        """Raises ``AgentExistsError`` if the id is taken in its namespace."""
+        ...
+
+    async def delete_agent(self, namespace: str, agent_id: str) -> list[str]:
+        """Delete the agent and its transcript; returns keys no agent references any more."""
+        ...
+
+    async def touch_agent(self, namespace: str, agent_id: str, when: float) -> None: ...
+
+    async def unreferenced_blocks(self) -> list[str]: ...
+
+    async def delete_blocks(self, keys: Sequence[str]) -> None: ...
+
+    async def all_block_keys(self) -> set[str]: ...
+
+    async def total_block_bytes(self) -> int: ...
+
+    async def append_messages(
+        self, namespace: str, agent_id: str, messages: Sequence[MessageRecord]
+    ) -> None: ...
+
+    async def messages(self, namespace: str, agent_id: str) -> list[MessageRecord]: ...

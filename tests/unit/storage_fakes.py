@@ -1,0 +1,139 @@
+"""In-memory fakes of the block store and metadata store ports."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from semantic.domain.blocks import KVBlock
+from semantic.domain.errors import AgentExistsError, CacheCorruptionError
+from semantic.ports.block_store import LayerPayload, StoredFile
+from semantic.ports.metadata_store import AgentRecord, BlockRecord, MessageRecord
+
+
+class FakeBlockStore:
+    def __init__(self) -> None:
+        self.files: dict[str, tuple[list[LayerPayload], str]] = {}
+        self.corrupted: set[str] = set()
+        self.quarantined: list[str] = []
+        self.saves: list[str] = []
+
+    def save(self, key: str, layers: Sequence[KVBlock]) -> StoredFile:
+        payloads = [LayerPayload(b.layer, b.start, b.n_tokens, b.payload) for b in layers]
+        checksum = f"sum-{key[:8]}"
+        self.files[key] = (payloads, checksum)
+        self.saves.append(key)
+        return StoredFile(10 * len(layers), checksum)
+
+    def load(self, key: str, checksum: str) -> list[LayerPayload]:
+        if key not in self.files:
+            raise CacheCorruptionError(f"{key} is missing")
+        payloads, stored = self.files[key]
+        if key in self.corrupted or stored != checksum:
+            raise CacheCorruptionError(f"{key} does not match its checksum")
+        return list(payloads)
+
+    def quarantine(self, key: str) -> None:
+        self.quarantined.append(key)
+        self.files.pop(key, None)
+
+    def delete(self, key: str) -> None:
+        self.files.pop(key, None)
+
+    def keys(self) -> set[str]:
+        return set(self.files)
+
+    def remove_temporaries(self) -> int:
+        return 0
+
+
+class FakeMetadataStore:
+    def __init__(self) -> None:
+        self.block_rows: dict[str, BlockRecord] = {}
+        self.agent_rows: dict[tuple[str, str], AgentRecord] = {}
+        self.transcripts: dict[tuple[str, str], list[MessageRecord]] = {}
+        self.clock = 0.0
+
+    async def open(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+    async def blocks(self, keys: Sequence[str]) -> dict[str, BlockRecord]:
+        return {k: self.block_rows[k] for k in keys if k in self.block_rows}
+
+    async def children(self, parent_key: str) -> list[BlockRecord]:
+        return [r for r in self.block_rows.values() if r.parent_key == parent_key]
+
+    async def save_agent_blocks(
+        self, agent: AgentRecord, new_blocks: Sequence[BlockRecord]
+    ) -> list[str]:
+        for record in new_blocks:
+            self.block_rows[record.key] = dataclasses.replace(record, quarantined=False)
+        old = self.agent_rows.get((agent.namespace, agent.agent_id))
+        self.clock += 1
+        self.agent_rows[(agent.namespace, agent.agent_id)] = dataclasses.replace(
+            agent,
+            system_prompt=old.system_prompt if old else agent.system_prompt,
+            last_used=agent.last_used or self.clock,
+        )
+        return self._recount(set(old.block_keys if old else ()) | set(agent.block_keys))
+
+    async def quarantine_block(self, key: str) -> None:
+        self.block_rows[key] = dataclasses.replace(self.block_rows[key], quarantined=True)
+
+    async def agent(self, namespace: str, agent_id: str) -> AgentRecord | None:
+        return self.agent_rows.get((namespace, agent_id))
+
+    async def agents(self, namespace: str | None = None) -> list[AgentRecord]:
+        return [a for a in self.agent_rows.values() if namespace in (None, a.namespace)]
+
+    async def create_agent(self, agent: AgentRecord) -> None:
+        if (agent.namespace, agent.agent_id) in self.agent_rows:
+            raise AgentExistsError(agent.agent_id, agent.namespace)
+        self.clock += 1
+        self.agent_rows[(agent.namespace, agent.agent_id)] = dataclasses.replace(
+            agent, last_used=self.clock
+        )
+
+    async def delete_agent(self, namespace: str, agent_id: str) -> list[str]:
+        old = self.agent_rows.pop((namespace, agent_id), None)
+        self.transcripts.pop((namespace, agent_id), None)
+        return self._recount(set(old.block_keys) if old else set())
+
+    async def touch_agent(self, namespace: str, agent_id: str, when: float) -> None:
+        agent = self.agent_rows[(namespace, agent_id)]
+        self.agent_rows[(namespace, agent_id)] = dataclasses.replace(agent, last_used=when)
+
+    async def unreferenced_blocks(self) -> list[str]:
+        return [k for k, r in self.block_rows.items() if r.ref_count <= 0]
+
+    async def delete_blocks(self, keys: Sequence[str]) -> None:
+        for key in keys:
+            self.block_rows.pop(key, None)
+
+    async def all_block_keys(self) -> set[str]:
+        return set(self.block_rows)
+
+    async def total_block_bytes(self) -> int:
+        return sum(r.nbytes for r in self.block_rows.values())
+
+    async def append_messages(
+        self, namespace: str, agent_id: str, records: Sequence[MessageRecord]
+    ) -> None:
+        self.transcripts.setdefault((namespace, agent_id), []).extend(records)
+
+    async def messages(self, namespace: str, agent_id: str) -> list[MessageRecord]:
+        return list(self.transcripts.get((namespace, agent_id), []))
+
+    def _recount(self, keys: set[str]) -> list[str]:
+        orphans = []
+        for key in keys:
+            count = sum(key in a.block_keys for a in self.agent_rows.values())
+            if key in self.block_rows:
+                self.block_rows[key] = dataclasses.replace(self.block_rows[key], ref_count=count)
+            if count == 0:
+                orphans.append(key)
+                self.block_rows.pop(key, None)
+        return orphans

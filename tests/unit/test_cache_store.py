@@ -1,0 +1,185 @@
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from semantic.application.cache.store import AgentCacheStore, CacheConfig, CachedPrefix
+from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
+from semantic.application.events import CompletionEvent
+from semantic.domain.block_pool import BlockPool
+from tests.unit.fakes import FakeBackend, FakeTokenizer, next_token
+from tests.unit.storage_fakes import FakeBlockStore, FakeMetadataStore
+
+SYSTEM = [7, 3, 9, 1, 4, 4, 2, 8, 6, 5]  # 10 tokens: 2 full blocks of 4 and a partial
+
+
+class Harness:
+    """The cache store wired to a fake model, the way the server wires it."""
+
+    def __init__(
+        self,
+        capacity: int = 400,
+        block_store: FakeBlockStore | None = None,
+        metadata: FakeMetadataStore | None = None,
+        fingerprint: str = "model-a",
+        quota: int | None = None,
+    ) -> None:
+        self.backend = FakeBackend()
+        self.pool = BlockPool(capacity)
+        self.block_store = block_store or FakeBlockStore()
+        self.metadata = metadata or FakeMetadataStore()
+        self.store = AgentCacheStore(
+            self.pool, self.backend.spec, fingerprint, block_store=self.block_store,
+            metadata=self.metadata, config=CacheConfig(disk_quota_bytes=quota),
+        )  # fmt: skip
+        config = EngineConfig(prefill_chunk_tokens=4, prefill_token_budget=64, max_context=512)
+        self.engine = BlockPoolBatchEngine(
+            self.backend, FakeTokenizer(), self.pool, config, reclaim=self.store.reclaim
+        )
+
+    async def ask(
+        self, prompt: Sequence[int], agent: str = "a", namespace: str = "default", n: int = 5
+    ) -> tuple[CompletionEvent, CachedPrefix]:
+        prefix = await self.store.prepare(namespace, prompt)
+        request_id = self.engine.submit(
+            agent, prompt, prefix.blocks, max_tokens=n, namespace=namespace
+        )
+        self.store.release(prefix)
+        done = None
+        while self.engine.has_work():
+            for event in self.engine.step().events:
+                if isinstance(event, CompletionEvent):
+                    self.store.adopt(event, agent)
+                    if event.request_id == request_id:
+                        done = event
+        await self.store.flush()
+        assert done is not None
+        return done, prefix
+
+
+def cold(prompt: Sequence[int], n: int) -> tuple[int, ...]:
+    history, out = list(prompt), []
+    for _ in range(n):
+        out.append(next_token(history))
+        history.append(out[-1])
+    return tuple(out)
+
+
+async def started(harness: Harness) -> Harness:
+    await harness.store.start()
+    return harness
+
+
+async def test_a_returning_agent_restores_its_prefix_and_answers_as_cold() -> None:
+    h = await started(Harness())
+    first, _ = await h.ask([*SYSTEM, 11, 12])
+    follow = [*SYSTEM, 11, 12, *first.token_ids, 13, 14]
+    done, prefix = await h.ask(follow)
+    assert done.stats.cached_tokens == len(SYSTEM) + 2 + len(first.token_ids)
+    assert prefix.hot_tokens >= done.stats.cached_tokens
+    assert done.token_ids == cold(follow, 5)
+
+
+async def test_each_turn_writes_only_new_blocks_and_the_partial_tail() -> None:
+    h = await started(Harness())
+    first, _ = await h.ask([*SYSTEM, 11, 12])
+    written_first = list(h.block_store.saves)
+    follow = [*SYSTEM, 11, 12, *first.token_ids, 13, 14]
+    await h.ask(follow)
+    written_second = h.block_store.saves[len(written_first) :]
+    assert not set(written_second) & set(written_first[:-1]), "a full block was written twice"
+    assert len(written_second) <= (len(follow) + 5 - len(SYSTEM) - 2 - 5) // 4 + 2
+
+
+async def test_agents_sharing_a_prompt_store_its_blocks_once() -> None:
+    h = await started(Harness())
+    await h.ask([*SYSTEM, 20, 21], agent="one")
+    saves = len(h.block_store.saves)
+    done, prefix = await h.ask([*SYSTEM, 30, 31], agent="two")
+    assert prefix.matched_tokens == len(SYSTEM)
+    assert done.stats.cached_tokens == len(SYSTEM)
+    shared = [k for k, r in h.metadata.block_rows.items() if r.ref_count == 2]
+    assert len(shared) == len(SYSTEM) // 4
+    assert len(h.block_store.saves) - saves < len(SYSTEM) // 4 + 3
+
+
+async def test_a_prefix_ending_inside_a_block_is_reused_token_by_token() -> None:
+    h = await started(Harness())
+    await h.ask([*SYSTEM, 40, 41, 42, 43])
+    done, _ = await h.ask([*SYSTEM, 50])
+    assert done.stats.cached_tokens == len(SYSTEM)
+
+
+async def test_after_a_restart_the_prefix_comes_back_from_disk() -> None:
+    before = await started(Harness())
+    first, _ = await before.ask([*SYSTEM, 11, 12])
+    await before.store.close()
+    after = await started(Harness(block_store=before.block_store, metadata=before.metadata))
+    follow = [*SYSTEM, 11, 12, *first.token_ids, 13]
+    done, prefix = await after.ask(follow)
+    assert prefix.disk_tokens > 0
+    assert prefix.hot_tokens == 0
+    assert done.stats.cached_tokens == len(follow) - 1
+    assert done.token_ids == cold(follow, 5)
+
+
+async def test_a_corrupt_block_is_quarantined_and_the_request_recomputes() -> None:
+    before = await started(Harness())
+    first, _ = await before.ask([*SYSTEM, 11, 12])
+    after = await started(Harness(block_store=before.block_store, metadata=before.metadata))
+    second_block = next(iter(before.metadata.agent_rows.values())).block_keys[1]
+    after.block_store.corrupted.add(second_block)
+    follow = [*SYSTEM, 11, 12, *first.token_ids, 13]
+    done, prefix = await after.ask(follow)
+    assert after.block_store.quarantined == [second_block]
+    assert after.store.stats.corrupt_blocks == 1
+    assert prefix.matched_tokens == 4, "only the block before the bad one is used"
+    assert done.token_ids == cold(follow, 5)
+
+
+async def test_namespaces_never_share_blocks() -> None:
+    h = await started(Harness())
+    await h.ask([*SYSTEM, 11, 12], namespace="tenant-a")
+    done, prefix = await h.ask([*SYSTEM, 11, 12], namespace="tenant-b")
+    assert prefix.matched_tokens == 0
+    assert done.stats.cached_tokens == 0
+
+
+async def test_another_model_never_reuses_old_blocks() -> None:
+    before = await started(Harness(fingerprint="model-a"))
+    await before.ask([*SYSTEM, 11, 12])
+    after = await started(
+        Harness(block_store=before.block_store, metadata=before.metadata, fingerprint="model-b")
+    )
+    done, prefix = await after.ask([*SYSTEM, 11, 12])
+    assert prefix.matched_tokens == 0
+    assert done.stats.cached_tokens == 0
+
+
+async def test_memory_pressure_evicts_idle_saved_blocks_before_refusing() -> None:
+    h = await started(Harness(capacity=40))
+    for agent in range(8):
+        done, _ = await h.ask([agent + 1, *SYSTEM[1:], 40 + agent], agent=f"a{agent}")
+        assert done.finish_reason.value != "pool_exhausted"
+    assert len(h.store.hot) < 8 * 4
+    h.pool.check_integrity()
+
+
+async def test_a_disk_quota_drops_the_least_recently_used_agents_unshared_blocks() -> None:
+    h = await started(Harness(quota=300))
+    for agent in range(6):
+        await h.ask([agent + 1, *SYSTEM[1:], 50 + agent], agent=f"a{agent}")
+    assert await h.metadata.total_block_bytes() <= 300
+    newest = h.metadata.agent_rows[("default", "a5")]
+    oldest = h.metadata.agent_rows[("default", "a0")]
+    assert newest.block_keys
+    assert len(oldest.block_keys) < len(newest.block_keys)
+    assert set(h.block_store.files) == set(h.metadata.block_rows)
+
+
+async def test_recovery_removes_files_no_row_knows() -> None:
+    h = await started(Harness())
+    await h.ask([*SYSTEM, 11])
+    h.block_store.files["stray-key"] = ([], "x")
+    await h.store.close()
+    again = await started(Harness(block_store=h.block_store, metadata=h.metadata))
+    assert "stray-key" not in again.block_store.files
