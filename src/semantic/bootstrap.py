@@ -6,30 +6,44 @@ tests wire the application ring to fakes instead.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from semantic.adapters.mlx.backend import MlxBackend
 from semantic.adapters.mlx.blas import report_blas
+from semantic.adapters.mlx.fingerprint import model_fingerprint
 from semantic.adapters.mlx.gguf import WeightFormat
+from semantic.adapters.mlx.host_codec import FORMAT, MlxHostCodec
 from semantic.adapters.mlx.kv_blocks import spec_from_model
 from semantic.adapters.mlx.loader import LoadedModel, load_model, resolve_model
 from semantic.adapters.mlx.model_cache import ModelCache, Progress, default_weight_format
 from semantic.adapters.mlx.tokenizer import MlxTokenizer
+from semantic.adapters.storage.block_files import BlockFiles
+from semantic.adapters.storage.kv_block_store import KVBlockStore
+from semantic.adapters.storage.sqlite_metadata import SqliteMetadataStore
+from semantic.application.agents import AgentService
+from semantic.application.cache.store import AgentCacheStore, CacheConfig
 from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
 from semantic.application.engine_loop import EngineLoop
+from semantic.application.generation import GenerationService, Limits
 from semantic.config import Settings
 from semantic.domain.block_pool import BlockPool
+from semantic.domain.cache_spec import ModelCacheSpec
+from semantic.ports.observer import GenerationObserver
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class EngineRuntime:
+    """The model and a running engine, without storage (``semantic generate``)."""
+
     settings: Settings
     loaded: LoadedModel
     tokenizer: MlxTokenizer
+    spec: ModelCacheSpec
     backend: MlxBackend
     pool: BlockPool
     engine: BlockPoolBatchEngine
@@ -41,6 +55,21 @@ class EngineRuntime:
 
     def close(self) -> None:
         self.loop.stop()
+
+
+@dataclass
+class Services:
+    """Everything the HTTP server serves with (see ``adapters.http.state.Services``)."""
+
+    model_id: str
+    tokenizer: MlxTokenizer
+    spec: ModelCacheSpec
+    pool: BlockPool
+    loop: EngineLoop
+    cache: AgentCacheStore
+    metadata: SqliteMetadataStore
+    generation: GenerationService
+    agents: AgentService
 
 
 def weight_format(settings: Settings) -> WeightFormat:
@@ -56,30 +85,108 @@ def prepare_model(settings: Settings, progress: Progress) -> tuple[Path, str]:
 
 
 def build_engine(settings: Settings, progress: Progress, *, warm_up: bool = True) -> EngineRuntime:
-    """Load the model and start the engine thread; warm it up so the first request is fast."""
-    report_blas()
-    path, model_id = prepare_model(settings, progress)
-    loaded = load_model(path, model_id)
-    tokenizer = MlxTokenizer(loaded.tokenizer)
-    spec = spec_from_model(loaded.model)
-    backend = MlxBackend(
-        loaded.model, spec, model_id, tokenizer.eos_token_ids, max_decoding=settings.max_running
-    )
+    """Load the model and start the engine thread, with no storage behind it."""
+    loaded, tokenizer, spec = _load(settings, progress)
     pool = BlockPool.from_budget(spec, settings.kv_budget_bytes)
-    config = EngineConfig(
-        default_max_tokens=settings.default_max_tokens,
-        max_context=int(loaded.config.get("max_position_embeddings") or 8192),
-        prefill_chunk_tokens=settings.prefill_chunk_tokens,
-        prefill_token_budget=settings.prefill_token_budget,
-        max_running=settings.max_running,
+    backend, engine, loop = _engine(
+        settings, loaded, tokenizer=tokenizer, spec=spec, pool=pool, cache=None
     )
-    engine = BlockPoolBatchEngine(backend, tokenizer, pool, config)
-    loop = EngineLoop(engine)
     loop.start()
     if warm_up:
         loop.run_sync(backend.warm_up)
+    return EngineRuntime(settings, loaded, tokenizer, spec, backend, pool, engine, loop)
+
+
+async def start_services(
+    settings: Settings, progress: Progress, observer: GenerationObserver | None = None
+) -> Services:
+    """Everything the server needs, warmed up; storage recovered after any crash."""
+    loaded, tokenizer, spec = await asyncio.to_thread(_load, settings, progress)
+    fingerprint = await asyncio.to_thread(model_fingerprint, loaded.path, spec, FORMAT)
+    pool = BlockPool.from_budget(spec, settings.kv_budget_bytes)
+    metadata = SqliteMetadataStore(settings.data_dir / "semantic.db")
+    await metadata.open()
+    blocks = KVBlockStore(BlockFiles(settings.data_dir / "blocks"), MlxHostCodec())
+    cache = AgentCacheStore(
+        pool,
+        spec,
+        fingerprint,
+        block_store=blocks,
+        metadata=metadata,
+        config=CacheConfig(disk_quota_bytes=settings.disk_quota_bytes),
+    )
+    await cache.start()
+    backend, _, loop = _engine(
+        settings, loaded, tokenizer=tokenizer, spec=spec, pool=pool, cache=cache
+    )
+    loop.start()
+    await asyncio.to_thread(loop.run_sync, backend.warm_up)
+    limits = Limits(
+        max_context=_max_context(loaded),
+        max_tokens_cap=settings.max_tokens_cap,
+        default_max_tokens=settings.default_max_tokens,
+    )
+    generation = GenerationService(loop, cache, limits, observer)
+    agents = AgentService(generation, metadata, cache, tokenizer)
     log.info(
-        "engine ready: %s, KV %d bytes/token, pool of %d blocks (%d MiB)",
-        model_id, spec.bytes_per_token, pool.capacity, pool.capacity * spec.block_bytes >> 20,
-    )  # fmt: skip
-    return EngineRuntime(settings, loaded, tokenizer, backend, pool, engine, loop)
+        "serving %s: KV %d bytes/token, pool of %d blocks (%d MiB), data in %s",
+        loaded.model_id,
+        spec.bytes_per_token,
+        pool.capacity,
+        pool.capacity * spec.block_bytes >> 20,
+        settings.data_dir,
+    )
+    return Services(
+        loaded.model_id, tokenizer, spec, pool, loop, cache, metadata, generation, agents
+    )
+
+
+async def stop_services(services: Services, grace_s: float) -> None:
+    """Finish or cancel running requests, flush every pending save, close storage."""
+    await asyncio.to_thread(services.loop.drain, grace_s)
+    await services.cache.close()
+    services.loop.stop()
+    await services.metadata.close()
+
+
+def _load(
+    settings: Settings, progress: Progress
+) -> tuple[LoadedModel, MlxTokenizer, ModelCacheSpec]:
+    report_blas()
+    path, model_id = prepare_model(settings, progress)
+    loaded = load_model(path, model_id)
+    return loaded, MlxTokenizer(loaded.tokenizer), spec_from_model(loaded.model)
+
+
+def _engine(
+    settings: Settings,
+    loaded: LoadedModel,
+    *,
+    tokenizer: MlxTokenizer,
+    spec: ModelCacheSpec,
+    pool: BlockPool,
+    cache: AgentCacheStore | None,
+) -> tuple[MlxBackend, BlockPoolBatchEngine, EngineLoop]:
+    backend = MlxBackend(
+        loaded.model,
+        spec,
+        loaded.model_id,
+        tokenizer.eos_token_ids,
+        max_decoding=settings.max_running,
+    )
+    config = EngineConfig(
+        default_max_tokens=settings.default_max_tokens,
+        max_context=_max_context(loaded),
+        prefill_chunk_tokens=settings.prefill_chunk_tokens,
+        prefill_token_budget=settings.prefill_token_budget,
+        max_running=settings.max_running,
+        max_waiting=settings.max_waiting,
+    )
+    reclaim = cache.reclaim if cache is not None else None
+    engine = BlockPoolBatchEngine(backend, tokenizer, pool, config, reclaim=reclaim)
+    adopt = (lambda event: cache.adopt(event, event.agent_id)) if cache is not None else None
+    return backend, engine, EngineLoop(engine, on_completion=adopt)
+
+
+def _max_context(loaded: LoadedModel) -> int:
+    return int(loaded.config.get("max_position_embeddings") or 8192)

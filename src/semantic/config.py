@@ -45,12 +45,20 @@ class Settings:
     prefill_chunk_tokens: int = 256
     prefill_token_budget: int = 256
     max_running: int = 32
+    max_waiting: int = 256
+    disk_quota_bytes: int | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    grace_s: float = 30.0
+    max_body_bytes: int = 4 << 20
 
     def __post_init__(self) -> None:
         if self.weights not in WEIGHT_CHOICES:
             raise ValueError(f"weights must be one of {', '.join(WEIGHT_CHOICES)}")
         for name in ("kv_budget_bytes", "default_max_tokens", "max_tokens_cap",
-                     "prefill_chunk_tokens", "prefill_token_budget", "max_running"):  # fmt: skip
+                     "prefill_chunk_tokens", "prefill_token_budget", "max_running",
+                     "max_waiting", "max_body_bytes"):  # fmt: skip
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
 

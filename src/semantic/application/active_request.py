@@ -6,10 +6,9 @@ from dataclasses import dataclass
 from enum import Enum
 
 from semantic.application.completion import CompletionDetector
-from semantic.application.events import RequestStats
 from semantic.application.reservation import BlockReservation
 from semantic.domain.blocks import AgentBlocks
-from semantic.domain.generation import CompletionCriteria, Priority, SamplingParams
+from semantic.domain.generation import CompletionCriteria, Priority, RequestStats, SamplingParams
 
 
 class Phase(Enum):

@@ -39,6 +39,8 @@ class CompletionDetector:
         self._tokens: list[int] = []
         self._shown = 0
         self._stop_at: int | None = None
+        self.stop_string: str | None = None
+        """The stop string the text was cut at, if any (Anthropic reports it)."""
         self._scanned = 0
         self._low_streak = 0
         self._cut: int | None = None
@@ -102,6 +104,8 @@ class CompletionDetector:
             cut = min(cut, self._stop_at)
         if limit is not None:
             cut = min(cut, limit)
+        if cut != self._stop_at:
+            self.stop_string = None
         self._cut = cut
         return Progress(self._release(cut), self.reason)
 
@@ -121,6 +125,7 @@ class CompletionDetector:
             found = text.find(stop, start)
             if found != -1 and (self._stop_at is None or found < self._stop_at):
                 self._stop_at = found
+                self.stop_string = stop
         self._scanned = len(text)
 
     def _pending_stop_start(self) -> int | None:

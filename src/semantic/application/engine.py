@@ -23,6 +23,7 @@ from semantic.application.request_validation import validate_request
 from semantic.application.reservation import BlockReservation
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.blocks import AgentBlocks
+from semantic.domain.errors import QueueFullError
 from semantic.domain.generation import (
     GREEDY,
     CompletionCriteria,
@@ -41,6 +42,7 @@ class EngineConfig:
     prefill_chunk_tokens: int = 256
     prefill_token_budget: int = 256
     max_running: int = 32
+    max_waiting: int = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +78,7 @@ class BlockPoolBatchEngine:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._inbox: list[ActiveRequest] = []
+        self._queued = 0
         self._cancels: set[str] = set()
         self._requests: dict[str, ActiveRequest] = {}
         self._waiting: list[ActiveRequest] = []
@@ -121,6 +124,10 @@ class BlockPoolBatchEngine:
             submitted_at=self._clock(),
         )
         with self._lock:
+            if self._queued >= self._config.max_waiting:
+                self._pool.release_owner(request_id)
+                raise QueueFullError(capacity=self._config.max_waiting)
+            self._queued += 1
             self._inbox.append(active)
         return request_id
 
@@ -206,7 +213,7 @@ class BlockPoolBatchEngine:
         finally:
             if cached is not None:
                 self._pool.release(active.id, cached.pool_ids())
-        self._waiting.remove(active)
+        self._leave_queue(active)
         active.phase = Phase.PREFILLING
         active.n_cached = active.prefilled = n_cached
         active.admitted_at = self._clock()
@@ -244,6 +251,11 @@ class BlockPoolBatchEngine:
         if progress.finish is not None:
             self._complete(active, events, keep_kv=True)
 
+    def _leave_queue(self, active: ActiveRequest) -> None:
+        self._waiting.remove(active)
+        with self._lock:
+            self._queued -= 1
+
     def _grow(self, active: ActiveRequest, n_positions: int) -> bool:
         if active.reservation.grow_to(n_positions):
             return True
@@ -268,7 +280,7 @@ class BlockPoolBatchEngine:
         kept = active.detector.kept_tokens
         blocks = None
         if active.phase is Phase.WAITING:
-            self._waiting.remove(active)
+            self._leave_queue(active)
             if active.request.cached is not None:
                 self._pool.release(active.id, active.request.cached.pool_ids())
         else:
@@ -296,6 +308,7 @@ class BlockPoolBatchEngine:
                 blocks=blocks,
                 stats=active.stats(self._clock()),
                 error=error,
+                stop_string=active.detector.stop_string,
             )
         )
 

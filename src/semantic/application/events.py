@@ -5,23 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from semantic.domain.blocks import AgentBlocks
-from semantic.domain.generation import FinishReason
-
-
-@dataclass(frozen=True, slots=True)
-class RequestStats:
-    """Per-request timings (seconds) and token counts, for ``usage`` and metrics."""
-
-    queued_s: float
-    prefill_s: float
-    decode_s: float
-    cached_tokens: int
-    computed_tokens: int
-    generated_tokens: int
-
-    @property
-    def time_to_first_token_s(self) -> float:
-        return self.queued_s + self.prefill_s
+from semantic.domain.generation import FinishReason, RequestStats
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +32,7 @@ class CompletionEvent:
     blocks: AgentBlocks | None
     stats: RequestStats
     error: str | None = None
+    stop_string: str | None = None
 
 
 EngineEvent = TokenEvent | CompletionEvent

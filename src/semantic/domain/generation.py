@@ -98,3 +98,19 @@ class CompletionCriteria:
     @property
     def longest_stop(self) -> int:
         return max((len(s) for s in self.stop_strings), default=0)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestStats:
+    """Per-request timings (seconds) and token counts, for ``usage`` and metrics."""
+
+    queued_s: float
+    prefill_s: float
+    decode_s: float
+    cached_tokens: int
+    computed_tokens: int
+    generated_tokens: int
+
+    @property
+    def time_to_first_token_s(self) -> float:
+        return self.queued_s + self.prefill_s

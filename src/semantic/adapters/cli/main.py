@@ -39,7 +39,7 @@ def settings_from(args: argparse.Namespace, **overrides: object) -> Settings:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from semantic.adapters.cli import commands
+    from semantic.adapters.cli import commands, serve
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -72,6 +72,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="semantic", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     commands.register(sub, common)
+    serve.register(sub, common)
     return parser  # fmt: skip
 
 

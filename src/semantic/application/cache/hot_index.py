@@ -51,6 +51,10 @@ class HotIndex:
         with self._lock:
             return len(self._blocks)
 
+    def __contains__(self, key: object) -> bool:
+        with self._lock:
+            return key in self._blocks
+
     def get(self, key: str) -> HotBlock | None:
         with self._lock:
             block = self._blocks.get(key)

@@ -1,0 +1,103 @@
+"""``semantic serve``: the HTTP server on the embedded model (or ``--model``)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+from semantic.adapters.cli.progress import ProgressPrinter
+
+log = logging.getLogger(__name__)
+
+
+def register(sub: Any, common: argparse.ArgumentParser) -> None:
+    serve = sub.add_parser("serve", parents=[common], help="run the HTTP server")
+    serve.add_argument("--host", default="127.0.0.1", help="bind address (default: %(default)s)")
+    serve.add_argument("--port", type=int, default=8000, help="port (default: %(default)s)")
+    serve.add_argument(
+        "--api-key",
+        default=None,
+        help="require this key (Authorization: Bearer, or x-api-key) on every "
+        "route but /health; default: $SEMANTIC_API_KEY, else none",
+    )
+    serve.add_argument(
+        "--kv-budget-mb",
+        type=int,
+        default=2048,
+        help="memory for KV blocks, MiB (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--disk-quota-mb",
+        type=int,
+        default=None,
+        help="disk for KV blocks, MiB; least recently used agents' blocks go first",
+    )
+    serve.add_argument(
+        "--max-tokens-cap",
+        type=int,
+        default=4096,
+        help="largest max_tokens a request may ask for (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--prefill-budget",
+        type=int,
+        default=None,
+        help="prompt tokens prefilled per engine step (default: tuned, see ADR)",
+    )
+    serve.add_argument(
+        "--max-waiting",
+        type=int,
+        default=256,
+        help="queued requests before new ones get 429 (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--grace",
+        type=float,
+        default=30.0,
+        help="seconds running requests get to finish on SIGTERM",
+    )
+    serve.set_defaults(handler=run_server)
+
+
+def run_server(args: argparse.Namespace) -> int:
+    import os
+
+    import uvicorn
+
+    from semantic.adapters.cli.main import settings_from
+    from semantic.adapters.http.app import create_app
+    from semantic.bootstrap import Services, start_services, stop_services
+
+    overrides: dict[str, object] = {
+        "host": args.host,
+        "port": args.port,
+        "api_key": args.api_key or os.environ.get("SEMANTIC_API_KEY") or None,
+        "kv_budget_bytes": args.kv_budget_mb << 20,
+        "max_tokens_cap": args.max_tokens_cap,
+        "max_waiting": args.max_waiting,
+        "grace_s": args.grace,
+        "disk_quota_bytes": args.disk_quota_mb << 20 if args.disk_quota_mb else None,
+    }
+    if args.prefill_budget:
+        overrides["prefill_token_budget"] = args.prefill_budget
+    settings = settings_from(args, **overrides)
+    progress = ProgressPrinter()
+
+    async def start(observer: Any) -> Services:
+        return await start_services(settings, progress, observer)
+
+    async def stop(services: Any) -> None:
+        await stop_services(services, settings.grace_s)
+
+    app = create_app(start, stop, api_key=settings.api_key, max_body_bytes=settings.max_body_bytes)
+    log.info("listening on http://%s:%d", settings.host, settings.port)
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level="info" if args.log_info else "warning",
+        timeout_graceful_shutdown=int(settings.grace_s),
+        access_log=False,
+    )
+    return 0

@@ -1,0 +1,162 @@
+"""The stateful agents API: the server keeps transcripts; clients send the new message."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from litestar import Controller, Request, delete, get, post
+from litestar.datastructures import State
+
+from semantic.adapters.http.agent_schemas import CreateAgent, ForkAgent, SendMessage
+from semantic.adapters.http.common import services, sse, sse_data
+from semantic.adapters.http.identity import checked_id, identity
+from semantic.adapters.http.translate import OPENAI_FINISH, sampling, stop_strings
+from semantic.application.agents import AgentInfo, Turn
+from semantic.application.generation import GenerationEvent, GenerationResult, TextDelta
+from semantic.domain.errors import SemanticError
+
+
+class AgentController(Controller):
+    path = "/v1/agents"
+    tags = ("Agents",)
+
+    @post("/", status_code=201)
+    async def create(
+        self, request: Request[Any, Any, Any], data: CreateAgent, state: State
+    ) -> dict[str, Any]:
+        namespace = (
+            checked_id(data.namespace, "namespace")
+            if data.namespace
+            else identity(request).namespace
+        )
+        info = await services(state).agents.create(
+            namespace, checked_id(data.id, "agent_id"), data.system_prompt
+        )
+        return _agent(info)
+
+    @get("/")
+    async def list_agents(self, request: Request[Any, Any, Any], state: State) -> dict[str, Any]:
+        infos = await services(state).agents.list_agents(identity(request).namespace)
+        return {"object": "list", "data": [_agent(i) for i in infos]}
+
+    @get("/{agent_id:str}")
+    async def get_agent(
+        self, request: Request[Any, Any, Any], agent_id: str, state: State
+    ) -> dict[str, Any]:
+        namespace = identity(request).namespace
+        return _agent(await services(state).agents.get(namespace, checked_id(agent_id, "agent_id")))
+
+    @get("/{agent_id:str}/cache")
+    async def cache_state(
+        self, request: Request[Any, Any, Any], agent_id: str, state: State
+    ) -> dict[str, Any]:
+        namespace = identity(request).namespace
+        info = await services(state).agents.get(namespace, checked_id(agent_id, "agent_id"))
+        return _cache(info)
+
+    @delete("/{agent_id:str}", status_code=204)
+    async def delete_agent(
+        self, request: Request[Any, Any, Any], agent_id: str, state: State
+    ) -> None:
+        namespace = identity(request).namespace
+        await services(state).agents.delete(namespace, checked_id(agent_id, "agent_id"))
+
+    @post("/{agent_id:str}/fork", status_code=201)
+    async def fork(
+        self, request: Request[Any, Any, Any], agent_id: str, data: ForkAgent, state: State
+    ) -> dict[str, Any]:
+        namespace = identity(request).namespace
+        info = await services(state).agents.fork(
+            namespace, checked_id(agent_id, "agent_id"), checked_id(data.id, "agent_id")
+        )
+        return _agent(info)
+
+    @get("/{agent_id:str}/messages")
+    async def messages(
+        self, request: Request[Any, Any, Any], agent_id: str, state: State
+    ) -> dict[str, Any]:
+        namespace = identity(request).namespace
+        records = await services(state).agents.messages(namespace, checked_id(agent_id, "agent_id"))
+        return {
+            "object": "list",
+            "data": [
+                {"role": m.role, "content": m.content, "created_at": m.created_at} for m in records
+            ],
+        }
+
+    @post("/{agent_id:str}/messages", status_code=200)
+    async def send(
+        self, request: Request[Any, Any, Any], agent_id: str, data: SendMessage, state: State
+    ) -> Any:
+        who = identity(request)
+        turn = Turn(
+            data.content,
+            data.max_tokens,
+            sampling(0.0 if data.temperature is None else data.temperature, data.top_p, data.seed),
+            stop_strings(data.stop),
+            who.priority,
+        )
+        events = services(state).agents.send(who.namespace, checked_id(agent_id, "agent_id"), turn)
+        first = await anext(events)  # surfaces errors (unknown agent, bad input) as HTTP codes
+        if data.stream:
+            return sse(_stream(first, events))
+        result = first
+        async for event in events:
+            result = event
+        if not isinstance(result, GenerationResult):
+            raise SemanticError("the turn ended without a reply")
+        return _reply(result)
+
+
+async def _stream(
+    first: GenerationEvent, rest: AsyncIterator[GenerationEvent]
+) -> AsyncIterator[str]:
+    try:
+        event: GenerationEvent | None = first
+        while event is not None:
+            if isinstance(event, TextDelta):
+                yield sse_data({"type": "delta", "content": event.text}, "delta")
+            else:
+                yield sse_data({"type": "message", **_reply(event)}, "message")
+            event = await anext(rest, None)
+    except SemanticError as error:
+        yield sse_data({"type": "error", "error": {"message": str(error)}}, "error")
+
+
+def _reply(result: GenerationResult) -> dict[str, Any]:
+    usage = result.usage
+    return {
+        "role": "assistant",
+        "content": result.text,
+        "finish_reason": OPENAI_FINISH[result.finish_reason],
+        "usage": {
+            "prompt_tokens": usage.prompt_tokens,
+            "completion_tokens": usage.completion_tokens,
+            "cached_tokens": usage.cached_tokens,
+        },
+    }
+
+
+def _cache(info: AgentInfo) -> dict[str, Any]:
+    cache = info.cache
+    return {
+        "tokens": cache.tokens,
+        "blocks": cache.blocks,
+        "hot_blocks": cache.hot_blocks,
+        "disk_blocks": cache.disk_blocks,
+        "bytes_on_disk": cache.bytes_on_disk,
+    }
+
+
+def _agent(info: AgentInfo) -> dict[str, Any]:
+    return {
+        "id": info.agent_id,
+        "object": "agent",
+        "namespace": info.namespace,
+        "system_prompt": info.system_prompt,
+        "created_at": info.created_at,
+        "last_used": info.last_used,
+        "messages": info.messages,
+        "cache": _cache(info),
+    }

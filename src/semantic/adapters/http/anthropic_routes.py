@@ -1,0 +1,167 @@
+"""Anthropic-compatible endpoints: /v1/messages and /v1/messages/count_tokens."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from litestar import Controller, Request, post
+from litestar.datastructures import State
+
+from semantic.adapters.http.anthropic_schemas import (
+    AnthropicMessage,
+    CountTokensRequest,
+    MessagesRequest,
+    TextBlock,
+)
+from semantic.adapters.http.common import result_of, services, sse, sse_data
+from semantic.adapters.http.identity import identity
+from semantic.adapters.http.translate import (
+    ANTHROPIC_STOP,
+    chat,
+    check_model,
+    sampling,
+    stop_strings,
+)
+from semantic.application.generation import (
+    GenerationHandle,
+    GenerationInput,
+    GenerationResult,
+    TextDelta,
+)
+from semantic.domain.chat import ChatMessage
+from semantic.domain.errors import InvalidRequestError, SemanticError
+
+
+class AnthropicController(Controller):
+    path = "/v1/messages"
+    tags = ("Anthropic-compatible",)
+
+    @post("/", status_code=200)
+    async def messages(
+        self, request: Request[Any, Any, Any], data: MessagesRequest, state: State
+    ) -> Any:
+        """Messages; ``X-Agent-Id``/``X-Namespace``/``X-Priority`` headers apply."""
+        found = services(state)
+        check_model(data.model, found.model_id)
+        if data.top_k is not None:
+            raise InvalidRequestError("top_k is not supported", param="top_k")
+        prompt = found.tokenizer.render_chat(_chat(data.system, data.messages))
+        who = identity(request)
+        generation = GenerationInput(
+            tuple(prompt),
+            who.namespace,
+            who.agent_id,
+            data.max_tokens,
+            sampling(data.temperature, data.top_p, None),
+            stop_strings(data.stop_sequences),
+            who.priority,
+        )
+        handle = await found.generation.start(generation)
+        message_id = f"msg_{uuid.uuid4().hex[:24]}"
+        if data.stream:
+            return sse(_events(handle, message_id, found.model_id))
+        return _message(message_id, found.model_id, await result_of(handle))
+
+    @post("/count_tokens", status_code=200)
+    async def count_tokens(self, data: CountTokensRequest, state: State) -> dict[str, int]:
+        found = services(state)
+        check_model(data.model, found.model_id)
+        return {"input_tokens": len(found.tokenizer.render_chat(_chat(data.system, data.messages)))}
+
+
+def _chat(
+    system: str | list[TextBlock] | None, messages: list[AnthropicMessage]
+) -> list[ChatMessage]:
+    out = [ChatMessage("system", _text(system))] if system else []
+    for message in messages:
+        if message.role not in ("user", "assistant"):
+            raise InvalidRequestError(
+                f"message role {message.role!r} is not supported", param="messages"
+            )
+        out.append(chat(message.role, _text(message.content)))
+    if not messages:
+        raise InvalidRequestError("messages must not be empty", param="messages")
+    return out
+
+
+def _text(content: str | list[TextBlock] | None) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    parts = []
+    for block in content:
+        if block.type != "text":
+            raise InvalidRequestError(
+                f"content block type {block.type!r} is not supported", param="messages"
+            )
+        parts.append(block.text or "")
+    return "".join(parts)
+
+
+def _usage(result: GenerationResult | None, prompt_tokens: int, cached: int) -> dict[str, int]:
+    return {
+        "input_tokens": prompt_tokens - cached,
+        "output_tokens": result.usage.completion_tokens if result else 0,
+        "cache_read_input_tokens": cached,
+        "cache_creation_input_tokens": 0,
+    }
+
+
+def _message(message_id: str, model: str, result: GenerationResult) -> dict[str, Any]:
+    return {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [{"type": "text", "text": result.text}],
+        "stop_reason": ANTHROPIC_STOP[result.finish_reason],
+        "stop_sequence": result.stop_string,
+        "usage": _usage(result, result.usage.prompt_tokens, result.usage.cached_tokens),
+    }
+
+
+async def _events(handle: GenerationHandle, message_id: str, model: str) -> AsyncIterator[str]:
+    start: dict[str, Any] = {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": _usage(None, handle.prompt_tokens, 0),
+    }
+    yield sse_data({"type": "message_start", "message": start}, "message_start")
+    block = {
+        "type": "content_block_start",
+        "index": 0,
+        "content_block": {"type": "text", "text": ""},
+    }
+    yield sse_data(block, "content_block_start")
+    yield sse_data({"type": "ping"}, "ping")
+    try:
+        async for event in handle.events():
+            if isinstance(event, TextDelta):
+                delta = {
+                    "type": "content_block_delta",
+                    "index": 0,
+                    "delta": {"type": "text_delta", "text": event.text},
+                }
+                yield sse_data(delta, "content_block_delta")
+            elif isinstance(event, GenerationResult):
+                yield sse_data({"type": "content_block_stop", "index": 0}, "content_block_stop")
+                done = {
+                    "type": "message_delta",
+                    "delta": {
+                        "stop_reason": ANTHROPIC_STOP[event.finish_reason],
+                        "stop_sequence": event.stop_string,
+                    },
+                    "usage": _usage(event, event.usage.prompt_tokens, event.usage.cached_tokens),
+                }
+                yield sse_data(done, "message_delta")
+                yield sse_data({"type": "message_stop"}, "message_stop")
+    except SemanticError as error:
+        yield sse_data(
+            {"type": "error", "error": {"type": "api_error", "message": str(error)}}, "error"
+        )

@@ -1,0 +1,38 @@
+"""Anthropic-compatible request bodies."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+
+class TextBlock(msgspec.Struct, forbid_unknown_fields=True):
+    type: str
+    text: str | None = None
+    cache_control: dict[str, Any] | None = None
+    """Anthropic clients mark cache breakpoints; every prefix is cached here anyway."""
+
+
+class AnthropicMessage(msgspec.Struct, forbid_unknown_fields=True):
+    role: str
+    content: str | list[TextBlock]
+
+
+class CountTokensRequest(msgspec.Struct, forbid_unknown_fields=True):
+    model: str
+    messages: list[AnthropicMessage]
+    system: str | list[TextBlock] | None = None
+
+
+class MessagesRequest(msgspec.Struct, forbid_unknown_fields=True):
+    model: str
+    max_tokens: int
+    messages: list[AnthropicMessage]
+    system: str | list[TextBlock] | None = None
+    stop_sequences: list[str] | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    stream: bool = False
+    metadata: dict[str, Any] | None = None

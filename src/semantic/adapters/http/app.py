@@ -1,0 +1,104 @@
+"""The Litestar application: routes, errors in each protocol's shape, the API key, limits.
+
+The app starts answering at once (``/health`` says 503) while the composition root loads
+and warms the model in the background; then it serves. On shutdown it hands control back to
+the composition root to drain requests and flush saves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from litestar import Litestar
+from litestar.connection import ASGIConnection
+from litestar.exceptions import NotAuthorizedException
+from litestar.handlers import BaseRouteHandler
+from litestar.openapi import OpenAPIConfig
+
+from semantic import __version__
+from semantic.adapters.http import errors
+from semantic.adapters.http.agent_routes import AgentController
+from semantic.adapters.http.anthropic_routes import AnthropicController
+from semantic.adapters.http.metrics import Metrics
+from semantic.adapters.http.openai_routes import OpenAIController
+from semantic.adapters.http.ops_routes import health, metrics
+from semantic.adapters.http.state import ServerState, Services
+
+log = logging.getLogger(__name__)
+
+Start = Callable[[Metrics], Awaitable[Services]]
+Stop = Callable[[Services], Awaitable[None]]
+OPEN_PATHS = frozenset({"/health"})
+
+
+def create_app(
+    start: Start,
+    stop: Stop,
+    *,
+    api_key: str | None = None,
+    max_body_bytes: int = 4 << 20,
+) -> Litestar:
+    """``start`` builds the services (load the model, open storage); ``stop`` drains them."""
+    state = ServerState()
+    observer = Metrics(state)
+
+    @asynccontextmanager
+    async def lifespan(_: Litestar) -> AsyncIterator[None]:
+        loading = asyncio.create_task(_load(state, start, observer))
+        try:
+            yield
+        finally:
+            if not loading.done():
+                loading.cancel()
+                await asyncio.gather(loading, return_exceptions=True)
+            if state.services is not None:
+                services, state.services = state.services, None
+                await stop(services)
+
+    def require_key(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+        if api_key is None or connection.url.path in OPEN_PATHS:
+            return
+        given = connection.headers.get("x-api-key") or _bearer(
+            connection.headers.get("authorization")
+        )
+        if given is None or not hmac.compare_digest(given.encode(), api_key.encode()):
+            raise NotAuthorizedException("missing or invalid API key")
+
+    return Litestar(
+        route_handlers=[OpenAIController, AnthropicController, AgentController, health, metrics],
+        lifespan=[lifespan],
+        guards=[require_key],
+        exception_handlers={Exception: errors.handle},
+        request_max_body_size=max_body_bytes,
+        state=_app_state(state, observer),
+        openapi_config=OpenAPIConfig(title="semantic", version=__version__),
+        debug=False,
+    )
+
+
+async def _load(state: ServerState, start: Start, observer: Metrics) -> None:
+    try:
+        state.services = await start(observer)
+        log.info("ready: serving %s", state.services.model_id)
+    except asyncio.CancelledError:
+        raise
+    except Exception as error:
+        state.failure = f"{type(error).__name__}: {error}"
+        log.exception("the model failed to load")
+
+
+def _bearer(header: str | None) -> str | None:
+    if header and header[:7].lower() == "bearer ":
+        return header[7:].strip()
+    return None
+
+
+def _app_state(state: ServerState, observer: Metrics) -> Any:
+    from litestar.datastructures import State
+
+    return State({"server": state, "metrics": observer})

@@ -1,0 +1,134 @@
+"""Domain errors to HTTP, once, at the edge: each protocol gets its own error shape.
+
+OpenAI clients read ``{"error": {"message", "type", "param", "code"}}``; Anthropic clients
+read ``{"type": "error", "error": {"type", "message"}}``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from litestar import Request, Response
+from litestar.exceptions import HTTPException, NotAuthorizedException, ValidationException
+
+from semantic.application.generation import GenerationFailedError
+from semantic.domain.errors import (
+    AgentExistsError,
+    AgentNotFoundError,
+    InvalidRequestError,
+    ModelUnavailableError,
+    PoolExhaustedError,
+    PromptTooLongError,
+    QueueFullError,
+    SemanticError,
+    ShuttingDownError,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    status: int
+    kind: str
+    message: str
+    param: str | None = None
+    retry_after: float | None = None
+
+
+class ModelNotFoundError(SemanticError):
+    """The request names a model this server does not serve."""
+
+
+_OPENAI_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    409: "conflict_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "server_error",
+}
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    409: "invalid_request_error",
+    413: "request_too_large",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+}
+
+
+def problem_for(error: Exception) -> Problem:
+    match error:
+        case PromptTooLongError():
+            return Problem(400, "context_length_exceeded", str(error), error.param)
+        case InvalidRequestError():
+            return Problem(400, "invalid_request", str(error), error.param)
+        case AgentNotFoundError() | ModelNotFoundError():
+            return Problem(404, "not_found", str(error))
+        case AgentExistsError():
+            return Problem(409, "conflict", str(error))
+        case QueueFullError():
+            return Problem(429, "queue_full", str(error), retry_after=error.retry_after_s)
+        case PoolExhaustedError():
+            return Problem(429, "out_of_memory", f"{error}; retry later", retry_after=2.0)
+        case ModelUnavailableError() | ShuttingDownError():
+            return Problem(503, "unavailable", str(error), retry_after=5.0)
+        case GenerationFailedError():
+            return Problem(500, "generation_failed", str(error))
+        case NotAuthorizedException():
+            return Problem(401, "invalid_api_key", "missing or invalid API key")
+        case ValidationException():
+            return Problem(400, "invalid_request", _validation_message(error))
+        case HTTPException():
+            return Problem(error.status_code, "http_error", str(error.detail))
+        case SemanticError():
+            return Problem(400, "invalid_request", str(error))
+    log.exception("unexpected error", exc_info=error)
+    return Problem(500, "internal_error", "internal server error")
+
+
+def handle(request: Request[Any, Any, Any], error: Exception) -> Response[Any]:
+    problem = problem_for(error)
+    headers = {}
+    if problem.retry_after is not None:
+        headers["Retry-After"] = str(max(1, round(problem.retry_after)))
+    if problem.status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    if request.url.path.startswith("/v1/messages"):
+        body: dict[str, object] = {
+            "type": "error",
+            "error": {
+                "type": _ANTHROPIC_TYPES.get(problem.status, "api_error"),
+                "message": problem.message,
+            },
+        }
+    else:
+        body = {
+            "error": {
+                "message": problem.message,
+                "type": _OPENAI_TYPES.get(problem.status, "server_error"),
+                "param": problem.param,
+                "code": problem.kind,
+            }
+        }
+    return Response(body, status_code=problem.status, headers=headers)
+
+
+def _validation_message(error: ValidationException) -> str:
+    extra = error.extra
+    if isinstance(extra, list):
+        messages = [
+            str(item["message"]) for item in extra if isinstance(item, dict) and item.get("message")
+        ]
+        if messages:
+            return "invalid request body: " + "; ".join(messages)
+    return f"invalid request body: {error.detail}"

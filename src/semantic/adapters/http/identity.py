@@ -1,0 +1,49 @@
+"""Who a request is for: agent id, namespace and priority, from headers or the path.
+
+Ids become file and database keys, so they are checked at the edge before any work: ASCII
+letters, digits, ``.``, ``_`` and ``-``, starting with a letter or digit, at most 128
+characters, and never ``..``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from litestar import Request
+
+from semantic.domain.errors import InvalidRequestError
+from semantic.domain.generation import Priority
+
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+DEFAULT_NAMESPACE = "default"
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    namespace: str
+    agent_id: str | None
+    priority: Priority
+
+
+def checked_id(value: str, what: str) -> str:
+    if not _ID.fullmatch(value) or ".." in value:
+        raise InvalidRequestError(
+            f"invalid {what} {value[:140]!r}: use 1-128 ASCII letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit, without '..'",
+            param=what,
+        )
+    return value
+
+
+def identity(request: Request[Any, Any, Any]) -> Identity:
+    headers = request.headers
+    namespace = headers.get("x-namespace", DEFAULT_NAMESPACE)
+    agent = headers.get("x-agent-id")
+    priority = headers.get("x-priority")
+    return Identity(
+        checked_id(namespace, "namespace"),
+        checked_id(agent, "agent_id") if agent is not None else None,
+        Priority.parse(priority) if priority is not None else Priority.NORMAL,
+    )

@@ -1,0 +1,131 @@
+"""Prometheus metrics: latency histograms fed per request, live gauges read at scrape."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from semantic.adapters.http.state import ServerState
+from semantic.domain.generation import RequestStats
+
+_LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_GAPS = (0.01, 0.02, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2, 5)
+
+
+class Metrics:
+    """The ``GenerationObserver`` of the server, and the ``/metrics`` page."""
+
+    def __init__(self, state: ServerState) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.ttft = Histogram(
+            "semantic_time_to_first_token_seconds",
+            "Time from accepting a request to its first token.",
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "semantic_inter_token_latency_seconds",
+            "Time between consecutive tokens of one request.",
+            buckets=_GAPS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "semantic_request_duration_seconds",
+            "End-to-end time of a request.",
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.queued = Histogram(
+            "semantic_queue_time_seconds",
+            "Time a request waited before its prefill began.",
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.tokens_in = Counter("semantic_prompt_tokens", "Prompt tokens received.", registry=r)
+        self.tokens_out = Counter("semantic_generation_tokens", "Tokens generated.", registry=r)
+        self.requests = Counter("semantic_requests", "Requests finished.", registry=r)
+        r.register(_Live(state))
+
+    def on_first_token(self, seconds: float) -> None:
+        self.ttft.observe(seconds)
+
+    def on_token_gap(self, seconds: float) -> None:
+        self.itl.observe(seconds)
+
+    def on_finished(self, stats: RequestStats, prompt_tokens: int, seconds: float) -> None:
+        self.e2e.observe(seconds)
+        self.queued.observe(stats.queued_s)
+        self.tokens_in.inc(prompt_tokens)
+        self.tokens_out.inc(stats.generated_tokens)
+        self.requests.inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _Live:
+    """Values owned elsewhere (the engine, the pool, the cache), read when scraped."""
+
+    def __init__(self, state: ServerState) -> None:
+        self._state = state
+
+    def collect(self) -> Iterator[Metric]:
+        services = self._state.services
+        if services is None:
+            return
+        step = services.loop.last_step
+        running = (step.decoding + step.prefilling) if step else 0
+        yield GaugeMetricFamily(
+            "semantic_requests_running", "Requests prefilling or decoding.", value=running
+        )
+        yield GaugeMetricFamily(
+            "semantic_requests_waiting",
+            "Requests queued for admission.",
+            value=step.waiting if step else 0,
+        )
+        usage = services.pool.usage()
+        block_bytes = services.spec.block_bytes
+        yield GaugeMetricFamily(
+            "semantic_kv_pool_used_blocks", "KV pool blocks in use.", value=usage.used
+        )
+        yield GaugeMetricFamily(
+            "semantic_kv_pool_capacity_blocks", "KV pool size in blocks.", value=usage.capacity
+        )
+        yield GaugeMetricFamily(
+            "semantic_kv_pool_used_bytes", "KV pool bytes in use.", value=usage.used * block_bytes
+        )
+        stats = services.cache.stats
+        yield CounterMetricFamily(
+            "semantic_prefix_cache_queried_tokens",
+            "Prompt tokens looked up in the prefix cache.",
+            value=stats.queried_tokens,
+        )
+        yield CounterMetricFamily(
+            "semantic_prefix_cache_hit_tokens",
+            "Prompt tokens found in the prefix cache.",
+            value=stats.hit_tokens,
+        )
+        restored = CounterMetricFamily(
+            "semantic_restored_tokens",
+            "Prompt tokens restored, by the tier they came from.",
+            labels=["tier"],
+        )
+        restored.add_metric(["memory"], stats.hot_restored_tokens)
+        restored.add_metric(["disk"], stats.disk_restored_tokens)
+        yield restored
+        yield CounterMetricFamily(
+            "semantic_corrupt_blocks",
+            "Block files that failed verification and were quarantined.",
+            value=stats.corrupt_blocks,
+        )
+        yield CounterMetricFamily(
+            "semantic_blocks_written", "Block files written.", value=stats.blocks_written
+        )
+        yield CounterMetricFamily(
+            "semantic_block_bytes_written",
+            "Bytes of block files written.",
+            value=stats.bytes_written,
+        )

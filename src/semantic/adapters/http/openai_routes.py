@@ -1,0 +1,249 @@
+"""OpenAI-compatible endpoints: /v1/chat/completions, /v1/completions, /v1/models."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from litestar import Controller, Request, get, post
+from litestar.datastructures import State
+
+from semantic.adapters.http.common import result_of, services, sse, sse_data
+from semantic.adapters.http.identity import identity
+from semantic.adapters.http.openai_schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ContentPart,
+    SamplingFields,
+)
+from semantic.adapters.http.state import Services
+from semantic.adapters.http.translate import (
+    OPENAI_FINISH,
+    chat,
+    check_model,
+    must_default,
+    sampling,
+    stop_strings,
+)
+from semantic.application.generation import (
+    GenerationHandle,
+    GenerationInput,
+    GenerationResult,
+    TextDelta,
+)
+from semantic.domain.errors import InvalidRequestError, SemanticError
+
+Chunk = Callable[[dict[str, Any] | None, str | None], dict[str, Any]]
+
+
+class OpenAIController(Controller):
+    path = "/v1"
+    tags = ("OpenAI-compatible",)
+
+    @get("/models")
+    async def models(self, state: State) -> dict[str, Any]:
+        found = services(state)
+        return {
+            "object": "list",
+            "data": [
+                {"id": found.model_id, "object": "model", "created": 0, "owned_by": "semantic"}
+            ],
+        }
+
+    @post("/chat/completions", status_code=200)
+    async def chat_completions(
+        self, request: Request[Any, Any, Any], data: ChatCompletionRequest, state: State
+    ) -> Any:
+        """Chat completion; ``X-Agent-Id``/``X-Namespace``/``X-Priority`` headers apply."""
+        found = services(state)
+        _check_common(data, found)
+        if data.max_tokens is not None and data.max_completion_tokens is not None:
+            raise InvalidRequestError("give max_tokens or max_completion_tokens, not both")
+        messages = []
+        for message in data.messages:
+            if message.role not in ("system", "developer", "user", "assistant"):
+                raise InvalidRequestError(
+                    f"message role {message.role!r} is not supported", param="messages"
+                )
+            messages.append(chat(message.role, _text(message.content)))
+        if not messages:
+            raise InvalidRequestError("messages must not be empty", param="messages")
+        prompt = found.tokenizer.render_chat(messages)
+        generation = _input(request, data, prompt, data.max_completion_tokens or data.max_tokens)
+        handle = await found.generation.start(generation)
+        reply = _Reply("chatcmpl", "chat.completion", found.model_id)
+        if data.stream:
+            usage = bool(data.stream_options and data.stream_options.include_usage)
+            return sse(reply.chat_chunks(handle, usage))
+        return reply.chat(await result_of(handle))
+
+    @post("/completions", status_code=200)
+    async def completions(
+        self, request: Request[Any, Any, Any], data: CompletionRequest, state: State
+    ) -> Any:
+        found = services(state)
+        _check_common(data, found)
+        prompt_text = data.prompt if isinstance(data.prompt, str) else _single(data.prompt)
+        if not prompt_text:
+            raise InvalidRequestError("prompt must not be empty", param="prompt")
+        prompt = found.tokenizer.encode(prompt_text)
+        handle = await found.generation.start(_input(request, data, prompt, data.max_tokens))
+        reply = _Reply("cmpl", "text_completion", found.model_id)
+        if data.stream:
+            usage = bool(data.stream_options and data.stream_options.include_usage)
+            return sse(reply.text_chunks(handle, usage))
+        return reply.text(await result_of(handle))
+
+
+class _Reply:
+    """Response bodies of one request, in OpenAI's shapes."""
+
+    def __init__(self, prefix: str, kind: str, model: str) -> None:
+        self.id = f"{prefix}-{uuid.uuid4().hex[:24]}"
+        self.kind = kind
+        self.model = model
+        self.created = int(time.time())
+
+    def chat(self, result: GenerationResult) -> dict[str, Any]:
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": result.text},
+            "finish_reason": OPENAI_FINISH[result.finish_reason],
+            "logprobs": None,
+        }
+        return self._body([choice], result)
+
+    def text(self, result: GenerationResult) -> dict[str, Any]:
+        choice = {
+            "index": 0,
+            "text": result.text,
+            "logprobs": None,
+            "finish_reason": OPENAI_FINISH[result.finish_reason],
+        }
+        return self._body([choice], result)
+
+    async def chat_chunks(self, handle: GenerationHandle, usage: bool) -> AsyncIterator[str]:
+        def chunk(delta: dict[str, Any] | None, finish: str | None) -> dict[str, Any]:
+            return {"index": 0, "delta": delta or {}, "finish_reason": finish, "logprobs": None}
+
+        yield self._chunk([chunk({"role": "assistant", "content": ""}, None)])
+        async for line in self._stream(handle, usage, chunk, lambda t: {"content": t}):
+            yield line
+
+    async def text_chunks(self, handle: GenerationHandle, usage: bool) -> AsyncIterator[str]:
+        def chunk(delta: dict[str, Any] | None, finish: str | None) -> dict[str, Any]:
+            return {
+                "index": 0,
+                "text": (delta or {}).get("text", ""),
+                "finish_reason": finish,
+                "logprobs": None,
+            }
+
+        async for line in self._stream(handle, usage, chunk, lambda t: {"text": t}):
+            yield line
+
+    async def _stream(
+        self,
+        handle: GenerationHandle,
+        usage: bool,
+        chunk: Chunk,
+        delta: Callable[[str], dict[str, Any]],
+    ) -> AsyncIterator[str]:
+        try:
+            async for event in handle.events():
+                if isinstance(event, TextDelta):
+                    yield self._chunk([chunk(delta(event.text), None)])
+                elif isinstance(event, GenerationResult):
+                    yield self._chunk([chunk(None, OPENAI_FINISH[event.finish_reason])])
+                    if usage:
+                        yield self._chunk([], _usage(event))
+        except SemanticError as error:
+            yield sse_data(
+                {
+                    "error": {
+                        "message": str(error),
+                        "type": "server_error",
+                        "param": None,
+                        "code": "generation_failed",
+                    }
+                }
+            )
+        yield "data: [DONE]\n\n"
+
+    def _chunk(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> str:
+        body: dict[str, Any] = {
+            "id": self.id,
+            "object": f"{self.kind}.chunk" if self.kind == "chat.completion" else self.kind,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+        if usage is not None:
+            body["usage"] = usage
+        return sse_data(body)
+
+    def _body(self, choices: list[dict[str, Any]], result: GenerationResult) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": self.kind,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            "usage": _usage(result),
+        }
+
+
+def _usage(result: GenerationResult) -> dict[str, Any]:
+    usage = result.usage
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+    }
+
+
+def _check_common(data: SamplingFields, found: Services) -> None:
+    check_model(data.model, found.model_id)
+    must_default(data.n, 1, "n")
+    must_default(data.presence_penalty, 0, "presence_penalty")
+    must_default(data.frequency_penalty, 0, "frequency_penalty")
+    must_default(data.logprobs, False, "logprobs")
+    if data.stream_options is not None and not data.stream:
+        raise InvalidRequestError("stream_options needs stream=true", param="stream_options")
+
+
+def _input(
+    request: Request[Any, Any, Any], data: SamplingFields, prompt: list[int], max_tokens: int | None
+) -> GenerationInput:
+    who = identity(request)
+    return GenerationInput(
+        tuple(prompt),
+        who.namespace,
+        who.agent_id,
+        max_tokens,
+        sampling(data.temperature, data.top_p, data.seed),
+        stop_strings(data.stop),
+        who.priority,
+    )
+
+
+def _text(content: str | list[ContentPart] | None) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    parts = []
+    for part in content:
+        if part.type != "text":
+            raise InvalidRequestError(
+                f"content part type {part.type!r} is not supported", param="messages"
+            )
+        parts.append(part.text or "")
+    return "".join(parts)
+
+
+def _single(prompts: list[str]) -> str:
+    if len(prompts) != 1:
+        raise InvalidRequestError("exactly one prompt per request is supported", param="prompt")
+    return prompts[0]

@@ -1,0 +1,26 @@
+"""Health and metrics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Response, get
+from litestar.datastructures import State
+
+from semantic.adapters.http.state import ServerState
+
+
+@get("/health", tags=["Operations"], sync_to_thread=False)
+def health(state: State) -> Response[dict[str, Any]]:
+    """200 once the model is loaded and warmed up; 503 before (or if loading failed)."""
+    server: ServerState = state.server
+    if server.services is None:
+        body = {"status": "failed" if server.failure else "loading", "error": server.failure}
+        return Response(body, status_code=503, headers={"Retry-After": "5"})
+    return Response({"status": "ok", "model": server.services.model_id}, status_code=200)
+
+
+@get("/metrics", tags=["Operations"], sync_to_thread=False)
+def metrics(state: State) -> Response[bytes]:
+    """Prometheus text format."""
+    return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")

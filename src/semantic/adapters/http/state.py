@@ -1,0 +1,48 @@
+"""What the HTTP edge needs from the composition root, and the 503 until it has it."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from semantic.application.agents import AgentService
+from semantic.application.cache.store import AgentCacheStore
+from semantic.application.engine_loop import EngineLoop
+from semantic.application.generation import GenerationService
+from semantic.domain.block_pool import BlockPool
+from semantic.domain.cache_spec import ModelCacheSpec
+from semantic.domain.errors import ModelUnavailableError
+from semantic.ports.tokenizer import Tokenizer
+
+
+class Services(Protocol):
+    @property
+    def model_id(self) -> str: ...
+    @property
+    def tokenizer(self) -> Tokenizer: ...
+    @property
+    def generation(self) -> GenerationService: ...
+    @property
+    def agents(self) -> AgentService: ...
+    @property
+    def cache(self) -> AgentCacheStore: ...
+    @property
+    def loop(self) -> EngineLoop: ...
+    @property
+    def pool(self) -> BlockPool: ...
+    @property
+    def spec(self) -> ModelCacheSpec: ...
+
+
+class ServerState:
+    """Holds the services once the model is loaded and warmed up; until then, 503."""
+
+    def __init__(self) -> None:
+        self.services: Services | None = None
+        self.failure: str | None = None
+
+    def require(self) -> Services:
+        if self.services is None:
+            if self.failure is not None:
+                raise ModelUnavailableError(f"the model failed to load: {self.failure}")
+            raise ModelUnavailableError("the model is loading; retry shortly")
+        return self.services

@@ -1,0 +1,158 @@
+"""Stateful agents: the server keeps each agent's transcript and KV; clients send only the
+new message. A reply is acknowledged only after it is committed with its question."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from semantic.application.cache.store import AgentCacheStore
+from semantic.application.generation import (
+    GenerationEvent,
+    GenerationInput,
+    GenerationResult,
+    GenerationService,
+)
+from semantic.domain.chat import ChatMessage
+from semantic.domain.errors import AgentNotFoundError, InvalidRequestError
+from semantic.domain.generation import GREEDY, Priority, SamplingParams
+from semantic.ports.metadata_store import AgentRecord, MessageRecord, MetadataStore
+from semantic.ports.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True, slots=True)
+class CacheState:
+    tokens: int
+    blocks: int
+    hot_blocks: int
+    disk_blocks: int
+    bytes_on_disk: int
+
+
+@dataclass(frozen=True, slots=True)
+class AgentInfo:
+    namespace: str
+    agent_id: str
+    system_prompt: str | None
+    created_at: float
+    last_used: float
+    messages: int
+    cache: CacheState
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    content: str
+    max_tokens: int | None = None
+    sampling: SamplingParams = GREEDY
+    stop: tuple[str, ...] = ()
+    priority: Priority = Priority.NORMAL
+
+
+class AgentService:
+    def __init__(
+        self,
+        generation: GenerationService,
+        metadata: MetadataStore,
+        cache: AgentCacheStore,
+        tokenizer: Tokenizer,
+    ) -> None:
+        self._generation = generation
+        self._metadata = metadata
+        self._cache = cache
+        self._tokenizer = tokenizer
+        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+
+    async def create(self, namespace: str, agent_id: str, system_prompt: str | None) -> AgentInfo:
+        await self._metadata.create_agent(
+            AgentRecord(namespace, agent_id, system_prompt=system_prompt)
+        )
+        return await self.get(namespace, agent_id)
+
+    async def get(self, namespace: str, agent_id: str) -> AgentInfo:
+        record = await self._record(namespace, agent_id)
+        return await self._info(record)
+
+    async def list_agents(self, namespace: str) -> list[AgentInfo]:
+        records = await self._metadata.agents(namespace)
+        return [await self._info(r) for r in records if not r.anonymous]
+
+    async def delete(self, namespace: str, agent_id: str) -> None:
+        await self._record(namespace, agent_id)
+        async with self._lock(namespace, agent_id):
+            orphans = await self._metadata.delete_agent(namespace, agent_id)
+        await self._cache.forget(orphans)
+
+    async def fork(self, namespace: str, source_id: str, new_id: str) -> AgentInfo:
+        """A new agent sharing every block and message of the source: nothing is copied but
+        ids, and the two diverge from their next turn on."""
+        async with self._lock(namespace, source_id):
+            source = await self._record(namespace, source_id)
+            await self._metadata.create_agent(
+                AgentRecord(namespace, new_id, system_prompt=source.system_prompt)
+            )
+            fork = dataclasses.replace(source, agent_id=new_id, anonymous=False, last_used=0.0)
+            await self._metadata.save_agent_blocks(fork, [])
+            await self._metadata.append_messages(
+                namespace, new_id, await self._metadata.messages(namespace, source_id)
+            )
+        return await self.get(namespace, new_id)
+
+    async def messages(self, namespace: str, agent_id: str) -> list[MessageRecord]:
+        await self._record(namespace, agent_id)
+        return await self._metadata.messages(namespace, agent_id)
+
+    async def send(
+        self, namespace: str, agent_id: str, turn: Turn
+    ) -> AsyncIterator[GenerationEvent]:
+        """Append the user's message, generate the reply, commit both, then report the
+        result. Turns of one agent run one at a time."""
+        if not turn.content:
+            raise InvalidRequestError("the message is empty", param="content")
+        async with self._lock(namespace, agent_id):
+            record = await self._record(namespace, agent_id)
+            history = await self._metadata.messages(namespace, agent_id)
+            chat = [ChatMessage(m.role, m.content) for m in history]
+            if record.system_prompt:
+                chat.insert(0, ChatMessage("system", record.system_prompt))
+            chat.append(ChatMessage("user", turn.content))
+            request = GenerationInput(
+                tuple(self._tokenizer.render_chat(chat)), namespace, agent_id, turn.max_tokens,
+                turn.sampling, turn.stop, turn.priority,
+            )  # fmt: skip
+            self._generation.check(request)
+            asked = time.time()
+            async for event in self._generation.stream(request):
+                if isinstance(event, GenerationResult):
+                    await self._metadata.append_messages(
+                        namespace, agent_id,
+                        [MessageRecord("user", turn.content, asked),
+                         MessageRecord("assistant", event.text, time.time())],
+                    )  # fmt: skip
+                yield event
+
+    async def _record(self, namespace: str, agent_id: str) -> AgentRecord:
+        record = await self._metadata.agent(namespace, agent_id)
+        if record is None or record.anonymous:
+            raise AgentNotFoundError(agent_id, namespace)
+        return record
+
+    async def _info(self, record: AgentRecord) -> AgentInfo:
+        blocks = await self._metadata.blocks(record.block_keys)
+        hot = sum(1 for key in record.block_keys if key in self._cache.hot)
+        state = CacheState(
+            tokens=record.token_count,
+            blocks=len(record.block_keys),
+            hot_blocks=hot,
+            disk_blocks=len(blocks),
+            bytes_on_disk=sum(b.nbytes for b in blocks.values()),
+        )
+        count = len(await self._metadata.messages(record.namespace, record.agent_id))
+        return AgentInfo(record.namespace, record.agent_id, record.system_prompt,
+                         record.created_at, record.last_used, count, state)  # fmt: skip
+
+    def _lock(self, namespace: str, agent_id: str) -> asyncio.Lock:
+        return self._locks.setdefault((namespace, agent_id), asyncio.Lock())

@@ -1,0 +1,211 @@
+"""The one generation use case every protocol goes through.
+
+Restore the longest stored prefix, queue the request, stream safe text as it is made, and
+report usage with the restored tokens. The HTTP controllers only translate their protocol
+to a ``GenerationInput`` and these events back.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from semantic.application.cache.store import AgentCacheStore
+from semantic.application.engine_loop import AsyncEventStream, EngineLoop
+from semantic.application.events import CompletionEvent, TokenEvent
+from semantic.domain.errors import InvalidRequestError, PromptTooLongError, SemanticError
+from semantic.domain.generation import GREEDY, FinishReason, Priority, RequestStats, SamplingParams
+from semantic.ports.observer import GenerationObserver
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_context: int
+    max_tokens_cap: int
+    default_max_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationInput:
+    prompt_tokens: tuple[int, ...]
+    namespace: str = "default"
+    agent_id: str | None = None
+    max_tokens: int | None = None
+    sampling: SamplingParams = GREEDY
+    stop: tuple[str, ...] = ()
+    priority: Priority = Priority.NORMAL
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationResult:
+    request_id: str
+    text: str
+    finish_reason: FinishReason
+    usage: Usage
+    stats: RequestStats
+    stop_string: str | None
+
+
+GenerationEvent = TextDelta | GenerationResult
+
+
+class GenerationFailedError(SemanticError):
+    """The model failed while running this request (not the caller's fault)."""
+
+
+class GenerationService:
+    def __init__(
+        self,
+        loop: EngineLoop,
+        cache: AgentCacheStore | None,
+        limits: Limits,
+        observer: GenerationObserver | None = None,
+    ) -> None:
+        self._loop = loop
+        self._cache = cache
+        self._limits = limits
+        self._observer = observer
+
+    @property
+    def limits(self) -> Limits:
+        return self._limits
+
+    def check(self, request: GenerationInput) -> int:
+        """Refuse a request before any work; returns the max_tokens it will run with."""
+        max_tokens = request.max_tokens or self._limits.default_max_tokens
+        if not 0 < max_tokens <= self._limits.max_tokens_cap:
+            raise InvalidRequestError(
+                f"max_tokens must be between 1 and {self._limits.max_tokens_cap}, got {max_tokens}",
+                param="max_tokens",
+            )
+        if not request.prompt_tokens:
+            raise InvalidRequestError("the prompt is empty", param="messages")
+        if len(request.prompt_tokens) >= self._limits.max_context:
+            raise PromptTooLongError(
+                f"the prompt is {len(request.prompt_tokens)} tokens; the model's context is "
+                f"{self._limits.max_context}",
+                param="messages",
+            )
+        if len(request.prompt_tokens) + max_tokens > self._limits.max_context:
+            max_tokens = self._limits.max_context - len(request.prompt_tokens)
+            if request.max_tokens is not None:
+                raise PromptTooLongError(
+                    f"the prompt ({len(request.prompt_tokens)} tokens) plus max_tokens "
+                    f"({request.max_tokens}) exceeds the model's context of "
+                    f"{self._limits.max_context}",
+                    param="max_tokens",
+                )
+        return max_tokens
+
+    async def start(self, request: GenerationInput) -> GenerationHandle:
+        """Validate, restore the cached prefix and queue the request. Errors (bad input, a
+        full queue) are raised here, before a caller commits to a streaming response."""
+        max_tokens = self.check(request)
+        prompt = request.prompt_tokens
+        agent_id = request.agent_id or self._anonymous_id(request)
+        sink = AsyncEventStream()
+        prefix = await self._cache.prepare(request.namespace, prompt) if self._cache else None
+        try:
+            request_id = self._loop.submit(
+                sink,
+                agent_id=agent_id,
+                prompt_tokens=prompt,
+                cached_blocks=prefix.blocks if prefix else None,
+                max_tokens=max_tokens,
+                sampling=request.sampling,
+                stop=request.stop,
+                priority=request.priority,
+                namespace=request.namespace,
+            )
+        finally:
+            if prefix is not None and self._cache is not None:
+                self._cache.release(prefix)
+        return GenerationHandle(request_id, len(prompt), sink, self._loop, self._observer)
+
+    async def stream(self, request: GenerationInput) -> AsyncIterator[GenerationEvent]:
+        handle = await self.start(request)
+        async for event in handle.events():
+            yield event
+
+    async def complete(self, request: GenerationInput) -> GenerationResult:
+        async for event in self.stream(request):
+            if isinstance(event, GenerationResult):
+                return event
+        raise GenerationFailedError("the request ended without a result")
+
+    def _anonymous_id(self, request: GenerationInput) -> str:
+        if self._cache is None:
+            return "anonymous"
+        return self._cache.anonymous_id(request.namespace, request.prompt_tokens)
+
+
+class GenerationHandle:
+    """A queued request: iterate ``events()`` for its text and result. Leaving the iteration
+    early (a client that went away) cancels the request and frees its blocks."""
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_tokens: int,
+        sink: AsyncEventStream,
+        loop: EngineLoop,
+        observer: GenerationObserver | None,
+    ) -> None:
+        self.request_id = request_id
+        self.prompt_tokens = prompt_tokens
+        self._sink = sink
+        self._loop = loop
+        self._observer = observer
+        self._started = time.monotonic()
+
+    async def events(self) -> AsyncIterator[GenerationEvent]:
+        finished = False
+        last: float | None = None
+        try:
+            async for event in self._sink:
+                now = time.monotonic()
+                if isinstance(event, TokenEvent):
+                    self._observe_token(now, last)
+                    last = now
+                    if event.text:
+                        yield TextDelta(event.text)
+                elif isinstance(event, CompletionEvent):
+                    finished = True
+                    if self._observer is not None:
+                        self._observer.on_finished(
+                            event.stats, event.prompt_tokens, now - self._started
+                        )
+                    yield _result(event)
+        finally:
+            if not finished:
+                self._loop.cancel(self.request_id)
+
+    def _observe_token(self, now: float, last: float | None) -> None:
+        if self._observer is None:
+            return
+        if last is None:
+            self._observer.on_first_token(now - self._started)
+        else:
+            self._observer.on_token_gap(now - last)
+
+
+def _result(event: CompletionEvent) -> GenerationResult:
+    if event.finish_reason is FinishReason.ERROR:
+        raise GenerationFailedError(f"generation failed: {event.error or 'unknown error'}")
+    usage = Usage(event.prompt_tokens, event.stats.generated_tokens, event.stats.cached_tokens)
+    return GenerationResult(
+        event.request_id, event.text, event.finish_reason, usage, event.stats, event.stop_string
+    )

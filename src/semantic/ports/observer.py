@@ -1,0 +1,21 @@
+"""The observer port: what a metrics adapter hears about each request."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from semantic.domain.generation import RequestStats
+
+
+class GenerationObserver(Protocol):
+    def on_first_token(self, seconds: float) -> None:
+        """Time from accepting the request to its first token."""
+        ...
+
+    def on_token_gap(self, seconds: float) -> None:
+        """Time between two consecutive tokens of one request."""
+        ...
+
+    def on_finished(self, stats: RequestStats, prompt_tokens: int, seconds: float) -> None:
+        """A request ended; ``seconds`` is its end-to-end time."""
+        ...

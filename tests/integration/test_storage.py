@@ -1,0 +1,151 @@
+"""Block files and the SQLite metadata store, for real: files on disk, a real database."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+
+from semantic.adapters.mlx.host_codec import MlxHostCodec
+from semantic.adapters.mlx.kv_blocks import MlxKV
+from semantic.adapters.storage.block_files import BlockFiles
+from semantic.adapters.storage.kv_block_store import KVBlockStore
+from semantic.adapters.storage.sqlite_metadata import SqliteMetadataStore
+from semantic.domain.blocks import KVBlock
+from semantic.domain.errors import AgentExistsError, CacheCorruptionError
+from semantic.ports.metadata_store import AgentRecord, BlockRecord, MessageRecord
+
+
+def kv_blocks(dtype: mx.Dtype = mx.float32, n_tokens: int = 256) -> list[KVBlock]:
+    return [
+        KVBlock(layer, layer, 0, n_tokens,
+                MlxKV(mx.random.normal((1, 3, n_tokens, 64)).astype(dtype),
+                      mx.random.normal((1, 3, n_tokens, 64)).astype(dtype)))
+        for layer in range(4)
+    ]  # fmt: skip
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> KVBlockStore:
+    return KVBlockStore(BlockFiles(tmp_path / "blocks"), MlxHostCodec())
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16])
+def test_a_block_round_trips_bit_exactly(store: KVBlockStore, dtype: mx.Dtype) -> None:
+    blocks = kv_blocks(dtype, n_tokens=100)
+    stored = store.save("ab" * 32, blocks)
+    loaded = store.load("ab" * 32, stored.checksum)
+    assert [(p.layer, p.start, p.n_tokens) for p in loaded] == [(b.layer, 0, 100) for b in blocks]
+    for original, payload in zip(blocks, loaded, strict=True):
+        a, b = original.payload, payload.data
+        assert isinstance(a, MlxKV)
+        assert isinstance(b, MlxKV)
+        assert b.keys.dtype == dtype
+        assert mx.array_equal(a.keys, b.keys).item()
+        assert mx.array_equal(a.values, b.values).item()
+
+
+@pytest.mark.parametrize("damage", ["flip data", "flip header", "truncate", "delete", "append"])
+def test_damage_to_a_block_file_is_always_detected(
+    store: KVBlockStore, tmp_path: Path, damage: str
+) -> None:
+    key = "cd" * 32
+    stored = store.save(key, kv_blocks())
+    path = tmp_path / "blocks" / key[:2] / f"{key}.safetensors"
+    data = bytearray(path.read_bytes())
+    if damage == "flip data":
+        data[-1000] ^= 0x01
+    elif damage == "flip header":
+        data[20] ^= 0x20
+    elif damage == "truncate":
+        data = data[: len(data) // 2]
+    elif damage == "append":
+        data += b"\0"
+    if damage == "delete":
+        path.unlink()
+    else:
+        path.write_bytes(bytes(data))
+    with pytest.raises(CacheCorruptionError):
+        store.load(key, stored.checksum)
+
+
+def test_writes_leave_no_temporary_files_and_strays_are_removed(
+    store: KVBlockStore, tmp_path: Path
+) -> None:
+    store.save("ef" * 32, kv_blocks())
+    assert not list((tmp_path / "blocks").rglob("*.tmp"))
+    (tmp_path / "blocks" / "ef" / "half-written.safetensors.123.tmp").write_bytes(b"x")
+    assert store.remove_temporaries() == 1
+    assert store.keys() == {"ef" * 32}
+
+
+def test_quarantine_moves_the_file_aside(store: KVBlockStore, tmp_path: Path) -> None:
+    store.save("aa" * 32, kv_blocks())
+    store.quarantine("aa" * 32)
+    assert store.keys() == set()
+    assert len(list((tmp_path / "quarantine").iterdir())) == 1
+
+
+def record(key: str, parent: str = "root", tokens: tuple[int, ...] = (1, 2, 3)) -> BlockRecord:
+    return BlockRecord(key, parent, "default", tokens, 100, "sum")
+
+
+async def test_the_metadata_schema_is_created_in_wal_mode_and_reopens(tmp_path: Path) -> None:
+    db = SqliteMetadataStore(tmp_path / "semantic.db")
+    await db.open()
+    await db.close()
+    await db.open()
+    await db.close()
+    with sqlite3.connect(tmp_path / "semantic.db") as raw:
+        assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert raw.execute("SELECT max(version) FROM schema_version").fetchone()[0] == 1
+
+
+async def test_reference_counts_follow_agents_and_orphans_are_returned(tmp_path: Path) -> None:
+    db = SqliteMetadataStore(tmp_path / "semantic.db")
+    await db.open()
+    shared, only_a, only_b = record("k1"), record("k2", "k1"), record("k3", "k1", (4, 5))
+    await db.save_agent_blocks(AgentRecord("default", "a", ("k1", "k2"), 6), [shared, only_a])
+    await db.save_agent_blocks(AgentRecord("default", "b", ("k1", "k3"), 6), [only_b])
+    rows = await db.blocks(["k1", "k2", "k3"])
+    assert {k: r.ref_count for k, r in rows.items()} == {"k1": 2, "k2": 1, "k3": 1}
+    assert rows["k3"].tokens == (4, 5)
+    assert [r.key for r in await db.children("k1")] in (["k2", "k3"], ["k3", "k2"])
+    assert await db.delete_agent("default", "a") == ["k2"]
+    assert await db.all_block_keys() == {"k1", "k3"}
+    await db.close()
+
+
+async def test_transcripts_and_agents_persist(tmp_path: Path) -> None:
+    db = SqliteMetadataStore(tmp_path / "semantic.db")
+    await db.open()
+    await db.create_agent(AgentRecord("ns", "helper", system_prompt="Be brief."))
+    with pytest.raises(AgentExistsError):
+        await db.create_agent(AgentRecord("ns", "helper"))
+    await db.append_messages("ns", "helper", [MessageRecord("user", "hi"), MessageRecord("assistant", "hello")])
+    await db.close()
+    again = SqliteMetadataStore(tmp_path / "semantic.db")
+    await again.open()
+    agent = await again.agent("ns", "helper")
+    assert agent is not None
+    assert agent.system_prompt == "Be brief."
+    assert [(m.role, m.content) for m in await again.messages("ns", "helper")] == [
+        ("user", "hi"), ("assistant", "hello"),
+    ]  # fmt: skip
+    await again.close()
+
+
+async def test_a_quarantined_block_is_replaced_by_the_next_save(tmp_path: Path) -> None:
+    db = SqliteMetadataStore(tmp_path / "semantic.db")
+    await db.open()
+    await db.save_agent_blocks(AgentRecord("default", "a", ("k1",), 3), [record("k1")])
+    await db.quarantine_block("k1")
+    assert (await db.blocks(["k1"]))["k1"].quarantined
+    fresh = BlockRecord("k1", "root", "default", (1, 2, 3), 100, "new-sum")
+    await db.save_agent_blocks(AgentRecord("default", "a", ("k1",), 3), [fresh])
+    row = (await db.blocks(["k1"]))["k1"]
+    assert not row.quarantined
+    assert row.checksum == "new-sum"
+    await db.close()
