@@ -124,7 +124,9 @@ async def test_transcripts_and_agents_persist(tmp_path: Path) -> None:
     await db.create_agent(AgentRecord("ns", "helper", system_prompt="Be brief."))
     with pytest.raises(AgentExistsError):
         await db.create_agent(AgentRecord("ns", "helper"))
-    await db.append_messages("ns", "helper", [MessageRecord("user", "hi"), MessageRecord("assistant", "hello")])
+    await db.append_messages(
+        "ns", "helper", [MessageRecord("user", "hi"), MessageRecord("assistant", "hello")]
+    )
     await db.close()
     again = SqliteMetadataStore(tmp_path / "semantic.db")
     await again.open()

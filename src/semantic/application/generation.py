@@ -133,7 +133,9 @@ class GenerationService:
         finally:
             if prefix is not None and self._cache is not None:
                 self._cache.release(prefix)
-        return GenerationHandle(request_id, len(prompt), sink, self._loop, self._observer)
+        return GenerationHandle(
+            request_id, len(prompt), sink, self._loop, observer=self._observer, cache=self._cache
+        )
 
     async def stream(self, request: GenerationInput) -> AsyncIterator[GenerationEvent]:
         handle = await self.start(request)
@@ -162,9 +164,12 @@ class GenerationHandle:
         prompt_tokens: int,
         sink: AsyncEventStream,
         loop: EngineLoop,
+        *,
         observer: GenerationObserver | None,
+        cache: AgentCacheStore | None,
     ) -> None:
         self.request_id = request_id
+        self._cache = cache
         self.prompt_tokens = prompt_tokens
         self._sink = sink
         self._loop = loop
@@ -184,6 +189,8 @@ class GenerationHandle:
                         yield TextDelta(event.text)
                 elif isinstance(event, CompletionEvent):
                     finished = True
+                    if self._cache is not None:  # acknowledge only what is on disk
+                        await self._cache.saved(self.request_id)
                     if self._observer is not None:
                         self._observer.on_finished(
                             event.stats, event.prompt_tokens, now - self._started

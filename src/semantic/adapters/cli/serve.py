@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 from typing import Any
 
 from semantic.adapters.cli.progress import ProgressPrinter
@@ -92,6 +93,9 @@ def run_server(args: argparse.Namespace) -> int:
 
     app = create_app(start, stop, api_key=settings.api_key, max_body_bytes=settings.max_body_bytes)
     log.info("listening on http://%s:%d", settings.host, settings.port)
+    # uvicorn drains on SIGTERM, then re-raises it under the handler it found at start; this
+    # one turns that into a clean exit (status 0) once everything is flushed.
+    signal.signal(signal.SIGTERM, lambda *_: None)
     uvicorn.run(
         app,
         host=settings.host,

@@ -36,3 +36,11 @@ class MessagesRequest(msgspec.Struct, forbid_unknown_fields=True):
     top_k: int | None = None
     stream: bool = False
     metadata: dict[str, Any] | None = None
+    cache_control: dict[str, Any] | None = None
+    service_tier: str | None = None
+    inference_geo: str | None = None
+    speed: str | None = None
+    user_profile_id: str | None = None
+    workspace_id: str | None = None
+    """Routing and accounting fields: accepted, with no effect on the reply. Features we do
+    not have (tools, thinking, output_config, ...) are refused as unknown fields."""

@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class SaveJob:
+    request_id: str
     namespace: str
     agent_id: str
     anonymous: bool
@@ -51,6 +52,7 @@ class Saver:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: asyncio.Queue[SaveJob] | None = None
         self._task: asyncio.Task[None] | None = None
+        self._pending: dict[str, asyncio.Future[None]] = {}
 
     @property
     def running(self) -> bool:
@@ -64,9 +66,21 @@ class Saver:
 
     def submit(self, job: SaveJob) -> None:
         """Queue a save; safe from any thread."""
-        if self._loop is None or self._queue is None:
+        if self._loop is None:
             raise RuntimeError("Saver.start() was not awaited")
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, job)
+        self._loop.call_soon_threadsafe(self._enqueue, job)
+
+    async def saved(self, request_id: str) -> None:
+        """Wait until the save queued for ``request_id`` (if any) has committed."""
+        future = self._pending.get(request_id)
+        if future is not None:
+            await asyncio.shield(future)
+
+    def _enqueue(self, job: SaveJob) -> None:
+        if self._queue is None or self._loop is None:
+            return
+        self._pending[job.request_id] = self._loop.create_future()
+        self._queue.put_nowait(job)
 
     async def flush(self) -> None:
         if self._queue is not None:
@@ -114,6 +128,9 @@ class Saver:
                 log.exception("saving %s/%s failed; its KV stays in memory only",
                               job.namespace, job.agent_id)  # fmt: skip
             finally:
+                future = self._pending.pop(job.request_id, None)
+                if future is not None and not future.done():
+                    future.set_result(None)
                 queue.task_done()
 
     async def _save(self, job: SaveJob) -> None:

@@ -24,6 +24,7 @@ from semantic.domain.block_identity import chain_keys, chain_root
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.blocks import AgentBlocks, KVBlock
 from semantic.domain.cache_spec import ModelCacheSpec
+from semantic.domain.generation import FinishReason
 from semantic.ports.block_store import BlockStore
 from semantic.ports.metadata_store import BlockRecord, MetadataStore
 
@@ -137,8 +138,9 @@ class AgentCacheStore:
     def adopt(self, event: CompletionEvent, agent_id: str) -> None:
         """Keep a finished request's blocks (engine thread; no I/O) and queue their save."""
         blocks = event.blocks
-        if blocks is None or not self._saver.running:
-            self._pool.release_owner(event.request_id)
+        unfinished = event.finish_reason in (FinishReason.CANCELLED, FinishReason.ERROR)
+        if blocks is None or unfinished or not self._saver.running:
+            self._pool.release_owner(event.request_id)  # a cancelled request leaves no trace
             return
         size = self._spec.block_tokens
         tokens = blocks.token_ids
@@ -155,7 +157,14 @@ class AgentCacheStore:
             parent = key
         self._pool.release_owner(event.request_id)
         anonymous = agent_id.startswith(ANONYMOUS_PREFIX)
-        self._saver.submit(SaveJob(event.namespace, agent_id, anonymous, chain, len(tokens)))
+        self._saver.submit(
+            SaveJob(event.request_id, event.namespace, agent_id, anonymous, chain, len(tokens))
+        )
+
+    async def saved(self, request_id: str) -> None:
+        """Wait until what ``request_id`` left behind is on disk (returns at once if nothing
+        was saved for it)."""
+        await self._saver.saved(request_id)
 
     def reclaim(self, n_pool_blocks: int) -> int:
         """Memory pressure: evict idle hot blocks that are safe on disk."""

@@ -1,0 +1,190 @@
+"""The official openai and anthropic clients against a real server."""
+
+from __future__ import annotations
+
+import anthropic
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.e2e.server import ServerProcess
+
+pytestmark = pytest.mark.model
+
+QUESTION = "What is the capital of France?"
+GREEDY = {"temperature": 0}  # anthropic>=2 clients no longer send temperature themselves
+
+
+def oai(server: ServerProcess, **headers: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", default_headers=headers)
+
+
+def test_openai_chat_answers_without_and_with_streaming(server: ServerProcess) -> None:
+    client = oai(server)
+    reply = client.chat.completions.create(
+        model="default",
+        messages=[{"role": "user", "content": QUESTION}],
+        temperature=0,
+        max_tokens=24,
+    )
+    assert "Paris" in (reply.choices[0].message.content or "")
+    assert reply.choices[0].finish_reason == "stop"
+    stream = client.chat.completions.create(
+        model="default",
+        messages=[{"role": "user", "content": QUESTION}],
+        temperature=0,
+        max_tokens=24,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == reply.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == reply.usage.completion_tokens  # type: ignore[union-attr]
+
+
+def test_openai_completions_and_models(server: ServerProcess) -> None:
+    client = oai(server)
+    assert [m.id for m in client.models.list().data] == ["smollm2-135m-instruct"]
+    done = client.completions.create(
+        model="default", prompt="The capital of France is", max_tokens=4, temperature=0
+    )
+    assert done.choices[0].text
+    assert done.usage is not None
+    assert done.usage.completion_tokens <= 4
+
+
+def test_stop_sequences_are_cut_in_both_protocols(server: ServerProcess) -> None:
+    reply = oai(server).chat.completions.create(
+        model="default",
+        messages=[{"role": "user", "content": QUESTION}],
+        temperature=0,
+        max_tokens=24,
+        stop=["Paris"],
+    )
+    assert "Paris" not in (reply.choices[0].message.content or "")
+    message = anthropic.Anthropic(base_url=server.url, api_key="unused").messages.create(
+        model="default",
+        max_tokens=24,
+        stop_sequences=["Paris"],
+        extra_body=GREEDY,
+        messages=[{"role": "user", "content": QUESTION}],
+    )
+    assert message.stop_reason == "stop_sequence"
+    assert message.stop_sequence == "Paris"
+    assert "Paris" not in message.content[0].text  # type: ignore[union-attr]
+
+
+def test_anthropic_messages_stream_and_count_tokens(server: ServerProcess) -> None:
+    client = anthropic.Anthropic(base_url=server.url, api_key="unused")
+    with client.messages.stream(
+        model="default",
+        max_tokens=24,
+        extra_body=GREEDY,
+        system="Answer in one sentence.",
+        messages=[{"role": "user", "content": QUESTION}],
+    ) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert "Paris" in text
+    assert final.stop_reason == "end_turn"
+    count = client.messages.count_tokens(
+        model="default", messages=[{"role": "user", "content": QUESTION}]
+    )
+    assert count.input_tokens > 10
+
+
+def test_later_turns_of_a_conversation_report_cached_tokens(server: ServerProcess) -> None:
+    client = oai(server, **{"X-Agent-Id": "traveller"})
+    history = [{"role": "user", "content": QUESTION}]
+    first = client.chat.completions.create(
+        model="default", messages=history, temperature=0, max_tokens=24
+    )  # type: ignore[arg-type]
+    history += [
+        {"role": "assistant", "content": first.choices[0].message.content or ""},
+        {"role": "user", "content": "And of Italy?"},
+    ]
+    second = client.chat.completions.create(
+        model="default", messages=history, temperature=0, max_tokens=24
+    )  # type: ignore[arg-type]
+    cached = second.usage.prompt_tokens_details.cached_tokens  # type: ignore[union-attr]
+    assert cached >= first.usage.prompt_tokens + first.usage.completion_tokens - 1  # type: ignore[union-attr]
+    anthropic_client = anthropic.Anthropic(base_url=server.url, api_key="unused")
+    again = anthropic_client.messages.create(model="default", max_tokens=8, messages=history)  # type: ignore[arg-type]
+    assert again.usage.cache_read_input_tokens >= cached
+
+
+def test_errors_come_in_each_protocols_shape(server: ServerProcess) -> None:
+    bad = httpx.post(
+        f"{server.url}/v1/chat/completions",
+        json={"model": "default", "messages": [{"role": "user", "content": "x"}], "tools": []},
+    )
+    assert bad.status_code == 400
+    assert "tools" in bad.json()["error"]["message"]
+    missing = httpx.post(
+        f"{server.url}/v1/chat/completions",
+        json={"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]},
+    )
+    assert missing.status_code == 404
+    capped = httpx.post(
+        f"{server.url}/v1/messages",
+        json={
+            "model": "default",
+            "max_tokens": 10**6,
+            "messages": [{"role": "user", "content": "x"}],
+        },
+    )
+    assert capped.status_code == 400
+    assert capped.json()["type"] == "error"
+    assert capped.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_metrics_parse_and_move_with_traffic(server: ServerProcess) -> None:
+    before = server.metric("semantic_prompt_tokens_total")
+    oai(server).chat.completions.create(
+        model="default",
+        messages=[{"role": "user", "content": "Say hi."}],
+        temperature=0,
+        max_tokens=4,
+    )
+    text = httpx.get(f"{server.url}/metrics").text
+    names = {f.name for f in text_string_to_metric_families(text)}
+    assert {
+        "semantic_time_to_first_token_seconds",
+        "semantic_inter_token_latency_seconds",
+        "semantic_request_duration_seconds",
+        "semantic_queue_time_seconds",
+        "semantic_requests_running",
+        "semantic_requests_waiting",
+        "semantic_kv_pool_used_blocks",
+        "semantic_prefix_cache_queried_tokens",
+        "semantic_prefix_cache_hit_tokens",
+        "semantic_restored_tokens",
+        "semantic_corrupt_blocks",
+    } <= names
+    assert server.metric("semantic_prompt_tokens_total") > before
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_blocks(server: ServerProcess) -> None:
+    baseline = server.metric("semantic_kv_pool_used_blocks")
+    body = {
+        "model": "default",
+        "stream": True,
+        "max_tokens": 400,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": "Write a very long story about a dragon."}],
+    }
+    with httpx.stream(
+        "POST", f"{server.url}/v1/chat/completions", json=body, timeout=60
+    ) as response:
+        for line in response.iter_lines():
+            if '"content": "' in line and '"content": ""' not in line:
+                break
+    for _ in range(100):
+        if server.metric("semantic_kv_pool_used_blocks") == baseline:
+            break
+        httpx.get(f"{server.url}/health")
+    assert server.metric("semantic_kv_pool_used_blocks") == baseline

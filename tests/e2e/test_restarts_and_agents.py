@@ -1,0 +1,95 @@
+"""Memory that survives the process: restarts, crashes, stateful agents and forks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.e2e.server import ServerProcess
+
+pytestmark = pytest.mark.model
+
+Start = Callable[..., ServerProcess]
+
+
+def chat(server: ServerProcess, messages: list[dict[str, str]], **headers: str) -> Any:
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", default_headers=headers)
+    return client.chat.completions.create(
+        model="default",
+        messages=messages,
+        temperature=0,
+        max_tokens=16,  # type: ignore[arg-type]
+    )
+
+
+def test_a_conversation_continues_from_disk_after_a_kill(new_server: Start) -> None:
+    first_server = new_server()
+    history = [{"role": "user", "content": "Name three colours."}]
+    first = chat(first_server, history, **{"X-Agent-Id": "painter"})
+    history += [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "Which one is the warmest?"},
+    ]
+    first_server.kill()
+    second_server = new_server(data_dir=first_server.data_dir)
+    warm = chat(second_server, history, **{"X-Agent-Id": "painter"})
+    cold = chat(second_server, history, **{"X-Namespace": "elsewhere"})
+    assert warm.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens
+    assert cold.usage.prompt_tokens_details.cached_tokens == 0
+    assert warm.choices[0].message.content == cold.choices[0].message.content
+    assert second_server.metric("semantic_restored_tokens_total", {"tier": "disk"}) > 0
+
+
+def test_stateful_agents_keep_transcripts_across_a_restart_and_fork_cheaply(
+    new_server: Start,
+) -> None:
+    server = new_server()
+    api = f"{server.url}/v1/agents"
+    assert (
+        httpx.post(api, json={"id": "tutor", "system_prompt": "You teach geography."}).status_code
+        == 201
+    )
+    assert httpx.post(api, json={"id": "tutor"}).status_code == 409
+    for question in ("What is the capital of France?", "And of Spain?"):
+        reply = httpx.post(
+            f"{api}/tutor/messages", json={"content": question, "max_tokens": 16}, timeout=120
+        )
+        assert reply.status_code == 200, reply.text
+    assert server.stop() == 0
+    server = new_server(data_dir=server.data_dir)
+    api = f"{server.url}/v1/agents"
+    transcript = httpx.get(f"{api}/tutor/messages").json()["data"]
+    assert [m["role"] for m in transcript] == ["user", "assistant", "user", "assistant"]
+    third = httpx.post(
+        f"{api}/tutor/messages", json={"content": "And of Italy?", "max_tokens": 16}, timeout=120
+    ).json()
+    assert third["usage"]["cached_tokens"] > 0
+    fork = httpx.post(f"{api}/tutor/fork", json={"id": "tutor-2"})
+    assert fork.status_code == 201
+    assert fork.json()["cache"]["blocks"] == httpx.get(f"{api}/tutor").json()["cache"]["blocks"]
+    forked = httpx.post(
+        f"{api}/tutor-2/messages",
+        json={"content": "And of Germany?", "max_tokens": 16},
+        timeout=120,
+    ).json()
+    assert forked["usage"]["cached_tokens"] >= third["usage"]["prompt_tokens"]
+    assert len(httpx.get(f"{api}/tutor-2/messages").json()["data"]) == 8
+    assert httpx.delete(f"{api}/tutor-2").status_code == 204
+    assert httpx.get(f"{api}/tutor-2").status_code == 404
+    assert len(httpx.get(f"{api}/tutor/messages").json()["data"]) == 6
+
+
+def test_an_api_key_guards_every_route_but_health(new_server: Start) -> None:
+    server = new_server("--api-key", "s3cret")
+    assert httpx.get(f"{server.url}/health").status_code == 200
+    assert httpx.get(f"{server.url}/v1/models").status_code == 401
+    assert httpx.get(f"{server.url}/v1/models", headers={"x-api-key": "wrong"}).status_code == 401
+    assert (
+        httpx.get(f"{server.url}/v1/models", headers={"Authorization": "Bearer s3cret"}).status_code
+        == 200
+    )
+    assert httpx.get(f"{server.url}/metrics", headers={"x-api-key": "s3cret"}).status_code == 200
