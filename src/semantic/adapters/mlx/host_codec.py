@@ -14,6 +14,7 @@ import mlx.core as mx
 import numpy as np
 
 from semantic.adapters.mlx.kv_blocks import MlxKV
+from semantic.adapters.storage.block_files import TensorSpan
 from semantic.domain.blocks import KVBlock
 from semantic.domain.errors import CacheCorruptionError
 from semantic.ports.block_store import LayerPayload
@@ -21,7 +22,6 @@ from semantic.ports.block_store import LayerPayload
 FORMAT = "semantic-kv-1"
 _BITS_AS = {mx.bfloat16: mx.uint16}  # numpy has no bfloat16: store its bits
 _BY_NAME = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
-_HOST = {"F32": mx.float32, "F16": mx.float16, "U16": mx.uint16}
 
 
 class MlxHostCodec:
@@ -44,27 +44,36 @@ class MlxHostCodec:
 
 
 class MlxHostReader:
-    def __init__(self) -> None:
-        self._arrays: dict[str, mx.array] = {}
+    """Reads a block file into one MLX buffer; each tensor is a view into it (no copy)."""
 
-    def allocate(self, name: str, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
-        array = mx.empty((1, *shape), dtype=_HOST[dtype])
-        mx.eval(array)
-        self._arrays[name] = array
-        view: np.ndarray = np.asarray(array)[0]
+    def __init__(self) -> None:
+        self._buffer: mx.array | None = None
+
+    def allocate(self, n_bytes: int) -> np.ndarray:
+        self._buffer = mx.empty((n_bytes,), dtype=mx.uint8)
+        mx.eval(self._buffer)
+        view: np.ndarray = np.asarray(self._buffer)
         return view
 
-    def finish(self, metadata: Mapping[str, str]) -> list[LayerPayload]:
-        if metadata.get("format") != FORMAT:
+    def finish(
+        self, spans: Mapping[str, TensorSpan], metadata: Mapping[str, str]
+    ) -> list[LayerPayload]:
+        if metadata.get("format") != FORMAT or self._buffer is None:
             raise CacheCorruptionError(f"unknown block format {metadata.get('format')!r}")
         dtype = _BY_NAME[metadata["dtype"]]
         out = []
         for entry in metadata["layers"].split(","):
             layer, start, n_tokens = (int(part) for part in entry.split(":"))
-            keys = self._arrays[f"{layer}.keys"].view(dtype)
-            values = self._arrays[f"{layer}.values"].view(dtype)
+            keys = self._tensor(spans[f"{layer}.keys"], dtype)
+            values = self._tensor(spans[f"{layer}.values"], dtype)
             out.append(LayerPayload(layer, start, n_tokens, MlxKV(keys, values)))
         return out
+
+    def _tensor(self, span: TensorSpan, dtype: mx.Dtype) -> mx.array:
+        if self._buffer is None:
+            raise CacheCorruptionError("block data was never read")
+        raw = self._buffer[span.begin : span.end].view(dtype)
+        return raw.reshape(1, *span.shape)
 
 
 def _name(dtype: mx.Dtype) -> str:

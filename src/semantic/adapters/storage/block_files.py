@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import struct
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -23,8 +25,18 @@ from safetensors.numpy import save as safetensors_bytes
 
 from semantic.domain.errors import CacheCorruptionError
 
-Allocate = Callable[[str, str, tuple[int, ...]], np.ndarray]
-"""``allocate(name, safetensors_dtype, shape)`` -> a writable, C-contiguous array to fill."""
+Allocate = Callable[[int], np.ndarray]
+"""``allocate(n_bytes)`` -> a writable, C-contiguous uint8 array of that size to fill."""
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpan:
+    """Where one tensor lies in a block file's data section."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
 
 _DTYPES = {"F32": np.float32, "F16": np.float16, "U16": np.uint16}
 _MAX_HEADER = 1 << 20
@@ -60,17 +72,20 @@ class BlockFiles:
 
     def read(
         self, key: str, checksum: str, allocate: Allocate
-    ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-        """Read every tensor into ``allocate``d memory; returns the tensors and the file's
-        metadata. Raises ``CacheCorruptionError`` if the file is missing, truncated,
-        malformed or does not match ``checksum``."""
+    ) -> tuple[np.ndarray, dict[str, TensorSpan], dict[str, str]]:
+        """Read the file's whole data section, in one go, into ``allocate(n_bytes)``.
+
+        Returns the buffer, where each tensor lies in it, and the file's metadata. Raises
+        ``CacheCorruptionError`` if the file is missing, truncated, malformed or does not
+        match ``checksum``.
+        """
         path = self.path(key)
         try:
             with open(path, "rb", buffering=0) as handle:
-                return self._read_verified(handle, checksum, allocate, os.fstat(handle.fileno()))
+                return _read_verified(handle, checksum, allocate, os.fstat(handle.fileno()))
         except FileNotFoundError:
             raise CacheCorruptionError(f"block file {path.name} is missing") from None
-        except (OSError, ValueError, KeyError, struct.error) as error:
+        except (OSError, ValueError, KeyError, TypeError, struct.error) as error:
             raise CacheCorruptionError(f"block file {path.name} is unreadable: {error}") from error
 
     def quarantine(self, key: str) -> Path | None:
@@ -96,48 +111,47 @@ class BlockFiles:
             path.unlink(missing_ok=True)
         return len(stray)
 
-    @staticmethod
-    def _read_verified(
-        handle: io.FileIO, checksum: str, allocate: Allocate, stat: os.stat_result
-    ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-        digest = xxhash.xxh3_128()
-        prefix = handle.read(8)
-        (header_size,) = struct.unpack("<Q", prefix)
-        if header_size > _MAX_HEADER:
-            raise ValueError(f"header of {header_size} bytes")
-        header_bytes = handle.read(header_size)
-        digest.update(prefix)
-        digest.update(header_bytes)
-        header = json.loads(header_bytes)
-        metadata = {str(k): str(v) for k, v in header.pop("__metadata__", {}).items()}
-        data_start = 8 + header_size
-        end = data_start
-        out: dict[str, np.ndarray] = {}
-        for name, info in sorted(header.items(), key=lambda item: item[1]["data_offsets"][0]):
-            begin, stop = info["data_offsets"]
-            if data_start + begin != end:
-                raise ValueError(f"tensor {name} is not where the previous one ended")
-            target = allocate(name, info["dtype"], tuple(info["shape"]))
-            if target.dtype != _DTYPES[info["dtype"]] or target.nbytes != stop - begin:
-                raise ValueError(f"tensor {name} does not match its header")
-            view = target.data.cast("B")
-            _fill(handle, view, name)
-            digest.update(view)
-            out[name] = target
-            end = data_start + stop
-        if stat.st_size != end:
-            raise ValueError(f"file is {stat.st_size} bytes, its header says {end}")
-        if digest.hexdigest() != checksum:
-            raise ValueError("checksum mismatch")
-        return out, metadata
+
+def _read_verified(
+    handle: io.FileIO, checksum: str, allocate: Allocate, stat: os.stat_result
+) -> tuple[np.ndarray, dict[str, TensorSpan], dict[str, str]]:
+    digest = xxhash.xxh3_128()
+    prefix = handle.read(8)
+    (header_size,) = struct.unpack("<Q", prefix)
+    if header_size > _MAX_HEADER:
+        raise ValueError(f"header of {header_size} bytes")
+    header_bytes = handle.read(header_size)
+    digest.update(prefix)
+    digest.update(header_bytes)
+    header = json.loads(header_bytes)
+    metadata = {str(k): str(v) for k, v in header.pop("__metadata__", {}).items()}
+    spans: dict[str, TensorSpan] = {}
+    end = 0
+    for name, info in sorted(header.items(), key=lambda item: item[1]["data_offsets"][0]):
+        begin, stop = (int(x) for x in info["data_offsets"])
+        dtype = _DTYPES[info["dtype"]]
+        shape = tuple(int(d) for d in info["shape"])
+        if begin != end or stop - begin != math.prod(shape) * np.dtype(dtype).itemsize:
+            raise ValueError(f"tensor {name} does not match its header")
+        spans[name] = TensorSpan(info["dtype"], shape, begin, stop)
+        end = stop
+    if stat.st_size != 8 + header_size + end:
+        raise ValueError(f"file is {stat.st_size} bytes, its header says {8 + header_size + end}")
+    data = allocate(end)
+    view = data.data.cast("B")
+    _fill(handle, view, "data")
+    digest.update(view)
+    if digest.hexdigest() != checksum:
+        raise ValueError("checksum mismatch")
+    return data, spans, metadata
 
 
-def _fill(handle: io.FileIO, view: memoryview, name: str) -> None:
+def _fill(handle: io.FileIO, view: memoryview, what: str) -> None:
     filled = 0
     while filled < len(view):
         got = handle.readinto(view[filled:])
         if not got:
-            raise ValueError(f"file ends inside tensor {name}")
+            raise ValueError(f"file ends inside its {what}")
         filled += got
 
 

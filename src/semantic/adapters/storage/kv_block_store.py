@@ -12,15 +12,21 @@ from typing import Protocol
 
 import numpy as np
 
-from semantic.adapters.storage.block_files import BlockFiles
+from semantic.adapters.storage.block_files import BlockFiles, TensorSpan
 from semantic.domain.blocks import KVBlock
 from semantic.ports.block_store import LayerPayload, StoredFile
 
 
 class HostReader(Protocol):
-    def allocate(self, name: str, dtype: str, shape: tuple[int, ...]) -> np.ndarray: ...
+    def allocate(self, n_bytes: int) -> np.ndarray:
+        """A writable uint8 buffer the file's data is read into."""
+        ...
 
-    def finish(self, metadata: Mapping[str, str]) -> list[LayerPayload]: ...
+    def finish(
+        self, spans: Mapping[str, TensorSpan], metadata: Mapping[str, str]
+    ) -> list[LayerPayload]:
+        """Payloads viewing the filled buffer, one per layer."""
+        ...
 
 
 class HostCodec(Protocol):
@@ -43,8 +49,8 @@ class KVBlockStore:
 
     def load(self, key: str, checksum: str) -> list[LayerPayload]:
         reader = self._codec.reader()
-        _, metadata = self._files.read(key, checksum, reader.allocate)
-        return reader.finish(metadata)
+        _, spans, metadata = self._files.read(key, checksum, reader.allocate)
+        return reader.finish(spans, metadata)
 
     def quarantine(self, key: str) -> None:
         self._files.quarantine(key)

@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 class LoadOutcome(Enum):
     CORRUPT = "corrupt"
     NO_ROOM = "no room"
+    GONE = "gone"
 
 
 class BlockLoader:

@@ -13,6 +13,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from semantic.application.cache.hot_index import CACHE_OWNER, HotBlock, HotIndex
@@ -81,6 +82,7 @@ class AgentCacheStore:
         quota = (config or CacheConfig()).disk_quota_bytes
         self._saver = Saver(block_store, metadata, self.hot, self.stats, quota)
         self._pins = itertools.count(1)
+        self._readers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="semantic-read")
 
     async def start(self) -> None:
         """Clean up after a crash, then start the writer."""
@@ -89,6 +91,7 @@ class AgentCacheStore:
     async def close(self) -> None:
         """Flush every pending save, then stop the writer."""
         await self._saver.close()
+        self._readers.shutdown(wait=True)
 
     async def flush(self) -> None:
         await self._saver.flush()
@@ -107,30 +110,55 @@ class AgentCacheStore:
         pin = f"pin-{next(self._pins)}"
         self.stats.queried_tokens += len(prompt)
         candidates = await self._walk(namespace, prompt)
-        chain: list[HotBlock] = []
-        hot_tokens = disk_tokens = 0
-        for index, candidate in enumerate(candidates):
-            taken = self.hot.take(candidate.hot.key, pin) if candidate.hot is not None else None
-            if taken is not None:
-                chain.append(taken)
-                hot_tokens += len(taken.tokens)
-                continue
-            if candidate.record is None:
-                break
-            outcome = await asyncio.to_thread(self._loader.load, candidate.record, index, pin)
-            if not isinstance(outcome, HotBlock):
-                if outcome is LoadOutcome.CORRUPT:
-                    await self._loader.quarantine(candidate.record.key)
-                break
-            chain.append(outcome)
-            disk_tokens += len(outcome.tokens)
-        blocks = self._agent_blocks(chain)
+        chain, corrupt = await asyncio.to_thread(self._collect, candidates, pin)
+        if corrupt is not None:
+            await self._loader.quarantine(corrupt)
+        hot_tokens = sum(len(b.tokens) for b, from_disk in chain if not from_disk)
+        disk_tokens = sum(len(b.tokens) for b, from_disk in chain if from_disk)
+        blocks = self._agent_blocks([block for block, _ in chain])
         matched = _common_prefix(blocks.token_ids, prompt) if blocks else 0
         self.stats.hit_tokens += matched
         share = matched / max(1, hot_tokens + disk_tokens)
         self.stats.hot_restored_tokens += round(hot_tokens * share)
         self.stats.disk_restored_tokens += round(disk_tokens * share)
         return CachedPrefix(blocks, pin, hot_tokens, disk_tokens, matched)
+
+    def _collect(
+        self, candidates: list[_Candidate], pin: str
+    ) -> tuple[list[tuple[HotBlock, bool]], str | None]:
+        """Pin hot candidates and load disk ones (two at a time), keeping the leading run
+        that succeeded (blocking: call from a worker thread).
+
+        Returns the blocks with whether each came from disk, and the key of a block that
+        failed verification, if one did.
+        """
+        futures = [self._readers.submit(self._fetch, c, index, pin)
+                   for index, c in enumerate(candidates)]  # fmt: skip
+        chain: list[tuple[HotBlock, bool]] = []
+        corrupt: str | None = None
+        failed = False
+        for candidate, future in zip(candidates, futures, strict=True):
+            outcome = future.result()
+            if failed:
+                if isinstance(outcome, HotBlock):
+                    self._pool.release(pin, outcome.pool_ids())
+                continue
+            if isinstance(outcome, HotBlock):
+                chain.append((outcome, candidate.hot is None))
+                continue
+            failed = True
+            if outcome is LoadOutcome.CORRUPT and candidate.record is not None:
+                corrupt = candidate.record.key
+        return chain, corrupt
+
+    def _fetch(self, candidate: _Candidate, index: int, pin: str) -> HotBlock | LoadOutcome:
+        if candidate.hot is not None:
+            taken = self.hot.take(candidate.hot.key, pin)
+            if taken is not None:
+                return taken
+        if candidate.record is None:
+            return LoadOutcome.GONE
+        return self._loader.load(candidate.record, index, pin)
 
     def release(self, prefix: CachedPrefix) -> None:
         self._pool.release_owner(prefix.pin)

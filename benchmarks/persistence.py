@@ -1,0 +1,107 @@
+"""What persistence costs per turn, and what a restore from disk costs.
+
+    python -m benchmarks.persistence [--sizes 512,1024,2048,4096,7680]
+
+For each conversation length: one turn leaves its KV on disk; the next turn (the previous
+reply plus a ~20-token question) is measured: bytes and milliseconds written. Then a fresh
+cache over the same data directory restores the conversation from disk (files in the page
+cache), timed beside a copy of the same bytes into an already-touched buffer.
+Targets: restore within 2x of that copy; per-turn writes within 2x from 512 to 7,680 tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.common import median
+from benchmarks.corpus import conversation
+from semantic.adapters.cli.progress import ProgressPrinter
+from semantic.application.generation import GenerationInput
+from semantic.bootstrap import Services, start_services, stop_services
+from semantic.config import Settings
+from semantic.domain.chat import ChatMessage
+from semantic.domain.generation import SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+async def turn(services: Services, messages: list[ChatMessage], agent: str) -> str:
+    prompt = tuple(services.tokenizer.render_chat(messages))
+    result = await services.generation.complete(
+        GenerationInput(prompt, agent_id=agent, max_tokens=16, sampling=GREEDY)
+    )
+    return result.text
+
+
+async def measure(size: int, data_dir: Path) -> dict[str, float]:
+    settings = Settings(data_dir=data_dir, kv_budget_bytes=4 << 30, prefill_token_budget=1024)
+    services = await start_services(settings, ProgressPrinter())
+    tokenizer = services.tokenizer
+    messages = conversation(size, size, lambda m: len(tokenizer.render_chat(m)))
+    agent = f"agent-{size}"
+    reply = await turn(services, messages, agent)
+    messages += [ChatMessage("assistant", reply), ChatMessage("user", "Thanks! Could you say that again, briefly?")]
+    stats = services.cache.stats
+    before_bytes, before_seconds = stats.bytes_written, stats.write_seconds
+    await turn(services, messages, agent)
+    written = stats.bytes_written - before_bytes
+    write_ms = (stats.write_seconds - before_seconds) * 1e3
+    await stop_services(services, grace_s=5)
+
+    services = await start_services(settings, ProgressPrinter())
+    prompt = services.tokenizer.render_chat(messages)
+    restores, restored = [], 0
+    for _ in range(5):
+        started = time.perf_counter()
+        prefix = await services.cache.prepare("default", prompt)
+        restores.append(time.perf_counter() - started)
+        restored = prefix.disk_tokens
+        services.cache.release(prefix)
+        del prefix  # let the memory be reused, as a running server does
+        services.cache.reclaim(services.pool.capacity)  # back to disk for the next run
+    nbytes = services.spec.kv_bytes(restored)
+    await stop_services(services, grace_s=5)
+    source = np.frombuffer(np.random.bytes(nbytes), dtype=np.uint8)
+    target = np.ones(nbytes, dtype=np.uint8)
+    copies = []
+    for _ in range(5):
+        started = time.perf_counter()
+        np.copyto(target, source)
+        copies.append(time.perf_counter() - started)
+    return {"tokens": len(prompt), "written_mb": written / 1e6, "write_ms": write_ms,
+            "restored_tokens": restored, "restore_ms": median(restores) * 1e3,
+            "copy_ms": median(copies) * 1e3}  # fmt: skip
+
+
+async def main_async(sizes: list[int]) -> None:
+    print(f"{'history':>7} {'MB/turn':>8} {'ms/turn':>8} {'restored':>8} {'restore ms':>10} "
+          f"{'copy ms':>8} {'restore/copy':>12}")  # fmt: skip
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for size in sizes:
+            row = await measure(size, Path(tmp) / f"d{size}")
+            rows.append(row)
+            print(f"{row['tokens']:>7.0f} {row['written_mb']:>8.1f} {row['write_ms']:>8.1f} "
+                  f"{row['restored_tokens']:>8.0f} {row['restore_ms']:>10.1f} {row['copy_ms']:>8.1f} "
+                  f"{row['restore_ms'] / row['copy_ms']:>12.2f}")  # fmt: skip
+    costs = [r["write_ms"] for r in rows]
+    print(f"\nper-turn write cost, largest / smallest: {max(costs) / min(costs):.2f}x (target <= 2x)")
+    ratios = [r["restore_ms"] / r["copy_ms"] for r in rows]
+    print(f"restore / copy: worst {max(ratios):.2f}x (target <= 2x)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sizes", default="512,1024,2048,4096,7680")
+    args = parser.parse_args()
+    asyncio.run(main_async([int(s) for s in args.sizes.split(",")]))
+
+
+if __name__ == "__main__":
+    main()

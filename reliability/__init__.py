@@ -1,0 +1,1 @@
+"""Reliability suites: long versions run from ``python -m reliability``; short ones in CI."""

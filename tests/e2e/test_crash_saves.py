@@ -1,0 +1,18 @@
+"""A short run of the crash suite (``python -m reliability.crash_saves`` runs 50 trials)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from reliability.crash_saves import run
+
+pytestmark = pytest.mark.model
+
+
+def test_kill_9_during_saves_loses_nothing_acknowledged(tmp_path: Path) -> None:
+    summary = run(trials=2, agents=2, seed=7, workdir=tmp_path)
+    assert summary.failures == []
+    assert summary.survived == summary.trials == 2
+    assert summary.checked_agents > 0
