@@ -11,6 +11,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from semantic.adapters.mlx import attention
 from semantic.adapters.mlx.backend import MlxBackend
 from semantic.adapters.mlx.blas import report_blas
 from semantic.adapters.mlx.fingerprint import model_fingerprint
@@ -102,7 +103,8 @@ async def start_services(
 ) -> Services:
     """Everything the server needs, warmed up; storage recovered after any crash."""
     loaded, tokenizer, spec = await asyncio.to_thread(_load, settings, progress)
-    fingerprint = await asyncio.to_thread(model_fingerprint, loaded.path, spec, FORMAT)
+    kernel = attention.NAME if loaded.host_attention else "mlx-sdpa"
+    fingerprint = await asyncio.to_thread(model_fingerprint, loaded.path, spec, FORMAT, kernel)
     pool = BlockPool.from_budget(spec, settings.kv_budget_bytes)
     metadata = SqliteMetadataStore(settings.data_dir / "semantic.db")
     await metadata.open()

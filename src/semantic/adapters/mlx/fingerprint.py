@@ -18,7 +18,9 @@ from semantic.domain.cache_spec import ModelCacheSpec
 _CHUNK = 16 << 20
 
 
-def model_fingerprint(model_dir: Path, spec: ModelCacheSpec, storage_format: str) -> str:
+def model_fingerprint(
+    model_dir: Path, spec: ModelCacheSpec, storage_format: str, attention: str
+) -> str:
     config_files = ("tokenizer_config.json", "config.json", "chat_template.jinja")
     tokenizer_files = ("tokenizer.json", "tokenizer.model")
     parts = {
@@ -31,6 +33,7 @@ def model_fingerprint(model_dir: Path, spec: ModelCacheSpec, storage_format: str
         "block_tokens": spec.block_tokens,
         "layers": list(spec.layer_windows),
         "storage_format": storage_format,
+        "attention": attention,
     }
     encoded = json.dumps(parts, sort_keys=True).encode()
     return hashlib.blake2b(encoded, digest_size=16).hexdigest()

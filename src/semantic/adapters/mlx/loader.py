@@ -13,6 +13,7 @@ from typing import Any
 
 from mlx_lm import load as mlx_lm_load
 
+from semantic.adapters.mlx import attention
 from semantic.adapters.mlx.errors import CorruptModelError, ModelDownloadError, UnknownModelError
 from semantic.adapters.mlx.gguf import WeightFormat
 from semantic.adapters.mlx.model_cache import (
@@ -33,6 +34,7 @@ class LoadedModel:
     path: Path
     model_id: str
     config: dict[str, Any]
+    host_attention: bool = False
 
 
 def resolve_model(
@@ -67,8 +69,11 @@ def load_model(path: Path, model_id: str) -> LoadedModel:
             f"could not load the model in {path}: {error}. Fix: re-create it (for the "
             "embedded model: `semantic model pull --force`)."
         ) from error
-    log.info("loaded model %s from %s", model_id, path)
-    return LoadedModel(model, tokenizer, path, model_id, dict(config))
+    fast = attention.install(model)
+    log.info(
+        "loaded model %s from %s%s", model_id, path, " (host softmax attention)" if fast else ""
+    )
+    return LoadedModel(model, tokenizer, path, model_id, dict(config), fast)
 
 
 def _from_hub(repo: str) -> Path:

@@ -38,6 +38,7 @@ class TensorSpan:
     begin: int
     end: int
 
+
 _DTYPES = {"F32": np.float32, "F16": np.float16, "U16": np.uint16}
 _MAX_HEADER = 1 << 20
 SUFFIX = ".safetensors"
