@@ -31,9 +31,12 @@ class Bench:
 
     def engine(self, budget_bytes: int = 4 << 30, **config: Any) -> BlockPoolBatchEngine:
         backend = MlxBackend(
-            self.loaded.model, self.spec, self.loaded.model_id, self.tokenizer.eos_token_ids,
+            self.loaded.model,
+            self.spec,
+            self.loaded.model_id,
+            self.tokenizer.eos_token_ids,
             max_decoding=config.get("max_running", 32),
-        )  # fmt: skip
+        )
         pool = BlockPool.from_budget(self.spec, budget_bytes)
         return BlockPoolBatchEngine(backend, self.tokenizer, pool, EngineConfig(**config))
 

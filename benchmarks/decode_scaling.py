@@ -14,12 +14,29 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
 
 from benchmarks.common import Bench, load_bench
+from semantic.application.scheduler.pacer import PacerConfig
 from semantic.domain.chat import ChatMessage
 
 SIZES = (1, 2, 4, 8, 16)
 STEPS = 40
-TOPICS = ("rivers", "bread", "stars", "clocks", "bees", "glass", "maps", "salt", "rain",
-          "trains", "paper", "music", "iron", "tea", "wind", "shells")  # fmt: skip
+TOPICS = (
+    "rivers",
+    "bread",
+    "stars",
+    "clocks",
+    "bees",
+    "glass",
+    "maps",
+    "salt",
+    "rain",
+    "trains",
+    "paper",
+    "music",
+    "iron",
+    "tea",
+    "wind",
+    "shells",
+)
 
 
 def prompts(bench: Bench, n: int) -> list[list[int]]:
@@ -30,7 +47,7 @@ def prompts(bench: Bench, n: int) -> list[list[int]]:
 
 
 def engine_rate(bench: Bench, n: int) -> float:
-    engine = bench.engine(prefill_token_budget=2048)
+    engine = bench.engine(pacer=PacerConfig(fixed_tokens=2048))
     for prompt in prompts(bench, n):
         engine.submit("bench", prompt, max_tokens=STEPS + 20, stop=())
     while engine.step().decoding < n:
@@ -49,9 +66,13 @@ def engine_rate(bench: Bench, n: int) -> float:
 
 def direct_rate(bench: Bench, n: int) -> float:
     generator = BatchGenerator(
-        bench.loaded.model, max_tokens=STEPS + 20, stop_tokens=[[2]],
-        completion_batch_size=32, prefill_batch_size=32, stream=mx.new_stream(mx.cpu),
-    )  # fmt: skip
+        bench.loaded.model,
+        max_tokens=STEPS + 20,
+        stop_tokens=[[2]],
+        completion_batch_size=32,
+        prefill_batch_size=32,
+        stream=mx.new_stream(mx.cpu),
+    )
     generator.insert(prompts(bench, n))
     while len(generator.next()[1]) < n:
         pass

@@ -28,12 +28,17 @@ def main() -> None:
     shape = (1, spec.n_kv_heads, spec.block_tokens, spec.k_head_dim)
     layers = tuple(
         tuple(
-            KVBlock(layer * 100 + i, layer, i, spec.block_tokens,
-                    MlxKV(mx.random.normal(shape), mx.random.normal(shape)))
+            KVBlock(
+                layer * 100 + i,
+                layer,
+                i,
+                spec.block_tokens,
+                MlxKV(mx.random.normal(shape), mx.random.normal(shape)),
+            )
             for i in range(TOKENS // spec.block_tokens)
         )
         for layer in range(spec.n_layers)
-    )  # fmt: skip
+    )
     mx.eval([(b.payload.keys, b.payload.values) for layer in layers for b in layer])  # type: ignore[attr-defined]
     blocks = AgentBlocks("bench", tuple(range(TOKENS)), layers)
     nbytes = spec.kv_bytes(TOKENS)

@@ -40,13 +40,16 @@ async def turn(services: Services, messages: list[ChatMessage], agent: str) -> s
 
 
 async def measure(size: int, data_dir: Path) -> dict[str, float]:
-    settings = Settings(data_dir=data_dir, kv_budget_bytes=4 << 30, prefill_token_budget=1024)
+    settings = Settings(data_dir=data_dir, kv_budget_bytes=4 << 30)
     services = await start_services(settings, ProgressPrinter())
     tokenizer = services.tokenizer
     messages = conversation(size, size, lambda m: len(tokenizer.render_chat(m)))
     agent = f"agent-{size}"
     reply = await turn(services, messages, agent)
-    messages += [ChatMessage("assistant", reply), ChatMessage("user", "Thanks! Could you say that again, briefly?")]
+    messages += [
+        ChatMessage("assistant", reply),
+        ChatMessage("user", "Thanks! Could you say that again, briefly?"),
+    ]
     stats = services.cache.stats
     before_bytes, before_seconds = stats.bytes_written, stats.write_seconds
     await turn(services, messages, agent)
@@ -74,24 +77,35 @@ async def measure(size: int, data_dir: Path) -> dict[str, float]:
         started = time.perf_counter()
         np.copyto(target, source)
         copies.append(time.perf_counter() - started)
-    return {"tokens": len(prompt), "written_mb": written / 1e6, "write_ms": write_ms,
-            "restored_tokens": restored, "restore_ms": median(restores) * 1e3,
-            "copy_ms": median(copies) * 1e3}  # fmt: skip
+    return {
+        "tokens": len(prompt),
+        "written_mb": written / 1e6,
+        "write_ms": write_ms,
+        "restored_tokens": restored,
+        "restore_ms": median(restores) * 1e3,
+        "copy_ms": median(copies) * 1e3,
+    }
 
 
 async def main_async(sizes: list[int]) -> None:
-    print(f"{'history':>7} {'MB/turn':>8} {'ms/turn':>8} {'restored':>8} {'restore ms':>10} "
-          f"{'copy ms':>8} {'restore/copy':>12}")  # fmt: skip
+    print(
+        f"{'history':>7} {'MB/turn':>8} {'ms/turn':>8} {'restored':>8} {'restore ms':>10} "
+        f"{'copy ms':>8} {'restore/copy':>12}"
+    )
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for size in sizes:
             row = await measure(size, Path(tmp) / f"d{size}")
             rows.append(row)
-            print(f"{row['tokens']:>7.0f} {row['written_mb']:>8.1f} {row['write_ms']:>8.1f} "
-                  f"{row['restored_tokens']:>8.0f} {row['restore_ms']:>10.1f} {row['copy_ms']:>8.1f} "
-                  f"{row['restore_ms'] / row['copy_ms']:>12.2f}")  # fmt: skip
+            print(
+                f"{row['tokens']:>7.0f} {row['written_mb']:>8.1f} {row['write_ms']:>8.1f} "
+                f"{row['restored_tokens']:>8.0f} {row['restore_ms']:>10.1f} {row['copy_ms']:>8.1f} "
+                f"{row['restore_ms'] / row['copy_ms']:>12.2f}"
+            )
     costs = [r["write_ms"] for r in rows]
-    print(f"\nper-turn write cost, largest / smallest: {max(costs) / min(costs):.2f}x (target <= 2x)")
+    print(
+        f"\nper-turn write cost, largest / smallest: {max(costs) / min(costs):.2f}x (target <= 2x)"
+    )
     ratios = [r["restore_ms"] / r["copy_ms"] for r in rows]
     print(f"restore / copy: worst {max(ratios):.2f}x (target <= 2x)")
 

@@ -20,6 +20,7 @@ from benchmarks.corpus import conversation
 from semantic.adapters.mlx.backend import MlxBackend
 from semantic.application.engine import BlockPoolBatchEngine
 from semantic.application.events import CompletionEvent
+from semantic.application.scheduler.pacer import PacerConfig
 from semantic.domain.blocks import AgentBlocks
 from semantic.domain.generation import GREEDY
 
@@ -42,9 +43,12 @@ def first_logprobs(
 ) -> mx.array:
     """Log-probabilities after the prompt, prefilled in the engine's aligned chunks."""
     backend.open_sequence(
-        "probe", restored=blocks, n_restored=n_cached, n_new=len(prompt) - n_cached,
+        "probe",
+        restored=blocks,
+        n_restored=n_cached,
+        n_new=len(prompt) - n_cached,
         sampling=GREEDY,
-    )  # fmt: skip
+    )
     position = n_cached
     while True:
         end = min((position // 256 + 1) * 256, len(prompt))
@@ -64,7 +68,7 @@ def main() -> None:
     args = parser.parse_args()
     bench = load_bench()
     tokenizer = bench.tokenizer
-    engine = bench.engine(prefill_token_budget=256)
+    engine = bench.engine(pacer=PacerConfig(fixed_tokens=256))
     backend = engine._backend  # noqa: SLF001 - probing the same backend the engine uses
     assert isinstance(backend, MlxBackend)
     agree, worst = 0, 0.0
@@ -78,8 +82,12 @@ def main() -> None:
         warm = run(engine, full, NEW_TOKENS, first.blocks)
         cold = run(engine, full, NEW_TOKENS)
         n_cached = warm.stats.cached_tokens
-        diff = mx.max(mx.abs(first_logprobs(backend, full, first.blocks, n_cached)
-                             - first_logprobs(backend, full, None, 0))).item()  # fmt: skip
+        diff = mx.max(
+            mx.abs(
+                first_logprobs(backend, full, first.blocks, n_cached)
+                - first_logprobs(backend, full, None, 0)
+            )
+        ).item()
         engine.release_blocks(first.request_id)
         for done in (warm, cold):
             engine.release_blocks(done.request_id)

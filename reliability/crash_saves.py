@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from tests.e2e.server import ServerProcess
 
 from reliability.integrity import block_problems
-from tests.e2e.server import ServerProcess
 
 QUESTIONS = ("Name a fruit.", "Name a river.", "Name a colour.", "Name a city.", "Name a tree.")
 
@@ -51,7 +51,9 @@ def chat(url: str, messages: list[dict[str, str]], headers: dict[str, str]) -> d
     return result
 
 
-def converse(url: str, conversation: Conversation, rng: random.Random, stop: threading.Event) -> None:
+def converse(
+    url: str, conversation: Conversation, rng: random.Random, stop: threading.Event
+) -> None:
     while not stop.is_set():
         conversation.messages.append({"role": "user", "content": rng.choice(QUESTIONS)})
         try:
@@ -69,8 +71,10 @@ def trial(data_dir: Path, index: int, agents: int, rng: random.Random, summary: 
     server = ServerProcess(data_dir).start()
     conversations = [Conversation(f"agent-{index}-{a}") for a in range(agents)]
     stop = threading.Event()
-    threads = [threading.Thread(target=converse, args=(server.url, c, random.Random(rng.random()), stop))
-               for c in conversations]  # fmt: skip
+    threads = [
+        threading.Thread(target=converse, args=(server.url, c, random.Random(rng.random()), stop))
+        for c in conversations
+    ]
     for thread in threads:
         thread.start()
     time.sleep(rng.uniform(0.5, 4.0))
@@ -82,7 +86,7 @@ def trial(data_dir: Path, index: int, agents: int, rng: random.Random, summary: 
     server = ServerProcess(data_dir).start()
     ok = True
     for conversation in conversations:
-        acked = [m for m in conversation.messages]
+        acked = list(conversation.messages)
         if conversation.acknowledged_tokens == 0:
             continue
         if acked and acked[-1]["role"] == "user":
@@ -95,8 +99,10 @@ def trial(data_dir: Path, index: int, agents: int, rng: random.Random, summary: 
         summary.checked_agents += 1
         if cached < conversation.acknowledged_tokens - 1:
             ok = False
-            summary.failures.append(f"trial {index} {conversation.agent}: cached {cached} < "
-                                    f"acknowledged {conversation.acknowledged_tokens}")  # fmt: skip
+            summary.failures.append(
+                f"trial {index} {conversation.agent}: cached {cached} < "
+                f"acknowledged {conversation.acknowledged_tokens}"
+            )
         if warm["choices"] != cold["choices"]:
             ok = False
             summary.failures.append(f"trial {index} {conversation.agent}: warm reply != cold")
@@ -127,8 +133,10 @@ def main() -> None:
     started = time.monotonic()
     summary = run(args.trials, args.agents, args.seed)
     print(f"crash trials: {summary.trials}, survived: {summary.survived}")
-    print(f"acknowledged turns before kills: {summary.acknowledged_turns}, "
-          f"agents checked after restart: {summary.checked_agents}")  # fmt: skip
+    print(
+        f"acknowledged turns before kills: {summary.acknowledged_turns}, "
+        f"agents checked after restart: {summary.checked_agents}"
+    )
     print(f"failures: {len(summary.failures)}")
     for failure in summary.failures[:20]:
         print("  " + failure)

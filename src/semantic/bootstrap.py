@@ -29,6 +29,7 @@ from semantic.application.cache.store import AgentCacheStore, CacheConfig
 from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
 from semantic.application.engine_loop import EngineLoop
 from semantic.application.generation import GenerationService, Limits
+from semantic.application.scheduler.pacer import PacerConfig
 from semantic.config import Settings
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.cache_spec import ModelCacheSpec
@@ -180,7 +181,7 @@ def _engine(
         default_max_tokens=settings.default_max_tokens,
         max_context=_max_context(loaded),
         prefill_chunk_tokens=settings.prefill_chunk_tokens,
-        prefill_token_budget=settings.prefill_token_budget,
+        pacer=PacerConfig(fixed_tokens=settings.prefill_fixed_tokens),
         max_running=settings.max_running,
         max_waiting=settings.max_waiting,
     )

@@ -43,7 +43,8 @@ class Settings:
     default_max_tokens: int = 512
     max_tokens_cap: int = 4096
     prefill_chunk_tokens: int = 256
-    prefill_token_budget: int = 256
+    prefill_fixed_tokens: int | None = None
+    """A fixed prefill budget per engine step; None paces it by time (ADR 0009)."""
     max_running: int = 32
     max_waiting: int = 256
     disk_quota_bytes: int | None = None
@@ -56,9 +57,15 @@ class Settings:
     def __post_init__(self) -> None:
         if self.weights not in WEIGHT_CHOICES:
             raise ValueError(f"weights must be one of {', '.join(WEIGHT_CHOICES)}")
-        for name in ("kv_budget_bytes", "default_max_tokens", "max_tokens_cap",
-                     "prefill_chunk_tokens", "prefill_token_budget", "max_running",
-                     "max_waiting", "max_body_bytes"):  # fmt: skip
+        for name in (
+            "kv_budget_bytes",
+            "default_max_tokens",
+            "max_tokens_cap",
+            "prefill_chunk_tokens",
+            "max_running",
+            "max_waiting",
+            "max_body_bytes",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from reliability.crash_saves import run
 
 pytestmark = pytest.mark.model

@@ -10,6 +10,7 @@ from benchmarks.corpus import conversation
 
 from semantic.adapters.mlx.kv_blocks import MlxKV, cut_into_blocks, gather_cache
 from semantic.application.events import CompletionEvent
+from semantic.application.scheduler.pacer import PacerConfig
 from semantic.domain.chat import ChatMessage
 from semantic.domain.generation import FinishReason, SamplingParams
 from tests.integration.conftest import EngineFactory, RealModel
@@ -96,7 +97,7 @@ def test_eight_staggered_agents_get_what_each_gets_alone(
         tokenizer.render_chat([ChatMessage("user", f"Name a fruit that is {colour}.")])
         for colour in ("red", "yellow", "green", "orange", "purple", "blue", "brown", "pink")
     ]
-    engine, _ = make_engine(prefill_token_budget=512)
+    engine, _ = make_engine(pacer=PacerConfig(fixed_tokens=512))
     alone = [generate(engine, prompt, 10).token_ids for prompt in prompts]
     ids, events, most_decoding = [], [], 0
     for prompt in prompts:

@@ -22,10 +22,18 @@ WINDOW = 300
 def tiny_gemma() -> gemma3_text.Model:
     mx.random.seed(3)
     args = gemma3_text.ModelArgs(
-        model_type="gemma3_text", hidden_size=64, num_hidden_layers=4, intermediate_size=128,
-        num_attention_heads=2, head_dim=32, num_key_value_heads=1, vocab_size=256,
-        sliding_window=WINDOW, sliding_window_pattern=2, query_pre_attn_scalar=32,
-    )  # fmt: skip
+        model_type="gemma3_text",
+        hidden_size=64,
+        num_hidden_layers=4,
+        intermediate_size=128,
+        num_attention_heads=2,
+        head_dim=32,
+        num_key_value_heads=1,
+        vocab_size=256,
+        sliding_window=WINDOW,
+        sliding_window_pattern=2,
+        query_pre_attn_scalar=32,
+    )
     model = gemma3_text.Model(args)
     mx.eval(model.parameters())
     return model

@@ -20,11 +20,18 @@ from semantic.ports.metadata_store import AgentRecord, BlockRecord, MessageRecor
 
 def kv_blocks(dtype: mx.Dtype = mx.float32, n_tokens: int = 256) -> list[KVBlock]:
     return [
-        KVBlock(layer, layer, 0, n_tokens,
-                MlxKV(mx.random.normal((1, 3, n_tokens, 64)).astype(dtype),
-                      mx.random.normal((1, 3, n_tokens, 64)).astype(dtype)))
+        KVBlock(
+            layer,
+            layer,
+            0,
+            n_tokens,
+            MlxKV(
+                mx.random.normal((1, 3, n_tokens, 64)).astype(dtype),
+                mx.random.normal((1, 3, n_tokens, 64)).astype(dtype),
+            ),
+        )
         for layer in range(4)
-    ]  # fmt: skip
+    ]
 
 
 @pytest.fixture
@@ -134,8 +141,9 @@ async def test_transcripts_and_agents_persist(tmp_path: Path) -> None:
     assert agent is not None
     assert agent.system_prompt == "Be brief."
     assert [(m.role, m.content) for m in await again.messages("ns", "helper")] == [
-        ("user", "hi"), ("assistant", "hello"),
-    ]  # fmt: skip
+        ("user", "hi"),
+        ("assistant", "hello"),
+    ]
     await again.close()
 
 

@@ -88,10 +88,15 @@ class FakeBackend:
 
     spec: ModelCacheSpec = field(
         default_factory=lambda: ModelCacheSpec(
-            n_layers=2, n_kv_heads=1, k_head_dim=2, v_head_dim=2, kv_dtype="float32",
-            layer_windows=(None, None), block_tokens=4,
+            n_layers=2,
+            n_kv_heads=1,
+            k_head_dim=2,
+            v_head_dim=2,
+            kv_dtype="float32",
+            layer_windows=(None, None),
+            block_tokens=4,
         )
-    )  # fmt: skip
+    )
     eos_at_length: int | None = None
     """Produce the end-of-turn token once a sequence holds this many positions."""
     fail_prefill_for: set[int] = field(default_factory=set)

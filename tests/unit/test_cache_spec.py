@@ -40,8 +40,12 @@ def test_a_sliding_layer_is_capped_by_its_window() -> None:
 )
 def test_nonsense_geometry_is_refused(kwargs: dict[str, object]) -> None:
     base: dict[str, object] = {
-        "n_layers": 2, "n_kv_heads": 1, "k_head_dim": 4, "v_head_dim": 4,
-        "kv_dtype": "float32", "layer_windows": (None, None),
-    }  # fmt: skip
+        "n_layers": 2,
+        "n_kv_heads": 1,
+        "k_head_dim": 4,
+        "v_head_dim": 4,
+        "kv_dtype": "float32",
+        "layer_windows": (None, None),
+    }
     with pytest.raises(InvalidRequestError):
         ModelCacheSpec(**{**base, **kwargs})  # type: ignore[arg-type]  # deliberately wrong values

@@ -5,6 +5,7 @@ from collections.abc import Sequence
 from semantic.application.cache.store import AgentCacheStore, CacheConfig, CachedPrefix
 from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
 from semantic.application.events import CompletionEvent
+from semantic.application.scheduler.pacer import PacerConfig
 from semantic.domain.block_pool import BlockPool
 from tests.unit.fakes import FakeBackend, FakeTokenizer, next_token
 from tests.unit.storage_fakes import FakeBlockStore, FakeMetadataStore
@@ -28,10 +29,16 @@ class Harness:
         self.block_store = block_store or FakeBlockStore()
         self.metadata = metadata or FakeMetadataStore()
         self.store = AgentCacheStore(
-            self.pool, self.backend.spec, fingerprint, block_store=self.block_store,
-            metadata=self.metadata, config=CacheConfig(disk_quota_bytes=quota),
-        )  # fmt: skip
-        config = EngineConfig(prefill_chunk_tokens=4, prefill_token_budget=64, max_context=512)
+            self.pool,
+            self.backend.spec,
+            fingerprint,
+            block_store=self.block_store,
+            metadata=self.metadata,
+            config=CacheConfig(disk_quota_bytes=quota),
+        )
+        config = EngineConfig(
+            prefill_chunk_tokens=4, pacer=PacerConfig(fixed_tokens=64), max_context=512
+        )
         self.engine = BlockPoolBatchEngine(
             self.backend, FakeTokenizer(), self.pool, config, reclaim=self.store.reclaim
         )

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 
 from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
 from semantic.application.events import CompletionEvent, EngineEvent, TokenEvent
+from semantic.application.scheduler.pacer import PacerConfig
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.errors import InvalidRequestError, PoolExhaustedError, PromptTooLongError
 from semantic.domain.generation import FinishReason
@@ -13,10 +15,12 @@ from tests.unit.fakes import EOS, FakeBackend, FakeTokenizer, next_token
 
 
 def make_engine(
-    capacity: int = 200, backend: FakeBackend | None = None, **config: int
+    capacity: int = 200, backend: FakeBackend | None = None, **config: Any
 ) -> tuple[BlockPoolBatchEngine, FakeBackend]:
     backend = backend or FakeBackend()
-    settings = {"prefill_chunk_tokens": 4, "prefill_token_budget": 8, "max_context": 512, **config}
+    budget = config.pop("prefill_token_budget", 8)
+    settings = {"prefill_chunk_tokens": 4, "max_context": 512, **config}
+    settings["pacer"] = PacerConfig(fixed_tokens=budget)
     engine = BlockPoolBatchEngine(
         backend, FakeTokenizer(), BlockPool(capacity), EngineConfig(**settings)
     )
@@ -168,14 +172,16 @@ def test_two_hundred_mixed_requests_leak_nothing() -> None:
     while submitted < 200 or engine.has_work():
         if submitted < 200 and rng.random() < 0.5:
             prompt = [rng.randrange(1, 60) for _ in range(rng.randrange(1, 12))]
-            rid = engine.submit(f"a{submitted}", prompt, max_tokens=rng.randrange(1, 30))
+            greedy = rng.random() < 0.15  # more than the pool holds: ends pool_exhausted
+            max_tokens = 150 if greedy else rng.randrange(1, 30)
+            rid = engine.submit(f"a{submitted}", prompt, max_tokens=max_tokens)
             submitted += 1
             if rng.random() < 0.2:
                 engine.cancel(rid)
         result = engine.step()
         finished = [e for e in result.events if isinstance(e, CompletionEvent)]
         held_by_finished = sum(e.blocks.block_count() for e in finished if e.blocks)
-        needed = sum(r.reservation.block_count for r in engine._requests.values())  # noqa: SLF001
+        needed = sum(r.reservation.block_count for r in engine._running.values())  # noqa: SLF001
         assert engine.pool.used_count == needed + held_by_finished, "a block leaked"
         live_peak = max(live_peak, needed + held_by_finished)
         for event in finished:

@@ -42,7 +42,12 @@ class ActiveRequest:
     prefilled: int = 0
     admitted_at: float | None = None
     first_token_at: float | None = None
-    cancel_requested: bool = False
+    pinned: bool = False
+    """Whether the cached blocks are still held under ``pin_owner`` (until admission)."""
+
+    @property
+    def pin_owner(self) -> str:
+        return f"{self.id}/pin"
 
     @property
     def prompt(self) -> tuple[int, ...]:

@@ -120,18 +120,26 @@ class AgentService:
                 chat.insert(0, ChatMessage("system", record.system_prompt))
             chat.append(ChatMessage("user", turn.content))
             request = GenerationInput(
-                tuple(self._tokenizer.render_chat(chat)), namespace, agent_id, turn.max_tokens,
-                turn.sampling, turn.stop, turn.priority,
-            )  # fmt: skip
+                tuple(self._tokenizer.render_chat(chat)),
+                namespace,
+                agent_id,
+                turn.max_tokens,
+                turn.sampling,
+                turn.stop,
+                turn.priority,
+            )
             self._generation.check(request)
             asked = time.time()
             async for event in self._generation.stream(request):
                 if isinstance(event, GenerationResult):
                     await self._metadata.append_messages(
-                        namespace, agent_id,
-                        [MessageRecord("user", turn.content, asked),
-                         MessageRecord("assistant", event.text, time.time())],
-                    )  # fmt: skip
+                        namespace,
+                        agent_id,
+                        [
+                            MessageRecord("user", turn.content, asked),
+                            MessageRecord("assistant", event.text, time.time()),
+                        ],
+                    )
                 yield event
 
     async def _record(self, namespace: str, agent_id: str) -> AgentRecord:
@@ -151,8 +159,15 @@ class AgentService:
             bytes_on_disk=sum(b.nbytes for b in blocks.values()),
         )
         count = len(await self._metadata.messages(record.namespace, record.agent_id))
-        return AgentInfo(record.namespace, record.agent_id, record.system_prompt,
-                         record.created_at, record.last_used, count, state)  # fmt: skip
+        return AgentInfo(
+            record.namespace,
+            record.agent_id,
+            record.system_prompt,
+            record.created_at,
+            record.last_used,
+            count,
+            state,
+        )
 
     def _lock(self, namespace: str, agent_id: str) -> asyncio.Lock:
         return self._locks.setdefault((namespace, agent_id), asyncio.Lock())

@@ -1,10 +1,10 @@
 """BlockPoolBatchEngine: continuous batching with per-request KV block accounting.
 
 One ``step()`` is one round: apply cancellations, run one batched decode step for every
-decoding request, then spend the round's prefill token budget on prompt chunks (requests
-already prefilling first, then newly admitted ones). ``submit`` and ``cancel`` may be called
-from any thread; ``step`` runs on the engine thread only. The tensor work is the backend's;
-this class decides what runs, keeps the block books, and reports events.
+decoding request, then let the ``PrefillAdder`` spend the round's prefill budget (requests
+already prefilling first, then admissions from the priority queue). ``submit`` and ``cancel``
+may be called from any thread; ``step`` runs on the engine thread only. The tensor work is
+the backend's; this class decides what runs, keeps the block books, and reports events.
 """
 
 from __future__ import annotations
@@ -13,17 +13,18 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from semantic.application.active_request import ActiveRequest, GenerationRequest, Phase
 from semantic.application.completion import CompletionDetector
 from semantic.application.events import CompletionEvent, EngineEvent, TokenEvent
-from semantic.application.prefill import PrefillPlanner, SimplePrefillPlanner
 from semantic.application.request_validation import validate_request
 from semantic.application.reservation import BlockReservation
+from semantic.application.scheduler.pacer import PacerConfig, PrefillPacer
+from semantic.application.scheduler.prefill_adder import PrefillAdder
+from semantic.application.scheduler.request_queue import RequestQueue
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.blocks import AgentBlocks
-from semantic.domain.errors import QueueFullError
 from semantic.domain.generation import (
     GREEDY,
     CompletionCriteria,
@@ -40,7 +41,7 @@ class EngineConfig:
     default_max_tokens: int = 512
     max_context: int = 8192
     prefill_chunk_tokens: int = 256
-    prefill_token_budget: int = 256
+    pacer: PacerConfig = field(default_factory=PacerConfig)
     max_running: int = 32
     max_waiting: int = 256
 
@@ -61,7 +62,6 @@ class BlockPoolBatchEngine:
         pool: BlockPool,
         config: EngineConfig | None = None,
         *,
-        planner: PrefillPlanner | None = None,
         reclaim: Callable[[int], int] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -72,16 +72,22 @@ class BlockPoolBatchEngine:
         self._pool = pool
         self._spec = backend.spec
         self._config = config or EngineConfig()
-        self._planner = planner or SimplePrefillPlanner(self._config.prefill_chunk_tokens)
         self._clock = clock
         self._reclaim = reclaim
         self._ids = itertools.count(1)
-        self._lock = threading.Lock()
-        self._inbox: list[ActiveRequest] = []
-        self._queued = 0
         self._cancels: set[str] = set()
-        self._requests: dict[str, ActiveRequest] = {}
-        self._waiting: list[ActiveRequest] = []
+        self._cancel_lock = threading.Lock()
+        self._queue: RequestQueue[ActiveRequest] = RequestQueue(self._config.max_waiting)
+        self._running: dict[str, ActiveRequest] = {}
+        self.pacer = PrefillPacer(self._config.pacer)
+        self._adder = PrefillAdder(
+            self._queue,
+            pool,
+            self._spec,
+            self.pacer,
+            chunk_tokens=self._config.prefill_chunk_tokens,
+            reclaim=reclaim,
+        )
 
     @property
     def pool(self) -> BlockPool:
@@ -104,7 +110,8 @@ class BlockPoolBatchEngine:
         priority: Priority = Priority.NORMAL,
         namespace: str = "default",
     ) -> str:
-        """Queue a request; returns its id. Raises domain errors for bad input."""
+        """Queue a request; returns its id. Raises domain errors for bad input and
+        ``QueueFullError`` when the queue is at its bound."""
         criteria = criteria or CompletionCriteria(
             max_tokens=max_tokens or self._config.default_max_tokens, stop_strings=tuple(stop)
         )
@@ -113,27 +120,26 @@ class BlockPoolBatchEngine:
         )
         validate_request(request, self._spec, self._pool, self._tokenizer, self._config.max_context)
         request_id = f"req-{next(self._ids)}"
-        reservation = BlockReservation(self._pool, self._spec, request_id)
-        if cached_blocks is not None:  # pin: hot blocks stay put until admission copies them
-            self._pool.share(request_id, cached_blocks.pool_ids())
         active = ActiveRequest(
             request_id,
             request,
             CompletionDetector(self._tokenizer, criteria, self._tokenizer.eos_token_ids),
-            reservation,
+            BlockReservation(self._pool, self._spec, request_id),
             submitted_at=self._clock(),
         )
-        with self._lock:
-            if self._queued >= self._config.max_waiting:
-                self._pool.release_owner(request_id)
-                raise QueueFullError(capacity=self._config.max_waiting)
-            self._queued += 1
-            self._inbox.append(active)
+        if cached_blocks is not None:  # pin: hot blocks stay put until admission copies them
+            self._pool.share(active.pin_owner, cached_blocks.pool_ids())
+            active.pinned = True
+        try:
+            self._queue.put(request_id, active, priority)
+        except Exception:
+            self._pool.release_owner(active.pin_owner)
+            raise
         return request_id
 
     def cancel(self, request_id: str) -> None:
         """Ask for a request to end at the next step; unknown ids are ignored."""
-        with self._lock:
+        with self._cancel_lock:
             self._cancels.add(request_id)
 
     def release_blocks(self, request_id: str) -> None:
@@ -141,100 +147,113 @@ class BlockPoolBatchEngine:
         self._pool.release_owner(request_id)
 
     def has_work(self) -> bool:
-        with self._lock:
-            return bool(self._inbox or self._cancels or self._requests)
+        with self._cancel_lock:
+            cancels = bool(self._cancels)
+        return cancels or bool(self._running) or len(self._queue) > 0
+
+    @property
+    def waiting(self) -> int:
+        return len(self._queue)
 
     def step(self) -> StepResult:
         events: list[EngineEvent] = []
-        self._take_inbox()
         self._apply_cancellations(events)
         self._decode(events)
         self._prefill(events)
-        prefilling = sum(1 for r in self._requests.values() if r.phase is Phase.PREFILLING)
-        return StepResult(events, self._backend.decoding_count, prefilling, len(self._waiting))
-
-    def _take_inbox(self) -> None:
-        with self._lock:
-            arrived, self._inbox = self._inbox, []
-        for active in arrived:
-            self._requests[active.id] = active
-            self._waiting.append(active)
-        self._waiting.sort(key=lambda r: (r.request.priority, r.submitted_at))
+        prefilling = sum(1 for r in self._running.values() if r.phase is Phase.PREFILLING)
+        return StepResult(events, self._backend.decoding_count, prefilling, len(self._queue))
 
     def _apply_cancellations(self, events: list[EngineEvent]) -> None:
-        with self._lock:
+        with self._cancel_lock:
             cancels, self._cancels = self._cancels, set()
         for request_id in cancels:
-            cancelled = self._requests.get(request_id)
-            if cancelled is not None:
-                cancelled.detector.end(FinishReason.CANCELLED)
-                self._complete(cancelled, events, keep_kv=cancelled.phase is Phase.DECODING)
+            queued = self._queue.cancel(request_id)
+            active = queued or self._running.get(request_id)
+            if active is not None:
+                active.detector.end(FinishReason.CANCELLED)
+                self._complete(active, events, keep_kv=active.phase is Phase.DECODING)
 
     def _decode(self, events: list[EngineEvent]) -> None:
+        if self._backend.decoding_count == 0:
+            return
+        started = self._clock()
         try:
             produced = self._backend.decode_step()
         except Exception as error:  # noqa: BLE001 - a failed step fails its requests, not the server
-            for active in [r for r in self._requests.values() if r.phase is Phase.DECODING]:
+            for active in [r for r in self._running.values() if r.phase is Phase.DECODING]:
                 self._fail(active, error, events)
             return
+        self.pacer.observe_decode(self._clock() - started)
         for token in produced:
-            owner = self._requests.get(token.seq_id)
+            owner = self._running.get(token.seq_id)
             if owner is not None:
                 self._accept_token(owner, token.token, token.top_prob, events)
 
     def _prefill(self, events: list[EngineEvent]) -> None:
-        prefilling = [r for r in self._requests.values() if r.phase is Phase.PREFILLING]
-        running = len(self._requests) - len(self._waiting)
-        plan = self._planner.plan(
-            prefilling, self._waiting, self._config.prefill_token_budget,
-            room=self._config.max_running - running, admit=self._admit,
-        )  # fmt: skip
+        running = sorted(self._running.values(), key=lambda r: r.phase is not Phase.PREFILLING)
+        plan = self._adder.plan(
+            running,
+            decoding=self._backend.decoding_count,
+            room=self._config.max_running - len(self._running),
+            admit=self._admit,
+            undo=self._undo,
+        )
+        for active in self._running.values():
+            if active.pinned:  # its cache is built: the blocks it restored from may go
+                self._pool.release_owner(active.pin_owner)
+                active.pinned = False
         for active, n_tokens in plan:
-            if active.id in self._requests:  # an earlier chunk may have failed it
+            if active.id in self._running:  # an earlier chunk may have failed it
                 self._prefill_chunk(active, n_tokens, events)
 
     def _admit(self, active: ActiveRequest) -> bool:
-        """Reserve blocks and build the cache for a waiting request; False if it must wait."""
+        """Reserve blocks and build the cache for a queued request; False if it must wait."""
         prompt = active.prompt
         if not self._grow(active, len(prompt)):
             return False
         cached = active.request.cached
         n_cached = _common_prefix(cached.token_ids, prompt) if cached is not None else 0
         n_cached = min(n_cached, len(prompt) - 1)  # the last prompt token is always fed
-        try:
-            self._backend.open_sequence(
-                active.id,
-                restored=cached,
-                n_restored=n_cached,
-                n_new=len(prompt) - n_cached,
-                sampling=active.request.sampling,
-                track_top_prob=active.request.criteria.min_top_prob is not None,
-            )
-        finally:
-            if cached is not None:
-                self._pool.release(active.id, cached.pool_ids())
-        self._leave_queue(active)
+        self._backend.open_sequence(
+            active.id,
+            restored=cached,
+            n_restored=n_cached,
+            n_new=len(prompt) - n_cached,
+            sampling=active.request.sampling,
+            track_top_prob=active.request.criteria.min_top_prob is not None,
+        )
         active.phase = Phase.PREFILLING
         active.n_cached = active.prefilled = n_cached
         active.admitted_at = self._clock()
+        self._running[active.id] = active
         return True
+
+    def _undo(self, active: ActiveRequest) -> None:
+        self._backend.close_sequence(active.id, 0)
+        active.reservation.release()
+        active.phase = Phase.WAITING
+        active.admitted_at = None
+        del self._running[active.id]
 
     def _prefill_chunk(self, active: ActiveRequest, n: int, events: list[EngineEvent]) -> None:
         chunk = active.prompt[active.prefilled : active.prefilled + n]
+        started = self._clock()
         try:
             if active.prefilled + n < len(active.prompt):
                 self._backend.prefill(active.id, chunk)
-                active.prefilled += n
-                return
-            first = self._backend.prefill_and_sample(active.id, chunk)
+            else:
+                first = self._backend.prefill_and_sample(active.id, chunk)
         except Exception as error:  # noqa: BLE001 - one failed prompt must not fail the others
             self._fail(active, error, events)
             return
+        self.pacer.observe_prefill(n, active.prefilled, self._clock() - started)
         active.prefilled += n
+        if active.prefilled < len(active.prompt):
+            return
         active.first_token_at = self._clock()
         active.phase = Phase.DECODING
         self._accept_token(active, first.token, first.top_prob, events)
-        if active.id in self._requests:
+        if active.id in self._running:
             remaining = active.request.criteria.max_tokens - 1
             self._backend.start_decoding(active.id, first.token, remaining)
 
@@ -250,11 +269,6 @@ class BlockPoolBatchEngine:
         events.append(TokenEvent(active.id, token, progress.text))
         if progress.finish is not None:
             self._complete(active, events, keep_kv=True)
-
-    def _leave_queue(self, active: ActiveRequest) -> None:
-        self._waiting.remove(active)
-        with self._lock:
-            self._queued -= 1
 
     def _grow(self, active: ActiveRequest, n_positions: int) -> bool:
         if active.reservation.grow_to(n_positions):
@@ -276,14 +290,12 @@ class BlockPoolBatchEngine:
         keep_kv: bool,
         error: str | None = None,
     ) -> None:
-        del self._requests[active.id]
+        self._running.pop(active.id, None)
         kept = active.detector.kept_tokens
         blocks = None
-        if active.phase is Phase.WAITING:
-            self._leave_queue(active)
-            if active.request.cached is not None:
-                self._pool.release(active.id, active.request.cached.pool_ids())
-        else:
+        if active.pinned:
+            self._pool.release_owner(active.pin_owner)
+        if active.phase is not Phase.WAITING:
             keep = active.positions_after(len(kept)) if keep_kv else 0
             try:
                 exported = self._backend.close_sequence(active.id, keep)
@@ -296,20 +308,27 @@ class BlockPoolBatchEngine:
                 blocks = AgentBlocks(active.request.agent_id, token_ids, layers)
             else:
                 active.reservation.release()
-        events.append(
-            CompletionEvent(
-                request_id=active.id,
-                agent_id=active.request.agent_id,
-                namespace=active.request.namespace,
-                finish_reason=active.detector.reason or FinishReason.ERROR,
-                text=active.detector.text,
-                token_ids=tuple(kept),
-                prompt_tokens=len(active.prompt),
-                blocks=blocks,
-                stats=active.stats(self._clock()),
-                error=error,
-                stop_string=active.detector.stop_string,
-            )
+        events.append(self._completion(active, kept, blocks, error))
+
+    def _completion(
+        self,
+        active: ActiveRequest,
+        kept: list[int],
+        blocks: AgentBlocks | None,
+        error: str | None,
+    ) -> CompletionEvent:
+        return CompletionEvent(
+            request_id=active.id,
+            agent_id=active.request.agent_id,
+            namespace=active.request.namespace,
+            finish_reason=active.detector.reason or FinishReason.ERROR,
+            text=active.detector.text,
+            token_ids=tuple(kept),
+            prompt_tokens=len(active.prompt),
+            blocks=blocks,
+            stats=active.stats(self._clock()),
+            error=error,
+            stop_string=active.detector.stop_string,
         )
 
 

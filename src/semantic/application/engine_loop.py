@@ -139,6 +139,9 @@ class EngineLoop:
             self._dispatch(event)
         if self._on_step is not None:
             self._on_step(result)
+        if not result.events and result.decoding == 0 and result.prefilling == 0:
+            with self._lock:  # queued work that cannot start yet: wait for memory to free up
+                self._wake.wait(timeout=0.05)
 
     def _dispatch(self, event: EngineEvent) -> None:
         with self._lock:

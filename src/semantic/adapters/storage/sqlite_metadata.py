@@ -76,11 +76,15 @@ class SqliteMetadataStore:
                 await connection.execute(
                     insert(agent_blocks),
                     [
-                        {"namespace": agent.namespace, "agent_id": agent.agent_id,
-                         "position": i, "block_key": key}
+                        {
+                            "namespace": agent.namespace,
+                            "agent_id": agent.agent_id,
+                            "position": i,
+                            "block_key": key,
+                        }
                         for i, key in enumerate(agent.block_keys)
                     ],
-                )  # fmt: skip
+                )
             return await self._recount(connection, set(old) | set(agent.block_keys))
 
     async def quarantine_block(self, key: str) -> None:
@@ -119,11 +123,15 @@ class SqliteMetadataStore:
             async with self._db().begin() as connection:
                 await connection.execute(
                     insert(agents).values(
-                        namespace=agent.namespace, agent_id=agent.agent_id,
-                        system_prompt=agent.system_prompt, anonymous=agent.anonymous,
-                        token_count=0, created_at=now, last_used=now,
+                        namespace=agent.namespace,
+                        agent_id=agent.agent_id,
+                        system_prompt=agent.system_prompt,
+                        anonymous=agent.anonymous,
+                        token_count=0,
+                        created_at=now,
+                        last_used=now,
                     )
-                )  # fmt: skip
+                )
         except IntegrityError:
             raise AgentExistsError(agent.agent_id, agent.namespace) from None
 
@@ -179,11 +187,16 @@ class SqliteMetadataStore:
             await connection.execute(
                 insert(messages),
                 [
-                    {"namespace": namespace, "agent_id": agent_id, "role": m.role,
-                     "content": m.content, "created_at": m.created_at or now}
+                    {
+                        "namespace": namespace,
+                        "agent_id": agent_id,
+                        "role": m.role,
+                        "content": m.content,
+                        "created_at": m.created_at or now,
+                    }
                     for m in records
                 ],
-            )  # fmt: skip
+            )
 
     async def messages(self, namespace: str, agent_id: str) -> list[MessageRecord]:
         async with self._db().connect() as connection:
@@ -218,11 +231,15 @@ class SqliteMetadataStore:
         if updated.rowcount == 0:
             await connection.execute(
                 insert(agents).values(
-                    namespace=agent.namespace, agent_id=agent.agent_id,
-                    system_prompt=agent.system_prompt, anonymous=agent.anonymous,
-                    token_count=agent.token_count, created_at=now, last_used=now,
+                    namespace=agent.namespace,
+                    agent_id=agent.agent_id,
+                    system_prompt=agent.system_prompt,
+                    anonymous=agent.anonymous,
+                    token_count=agent.token_count,
+                    created_at=now,
+                    last_used=now,
                 )
-            )  # fmt: skip
+            )
 
     @staticmethod
     async def _recount(connection: AsyncConnection, keys: set[str]) -> list[str]:
@@ -261,24 +278,42 @@ def _agent_where(table: Any, namespace: str, agent_id: str) -> Any:
 
 def _block_row(record: BlockRecord, now: float) -> dict[str, Any]:
     return {
-        "key": record.key, "parent_key": record.parent_key, "namespace": record.namespace,
-        "n_tokens": record.n_tokens, "tokens": array("I", record.tokens).tobytes(),
-        "nbytes": record.nbytes, "checksum": record.checksum, "ref_count": 0,
-        "tier": "disk", "created_at": now,
-    }  # fmt: skip
+        "key": record.key,
+        "parent_key": record.parent_key,
+        "namespace": record.namespace,
+        "n_tokens": record.n_tokens,
+        "tokens": array("I", record.tokens).tobytes(),
+        "nbytes": record.nbytes,
+        "checksum": record.checksum,
+        "ref_count": 0,
+        "tier": "disk",
+        "created_at": now,
+    }
 
 
 def _block(row: Row[Any]) -> BlockRecord:
     tokens = array("I")
     tokens.frombytes(row.tokens)
     return BlockRecord(
-        row.key, row.parent_key, row.namespace, tuple(tokens), row.nbytes, row.checksum,
-        row.ref_count, row.tier == _QUARANTINED,
-    )  # fmt: skip
+        row.key,
+        row.parent_key,
+        row.namespace,
+        tuple(tokens),
+        row.nbytes,
+        row.checksum,
+        row.ref_count,
+        row.tier == _QUARANTINED,
+    )
 
 
 def _agent(row: Row[Any], keys: list[str]) -> AgentRecord:
     return AgentRecord(
-        row.namespace, row.agent_id, tuple(keys), row.token_count, row.system_prompt,
-        bool(row.anonymous), row.created_at, row.last_used,
-    )  # fmt: skip
+        row.namespace,
+        row.agent_id,
+        tuple(keys),
+        row.token_count,
+        row.system_prompt,
+        bool(row.anonymous),
+        row.created_at,
+        row.last_used,
+    )

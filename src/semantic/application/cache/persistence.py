@@ -104,8 +104,11 @@ class Saver:
         stray = (files - rows) | set(unreferenced)
         await self.delete_files(sorted(stray))
         if temporaries or stray:
-            log.info("recovery: removed %d temporary and %d unreferenced block files",
-                     temporaries, len(stray))  # fmt: skip
+            log.info(
+                "recovery: removed %d temporary and %d unreferenced block files",
+                temporaries,
+                len(stray),
+            )
 
     async def delete_files(self, keys: Sequence[str]) -> None:
         if keys:
@@ -125,8 +128,9 @@ class Saver:
                 await self._save(job)
             except Exception:
                 self._stats.saves_failed += 1
-                log.exception("saving %s/%s failed; its KV stays in memory only",
-                              job.namespace, job.agent_id)  # fmt: skip
+                log.exception(
+                    "saving %s/%s failed; its KV stays in memory only", job.namespace, job.agent_id
+                )
             finally:
                 future = self._pending.pop(job.request_id, None)
                 if future is not None and not future.done():
@@ -142,8 +146,9 @@ class Saver:
         self._stats.write_seconds += time.perf_counter() - started
         self._stats.blocks_written += len(records)
         self._stats.bytes_written += sum(r.nbytes for r in records)
-        agent = AgentRecord(job.namespace, job.agent_id, tuple(keys), job.token_count,
-                            anonymous=job.anonymous)  # fmt: skip
+        agent = AgentRecord(
+            job.namespace, job.agent_id, tuple(keys), job.token_count, anonymous=job.anonymous
+        )
         orphans = await self._metadata.save_agent_blocks(agent, records)
         self._hot.mark_persisted(keys)
         await self.delete_files(orphans)
@@ -154,9 +159,10 @@ class Saver:
         for block in blocks:
             stored = self._store.save(block.key, block.present)
             records.append(
-                BlockRecord(block.key, block.parent, namespace, block.tokens, stored.nbytes,
-                            stored.checksum)
-            )  # fmt: skip
+                BlockRecord(
+                    block.key, block.parent, namespace, block.tokens, stored.nbytes, stored.checksum
+                )
+            )
         return records
 
     async def _enforce_quota(self, namespace: str, agent_id: str) -> None:

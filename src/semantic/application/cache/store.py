@@ -101,8 +101,12 @@ class AgentCacheStore:
 
     def anonymous_id(self, namespace: str, prompt: Sequence[int]) -> str:
         """A stable id for a conversation without an agent: its first two blocks' identity."""
-        keys = chain_keys(self.root(namespace), prompt[: 2 * self._spec.block_tokens],
-                          self._spec.block_tokens, include_partial=True)  # fmt: skip
+        keys = chain_keys(
+            self.root(namespace),
+            prompt[: 2 * self._spec.block_tokens],
+            self._spec.block_tokens,
+            include_partial=True,
+        )
         return ANONYMOUS_PREFIX + keys[-1][:24]
 
     async def prepare(self, namespace: str, prompt: Sequence[int]) -> CachedPrefix:
@@ -132,8 +136,9 @@ class AgentCacheStore:
         Returns the blocks with whether each came from disk, and the key of a block that
         failed verification, if one did.
         """
-        futures = [self._readers.submit(self._fetch, c, index, pin)
-                   for index, c in enumerate(candidates)]  # fmt: skip
+        futures = [
+            self._readers.submit(self._fetch, c, index, pin) for index, c in enumerate(candidates)
+        ]
         chain: list[tuple[HotBlock, bool]] = []
         corrupt: str | None = None
         failed = False
@@ -235,8 +240,9 @@ class AgentCacheStore:
             for r in await self._metadata.children(parent)
             if r.key not in hot_keys and not r.quarantined
         ]
-        best = max(options, key=lambda c: (_common_prefix(c.tokens, rest), c.hot is not None),
-                   default=None)  # fmt: skip
+        best = max(
+            options, key=lambda c: (_common_prefix(c.tokens, rest), c.hot is not None), default=None
+        )
         return best if best is not None and _common_prefix(best.tokens, rest) > 0 else None
 
     def _agent_blocks(self, chain: list[HotBlock]) -> AgentBlocks | None:

@@ -1,0 +1,126 @@
+"""Admission and chunking for one round, after mini-SGLang's PrefillAdder.
+
+Requests already prefilling keep their place at the front and continue first. New ones
+come from the queue in priority order; each is admitted only if the pool, after what running
+requests may still grow into (layer one), can also hold its prompt and its expected output
+(layer two); availability is checked again once its cache is built and its shared blocks
+pinned. Only prompt tokens not restored from cache count against the round's budget, and
+chunks end on multiples of the chunk size so a warm prompt computes the same chunks a cold
+one would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from semantic.application.active_request import ActiveRequest
+from semantic.application.scheduler.pacer import PrefillPacer
+from semantic.application.scheduler.request_queue import RequestQueue
+from semantic.domain.block_pool import BlockPool
+from semantic.domain.cache_spec import ModelCacheSpec
+
+Admit = Callable[[ActiveRequest], bool]
+"""Reserve the prompt's blocks and build its cache; False if the pool cannot."""
+Undo = Callable[[ActiveRequest], None]
+"""Give back what ``Admit`` took; the request stays queued."""
+
+Plan = list[tuple[ActiveRequest, int]]
+
+
+@dataclass
+class _Round:
+    tokens: int
+    seconds: float | None
+
+    def spend(self, tokens: int, seconds: float) -> None:
+        self.tokens -= tokens
+        if self.seconds is not None:
+            self.seconds -= seconds
+
+    @property
+    def exhausted(self) -> bool:
+        return self.tokens <= 0 or (self.seconds is not None and self.seconds <= 0)
+
+
+class PrefillAdder:
+    def __init__(
+        self,
+        queue: RequestQueue[ActiveRequest],
+        pool: BlockPool,
+        spec: ModelCacheSpec,
+        pacer: PrefillPacer,
+        *,
+        chunk_tokens: int,
+        reclaim: Callable[[int], int] | None = None,
+    ) -> None:
+        self._queue = queue
+        self._pool = pool
+        self._spec = spec
+        self._pacer = pacer
+        self._chunk = chunk_tokens
+        self._reclaim = reclaim
+
+    def plan(
+        self,
+        running: Sequence[ActiveRequest],
+        decoding: int,
+        room: int,
+        admit: Admit,
+        undo: Undo,
+    ) -> Plan:
+        """This round's chunks: running prefills first, then admissions while budget and
+        memory last. ``running`` are the admitted requests, prefilling ones in order."""
+        budget = self._pacer.round_budget(decoding)
+        left = _Round(budget.tokens, budget.seconds)
+        plan: Plan = []
+        for request in running:
+            if request.remaining_prompt > 0 and not left.exhausted:
+                plan += self._chunks(request, left)
+        promised = sum(self._still_needs(r, r.reservation.block_count) for r in running)
+        busy = bool(running)
+        while room > 0 and not left.exhausted:
+            candidate = self._queue.peek()
+            if candidate is None:
+                break
+            prompt_blocks = self._spec.blocks_for_tokens(len(candidate.prompt))
+            output_blocks = self._still_needs(candidate, prompt_blocks)
+            if busy and not self._fits(promised + output_blocks + prompt_blocks):
+                break  # wait: memory promised to running requests is not handed out
+            if not admit(candidate):
+                break
+            if busy and not self._fits(promised + output_blocks):
+                undo(candidate)  # pinning changed what is free; try again next round
+                break
+            self._queue.cancel(candidate.id)
+            promised += output_blocks
+            busy = True
+            room -= 1
+            plan += self._chunks(candidate, left)
+        return plan
+
+    def _chunks(self, request: ActiveRequest, left: _Round) -> Plan:
+        out: Plan = []
+        a, b = self._pacer.coefficients()
+        position, end = request.prefilled, len(request.prompt)
+        while position < end and not left.exhausted:
+            boundary = (position // self._chunk + 1) * self._chunk
+            n = min(boundary - position, end - position, left.tokens)
+            if left.seconds is not None:
+                paced = self._pacer.tokens_within(left.seconds, position)
+                n = min(n, max(paced, self._pacer.config.min_tokens))
+            left.spend(n, n * (a + b * (position + n / 2)))
+            out.append((request, n))
+            position += n
+        return out
+
+    def _still_needs(self, request: ActiveRequest, held: int) -> int:
+        """Blocks ``request`` may still claim, up to its prompt plus its max tokens."""
+        limit = len(request.prompt) + request.request.criteria.max_tokens
+        return max(0, self._spec.blocks_for_tokens(limit) - held)
+
+    def _fits(self, blocks: int) -> bool:
+        shortfall = blocks - self._pool.free_count
+        if shortfall > 0 and self._reclaim is not None:
+            self._reclaim(shortfall)
+        return blocks <= self._pool.free_count

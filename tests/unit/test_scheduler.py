@@ -1,0 +1,105 @@
+"""Admission, priorities, memory promised to running requests, and the prefill pacer."""
+
+from __future__ import annotations
+
+from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
+from semantic.application.events import CompletionEvent, EngineEvent
+from semantic.application.scheduler.pacer import PacerConfig, PrefillPacer
+from semantic.domain.block_pool import BlockPool
+from semantic.domain.errors import QueueFullError
+from semantic.domain.generation import FinishReason, Priority
+from tests.unit.fakes import FakeBackend, FakeTokenizer
+
+
+def engine(capacity: int = 200, **config: object) -> BlockPoolBatchEngine:
+    settings: dict[str, object] = {
+        "prefill_chunk_tokens": 4,
+        "max_context": 512,
+        "pacer": PacerConfig(fixed_tokens=64),
+        **config,
+    }
+    return BlockPoolBatchEngine(
+        FakeBackend(), FakeTokenizer(), BlockPool(capacity), EngineConfig(**settings)
+    )  # type: ignore[arg-type]
+
+
+def drain(e: BlockPoolBatchEngine) -> list[EngineEvent]:
+    """Run to the end, giving each completion's blocks back as the server's cache would."""
+    events: list[EngineEvent] = []
+    while e.has_work():
+        step = e.step().events
+        events += step
+        for event in step:
+            if isinstance(event, CompletionEvent):
+                e.release_blocks(event.request_id)
+    return events
+
+
+def finish_order(events: list[EngineEvent]) -> list[str]:
+    return [e.request_id for e in events if isinstance(e, CompletionEvent)]
+
+
+def test_a_high_priority_request_overtakes_queued_normal_ones() -> None:
+    e = engine(max_running=1)
+    first = e.submit("a", [1, 2, 3], max_tokens=3)
+    e.step()  # the first one is running; the rest queue behind it
+    normal = e.submit("b", [4, 5, 6], max_tokens=3, priority=Priority.NORMAL)
+    low = e.submit("c", [7, 8, 9], max_tokens=3, priority=Priority.LOW)
+    high = e.submit("d", [1, 5, 9], max_tokens=3, priority=Priority.HIGH)
+    assert finish_order(drain(e)) == [first, high, normal, low]
+
+
+def test_a_full_queue_refuses_new_requests() -> None:
+    e = engine(max_waiting=2)
+    e.submit("a", [1, 2], max_tokens=2)
+    e.submit("b", [1, 2], max_tokens=2)
+    try:
+        e.submit("c", [1, 2], max_tokens=2)
+    except QueueFullError as error:
+        assert error.capacity == 2
+    else:
+        raise AssertionError("a full queue must refuse")
+
+
+def test_a_cancelled_queued_request_never_starts_and_leaks_nothing() -> None:
+    e = engine(max_running=1)
+    e.submit("a", [1, 2, 3], max_tokens=4)
+    doomed = e.submit("b", [4, 5, 6], max_tokens=4)
+    e.cancel(doomed)
+    events = drain(e)
+    done = {x.request_id: x for x in events if isinstance(x, CompletionEvent)}
+    assert done[doomed].finish_reason is FinishReason.CANCELLED
+    assert done[doomed].stats.generated_tokens == 0
+    assert done[doomed].blocks is None
+    assert all(
+        getattr(x, "request_id", None) != doomed
+        for x in events
+        if not isinstance(x, CompletionEvent)
+    )
+    assert e.pool.used_count == 0
+
+
+def test_under_a_small_pool_requests_wait_and_running_decodes_keep_their_blocks() -> None:
+    e = engine(capacity=24)  # 2 layers x 12 blocks of 4 tokens: 48 positions
+    ids = [e.submit(f"a{i}", [i + 1] * 6, max_tokens=10) for i in range(6)]
+    events = drain(e)
+    done = {x.request_id: x for x in events if isinstance(x, CompletionEvent)}
+    assert set(done) == set(ids)
+    assert all(x.finish_reason is FinishReason.MAX_TOKENS for x in done.values())
+
+
+def test_the_pacer_gives_idle_rounds_big_chunks_and_busy_rounds_a_time_budget() -> None:
+    pacer = PrefillPacer(PacerConfig(idle_tokens=1024, gap_ratio=2.0, min_tokens=8))
+    for position in range(0, 4096, 256):
+        pacer.observe_prefill(256, position, 256 * (0.004 + 1e-6 * (position + 128)))
+    pacer.observe_decode(0.1)
+    assert pacer.round_budget(decoding=0).seconds is None
+    busy = pacer.round_budget(decoding=4)
+    assert busy.seconds is not None
+    assert abs(busy.seconds - 0.2) < 1e-9
+    early, late = pacer.tokens_within(0.2, 0), pacer.tokens_within(0.2, 4000)
+    assert 40 <= early <= 55
+    assert late < early
+    a, b = pacer.coefficients()
+    assert abs(a - 0.004) < 5e-4
+    assert abs(b - 1e-6) < 2e-7
