@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
 from semantic.application.events import CompletionEvent, EngineEvent
 from semantic.application.scheduler.pacer import PacerConfig, PrefillPacer
@@ -53,12 +55,9 @@ def test_a_full_queue_refuses_new_requests() -> None:
     e = engine(max_waiting=2)
     e.submit("a", [1, 2], max_tokens=2)
     e.submit("b", [1, 2], max_tokens=2)
-    try:
+    with pytest.raises(QueueFullError) as refused:
         e.submit("c", [1, 2], max_tokens=2)
-    except QueueFullError as error:
-        assert error.capacity == 2
-    else:
-        raise AssertionError("a full queue must refuse")
+    assert refused.value.capacity == 2
 
 
 def test_a_cancelled_queued_request_never_starts_and_leaks_nothing() -> None:
