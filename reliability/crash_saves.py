@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-from tests.e2e.server import ServerProcess
 
 from reliability.integrity import block_problems
+from reliability.server import ServerProcess
 
 QUESTIONS = ("Name a fruit.", "Name a river.", "Name a colour.", "Name a city.", "Name a tree.")
 

@@ -6,8 +6,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-
-from tests.e2e.server import ServerProcess
+from reliability.server import ServerProcess
 
 
 @pytest.fixture(scope="session")

@@ -7,8 +7,7 @@ import httpx
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-
-from tests.e2e.server import ServerProcess
+from reliability.server import ServerProcess
 
 pytestmark = pytest.mark.model
 

@@ -8,8 +8,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-
-from tests.e2e.server import ServerProcess
+from reliability.server import ServerProcess
 
 pytestmark = pytest.mark.model
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from semantic.application.active_request import GenerationRequest
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.cache_spec import ModelCacheSpec
-from semantic.domain.errors import InvalidRequestError, PoolExhaustedError, PromptTooLongError
+from semantic.domain.errors import InvalidRequestError, PromptTooLongError
 from semantic.ports.tokenizer import Tokenizer
 
 
@@ -34,8 +34,10 @@ def validate_request(
         )
     needed = spec.blocks_for_tokens(len(prompt) + 1)
     if needed > pool.capacity:
-        raise PoolExhaustedError(
-            requested=needed, free=pool.free_count, capacity=pool.capacity, what="blocks (ever)"
+        raise PromptTooLongError(
+            f"the prompt needs {needed} KV blocks; this server's KV budget holds "
+            f"{pool.capacity} (raise --kv-budget-mb or shorten the prompt)",
+            param="messages",
         )
     if request.cached is not None:
         request.cached.validate(spec)

@@ -8,22 +8,19 @@ the composition root to drain requests and flush saves.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 from litestar import Litestar
-from litestar.connection import ASGIConnection
-from litestar.exceptions import NotAuthorizedException
-from litestar.handlers import BaseRouteHandler
 from litestar.openapi import OpenAPIConfig
 
 from semantic import __version__
 from semantic.adapters.http import errors
 from semantic.adapters.http.agent_routes import AgentController
 from semantic.adapters.http.anthropic_routes import AnthropicController
+from semantic.adapters.http.auth import api_key_middleware
 from semantic.adapters.http.metrics import Metrics
 from semantic.adapters.http.openai_routes import OpenAIController
 from semantic.adapters.http.ops_routes import health, metrics
@@ -33,7 +30,6 @@ log = logging.getLogger(__name__)
 
 Start = Callable[[Metrics], Awaitable[Services]]
 Stop = Callable[[Services], Awaitable[None]]
-OPEN_PATHS = frozenset({"/health"})
 
 
 def create_app(
@@ -60,19 +56,10 @@ def create_app(
                 services, state.services = state.services, None
                 await stop(services)
 
-    def require_key(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
-        if api_key is None or connection.url.path in OPEN_PATHS:
-            return
-        given = connection.headers.get("x-api-key") or _bearer(
-            connection.headers.get("authorization")
-        )
-        if given is None or not hmac.compare_digest(given.encode(), api_key.encode()):
-            raise NotAuthorizedException("missing or invalid API key")
-
     return Litestar(
         route_handlers=[OpenAIController, AnthropicController, AgentController, health, metrics],
         lifespan=[lifespan],
-        guards=[require_key],
+        middleware=[api_key_middleware(api_key)] if api_key else [],
         exception_handlers={Exception: errors.handle},
         request_max_body_size=max_body_bytes,
         state=_app_state(state, observer),
@@ -90,12 +77,6 @@ async def _load(state: ServerState, start: Start, observer: Metrics) -> None:
     except Exception as error:
         state.failure = f"{type(error).__name__}: {error}"
         log.exception("the model failed to load")
-
-
-def _bearer(header: str | None) -> str | None:
-    if header and header[:7].lower() == "bearer ":
-        return header[7:].strip()
-    return None
 
 
 def _app_state(state: ServerState, observer: Metrics) -> Any:

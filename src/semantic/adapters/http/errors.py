@@ -98,29 +98,35 @@ def problem_for(error: Exception) -> Problem:
 
 def handle(request: Request[Any, Any, Any], error: Exception) -> Response[Any]:
     problem = problem_for(error)
+    return Response(
+        body_for(request.url.path, problem),
+        status_code=problem.status,
+        headers=headers_for(problem),
+    )
+
+
+def body_for(path: str, problem: Problem) -> dict[str, Any]:
+    """The error body in the shape the client of ``path`` expects."""
+    if path.startswith("/v1/messages"):
+        kind = _ANTHROPIC_TYPES.get(problem.status, "api_error")
+        return {"type": "error", "error": {"type": kind, "message": problem.message}}
+    return {
+        "error": {
+            "message": problem.message,
+            "type": _OPENAI_TYPES.get(problem.status, "server_error"),
+            "param": problem.param,
+            "code": problem.kind,
+        }
+    }
+
+
+def headers_for(problem: Problem) -> dict[str, str]:
     headers = {}
     if problem.retry_after is not None:
         headers["Retry-After"] = str(max(1, round(problem.retry_after)))
     if problem.status == 401:
         headers["WWW-Authenticate"] = "Bearer"
-    if request.url.path.startswith("/v1/messages"):
-        body: dict[str, object] = {
-            "type": "error",
-            "error": {
-                "type": _ANTHROPIC_TYPES.get(problem.status, "api_error"),
-                "message": problem.message,
-            },
-        }
-    else:
-        body = {
-            "error": {
-                "message": problem.message,
-                "type": _OPENAI_TYPES.get(problem.status, "server_error"),
-                "param": problem.param,
-                "code": problem.kind,
-            }
-        }
-    return Response(body, status_code=problem.status, headers=headers)
+    return headers
 
 
 def _validation_message(error: ValidationException) -> str:

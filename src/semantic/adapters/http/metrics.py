@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from semantic.adapters.http.state import ServerState
+from semantic.application.cache.hot_index import CACHE_OWNER
 from semantic.domain.generation import RequestStats
 
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -93,6 +94,11 @@ class _Live:
         )
         yield GaugeMetricFamily(
             "semantic_kv_pool_capacity_blocks", "KV pool size in blocks.", value=usage.capacity
+        )
+        yield GaugeMetricFamily(
+            "semantic_kv_cache_blocks",
+            "KV pool blocks the prefix cache holds (the rest belong to running requests).",
+            value=len(services.pool.held_by(CACHE_OWNER)),
         )
         yield GaugeMetricFamily(
             "semantic_kv_pool_used_bytes", "KV pool bytes in use.", value=usage.used * block_bytes

@@ -1,4 +1,4 @@
-"""A real ``semantic serve`` process on 127.0.0.1, for end-to-end tests."""
+"""A real ``semantic serve`` process on 127.0.0.1, for end-to-end tests and the suites."""
 
 from __future__ import annotations
 

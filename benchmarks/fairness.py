@@ -1,0 +1,243 @@
+"""The fairness curve: what a long prompt does to running streams, for each prefill budget.
+
+    python -m benchmarks.fairness [--long 4000] [--out bench-results]
+
+Four agents stream; a ~4,000-token prompt arrives. For each budget this prints (a) the
+streams' p99 inter-token gap while the long prompt prefills over their median gap before it
+arrived, and (b) the long prompt's time to first token over its time alone on an idle
+engine; the slowest stream's token count during the prefill shows none stalled. The same is
+measured for mlx-lm's ``BatchGenerator`` at its defaults. Writes a plot and JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm import load as mlx_lm_load
+from mlx_lm.generate import BatchGenerator
+
+from benchmarks.common import Bench, load_bench
+from benchmarks.corpus import conversation
+from semantic.application.events import TokenEvent
+from semantic.application.scheduler.pacer import PacerConfig
+from semantic.domain.chat import ChatMessage
+
+STREAMS = 4
+BEFORE_STEPS = 25
+
+
+@dataclass
+class Point:
+    label: str
+    gap_ratio: float
+    ttft_ratio: float
+    median_gap_s: float
+    p99_gap_s: float
+    ttft_s: float
+    alone_s: float
+    slowest_stream_tokens: int
+
+
+def p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+
+
+def stream_prompts(bench: Bench) -> list[list[int]]:
+    topics = ("the sea", "mountains", "forests", "deserts")
+    return [
+        bench.tokenizer.render_chat([ChatMessage("user", f"Write a long essay about {t}.")])
+        for t in topics[:STREAMS]
+    ]
+
+
+def gaps(times: dict[str, list[float]], start: float, end: float) -> tuple[list[float], int]:
+    out, fewest = [], 10**9
+    for stamps in times.values():
+        inside = [t for t in stamps if start <= t <= end]
+        out += [b - a for a, b in itertools.pairwise(inside)]
+        fewest = min(fewest, len(inside))
+    return out, fewest
+
+
+def ours(
+    bench: Bench, long_prompt: list[int], pacer: PacerConfig, alone_s: float, label: str
+) -> Point:
+    engine = bench.engine(pacer=pacer)
+    streams = [engine.submit("stream", p, max_tokens=4000) for p in stream_prompts(bench)]
+    times: dict[str, list[float]] = {s: [] for s in streams}
+    long_id, arrived, first = None, 0.0, 0.0
+    steps = 0
+    while True:
+        result = engine.step()
+        now = time.perf_counter()
+        for event in result.events:
+            if isinstance(event, TokenEvent):
+                if event.request_id in times:
+                    times[event.request_id].append(now)
+                elif event.request_id == long_id and not first:
+                    first = now
+        steps += result.decoding == STREAMS
+        if long_id is None and steps >= BEFORE_STEPS:
+            arrived = time.perf_counter()
+            long_id = engine.submit("long", long_prompt, max_tokens=1)
+        if first:
+            break
+    before, _ = gaps(times, 0, arrived)
+    during, fewest = gaps(times, arrived, first)
+    for request_id in streams:
+        engine.cancel(request_id)
+    while engine.has_work():
+        engine.step()
+    median = statistics.median(before)
+    return Point(
+        label,
+        p99(during) / median,
+        (first - arrived) / alone_s,
+        median,
+        p99(during),
+        first - arrived,
+        alone_s,
+        fewest,
+    )
+
+
+def ours_alone(bench: Bench, long_prompt: list[int]) -> float:
+    engine = bench.engine()
+    start = time.perf_counter()
+    engine.submit("long", long_prompt, max_tokens=1)
+    while engine.has_work():
+        engine.step()
+    return time.perf_counter() - start
+
+
+def mlx_lm_point(path: Path, prompts: list[list[int]], long_prompt: list[int]) -> Point:
+    model, _ = mlx_lm_load(str(path))
+
+    def generator() -> Any:
+        return BatchGenerator(
+            model, max_tokens=4000, stop_tokens=[[2]], stream=mx.new_stream(mx.cpu)
+        )
+
+    alone = generator()
+    start = time.perf_counter()
+    alone.insert([long_prompt], max_tokens=[1])
+    while not alone.next()[1]:
+        pass
+    alone_s = time.perf_counter() - start
+    gen = generator()
+    uids = gen.insert(prompts)
+    times: dict[int, list[float]] = {u: [] for u in uids}
+    long_uid, arrived, first, steps = None, 0.0, 0.0, 0
+    while not first:
+        _, responses = gen.next()
+        now = time.perf_counter()
+        for response in responses:
+            if response.uid in times:
+                times[response.uid].append(now)
+            elif response.uid == long_uid:
+                first = now
+        steps += len(responses) >= STREAMS
+        if long_uid is None and steps >= BEFORE_STEPS:
+            arrived = time.perf_counter()
+            (long_uid,) = gen.insert([long_prompt], max_tokens=[1])
+    before, _ = gaps({str(k): v for k, v in times.items()}, 0, arrived)
+    during, fewest = gaps({str(k): v for k, v in times.items()}, arrived, first)
+    median = statistics.median(before)
+    return Point(
+        "mlx-lm BatchGenerator defaults",
+        p99(during) / median,
+        (first - arrived) / alone_s,
+        median,
+        p99(during),
+        first - arrived,
+        alone_s,
+        fewest,
+    )
+
+
+def row(p: Point) -> str:
+    return (
+        f"{p.label:<34} {p.gap_ratio:>8.2f} {p.ttft_ratio:>8.2f} {p.median_gap_s:>7.3f} "
+        f"{p.p99_gap_s:>7.3f} {p.ttft_s:>7.1f} {p.slowest_stream_tokens:>7}"
+    )
+
+
+def plot(points: list[Point], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    for p in points:
+        marker = "s" if p.label.startswith("mlx-lm") else "o"
+        ax.scatter(p.gap_ratio, p.ttft_ratio, marker=marker, s=60)
+        ax.annotate(
+            p.label,
+            (p.gap_ratio, p.ttft_ratio),
+            textcoords="offset points",
+            xytext=(6, 4),
+            fontsize=8,
+        )
+    ax.axvline(3.0, color="grey", linestyle="--", linewidth=1)
+    ax.axhline(1.7, color="grey", linestyle="--", linewidth=1)
+    ax.fill_between(
+        [0, 3.0], 0, 1.7, color="green", alpha=0.08, label="targets: (a) <= 3x, (b) <= 1.7x"
+    )
+    ax.set_xscale("log")
+    ax.set_xlabel("(a) streams' p99 inter-token gap during the prefill / median gap before")
+    ax.set_ylabel("(b) long prompt's time to first token / alone")
+    ax.set_title("A 4,000-token prompt arrives while 4 agents stream (2-core CPU)")
+    ax.legend(loc="upper right")
+    fig.tight_layout()
+    fig.savefig(out / "fairness.png", dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--long", type=int, default=4000)
+    parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    parser.add_argument("--budgets", default="16,32,64,128,256,1024")
+    parser.add_argument("--ratios", default="1,2,3")
+    parser.add_argument("--skip-mlx-lm", action="store_true")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    bench = load_bench()
+    tokenizer = bench.tokenizer
+    messages = conversation(7, args.long, lambda m: len(tokenizer.render_chat(m)))
+    long_prompt = tokenizer.render_chat(messages)
+    print(f"long prompt: {len(long_prompt)} tokens")
+    alone = ours_alone(bench, long_prompt)
+    print(f"alone on an idle engine: {alone:.1f} s to first token")
+    configs = [
+        (f"fixed {n} tokens/step", PacerConfig(fixed_tokens=int(n)))
+        for n in args.budgets.split(",")
+    ]
+    configs += [
+        (f"paced, gap x{r}", PacerConfig(gap_ratio=float(r))) for r in args.ratios.split(",")
+    ]
+    points = []
+    header = f"{'budget':<34} {'(a) gap':>8} {'(b) ttft':>8} {'median':>7} {'p99':>7} {'ttft s':>7}"
+    print(header + f" {'min tok':>7}")
+    for label, pacer in configs:
+        points.append(ours(bench, long_prompt, pacer, alone, label))
+        print(row(points[-1]))
+    if not args.skip_mlx_lm:
+        points.append(mlx_lm_point(bench.loaded.path, stream_prompts(bench), long_prompt))
+        print(row(points[-1]))
+    (args.out / "fairness.json").write_text(json.dumps([asdict(p) for p in points], indent=2))
+    plot(points, args.out)
+    print(f"wrote {args.out / 'fairness.png'} and fairness.json")
+
+
+if __name__ == "__main__":
+    main()
