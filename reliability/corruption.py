@@ -91,7 +91,7 @@ def run(rounds: int, workdir: Path, seed: int = 3) -> Result:
         quarantined = (
             list((data_dir / "quarantine").glob("*")) if (data_dir / "quarantine").exists() else []
         )
-        found = corrupt >= 1 and (kind == "dangling row" or kind == "delete" or quarantined)
+        found = corrupt >= 1 and (kind in {"dangling row", "delete"} or bool(quarantined))
         result.detected += bool(found)
         if not found:
             result.failures.append(f"round {index} ({kind}): not detected (metric {corrupt})")

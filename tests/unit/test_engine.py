@@ -9,7 +9,7 @@ from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
 from semantic.application.events import CompletionEvent, EngineEvent, TokenEvent
 from semantic.application.scheduler.pacer import PacerConfig
 from semantic.domain.block_pool import BlockPool
-from semantic.domain.errors import InvalidRequestError, PoolExhaustedError, PromptTooLongError
+from semantic.domain.errors import InvalidRequestError, PromptTooLongError
 from semantic.domain.generation import FinishReason
 from tests.unit.fakes import EOS, FakeBackend, FakeTokenizer, next_token
 
@@ -202,6 +202,6 @@ def test_bad_requests_are_refused_before_they_queue() -> None:
         engine.submit("agent", [1, 2, 999])
     with pytest.raises(PromptTooLongError):
         engine.submit("agent", [1] * 500, max_tokens=100)
-    with pytest.raises(PoolExhaustedError):
+    with pytest.raises(PromptTooLongError, match="KV budget"):
         engine.submit("agent", [1] * 40, max_tokens=4)
     assert not engine.has_work()

@@ -89,16 +89,21 @@ def test_under_a_small_pool_requests_wait_and_running_decodes_keep_their_blocks(
 
 def test_the_pacer_gives_idle_rounds_big_chunks_and_busy_rounds_a_time_budget() -> None:
     pacer = PrefillPacer(PacerConfig(idle_tokens=1024, gap_ratio=2.0, min_tokens=8))
-    for position in range(0, 4096, 256):
-        pacer.observe_prefill(256, position, 256 * (0.004 + 1e-6 * (position + 128)))
+    for _ in range(6):
+        for position in range(0, 4096, 512):
+            for tokens in (16, 64, 256):
+                pacer.observe_prefill(
+                    tokens, position, 0.05 + tokens * (0.002 + 1e-6 * (position + tokens / 2))
+                )
     pacer.observe_decode(0.1)
     assert pacer.round_budget(decoding=0).seconds is None
     busy = pacer.round_budget(decoding=4)
     assert busy.seconds is not None
     assert abs(busy.seconds - 0.2) < 1e-9
-    early, late = pacer.tokens_within(0.2, 0), pacer.tokens_within(0.2, 4000)
-    assert 40 <= early <= 55
-    assert late < early
-    a, b = pacer.coefficients()
-    assert abs(a - 0.004) < 5e-4
+    c, a, b = pacer.coefficients()
+    assert abs(c - 0.05) < 5e-3
+    assert abs(a - 0.002) < 2e-4
     assert abs(b - 1e-6) < 2e-7
+    early, late = pacer.tokens_within(0.2, 0), pacer.tokens_within(0.2, 4000)
+    assert abs(pacer.cost(early, 0) - 0.2) < 0.01
+    assert late < early

@@ -51,6 +51,7 @@ class MlxBackend:
         self._max_decoding = max_decoding
         self._generator: Any = None  # a BatchGenerator; mlx-lm leaves its methods untyped
         self._streams: tuple[Any, ...] | None = None
+        self._split = _BodyAndHead.of(model)
         self._sequences: dict[str, _Sequence] = {}
         self._by_uid: dict[int, str] = {}
 
@@ -85,7 +86,10 @@ class MlxBackend:
 
     def prefill(self, seq_id: str, tokens: Sequence[int]) -> None:
         caches = self._sequences[seq_id].caches
-        self._model(mx.array([list(tokens)]), cache=caches)
+        if self._split is not None:  # no logits needed: skip the output head entirely
+            self._split.body(mx.array([list(tokens)]), cache=caches)
+        else:
+            self._model(mx.array([list(tokens)]), cache=caches)
         mx.eval([(c.keys, c.values) for c in caches])
 
     def prefill_and_sample(self, seq_id: str, tokens: Sequence[int]) -> SampledToken:
@@ -99,7 +103,11 @@ class MlxBackend:
     def prefill_logprobs(self, seq_id: str, tokens: Sequence[int]) -> mx.array:
         """Prefill ``tokens`` and return the log-probabilities after the last one."""
         caches = self._sequences[seq_id].caches
-        logits: mx.array = self._model(mx.array([list(tokens)]), cache=caches)[:, -1, :]
+        if self._split is not None:  # the output head for the last position only
+            hidden = self._split.body(mx.array([list(tokens)]), cache=caches)[:, -1:, :]
+            logits: mx.array = self._split.head(hidden)[:, -1, :]
+        else:
+            logits = self._model(mx.array([list(tokens)]), cache=caches)[:, -1, :]
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         mx.eval(logprobs, [(c.keys, c.values) for c in caches])
         return logprobs
@@ -193,3 +201,21 @@ def _scalar_float(array: mx.array) -> float:
     if not isinstance(value, int | float):
         raise TypeError(f"expected a real number, got {value!r}")
     return float(value)
+
+
+@dataclass(frozen=True, slots=True)
+class _BodyAndHead:
+    """A llama model as its transformer body and its output head, so a prompt chunk that
+    needs no logits skips the head (49,152 x 576 for SmolLM2), and the last chunk computes
+    it for one position instead of all of them."""
+
+    body: Any
+    head: Any
+
+    @classmethod
+    def of(cls, model: Any) -> _BodyAndHead | None:
+        if getattr(model, "model_type", None) != "llama":
+            return None
+        if getattr(model.args, "tie_word_embeddings", False):
+            return cls(model.model, model.model.embed_tokens.as_linear)
+        return cls(model.model, model.lm_head)

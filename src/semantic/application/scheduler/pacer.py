@@ -43,9 +43,7 @@ class PrefillPacer:
         self.config = config or PacerConfig()
         self._decode_s = 0.1
         self._decode_seen = False
-        # Least squares on t = a*n + b*n*(p + n/2), with exponential forgetting.
-        self._sums = [1.0, 0.0, 1e6, 3e-3, 1e6 * 1.2e-6]  # xx, xy, yy, xt, yt: a prior
-        self._decay = 0.9
+        self._fit = _LeastSquares(prior=(0.07, 2e-3, 1.4e-6))
 
     def observe_decode(self, seconds: float) -> None:
         if not self._decode_seen:
@@ -53,16 +51,7 @@ class PrefillPacer:
         self._decode_s = 0.8 * self._decode_s + 0.2 * seconds
 
     def observe_prefill(self, tokens: int, position: int, seconds: float) -> None:
-        x, y = float(tokens), tokens * (position + tokens / 2)
-        d = self._decay
-        s = self._sums
-        self._sums = [
-            d * s[0] + x * x,
-            d * s[1] + x * y,
-            d * s[2] + y * y,
-            d * s[3] + x * seconds,
-            d * s[4] + y * seconds,
-        ]
+        self._fit.add((1.0, float(tokens), tokens * (position + tokens / 2)), seconds)
 
     def round_budget(self, decoding: int) -> RoundBudget:
         if self.config.fixed_tokens is not None:
@@ -71,21 +60,55 @@ class PrefillPacer:
             return RoundBudget(self.config.idle_tokens, None)
         return RoundBudget(self.config.idle_tokens, self.config.gap_ratio * self._decode_s)
 
+    def cost(self, tokens: int, position: int) -> float:
+        """Predicted seconds of one forward pass over ``tokens`` prompt tokens at ``position``."""
+        c, a, b = self.coefficients()
+        return c + tokens * (a + b * (position + tokens / 2))
+
     def tokens_within(self, seconds: float, position: int) -> int:
         """Largest chunk at ``position`` predicted to take at most ``seconds``."""
-        a, b = self.coefficients()
+        c, a, b = self.coefficients()
+        left = seconds - c
+        if left <= 0:
+            return 0
         base = a + b * position
         if b <= 0:
-            n = seconds / max(base, 1e-6)
-        else:  # b/2 n^2 + base n - seconds = 0
-            n = (-base + math.sqrt(base * base + 2 * b * seconds)) / b
-        return max(0, int(n))
+            return int(left / max(base, 1e-6))
+        return max(0, int((-base + math.sqrt(base * base + 2 * b * left)) / b))  # b/2 n^2 + base n
 
-    def coefficients(self) -> tuple[float, float]:
-        xx, xy, yy, xt, yt = self._sums
-        det = xx * yy - xy * xy
-        if abs(det) < 1e-12:
-            return max(xt / xx, 1e-5), 0.0
-        a = (xt * yy - yt * xy) / det
-        b = (yt * xx - xt * xy) / det
-        return max(a, 1e-5), max(b, 0.0)
+    def coefficients(self) -> tuple[float, float, float]:
+        """(seconds per pass, per token, per token per position of context)."""
+        c, a, b = self._fit.solve()
+        return max(c, 0.0), max(a, 1e-5), max(b, 0.0)
+
+
+class _LeastSquares:
+    """Ordinary least squares in three features with exponential forgetting, seeded with a
+    prior worth a few observations so the first rounds are sane."""
+
+    def __init__(self, prior: tuple[float, float, float], decay: float = 0.97) -> None:
+        self._decay = decay
+        self._xx = [[0.0] * 3 for _ in range(3)]
+        self._xt = [0.0] * 3
+        for tokens, position in ((8, 0), (64, 0), (256, 0), (64, 2048), (256, 4096)):
+            x = (1.0, float(tokens), tokens * (position + tokens / 2))
+            self.add(x, prior[0] + prior[1] * x[1] + prior[2] * x[2])
+
+    def add(self, x: tuple[float, float, float], t: float) -> None:
+        for i in range(3):
+            self._xt[i] = self._decay * self._xt[i] + x[i] * t
+            for j in range(3):
+                self._xx[i][j] = self._decay * self._xx[i][j] + x[i] * x[j]
+
+    def solve(self) -> tuple[float, float, float]:
+        m = [row[:] + [self._xt[i]] for i, row in enumerate(self._xx)]
+        for col in range(3):  # Gauss-Jordan with partial pivoting on a 3x3 system
+            pivot = max(range(col, 3), key=lambda r: abs(m[r][col]))
+            if abs(m[pivot][col]) < 1e-18:
+                return (0.07, 2e-3, 1.4e-6)
+            m[col], m[pivot] = m[pivot], m[col]
+            for r in range(3):
+                if r != col:
+                    factor = m[r][col] / m[col][col]
+                    m[r] = [v - factor * w for v, w in zip(m[r], m[col], strict=True)]
+        return (m[0][3] / m[0][0], m[1][3] / m[1][1], m[2][3] / m[2][2])

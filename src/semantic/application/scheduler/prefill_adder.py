@@ -101,7 +101,6 @@ class PrefillAdder:
 
     def _chunks(self, request: ActiveRequest, left: _Round) -> Plan:
         out: Plan = []
-        a, b = self._pacer.coefficients()
         position, end = request.prefilled, len(request.prompt)
         while position < end and not left.exhausted:
             boundary = (position // self._chunk + 1) * self._chunk
@@ -109,7 +108,9 @@ class PrefillAdder:
             if left.seconds is not None:
                 paced = self._pacer.tokens_within(left.seconds, position)
                 n = min(n, max(paced, self._pacer.config.min_tokens))
-            left.spend(n, n * (a + b * (position + n / 2)))
+            if n <= 0:
+                break
+            left.spend(n, self._pacer.cost(n, position))
             out.append((request, n))
             position += n
         return out
