@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -59,3 +60,11 @@ def median(values: list[float]) -> float:
     ordered = sorted(values)
     mid = len(ordered) // 2
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank quantile, ignoring NaNs; NaN if nothing is left."""
+    ordered = sorted(v for v in values if not math.isnan(v))
+    if not ordered:
+        return float("nan")
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]

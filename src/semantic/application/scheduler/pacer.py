@@ -101,7 +101,7 @@ class _LeastSquares:
                 self._xx[i][j] = self._decay * self._xx[i][j] + x[i] * x[j]
 
     def solve(self) -> tuple[float, float, float]:
-        m = [row[:] + [self._xt[i]] for i, row in enumerate(self._xx)]
+        m = [[*row, self._xt[i]] for i, row in enumerate(self._xx)]
         for col in range(3):  # Gauss-Jordan with partial pivoting on a 3x3 system
             pivot = max(range(col, 3), key=lambda r: abs(m[r][col]))
             if abs(m[pivot][col]) < 1e-18:

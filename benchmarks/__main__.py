@@ -1,0 +1,129 @@
+"""One command for the benchmarks: ours beside mlx-lm on the same prompts, in the same run.
+
+    python -m benchmarks            # quick: histories up to 4,096 tokens, ours and mlx-lm
+    python -m benchmarks --full     # + 7,680 tokens, + llama.cpp where llama-cpp-python installs
+
+Writes ``bench-results/results.json``, ``results.md`` and PNG plots, and prints a summary
+with each target beside its measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import httpx
+from reliability.server import ServerProcess
+
+from benchmarks import concurrency, persistence, report, resume
+from benchmarks.common import Bench, load_bench
+from semantic.domain.chat import ChatMessage
+
+QUICK_SIZES = (512, 1024, 2048, 4096)
+FULL_SIZES = (*QUICK_SIZES, 7680)
+AGENTS = (1, 2, 4, 8, 16, 32)
+
+
+def overhead(bench: Bench, repeats: int = 5) -> dict[str, float]:
+    """A 64-token reply through HTTP against the same request straight into the engine."""
+    prompt = "Write a long story about a lighthouse keeper."
+    tokens = bench.tokenizer.render_chat([ChatMessage("user", prompt)])
+    direct = []
+    for _ in range(repeats):
+        engine = bench.engine()
+        started = time.perf_counter()
+        engine.submit("bench", tokens, max_tokens=64)
+        while engine.has_work():
+            engine.step()
+        direct.append(time.perf_counter() - started)
+    with tempfile.TemporaryDirectory() as tmp:
+        server = ServerProcess(Path(tmp) / "overhead").start()
+        http = []
+        for index in range(repeats):
+            body = {
+                "model": "default",
+                "messages": [{"role": "user", "content": prompt}],
+                "temperature": 0,
+                "max_tokens": 64,
+            }
+            started = time.perf_counter()
+            httpx.post(
+                f"{server.url}/v1/chat/completions",
+                json=body,
+                timeout=300,
+                headers={"X-Namespace": f"o{index}"},
+            ).raise_for_status()
+            http.append(time.perf_counter() - started)
+        server.stop()
+    d, h = statistics.median(direct), statistics.median(http)
+    return {"engine_s": d, "http_s": h, "overhead_fraction": (h - d) / h}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--full", action="store_true")
+    parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    parser.add_argument("--skip", default="", help="comma-separated parts to skip")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    skip = set(filter(None, args.skip.split(",")))
+    sizes = FULL_SIZES if args.full else QUICK_SIZES
+    started = time.monotonic()
+    bench = load_bench()
+
+    def count(messages: list[ChatMessage]) -> int:
+        return len(bench.tokenizer.render_chat(messages))
+
+    results: dict[str, Any] = {"mode": "full" if args.full else "quick"}
+    if "resume" not in skip:
+        rows = resume.run(sizes, bench.loaded.path, count)
+        results["resume"] = [asdict(r) for r in rows]
+        print(report.resume_table(rows))
+    if "concurrency" not in skip:
+        results["concurrency"] = [asdict(r) for r in run_concurrency(bench.loaded.path)]
+        print(report.concurrency_table(results["concurrency"]))
+    if "persistence" not in skip:
+        results["persistence"] = asyncio.run(persistence_rows(sizes))
+        print(report.persistence_table(results["persistence"]))
+    if "overhead" not in skip:
+        results["overhead"] = overhead(bench)
+        print(f"HTTP overhead for a 64-token reply: {results['overhead']['overhead_fraction']:.1%}")
+    results["seconds"] = time.monotonic() - started
+    (args.out / "results.json").write_text(json.dumps(results, indent=2))
+    (args.out / "results.md").write_text(report.markdown(results))
+    report.plots(results, args.out)
+    print(report.summary(results))
+    minutes = results["seconds"] / 60
+    print(f"\nwrote {args.out}/results.json, results.md and plots in {minutes:.1f} min")
+
+
+def run_concurrency(model_path: Path) -> list[concurrency.ConcurrencyRow]:
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        server = ServerProcess(Path(tmp) / "concurrency").start()
+        for agents in AGENTS:
+            rows.append(concurrency.measure(server.url, "semantic", agents))
+        server.stop()
+    theirs = concurrency.MlxLmServer(model_path)
+    try:
+        for agents in AGENTS:
+            rows.append(concurrency.measure(theirs.url, "mlx_lm.server", agents))
+    finally:
+        theirs.stop()
+    return rows
+
+
+async def persistence_rows(sizes: tuple[int, ...]) -> list[dict[str, float]]:
+    with tempfile.TemporaryDirectory() as tmp:
+        return [await persistence.measure(n, Path(tmp) / f"p{n}") for n in sizes]
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""Concurrency through HTTP: N agents streaming at once, ours and mlx-lm's own server.
+
+For each N: N distinct short chats start together, each streaming a 64-token reply.
+Reports aggregate tokens/s and the p50/p99 of time to first token and inter-token latency.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+from reliability.server import free_port
+
+from benchmarks.common import quantile
+
+TOPICS = (
+    "a lighthouse",
+    "a bakery",
+    "the moon",
+    "a forest",
+    "a violin",
+    "a river",
+    "a city",
+    "a desert",
+    "a train",
+    "a garden",
+    "the ocean",
+    "a mountain",
+    "a library",
+    "a storm",
+    "a museum",
+    "a bridge",
+)
+
+
+@dataclass
+class ConcurrencyRow:
+    server: str
+    agents: int
+    tokens_per_s: float
+    ttft_p50: float
+    ttft_p99: float
+    itl_p50: float
+    itl_p99: float
+
+
+def one_stream(
+    url: str, prompt: str, namespace: str, max_tokens: int
+) -> tuple[float, list[float], int]:
+    """(time to first token, token arrival times, tokens) for one streaming request."""
+    body = {
+        "model": "default",
+        "messages": [{"role": "user", "content": prompt}],
+        "temperature": 0,
+        "max_tokens": max_tokens,
+        "stream": True,
+    }
+    started = time.perf_counter()
+    arrivals: list[float] = []
+    with httpx.stream(
+        "POST",
+        f"{url}/v1/chat/completions",
+        json=body,
+        timeout=900,
+        headers={"X-Namespace": namespace},
+    ) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                chunk = json.loads(line[6:])
+                if any(c.get("delta", {}).get("content") for c in chunk.get("choices", [])):
+                    arrivals.append(time.perf_counter())
+    return (arrivals[0] - started if arrivals else float("nan")), arrivals, len(arrivals)
+
+
+def measure(url: str, name: str, agents: int, max_tokens: int = 64) -> ConcurrencyRow:
+    prompts = [
+        f"Write a short story about {TOPICS[i % len(TOPICS)]} (version {i}, set {agents})."
+        for i in range(agents)
+    ]
+    started = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=agents) as pool:
+        results = list(pool.map(lambda p: one_stream(url, p, f"c{agents}", max_tokens), prompts))
+    ended = max(max(r[1], default=started) for r in results)
+    ttfts = [r[0] for r in results]
+    gaps = [b - a for r in results for a, b in zip(r[1], r[1][1:], strict=False)]
+    tokens = sum(r[2] for r in results)
+    return ConcurrencyRow(
+        name,
+        agents,
+        tokens / (ended - started),
+        _q(ttfts, 0.5),
+        _q(ttfts, 0.99),
+        _q(gaps, 0.5),
+        _q(gaps, 0.99),
+    )
+
+
+def _q(values: Sequence[float], q: float) -> float:
+    return quantile(values, q)
+
+
+class MlxLmServer:
+    """``mlx_lm.server`` at its defaults on the same weights, with OpenBLAS preloaded."""
+
+    def __init__(self, model_path: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {**os.environ, "LD_PRELOAD": "libopenblas.so.0"}
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "mlx_lm.server",
+                "--model",
+                str(model_path),
+                "--port",
+                str(self.port),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
+        )
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(f"{self.url}/v1/models", timeout=2)
+                return
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        self.stop()
+        raise RuntimeError("mlx_lm.server did not start")
+
+    def stop(self) -> None:
+        self.process.send_signal(signal.SIGINT)
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()

@@ -1,0 +1,192 @@
+"""Tables, plots and the target summary for ``python -m benchmarks``."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks.resume import ResumeRow
+
+
+def resume_table(rows: Sequence[ResumeRow]) -> str:
+    lines = [
+        "| history | ours cold | ours same prompt, memory | ours same prompt, disk after restart "
+        "| ours next turn, disk after restart | mlx-lm cold (one call) | mlx-lm same prompt "
+        "(cache file) | mlx-lm next turn (cache file) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.history} | {_s(r.ours_cold)} | {_s(r.ours_memory)} | {_s(r.ours_disk)} "
+            f"| {_s(r.ours_next_turn)} ({r.next_turn_new_tokens} new) | {_s(r.mlx_cold)} "
+            f"| {_s(r.mlx_same_prompt)} | {_s(r.mlx_next_turn)} |"
+        )
+    return "\n".join(lines)
+
+
+def concurrency_table(rows: Sequence[dict[str, Any]]) -> str:
+    lines = [
+        "| server | agents | tokens/s | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['server']} | {r['agents']} | {r['tokens_per_s']:.1f} | {_s(r['ttft_p50'])} "
+            f"| {_s(r['ttft_p99'])} | {_s(r['itl_p50'])} | {_s(r['itl_p99'])} |"
+        )
+    return "\n".join(lines)
+
+
+def persistence_table(rows: Sequence[dict[str, float]]) -> str:
+    lines = [
+        "| history | MB written / turn | ms / turn | restore from disk | copy of the same bytes |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['tokens']:.0f} | {r['written_mb']:.1f} | {r['write_ms']:.1f} "
+            f"| {r['restore_ms']:.1f} ms | {r['copy_ms']:.1f} ms |"
+        )
+    return "\n".join(lines)
+
+
+def summary(results: dict[str, Any]) -> str:
+    checks: list[tuple[str, str, bool]] = []
+    resume = [ResumeRow(**r) for r in results.get("resume", [])]
+    big = max(resume, key=lambda r: r.history, default=None)
+    if big is not None:
+        checks.append(
+            (
+                f"same prompt, {big.history} tokens, from disk after a restart <= 250 ms",
+                _s(big.ours_disk),
+                big.ours_disk <= 0.25,
+            )
+        )
+        ratio = big.ours_next_turn / big.mlx_next_turn
+        checks.append(
+            (
+                f"next turn at {big.history} from disk <= 0.75x mlx-lm's cache file path",
+                f"{ratio:.2f}x ({_s(big.ours_next_turn)} vs {_s(big.mlx_next_turn)})",
+                ratio <= 0.75,
+            )
+        )
+        speedup = big.ours_cold / big.ours_next_turn
+        checks.append(
+            ("next turn >= 50x faster than our cold start", f"{speedup:.0f}x", speedup >= 50)
+        )
+        cold = big.ours_cold / big.mlx_cold
+        checks.append(
+            (
+                f"cold at {big.history} <= 0.7x mlx-lm's one-call prefill",
+                f"{cold:.2f}x",
+                cold <= 0.7,
+            )
+        )
+        never = all(r.ours_cold <= r.mlx_cold for r in resume)
+        checks.append(("cold never slower than mlx-lm at any length", str(never), never))
+    rows = results.get("concurrency", [])
+    ours = {r["agents"]: r["tokens_per_s"] for r in rows if r["server"] == "semantic"}
+    theirs = {r["agents"]: r["tokens_per_s"] for r in rows if r["server"] != "semantic"}
+    if ours:
+        checks.append(("one agent >= 17 tokens/s", f"{ours[1]:.1f}", ours[1] >= 17))
+        for n, factor in ((8, 4), (16, 7)):
+            if n in ours:
+                checks.append(
+                    (
+                        f"{n} agents >= {factor}x one agent",
+                        f"{ours[n] / ours[1]:.2f}x",
+                        ours[n] >= factor * ours[1],
+                    )
+                )
+        for n in sorted(set(ours) & set(theirs)):
+            checks.append(
+                (
+                    f"{n} agents >= mlx_lm.server",
+                    f"{ours[n]:.1f} vs {theirs[n]:.1f}",
+                    ours[n] >= theirs[n],
+                )
+            )
+    if "overhead" in results:
+        share = results["overhead"]["overhead_fraction"]
+        checks.append(("HTTP overhead <= 10% of a 64-token reply", f"{share:.1%}", share <= 0.10))
+    width = max((len(c[0]) for c in checks), default=10)
+    lines = ["", f"{'target':<{width}}  {'measured':<30} met"]
+    lines += [f"{name:<{width}}  {value:<30} {'yes' if ok else 'NO'}" for name, value, ok in checks]
+    return "\n".join(lines)
+
+
+def markdown(results: dict[str, Any]) -> str:
+    parts = [f"# Benchmark results ({results['mode']} mode)\n"]
+    if "resume" in results:
+        parts += [
+            "## Time to first token when a conversation resumes\n",
+            resume_table([ResumeRow(**r) for r in results["resume"]]),
+            "",
+        ]
+    if "concurrency" in results:
+        parts += ["## Concurrency through HTTP\n", concurrency_table(results["concurrency"]), ""]
+    if "persistence" in results:
+        parts += ["## Persistence\n", persistence_table(results["persistence"]), ""]
+    if "overhead" in results:
+        o = results["overhead"]
+        parts.append(
+            f"HTTP overhead, 64-token reply: {o['overhead_fraction']:.1%} "
+            f"({_s(o['http_s'])} through HTTP, {_s(o['engine_s'])} in the engine)\n"
+        )
+    parts.append("```" + summary(results) + "\n```\n")
+    return "\n".join(parts)
+
+
+def plots(results: dict[str, Any], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if "resume" in results:
+        rows = [ResumeRow(**r) for r in results["resume"]]
+        labels = [str(r.history) for r in rows]
+        series = [
+            ("ours cold", [r.ours_cold for r in rows]),
+            ("mlx-lm cold", [r.mlx_cold for r in rows]),
+            ("ours next turn (disk)", [r.ours_next_turn for r in rows]),
+            ("mlx-lm next turn (cache file)", [r.mlx_next_turn for r in rows]),
+            ("ours same prompt (disk)", [r.ours_disk for r in rows]),
+        ]
+        fig, ax = plt.subplots(figsize=(9, 5))
+        width = 0.16
+        for i, (name, values) in enumerate(series):
+            ax.bar([x + (i - 2) * width for x in range(len(rows))], values, width, label=name)
+        ax.set_yscale("log")
+        ax.set_xticks(range(len(rows)), labels)
+        ax.set_xlabel("tokens of history")
+        ax.set_ylabel("time to first token (s, log scale)")
+        ax.set_title("Resuming a conversation: semantic vs mlx-lm, same weights, 2-core CPU")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / "resume.png", dpi=120)
+    if "concurrency" in results:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for server in ("semantic", "mlx_lm.server"):
+            rows2 = [r for r in results["concurrency"] if r["server"] == server]
+            ax.plot(
+                [r["agents"] for r in rows2],
+                [r["tokens_per_s"] for r in rows2],
+                marker="o",
+                label=server,
+            )
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent agents")
+        ax.set_ylabel("aggregate tokens/s")
+        ax.set_title("Concurrent streams through HTTP")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / "concurrency.png", dpi=120)
+
+
+def _s(seconds: float) -> str:
+    if math.isnan(seconds):
+        return "n/a"
+    return f"{seconds * 1e3:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"

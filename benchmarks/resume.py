@@ -1,0 +1,174 @@
+"""Resume: time to first token for a returning conversation, ours and mlx-lm's, same run.
+
+For each history length: (a) cold, full prefill; (b) the same prompt again, KV in memory;
+(c) the same prompt after a restart, KV from disk; (d) the realistic next turn (history +
+the previous reply + a new ~20-token question) after a restart. Ours is measured through
+HTTP with a streaming client; mlx-lm's through its own prompt-cache files
+(``save_prompt_cache`` / ``load_prompt_cache``) on the same weights, in process.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import mlx.core as mx
+from mlx_lm import load as mlx_lm_load
+from mlx_lm.models.cache import load_prompt_cache, make_prompt_cache, save_prompt_cache
+from reliability.server import ServerProcess
+
+from benchmarks.corpus import conversation
+
+QUESTION = "Thanks. In one sentence, what is the most important point so far?"
+
+
+@dataclass
+class ResumeRow:
+    history: int
+    ours_cold: float
+    ours_memory: float
+    ours_disk: float
+    ours_next_turn: float
+    ours_next_turn_cached: int
+    next_turn_new_tokens: int
+    mlx_cold: float
+    mlx_same_prompt: float
+    mlx_next_turn: float
+
+
+def stream_ttft(url: str, messages: list[dict[str, str]], namespace: str) -> tuple[float, str, int]:
+    """Seconds to the first streamed token, the reply text, and the cached prompt tokens."""
+    body = {
+        "model": "default",
+        "messages": messages,
+        "temperature": 0,
+        "max_tokens": 16,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    started, first, text, cached = time.perf_counter(), 0.0, "", 0
+    with httpx.stream(
+        "POST",
+        f"{url}/v1/chat/completions",
+        json=body,
+        timeout=900,
+        headers={"X-Namespace": namespace},
+    ) as response:
+        for line in response.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                cached = chunk["usage"]["prompt_tokens_details"]["cached_tokens"]
+            for choice in chunk["choices"]:
+                if choice["delta"].get("content"):
+                    first = first or time.perf_counter()
+                    text += choice["delta"]["content"]
+    return first - started, text, cached
+
+
+class MlxLmPromptCache:
+    """mlx-lm's own way to resume: a prompt cache file per conversation."""
+
+    def __init__(self, model_path: Path, workdir: Path) -> None:
+        self.model, self.tokenizer = mlx_lm_load(str(model_path))
+        self.workdir = workdir
+
+    def tokens(self, messages: list[dict[str, str]]) -> list[int]:
+        text = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False
+        )
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def prefill(self, cache: list[Any], tokens: Sequence[int], step: int = 2048) -> mx.array:
+        logits = None
+        for start in range(0, len(tokens), step):
+            logits = self.model(mx.array([list(tokens[start : start + step])]), cache=cache)
+            mx.eval(logits, [c.state for c in cache])
+        assert logits is not None
+        return logits
+
+    def cold(self, prompt: list[int]) -> float:
+        """The whole prompt in one forward pass: mlx-lm's single-call prefill."""
+        cache = make_prompt_cache(self.model)
+        started = time.perf_counter()
+        mx.eval(mx.argmax(self.prefill(cache, prompt, step=len(prompt))[:, -1], axis=-1))
+        return time.perf_counter() - started
+
+    def save(self, name: str, tokens: list[int]) -> Path:
+        cache = make_prompt_cache(self.model)
+        self.prefill(cache, tokens)
+        path = self.workdir / f"{name}.safetensors"
+        save_prompt_cache(str(path), cache)
+        return path
+
+    def resume(self, path: Path, suffix: list[int]) -> float:
+        started = time.perf_counter()
+        cache = load_prompt_cache(str(path))
+        mx.eval(mx.argmax(self.prefill(cache, suffix)[:, -1], axis=-1))
+        return time.perf_counter() - started
+
+
+def run(sizes: Sequence[int], model_path: Path, token_count: Any) -> list[ResumeRow]:
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        histories = {
+            n: [
+                {"role": m.role, "content": m.content}
+                for m in conversation(100 + n, n, token_count)
+            ]
+            for n in sizes
+        }
+        server = ServerProcess(work / "data").start()
+        cold, memory, replies = {}, {}, {}
+        for n, history in histories.items():
+            cold[n], replies[n], _ = stream_ttft(server.url, history, f"n{n}")
+            memory[n], _, _ = stream_ttft(server.url, history, f"n{n}")
+        server.stop()
+        server = ServerProcess(work / "data").start()
+        disk = {n: stream_ttft(server.url, h, f"n{n}")[0] for n, h in histories.items()}
+        server.stop()
+        server = ServerProcess(work / "data").start()
+        nexts: dict[int, list[dict[str, str]]] = {
+            n: [
+                *h,
+                {"role": "assistant", "content": replies[n]},
+                {"role": "user", "content": QUESTION},
+            ]
+            for n, h in histories.items()
+        }
+        turn = {n: stream_ttft(server.url, nexts[n], f"n{n}") for n in sizes}
+        server.stop()
+        mlx = MlxLmPromptCache(model_path, work)
+        rows = []
+        for n in sizes:
+            prompt = mlx.tokens(histories[n])
+            same = mlx.save(f"same-{n}", prompt[:-1])
+            reply_tokens = mlx.tokenizer.encode(replies[n], add_special_tokens=False)
+            kept = [*prompt, *reply_tokens]
+            after = mlx.save(f"turn-{n}", kept)
+            next_prompt = mlx.tokens(nexts[n])
+            shared = next(
+                i for i, (a, b) in enumerate(zip([*kept, -1], next_prompt, strict=False)) if a != b
+            )
+            rows.append(
+                ResumeRow(
+                    history=len(prompt),
+                    ours_cold=cold[n],
+                    ours_memory=memory[n],
+                    ours_disk=disk[n],
+                    ours_next_turn=turn[n][0],
+                    ours_next_turn_cached=turn[n][2],
+                    next_turn_new_tokens=len(next_prompt) - shared,
+                    mlx_cold=mlx.cold(prompt),
+                    mlx_same_prompt=mlx.resume(same, prompt[-1:]),
+                    mlx_next_turn=mlx.resume(after, next_prompt[shared:]),
+                )
+            )
+        return rows

@@ -1,0 +1,65 @@
+"""Run every reliability suite at full length and print one summary table.
+
+python -m reliability            # about an hour on a 2-core machine
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+from reliability import corruption, crash_load, fuzz, isolation, load
+
+
+def main() -> None:
+    rows: list[tuple[str, str]] = []
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        served = load.run(agents=32, turns=10, workdir=work)
+        rows += [
+            ("requests served (32 agents x 10 turns)", str(served.requests)),
+            ("5xx responses", str(served.server_errors)),
+            ("transcripts lost", str(served.transcripts_lost)),
+            ("peak server memory (MB)", f"{served.peak_rss_mb:.0f}"),
+            ("pool blocks still held after the load", f"{served.pool_blocks_held_by_requests:.0f}"),
+        ]
+        crashed = crash_load.run(kills=20, agents=6, workdir=work)
+        rows += [
+            ("crash trials survived", f"{crashed.survived} of {crashed.kills}"),
+            ("replies acknowledged before kills", str(crashed.acknowledged)),
+        ]
+        damaged = corruption.run(rounds=8, workdir=work)
+        rows += [
+            ("corruptions detected", f"{damaged.detected} of {damaged.injected}"),
+            (
+                "answered correctly after corruption",
+                f"{damaged.answered_correctly} of {damaged.injected}",
+            ),
+        ]
+        fuzzed = fuzz.run(examples=40, workdir=work)
+        rows += [
+            ("fuzz cases tried", str(fuzzed.cases)),
+            ("fuzz 5xx found", str(fuzzed.server_errors)),
+        ]
+        isolated = isolation.run(work)
+        rows.append(("isolation cases refused", f"{isolated.refused} of {isolated.tried}"))
+        failures = (
+            served.failures
+            + crashed.failures
+            + damaged.failures
+            + fuzzed.failures
+            + isolated.failures
+        )
+    width = max(len(name) for name, _ in rows)
+    print(f"{'check':<{width}}  result")
+    for name, value in rows:
+        print(f"{name:<{width}}  {value}")
+    print(f"\n{len(failures)} failures; took {(time.monotonic() - started) / 60:.0f} min")
+    for failure in failures[:40]:
+        print("  " + failure)
+
+
+if __name__ == "__main__":
+    main()
