@@ -166,7 +166,7 @@ def mlx_lm_point(path: Path, prompts: list[list[int]], long_prompt: list[int]) -
 
 def row(p: Point) -> str:
     return (
-        f"{p.label:<34} {p.gap_ratio:>8.2f} {p.ttft_ratio:>8.2f} {p.median_gap_s:>7.3f} "
+        f"{p.label:<40} {p.gap_ratio:>8.2f} {p.ttft_ratio:>8.2f} {p.median_gap_s:>7.3f} "
         f"{p.p99_gap_s:>7.3f} {p.ttft_s:>7.1f} {p.slowest_stream_tokens:>7}"
     )
 
@@ -219,14 +219,15 @@ def main() -> None:
     alone = ours_alone(bench, long_prompt)
     print(f"alone on an idle engine: {alone:.1f} s to first token")
     configs = [
-        (f"fixed {n} tokens/step", PacerConfig(fixed_tokens=int(n)))
+        (f"{n} tokens/step while streams decode", PacerConfig(busy_tokens=int(n)))
         for n in args.budgets.split(",")
     ]
     configs += [
-        (f"paced, gap x{r}", PacerConfig(gap_ratio=float(r))) for r in args.ratios.split(",")
+        (f"time-paced, {r} decode steps", PacerConfig(busy_tokens=None, gap_ratio=float(r)))
+        for r in args.ratios.split(",")
     ]
     points = []
-    header = f"{'budget':<34} {'(a) gap':>8} {'(b) ttft':>8} {'median':>7} {'p99':>7} {'ttft s':>7}"
+    header = f"{'budget':<40} {'(a) gap':>8} {'(b) ttft':>8} {'median':>7} {'p99':>7} {'ttft s':>7}"
     print(header + f" {'min tok':>7}")
     for label, pacer in configs:
         points.append(ours(bench, long_prompt, pacer, alone, label))

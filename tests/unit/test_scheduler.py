@@ -88,7 +88,9 @@ def test_under_a_small_pool_requests_wait_and_running_decodes_keep_their_blocks(
 
 
 def test_the_pacer_gives_idle_rounds_big_chunks_and_busy_rounds_a_time_budget() -> None:
-    pacer = PrefillPacer(PacerConfig(idle_tokens=1024, gap_ratio=2.0, min_tokens=8))
+    pacer = PrefillPacer(
+        PacerConfig(idle_tokens=1024, busy_tokens=None, gap_ratio=2.0, min_tokens=8)
+    )
     for _ in range(6):
         for position in range(0, 4096, 512):
             for tokens in (16, 64, 256):

@@ -2,10 +2,10 @@
 
 A prefill chunk and a decode step share the machine, so every prompt token prefilled in a
 round delays every stream's next token. With nothing decoding, rounds take big chunks (fast
-prompts). While streams decode, each round gets a time budget, ``gap_ratio`` times the
-measured decode step, and chunks are sized from a cost model learned online: a token at
-context position p costs about ``a + b * p`` seconds (weights, then attention over the
-history). A fixed token budget is also available, to compare (see ADR 0009 for the curve).
+prompts). While streams decode, each round takes ``busy_tokens`` (64 by default, chosen from
+the measured curve in ADR 0009), or, if that is None, a time budget of ``gap_ratio`` decode
+steps, with chunks sized from a cost model learned online: a pass over n tokens at context
+position p costs about ``c + n * (a + b * p)`` seconds (weights, then attention).
 """
 
 from __future__ import annotations
@@ -19,16 +19,21 @@ from semantic.domain.errors import InvalidRequestError
 @dataclass(frozen=True, slots=True)
 class PacerConfig:
     idle_tokens: int = 1024
+    """Prompt tokens per round while nothing decodes: big chunks, fast prompts."""
+    busy_tokens: int | None = 64
+    """Prompt tokens per round while requests decode; None paces by time instead."""
     gap_ratio: float = 2.0
+    """With ``busy_tokens`` None: prefill time per round, in decode steps."""
     min_tokens: int = 16
     fixed_tokens: int | None = None
-    """Set to use a fixed token budget per round instead of the time budget."""
+    """One budget for every round, busy or idle (tests and comparisons)."""
 
     def __post_init__(self) -> None:
         if self.idle_tokens <= 0 or self.min_tokens <= 0 or self.gap_ratio <= 0:
             raise InvalidRequestError("pacer settings must be positive")
-        if self.fixed_tokens is not None and self.fixed_tokens <= 0:
-            raise InvalidRequestError("a fixed prefill budget must be positive")
+        for budget in (self.fixed_tokens, self.busy_tokens):
+            if budget is not None and budget <= 0:
+                raise InvalidRequestError("a prefill budget must be positive")
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +63,8 @@ class PrefillPacer:
             return RoundBudget(self.config.fixed_tokens, None)
         if decoding == 0:
             return RoundBudget(self.config.idle_tokens, None)
+        if self.config.busy_tokens is not None:
+            return RoundBudget(self.config.busy_tokens, None)
         return RoundBudget(self.config.idle_tokens, self.config.gap_ratio * self._decode_s)
 
     def cost(self, tokens: int, position: int) -> float:
