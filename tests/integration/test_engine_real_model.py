@@ -13,8 +13,8 @@ from semantic.application.events import CompletionEvent
 from semantic.application.scheduler.pacer import PacerConfig
 from semantic.domain.chat import ChatMessage
 from semantic.domain.generation import FinishReason, SamplingParams
+from tests.helpers import completions, generate, run_until_idle
 from tests.integration.conftest import EngineFactory, RealModel
-from tests.integration.helpers import completions, generate, run_until_idle
 
 pytestmark = pytest.mark.model
 

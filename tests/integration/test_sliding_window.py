@@ -12,7 +12,7 @@ from semantic.adapters.mlx.backend import MlxBackend
 from semantic.adapters.mlx.kv_blocks import spec_from_model
 from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
 from semantic.domain.block_pool import BlockPool
-from tests.integration.helpers import generate
+from tests.helpers import generate
 from tests.unit.fakes import ByteTokenizer
 
 WINDOW = 300

@@ -6,11 +6,12 @@ from typing import Any
 import pytest
 
 from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
-from semantic.application.events import CompletionEvent, EngineEvent, TokenEvent
+from semantic.application.events import CompletionEvent, TokenEvent
 from semantic.application.scheduler.pacer import PacerConfig
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.errors import InvalidRequestError, PromptTooLongError
 from semantic.domain.generation import FinishReason
+from tests.helpers import completions, run_until_idle
 from tests.unit.fakes import EOS, FakeBackend, FakeTokenizer, next_token
 
 
@@ -25,19 +26,6 @@ def make_engine(
         backend, FakeTokenizer(), BlockPool(capacity), EngineConfig(**settings)
     )
     return engine, backend
-
-
-def run_until_idle(engine: BlockPoolBatchEngine, limit: int = 10_000) -> list[EngineEvent]:
-    events: list[EngineEvent] = []
-    for _ in range(limit):
-        if not engine.has_work():
-            return events
-        events += engine.step().events
-    raise AssertionError("engine did not go idle")
-
-
-def completions(events: list[EngineEvent]) -> dict[str, CompletionEvent]:
-    return {e.request_id: e for e in events if isinstance(e, CompletionEvent)}
 
 
 def cold_tokens(prompt: list[int], n: int) -> list[int]:

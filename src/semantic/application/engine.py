@@ -32,6 +32,7 @@ from semantic.domain.generation import (
     Priority,
     SamplingParams,
 )
+from semantic.domain.tokens import common_prefix
 from semantic.ports.model_backend import ModelBackend
 from semantic.ports.tokenizer import Tokenizer
 
@@ -212,7 +213,7 @@ class BlockPoolBatchEngine:
         if not self._grow(active, len(prompt)):
             return False
         cached = active.request.cached
-        n_cached = _common_prefix(cached.token_ids, prompt) if cached is not None else 0
+        n_cached = common_prefix(cached.token_ids, prompt) if cached is not None else 0
         n_cached = min(n_cached, len(prompt) - 1)  # the last prompt token is always fed
         self._backend.open_sequence(
             active.id,
@@ -330,11 +331,3 @@ class BlockPoolBatchEngine:
             error=error,
             stop_string=active.detector.stop_string,
         )
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n

@@ -21,6 +21,7 @@ from semantic.adapters.http.translate import (
     ANTHROPIC_STOP,
     chat,
     check_model,
+    joined_text,
     sampling,
     stop_strings,
 )
@@ -74,29 +75,16 @@ class AnthropicController(Controller):
 def _chat(
     system: str | list[TextBlock] | None, messages: list[AnthropicMessage]
 ) -> list[ChatMessage]:
-    out = [ChatMessage("system", _text(system))] if system else []
+    out = [ChatMessage("system", joined_text(system, "content block"))] if system else []
     for message in messages:
         if message.role not in ("user", "assistant"):
             raise InvalidRequestError(
                 f"message role {message.role!r} is not supported", param="messages"
             )
-        out.append(chat(message.role, _text(message.content)))
+        out.append(chat(message.role, joined_text(message.content, "content block")))
     if not messages:
         raise InvalidRequestError("messages must not be empty", param="messages")
     return out
-
-
-def _text(content: str | list[TextBlock] | None) -> str:
-    if content is None or isinstance(content, str):
-        return content or ""
-    parts = []
-    for block in content:
-        if block.type != "text":
-            raise InvalidRequestError(
-                f"content block type {block.type!r} is not supported", param="messages"
-            )
-        parts.append(block.text or "")
-    return "".join(parts)
 
 
 def _usage(result: GenerationResult | None, prompt_tokens: int, cached: int) -> dict[str, int]:

@@ -15,7 +15,6 @@ from semantic.adapters.http.identity import identity
 from semantic.adapters.http.openai_schemas import (
     ChatCompletionRequest,
     CompletionRequest,
-    ContentPart,
     SamplingFields,
 )
 from semantic.adapters.http.state import Services
@@ -23,6 +22,7 @@ from semantic.adapters.http.translate import (
     OPENAI_FINISH,
     chat,
     check_model,
+    joined_text,
     must_default,
     sampling,
     stop_strings,
@@ -67,7 +67,7 @@ class OpenAIController(Controller):
                 raise InvalidRequestError(
                     f"message role {message.role!r} is not supported", param="messages"
                 )
-            messages.append(chat(message.role, _text(message.content)))
+            messages.append(chat(message.role, joined_text(message.content, "content part")))
         if not messages:
             raise InvalidRequestError("messages must not be empty", param="messages")
         prompt = found.tokenizer.render_chat(messages)
@@ -228,19 +228,6 @@ def _input(
         stop_strings(data.stop),
         who.priority,
     )
-
-
-def _text(content: str | list[ContentPart] | None) -> str:
-    if content is None or isinstance(content, str):
-        return content or ""
-    parts = []
-    for part in content:
-        if part.type != "text":
-            raise InvalidRequestError(
-                f"content part type {part.type!r} is not supported", param="messages"
-            )
-        parts.append(part.text or "")
-    return "".join(parts)
 
 
 def _single(prompts: list[str]) -> str:

@@ -45,6 +45,19 @@ def chat(role: str, content: str) -> ChatMessage:
     return ChatMessage(role, content)
 
 
+def joined_text(content: str | Sequence[object] | None, what: str) -> str:
+    """A message's content as one string: plain text, or the text of its text parts."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    parts = []
+    for part in content:
+        kind, text = getattr(part, "type", None), getattr(part, "text", None)
+        if kind != "text":
+            raise InvalidRequestError(f"{what} type {kind!r} is not supported", param="messages")
+        parts.append(text or "")
+    return "".join(parts)
+
+
 def must_default(value: object, default: object, name: str) -> None:
     """A field we accept only at its default: anything else is refused, never ignored."""
     if value is not None and value != default:

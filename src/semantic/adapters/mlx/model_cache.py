@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from semantic.adapters.files import fsync_directory
 from semantic.adapters.mlx.errors import CorruptModelError, ModelDownloadError, UnknownModelError
 from semantic.adapters.mlx.gguf import WeightFormat, convert_gguf
 
@@ -149,7 +150,7 @@ class ModelCache:
             if final.exists():
                 shutil.rmtree(final)
             os.rename(out, final)
-            _fsync_dir(self.root)
+            fsync_directory(self.root)
         finally:
             shutil.rmtree(partial, ignore_errors=True)
 
@@ -252,15 +253,7 @@ def _fsync_tree(path: Path) -> None:
     for child in path.iterdir():
         with open(child, "rb") as handle:
             os.fsync(handle.fileno())
-    _fsync_dir(path)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_directory(path)
 
 
 def _alive(pid: int) -> bool:

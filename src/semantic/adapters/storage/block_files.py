@@ -23,6 +23,7 @@ import numpy as np
 import xxhash
 from safetensors.numpy import save as safetensors_bytes
 
+from semantic.adapters.files import fsync_directory
 from semantic.domain.errors import CacheCorruptionError
 
 Allocate = Callable[[int], np.ndarray]
@@ -154,11 +155,3 @@ def _fill(handle: io.FileIO, view: memoryview, what: str) -> None:
         if not got:
             raise ValueError(f"file ends inside its {what}")
         filled += got
-
-
-def fsync_directory(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -121,17 +121,7 @@ class SqliteMetadataStore:
         now = time.time()
         try:
             async with self._db().begin() as connection:
-                await connection.execute(
-                    insert(agents).values(
-                        namespace=agent.namespace,
-                        agent_id=agent.agent_id,
-                        system_prompt=agent.system_prompt,
-                        anonymous=agent.anonymous,
-                        token_count=0,
-                        created_at=now,
-                        last_used=now,
-                    )
-                )
+                await connection.execute(insert(agents).values(**_agent_row(agent, now)))
         except IntegrityError:
             raise AgentExistsError(agent.agent_id, agent.namespace) from None
 
@@ -229,17 +219,7 @@ class SqliteMetadataStore:
             update(agents).where(where).values(token_count=agent.token_count, last_used=used)
         )
         if updated.rowcount == 0:
-            await connection.execute(
-                insert(agents).values(
-                    namespace=agent.namespace,
-                    agent_id=agent.agent_id,
-                    system_prompt=agent.system_prompt,
-                    anonymous=agent.anonymous,
-                    token_count=agent.token_count,
-                    created_at=now,
-                    last_used=now,
-                )
-            )
+            await connection.execute(insert(agents).values(**_agent_row(agent, now)))
 
     @staticmethod
     async def _recount(connection: AsyncConnection, keys: set[str]) -> list[str]:
@@ -274,6 +254,18 @@ def _configure_connection(dbapi_connection: Any, _record: Any) -> None:
 
 def _agent_where(table: Any, namespace: str, agent_id: str) -> Any:
     return (table.c.namespace == namespace) & (table.c.agent_id == agent_id)
+
+
+def _agent_row(agent: AgentRecord, now: float) -> dict[str, Any]:
+    return {
+        "namespace": agent.namespace,
+        "agent_id": agent.agent_id,
+        "system_prompt": agent.system_prompt,
+        "anonymous": agent.anonymous,
+        "token_count": agent.token_count,
+        "created_at": now,
+        "last_used": agent.last_used or now,
+    }
 
 
 def _block_row(record: BlockRecord, now: float) -> dict[str, Any]:

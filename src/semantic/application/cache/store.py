@@ -26,6 +26,7 @@ from semantic.domain.block_pool import BlockPool
 from semantic.domain.blocks import AgentBlocks, KVBlock
 from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.generation import FinishReason
+from semantic.domain.tokens import common_prefix
 from semantic.ports.block_store import BlockStore
 from semantic.ports.metadata_store import BlockRecord, MetadataStore
 
@@ -120,7 +121,7 @@ class AgentCacheStore:
         hot_tokens = sum(len(b.tokens) for b, from_disk in chain if not from_disk)
         disk_tokens = sum(len(b.tokens) for b, from_disk in chain if from_disk)
         blocks = self._agent_blocks([block for block, _ in chain])
-        matched = _common_prefix(blocks.token_ids, prompt) if blocks else 0
+        matched = common_prefix(blocks.token_ids, prompt) if blocks else 0
         self.stats.hit_tokens += matched
         share = matched / max(1, hot_tokens + disk_tokens)
         self.stats.hot_restored_tokens += round(hot_tokens * share)
@@ -241,9 +242,9 @@ class AgentCacheStore:
             if r.key not in hot_keys and not r.quarantined
         ]
         best = max(
-            options, key=lambda c: (_common_prefix(c.tokens, rest), c.hot is not None), default=None
+            options, key=lambda c: (common_prefix(c.tokens, rest), c.hot is not None), default=None
         )
-        return best if best is not None and _common_prefix(best.tokens, rest) > 0 else None
+        return best if best is not None and common_prefix(best.tokens, rest) > 0 else None
 
     def _agent_blocks(self, chain: list[HotBlock]) -> AgentBlocks | None:
         if not chain:
@@ -261,11 +262,3 @@ def _block_at(layer_blocks: Sequence[KVBlock], index: int) -> KVBlock | None:
         if block.index == index:
             return block
     return None
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n

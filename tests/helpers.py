@@ -1,4 +1,4 @@
-"""Drive a real engine to completion from a test."""
+"""Drive an engine (real or on fakes) to completion from a test."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from semantic.application.engine import BlockPoolBatchEngine
 from semantic.application.events import CompletionEvent, EngineEvent
 
 
-def run_until_idle(engine: BlockPoolBatchEngine, limit: int = 5_000) -> list[EngineEvent]:
+def run_until_idle(engine: BlockPoolBatchEngine, limit: int = 10_000) -> list[EngineEvent]:
     events: list[EngineEvent] = []
     for _ in range(limit):
         if not engine.has_work():
