@@ -29,6 +29,12 @@ from semantic.domain.chat import ChatMessage
 from semantic.domain.generation import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
+FOLLOW_UPS = (
+    "Thanks! Could you say that again, briefly?",
+    "What would you add to that?",
+    "Give me one example, please.",
+    "And how would a beginner start?",
+)
 
 
 async def turn(services: Services, messages: list[ChatMessage], agent: str) -> str:
