@@ -193,3 +193,18 @@ def test_bad_requests_are_refused_before_they_queue() -> None:
     with pytest.raises(PromptTooLongError, match="KV budget"):
         engine.submit("agent", [1] * 40, max_tokens=4)
     assert not engine.has_work()
+
+
+def test_a_request_whose_cache_cannot_be_built_fails_alone() -> None:
+    class BrokenOpen(FakeBackend):
+        def open_sequence(self, seq_id: str, **kwargs: Any) -> None:
+            if kwargs["n_new"] == 7:
+                raise RuntimeError("cannot build this cache")
+            super().open_sequence(seq_id, **kwargs)
+
+    engine, _ = make_engine(backend=BrokenOpen())
+    bad = engine.submit("bad", list(range(1, 8)), max_tokens=3)
+    good = engine.submit("good", [1, 2, 3], max_tokens=3)
+    done = completions(run_until_idle(engine))
+    assert done[bad].finish_reason is FinishReason.ERROR
+    assert done[good].finish_reason is FinishReason.MAX_TOKENS

@@ -80,6 +80,7 @@ class BlockPoolBatchEngine:
         self._cancel_lock = threading.Lock()
         self._queue: RequestQueue[ActiveRequest] = RequestQueue(self._config.max_waiting)
         self._running: dict[str, ActiveRequest] = {}
+        self._failed_admissions: list[tuple[ActiveRequest, Exception]] = []
         self.pacer = PrefillPacer(self._config.pacer)
         self._adder = PrefillAdder(
             self._queue,
@@ -206,6 +207,9 @@ class BlockPoolBatchEngine:
         for active, n_tokens in plan:
             if active.id in self._running:  # an earlier chunk may have failed it
                 self._prefill_chunk(active, n_tokens, events)
+        for active, error in self._failed_admissions:
+            self._fail(active, error, events)
+        self._failed_admissions.clear()
 
     def _admit(self, active: ActiveRequest) -> bool:
         """Reserve blocks and build the cache for a queued request; False if it must wait."""
@@ -215,14 +219,20 @@ class BlockPoolBatchEngine:
         cached = active.request.cached
         n_cached = common_prefix(cached.token_ids, prompt) if cached is not None else 0
         n_cached = min(n_cached, len(prompt) - 1)  # the last prompt token is always fed
-        self._backend.open_sequence(
-            active.id,
-            restored=cached,
-            n_restored=n_cached,
-            n_new=len(prompt) - n_cached,
-            sampling=active.request.sampling,
-            track_top_prob=active.request.criteria.min_top_prob is not None,
-        )
+        try:
+            self._backend.open_sequence(
+                active.id,
+                restored=cached,
+                n_restored=n_cached,
+                n_new=len(prompt) - n_cached,
+                sampling=active.request.sampling,
+                track_top_prob=active.request.criteria.min_top_prob is not None,
+            )
+        except Exception as error:  # noqa: BLE001 - this request fails; the queue moves on
+            active.reservation.release()
+            self._queue.cancel(active.id)
+            self._failed_admissions.append((active, error))
+            return False
         active.phase = Phase.PREFILLING
         active.n_cached = active.prefilled = n_cached
         active.admitted_at = self._clock()

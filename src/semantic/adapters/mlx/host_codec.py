@@ -67,6 +67,9 @@ class MlxHostReader:
             keys = self._tensor(spans[f"{layer}.keys"], dtype)
             values = self._tensor(spans[f"{layer}.values"], dtype)
             out.append(LayerPayload(layer, start, n_tokens, MlxKV(keys, values)))
+        # Evaluate the views here: a lazy op belongs to this thread's stream, and the
+        # engine thread could not run it. Views of one buffer, so nothing is copied.
+        mx.eval([(p.data.keys, p.data.values) for p in out if isinstance(p.data, MlxKV)])
         return out
 
     def _tensor(self, span: TensorSpan, dtype: mx.Dtype) -> mx.array:
