@@ -45,15 +45,18 @@ def damage(data_dir: Path, kind: str, rng: random.Random) -> str:
     with sqlite3.connect(data_dir / "semantic.db") as db:
         keys = [k for (k,) in db.execute("SELECT block_key FROM agent_blocks ORDER BY position")]
         key = keys[rng.randrange(len(keys))]
-        if kind == "dangling row":
+        if kind == "dangling row":  # a row (and a reference) pointing at no file at all
             ghost = "f" * 64
             db.execute(
-                "INSERT INTO blocks SELECT ?, parent_key, namespace, n_tokens, tokens, nbytes, "
-                "checksum, ref_count, tier, created_at FROM blocks WHERE key = ?",
-                (ghost, key),
+                "INSERT INTO blocks SELECT ?, ?, namespace, n_tokens, tokens, nbytes, checksum, "
+                "1, tier, created_at FROM blocks WHERE key = ?",
+                (ghost, keys[-1], key),
             )
-            db.execute("UPDATE agent_blocks SET block_key = ? WHERE block_key = ?", (ghost, key))
-            db.execute("UPDATE blocks SET parent_key = ? WHERE parent_key = ?", (ghost, key))
+            db.execute(
+                "INSERT INTO agent_blocks SELECT namespace, agent_id, ?, ? FROM agent_blocks "
+                "WHERE block_key = ?",
+                (len(keys), ghost, keys[-1]),
+            )
             return ghost
     path = data_dir / "blocks" / key[:2] / f"{key}.safetensors"
     data = bytearray(path.read_bytes())

@@ -68,7 +68,15 @@ def converse(url: str, agent: str, turns: int) -> LoadResult:
             result.failures.append(
                 f"{agent}: {len(transcript)} messages for {acknowledged} replies"
             )
-    return acknowledged
+    return result
+
+
+def merge(total: LoadResult, part: LoadResult) -> None:
+    total.requests += part.requests
+    total.server_errors += part.server_errors
+    total.client_errors += part.client_errors
+    total.transcripts_lost += part.transcripts_lost
+    total.failures += part.failures
 
 
 def peak_rss_mb(pid: int) -> float:
@@ -84,12 +92,13 @@ def run(agents: int, turns: int, workdir: Path, kv_budget_mb: int = 1024) -> Loa
     try:
         started = time.monotonic()
         with concurrent.futures.ThreadPoolExecutor(max_workers=agents) as pool:
-            list(
-                pool.map(lambda i: converse(server.url, f"agent-{i}", turns, result), range(agents))
-            )
+            for part in pool.map(
+                lambda i: converse(server.url, f"agent-{i}", turns), range(agents)
+            ):
+                merge(result, part)
         result.seconds = time.monotonic() - started
-        assert server.process is not None
-        result.peak_rss_mb = peak_rss_mb(server.process.pid)
+        if server.process is not None:
+            result.peak_rss_mb = peak_rss_mb(server.process.pid)
         used = server.metric("semantic_kv_pool_used_blocks")
         cached = server.metric("semantic_kv_cache_blocks")
         result.pool_blocks_held_by_requests = used - cached

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
+import sys
 from typing import Any
 
 from semantic.adapters.cli.progress import ProgressPrinter
@@ -63,8 +65,6 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def run_server(args: argparse.Namespace) -> int:
-    import os
-
     import uvicorn
 
     from semantic.adapters.cli.main import settings_from
@@ -91,6 +91,13 @@ def run_server(args: argparse.Namespace) -> int:
 
     async def stop(services: Any) -> None:
         await stop_services(services, settings.grace_s)
+        # Everything is flushed and closed. Leave now: MLX keeps a C++ stream thread for
+        # every Python thread that ran MLX work, and letting the interpreter tear those
+        # threads down can abort the process (SIGABRT) after a perfectly clean shutdown.
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
     app = create_app(start, stop, api_key=settings.api_key, max_body_bytes=settings.max_body_bytes)
     log.info("listening on http://%s:%d", settings.host, settings.port)

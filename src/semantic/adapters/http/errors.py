@@ -66,32 +66,42 @@ _ANTHROPIC_TYPES = {
 }
 
 
+_PLAIN: tuple[tuple[type[Exception], int, str], ...] = (
+    (AgentNotFoundError, 404, "not_found"),
+    (ModelNotFoundError, 404, "not_found"),
+    (AgentExistsError, 409, "conflict"),
+    (GenerationFailedError, 500, "generation_failed"),
+    (SemanticError, 400, "invalid_request"),
+)
+
+
 def problem_for(error: Exception) -> Problem:
+    """The status, error code and message a domain (or framework) error maps to."""
     match error:
-        case PromptTooLongError():
-            return Problem(400, "context_length_exceeded", str(error), error.param)
         case InvalidRequestError():
-            return Problem(400, "invalid_request", str(error), error.param)
-        case AgentNotFoundError() | ModelNotFoundError():
-            return Problem(404, "not_found", str(error))
-        case AgentExistsError():
-            return Problem(409, "conflict", str(error))
+            kind = (
+                "context_length_exceeded"
+                if isinstance(error, PromptTooLongError)
+                else "invalid_request"
+            )
+            return Problem(400, kind, str(error), error.param)
         case QueueFullError():
             return Problem(429, "queue_full", str(error), retry_after=error.retry_after_s)
         case PoolExhaustedError():
             return Problem(429, "out_of_memory", f"{error}; retry later", retry_after=2.0)
         case ModelUnavailableError() | ShuttingDownError():
             return Problem(503, "unavailable", str(error), retry_after=5.0)
-        case GenerationFailedError():
-            return Problem(500, "generation_failed", str(error))
         case NotAuthorizedException():
             return Problem(401, "invalid_api_key", "missing or invalid API key")
         case ValidationException():
             return Problem(400, "invalid_request", _validation_message(error))
+        case UnicodeError():
+            return Problem(400, "invalid_request", f"the request body is not valid UTF-8: {error}")
         case HTTPException():
             return Problem(error.status_code, "http_error", str(error.detail))
-        case SemanticError():
-            return Problem(400, "invalid_request", str(error))
+    for kind, status, code in _PLAIN:
+        if isinstance(error, kind):
+            return Problem(status, code, str(error))
     log.exception("unexpected error", exc_info=error)
     return Problem(500, "internal_error", "internal server error")
 

@@ -95,7 +95,8 @@ class Saver:
             self._task = None
 
     async def recover(self) -> None:
-        """After a crash: remove half-written files, files no row knows, rows no one uses."""
+        """At start: remove half-written files, files no row knows and rows no one uses;
+        quarantine rows whose file is gone (they point nowhere)."""
         temporaries = await asyncio.to_thread(self._store.remove_temporaries)
         files = await asyncio.to_thread(self._store.keys)
         rows = await self._metadata.all_block_keys()
@@ -103,6 +104,11 @@ class Saver:
         await self._metadata.delete_blocks(unreferenced)
         stray = (files - rows) | set(unreferenced)
         await self.delete_files(sorted(stray))
+        missing = await self._metadata.blocks(sorted(rows - files - set(unreferenced)))
+        for key in [k for k, record in missing.items() if not record.quarantined]:
+            await self._metadata.quarantine_block(key)
+            self._stats.corrupt_blocks += 1
+            log.warning("block %s has a row but no file; quarantined", key[:16])
         if temporaries or stray:
             log.info(
                 "recovery: removed %d temporary and %d unreferenced block files",
