@@ -15,12 +15,13 @@ from typing import Any
 
 from litestar import Litestar
 from litestar.openapi import OpenAPIConfig
+from litestar.types import ASGIApp
 
 from semantic import __version__
 from semantic.adapters.http import errors
 from semantic.adapters.http.agent_routes import AgentController
 from semantic.adapters.http.anthropic_routes import AnthropicController
-from semantic.adapters.http.auth import api_key_middleware
+from semantic.adapters.http.auth import edge
 from semantic.adapters.http.metrics import Metrics
 from semantic.adapters.http.openai_routes import OpenAIController
 from semantic.adapters.http.ops_routes import health, metrics
@@ -38,7 +39,7 @@ def create_app(
     *,
     api_key: str | None = None,
     max_body_bytes: int = 4 << 20,
-) -> Litestar:
+) -> ASGIApp:
     """``start`` builds the services (load the model, open storage); ``stop`` drains them."""
     state = ServerState()
     observer = Metrics(state)
@@ -56,10 +57,13 @@ def create_app(
                 services, state.services = state.services, None
                 await stop(services)
 
+    return edge(app_for(state, observer, lifespan, max_body_bytes), api_key)
+
+
+def app_for(state: ServerState, observer: Metrics, lifespan: Any, max_body_bytes: int) -> Litestar:
     return Litestar(
         route_handlers=[OpenAIController, AnthropicController, AgentController, health, metrics],
         lifespan=[lifespan],
-        middleware=[api_key_middleware(api_key)] if api_key else [],
         exception_handlers={Exception: errors.handle},
         request_max_body_size=max_body_bytes,
         state=_app_state(state, observer),

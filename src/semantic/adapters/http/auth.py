@@ -1,10 +1,17 @@
-"""The API key, checked before routing: every route but /health, whatever the method."""
+"""The edge, before any routing: malformed paths and the API key.
+
+Litestar's own middleware runs after a route matched, so a wrong method or an unknown path
+would answer 404/405 before a key was asked for. This wrapper sits outside the router: with
+a key set, every route but /health answers 401 without it, whatever the method; and a path
+that smuggles a separator or a parent reference in percent-encoding (``%2F``, ``%5C``,
+``%2E%2E``, NUL) is refused with a 400 before it can be decoded into something else.
+"""
 
 from __future__ import annotations
 
 import hmac
 import json
-from collections.abc import Callable
+import re
 
 from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Receive, Scope, Send
@@ -13,37 +20,44 @@ from semantic.adapters.http.errors import Problem, body_for, headers_for
 
 OPEN_PATHS = frozenset({"/health"})
 _REFUSED = Problem(401, "invalid_api_key", "missing or invalid API key")
+_SMUGGLED = re.compile(rb"%(2f|5c|00)|%2e%2e|(^|/)\.\.(/|$)|//", re.IGNORECASE)
+_BAD_PATH = Problem(400, "invalid_path", "the path holds an encoded separator or a '..' segment")
 
 
-def api_key_middleware(api_key: str) -> Callable[[ASGIApp], ASGIApp]:
-    """Accepts ``Authorization: Bearer <key>`` or ``x-api-key: <key>``; anything else is a 401
-    in the protocol's own error shape, before any route (or 404, or 405) is considered."""
-    expected = api_key.encode()
+def edge(app: ASGIApp, api_key: str | None) -> ASGIApp:
+    """``app`` behind the path check and, if ``api_key`` is set, the key check."""
+    expected = api_key.encode() if api_key else None
 
-    def wrap(app: ASGIApp) -> ASGIApp:
-        async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
-            if scope["type"] != ScopeType.HTTP or scope["path"] in OPEN_PATHS:
-                await app(scope, receive, send)
-                return
+    async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != ScopeType.HTTP:
+            await app(scope, receive, send)
+            return
+        path = scope["path"]
+        if _SMUGGLED.search(scope.get("raw_path") or path.encode()):
+            await _refuse(send, path, _BAD_PATH)
+            return
+        if expected is not None and path not in OPEN_PATHS:
             headers = {k.lower(): v for k, v in scope["headers"]}
             given = headers.get(b"x-api-key") or _bearer(headers.get(b"authorization"))
-            if given is not None and hmac.compare_digest(given, expected):
-                await app(scope, receive, send)
+            if given is None or not hmac.compare_digest(given, expected):
+                await _refuse(send, path, _REFUSED)
                 return
-            body = json.dumps(body_for(scope["path"], _REFUSED)).encode()
-            extra = [(k.encode(), v.encode()) for k, v in headers_for(_REFUSED).items()]
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 401,
-                    "headers": [(b"content-type", b"application/json"), *extra],
-                }
-            )
-            await send({"type": "http.response.body", "body": body, "more_body": False})
+        await app(scope, receive, send)
 
-        return guarded
+    return guarded
 
-    return wrap
+
+async def _refuse(send: Send, path: str, problem: Problem) -> None:
+    body = json.dumps(body_for(path, problem)).encode()
+    extra = [(k.encode(), v.encode()) for k, v in headers_for(problem).items()]
+    await send(
+        {
+            "type": "http.response.start",
+            "status": problem.status,
+            "headers": [(b"content-type", b"application/json"), *extra],
+        }
+    )
+    await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 def _bearer(header: bytes | None) -> bytes | None:

@@ -99,8 +99,8 @@ def problem_for(error: Exception) -> Problem:
             return Problem(400, "invalid_request", f"the request body is not valid UTF-8: {error}")
         case HTTPException():
             return Problem(error.status_code, "http_error", str(error.detail))
-    for kind, status, code in _PLAIN:
-        if isinstance(error, kind):
+    for error_type, status, code in _PLAIN:
+        if isinstance(error, error_type):
             return Problem(status, code, str(error))
     log.exception("unexpected error", exc_info=error)
     return Problem(500, "internal_error", "internal server error")
