@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 from reliability.server import ServerProcess
 
-from benchmarks import concurrency, persistence, report, resume
+from benchmarks import concurrency, llama_cpp, persistence, report, resume
 from benchmarks.common import Bench, load_bench
 from semantic.domain.chat import ChatMessage
 
@@ -44,24 +44,24 @@ def overhead(bench: Bench, repeats: int = 5) -> dict[str, float]:
             engine.step()
         direct.append(time.perf_counter() - started)
     with tempfile.TemporaryDirectory() as tmp:
-        server = ServerProcess(Path(tmp) / "overhead").start()
         http = []
-        for index in range(repeats):
-            body = {
-                "model": "default",
-                "messages": [{"role": "user", "content": prompt}],
-                "temperature": 0,
-                "max_tokens": 64,
-            }
-            started = time.perf_counter()
-            httpx.post(
-                f"{server.url}/v1/chat/completions",
-                json=body,
-                timeout=300,
-                headers={"X-Namespace": f"o{index}"},
-            ).raise_for_status()
-            http.append(time.perf_counter() - started)
-        server.stop()
+        with ServerProcess(Path(tmp) / "overhead").start() as server:
+            for index in range(repeats):
+                body = {
+                    "model": "default",
+                    "messages": [{"role": "user", "content": prompt}],
+                    "temperature": 0,
+                    "max_tokens": 64,
+                }
+                started = time.perf_counter()
+                httpx.post(
+                    f"{server.url}/v1/chat/completions",
+                    json=body,
+                    timeout=300,
+                    headers={"X-Namespace": f"o{index}"},
+                ).raise_for_status()
+                http.append(time.perf_counter() - started)
+            server.stop()
     d, h = statistics.median(direct), statistics.median(http)
     return {"engine_s": d, "http_s": h, "overhead_fraction": (h - d) / h}
 
@@ -83,7 +83,10 @@ def main() -> None:
 
     results: dict[str, Any] = {"mode": "full" if args.full else "quick"}
     if "resume" not in skip:
-        rows = resume.run(sizes, bench.loaded.path, count)
+        with_llama = args.full and llama_cpp.available()
+        if args.full and not with_llama:
+            print("llama-cpp-python is not installed: llama.cpp columns left out")
+        rows = resume.run(sizes, bench.loaded.path, count, with_llama=with_llama)
         results["resume"] = [asdict(r) for r in rows]
         print(report.resume_table(rows))
     if "concurrency" not in skip:
@@ -106,8 +109,10 @@ def main() -> None:
 
 def run_concurrency(model_path: Path) -> list[concurrency.ConcurrencyRow]:
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        server = ServerProcess(Path(tmp) / "concurrency").start()
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        ServerProcess(Path(tmp) / "concurrency").start() as server,
+    ):
         for agents in AGENTS:
             rows.append(concurrency.measure(server.url, "semantic", agents))
         server.stop()

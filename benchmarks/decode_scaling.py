@@ -9,6 +9,7 @@ the engine within 10% of driving mlx-lm's BatchGenerator directly.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
@@ -48,8 +49,10 @@ def prompts(bench: Bench, n: int) -> list[list[int]]:
 
 def engine_rate(bench: Bench, n: int) -> float:
     engine = bench.engine(pacer=PacerConfig(fixed_tokens=2048))
-    for prompt in prompts(bench, n):
+    ids = [
         engine.submit("bench", prompt, max_tokens=STEPS + 20, stop=())
+        for prompt in prompts(bench, n)
+    ]
     while engine.step().decoding < n:
         pass
     engine.step()
@@ -57,7 +60,7 @@ def engine_rate(bench: Bench, n: int) -> float:
     for _ in range(STEPS):
         tokens += sum(1 for e in engine.step().events if hasattr(e, "token_id"))
     rate = tokens / (time.perf_counter() - start)
-    for request_id in list(engine._requests):  # noqa: SLF001 - tidy up for the next size
+    for request_id in ids:  # tidy up for the next size
         engine.cancel(request_id)
     while engine.has_work():
         engine.step()
@@ -65,7 +68,7 @@ def engine_rate(bench: Bench, n: int) -> float:
 
 
 def direct_rate(bench: Bench, n: int) -> float:
-    generator = BatchGenerator(
+    generator: Any = BatchGenerator(  # mlx-lm leaves its methods unannotated
         bench.loaded.model,
         max_tokens=STEPS + 20,
         stop_tokens=[[2]],

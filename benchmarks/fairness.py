@@ -120,7 +120,7 @@ def ours_alone(bench: Bench, long_prompt: list[int]) -> float:
 
 
 def mlx_lm_point(path: Path, prompts: list[list[int]], long_prompt: list[int]) -> Point:
-    model, _ = mlx_lm_load(str(path))
+    model = mlx_lm_load(str(path))[0]
 
     def generator() -> Any:
         return BatchGenerator(

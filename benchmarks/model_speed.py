@@ -50,9 +50,9 @@ def main() -> None:
         _, seconds = timed(decode)
         decode_rates.append(DECODE_TOKENS / seconds)
         backend.close_sequence(seq, 0)
-    prefill, decode = median(prefill_rates), median(decode_rates)
-    print(f"prefill, {PROMPT_TOKENS}-token prompt: {prefill:.0f} tokens/s (target >= 200)")
-    print(f"decode, one sequence:        {decode:.1f} tokens/s (target >= 17)")
+    prefill_rate, decode_rate = median(prefill_rates), median(decode_rates)
+    print(f"prefill, {PROMPT_TOKENS}-token prompt: {prefill_rate:.0f} tokens/s (target >= 200)")
+    print(f"decode, one sequence:        {decode_rate:.1f} tokens/s (target >= 17)")
 
 
 if __name__ == "__main__":

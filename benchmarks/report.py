@@ -11,18 +11,28 @@ from benchmarks.resume import ResumeRow
 
 
 def resume_table(rows: Sequence[ResumeRow]) -> str:
-    lines = [
+    with_llama = any(r.llama_cold is not None for r in rows)
+    header = (
         "| history | ours cold | ours same prompt, memory | ours same prompt, disk after restart "
         "| ours next turn, disk after restart | mlx-lm cold (one call) | mlx-lm same prompt "
-        "(cache file) | mlx-lm next turn (cache file) |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+        "(cache file) | mlx-lm next turn (cache file) |"
+    )
+    rule = "|---:|---:|---:|---:|---:|---:|---:|---:|"
+    if with_llama:
+        header += (
+            " llama.cpp cold (Q4_1) | llama.cpp same prompt (state file) | llama.cpp next turn |"
+        )
+        rule += "---:|---:|---:|"
+    lines = [header, rule]
     for r in rows:
-        lines.append(
+        line = (
             f"| {r.history} | {_s(r.ours_cold)} | {_s(r.ours_memory)} | {_s(r.ours_disk)} "
             f"| {_s(r.ours_next_turn)} ({r.next_turn_new_tokens} new) | {_s(r.mlx_cold)} "
             f"| {_s(r.mlx_same_prompt)} | {_s(r.mlx_next_turn)} |"
         )
+        if with_llama:
+            line += f" {_s(r.llama_cold)} | {_s(r.llama_same_prompt)} | {_s(r.llama_next_turn)} |"
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -86,6 +96,15 @@ def summary(results: dict[str, Any]) -> str:
         )
         never = all(r.ours_cold <= r.mlx_cold for r in resume)
         checks.append(("cold never slower than mlx-lm at any length", str(never), never))
+        if big.llama_next_turn is not None:
+            versus = big.ours_next_turn / big.llama_next_turn
+            checks.append(
+                (
+                    f"(info) next turn at {big.history}: ours / llama.cpp state file",
+                    f"{versus:.2f}x ({_s(big.ours_next_turn)} vs {_s(big.llama_next_turn)})",
+                    True,
+                )
+            )
     rows = results.get("concurrency", [])
     ours = {r["agents"]: r["tokens_per_s"] for r in rows if r["server"] == "semantic"}
     theirs = {r["agents"]: r["tokens_per_s"] for r in rows if r["server"] != "semantic"}
@@ -155,15 +174,21 @@ def plots(results: dict[str, Any], out: Path) -> None:
             ("mlx-lm next turn (cache file)", [r.mlx_next_turn for r in rows]),
             ("ours same prompt (disk)", [r.ours_disk for r in rows]),
         ]
+        if all(r.llama_cold is not None for r in rows):
+            series += [
+                ("llama.cpp cold (Q4_1)", [r.llama_cold or math.nan for r in rows]),
+                ("llama.cpp next turn (state file)", [r.llama_next_turn or math.nan for r in rows]),
+            ]
         fig, ax = plt.subplots(figsize=(9, 5))
-        width = 0.16
+        width = 0.8 / len(series)
         for i, (name, values) in enumerate(series):
-            ax.bar([x + (i - 2) * width for x in range(len(rows))], values, width, label=name)
+            offset = (i - (len(series) - 1) / 2) * width
+            ax.bar([x + offset for x in range(len(rows))], values, width, label=name)
         ax.set_yscale("log")
         ax.set_xticks(range(len(rows)), labels)
         ax.set_xlabel("tokens of history")
         ax.set_ylabel("time to first token (s, log scale)")
-        ax.set_title("Resuming a conversation: semantic vs mlx-lm, same weights, 2-core CPU")
+        ax.set_title("Resuming a conversation, 2-core CPU (lower is better)")
         ax.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(out / "resume.png", dpi=120)
@@ -186,7 +211,7 @@ def plots(results: dict[str, Any], out: Path) -> None:
         fig.savefig(out / "concurrency.png", dpi=120)
 
 
-def _s(seconds: float) -> str:
-    if math.isnan(seconds):
+def _s(seconds: float | None) -> str:
+    if seconds is None or math.isnan(seconds):
         return "n/a"
     return f"{seconds * 1e3:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"

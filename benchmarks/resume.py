@@ -4,7 +4,8 @@ For each history length: (a) cold, full prefill; (b) the same prompt again, KV i
 (c) the same prompt after a restart, KV from disk; (d) the realistic next turn (history +
 the previous reply + a new ~20-token question) after a restart. Ours is measured through
 HTTP with a streaming client; mlx-lm's through its own prompt-cache files
-(``save_prompt_cache`` / ``load_prompt_cache``) on the same weights, in process.
+(``save_prompt_cache`` / ``load_prompt_cache``) on the same weights, in process; with
+``with_llama``, llama.cpp's state files on the GGUF the weights came from.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from mlx_lm import load as mlx_lm_load
 from mlx_lm.models.cache import load_prompt_cache, make_prompt_cache, save_prompt_cache
 from reliability.server import ServerProcess
 
+from benchmarks import llama_cpp
 from benchmarks.corpus import conversation
 
 QUESTION = "Thanks. In one sentence, what is the most important point so far?"
@@ -40,6 +42,9 @@ class ResumeRow:
     mlx_cold: float
     mlx_same_prompt: float
     mlx_next_turn: float
+    llama_cold: float | None = None
+    llama_same_prompt: float | None = None
+    llama_next_turn: float | None = None
 
 
 def stream_ttft(url: str, messages: list[dict[str, str]], namespace: str) -> tuple[float, str, int]:
@@ -77,7 +82,9 @@ class MlxLmPromptCache:
     """mlx-lm's own way to resume: a prompt cache file per conversation."""
 
     def __init__(self, model_path: Path, workdir: Path) -> None:
-        self.model, self.tokenizer = mlx_lm_load(str(model_path))
+        loaded = mlx_lm_load(str(model_path))
+        self.model = loaded[0]
+        self.tokenizer: Any = loaded[1]  # mlx-lm's TokenizerWrapper is unannotated
         self.workdir = workdir
 
     def tokens(self, messages: list[dict[str, str]]) -> list[int]:
@@ -87,7 +94,7 @@ class MlxLmPromptCache:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def prefill(self, cache: list[Any], tokens: Sequence[int], step: int = 2048) -> mx.array:
-        logits = None
+        logits: mx.array | None = None
         for start in range(0, len(tokens), step):
             logits = self.model(mx.array([list(tokens[start : start + step])]), cache=cache)
             mx.eval(logits, [c.state for c in cache])
@@ -110,12 +117,14 @@ class MlxLmPromptCache:
 
     def resume(self, path: Path, suffix: list[int]) -> float:
         started = time.perf_counter()
-        cache = load_prompt_cache(str(path))
+        cache = load_prompt_cache(str(path))  # type: ignore[no-untyped-call]  # mlx-lm leaves it unannotated
         mx.eval(mx.argmax(self.prefill(cache, suffix)[:, -1], axis=-1))
         return time.perf_counter() - started
 
 
-def run(sizes: Sequence[int], model_path: Path, token_count: Any) -> list[ResumeRow]:
+def run(
+    sizes: Sequence[int], model_path: Path, token_count: Any, *, with_llama: bool = False
+) -> list[ResumeRow]:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         histories = {
@@ -125,16 +134,15 @@ def run(sizes: Sequence[int], model_path: Path, token_count: Any) -> list[Resume
             ]
             for n in sizes
         }
-        server = ServerProcess(work / "data").start()
         cold, memory, replies = {}, {}, {}
-        for n, history in histories.items():
-            cold[n], replies[n], _ = stream_ttft(server.url, history, f"n{n}")
-            memory[n], _, _ = stream_ttft(server.url, history, f"n{n}")
-        server.stop()
-        server = ServerProcess(work / "data").start()
-        disk = {n: stream_ttft(server.url, h, f"n{n}")[0] for n, h in histories.items()}
-        server.stop()
-        server = ServerProcess(work / "data").start()
+        with ServerProcess(work / "data").start() as server:
+            for n, history in histories.items():
+                cold[n], replies[n], _ = stream_ttft(server.url, history, f"n{n}")
+                memory[n], _, _ = stream_ttft(server.url, history, f"n{n}")
+            server.stop()
+        with ServerProcess(work / "data").start() as server:
+            disk = {n: stream_ttft(server.url, h, f"n{n}")[0] for n, h in histories.items()}
+            server.stop()
         nexts: dict[int, list[dict[str, str]]] = {
             n: [
                 *h,
@@ -143,9 +151,15 @@ def run(sizes: Sequence[int], model_path: Path, token_count: Any) -> list[Resume
             ]
             for n, h in histories.items()
         }
-        turn = {n: stream_ttft(server.url, nexts[n], f"n{n}") for n in sizes}
-        server.stop()
+        with ServerProcess(work / "data").start() as server:
+            turn = {n: stream_ttft(server.url, nexts[n], f"n{n}") for n in sizes}
+            server.stop()
         mlx = MlxLmPromptCache(model_path, work)
+        llama = (
+            llama_cpp.LlamaCppState(llama_cpp.embedded_gguf(work), max(sizes) + 512, work)
+            if with_llama
+            else None
+        )
         rows = []
         for n in sizes:
             prompt = mlx.tokens(histories[n])
@@ -157,18 +171,25 @@ def run(sizes: Sequence[int], model_path: Path, token_count: Any) -> list[Resume
             shared = next(
                 i for i, (a, b) in enumerate(zip([*kept, -1], next_prompt, strict=False)) if a != b
             )
-            rows.append(
-                ResumeRow(
-                    history=len(prompt),
-                    ours_cold=cold[n],
-                    ours_memory=memory[n],
-                    ours_disk=disk[n],
-                    ours_next_turn=turn[n][0],
-                    ours_next_turn_cached=turn[n][2],
-                    next_turn_new_tokens=len(next_prompt) - shared,
-                    mlx_cold=mlx.cold(prompt),
-                    mlx_same_prompt=mlx.resume(same, prompt[-1:]),
-                    mlx_next_turn=mlx.resume(after, next_prompt[shared:]),
-                )
+            row = ResumeRow(
+                history=len(prompt),
+                ours_cold=cold[n],
+                ours_memory=memory[n],
+                ours_disk=disk[n],
+                ours_next_turn=turn[n][0],
+                ours_next_turn_cached=turn[n][2],
+                next_turn_new_tokens=len(next_prompt) - shared,
+                mlx_cold=mlx.cold(prompt),
+                mlx_same_prompt=mlx.resume(same, prompt[-1:]),
+                mlx_next_turn=mlx.resume(after, next_prompt[shared:]),
             )
+            if llama is not None:
+                row.llama_cold = llama.cold(prompt)
+                row.llama_same_prompt = llama.resume(
+                    llama.save(f"same-{n}", prompt[:-1]), prompt[-1:]
+                )
+                row.llama_next_turn = llama.resume(
+                    llama.save(f"turn-{n}", kept), next_prompt[shared:]
+                )
+            rows.append(row)
         return rows

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from typing import cast
 
 import mlx.core as mx
 
@@ -82,12 +83,11 @@ def main() -> None:
         warm = run(engine, full, NEW_TOKENS, first.blocks)
         cold = run(engine, full, NEW_TOKENS)
         n_cached = warm.stats.cached_tokens
-        diff = mx.max(
-            mx.abs(
-                first_logprobs(backend, full, first.blocks, n_cached)
-                - first_logprobs(backend, full, None, 0)
-            )
-        ).item()
+        gap = mx.abs(
+            first_logprobs(backend, full, first.blocks, n_cached)
+            - first_logprobs(backend, full, None, 0)
+        )
+        diff = cast(float, mx.max(gap).item())  # a float32 array's item is a float
         engine.release_blocks(first.request_id)
         for done in (warm, cold):
             engine.release_blocks(done.request_id)

@@ -67,7 +67,7 @@ def damage(data_dir: Path, kind: str, rng: random.Random) -> str:
         path.write_bytes(bytes(data[: rng.randrange(len(data))]))
     else:
         path.unlink()
-    return key
+    return str(key)
 
 
 def run(rounds: int, workdir: Path, seed: int = 3) -> Result:

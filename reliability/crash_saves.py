@@ -68,50 +68,57 @@ def converse(
 
 
 def trial(data_dir: Path, index: int, agents: int, rng: random.Random, summary: Summary) -> None:
-    server = ServerProcess(data_dir).start()
     conversations = [Conversation(f"agent-{index}-{a}") for a in range(agents)]
-    stop = threading.Event()
-    threads = [
-        threading.Thread(target=converse, args=(server.url, c, random.Random(rng.random()), stop))
-        for c in conversations
-    ]
-    for thread in threads:
-        thread.start()
-    time.sleep(rng.uniform(0.5, 4.0))
-    server.kill()
-    stop.set()
-    for thread in threads:
-        thread.join()
-    summary.trials += 1
-    server = ServerProcess(data_dir).start()
-    ok = True
-    for conversation in conversations:
-        acked = list(conversation.messages)
-        if conversation.acknowledged_tokens == 0:
-            continue
-        if acked and acked[-1]["role"] == "user":
-            acked.pop()  # the turn in flight when the kill came was never acknowledged
-        summary.acknowledged_turns += sum(1 for m in acked if m["role"] == "assistant")
-        follow = [*acked, {"role": "user", "content": "Thanks. One more, please."}]
-        warm = chat(server.url, follow, {"X-Agent-Id": conversation.agent})
-        cold = chat(server.url, follow, {"X-Namespace": f"cold-{index}"})
-        cached = warm["usage"]["prompt_tokens_details"]["cached_tokens"]  # type: ignore[index]
-        summary.checked_agents += 1
-        if cached < conversation.acknowledged_tokens - 1:
-            ok = False
-            summary.failures.append(
-                f"trial {index} {conversation.agent}: cached {cached} < "
-                f"acknowledged {conversation.acknowledged_tokens}"
+    with ServerProcess(data_dir).start() as server:
+        stop = threading.Event()
+        threads = [
+            threading.Thread(
+                target=converse, args=(server.url, c, random.Random(rng.random()), stop)
             )
-        if warm["choices"] != cold["choices"]:
-            ok = False
-            summary.failures.append(f"trial {index} {conversation.agent}: warm reply != cold")
-    server.kill()
+            for c in conversations
+        ]
+        for thread in threads:
+            thread.start()
+        time.sleep(rng.uniform(0.5, 4.0))
+        server.kill()
+        stop.set()
+        for thread in threads:
+            thread.join()
+    summary.trials += 1
+    with ServerProcess(data_dir).start() as server:
+        checked = [check(server.url, index, c, summary) for c in conversations]
+    ok = all(checked)
     problems = block_problems(data_dir)
     if problems:
         ok = False
         summary.failures += [f"trial {index}: {p}" for p in problems]
     summary.survived += ok
+
+
+def check(url: str, index: int, conversation: Conversation, summary: Summary) -> bool:
+    """After the restart: the acknowledged prefix is cached and the reply equals a cold one."""
+    acked = list(conversation.messages)
+    if conversation.acknowledged_tokens == 0:
+        return True
+    if acked and acked[-1]["role"] == "user":
+        acked.pop()  # the turn in flight when the kill came was never acknowledged
+    summary.acknowledged_turns += sum(1 for m in acked if m["role"] == "assistant")
+    follow = [*acked, {"role": "user", "content": "Thanks. One more, please."}]
+    warm = chat(url, follow, {"X-Agent-Id": conversation.agent})
+    cold = chat(url, follow, {"X-Namespace": f"cold-{index}"})
+    cached = warm["usage"]["prompt_tokens_details"]["cached_tokens"]  # type: ignore[index]
+    summary.checked_agents += 1
+    ok = True
+    if cached < conversation.acknowledged_tokens - 1:
+        ok = False
+        summary.failures.append(
+            f"trial {index} {conversation.agent}: cached {cached} < "
+            f"acknowledged {conversation.acknowledged_tokens}"
+        )
+    if warm["choices"] != cold["choices"]:
+        ok = False
+        summary.failures.append(f"trial {index} {conversation.agent}: warm reply != cold")
+    return ok
 
 
 def run(trials: int, agents: int = 3, seed: int = 1, workdir: Path | None = None) -> Summary:

@@ -74,6 +74,13 @@ class ServerProcess:
             self.process.kill()
             self.process.wait(30)
 
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        """Whatever went wrong in between, no server outlives its user."""
+        self.kill()
+
     def metric(self, name: str, labels: dict[str, str] | None = None) -> float:
         from prometheus_client.parser import text_string_to_metric_families
 

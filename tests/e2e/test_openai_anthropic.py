@@ -9,6 +9,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from reliability.server import ServerProcess
 
+from tests.e2e.sdk_types import anthropic_messages, openai_messages
+
 pytestmark = pytest.mark.model
 
 QUESTION = "What is the capital of France?"
@@ -98,22 +100,27 @@ def test_anthropic_messages_stream_and_count_tokens(server: ServerProcess) -> No
 
 def test_later_turns_of_a_conversation_report_cached_tokens(server: ServerProcess) -> None:
     client = oai(server, **{"X-Agent-Id": "traveller"})
-    history = [{"role": "user", "content": QUESTION}]
+    history: list[dict[str, str]] = [{"role": "user", "content": QUESTION}]
     first = client.chat.completions.create(
-        model="default", messages=history, temperature=0, max_tokens=24
-    )  # type: ignore[arg-type]
+        model="default", messages=openai_messages(history), temperature=0, max_tokens=24
+    )
     history += [
         {"role": "assistant", "content": first.choices[0].message.content or ""},
         {"role": "user", "content": "And of Italy?"},
     ]
     second = client.chat.completions.create(
-        model="default", messages=history, temperature=0, max_tokens=24
-    )  # type: ignore[arg-type]
-    cached = second.usage.prompt_tokens_details.cached_tokens  # type: ignore[union-attr]
-    assert cached >= first.usage.prompt_tokens + first.usage.completion_tokens - 1  # type: ignore[union-attr]
+        model="default", messages=openai_messages(history), temperature=0, max_tokens=24
+    )
+    assert first.usage is not None
+    assert second.usage is not None
+    assert second.usage.prompt_tokens_details is not None
+    cached = second.usage.prompt_tokens_details.cached_tokens or 0
+    assert cached >= first.usage.prompt_tokens + first.usage.completion_tokens - 1
     anthropic_client = anthropic.Anthropic(base_url=server.url, api_key="unused")
-    again = anthropic_client.messages.create(model="default", max_tokens=8, messages=history)  # type: ignore[arg-type]
-    assert again.usage.cache_read_input_tokens >= cached
+    again = anthropic_client.messages.create(
+        model="default", max_tokens=8, messages=anthropic_messages(history)
+    )
+    assert (again.usage.cache_read_input_tokens or 0) >= cached
 
 
 def test_errors_come_in_each_protocols_shape(server: ServerProcess) -> None:

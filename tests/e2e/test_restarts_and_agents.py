@@ -10,6 +10,8 @@ import openai
 import pytest
 from reliability.server import ServerProcess
 
+from tests.e2e.sdk_types import openai_messages
+
 pytestmark = pytest.mark.model
 
 Start = Callable[..., ServerProcess]
@@ -19,9 +21,9 @@ def chat(server: ServerProcess, messages: list[dict[str, str]], **headers: str) 
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", default_headers=headers)
     return client.chat.completions.create(
         model="default",
-        messages=messages,
+        messages=openai_messages(messages),
         temperature=0,
-        max_tokens=16,  # type: ignore[arg-type]
+        max_tokens=16,
     )
 
 

@@ -79,7 +79,7 @@ def test_many_producers_one_consumer_lose_nothing() -> None:
     producers = [threading.Thread(target=produce, args=(b,)) for b in range(8)]
     for thread in producers:
         thread.start()
-    taken = []
+    taken: list[int] = []
     while len(taken) < 4000:
         item = queue.take(timeout=5)
         assert item is not None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
@@ -13,8 +15,8 @@ from semantic.domain.generation import FinishReason, Priority
 from tests.unit.fakes import FakeBackend, FakeTokenizer
 
 
-def engine(capacity: int = 200, **config: object) -> BlockPoolBatchEngine:
-    settings: dict[str, object] = {
+def engine(capacity: int = 200, **config: Any) -> BlockPoolBatchEngine:
+    settings: dict[str, Any] = {
         "prefill_chunk_tokens": 4,
         "max_context": 512,
         "pacer": PacerConfig(fixed_tokens=64),
@@ -22,7 +24,7 @@ def engine(capacity: int = 200, **config: object) -> BlockPoolBatchEngine:
     }
     return BlockPoolBatchEngine(
         FakeBackend(), FakeTokenizer(), BlockPool(capacity), EngineConfig(**settings)
-    )  # type: ignore[arg-type]
+    )
 
 
 def drain(e: BlockPoolBatchEngine) -> list[EngineEvent]:
