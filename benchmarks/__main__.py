@@ -89,17 +89,20 @@ def main() -> None:
         rows = resume.run(sizes, bench.loaded.path, count, with_llama=with_llama)
         results["resume"] = [asdict(r) for r in rows]
         print(report.resume_table(rows))
+        save(results, args.out)
     if "concurrency" not in skip:
-        results["concurrency"] = [asdict(r) for r in run_concurrency(bench.loaded.path)]
+        results["concurrency"] = [asdict(r) for r in run_concurrency(bench.loaded.path, args.out)]
         print(report.concurrency_table(results["concurrency"]))
+        save(results, args.out)
     if "persistence" not in skip:
         results["persistence"] = asyncio.run(persistence_rows(sizes))
         print(report.persistence_table(results["persistence"]))
+        save(results, args.out)
     if "overhead" not in skip:
         results["overhead"] = overhead(bench)
         print(f"HTTP overhead for a 64-token reply: {results['overhead']['overhead_fraction']:.1%}")
     results["seconds"] = time.monotonic() - started
-    (args.out / "results.json").write_text(json.dumps(results, indent=2))
+    save(results, args.out)
     (args.out / "results.md").write_text(report.markdown(results))
     report.plots(results, args.out)
     print(report.summary(results))
@@ -107,7 +110,12 @@ def main() -> None:
     print(f"\nwrote {args.out}/results.json, results.md and plots in {minutes:.1f} min")
 
 
-def run_concurrency(model_path: Path) -> list[concurrency.ConcurrencyRow]:
+def save(results: dict[str, Any], out: Path) -> None:
+    """After every part: a later part failing keeps what was measured."""
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+
+
+def run_concurrency(model_path: Path, out: Path) -> list[concurrency.ConcurrencyRow]:
     rows = []
     with (
         tempfile.TemporaryDirectory() as tmp,
@@ -116,10 +124,12 @@ def run_concurrency(model_path: Path) -> list[concurrency.ConcurrencyRow]:
         for agents in AGENTS:
             rows.append(concurrency.measure(server.url, "semantic", agents))
         server.stop()
-    theirs = concurrency.MlxLmServer(model_path)
+    theirs = concurrency.MlxLmServer(model_path, out / "mlx_lm.server.log")
     try:
         for agents in AGENTS:
-            rows.append(concurrency.measure(theirs.url, "mlx_lm.server", agents))
+            rows.append(
+                concurrency.measure(theirs.url, "mlx_lm.server", agents, model=theirs.model)
+            )
     finally:
         theirs.stop()
     return rows

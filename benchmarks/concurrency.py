@@ -54,11 +54,11 @@ class ConcurrencyRow:
 
 
 def one_stream(
-    url: str, prompt: str, namespace: str, max_tokens: int
+    url: str, model: str, prompt: str, namespace: str, max_tokens: int
 ) -> tuple[float, list[float], int]:
     """(time to first token, token arrival times, tokens) for one streaming request."""
     body = {
-        "model": "default",
+        "model": model,
         "messages": [{"role": "user", "content": prompt}],
         "temperature": 0,
         "max_tokens": max_tokens,
@@ -81,18 +81,26 @@ def one_stream(
     return (arrivals[0] - started if arrivals else float("nan")), arrivals, len(arrivals)
 
 
-def measure(url: str, name: str, agents: int, max_tokens: int = 64) -> ConcurrencyRow:
+def measure(
+    url: str, name: str, agents: int, max_tokens: int = 64, model: str = "default"
+) -> ConcurrencyRow:
+    """``model`` is what the server expects in the body (mlx_lm.server: the model path; any
+    other name sends it looking for a hub)."""
     prompts = [
         f"Write a short story about {TOPICS[i % len(TOPICS)]} (version {i}, set {agents})."
         for i in range(agents)
     ]
     started = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(max_workers=agents) as pool:
-        results = list(pool.map(lambda p: one_stream(url, p, f"c{agents}", max_tokens), prompts))
+        results = list(
+            pool.map(lambda p: one_stream(url, model, p, f"c{agents}", max_tokens), prompts)
+        )
     ended = max(max(r[1], default=started) for r in results)
     ttfts = [r[0] for r in results]
     gaps = [b - a for r in results for a, b in zip(r[1], r[1][1:], strict=False)]
     tokens = sum(r[2] for r in results)
+    if not tokens:
+        raise RuntimeError(f"{name} streamed no tokens to {agents} agents")
     return ConcurrencyRow(
         name,
         agents,
@@ -111,7 +119,8 @@ def _q(values: Sequence[float], q: float) -> float:
 class MlxLmServer:
     """``mlx_lm.server`` at its defaults on the same weights, with OpenBLAS preloaded."""
 
-    def __init__(self, model_path: Path) -> None:
+    def __init__(self, model_path: Path, log: Path) -> None:
+        self.model = str(model_path)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "LD_PRELOAD": "libopenblas.so.0"}
@@ -125,8 +134,8 @@ class MlxLmServer:
                 "--port",
                 str(self.port),
             ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stdout=log.open("ab"),
+            stderr=subprocess.STDOUT,
             env=env,
         )
         deadline = time.monotonic() + 180

@@ -19,6 +19,7 @@ from semantic.adapters.mlx.gguf import WeightFormat
 from semantic.adapters.mlx.host_codec import FORMAT, MlxHostCodec
 from semantic.adapters.mlx.kv_blocks import spec_from_model
 from semantic.adapters.mlx.loader import LoadedModel, load_model, resolve_model
+from semantic.adapters.mlx.memory import prefault_heap
 from semantic.adapters.mlx.model_cache import ModelCache, Progress, default_weight_format
 from semantic.adapters.mlx.tokenizer import MlxTokenizer
 from semantic.adapters.storage.block_files import BlockFiles
@@ -124,6 +125,7 @@ async def start_services(
     )
     loop.start()
     await asyncio.to_thread(loop.run_sync, backend.warm_up)
+    await asyncio.to_thread(prefault_heap, min(settings.prefault_bytes, settings.kv_budget_bytes))
     limits = Limits(
         max_context=_max_context(loaded),
         max_tokens_cap=settings.max_tokens_cap,

@@ -40,6 +40,8 @@ class Settings:
     model: str = DEFAULT_MODEL
     weights: str = "auto"
     kv_budget_bytes: int = 2 << 30
+    prefault_bytes: int = 512 << 20
+    """Heap touched once at start so the first restores after a restart do not page-fault."""
     default_max_tokens: int = 512
     max_tokens_cap: int = 4096
     prefill_chunk_tokens: int = 256

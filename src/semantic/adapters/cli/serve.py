@@ -31,6 +31,13 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         help="memory for KV blocks, MiB (default: %(default)s)",
     )
     serve.add_argument(
+        "--prefault-mb",
+        type=int,
+        default=512,
+        help="memory touched at start so the first restores after a restart do not page-fault,"
+        " MiB; at most the KV budget; 0 turns it off (default: %(default)s)",
+    )
+    serve.add_argument(
         "--disk-quota-mb",
         type=int,
         default=None,
@@ -76,6 +83,7 @@ def run_server(args: argparse.Namespace) -> int:
         "port": args.port,
         "api_key": args.api_key or os.environ.get("SEMANTIC_API_KEY") or None,
         "kv_budget_bytes": args.kv_budget_mb << 20,
+        "prefault_bytes": max(0, args.prefault_mb) << 20,
         "max_tokens_cap": args.max_tokens_cap,
         "max_waiting": args.max_waiting,
         "grace_s": args.grace,

@@ -12,6 +12,9 @@ class MlxTokenizer:
     def __init__(self, wrapper: Any) -> None:
         self._wrapper = wrapper
         self._eos = frozenset(int(i) for i in wrapper.eos_token_ids)
+        # Counted once: the wrapper rebuilds a 49k-entry dict per ``vocab`` call (20 ms here),
+        # and every request's validation asks.
+        self._vocab_size = len(wrapper.vocab)
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
@@ -19,7 +22,7 @@ class MlxTokenizer:
 
     @property
     def vocab_size(self) -> int:
-        return len(self._wrapper.vocab)
+        return self._vocab_size
 
     def encode(self, text: str) -> list[int]:
         return list(self._wrapper.encode(text, add_special_tokens=False))
