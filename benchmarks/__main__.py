@@ -70,7 +70,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--full", action="store_true")
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
-    parser.add_argument("--skip", default="", help="comma-separated parts to skip")
+    parser.add_argument(
+        "--skip",
+        default="",
+        help="comma-separated parts to skip (resume, concurrency, persistence, overhead);"
+        " their figures from the last run in --out are kept",
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     skip = set(filter(None, args.skip.split(",")))
@@ -81,7 +86,7 @@ def main() -> None:
     def count(messages: list[ChatMessage]) -> int:
         return len(bench.tokenizer.render_chat(messages))
 
-    results: dict[str, Any] = {"mode": "full" if args.full else "quick"}
+    results = earlier_results(args.out, skip) | {"mode": "full" if args.full else "quick"}
     if "resume" not in skip:
         with_llama = args.full and llama_cpp.available()
         if args.full and not with_llama:
@@ -108,6 +113,15 @@ def main() -> None:
     print(report.summary(results))
     minutes = results["seconds"] / 60
     print(f"\nwrote {args.out}/results.json, results.md and plots in {minutes:.1f} min")
+
+
+def earlier_results(out: Path, skip: set[str]) -> dict[str, Any]:
+    """Skipped parts keep the figures of the last run, so a rerun of one part still reports all."""
+    path = out / "results.json"
+    if not skip or not path.exists():
+        return {}
+    earlier: dict[str, Any] = json.loads(path.read_text())
+    return {part: earlier[part] for part in skip if part in earlier}
 
 
 def save(results: dict[str, Any], out: Path) -> None:

@@ -89,9 +89,10 @@ def test_blocks_to_cache_to_blocks_is_bit_exact(
             assert mx.array_equal(original.values, copy.values).item()
 
 
-def test_eight_staggered_agents_get_what_each_gets_alone(
+def test_eight_agents_staggered_or_all_at_once_get_what_each_gets_alone(
     real_model: RealModel, make_engine: EngineFactory
 ) -> None:
+    """All at once, their prompts are prefilled together in one left-padded pass."""
     tokenizer = real_model.tokenizer
     prompts = [
         tokenizer.render_chat([ChatMessage("user", f"Name a fruit that is {colour}.")])
@@ -112,6 +113,9 @@ def test_eight_staggered_agents_get_what_each_gets_alone(
     done = completions(events)
     assert most_decoding == 8
     assert [done[i].token_ids for i in ids] == alone
+    together = [engine.submit("agent", prompt, max_tokens=10) for prompt in prompts]
+    done = completions(run_until_idle(engine))
+    assert [done[i].token_ids for i in together] == alone
 
 
 def test_a_dry_pool_ends_a_request_gracefully_and_keeps_its_kv(

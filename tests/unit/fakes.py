@@ -108,6 +108,7 @@ class FakeBackend:
     restored_tokens: dict[str, list[int]] = field(default_factory=dict)
     prefill_calls: list[tuple[str, int]] = field(default_factory=list)
     decode_batches: list[int] = field(default_factory=list)
+    batched_prefills: list[int] = field(default_factory=list)
 
     @property
     def decoding_count(self) -> int:
@@ -136,6 +137,14 @@ class FakeBackend:
     def prefill_and_sample(self, seq_id: str, tokens: Sequence[int]) -> SampledToken:
         self.prefill(seq_id, tokens)
         return SampledToken(self._next(self.sequences[seq_id]), 0.5)
+
+    def prefill_many_and_sample(
+        self, prompts: Sequence[tuple[str, Sequence[int]]]
+    ) -> list[SampledToken]:
+        if any(tokens and tokens[0] in self.fail_prefill_for for _, tokens in prompts):
+            raise RuntimeError("batched prefill failed on purpose")  # all or nothing, like MLX
+        self.batched_prefills.append(len(prompts))
+        return [self.prefill_and_sample(seq_id, tokens) for seq_id, tokens in prompts]
 
     def start_decoding(self, seq_id: str, first_token: int, max_new_tokens: int) -> None:
         seq = self.sequences[seq_id]

@@ -139,8 +139,22 @@ def test_an_end_of_turn_token_finishes_the_request_and_is_kept() -> None:
     assert done.token_ids[-1] == EOS
 
 
-def test_a_failed_prefill_fails_only_its_own_request() -> None:
-    engine, _ = make_engine(backend=FakeBackend(fail_prefill_for={42}), prefill_token_budget=64)
+def test_fresh_prompts_arriving_together_share_one_prefill_pass() -> None:
+    engine, backend = make_engine(prefill_token_budget=64, prefill_chunk_tokens=16)
+    prompts = [PROMPT, PROMPT[:4], [3, 1, 4, 1, 5]]
+    ids = [engine.submit(f"a{i}", p, max_tokens=4) for i, p in enumerate(prompts)]
+    done = completions(run_until_idle(engine))
+    assert backend.batched_prefills == [3]
+    assert [list(done[i].token_ids) for i in ids] == [cold_tokens(p, 4) for p in prompts]
+
+
+@pytest.mark.parametrize("chunk", [4, 16], ids=["chunked", "batched-then-alone"])
+def test_a_failed_prefill_fails_only_its_own_request(chunk: int) -> None:
+    engine, _ = make_engine(
+        backend=FakeBackend(fail_prefill_for={42}),
+        prefill_token_budget=64,
+        prefill_chunk_tokens=chunk,
+    )
     good = engine.submit("good", [1, 2, 3, 4, 5, 6], max_tokens=3)
     bad = engine.submit("bad", [42, *list(range(1, 9))], max_tokens=3)
     done = completions(run_until_idle(engine))

@@ -111,3 +111,10 @@ def test_the_pacer_gives_idle_rounds_big_chunks_and_busy_rounds_a_time_budget() 
     early, late = pacer.tokens_within(0.2, 0), pacer.tokens_within(0.2, 4000)
     assert abs(pacer.cost(early, 0) - 0.2) < 0.01
     assert late < early
+
+
+def test_the_busy_budget_grows_with_newcomers_per_stream() -> None:
+    pacer = PrefillPacer(PacerConfig(idle_tokens=1024, busy_tokens=64))
+    assert pacer.round_budget(decoding=4, waiting=1).tokens == 64  # one long prompt, 4 streams
+    assert pacer.round_budget(decoding=2, waiting=5).tokens == 64 * 3
+    assert pacer.round_budget(decoding=1, waiting=31).tokens == 1024  # a burst: capped at idle

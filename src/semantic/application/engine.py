@@ -33,7 +33,7 @@ from semantic.domain.generation import (
     SamplingParams,
 )
 from semantic.domain.tokens import common_prefix
-from semantic.ports.model_backend import ModelBackend
+from semantic.ports.model_backend import ModelBackend, SampledToken
 from semantic.ports.tokenizer import Tokenizer
 
 
@@ -204,6 +204,10 @@ class BlockPoolBatchEngine:
             if active.pinned:  # its cache is built: the blocks it restored from may go
                 self._pool.release_owner(active.pin_owner)
                 active.pinned = False
+        whole = [(a, n) for a, n in plan if a.prefilled == 0 and n == len(a.prompt)]
+        if len(whole) > 1:
+            self._prefill_whole_prompts([a for a, _ in whole], events)
+            plan = [entry for entry in plan if entry not in whole]
         for active, n_tokens in plan:
             if active.id in self._running:  # an earlier chunk may have failed it
                 self._prefill_chunk(active, n_tokens, events)
@@ -259,8 +263,28 @@ class BlockPoolBatchEngine:
             return
         self.pacer.observe_prefill(n, active.prefilled, self._clock() - started)
         active.prefilled += n
-        if active.prefilled < len(active.prompt):
+        if active.prefilled == len(active.prompt):
+            self._first_token(active, first, events)
+
+    def _prefill_whole_prompts(self, batch: list[ActiveRequest], events: list[EngineEvent]) -> None:
+        """Fresh prompts that fit this round whole share one forward pass; if it fails, each
+        runs alone, so only a prompt that fails by itself fails."""
+        started = self._clock()
+        try:
+            firsts = self._backend.prefill_many_and_sample([(a.id, a.prompt) for a in batch])
+        except Exception:  # noqa: BLE001 - retried one by one below, where errors are reported
+            for active in batch:
+                if active.id in self._running:
+                    self._prefill_chunk(active, len(active.prompt), events)
             return
+        self.pacer.observe_prefill(sum(len(a.prompt) for a in batch), 0, self._clock() - started)
+        for active, first in zip(batch, firsts, strict=True):
+            active.prefilled = len(active.prompt)
+            self._first_token(active, first, events)
+
+    def _first_token(
+        self, active: ActiveRequest, first: SampledToken, events: list[EngineEvent]
+    ) -> None:
         active.first_token_at = self._clock()
         active.phase = Phase.DECODING
         self._accept_token(active, first.token, first.top_prob, events)

@@ -91,6 +91,14 @@ class ModelBackend(Protocol):
         """Like ``prefill`` for the prompt's last chunk; samples the first new token."""
         ...
 
+    def prefill_many_and_sample(
+        self, prompts: Sequence[tuple[str, Sequence[int]]]
+    ) -> list[SampledToken]:
+        """Whole prompts of fresh sequences (nothing restored, nothing prefilled) in as few
+        forward passes as the backend can; one first token each, in order. A burst of short
+        prompts then pays a pass's fixed cost once, not once per prompt."""
+        ...
+
     def start_decoding(self, seq_id: str, first_token: int, max_new_tokens: int) -> None:
         """Join the batched decoder; ``first_token`` is fed next, then up to
         ``max_new_tokens`` more are made."""

@@ -75,9 +75,16 @@ def attend(
     mx.eval(scores)
     host = np.asarray(scores).reshape(batch, kv_heads, group, length, span)
     _mask_in_place(host, mask, length, span)
-    host -= host.max(axis=-1, keepdims=True)
+    peak = host.max(axis=-1, keepdims=True)
+    padded = mask is not None and not isinstance(mask, str)
+    if padded:  # a left-padding row attends to nothing: zeros, not NaN (0 * NaN poisons @ v)
+        peak[np.isneginf(peak)] = 0.0
+    host -= peak
     np.exp(host, out=host)
-    host /= host.sum(axis=-1, keepdims=True)
+    total = host.sum(axis=-1, keepdims=True)
+    if padded:
+        total[total == 0.0] = 1.0
+    host /= total
     return (scores @ values).reshape(batch, q_heads, length, dim)
 
 

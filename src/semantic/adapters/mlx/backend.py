@@ -16,6 +16,7 @@ from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
+from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from semantic.adapters.mlx.kv_blocks import cut_into_blocks, gather_cache
 from semantic.adapters.mlx.sampling import Sampler, make_sampler
@@ -93,24 +94,51 @@ class MlxBackend:
         mx.eval([(c.keys, c.values) for c in caches])
 
     def prefill_and_sample(self, seq_id: str, tokens: Sequence[int]) -> SampledToken:
-        sequence = self._sequences[seq_id]
-        logprobs = self.prefill_logprobs(seq_id, tokens)
+        return self._sample(self._sequences[seq_id], self.prefill_logprobs(seq_id, tokens))
+
+    def prefill_many_and_sample(
+        self, prompts: Sequence[tuple[str, Sequence[int]]]
+    ) -> list[SampledToken]:
+        """Left-padded into one batch (mlx-lm's ``BatchKVCache`` masks the padding), then
+        each sequence's cache is cut back out of it; one by one where a cache is not a plain
+        empty ``KVCache`` (a sliding-window layer, say)."""
+        sequences = [self._sequences[seq_id] for seq_id, _ in prompts]
+        if len(prompts) < 2 or not all(map(_fresh_plain, sequences)):
+            return [self.prefill_and_sample(seq_id, tokens) for seq_id, tokens in prompts]
+        longest = max(len(tokens) for _, tokens in prompts)
+        padding = [longest - len(tokens) for _, tokens in prompts]
+        batch = mx.array(
+            [[0] * pad + list(tokens) for pad, (_, tokens) in zip(padding, prompts, strict=True)]
+        )
+        caches: list[Any] = [BatchKVCache(padding) for _ in sequences[0].caches]  # mlx-lm: untyped
+        logprobs = self._last_logprobs(batch, caches)
+        sampled = []
+        for row, sequence in enumerate(sequences):
+            sequence.caches = [cache.extract(row) for cache in caches]
+            sampled.append(self._sample(sequence, logprobs[row : row + 1]))
+        return sampled
+
+    def prefill_logprobs(self, seq_id: str, tokens: Sequence[int]) -> mx.array:
+        """Prefill ``tokens`` and return the log-probabilities after the last one."""
+        return self._last_logprobs(mx.array([list(tokens)]), self._sequences[seq_id].caches)
+
+    def _last_logprobs(self, batch: mx.array, caches: list[Any]) -> mx.array:
+        """Run ``batch`` (rows of tokens) into ``caches``; log-probabilities after each row."""
+        if self._split is not None:  # the output head for the last position only
+            hidden = self._split.body(batch, cache=caches)[:, -1:, :]
+            logits: mx.array = self._split.head(hidden)[:, -1, :]
+        else:
+            logits = self._model(batch, cache=caches)[:, -1, :]
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        mx.eval(logprobs, [(c.keys, c.values) for c in caches])
+        return logprobs
+
+    @staticmethod
+    def _sample(sequence: _Sequence, logprobs: mx.array) -> SampledToken:
         token = sequence.sampler(logprobs)
         top = mx.exp(mx.max(logprobs)) if sequence.track_top_prob else None
         mx.eval(token, *([top] if top is not None else []))
         return SampledToken(_scalar_int(token), _scalar_float(top) if top is not None else None)
-
-    def prefill_logprobs(self, seq_id: str, tokens: Sequence[int]) -> mx.array:
-        """Prefill ``tokens`` and return the log-probabilities after the last one."""
-        caches = self._sequences[seq_id].caches
-        if self._split is not None:  # the output head for the last position only
-            hidden = self._split.body(mx.array([list(tokens)]), cache=caches)[:, -1:, :]
-            logits: mx.array = self._split.head(hidden)[:, -1, :]
-        else:
-            logits = self._model(mx.array([list(tokens)]), cache=caches)[:, -1, :]
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        mx.eval(logprobs, [(c.keys, c.values) for c in caches])
-        return logprobs
 
     def start_decoding(self, seq_id: str, first_token: int, max_new_tokens: int) -> None:
         sequence = self._sequences[seq_id]
@@ -187,6 +215,10 @@ class MlxBackend:
                 stream=mx.new_stream(mx.default_device()),
             )
         return self._generator
+
+
+def _fresh_plain(sequence: _Sequence) -> bool:
+    return all(type(c) is KVCache and c.offset == 0 for c in sequence.caches)
 
 
 def _scalar_int(array: mx.array) -> int:

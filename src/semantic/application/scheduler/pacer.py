@@ -3,9 +3,10 @@
 A prefill chunk and a decode step share the machine, so every prompt token prefilled in a
 round delays every stream's next token. With nothing decoding, rounds take big chunks (fast
 prompts). While streams decode, each round takes ``busy_tokens`` (64 by default, chosen from
-the measured curve in ADR 0009), or, if that is None, a time budget of ``gap_ratio`` decode
-steps, with chunks sized from a cost model learned online: a pass over n tokens at context
-position p costs about ``c + n * (a + b * p)`` seconds (weights, then attention).
+the measured curve in ADR 0009) for each waiting request per decoding one, or, if that is
+None, a time budget of ``gap_ratio`` decode steps, with chunks sized from a cost model
+learned online: a pass over n tokens at context position p costs about
+``c + n * (a + b * p)`` seconds (weights, then attention).
 """
 
 from __future__ import annotations
@@ -58,13 +59,18 @@ class PrefillPacer:
     def observe_prefill(self, tokens: int, position: int, seconds: float) -> None:
         self._fit.add((1.0, float(tokens), tokens * (position + tokens / 2)), seconds)
 
-    def round_budget(self, decoding: int) -> RoundBudget:
+    def round_budget(self, decoding: int, waiting: int = 0) -> RoundBudget:
+        """``waiting``: requests still without their first token. The busy budget grows with
+        how many of them there are per decoding stream: a burst of newcomers (31 agents
+        arriving beside one stream) is admitted in a few rounds instead of starving behind
+        that one stream, while one long prompt beside several streams stays at the base."""
         if self.config.fixed_tokens is not None:
             return RoundBudget(self.config.fixed_tokens, None)
         if decoding == 0:
             return RoundBudget(self.config.idle_tokens, None)
         if self.config.busy_tokens is not None:
-            return RoundBudget(self.config.busy_tokens, None)
+            share = max(1, math.ceil(waiting / decoding))
+            return RoundBudget(min(self.config.idle_tokens, self.config.busy_tokens * share), None)
         return RoundBudget(self.config.idle_tokens, self.config.gap_ratio * self._decode_s)
 
     def cost(self, tokens: int, position: int) -> float:

@@ -71,7 +71,8 @@ class PrefillAdder:
     ) -> Plan:
         """This round's chunks: running prefills first, then admissions while budget and
         memory last. ``running`` are the admitted requests, prefilling ones in order."""
-        budget = self._pacer.round_budget(decoding)
+        waiting = len(self._queue) + sum(1 for r in running if r.remaining_prompt > 0)
+        budget = self._pacer.round_budget(decoding, waiting)
         left = _Round(budget.tokens, budget.seconds)
         plan: Plan = []
         for request in running:
