@@ -16,7 +16,7 @@ from semantic.adapters.mlx.backend import MlxBackend
 from semantic.adapters.mlx.blas import report_blas
 from semantic.adapters.mlx.fingerprint import model_fingerprint
 from semantic.adapters.mlx.gguf import WeightFormat
-from semantic.adapters.mlx.host_codec import FORMAT, MlxHostCodec
+from semantic.adapters.mlx.host_codec import MlxHostCodec, storage_format
 from semantic.adapters.mlx.kv_blocks import spec_from_model
 from semantic.adapters.mlx.loader import LoadedModel, load_model, resolve_model
 from semantic.adapters.mlx.memory import prefault_heap
@@ -106,11 +106,14 @@ async def start_services(
     """Everything the server needs, warmed up; storage recovered after any crash."""
     loaded, tokenizer, spec = await asyncio.to_thread(_load, settings, progress)
     kernel = attention.NAME if loaded.host_attention else "mlx-sdpa"
-    fingerprint = await asyncio.to_thread(model_fingerprint, loaded.path, spec, FORMAT, kernel)
+    storage = storage_format(settings.kv_at_rest)
+    fingerprint = await asyncio.to_thread(model_fingerprint, loaded.path, spec, storage, kernel)
     pool = BlockPool.from_budget(spec, settings.kv_budget_bytes)
     metadata = SqliteMetadataStore(settings.data_dir / "semantic.db")
     await metadata.open()
-    blocks = KVBlockStore(BlockFiles(settings.data_dir / "blocks"), MlxHostCodec())
+    blocks = KVBlockStore(
+        BlockFiles(settings.data_dir / "blocks"), MlxHostCodec(settings.kv_at_rest)
+    )
     cache = AgentCacheStore(
         pool,
         spec,

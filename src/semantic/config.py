@@ -41,6 +41,8 @@ class Settings:
     weights: str = "auto"
     kv_budget_bytes: int = 2 << 30
     prefault_bytes: int = 512 << 20
+    kv_at_rest: str = "lossless"
+    """How block files hold KV: exact, or 8-/4-bit (smaller files, slightly different KV)."""
     """Heap touched once at start so the first restores after a restart do not page-fault."""
     default_max_tokens: int = 512
     max_tokens_cap: int = 4096
@@ -59,6 +61,8 @@ class Settings:
     def __post_init__(self) -> None:
         if self.weights not in WEIGHT_CHOICES:
             raise ValueError(f"weights must be one of {', '.join(WEIGHT_CHOICES)}")
+        if self.kv_at_rest not in KV_AT_REST_CHOICES:
+            raise ValueError(f"kv_at_rest must be one of {', '.join(KV_AT_REST_CHOICES)}")
         for name in (
             "kv_budget_bytes",
             "default_max_tokens",
@@ -73,3 +77,4 @@ class Settings:
 
 
 WEIGHT_CHOICES = ("auto", "float32", "float16", "quantized")
+KV_AT_REST_CHOICES = ("lossless", "q8", "q4")

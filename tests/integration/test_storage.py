@@ -54,6 +54,45 @@ def test_a_block_round_trips_bit_exactly(store: KVBlockStore, dtype: mx.Dtype) -
         assert mx.array_equal(a.values, b.values).item()
 
 
+@pytest.mark.parametrize(("at_rest", "smaller", "worst"), [("q8", 3.4, 0.03), ("q4", 6.0, 0.4)])
+def test_quantized_at_rest_is_smaller_and_close(
+    tmp_path: Path, at_rest: str, smaller: float, worst: float
+) -> None:
+    blocks = kv_blocks(mx.float32, n_tokens=256)
+    exact = KVBlockStore(BlockFiles(tmp_path / "exact"), MlxHostCodec())
+    lossy = KVBlockStore(BlockFiles(tmp_path / at_rest), MlxHostCodec(at_rest))
+    stored = lossy.save("ab" * 32, blocks)
+    assert exact.save("ab" * 32, blocks).nbytes / stored.nbytes > smaller
+    loaded = lossy.load("ab" * 32, stored.checksum)
+    for original, payload in zip(blocks, loaded, strict=True):
+        a, b = original.payload, payload.data
+        assert isinstance(a, MlxKV)
+        assert isinstance(b, MlxKV)
+        assert b.keys.dtype == mx.float32
+        assert b.keys.shape == a.keys.shape
+        error = mx.abs(a.keys.astype(mx.float32) - b.keys.astype(mx.float32)).max()
+        assert float(error.item()) < worst  # type: ignore[arg-type]  # item() is a float here
+
+
+@pytest.mark.parametrize("at_rest", ["lossless", "q8"])
+def test_saving_a_stored_block_again_returns_the_checksum_its_file_has(
+    tmp_path: Path, at_rest: str
+) -> None:
+    store = KVBlockStore(BlockFiles(tmp_path / "blocks"), MlxHostCodec(at_rest))
+    blocks = kv_blocks()
+    first = store.save("ab" * 32, blocks)
+    for _ in range(3):  # the metadata's order in the header varies from one write to the next
+        assert store.save("ab" * 32, blocks) == first
+    assert len(store.load("ab" * 32, first.checksum)) == len(blocks)
+
+
+def test_a_file_in_another_at_rest_format_is_refused(tmp_path: Path) -> None:
+    files = BlockFiles(tmp_path / "blocks")
+    stored = KVBlockStore(files, MlxHostCodec("q8")).save("ab" * 32, kv_blocks())
+    with pytest.raises(CacheCorruptionError):
+        KVBlockStore(files, MlxHostCodec()).load("ab" * 32, stored.checksum)
+
+
 @pytest.mark.parametrize("damage", ["flip data", "flip header", "truncate", "delete", "append"])
 def test_damage_to_a_block_file_is_always_detected(
     store: KVBlockStore, tmp_path: Path, damage: str

@@ -38,6 +38,13 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         " MiB; at most the KV budget; 0 turns it off (default: %(default)s)",
     )
     serve.add_argument(
+        "--kv-at-rest",
+        choices=("lossless", "q8", "q4"),
+        default="lossless",
+        help="how block files hold KV: exact, or 8-/4-bit, 3.6x/6.4x smaller and slightly"
+        " different after a restore from disk (default: %(default)s)",
+    )
+    serve.add_argument(
         "--disk-quota-mb",
         type=int,
         default=None,
@@ -84,6 +91,7 @@ def run_server(args: argparse.Namespace) -> int:
         "api_key": args.api_key or os.environ.get("SEMANTIC_API_KEY") or None,
         "kv_budget_bytes": args.kv_budget_mb << 20,
         "prefault_bytes": max(0, args.prefault_mb) << 20,
+        "kv_at_rest": args.kv_at_rest,
         "max_tokens_cap": args.max_tokens_cap,
         "max_waiting": args.max_waiting,
         "grace_s": args.grace,

@@ -4,6 +4,11 @@ Writing: an evaluated MLX array on the CPU exposes its memory to numpy, so the b
 written straight from the KV buffers. Reading: ``mx.empty`` buffers are handed to the file
 reader as numpy views and filled in place; nothing else holds them yet, so MLX sees the data
 as if it had computed it.
+
+At rest the KV may be kept 8- or 4-bit (``mx.quantize``, groups of 64 along the head
+dimension, a float32 scale and bias per group): lossy, so it is opt-in, and the mode is part
+of the storage format and so of the model fingerprint (blocks written one way are never read
+as the other). Memory (the hot tier) always holds the exact KV.
 """
 
 from __future__ import annotations
@@ -20,11 +25,24 @@ from semantic.domain.errors import CacheCorruptionError
 from semantic.ports.block_store import LayerPayload
 
 FORMAT = "semantic-kv-1"
+AT_REST_BITS = {"lossless": None, "q8": 8, "q4": 4}
+_GROUP = 64
 _BITS_AS = {mx.bfloat16: mx.uint16}  # numpy has no bfloat16: store its bits
 _BY_NAME = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 
 
+def storage_format(at_rest: str) -> str:
+    """The storage format's name, for the model fingerprint."""
+    if at_rest not in AT_REST_BITS:
+        raise ValueError(f"KV at rest must be one of {', '.join(AT_REST_BITS)}, not {at_rest!r}")
+    return FORMAT if at_rest == "lossless" else f"{FORMAT}+{at_rest}"
+
+
 class MlxHostCodec:
+    def __init__(self, at_rest: str = "lossless") -> None:
+        self._format = storage_format(at_rest)
+        self._bits = AT_REST_BITS[at_rest]
+
     def to_host(self, blocks: Sequence[KVBlock]) -> tuple[dict[str, np.ndarray], dict[str, str]]:
         tensors: dict[str, np.ndarray] = {}
         layers: list[str] = []
@@ -34,20 +52,26 @@ class MlxHostCodec:
             if not isinstance(kv, MlxKV):
                 raise TypeError(f"cannot store a {type(kv).__name__} payload")
             dtype = _name(kv.keys.dtype)
-            tensors[f"{block.layer}.keys"] = _host_view(kv.keys)
-            tensors[f"{block.layer}.values"] = _host_view(kv.values)
+            for part, array in (("keys", kv.keys), ("values", kv.values)):
+                name = f"{block.layer}.{part}"
+                if self._bits is None:
+                    tensors[name] = _host_view(array)
+                else:
+                    tensors |= _quantized(name, array, self._bits)
             layers.append(f"{block.layer}:{block.start}:{block.n_tokens}")
-        return tensors, {"format": FORMAT, "dtype": dtype, "layers": ",".join(layers)}
+        return tensors, {"format": self._format, "dtype": dtype, "layers": ",".join(layers)}
 
     def reader(self) -> MlxHostReader:
-        return MlxHostReader()
+        return MlxHostReader(self._format, self._bits)
 
 
 class MlxHostReader:
     """Reads a block file into one MLX buffer; each tensor is a view into it (no copy)."""
 
-    def __init__(self) -> None:
+    def __init__(self, storage: str = FORMAT, bits: int | None = None) -> None:
         self._buffer: mx.array | None = None
+        self._format = storage
+        self._bits = bits
 
     def allocate(self, n_bytes: int) -> np.ndarray:
         self._buffer = mx.empty((n_bytes,), dtype=mx.uint8)
@@ -58,19 +82,28 @@ class MlxHostReader:
     def finish(
         self, spans: Mapping[str, TensorSpan], metadata: Mapping[str, str]
     ) -> list[LayerPayload]:
-        if metadata.get("format") != FORMAT or self._buffer is None:
-            raise CacheCorruptionError(f"unknown block format {metadata.get('format')!r}")
+        if metadata.get("format") != self._format or self._buffer is None:
+            raise CacheCorruptionError(f"unexpected block format {metadata.get('format')!r}")
         dtype = _BY_NAME[metadata["dtype"]]
         out = []
         for entry in metadata["layers"].split(","):
             layer, start, n_tokens = (int(part) for part in entry.split(":"))
-            keys = self._tensor(spans[f"{layer}.keys"], dtype)
-            values = self._tensor(spans[f"{layer}.values"], dtype)
+            keys = self._kv(spans, f"{layer}.keys", dtype)
+            values = self._kv(spans, f"{layer}.values", dtype)
             out.append(LayerPayload(layer, start, n_tokens, MlxKV(keys, values)))
         # Evaluate the views here: a lazy op belongs to this thread's stream, and the
         # engine thread could not run it. Views of one buffer, so nothing is copied.
         mx.eval([(p.data.keys, p.data.values) for p in out if isinstance(p.data, MlxKV)])
         return out
+
+    def _kv(self, spans: Mapping[str, TensorSpan], name: str, dtype: mx.Dtype) -> mx.array:
+        if self._bits is None:
+            return self._tensor(spans[name], dtype)
+        packed = self._tensor(spans[f"{name}.q"], mx.uint32)
+        scales = self._tensor(spans[f"{name}.scales"], mx.float32)
+        biases = self._tensor(spans[f"{name}.biases"], mx.float32)
+        exact = mx.dequantize(packed, scales, biases, group_size=_GROUP, bits=self._bits)
+        return exact.astype(dtype)
 
     def _tensor(self, span: TensorSpan, dtype: mx.Dtype) -> mx.array:
         if self._buffer is None:
@@ -81,6 +114,15 @@ class MlxHostReader:
 
 def _name(dtype: mx.Dtype) -> str:
     return next(name for name, value in _BY_NAME.items() if value == dtype)
+
+
+def _quantized(name: str, array: mx.array, bits: int) -> dict[str, np.ndarray]:
+    """Host copies, not views: MLX may reuse a temporary's buffer once nothing refers to it
+    as an array (seen here: a second save of the same block wrote different bytes)."""
+    parts = mx.quantize(array.astype(mx.float32), group_size=_GROUP, bits=bits)
+    mx.eval(parts)
+    packed, scales, biases = (np.array(part[0], copy=True) for part in parts)
+    return {f"{name}.q": packed, f"{name}.scales": scales, f"{name}.biases": biases}
 
 
 def _host_view(array: mx.array) -> np.ndarray:

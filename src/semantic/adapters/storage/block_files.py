@@ -40,7 +40,7 @@ class TensorSpan:
     end: int
 
 
-_DTYPES = {"F32": np.float32, "F16": np.float16, "U16": np.uint16}
+_DTYPES = {"F32": np.float32, "F16": np.float16, "U16": np.uint16, "U32": np.uint32}
 _MAX_HEADER = 1 << 20
 SUFFIX = ".safetensors"
 
@@ -56,12 +56,15 @@ class BlockFiles:
     def write(
         self, key: str, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str]
     ) -> tuple[int, str]:
-        """Write durably; returns (bytes, checksum). Rewriting an existing key is a no-op."""
-        data = safetensors_bytes(dict(tensors), metadata=dict(metadata))
-        checksum = xxhash.xxh3_128_hexdigest(data)
+        """Write durably; returns (bytes, checksum). An existing key's file is kept and its
+        own checksum returned: safetensors writes the metadata in no fixed order, so the
+        same block serialised twice can differ byte for byte."""
         target = self.path(key)
         if target.exists():
-            return len(data), checksum
+            existing = target.read_bytes()
+            return len(existing), xxhash.xxh3_128_hexdigest(existing)
+        data = safetensors_bytes(dict(tensors), metadata=dict(metadata))
+        checksum = xxhash.xxh3_128_hexdigest(data)
         target.parent.mkdir(parents=True, exist_ok=True)
         temporary = target.with_name(f"{target.name}.{os.getpid()}.tmp")
         with open(temporary, "wb") as handle:
