@@ -47,8 +47,13 @@ class ResumeRow:
     llama_next_turn: float | None = None
 
 
-def stream_ttft(url: str, messages: list[dict[str, str]], namespace: str) -> tuple[float, str, int]:
-    """Seconds to the first streamed token, the reply text, and the cached prompt tokens."""
+def stream_ttft(
+    url: str, messages: list[dict[str, str]], namespace: str, client: httpx.Client | None = None
+) -> tuple[float, str, int]:
+    """Seconds to the first streamed token, the reply text, and the cached prompt tokens.
+    The client is made before the clock starts (making one costs ~25 ms of TLS set-up that
+    is not the server's time); pass one to reuse its connection, as real clients do."""
+    client = client or httpx.Client()
     body = {
         "model": "default",
         "messages": messages,
@@ -58,7 +63,7 @@ def stream_ttft(url: str, messages: list[dict[str, str]], namespace: str) -> tup
         "stream_options": {"include_usage": True},
     }
     started, first, text, cached = time.perf_counter(), 0.0, "", 0
-    with httpx.stream(
+    with client.stream(
         "POST",
         f"{url}/v1/chat/completions",
         json=body,

@@ -7,6 +7,7 @@ tests wire the application ring to fakes instead.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,6 +101,14 @@ def build_engine(settings: Settings, progress: Progress, *, warm_up: bool = True
     return EngineRuntime(settings, loaded, tokenizer, spec, backend, pool, engine, loop)
 
 
+def freeze_startup_objects() -> None:
+    """Move everything loaded so far (the model's modules, the tokenizer's vocabulary) out
+    of the garbage collector's sight: a full collection over them stalled every thread for
+    ~50 ms in the middle of the first restore after a restart."""
+    gc.collect()
+    gc.freeze()
+
+
 async def start_services(
     settings: Settings, progress: Progress, observer: GenerationObserver | None = None
 ) -> Services:
@@ -129,6 +138,7 @@ async def start_services(
     loop.start()
     await asyncio.to_thread(loop.run_sync, backend.warm_up)
     await asyncio.to_thread(prefault_heap, min(settings.prefault_bytes, settings.kv_budget_bytes))
+    freeze_startup_objects()
     limits = Limits(
         max_context=_max_context(loaded),
         max_tokens_cap=settings.max_tokens_cap,

@@ -7,6 +7,7 @@ to a ``GenerationInput`` and these events back.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -17,6 +18,8 @@ from semantic.application.events import CompletionEvent, TokenEvent
 from semantic.domain.errors import InvalidRequestError, PromptTooLongError, SemanticError
 from semantic.domain.generation import GREEDY, FinishReason, Priority, RequestStats, SamplingParams
 from semantic.ports.observer import GenerationObserver
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +120,9 @@ class GenerationService:
         prompt = request.prompt_tokens
         agent_id = request.agent_id or self._anonymous_id(request)
         sink = AsyncEventStream()
+        started = time.monotonic()
         prefix = await self._cache.prepare(request.namespace, prompt) if self._cache else None
+        restore_s = time.monotonic() - started
         try:
             request_id = self._loop.submit(
                 sink,
@@ -134,7 +139,13 @@ class GenerationService:
             if prefix is not None and self._cache is not None:
                 self._cache.release(prefix)
         return GenerationHandle(
-            request_id, len(prompt), sink, self._loop, observer=self._observer, cache=self._cache
+            request_id,
+            len(prompt),
+            sink,
+            self._loop,
+            observer=self._observer,
+            cache=self._cache,
+            restore_s=restore_s,
         )
 
     async def stream(self, request: GenerationInput) -> AsyncIterator[GenerationEvent]:
@@ -167,8 +178,10 @@ class GenerationHandle:
         *,
         observer: GenerationObserver | None,
         cache: AgentCacheStore | None,
+        restore_s: float = 0.0,
     ) -> None:
         self.request_id = request_id
+        self._restore_s = restore_s
         self._cache = cache
         self.prompt_tokens = prompt_tokens
         self._sink = sink
@@ -191,6 +204,7 @@ class GenerationHandle:
                     finished = True
                     if self._cache is not None:  # acknowledge only what is on disk
                         await self._cache.saved(self.request_id)
+                    self._log(event)
                     if self._observer is not None:
                         self._observer.on_finished(
                             event.stats, event.prompt_tokens, now - self._started
@@ -199,6 +213,24 @@ class GenerationHandle:
         finally:
             if not finished:
                 self._loop.cancel(self.request_id)
+
+    def _log(self, event: CompletionEvent) -> None:
+        """Where a request's time went (no text: prompts and replies stay out of logs)."""
+        stats = event.stats
+        log.info(
+            "%s %s: restore %.0f ms, queue and cache build %.0f ms, prefill %d tokens %.0f ms "
+            "(%d cached), decode %d tokens %.0f ms, total %.0f ms",
+            self.request_id,
+            event.finish_reason.value,
+            self._restore_s * 1e3,
+            stats.queued_s * 1e3,
+            stats.computed_tokens,
+            stats.prefill_s * 1e3,
+            stats.cached_tokens,
+            stats.generated_tokens,
+            stats.decode_s * 1e3,
+            (time.monotonic() - self._started + self._restore_s) * 1e3,
+        )
 
     def _observe_token(self, now: float, last: float | None) -> None:
         if self._observer is None:
