@@ -113,8 +113,8 @@ def test_the_pacer_gives_idle_rounds_big_chunks_and_busy_rounds_a_time_budget() 
     assert late < early
 
 
-def test_the_busy_budget_grows_with_newcomers_per_stream() -> None:
+def test_the_busy_budget_gives_each_newcomer_its_share() -> None:
     pacer = PrefillPacer(PacerConfig(idle_tokens=1024, busy_tokens=64))
     assert pacer.round_budget(decoding=4, waiting=1).tokens == 64  # one long prompt, 4 streams
-    assert pacer.round_budget(decoding=2, waiting=5).tokens == 64 * 3
+    assert pacer.round_budget(decoding=29, waiting=3).tokens == 64 * 3
     assert pacer.round_budget(decoding=1, waiting=31).tokens == 1024  # a burst: capped at idle

@@ -3,8 +3,8 @@
 A prefill chunk and a decode step share the machine, so every prompt token prefilled in a
 round delays every stream's next token. With nothing decoding, rounds take big chunks (fast
 prompts). While streams decode, each round takes ``busy_tokens`` (64 by default, chosen from
-the measured curve in ADR 0009) for each waiting request per decoding one, or, if that is
-None, a time budget of ``gap_ratio`` decode steps, with chunks sized from a cost model
+the measured curve in ADR 0009) for each request waiting for its first token, or, if that
+is None, a time budget of ``gap_ratio`` decode steps, with chunks sized from a cost model
 learned online: a pass over n tokens at context position p costs about
 ``c + n * (a + b * p)`` seconds (weights, then attention).
 """
@@ -60,17 +60,18 @@ class PrefillPacer:
         self._fit.add((1.0, float(tokens), tokens * (position + tokens / 2)), seconds)
 
     def round_budget(self, decoding: int, waiting: int = 0) -> RoundBudget:
-        """``waiting``: requests still without their first token. The busy budget grows with
-        how many of them there are per decoding stream: a burst of newcomers (31 agents
-        arriving beside one stream) is admitted in a few rounds instead of starving behind
-        that one stream, while one long prompt beside several streams stays at the base."""
+        """``waiting``: requests still without their first token. While streams decode,
+        each of them gets ``busy_tokens`` of the round, as each stream gets its one token:
+        one long prompt beside four streams advances 64 tokens a round, and a burst of
+        newcomers (31 agents arriving beside one stream) is admitted in a round or two
+        instead of 64 tokens at a time; ``idle_tokens`` caps the round either way."""
         if self.config.fixed_tokens is not None:
             return RoundBudget(self.config.fixed_tokens, None)
         if decoding == 0:
             return RoundBudget(self.config.idle_tokens, None)
         if self.config.busy_tokens is not None:
-            share = max(1, math.ceil(waiting / decoding))
-            return RoundBudget(min(self.config.idle_tokens, self.config.busy_tokens * share), None)
+            share = self.config.busy_tokens * max(1, waiting)
+            return RoundBudget(min(self.config.idle_tokens, share), None)
         return RoundBudget(self.config.idle_tokens, self.config.gap_ratio * self._decode_s)
 
     def cost(self, tokens: int, position: int) -> float:
