@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
+
+import httpx
 
 import semantic.adapters.mlx  # noqa: F401 - OpenBLAS before MLX
 from semantic.adapters.cli.progress import ProgressPrinter
@@ -68,3 +71,25 @@ def quantile(values: Sequence[float], q: float) -> float:
     if not ordered:
         return float("nan")
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def chat_chunks(
+    client: httpx.Client, url: str, body: dict[str, Any], namespace: str
+) -> Iterator[dict[str, Any]]:
+    """The parsed SSE chunks of one streaming chat completion, as they arrive. Make the
+    client before starting a clock: making one costs ~25 ms of TLS set-up, not server time."""
+    with client.stream(
+        "POST",
+        f"{url}/v1/chat/completions",
+        json={**body, "stream": True},
+        timeout=900,
+        headers={"X-Namespace": namespace},
+    ) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                chunk: dict[str, Any] = json.loads(line[6:])
+                yield chunk
+
+
+def content_of(chunk: dict[str, Any]) -> str:
+    return "".join(c.get("delta", {}).get("content") or "" for c in chunk.get("choices", []))

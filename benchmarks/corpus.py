@@ -11,7 +11,7 @@ import importlib
 import inspect
 import random
 import textwrap
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from semantic.domain.chat import ChatMessage
 
@@ -109,3 +109,12 @@ def conversation(
         if count_tokens(messages) >= target_tokens:
             return messages
         messages.append(ChatMessage("assistant", rng.choice(texts)))
+
+
+def spread(
+    n: int, max_tokens: int, seed: int, count_tokens: Callable[[Sequence[ChatMessage]], int]
+) -> Iterator[list[ChatMessage]]:
+    """``n`` conversations whose lengths spread evenly from 200 to ``max_tokens`` tokens."""
+    for index in range(n):
+        target = 200 + (max_tokens - 200) * index // max(1, n - 1)
+        yield conversation(seed + index, target, count_tokens)

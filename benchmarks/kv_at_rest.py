@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.common import load_bench
-from benchmarks.corpus import conversation
+from benchmarks.corpus import spread
 from benchmarks.warm_vs_cold import NEW_TOKENS, run
 from semantic.adapters.mlx.host_codec import AT_REST_BITS, MlxHostCodec
 from semantic.adapters.storage.block_files import BlockFiles
@@ -63,9 +63,9 @@ def main() -> None:
         for mode in AT_REST_BITS
     }
     with tempfile.TemporaryDirectory() as tmp:
-        for index in range(args.conversations):
-            target = 200 + (args.max_history - 200) * index // max(1, args.conversations - 1)
-            messages = conversation(2000 + index, target, lambda m: len(tokenizer.render_chat(m)))
+        count = lambda m: len(tokenizer.render_chat(m))  # noqa: E731 - a one-line measure
+        conversations = spread(args.conversations, args.max_history, 2000, count)
+        for index, messages in enumerate(conversations):
             earlier, full = tokenizer.render_chat(messages[:-2]), tokenizer.render_chat(messages)
             first = run(engine, earlier, 4)
             assert first.blocks is not None

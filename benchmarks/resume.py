@@ -10,7 +10,6 @@ HTTP with a streaming client; mlx-lm's through its own prompt-cache files
 
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 from collections.abc import Sequence
@@ -25,6 +24,7 @@ from mlx_lm.models.cache import load_prompt_cache, make_prompt_cache, save_promp
 from reliability.server import ServerProcess
 
 from benchmarks import llama_cpp
+from benchmarks.common import chat_chunks, content_of
 from benchmarks.corpus import conversation
 
 QUESTION = "Thanks. In one sentence, what is the most important point so far?"
@@ -50,36 +50,22 @@ class ResumeRow:
 def stream_ttft(
     url: str, messages: list[dict[str, str]], namespace: str, client: httpx.Client | None = None
 ) -> tuple[float, str, int]:
-    """Seconds to the first streamed token, the reply text, and the cached prompt tokens.
-    The client is made before the clock starts (making one costs ~25 ms of TLS set-up that
-    is not the server's time); pass one to reuse its connection, as real clients do."""
+    """Seconds to the first streamed token, the reply text, and the cached prompt tokens."""
     client = client or httpx.Client()
     body = {
         "model": "default",
         "messages": messages,
         "temperature": 0,
         "max_tokens": 16,
-        "stream": True,
         "stream_options": {"include_usage": True},
     }
     started, first, text, cached = time.perf_counter(), 0.0, "", 0
-    with client.stream(
-        "POST",
-        f"{url}/v1/chat/completions",
-        json=body,
-        timeout=900,
-        headers={"X-Namespace": namespace},
-    ) as response:
-        for line in response.iter_lines():
-            if not line.startswith("data: {"):
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                cached = chunk["usage"]["prompt_tokens_details"]["cached_tokens"]
-            for choice in chunk["choices"]:
-                if choice["delta"].get("content"):
-                    first = first or time.perf_counter()
-                    text += choice["delta"]["content"]
+    for chunk in chat_chunks(client, url, body, namespace):
+        if chunk.get("usage"):
+            cached = chunk["usage"]["prompt_tokens_details"]["cached_tokens"]
+        if content := content_of(chunk):
+            first = first or time.perf_counter()
+            text += content
     return first - started, text, cached
 
 

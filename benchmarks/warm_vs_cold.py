@@ -17,7 +17,7 @@ from typing import cast
 import mlx.core as mx
 
 from benchmarks.common import load_bench
-from benchmarks.corpus import conversation
+from benchmarks.corpus import spread
 from semantic.adapters.mlx.backend import MlxBackend
 from semantic.application.engine import BlockPoolBatchEngine
 from semantic.application.events import CompletionEvent
@@ -74,9 +74,8 @@ def main() -> None:
     assert isinstance(backend, MlxBackend)
     agree, worst = 0, 0.0
     print(f"{'conv':>4} {'history':>7} {'cached':>6} {'equal':>5} {'max |dlogprob|':>14}")
-    for index in range(args.conversations):
-        target = 200 + (args.max_history - 200) * index // max(1, args.conversations - 1)
-        messages = conversation(1000 + index, target, lambda m: len(tokenizer.render_chat(m)))
+    count = lambda m: len(tokenizer.render_chat(m))  # noqa: E731 - a one-line measure
+    for index, messages in enumerate(spread(args.conversations, args.max_history, 1000, count)):
         earlier, full = tokenizer.render_chat(messages[:-2]), tokenizer.render_chat(messages)
         first = run(engine, earlier, 4)
         assert first.blocks is not None
