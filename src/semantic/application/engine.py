@@ -207,7 +207,8 @@ class BlockPoolBatchEngine:
         whole = [(a, n) for a, n in plan if a.prefilled == 0 and n == len(a.prompt)]
         if len(whole) > 1:
             self._prefill_whole_prompts([a for a, _ in whole], events)
-            plan = [entry for entry in plan if entry not in whole]
+            batched = {a.id for a, _ in whole}
+            plan = [(a, n) for a, n in plan if a.id not in batched]
         for active, n_tokens in plan:
             if active.id in self._running:  # an earlier chunk may have failed it
                 self._prefill_chunk(active, n_tokens, events)

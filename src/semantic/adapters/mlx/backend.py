@@ -112,10 +112,10 @@ class MlxBackend:
         )
         caches: list[Any] = [BatchKVCache(padding) for _ in sequences[0].caches]  # mlx-lm: untyped
         logprobs = self._last_logprobs(batch, caches)
-        sampled = []
-        for row, sequence in enumerate(sequences):
-            sequence.caches = [cache.extract(row) for cache in caches]
-            sampled.append(self._sample(sequence, logprobs[row : row + 1]))
+        sampled = [self._sample(s, logprobs[row : row + 1]) for row, s in enumerate(sequences)]
+        own = [[cache.extract(row) for cache in caches] for row in range(len(sequences))]
+        for sequence, extracted in zip(sequences, own, strict=True):  # all or nothing
+            sequence.caches = extracted
         return sampled
 
     def prefill_logprobs(self, seq_id: str, tokens: Sequence[int]) -> mx.array:
