@@ -40,7 +40,7 @@ class Settings:
     model: str = DEFAULT_MODEL
     weights: str = "auto"
     kv_budget_bytes: int = 2 << 30
-    prefault_bytes: int = 512 << 20
+    prefault_bytes: int = 1 << 30
     kv_at_rest: str = "lossless"
     """How block files hold KV: exact, or 8-/4-bit (smaller files, slightly different KV)."""
     """Heap touched once at start so the first restores after a restart do not page-fault."""

@@ -33,7 +33,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     serve.add_argument(
         "--prefault-mb",
         type=int,
-        default=512,
+        default=1024,
         help="memory touched at start so the first restores after a restart do not page-fault,"
         " MiB; at most the KV budget; 0 turns it off (default: %(default)s)",
     )
