@@ -14,7 +14,6 @@ import argparse
 import random
 import tempfile
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -104,13 +103,7 @@ def run(kills: int, agents: int, workdir: Path, seed: int = 5) -> CrashResult:
         threads = [
             threading.Thread(target=agent_loop, args=(server.url, n, stop, acked)) for n in names
         ]
-        for thread in threads:
-            thread.start()
-        time.sleep(rng.uniform(1.0, 6.0))
-        server.kill()
-        stop.set()
-        for thread in threads:
-            thread.join()
+        server.kill_during(threads, stop, rng.uniform(1.0, 6.0))
         result.kills += 1
         result.acknowledged += sum(len(v) for v in acked.values()) - before
         stray = data_dir / "blocks" / "zz" / "planted.safetensors.1.tmp"

@@ -77,13 +77,7 @@ def trial(data_dir: Path, index: int, agents: int, rng: random.Random, summary: 
             )
             for c in conversations
         ]
-        for thread in threads:
-            thread.start()
-        time.sleep(rng.uniform(0.5, 4.0))
-        server.kill()
-        stop.set()
-        for thread in threads:
-            thread.join()
+        server.kill_during(threads, stop, rng.uniform(0.5, 4.0))
     summary.trials += 1
     with ServerProcess(data_dir).start() as server:
         checked = [check(server.url, index, c, summary) for c in conversations]

@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -67,6 +68,19 @@ class ServerProcess:
         assert self.process is not None
         self.process.send_signal(signal.SIGTERM)
         return self.process.wait(timeout)
+
+    def kill_during(
+        self, workers: list[threading.Thread], stop: threading.Event, seconds: float
+    ) -> None:
+        """Start ``workers``, kill -9 the server after ``seconds`` of their traffic, then tell
+        them to stop and wait for them: a crash in the middle of real work."""
+        for worker in workers:
+            worker.start()
+        time.sleep(seconds)
+        self.kill()
+        stop.set()
+        for worker in workers:
+            worker.join()
 
     def kill(self) -> None:
         """SIGKILL: no cleanup at all, like a crash."""
