@@ -47,7 +47,7 @@ class Bench:
 
 def load_bench(settings: Settings | None = None) -> Bench:
     status = report_blas()
-    print(f"BLAS: {status.name}" + (" + one-row sgemv shim" if status.gemv_shim else ""))
+    print(f"BLAS: {status.name}" + (" + our small-product kernels" if status.small_kernels else ""))
     path, model_id = prepare_model(settings or Settings(), ProgressPrinter())
     loaded = load_model(path, model_id)
     return Bench(loaded, MlxTokenizer(loaded.tokenizer), spec_from_model(loaded.model))

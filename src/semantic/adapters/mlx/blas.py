@@ -3,10 +3,11 @@
 The mlx-cpu wheel for Linux bundles the netlib reference BLAS (about 5-7 GFLOP/s here);
 OpenBLAS runs the same matmuls at about 300 GFLOP/s. MLX binds its ``cblas_*`` symbols to
 whatever is in the process's global scope when ``mlx.core`` loads, so we load OpenBLAS with
-``RTLD_GLOBAL`` first. In front of it goes a small ``cblas_sgemm`` (``native/sgemm_gemv.c``,
-compiled once per machine) that sends one-row products to ``cblas_sgemv``: OpenBLAS's
-sgemm packs the whole weight matrix even for one row, which makes decode 3x slower.
-Decision and alternatives: docs/adr/0004-fast-blas-on-linux.md.
+``RTLD_GLOBAL`` first. In front of it goes our own ``cblas_sgemm`` (``native/small_sgemm.c``,
+compiled once per machine for its CPU) with kernels for products of up to 32 rows, the
+decode steps: OpenBLAS's sgemm packs the whole weight matrix first, which made one-row
+decode 3x slower and 16 rows cost as much as 32. Decisions and alternatives:
+docs/adr/0004-fast-blas-on-linux.md, docs/adr/0010-small-batch-matmul-kernel.md.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ log = logging.getLogger(__name__)
 BLAS_ENV = "SEMANTIC_BLAS_LIBRARY"
 """Path of the BLAS shared library to use instead of searching for OpenBLAS; ``none``
 keeps MLX's bundled reference BLAS."""
-SHIM_ENV = "SEMANTIC_BLAS_GEMV_SHIM"
-"""``0`` turns the one-row sgemm -> sgemv shim off."""
-SHIM_SOURCE = Path(__file__).parent / "native" / "sgemm_gemv.c"
+SHIM_ENV = "SEMANTIC_BLAS_SHIM"
+"""``0`` turns our small-product ``cblas_sgemm`` off: every product goes to OpenBLAS."""
+SHIM_SOURCE = Path(__file__).parent / "native" / "small_sgemm.c"
+SHIM_NAME = "libsemantic_small_sgemm"
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,12 +41,16 @@ class BlasStatus:
     name: str
     path: str | None
     fast: bool
-    gemv_shim: bool = False
+    shim: bool = False
+    """Our ``cblas_sgemm`` is in front of the library."""
+    small_kernels: bool = False
+    """...and was built with its AVX-512 kernels (without them it only sends up to three
+    rows to sgemv)."""
 
 
 @functools.cache
 def preload_fast_blas() -> BlasStatus:
-    """Put OpenBLAS (and the gemv shim in front of it) in scope before MLX loads.
+    """Put OpenBLAS (and our small-product sgemm in front of it) in scope before MLX loads.
 
     Cached: this can only work once per process, and only before ``mlx.core`` is imported.
     """
@@ -59,14 +65,14 @@ def preload_fast_blas() -> BlasStatus:
     path = choice or ctypes.util.find_library("openblas")
     if not path:
         return BlasStatus("reference BLAS", None, fast=False)
-    shim = os.environ.get(SHIM_ENV, "1") != "0" and _load_shim(path)
+    if os.environ.get(SHIM_ENV, "1") != "0":
+        _load_shim(path)
     try:
         ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
     except OSError as error:
         log.warning("could not load BLAS library %s: %s", path, error)
         return BlasStatus("reference BLAS", None, fast=False)
-    status = blas_in_use()
-    return BlasStatus(status.name, status.path, status.fast, gemv_shim=shim)
+    return blas_in_use()
 
 
 def blas_in_use() -> BlasStatus:
@@ -78,11 +84,13 @@ def blas_in_use() -> BlasStatus:
     provider = _global_provider("cblas_sgemm")
     if provider is None:
         return BlasStatus("reference BLAS (bundled with mlx-cpu)", None, fast=False)
-    shim = "semantic_sgemm_gemv" in os.path.basename(provider)
+    shim = SHIM_NAME in os.path.basename(provider)
+    kernels = False
     if shim:
+        kernels = bool(ctypes.CDLL(provider, mode=os.RTLD_NOLOAD).semantic_blas_small_kernels())
         provider = _global_provider("cblas_sgemv") or provider
     name = "OpenBLAS" if "openblas" in os.path.basename(provider).lower() else "BLAS"
-    return BlasStatus(name, provider, fast=True, gemv_shim=shim)
+    return BlasStatus(name, provider, fast=True, shim=shim, small_kernels=kernels)
 
 
 class _DlInfo(ctypes.Structure):
@@ -110,8 +118,7 @@ def report_blas() -> BlasStatus:
     """Log which BLAS MLX uses; warn when it is the slow reference one."""
     status = preload_fast_blas()
     if status.fast:
-        shim = ", one-row products via sgemv" if status.gemv_shim else ""
-        log.info("BLAS: %s (%s%s)", status.name, status.path or "system", shim)
+        log.info("BLAS: %s (%s%s)", status.name, status.path or "system", _shim_words(status))
     else:
         log.warning(
             "BLAS: %s; matmuls run about 30x slower. Install OpenBLAS "
@@ -119,6 +126,12 @@ def report_blas() -> BlasStatus:
             status.name,
         )
     return status
+
+
+def _shim_words(status: BlasStatus) -> str:
+    if status.small_kernels:
+        return ", products of up to 32 rows by our own kernels"
+    return ", up to three rows via sgemv (no AVX-512 here)" if status.shim else ""
 
 
 def native_cache_dir() -> Path:
@@ -134,30 +147,45 @@ def _load_shim(blas_path: str) -> bool:
             return False
         local = ctypes.CDLL(str(library), mode=ctypes.RTLD_LOCAL)
         if not local.semantic_blas_shim_ready():
-            log.warning("gemv shim could not find cblas_sgemv in %s; not using it", blas_path)
+            log.warning("sgemm shim could not find cblas_sgemv in %s; not using it", blas_path)
             return False
         ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL | os.RTLD_NOLOAD)
     except (OSError, subprocess.SubprocessError) as error:
-        log.warning("gemv shim unavailable (%s); decode will be slower", error)
+        log.warning("sgemm shim unavailable (%s); decode will be slower", error)
         return False
     return True
 
 
 def _build_shim(blas_path: str) -> Path | None:
+    """Compile the shim for this CPU (``-march=native``: AVX-512 where there is one), keyed
+    by source, BLAS and CPU so a home directory shared between machines stays safe."""
     source = SHIM_SOURCE.read_bytes()
-    key = hashlib.sha256(source + blas_path.encode()).hexdigest()[:16]
-    target = native_cache_dir() / f"libsemantic_sgemm_gemv-{key}.so"
+    key = hashlib.sha256(source + blas_path.encode() + _cpu_identity()).hexdigest()[:16]
+    target = native_cache_dir() / f"{SHIM_NAME}-{key}.so"
     if target.exists():
         return target
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if compiler is None:
-        log.info("no C compiler found; running without the gemv shim")
+        log.info("no C compiler found; running without the sgemm shim")
         return None
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         built = Path(tmp) / target.name
-        define = f'-DBLAS_TARGET="{blas_path}"'
-        command = [compiler, "-O2", "-shared", "-fPIC", define, "-o", str(built), str(SHIM_SOURCE)]
-        subprocess.run([*command, "-ldl"], check=True, capture_output=True, timeout=120)
+        command = [compiler, "-O3", "-shared", "-fPIC", f'-DBLAS_TARGET="{blas_path}"']
+        command += ["-o", str(built), str(SHIM_SOURCE), "-ldl", "-lpthread"]
+        compile_ = functools.partial(subprocess.run, check=True, capture_output=True, timeout=120)
+        try:
+            compile_([*command, "-march=native"])
+        except subprocess.CalledProcessError:  # not every compiler knows -march=native
+            compile_(command)
         os.replace(built, target)
     return target
+
+
+def _cpu_identity() -> bytes:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return b""
+    wanted = ("model name", "flags", "Features", "CPU part")
+    return "\n".join(sorted({ln for ln in lines if ln.startswith(wanted)})).encode()

@@ -1,0 +1,293 @@
+/*
+ * cblas_sgemm for MLX with our own kernels for products of a few rows (decode steps).
+ *
+ * MLX's CPU backend calls cblas_sgemm for every float32 matmul. A decode step multiplies
+ * one row per sequence by every weight matrix; OpenBLAS's sgemm packs the whole weight
+ * matrix first and, below about 32 rows, runs no faster with 16 rows than with 4: on a
+ * 2-core x86 machine SmolLM2's 211 matrices took 52 ms for one row and 67 ms for 16.
+ * Weight streaming is the floor (538 MB a step): the kernels here read each weight row
+ * once per call and keep the few activation rows in L1, so 16 rows cost 39 ms and one row
+ * 20 ms. See docs/adr/0010-small-batch-matmul-kernel.md.
+ *
+ * Loaded with RTLD_GLOBAL before OpenBLAS and MLX, this cblas_sgemm wins. It handles:
+ *   row-major, A not transposed, m <= SMALL_MAX_ROWS:
+ *     B transposed (x @ W^T: every linear layer, attention scores)  -> dot-product tiles
+ *     B plain (probabilities @ V)                                   -> broadcast tiles
+ * and passes everything else to OpenBLAS's sgemm unchanged. Without AVX-512 it keeps the
+ * older behaviour: up to three rows go to OpenBLAS's sgemv.
+ *
+ * Every output element is computed by the same instruction sequence whatever the number
+ * of rows, the row's position and the thread split, so a sequence's products are the same
+ * bits alone and batched.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 };
+enum { GEMV_MAX_ROWS = 3, SMALL_MAX_ROWS = 32 };
+
+#ifndef BLAS_TARGET
+#define BLAS_TARGET "libopenblas.so.0"
+#endif
+
+typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float *, int,
+                         const float *, int, float, float *, int);
+typedef void (*sgemv_fn)(int, int, int, int, float, const float *, int, const float *, int,
+                         float, float *, int);
+
+static sgemm_fn real_sgemm;
+static sgemv_fn real_sgemv;
+
+static int resolve(void) {
+    if (real_sgemm) return 1;
+    void *lib = dlopen(BLAS_TARGET, RTLD_NOW | RTLD_LOCAL);
+    if (!lib) return 0;
+    real_sgemv = (sgemv_fn)dlsym(lib, "cblas_sgemv");
+    real_sgemm = (sgemm_fn)dlsym(lib, "cblas_sgemm");
+    return real_sgemm != NULL;
+}
+
+/* Python checks this before promoting the library to the global scope. */
+int semantic_blas_shim_ready(void) { return resolve() && real_sgemv != NULL; }
+
+/* One product C = alpha * A B(^T) + beta * C, row-major, A not transposed. */
+typedef struct product product_t;
+struct product {
+    int m, n, k, lda, ldb, ldc;
+    float alpha, beta;
+    const float *a, *b;
+    float *c;
+    void (*columns)(const product_t *, int, int); /* computes columns [from, to) */
+};
+
+static void store(const product_t *p, int row, int col, float sum) {
+    float *out = p->c + (size_t)row * p->ldc + col;
+    float value = p->alpha * sum;
+    *out = p->beta == 0.0f ? value : value + p->beta * *out;
+}
+
+/* Three-row-or-fewer products through sgemv: the fallback without AVX-512. */
+static void gemv_rows(int trans_b, const product_t *p) {
+    for (int row = 0; row < p->m; row++) {
+        const float *x = p->a + (size_t)row * p->lda;
+        float *y = p->c + (size_t)row * p->ldc;
+        if (trans_b == NO_TRANS) /* y = B^T x, B is k x n */
+            real_sgemv(ROW_MAJOR, TRANS, p->k, p->n, p->alpha, p->b, p->ldb, x, 1, p->beta, y, 1);
+        else /* y = B x, B is n x k */
+            real_sgemv(ROW_MAJOR, NO_TRANS, p->n, p->k, p->alpha, p->b, p->ldb, x, 1, p->beta, y, 1);
+    }
+}
+
+#if defined(__AVX512F__)
+#define HAVE_KERNELS 1
+
+typedef float v16 __attribute__((vector_size(64), aligned(4))); /* unaligned loads */
+typedef int lanes16 __attribute__((vector_size(64)));
+#define LOAD(ptr) (*(const v16 *)(ptr))
+
+static inline v16 fold(v16 x, v16 y, lanes16 low, lanes16 high) {
+    return __builtin_shuffle(x, y, low) + __builtin_shuffle(x, y, high);
+}
+
+/* Lane i of the result is the sum of the 16 lanes of v[i]: a transposing add tree. */
+static inline v16 sum_lanes16(const v16 *v) {
+    const lanes16 lo1 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
+    const lanes16 hi1 = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
+    const lanes16 lo2 = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
+    const lanes16 hi2 = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
+    const lanes16 lo3 = {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29};
+    const lanes16 hi3 = {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31};
+    const lanes16 lo4 = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+    const lanes16 hi4 = {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
+    v16 eights[8], fours[4], twos[2];
+    for (int i = 0; i < 8; i++) eights[i] = fold(v[2 * i], v[2 * i + 1], lo1, hi1);
+    for (int i = 0; i < 4; i++) fours[i] = fold(eights[2 * i], eights[2 * i + 1], lo2, hi2);
+    for (int i = 0; i < 2; i++) twos[i] = fold(fours[2 * i], fours[2 * i + 1], lo3, hi3);
+    return fold(twos[0], twos[1], lo4, hi4);
+}
+
+/* dots[4 * i + j] = a[i] . b[j] over k; while at it, prefetch the next four rows of B
+ * (`ahead`, or NULL) so their load from memory overlaps this tile's arithmetic. */
+static void dot_tile(int k, const float *const a[4], const float *const b[4],
+                     const float *const *ahead, float dots[16]) {
+    v16 acc[16];
+    for (int i = 0; i < 16; i++) acc[i] = (v16){0};
+    int at = 0;
+    for (; at + 16 <= k; at += 16) {
+        if (ahead)
+            for (int j = 0; j < 4; j++) __builtin_prefetch(ahead[j] + at);
+        v16 x0 = LOAD(a[0] + at), x1 = LOAD(a[1] + at), x2 = LOAD(a[2] + at), x3 = LOAD(a[3] + at);
+        v16 y0 = LOAD(b[0] + at), y1 = LOAD(b[1] + at), y2 = LOAD(b[2] + at), y3 = LOAD(b[3] + at);
+        acc[0] += x0 * y0, acc[1] += x0 * y1, acc[2] += x0 * y2, acc[3] += x0 * y3;
+        acc[4] += x1 * y0, acc[5] += x1 * y1, acc[6] += x1 * y2, acc[7] += x1 * y3;
+        acc[8] += x2 * y0, acc[9] += x2 * y1, acc[10] += x2 * y2, acc[11] += x2 * y3;
+        acc[12] += x3 * y0, acc[13] += x3 * y1, acc[14] += x3 * y2, acc[15] += x3 * y3;
+    }
+    v16 sums = sum_lanes16(acc);
+    memcpy(dots, &sums, sizeof sums);
+    for (; at < k; at++)
+        for (int i = 0; i < 4; i++)
+            for (int j = 0; j < 4; j++) dots[4 * i + j] += a[i][at] * b[j][at];
+}
+
+/* Row `i` of a matrix with `rows` rows, clamped: a short tile repeats its first row and
+ * the extra results are dropped. */
+static const float *row_of(const float *base, int ld, int i, int rows, int first) {
+    return base + (size_t)(i < rows ? i : first) * ld;
+}
+
+/* C[:, from:to] for B transposed (n x k): each four rows of B are read from memory once and
+ * multiplied with every row of A, four at a time. */
+static void dot_columns(const product_t *p, int from, int to) {
+    for (int col = from; col < to; col += 4) {
+        const float *b[4], *next[4];
+        for (int j = 0; j < 4; j++) {
+            b[j] = row_of(p->b, p->ldb, col + j, to, col);
+            next[j] = row_of(p->b, p->ldb, col + 4 + j, to, col);
+        }
+        for (int row = 0; row < p->m; row += 4) {
+            const float *a[4];
+            for (int i = 0; i < 4; i++) a[i] = row_of(p->a, p->lda, row + i, p->m, row);
+            float dots[16];
+            dot_tile(p->k, a, b, row == 0 && col + 4 < to ? next : NULL, dots);
+            for (int i = 0; i < 4 && row + i < p->m; i++)
+                for (int j = 0; j < 4 && col + j < to; j++) store(p, row + i, col + j, dots[4 * i + j]);
+        }
+    }
+}
+
+/* C[row, from:to] for plain B (k x n), 64 columns at a time: sum over k of a[row][k] times
+ * row k of B, each output summed in order of k. */
+static void broadcast_columns(const product_t *p, int from, int to) {
+    for (int row = 0; row < p->m; row++) {
+        const float *a = p->a + (size_t)row * p->lda;
+        int col = from;
+        for (; col + 64 <= to; col += 64) {
+            v16 acc0 = {0}, acc1 = {0}, acc2 = {0}, acc3 = {0};
+            for (int at = 0; at < p->k; at++) {
+                const float *b = p->b + (size_t)at * p->ldb + col;
+                v16 x = (v16){0} + a[at];
+                acc0 += x * LOAD(b), acc1 += x * LOAD(b + 16);
+                acc2 += x * LOAD(b + 32), acc3 += x * LOAD(b + 48);
+            }
+            float sums[64];
+            memcpy(sums, &acc0, 64), memcpy(sums + 16, &acc1, 64);
+            memcpy(sums + 32, &acc2, 64), memcpy(sums + 48, &acc3, 64);
+            for (int j = 0; j < 64; j++) store(p, row, col + j, sums[j]);
+        }
+        for (; col < to; col++) {
+            float sum = 0.0f;
+            for (int at = 0; at < p->k; at++) sum += a[at] * p->b[(size_t)at * p->ldb + col];
+            store(p, row, col, sum);
+        }
+    }
+}
+
+/* ---- one helper thread: the product's columns are split in two ---------------------- */
+
+/* Two threads pay off once B is a few hundred KB (reading it is most of the time) or the
+ * arithmetic is large. */
+enum { SPIN_NS = 200000, MIN_THREADED_B = 1 << 16, MIN_THREADED_WORK = 1 << 20 };
+
+static struct {
+    const product_t *product;
+    int split;
+    atomic_int posted, done;
+    atomic_flag busy;
+    pthread_once_t once;
+    int running;
+} helper = {.busy = ATOMIC_FLAG_INIT, .once = PTHREAD_ONCE_INIT};
+
+static long long now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+/* Spin a little (products come back to back within a step), then sleep in the kernel. */
+static void await_post(int seen) {
+    long long deadline = now_ns() + SPIN_NS;
+    for (int spins = 0; atomic_load_explicit(&helper.posted, memory_order_acquire) == seen;) {
+        if (++spins % 256 != 0) {
+            __builtin_ia32_pause();
+        } else if (now_ns() > deadline) {
+            syscall(SYS_futex, &helper.posted, FUTEX_WAIT_PRIVATE, seen, NULL, NULL, 0);
+        }
+    }
+}
+
+static void *helper_main(void *unused) {
+    (void)unused;
+    for (int seen = 0;;) {
+        await_post(seen);
+        seen = atomic_load_explicit(&helper.posted, memory_order_acquire);
+        const product_t *p = helper.product;
+        p->columns(p, helper.split, p->n);
+        atomic_store_explicit(&helper.done, seen, memory_order_release);
+    }
+    return NULL;
+}
+
+static void start_helper(void) {
+    pthread_t thread;
+    helper.running = pthread_create(&thread, NULL, helper_main, NULL) == 0;
+    if (helper.running) pthread_detach(thread);
+}
+
+/* Run on two threads when it is worth it and the helper is free (MLX may call from more
+ * than one stream thread); otherwise on the calling thread alone. */
+static void run(const product_t *p) {
+    long long b_size = (long long)p->n * p->k, work = b_size * p->m;
+    if ((b_size < MIN_THREADED_B && work < MIN_THREADED_WORK) || p->n < 128) {
+        p->columns(p, 0, p->n);
+        return;
+    }
+    pthread_once(&helper.once, start_helper);
+    if (!helper.running || atomic_flag_test_and_set(&helper.busy)) {
+        p->columns(p, 0, p->n);
+        return;
+    }
+    helper.product = p;
+    helper.split = (p->n / 2 + 63) & ~63; /* whole 64-column chunks */
+    int ticket = atomic_load_explicit(&helper.posted, memory_order_relaxed) + 1;
+    atomic_store_explicit(&helper.posted, ticket, memory_order_release);
+    syscall(SYS_futex, &helper.posted, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+    p->columns(p, 0, helper.split);
+    while (atomic_load_explicit(&helper.done, memory_order_acquire) != ticket)
+        __builtin_ia32_pause();
+    atomic_flag_clear(&helper.busy);
+}
+#else
+#define HAVE_KERNELS 0
+#endif
+
+/* Python reads this to say which products run here. */
+int semantic_blas_small_kernels(void) { return HAVE_KERNELS; }
+
+void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k, float alpha,
+                 const float *a, int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+    resolve(); /* never fails here: the library is only made global once it resolved */
+    if (order == ROW_MAJOR && trans_a == NO_TRANS && m > 0 && n > 0 && k > 0) {
+        product_t p = {m, n, k, lda, ldb, ldc, alpha, beta, a, b, c, NULL};
+#if HAVE_KERNELS
+        if (m <= SMALL_MAX_ROWS) {
+            p.columns = trans_b == NO_TRANS ? broadcast_columns : dot_columns;
+            run(&p);
+            return;
+        }
+#endif
+        if (m <= GEMV_MAX_ROWS && real_sgemv) {
+            gemv_rows(trans_b, &p);
+            return;
+        }
+    }
+    real_sgemm(order, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}

@@ -1,0 +1,81 @@
+"""Our cblas_sgemm in front of OpenBLAS (native/small_sgemm.c), through MLX's real matmul."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+import semantic.adapters.mlx  # noqa: F401 - OpenBLAS and the shim before MLX
+from semantic.adapters.mlx.blas import blas_in_use
+
+import mlx.core as mx  # isort: skip
+import numpy as np  # isort: skip
+
+ROWS = (1, 3, 4, 5, 8, 16, 17, 32, 33)
+SHAPES = ((1, 1), (7, 15), (130, 64), (1536, 576), (64, 1000))  # (columns, depth)
+
+
+def _machine_has_avx512() -> bool:
+    cpuinfo = Path("/proc/cpuinfo")
+    if not (sys.platform.startswith("linux") and cpuinfo.exists()):
+        return False
+    return "avx512f" in cpuinfo.read_text()
+
+
+def _random(*shape: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def _close(got: mx.array, want: np.ndarray, depth: int) -> None:
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-5 * depth**0.5)
+
+
+def test_the_kernels_are_in_use_wherever_they_can_be_built() -> None:
+    status = blas_in_use()
+    if not (status.shim and _machine_has_avx512()):
+        pytest.skip(f"no AVX-512 or no shim on this machine ({status})")
+    assert status.small_kernels
+
+
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize(("columns", "depth"), SHAPES)
+def test_activation_times_transposed_weights_matches_numpy(
+    rows: int, columns: int, depth: int
+) -> None:
+    x, weights = _random(rows, depth, seed=rows), _random(columns, depth, seed=columns)
+    _close(mx.array(x) @ mx.array(weights).T, x.astype(np.float64) @ weights.T, depth)
+
+
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize(("columns", "depth"), SHAPES)
+def test_activation_times_plain_matrix_matches_numpy(rows: int, columns: int, depth: int) -> None:
+    x, values = _random(rows, depth, seed=rows), _random(depth, columns, seed=columns)
+    _close(mx.array(x) @ mx.array(values), x.astype(np.float64) @ values, depth)
+
+
+@pytest.mark.parametrize("transposed", [True, False])
+def test_alpha_and_beta_are_applied(transposed: bool) -> None:
+    x, other, bias = _random(5, 70, seed=1), _random(130, 70, seed=2), _random(5, 130, seed=3)
+    b = mx.array(other).T if transposed else mx.array(np.ascontiguousarray(other.T))
+    got = mx.addmm(mx.array(bias), mx.array(x), b, alpha=0.5, beta=2.0)
+    _close(got, 0.5 * (x.astype(np.float64) @ other.T) + 2.0 * bias, 70)
+
+
+def test_strided_batches_of_small_products_match_numpy() -> None:
+    """Decode attention: per (sequence, head) a few query rows against a slice of a cache."""
+    queries, cache = _random(4, 3, 3, 64, seed=4), _random(4, 3, 300, 64, seed=5)
+    keys = mx.array(cache)[:, :, :200]
+    want = queries.astype(np.float64) @ cache[:, :, :200].swapaxes(-1, -2)
+    _close(mx.array(queries) @ keys.swapaxes(-1, -2), want, 64)
+
+
+def test_a_row_gets_the_same_bits_alone_and_in_a_batch() -> None:
+    if not blas_in_use().small_kernels:
+        pytest.skip("the small-product kernels are not built on this machine")
+    batch, weights = mx.array(_random(16, 576, seed=6)), mx.array(_random(1536, 576, seed=7))
+    together = np.asarray(batch @ weights.T)
+    for row in (0, 5, 15):
+        alone = np.asarray(batch[row : row + 1] @ weights.T)
+        assert np.array_equal(alone[0], together[row])
