@@ -236,10 +236,16 @@ static void *helper_main(void *unused) {
     return NULL;
 }
 
+/* A forked child has no helper thread: it computes alone. */
+static void forget_helper(void) { helper.running = 0; }
+
 static void start_helper(void) {
     pthread_t thread;
     helper.running = pthread_create(&thread, NULL, helper_main, NULL) == 0;
-    if (helper.running) pthread_detach(thread);
+    if (helper.running) {
+        pthread_detach(thread);
+        pthread_atfork(NULL, NULL, forget_helper);
+    }
 }
 
 /* Run on two threads when it is worth it and the helper is free (MLX may call from more
