@@ -24,6 +24,7 @@
 #include <dlfcn.h>
 #include <linux/futex.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <string.h>
@@ -191,16 +192,26 @@ static void broadcast_columns(const product_t *p, int from, int to) {
     }
 }
 
-/* ---- one helper thread: the product's columns are split in two ---------------------- */
+/* ---- one helper thread, sharing the columns by work stealing --------------------------
+ * The caller offers the product and both threads claim 64-column chunks until none are
+ * left. If the helper is slow to wake (or its core is busy with another thread) the caller
+ * simply does more chunks; it only ever waits for a helper that is mid-chunk. A column is
+ * computed the same way by either thread, so the split never changes a result. */
 
 /* Two threads pay off once B is a few hundred KB (reading it is most of the time) or the
  * arithmetic is large. */
-enum { SPIN_NS = 200000, MIN_THREADED_B = 1 << 16, MIN_THREADED_WORK = 1 << 20 };
+enum { CHUNK = 64, SPIN_NS = 200000, MIN_THREADED_B = 1 << 16, MIN_THREADED_WORK = 1 << 20 };
+
+typedef struct {
+    const product_t *product;
+    int chunks;
+    atomic_int next;      /* the next unclaimed chunk */
+    atomic_int let_go;    /* set by the helper after its last access to this job */
+} job_t;
 
 static struct {
-    const product_t *product;
-    int split;
-    atomic_int posted, done;
+    _Atomic(job_t *) offered;
+    atomic_int posted;
     atomic_flag busy;
     pthread_once_t once;
     int running;
@@ -210,6 +221,14 @@ static long long now_ns(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+static void claim_chunks(job_t *job) {
+    const product_t *p = job->product;
+    for (int chunk; (chunk = atomic_fetch_add(&job->next, 1)) < job->chunks;) {
+        int from = chunk * CHUNK;
+        p->columns(p, from, from + CHUNK < p->n ? from + CHUNK : p->n);
+    }
 }
 
 /* Spin a little (products come back to back within a step), then sleep in the kernel. */
@@ -229,9 +248,10 @@ static void *helper_main(void *unused) {
     for (int seen = 0;;) {
         await_post(seen);
         seen = atomic_load_explicit(&helper.posted, memory_order_acquire);
-        const product_t *p = helper.product;
-        p->columns(p, helper.split, p->n);
-        atomic_store_explicit(&helper.done, seen, memory_order_release);
+        job_t *job = atomic_exchange(&helper.offered, NULL);
+        if (job == NULL) continue; /* the caller finished it alone */
+        claim_chunks(job);
+        atomic_store_explicit(&job->let_go, 1, memory_order_release);
     }
     return NULL;
 }
@@ -252,7 +272,7 @@ static void start_helper(void) {
  * than one stream thread); otherwise on the calling thread alone. */
 static void run(const product_t *p) {
     long long b_size = (long long)p->n * p->k, work = b_size * p->m;
-    if ((b_size < MIN_THREADED_B && work < MIN_THREADED_WORK) || p->n < 128) {
+    if ((b_size < MIN_THREADED_B && work < MIN_THREADED_WORK) || p->n < 2 * CHUNK) {
         p->columns(p, 0, p->n);
         return;
     }
@@ -261,14 +281,19 @@ static void run(const product_t *p) {
         p->columns(p, 0, p->n);
         return;
     }
-    helper.product = p;
-    helper.split = (p->n / 2 + 63) & ~63; /* whole 64-column chunks */
-    int ticket = atomic_load_explicit(&helper.posted, memory_order_relaxed) + 1;
-    atomic_store_explicit(&helper.posted, ticket, memory_order_release);
+    job_t job = {.product = p, .chunks = (p->n + CHUNK - 1) / CHUNK};
+    atomic_init(&job.next, 0);
+    atomic_init(&job.let_go, 0);
+    atomic_store_explicit(&helper.offered, &job, memory_order_release);
+    atomic_fetch_add_explicit(&helper.posted, 1, memory_order_release);
     syscall(SYS_futex, &helper.posted, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
-    p->columns(p, 0, helper.split);
-    while (atomic_load_explicit(&helper.done, memory_order_acquire) != ticket)
-        __builtin_ia32_pause();
+    claim_chunks(&job);
+    job_t *still_offered = &job;
+    if (!atomic_compare_exchange_strong(&helper.offered, &still_offered, NULL)) {
+        /* the helper took the job: wait until it has finished its last chunk */
+        for (int spins = 0; !atomic_load_explicit(&job.let_go, memory_order_acquire);)
+            if (++spins % 1024 == 0) sched_yield(); else __builtin_ia32_pause();
+    }
     atomic_flag_clear(&helper.busy);
 }
 #else
