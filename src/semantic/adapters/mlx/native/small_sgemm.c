@@ -263,6 +263,7 @@ static void start_helper(void) {
     pthread_t thread;
     helper.running = pthread_create(&thread, NULL, helper_main, NULL) == 0;
     if (helper.running) {
+        pthread_setname_np(thread, "sgemm-helper"); /* as top and /proc show it */
         pthread_detach(thread);
         pthread_atfork(NULL, NULL, forget_helper);
     }
