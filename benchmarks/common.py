@@ -39,7 +39,6 @@ class Bench:
             self.spec,
             self.loaded.model_id,
             self.tokenizer.eos_token_ids,
-            max_decoding=config.get("max_running", 32),
         )
         pool = BlockPool.from_budget(self.spec, budget_bytes)
         return BlockPoolBatchEngine(backend, self.tokenizer, pool, EngineConfig(**config))

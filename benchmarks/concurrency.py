@@ -1,7 +1,10 @@
 """Concurrency through HTTP: N agents streaming at once, ours and mlx-lm's own server.
 
 For each N: N distinct short chats start together, each streaming a 64-token reply.
-Reports aggregate tokens/s and the p50/p99 of time to first token and inter-token latency.
+Reports aggregate tokens/s end to end (prompts' prefill included), the aggregate decode rate
+(tokens after each agent's first, over the span from the first first token to the last
+token: what the issue's "N agents >= k x one agent's decode rate" compares), and the
+p50/p99 of time to first token and inter-token latency.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ class ConcurrencyRow:
     server: str
     agents: int
     tokens_per_s: float
+    decode_per_s: float
     ttft_p50: float
     ttft_p99: float
     itl_p50: float
@@ -104,11 +108,21 @@ def measure(
         name,
         agents,
         tokens / (ended - started),
+        decode_rate([r[1] for r in results]),
         _q(ttfts, 0.5),
         _q(ttfts, 0.99),
         _q(gaps, 0.5),
         _q(gaps, 0.99),
     )
+
+
+def decode_rate(arrivals: Sequence[Sequence[float]]) -> float:
+    """Tokens after each stream's first, per second of the span in which streams decode."""
+    streams = [a for a in arrivals if len(a) > 1]
+    if not streams:
+        return float("nan")
+    span = max(a[-1] for a in streams) - min(a[0] for a in streams)
+    return sum(len(a) - 1 for a in streams) / span
 
 
 def _q(values: Sequence[float], q: float) -> float:

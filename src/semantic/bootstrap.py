@@ -190,7 +190,6 @@ def _engine(
         spec,
         loaded.model_id,
         tokenizer.eos_token_ids,
-        max_decoding=settings.max_running,
     )
     config = EngineConfig(
         default_max_tokens=settings.default_max_tokens,

@@ -158,3 +158,30 @@ def test_cancelling_mid_decode_frees_everything(
     assert done.finish_reason is FinishReason.CANCELLED
     engine.release_blocks(request_id)
     assert engine.pool.used_count == 0
+
+
+def test_a_finished_reply_keeps_the_kv_of_every_token_it_returned(
+    real_model: RealModel, make_engine: EngineFactory
+) -> None:
+    """So a client that sends the reply back hits all of it, its last token included."""
+    engine, _ = make_engine()
+    prompt = real_model.tokenizer.render_chat([ChatMessage("user", "Tell me a story.")])
+    done = generate(engine, prompt, 6)
+    assert done.finish_reason is FinishReason.MAX_TOKENS
+    assert done.blocks is not None
+    assert done.blocks.n_tokens == len(prompt) + len(done.token_ids)
+
+
+def test_sampled_and_greedy_requests_share_a_batch_without_changing_each_other(
+    real_model: RealModel, make_engine: EngineFactory
+) -> None:
+    engine, _ = make_engine()
+    prompt = real_model.tokenizer.render_chat([ChatMessage("user", "Tell me a story.")])
+    seeded = SamplingParams(temperature=1.0, top_p=0.9, seed=7)
+    alone_seeded = generate(engine, prompt, 12, sampling=seeded).token_ids
+    alone_greedy = generate(engine, prompt, 12).token_ids
+    sampled = engine.submit("a", prompt, max_tokens=12, sampling=seeded)
+    greedy = engine.submit("b", prompt, max_tokens=12)
+    done = completions(run_until_idle(engine))
+    assert done[sampled].token_ids == alone_seeded
+    assert done[greedy].token_ids == alone_greedy

@@ -151,8 +151,9 @@ class FakeBackend:
         seq.pending, seq.remaining, seq.decoding = first_token, max_new_tokens, True
 
     def decode_step(self) -> list[DecodedToken]:
-        """Like mlx-lm's BatchGenerator: a newly joined sequence only has its first token fed
-        in its first step; afterwards each token is fed before it is returned."""
+        """Like the MLX backend's pipelined decode batch: a newly joined sequence only has
+        its first token fed in its first step; afterwards each token is fed before it is
+        returned."""
         out: list[DecodedToken] = []
         if self.paused.is_set():
             return out

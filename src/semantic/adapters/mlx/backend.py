@@ -1,11 +1,11 @@
-"""The model backend on MLX: our own chunked prefill, mlx-lm's ``BatchGenerator`` for decode.
+"""The model backend on MLX: our own chunked prefill, then our batched decode step.
 
 Prefill runs here, one sequence and one chunk at a time, so the engine's scheduler decides
 exactly how many prompt tokens each step costs. The prompt's last chunk also yields the
 first new token, which the caller can stream at once; the sequence then joins the
-``BatchGenerator`` with that token as its one-token prompt, so the generator never prefills
-and never paces anything itself. Every method runs on the engine thread: MLX streams belong
-to the thread that made them.
+``DecodeBatch`` (mlx-lm's model and batch caches, our sampling) with that token as its next
+input. Every method runs on the engine thread: MLX streams belong to the thread that made
+them.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
+from semantic.adapters.mlx.decode_batch import DecodeBatch
 from semantic.adapters.mlx.kv_blocks import cut_into_blocks, gather_cache
-from semantic.adapters.mlx.sampling import Sampler, make_sampler
+from semantic.adapters.mlx.sampling import Sampler, log_softmax, make_sampler, top_prob
 from semantic.domain.blocks import AgentBlocks
 from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.errors import InvalidRequestError
@@ -32,7 +32,6 @@ class _Sequence:
     caches: list[Any]
     sampler: Sampler
     track_top_prob: bool
-    uid: int | None = None
 
 
 class MlxBackend:
@@ -42,19 +41,14 @@ class MlxBackend:
         spec: ModelCacheSpec,
         model_id: str,
         eos_token_ids: frozenset[int],
-        *,
-        max_decoding: int = 32,
     ) -> None:
         self._model = model
         self._spec = spec
         self._model_id = model_id
-        self._eos = sorted(eos_token_ids)
-        self._max_decoding = max_decoding
-        self._generator: Any = None  # a BatchGenerator; mlx-lm leaves its methods untyped
+        self._decoder = DecodeBatch(model, eos_token_ids)
         self._streams: tuple[Any, ...] | None = None
         self._split = _BodyAndHead.of(model)
         self._sequences: dict[str, _Sequence] = {}
-        self._by_uid: dict[int, str] = {}
 
     @property
     def spec(self) -> ModelCacheSpec:
@@ -66,7 +60,7 @@ class MlxBackend:
 
     @property
     def decoding_count(self) -> int:
-        return len(self._by_uid)
+        return len(self._decoder)
 
     def open_sequence(
         self,
@@ -94,7 +88,8 @@ class MlxBackend:
         mx.eval([(c.keys, c.values) for c in caches])
 
     def prefill_and_sample(self, seq_id: str, tokens: Sequence[int]) -> SampledToken:
-        return self._sample(self._sequences[seq_id], self.prefill_logprobs(seq_id, tokens))
+        sequence = self._sequences[seq_id]
+        return self._sample(sequence, self._last_logits(mx.array([list(tokens)]), sequence.caches))
 
     def prefill_many_and_sample(
         self, prompts: Sequence[tuple[str, Sequence[int]]]
@@ -111,8 +106,8 @@ class MlxBackend:
             [[0] * pad + list(tokens) for pad, (_, tokens) in zip(padding, prompts, strict=True)]
         )
         caches: list[Any] = [BatchKVCache(padding) for _ in sequences[0].caches]  # mlx-lm: untyped
-        logprobs = self._last_logprobs(batch, caches)
-        sampled = [self._sample(s, logprobs[row : row + 1]) for row, s in enumerate(sequences)]
+        logits = self._last_logits(batch, caches)
+        sampled = [self._sample(s, logits[row : row + 1]) for row, s in enumerate(sequences)]
         own = [[cache.extract(row) for cache in caches] for row in range(len(sequences))]
         for sequence, extracted in zip(sequences, own, strict=True):  # all or nothing
             sequence.caches = extracted
@@ -120,65 +115,52 @@ class MlxBackend:
 
     def prefill_logprobs(self, seq_id: str, tokens: Sequence[int]) -> mx.array:
         """Prefill ``tokens`` and return the log-probabilities after the last one."""
-        return self._last_logprobs(mx.array([list(tokens)]), self._sequences[seq_id].caches)
+        logits = self._last_logits(mx.array([list(tokens)]), self._sequences[seq_id].caches)
+        logprobs = log_softmax(logits)
+        mx.eval(logprobs)
+        return logprobs
 
-    def _last_logprobs(self, batch: mx.array, caches: list[Any]) -> mx.array:
-        """Run ``batch`` (rows of tokens) into ``caches``; log-probabilities after each row."""
+    def _last_logits(self, batch: mx.array, caches: list[Any]) -> mx.array:
+        """Run ``batch`` (rows of tokens) into ``caches``; the logits after each row."""
         if self._split is not None:  # the output head for the last position only
             hidden = self._split.body(batch, cache=caches)[:, -1:, :]
             logits: mx.array = self._split.head(hidden)[:, -1, :]
         else:
             logits = self._model(batch, cache=caches)[:, -1, :]
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        mx.eval(logprobs, [(c.keys, c.values) for c in caches])
-        return logprobs
+        mx.eval(logits, [(c.keys, c.values) for c in caches])
+        return logits
 
     @staticmethod
-    def _sample(sequence: _Sequence, logprobs: mx.array) -> SampledToken:
-        token = sequence.sampler(logprobs)
-        top = mx.exp(mx.max(logprobs)) if sequence.track_top_prob else None
+    def _sample(sequence: _Sequence, logits: mx.array) -> SampledToken:
+        token = sequence.sampler(logits)
+        top = top_prob(logits)[0] if sequence.track_top_prob else None
         mx.eval(token, *([top] if top is not None else []))
         return SampledToken(_scalar_int(token), _scalar_float(top) if top is not None else None)
 
     def start_decoding(self, seq_id: str, first_token: int, max_new_tokens: int) -> None:
         sequence = self._sequences[seq_id]
-        (uid,) = self._batch_generator().insert(
-            [[first_token]],
-            max_tokens=[max_new_tokens],
-            caches=[sequence.caches],
-            samplers=[sequence.sampler],
+        self._decoder.add(
+            seq_id,
+            sequence.caches,
+            first_token,
+            max_new_tokens,
+            sequence.sampler,
+            track_top_prob=sequence.track_top_prob,
         )
-        sequence.uid = uid
-        self._by_uid[uid] = seq_id
+        sequence.caches = []  # the batch holds the KV now
 
     def decode_step(self) -> list[DecodedToken]:
-        if not self._by_uid or self._generator is None:
-            return []
-        _, responses = self._generator.next()
-        out: list[DecodedToken] = []
-        for response in responses:
-            seq_id = self._by_uid.get(response.uid)
-            if seq_id is None:
-                continue
-            sequence = self._sequences[seq_id]
-            top = None
-            if sequence.track_top_prob:
-                top = _scalar_float(mx.exp(mx.max(response.logprobs)))
-            finished = response.finish_reason is not None
-            if finished:
-                sequence.caches = response.prompt_cache
-                sequence.uid = None
-                del self._by_uid[response.uid]
-            out.append(DecodedToken(seq_id, int(response.token), top, finished))
-        return out
+        produced = self._decoder.step()
+        for token in produced:
+            if token.finished:
+                caches = self._decoder.take_finished(token.seq_id)
+                if caches is not None and token.seq_id in self._sequences:
+                    self._sequences[token.seq_id].caches = caches
+        return produced
 
     def close_sequence(self, seq_id: str, keep_tokens: int) -> ExportedKV:
         sequence = self._sequences.pop(seq_id)
-        caches = sequence.caches
-        if sequence.uid is not None and self._generator is not None:
-            removed = self._generator.remove([sequence.uid], return_prompt_caches=True)
-            del self._by_uid[sequence.uid]
-            caches = removed[sequence.uid][0]
+        caches = self._decoder.remove(seq_id) if seq_id in self._decoder else sequence.caches
         held = min(int(c.offset) for c in caches) if caches else 0
         keep = min(keep_tokens, held)
         if keep <= 0:
@@ -202,19 +184,6 @@ class MlxBackend:
         if self._streams is None:
             self._streams = (mx.default_stream(mx.default_device()), mx.new_stream(mx.cpu))
         return self._streams
-
-    def _batch_generator(self) -> Any:
-        if self._generator is None:
-            # Created on first use, on the engine thread: an MLX stream belongs to its thread.
-            self._generator = BatchGenerator(
-                self._model,
-                max_tokens=1,
-                stop_tokens=[[eos] for eos in self._eos],
-                completion_batch_size=self._max_decoding,
-                prefill_batch_size=self._max_decoding,
-                stream=mx.new_stream(mx.default_device()),
-            )
-        return self._generator
 
 
 def _fresh_plain(sequence: _Sequence) -> bool:

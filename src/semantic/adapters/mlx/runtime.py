@@ -1,8 +1,8 @@
 """Refuse to run on an mlx-lm version this release has not been tested with.
 
-The engine composes mlx-lm's ``BatchGenerator`` and cache classes, whose behaviour changes
-between minor releases (FACTS.md lists what 0.32 does). A silent mismatch would show up as
-wrong tokens, so we stop with a clear message instead.
+The engine composes mlx-lm's model code and batch cache classes (``BatchKVCache`` and its
+kin), whose behaviour changes between minor releases (FACTS.md lists what 0.32 does). A
+silent mismatch would show up as wrong tokens, so we stop with a clear message instead.
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@
 mlx-lm's samplers draw from MLX's global random state, so a request's tokens would depend
 on what else shares the batch. Each sampled request here carries its own key, split once per
 token, so the same seed gives the same tokens whatever the batch looks like.
+
+Samplers take raw logits: normalising over the vocabulary costs an ``exp`` per entry, slow
+on MLX's CPU backend, and only nucleus sampling and the top-token probability need it.
 """
 
 from __future__ import annotations
@@ -18,9 +21,18 @@ from semantic.domain.generation import SamplingParams
 Sampler = Callable[[mx.array], mx.array]
 
 
-def greedy(logprobs: mx.array) -> mx.array:
+def greedy(logits: mx.array) -> mx.array:
     """One shared function object, so a batch of greedy requests samples in one call."""
-    return mx.argmax(logprobs, axis=-1)
+    return mx.argmax(logits, axis=-1)
+
+
+def log_softmax(logits: mx.array) -> mx.array:
+    return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+
+
+def top_prob(logits: mx.array) -> mx.array:
+    """Each row's probability of its most likely token."""
+    return mx.exp(mx.max(logits, axis=-1) - mx.logsumexp(logits, axis=-1))
 
 
 class SeededSampler:
@@ -30,12 +42,12 @@ class SeededSampler:
         self._inverse_temperature = 1.0 / params.temperature
         self._top_p = params.top_p
 
-    def __call__(self, logprobs: mx.array) -> mx.array:
+    def __call__(self, logits: mx.array) -> mx.array:
         keys = mx.random.split(self._key)
         self._key = keys[0]
-        if self._top_p < 1.0:
-            logprobs = apply_top_p(logprobs, self._top_p)
-        return mx.random.categorical(logprobs * self._inverse_temperature, key=keys[1])
+        if self._top_p < 1.0:  # the nucleus is cut on probabilities: normalise first
+            logits = apply_top_p(log_softmax(logits), self._top_p)
+        return mx.random.categorical(logits * self._inverse_temperature, key=keys[1])
 
 
 def make_sampler(params: SamplingParams) -> Sampler:
