@@ -208,6 +208,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
     parser.add_argument("--budgets", default="16,32,64,128,256,1024")
     parser.add_argument("--ratios", default="1,2,3")
+    parser.add_argument("--rides", default="0.5,1,1.5,2")
     parser.add_argument("--skip-mlx-lm", action="store_true")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -219,12 +220,22 @@ def main() -> None:
     alone = ours_alone(bench, long_prompt)
     print(f"alone on an idle engine: {alone:.1f} s to first token")
     configs = [
-        (f"{n} tokens/step while streams decode", PacerConfig(busy_tokens=int(n)))
-        for n in args.budgets.split(",")
+        (f"riding, {r} decode steps", PacerConfig(ride_ratio=float(r)))
+        for r in args.rides.split(",")
+        if r
     ]
     configs += [
-        (f"time-paced, {r} decode steps", PacerConfig(busy_tokens=None, gap_ratio=float(r)))
+        (f"{n} tokens/step, own passes", PacerConfig(busy_tokens=int(n), ride_ratio=None))
+        for n in args.budgets.split(",")
+        if n
+    ]
+    configs += [
+        (
+            f"time-paced, {r} decode steps, own passes",
+            PacerConfig(busy_tokens=None, gap_ratio=float(r), ride_ratio=None),
+        )
         for r in args.ratios.split(",")
+        if r
     ]
     points = []
     header = f"{'budget':<40} {'(a) gap':>8} {'(b) ttft':>8} {'median':>7} {'p99':>7} {'ttft s':>7}"

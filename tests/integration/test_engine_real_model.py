@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import mlx.core as mx
 import pytest
@@ -13,6 +14,7 @@ from semantic.application.events import CompletionEvent
 from semantic.application.scheduler.pacer import PacerConfig
 from semantic.domain.chat import ChatMessage
 from semantic.domain.generation import FinishReason, SamplingParams
+from semantic.ports.model_backend import PromptChunk, StepOutput
 from tests.helpers import completions, generate, run_until_idle
 from tests.integration.conftest import EngineFactory, RealModel
 
@@ -185,3 +187,37 @@ def test_sampled_and_greedy_requests_share_a_batch_without_changing_each_other(
     done = completions(run_until_idle(engine))
     assert done[sampled].token_ids == alone_seeded
     assert done[greedy].token_ids == alone_greedy
+
+
+def test_a_prompt_riding_the_decode_steps_gets_what_it_gets_in_passes_of_its_own(
+    real_model: RealModel, make_engine: EngineFactory
+) -> None:
+    """Same chunks either way (30 tokens: two streams leave 30 rows of the fused pass):
+    the fused pass must change when they are computed, never the results."""
+    tokenizer = real_model.tokenizer
+    streams = [
+        tokenizer.render_chat([ChatMessage("user", f"Write about {topic}.")])
+        for topic in ("the sea", "mountains")
+    ]
+    long_prompt = tokenizer.render_chat(conversation(3, 200, counter(real_model)))
+    results = []
+    for pacer in (PacerConfig(ride_ratio=1e6), PacerConfig(ride_ratio=None, busy_tokens=30)):
+        engine, backend = make_engine(pacer=pacer)
+        rides: list[int] = []
+
+        def spy(
+            ride: PromptChunk | None = None, step: Any = backend.decode_step, seen: Any = rides
+        ) -> StepOutput:
+            seen.append(0 if ride is None else len(ride.tokens))
+            return step(ride)  # type: ignore[no-any-return]  # the real method
+
+        backend.decode_step = spy  # type: ignore[method-assign]  # counting rides
+        ids = [engine.submit("s", p, max_tokens=16) for p in streams]
+        events = engine.step().events + engine.step().events
+        ids.append(engine.submit("long", long_prompt, max_tokens=8))
+        done = completions(events + run_until_idle(engine))
+        results.append(([done[i].token_ids for i in ids], max(rides)))
+    (riding, most_ridden), (alone, never) = results
+    assert most_ridden == 30
+    assert never == 0
+    assert riding == alone

@@ -11,7 +11,14 @@ from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.chat import ChatMessage
 from semantic.domain.errors import IncompatibleCacheError
 from semantic.domain.generation import SamplingParams
-from semantic.ports.model_backend import BlockPayload, DecodedToken, ExportedKV, SampledToken
+from semantic.ports.model_backend import (
+    BlockPayload,
+    DecodedToken,
+    ExportedKV,
+    PromptChunk,
+    SampledToken,
+    StepOutput,
+)
 
 EOS = 0
 VOCAB = 64
@@ -109,6 +116,9 @@ class FakeBackend:
     prefill_calls: list[tuple[str, int]] = field(default_factory=list)
     decode_batches: list[int] = field(default_factory=list)
     batched_prefills: list[int] = field(default_factory=list)
+    ride_rows: int = 0
+    """Rows a fused decode pass may hold (0: no riding, like a model without fusion)."""
+    rides: list[tuple[str, int]] = field(default_factory=list)
 
     @property
     def decoding_count(self) -> int:
@@ -150,7 +160,24 @@ class FakeBackend:
         seq = self.sequences[seq_id]
         seq.pending, seq.remaining, seq.decoding = first_token, max_new_tokens, True
 
-    def decode_step(self) -> list[DecodedToken]:
+    def ride_capacity(self) -> int:
+        decoding = self.decoding_count
+        return max(0, self.ride_rows - decoding) if decoding else 0
+
+    def decode_step(self, ride: PromptChunk | None = None) -> StepOutput:
+        if ride is not None and len(ride.tokens) > self.ride_capacity():
+            raise ValueError("too many tokens to ride")
+        tokens = self._decode_tokens()
+        first = None
+        if ride is not None:
+            self.rides.append((ride.seq_id, len(ride.tokens)))
+            if ride.last:
+                first = self.prefill_and_sample(ride.seq_id, ride.tokens)
+            else:
+                self.prefill(ride.seq_id, ride.tokens)
+        return StepOutput(tokens, first)
+
+    def _decode_tokens(self) -> list[DecodedToken]:
         """Like the MLX backend's pipelined decode batch: a newly joined sequence only has
         its first token fed in its first step; afterwards each token is fed before it is
         returned."""

@@ -118,3 +118,50 @@ def test_the_busy_budget_gives_each_newcomer_its_share() -> None:
     assert pacer.round_budget(decoding=4, waiting=1).tokens == 64  # one long prompt, 4 streams
     assert pacer.round_budget(decoding=29, waiting=3).tokens == 64 * 3
     assert pacer.round_budget(decoding=1, waiting=31).tokens == 1024  # a burst: capped at idle
+
+
+def riding_engine(ride_rows: int, **pacer: Any) -> tuple[BlockPoolBatchEngine, FakeBackend]:
+    backend = FakeBackend(ride_rows=ride_rows)
+    settings = {"busy_tokens": 8, "ride_ratio": 1.0, **pacer}
+    config = EngineConfig(prefill_chunk_tokens=4, max_context=512, pacer=PacerConfig(**settings))
+    return BlockPoolBatchEngine(backend, FakeTokenizer(), BlockPool(400), config), backend
+
+
+def stream_then_long_prompt(e: BlockPoolBatchEngine) -> tuple[list[EngineEvent], str]:
+    """Two streams decode; a 40-token prompt arrives; run to the end."""
+    for n in range(2):
+        e.submit(f"stream-{n}", [3 + n, 4, 5], max_tokens=30)
+    events = e.step().events + e.step().events
+    long_id = e.submit("long", list(range(1, 41)), max_tokens=4)
+    return events + drain(e), long_id
+
+
+def test_a_lone_prompt_beside_streams_rides_their_decode_steps_with_the_same_results() -> None:
+    riding, ridden = riding_engine(ride_rows=32)
+    events, long_id = stream_then_long_prompt(riding)
+    plain, unridden = riding_engine(ride_rows=0)
+    expected, _ = stream_then_long_prompt(plain)
+    assert sum(n for s, n in ridden.rides if s == long_id) == 40  # every prompt token rode
+    assert not unridden.rides
+    ours = {e.agent_id: e.token_ids for e in events if isinstance(e, CompletionEvent)}
+    theirs = {e.agent_id: e.token_ids for e in expected if isinstance(e, CompletionEvent)}
+    assert ours == theirs
+
+
+def test_a_ride_never_exceeds_the_rows_the_fused_pass_may_hold() -> None:
+    e, backend = riding_engine(ride_rows=6, ride_ratio=100.0)  # time allows any chunk
+    stream_then_long_prompt(e)
+    assert backend.rides
+    assert max(n for _, n in backend.rides) <= 6 - 2
+
+
+def test_several_waiting_prompts_take_the_token_budget_instead_of_riding() -> None:
+    e, backend = riding_engine(ride_rows=32)
+    e.submit("stream", [3, 4, 5], max_tokens=30)
+    e.step()
+    e.step()
+    e.submit("a", list(range(1, 30)), max_tokens=2)
+    e.submit("b", list(range(2, 31)), max_tokens=2)
+    e.step()
+    assert not backend.rides
+    assert backend.prefill_calls or backend.batched_prefills

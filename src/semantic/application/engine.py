@@ -1,8 +1,9 @@
 """BlockPoolBatchEngine: continuous batching with per-request KV block accounting.
 
-One ``step()`` is one round: apply cancellations, run one batched decode step for every
-decoding request, then let the ``PrefillAdder`` spend the round's prefill budget (requests
-already prefilling first, then admissions from the priority queue). ``submit`` and ``cancel``
+One ``step()`` is one round: apply cancellations, let the ``PrefillAdder`` plan the round's
+prefill budget (requests already prefilling first, then admissions from the priority queue),
+run one batched decode step for every decoding request (a lone waiting prompt's chunk may
+ride its forward pass), then the planned chunks that did not ride. ``submit`` and ``cancel``
 may be called from any thread; ``step`` runs on the engine thread only. The tensor work is
 the backend's; this class decides what runs, keeps the block books, and reports events.
 """
@@ -21,7 +22,7 @@ from semantic.application.events import CompletionEvent, EngineEvent, TokenEvent
 from semantic.application.request_validation import validate_request
 from semantic.application.reservation import BlockReservation
 from semantic.application.scheduler.pacer import PacerConfig, PrefillPacer
-from semantic.application.scheduler.prefill_adder import PrefillAdder
+from semantic.application.scheduler.prefill_adder import Plan, PrefillAdder
 from semantic.application.scheduler.request_queue import RequestQueue
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.blocks import AgentBlocks
@@ -33,7 +34,7 @@ from semantic.domain.generation import (
     SamplingParams,
 )
 from semantic.domain.tokens import common_prefix
-from semantic.ports.model_backend import ModelBackend, SampledToken
+from semantic.ports.model_backend import ModelBackend, PromptChunk, SampledToken
 from semantic.ports.tokenizer import Tokenizer
 
 
@@ -160,8 +161,10 @@ class BlockPoolBatchEngine:
     def step(self) -> StepResult:
         events: list[EngineEvent] = []
         self._apply_cancellations(events)
-        self._decode(events)
-        self._prefill(events)
+        plan = self._plan()
+        ride = self._take_ride(plan)
+        self._decode(events, ride)
+        self._prefill(plan, events)
         prefilling = sum(1 for r in self._running.values() if r.phase is Phase.PREFILLING)
         return StepResult(events, self._backend.decoding_count, prefilling, len(self._queue))
 
@@ -175,23 +178,7 @@ class BlockPoolBatchEngine:
                 active.detector.end(FinishReason.CANCELLED)
                 self._complete(active, events, keep_kv=active.phase is Phase.DECODING)
 
-    def _decode(self, events: list[EngineEvent]) -> None:
-        if self._backend.decoding_count == 0:
-            return
-        started = self._clock()
-        try:
-            produced = self._backend.decode_step()
-        except Exception as error:  # noqa: BLE001 - a failed step fails its requests, not the server
-            for active in [r for r in self._running.values() if r.phase is Phase.DECODING]:
-                self._fail(active, error, events)
-            return
-        self.pacer.observe_decode(self._clock() - started)
-        for token in produced:
-            owner = self._running.get(token.seq_id)
-            if owner is not None:
-                self._accept_token(owner, token.token, token.top_prob, events)
-
-    def _prefill(self, events: list[EngineEvent]) -> None:
+    def _plan(self) -> Plan:
         running = sorted(self._running.values(), key=lambda r: r.phase is not Phase.PREFILLING)
         plan = self._adder.plan(
             running,
@@ -199,11 +186,56 @@ class BlockPoolBatchEngine:
             room=self._config.max_running - len(self._running),
             admit=self._admit,
             undo=self._undo,
+            ride_capacity=self._backend.ride_capacity(),
         )
         for active in self._running.values():
             if active.pinned:  # its cache is built: the blocks it restored from may go
                 self._pool.release_owner(active.pin_owner)
                 active.pinned = False
+        return plan
+
+    def _take_ride(self, plan: Plan) -> tuple[ActiveRequest, int] | None:
+        """A lone chunk small enough rides the decode step instead of a pass of its own."""
+        if self._config.pacer.ride_ratio is None or len(plan) != 1:
+            return None
+        if plan[0][1] > self._backend.ride_capacity():
+            return None
+        return plan.pop()
+
+    def _decode(self, events: list[EngineEvent], ride: tuple[ActiveRequest, int] | None) -> None:
+        if self._backend.decoding_count == 0:
+            return
+        chunk = None
+        if ride is not None:
+            active, n = ride
+            tokens = active.prompt[active.prefilled : active.prefilled + n]
+            chunk = PromptChunk(active.id, tokens, active.prefilled + n == len(active.prompt))
+        started = self._clock()
+        try:
+            output = self._backend.decode_step(chunk)
+        except Exception as error:  # noqa: BLE001 - a failed step fails its requests, not the server
+            for active in [r for r in self._running.values() if r.phase is Phase.DECODING]:
+                self._fail(active, error, events)
+            if ride is not None:
+                self._fail(ride[0], error, events)
+            return
+        elapsed = self._clock() - started
+        if ride is None:
+            self.pacer.observe_decode(elapsed)
+        else:
+            added = elapsed - self.pacer.decode_seconds
+            self.pacer.observe_prefill(ride[1], ride[0].prefilled, added, ride=True)
+        for token in output.tokens:
+            owner = self._running.get(token.seq_id)
+            if owner is not None:
+                self._accept_token(owner, token.token, token.top_prob, events)
+        if ride is not None:
+            active, n = ride
+            active.prefilled += n
+            if output.first_token is not None:
+                self._first_token(active, output.first_token, events)
+
+    def _prefill(self, plan: Plan, events: list[EngineEvent]) -> None:
         whole = [(a, n) for a, n in plan if a.prefilled == 0 and n == len(a.prompt)]
         if len(whole) > 1:
             self._prefill_whole_prompts([a for a, _ in whole], events)

@@ -53,6 +53,23 @@ class DecodedToken:
     finished: bool
 
 
+@dataclass(frozen=True, slots=True)
+class PromptChunk:
+    """Prompt tokens of one prefilling sequence, to be computed in the decode step's own
+    forward pass; ``last``: the prompt's final chunk, whose first token is sampled."""
+
+    seq_id: str
+    tokens: tuple[int, ...]
+    last: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutput:
+    tokens: list[DecodedToken]
+    first_token: SampledToken | None = None
+    """The ridden chunk's first token, when it was its prompt's last chunk."""
+
+
 class ModelBackend(Protocol):
     """Executes the engine's plan on a real model.
 
@@ -104,8 +121,14 @@ class ModelBackend(Protocol):
         ``max_new_tokens`` more are made."""
         ...
 
-    def decode_step(self) -> list[DecodedToken]:
-        """One batched decode step for every decoding sequence (and admit new ones)."""
+    def decode_step(self, ride: PromptChunk | None = None) -> StepOutput:
+        """One batched decode step for every decoding sequence; ``ride`` (at most
+        ``ride_capacity()`` tokens) is prefilled in the same forward pass."""
+        ...
+
+    def ride_capacity(self) -> int:
+        """How many prompt tokens can ride the next decode step's forward pass without
+        changing any result (0: riding is not possible now, or not on this model)."""
         ...
 
     @property

@@ -25,6 +25,9 @@ NAME = "host-softmax-v1"
 
 _NEG_INF = np.float32(-np.inf)
 
+QKV = tuple[mx.array, mx.array, mx.array]
+"""Projected queries, keys and values, one row per token."""
+
 
 def install(model: Any) -> bool:
     """Swap each llama attention module for one with the host softmax (CPU, float32)."""
@@ -46,18 +49,31 @@ class HostSoftmaxAttention(nn.Module):  # type: ignore[misc,name-defined]  # mlx
         self.inner = inner
 
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
-        a = self.inner
         batch, length, _ = x.shape
-        queries = a.q_proj(x).reshape(batch, length, a.n_heads, -1).transpose(0, 2, 1, 3)
-        keys = a.k_proj(x).reshape(batch, length, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
-        values = a.v_proj(x).reshape(batch, length, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        mixed = self.attend_projected(self.project(x), (batch, length), mask, cache)
+        return self.inner.o_proj(mixed)  # type: ignore[no-any-return]
+
+    def project(self, x: mx.array) -> QKV:
+        """Queries, keys and values of ``x``'s rows (a fused pass projects several
+        sequences' rows in one product each)."""
+        a = self.inner
+        return a.q_proj(x), a.k_proj(x), a.v_proj(x)
+
+    def attend_projected(self, qkv: QKV, shape: tuple[int, int], mask: Any, cache: Any) -> mx.array:
+        """RoPE, the cache update and attention for one sequence group's projected rows;
+        returns ``(batch, length, heads * head_dim)``, ready for the output projection."""
+        a = self.inner
+        (q, k, v), (batch, length) = qkv, shape
+        queries = q.reshape(batch, length, a.n_heads, -1).transpose(0, 2, 1, 3)
+        keys = k.reshape(batch, length, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        values = v.reshape(batch, length, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
         offset = cache.offset if cache is not None else 0
         queries = a.rope(queries, offset=offset)
         keys = a.rope(keys, offset=offset)
         if cache is not None:
             keys, values = cache.update_and_fetch(keys, values)
         out = attend(queries, keys, values, a.scale, mask)
-        return a.o_proj(out.transpose(0, 2, 1, 3).reshape(batch, length, -1))  # type: ignore[no-any-return]
+        return out.transpose(0, 2, 1, 3).reshape(batch, length, -1)
 
 
 def attend(

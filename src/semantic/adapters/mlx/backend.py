@@ -18,13 +18,14 @@ import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from semantic.adapters.mlx.decode_batch import DecodeBatch
+from semantic.adapters.mlx.fused_pass import MAX_ROWS, Group, logits_of, supports_fusion
 from semantic.adapters.mlx.kv_blocks import cut_into_blocks, gather_cache
 from semantic.adapters.mlx.sampling import Sampler, log_softmax, make_sampler, top_prob
 from semantic.domain.blocks import AgentBlocks
 from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.errors import InvalidRequestError
 from semantic.domain.generation import SamplingParams
-from semantic.ports.model_backend import DecodedToken, ExportedKV, SampledToken
+from semantic.ports.model_backend import ExportedKV, PromptChunk, SampledToken, StepOutput
 
 
 @dataclass(slots=True)
@@ -48,6 +49,7 @@ class MlxBackend:
         self._decoder = DecodeBatch(model, eos_token_ids)
         self._streams: tuple[Any, ...] | None = None
         self._split = _BodyAndHead.of(model)
+        self._fusion = supports_fusion(model)
         self._sequences: dict[str, _Sequence] = {}
 
     @property
@@ -149,14 +151,31 @@ class MlxBackend:
         )
         sequence.caches = []  # the batch holds the KV now
 
-    def decode_step(self) -> list[DecodedToken]:
-        produced = self._decoder.step()
+    def decode_step(self, ride: PromptChunk | None = None) -> StepOutput:
+        group = None
+        if ride is not None:
+            if len(ride.tokens) > self.ride_capacity():
+                raise InvalidRequestError(f"{len(ride.tokens)} tokens cannot ride this step")
+            group = Group(mx.array([list(ride.tokens)]), self._sequences[ride.seq_id].caches)
+        produced, ridden = self._decoder.step(group)
         for token in produced:
             if token.finished:
                 caches = self._decoder.take_finished(token.seq_id)
                 if caches is not None and token.seq_id in self._sequences:
                     self._sequences[token.seq_id].caches = caches
-        return produced
+        first = None
+        if ride is not None and group is not None and ridden is not None:
+            if ride.last:
+                logits = logits_of(self._model, ridden[:, -1:, :])[:, -1, :]
+                mx.eval(logits, [(c.keys, c.values) for c in group.caches])
+                first = self._sample(self._sequences[ride.seq_id], logits)
+            else:
+                mx.eval([(c.keys, c.values) for c in group.caches])
+        return StepOutput(produced, first)
+
+    def ride_capacity(self) -> int:
+        rows = len(self._decoder)
+        return MAX_ROWS - rows if self._fusion and rows else 0
 
     def close_sequence(self, seq_id: str, keep_tokens: int) -> ExportedKV:
         sequence = self._sequences.pop(seq_id)
@@ -175,7 +194,7 @@ class MlxBackend:
         first = self.prefill_and_sample("warm-up", [0] * 8)
         self.start_decoding("warm-up", first.token, 2)
         for _ in range(3):
-            if any(token.finished for token in self.decode_step()):
+            if any(token.finished for token in self.decode_step().tokens):
                 break
         self.close_sequence("warm-up", 0)
 

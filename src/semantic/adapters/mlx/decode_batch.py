@@ -18,6 +18,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from semantic.adapters.mlx.fused_pass import Group, fused_hidden, logits_of
 from semantic.adapters.mlx.sampling import Sampler, top_prob
 from semantic.ports.model_backend import DecodedToken
 
@@ -77,13 +78,19 @@ class DecodeBatch:
         self._tops = unknown if self._tops is None else mx.concatenate([self._tops, unknown])
         self._rows.append(_Row(seq_id, sampler, track_top_prob, max_new_tokens))
 
-    def step(self) -> list[DecodedToken]:
+    def step(self, ride: Group | None = None) -> tuple[list[DecodedToken], mx.array | None]:
         """A row that reaches its budget or a stop token leaves the batch, its cache kept
-        for ``take_finished``."""
+        for ``take_finished``. ``ride``: a prompt chunk computed in the same forward pass
+        (``fused_pass``); its final hidden states are returned, lazily."""
         if not self._rows or self._inputs is None or self._tops is None:
-            return []
+            return [], None
         fed, fed_tops = self._inputs, self._tops
-        logits = self._model(fed[:, None], cache=self._caches)[:, -1, :]
+        ridden = None
+        if ride is None:
+            logits = self._model(fed[:, None], cache=self._caches)[:, -1, :]
+        else:
+            mine, ridden = fused_hidden(self._model, [Group(fed[:, None], self._caches), ride])
+            logits = logits_of(self._model, mine)[:, -1, :]
         self._inputs = self._sample(logits)
         self._tops = self._top_probs(logits)
         mx.async_eval(self._inputs, self._tops)  # type: ignore[no-untyped-call]  # mlx: unannotated
@@ -105,7 +112,7 @@ class DecodeBatch:
         for index in done:
             self._finished[self._rows[index].seq_id] = self._extract(index)
         self._drop(done)
-        return out
+        return out, ridden
 
     def take_finished(self, seq_id: str) -> list[Any] | None:
         """The cache of a row that left the batch by itself, once."""

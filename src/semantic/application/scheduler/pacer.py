@@ -7,6 +7,12 @@ the measured curve in ADR 0009) for each request waiting for its first token, or
 is None, a time budget of ``gap_ratio`` decode steps, with chunks sized from a cost model
 learned online: a pass over n tokens at context position p costs about
 ``c + n * (a + b * p)`` seconds (weights, then attention).
+
+When exactly one prompt waits beside the streams and the backend can compute a chunk inside
+the decode step's own forward pass, the chunk *rides* the step: it adds only its marginal
+cost (no second weight stream), sized by time (``ride_ratio`` decode steps) with its own
+cost model, so late chunks at long contexts shrink and every round stays close to a plain
+decode step. ADR 0009 has the measured curve.
 """
 
 from __future__ import annotations
@@ -26,11 +32,16 @@ class PacerConfig:
     gap_ratio: float = 2.0
     """With ``busy_tokens`` None: prefill time per round, in decode steps."""
     min_tokens: int = 16
+    ride_ratio: float | None = None
+    """Seconds a ridden chunk may add to a round, in decode steps; None never rides."""
+    ride_min_tokens: int = 4
     fixed_tokens: int | None = None
     """One budget for every round, busy or idle (tests and comparisons)."""
 
     def __post_init__(self) -> None:
         if self.idle_tokens <= 0 or self.min_tokens <= 0 or self.gap_ratio <= 0:
+            raise InvalidRequestError("pacer settings must be positive")
+        if (self.ride_ratio is not None and self.ride_ratio <= 0) or self.ride_min_tokens <= 0:
             raise InvalidRequestError("pacer settings must be positive")
         for budget in (self.fixed_tokens, self.busy_tokens):
             if budget is not None and budget <= 0:
@@ -42,6 +53,8 @@ class RoundBudget:
     tokens: int
     seconds: float | None
     """None: only the token budget applies."""
+    ride: bool = False
+    """One chunk, computed inside the decode step's forward pass."""
 
 
 class PrefillPacer:
@@ -50,16 +63,26 @@ class PrefillPacer:
         self._decode_s = 0.1
         self._decode_seen = False
         self._fit = _LeastSquares(prior=(0.07, 2e-3, 1.4e-6))
+        self._ride_fit = _LeastSquares(prior=(0.005, 2e-3, 0.4e-6))
+
+    @property
+    def decode_seconds(self) -> float:
+        """The recent plain decode step's duration (a moving average)."""
+        return self._decode_s
 
     def observe_decode(self, seconds: float) -> None:
         if not self._decode_seen:
             self._decode_s, self._decode_seen = seconds, True
         self._decode_s = 0.8 * self._decode_s + 0.2 * seconds
 
-    def observe_prefill(self, tokens: int, position: int, seconds: float) -> None:
-        self._fit.add((1.0, float(tokens), tokens * (position + tokens / 2)), seconds)
+    def observe_prefill(
+        self, tokens: int, position: int, seconds: float, *, ride: bool = False
+    ) -> None:
+        """``ride``: ``seconds`` is what riding a decode step added to it."""
+        fit = self._ride_fit if ride else self._fit
+        fit.add((1.0, float(tokens), tokens * (position + tokens / 2)), seconds)
 
-    def round_budget(self, decoding: int, waiting: int = 0) -> RoundBudget:
+    def round_budget(self, decoding: int, waiting: int = 0, ride_capacity: int = 0) -> RoundBudget:
         """``waiting``: requests still without their first token. While streams decode,
         each of them gets ``busy_tokens`` of the round, as each stream gets its one token:
         one long prompt beside four streams advances 64 tokens a round, and a burst of
@@ -69,19 +92,23 @@ class PrefillPacer:
             return RoundBudget(self.config.fixed_tokens, None)
         if decoding == 0:
             return RoundBudget(self.config.idle_tokens, None)
+        ratio = self.config.ride_ratio
+        if ratio is not None and ride_capacity > 0 and waiting == 1:
+            return RoundBudget(ride_capacity, ratio * self._decode_s, ride=True)
         if self.config.busy_tokens is not None:
             share = self.config.busy_tokens * max(1, waiting)
             return RoundBudget(min(self.config.idle_tokens, share), None)
         return RoundBudget(self.config.idle_tokens, self.config.gap_ratio * self._decode_s)
 
-    def cost(self, tokens: int, position: int) -> float:
-        """Predicted seconds of one forward pass over ``tokens`` prompt tokens at ``position``."""
-        c, a, b = self.coefficients()
+    def cost(self, tokens: int, position: int, *, ride: bool = False) -> float:
+        """Predicted seconds of one forward pass over ``tokens`` prompt tokens at ``position``
+        (``ride``: what they add to a decode step)."""
+        c, a, b = self.coefficients(ride=ride)
         return c + tokens * (a + b * (position + tokens / 2))
 
-    def tokens_within(self, seconds: float, position: int) -> int:
+    def tokens_within(self, seconds: float, position: int, *, ride: bool = False) -> int:
         """Largest chunk at ``position`` predicted to take at most ``seconds``."""
-        c, a, b = self.coefficients()
+        c, a, b = self.coefficients(ride=ride)
         left = seconds - c
         if left <= 0:
             return 0
@@ -90,9 +117,9 @@ class PrefillPacer:
             return int(left / max(base, 1e-6))
         return max(0, int((-base + math.sqrt(base * base + 2 * b * left)) / b))  # b/2 n^2 + base n
 
-    def coefficients(self) -> tuple[float, float, float]:
+    def coefficients(self, *, ride: bool = False) -> tuple[float, float, float]:
         """(seconds per pass, per token, per token per position of context)."""
-        c, a, b = self._fit.solve()
+        c, a, b = (self._ride_fit if ride else self._fit).solve()
         return max(c, 0.0), max(a, 1e-5), max(b, 0.0)
 
 
@@ -102,6 +129,7 @@ class _LeastSquares:
 
     def __init__(self, prior: tuple[float, float, float], decay: float = 0.97) -> None:
         self._decay = decay
+        self._prior = prior
         self._xx = [[0.0] * 3 for _ in range(3)]
         self._xt = [0.0] * 3
         for tokens, position in ((8, 0), (64, 0), (256, 0), (64, 2048), (256, 4096)):
@@ -119,7 +147,7 @@ class _LeastSquares:
         for col in range(3):  # Gauss-Jordan with partial pivoting on a 3x3 system
             pivot = max(range(col, 3), key=lambda r: abs(m[r][col]))
             if abs(m[pivot][col]) < 1e-18:
-                return (0.07, 2e-3, 1.4e-6)
+                return self._prior
             m[col], m[pivot] = m[pivot], m[col]
             for r in range(3):
                 if r != col:

@@ -32,6 +32,8 @@ Plan = list[tuple[ActiveRequest, int]]
 class _Round:
     tokens: int
     seconds: float | None
+    ride: bool = False
+    """One chunk only: it is computed inside the decode step's forward pass."""
 
     def spend(self, tokens: int, seconds: float) -> None:
         self.tokens -= tokens
@@ -68,12 +70,15 @@ class PrefillAdder:
         room: int,
         admit: Admit,
         undo: Undo,
+        *,
+        ride_capacity: int = 0,
     ) -> Plan:
         """This round's chunks: running prefills first, then admissions while budget and
-        memory last. ``running`` are the admitted requests, prefilling ones in order."""
+        memory last. ``running`` are the admitted requests, prefilling ones in order.
+        ``ride_capacity``: prompt tokens the decode step's forward pass could carry."""
         waiting = len(self._queue) + sum(1 for r in running if r.remaining_prompt > 0)
-        budget = self._pacer.round_budget(decoding, waiting)
-        left = _Round(budget.tokens, budget.seconds)
+        budget = self._pacer.round_budget(decoding, waiting, ride_capacity)
+        left = _Round(budget.tokens, budget.seconds, budget.ride)
         plan: Plan = []
         for request in running:
             if request.remaining_prompt > 0 and not left.exhausted:
@@ -107,13 +112,16 @@ class PrefillAdder:
             boundary = (position // self._chunk + 1) * self._chunk
             n = min(boundary - position, end - position, left.tokens)
             if left.seconds is not None:
-                paced = self._pacer.tokens_within(left.seconds, position)
-                n = min(n, max(paced, self._pacer.config.min_tokens))
+                paced = self._pacer.tokens_within(left.seconds, position, ride=left.ride)
+                config = self._pacer.config
+                n = min(n, max(paced, config.ride_min_tokens if left.ride else config.min_tokens))
             if n <= 0:
                 break
-            left.spend(n, self._pacer.cost(n, position))
+            left.spend(n, self._pacer.cost(n, position, ride=left.ride))
             out.append((request, n))
             position += n
+            if left.ride:
+                left.tokens = 0  # the round's one chunk
         return out
 
     def _still_needs(self, request: ActiveRequest, held: int) -> int:

@@ -1,0 +1,95 @@
+"""One forward pass for the decode batch and a prompt chunk together (llama models).
+
+A decode step streams every weight matrix once for a few rows; a prompt chunk run as its
+own pass streams them all again. Here the two share each product: the batch's rows and the
+chunk's rows are stacked for the projections and the MLP, and split only for RoPE, the
+cache update and attention, which belong to each sequence group. While the stacked rows
+stay within the small-product kernel's reach (ADR 0010), every row gets the bits it gets in
+a pass of its own: riding changes when a chunk is computed, never what.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.base import create_attention_mask
+
+from semantic.adapters.mlx.attention import HostSoftmaxAttention
+
+MAX_ROWS = 32
+"""Stacked rows up to which products use the batch-invariant kernel (ADR 0010)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """One sequence group's input tokens ``(batch, length)`` and its per-layer caches."""
+
+    tokens: mx.array
+    caches: list[Any]
+
+
+def supports_fusion(model: Any) -> bool:
+    """A llama model with full attention everywhere and our attention installed."""
+    inner = getattr(model, "model", None)
+    if getattr(model, "model_type", None) != "llama" or inner is None:
+        return False
+    if getattr(inner, "swa_idx", None) is not None:
+        return False
+    return all(isinstance(layer.self_attn, HostSoftmaxAttention) for layer in inner.layers)
+
+
+def fused_hidden(model: Any, groups: list[Group]) -> list[mx.array]:
+    """The final hidden states ``(batch, length, dim)`` of each group, computed in one pass."""
+    inner = model.model
+    hidden = [inner.embed_tokens(g.tokens) for g in groups]
+    masks = [create_attention_mask(h, g.caches[0]) for h, g in zip(hidden, groups, strict=True)]
+    shapes = [(g.tokens.shape[0], g.tokens.shape[1]) for g in groups]
+    for index, layer in enumerate(inner.layers):
+        rows = _stack(hidden)
+        attention: HostSoftmaxAttention = layer.self_attn
+        q, k, v = attention.project(layer.input_layernorm(rows))
+        mixed = [
+            attention.attend_projected(part, shape, mask, group.caches[index]).reshape(
+                shape[0] * shape[1], -1
+            )
+            for part, shape, mask, group in zip(
+                _split((q, k, v), shapes), shapes, masks, groups, strict=True
+            )
+        ]
+        rows = rows + attention.inner.o_proj(mx.concatenate(mixed))
+        rows = rows + layer.mlp(layer.post_attention_layernorm(rows))
+        hidden = _unstack(rows, shapes)
+    return [inner.norm(h) for h in hidden]
+
+
+def logits_of(model: Any, hidden: mx.array) -> mx.array:
+    """The output head (tied to the embeddings or not) on ``hidden``."""
+    if getattr(model.args, "tie_word_embeddings", False):
+        return model.model.embed_tokens.as_linear(hidden)  # type: ignore[no-any-return]
+    return model.lm_head(hidden)  # type: ignore[no-any-return]
+
+
+def _stack(hidden: list[mx.array]) -> mx.array:
+    return mx.concatenate([h.reshape(-1, h.shape[-1]) for h in hidden])
+
+
+def _unstack(rows: mx.array, shapes: list[tuple[int, int]]) -> list[mx.array]:
+    out, start = [], 0
+    for batch, length in shapes:
+        out.append(rows[start : start + batch * length].reshape(batch, length, -1))
+        start += batch * length
+    return out
+
+
+def _split(
+    qkv: tuple[mx.array, mx.array, mx.array], shapes: list[tuple[int, int]]
+) -> list[tuple[mx.array, mx.array, mx.array]]:
+    out, start = [], 0
+    for batch, length in shapes:
+        end = start + batch * length
+        q, k, v = (part[start:end] for part in qkv)
+        out.append((q, k, v))
+        start = end
+    return out
