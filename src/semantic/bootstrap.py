@@ -114,7 +114,7 @@ async def start_services(
 ) -> Services:
     """Everything the server needs, warmed up; storage recovered after any crash."""
     loaded, tokenizer, spec = await asyncio.to_thread(_load, settings, progress)
-    kernel = attention.NAME if loaded.host_attention else "mlx-sdpa"
+    kernel = attention.kernel_name() if loaded.host_attention else "mlx-sdpa"
     storage = storage_format(settings.kv_at_rest)
     fingerprint = await asyncio.to_thread(model_fingerprint, loaded.path, spec, storage, kernel)
     pool = BlockPool.from_budget(spec, settings.kv_budget_bytes)

@@ -1,18 +1,26 @@
-"""Attention with its softmax in numpy, for MLX on a CPU.
+"""Attention with its softmax on the host, for MLX on a CPU.
 
 MLX's CPU ``exp`` runs about 60 million values a second here; numpy's vectorised one about
 1.4 billion. At long contexts the softmax over the scores dominates a forward pass (a
 256-token chunk at 1,792 tokens of context spent 2.4 of its 3.4 s there), so this module
-keeps the matmuls on MLX (and so on OpenBLAS) and does the masking and softmax in place,
-in numpy, on the evaluated scores: the scores array is fresh and owned by nobody else, so
-numpy writes straight into MLX's buffer. Only llama-family attention is wrapped, only for
-float32 on a CPU; everything else keeps mlx-lm's own ``scaled_dot_product_attention``.
-ADR 0008 has the measurements.
+keeps the scores product on MLX (and so on our kernels or OpenBLAS) and does the rest on
+the evaluated scores, in place: the scores array is fresh and owned by nobody else, so the
+host writes straight into MLX's buffer. Where it could be built, ``native/softmax_pv.c``
+does the masking, softmax and the product with the values in one pass per row (3x faster
+than numpy's softmax plus MLX's ``p @ V`` for a few rows at a long context); otherwise
+numpy does the softmax. Only llama-family attention is wrapped, only for float32 on a CPU;
+everything else keeps mlx-lm's own ``scaled_dot_product_attention``. ADR 0008 has the
+measurements.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import logging
+import os
+import subprocess
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
@@ -20,8 +28,15 @@ import numpy as np
 from mlx import nn
 from mlx_lm.models import llama
 
-NAME = "host-softmax-v1"
-"""Goes into the model fingerprint: KV computed by different attention code is not mixed."""
+from semantic.adapters.mlx.native_build import NATIVE_DIR, build_library
+
+log = logging.getLogger(__name__)
+
+KERNEL_ENV = "SEMANTIC_HOST_ATTENTION_KERNEL"
+"""``0``: the numpy softmax instead of ``native/softmax_pv.c``."""
+
+_NUMPY_NAME = "host-softmax-v1"
+_KERNEL_NAME = "host-softmax-pv-v2"
 
 _NEG_INF = np.float32(-np.inf)
 
@@ -62,6 +77,13 @@ class HostSoftmaxAttention(nn.Module):  # type: ignore[misc,name-defined]  # mlx
     def attend_projected(self, qkv: QKV, shape: tuple[int, int], mask: Any, cache: Any) -> mx.array:
         """RoPE, the cache update and attention for one sequence group's projected rows;
         returns ``(batch, length, heads * head_dim)``, ready for the output projection."""
+        pending = self.begin(qkv, shape, mask, cache)
+        mx.eval(pending.needed)
+        return pending.finish()
+
+    def begin(self, qkv: QKV, shape: tuple[int, int], mask: Any, cache: Any) -> PendingAttention:
+        """Everything up to the scores, lazily: a fused pass evaluates several groups'
+        scores together, one wait per layer instead of one per group."""
         a = self.inner
         (q, k, v), (batch, length) = qkv, shape
         queries = q.reshape(batch, length, a.n_heads, -1).transpose(0, 2, 1, 3)
@@ -72,24 +94,77 @@ class HostSoftmaxAttention(nn.Module):  # type: ignore[misc,name-defined]  # mlx
         keys = a.rope(keys, offset=offset)
         if cache is not None:
             keys, values = cache.update_and_fetch(keys, values)
-        out = attend(queries, keys, values, a.scale, mask)
+        return PendingAttention.start(queries, keys, values, a.scale, mask)
+
+
+def kernel_name() -> str:
+    """Goes into the model fingerprint: KV computed by different attention code is not mixed."""
+    return _KERNEL_NAME if _softmax_pv() is not None else _NUMPY_NAME
+
+
+@dataclass(frozen=True, slots=True)
+class PendingAttention:
+    """Scaled dot-product attention with grouped KV heads, up to its scores (lazy);
+    ``finish`` once ``needed`` is evaluated, for ``(batch, length, heads * head_dim)``.
+    ``mask`` as mlx-lm passes it: None, ``"causal"``, or a boolean array (True = attend)
+    broadcastable to the scores."""
+
+    needed: list[mx.array]
+    scores: mx.array | None
+    values: mx.array
+    mask: Any
+    shape: tuple[int, int, int, int, int]  # batch, query heads, length, head dim, kv heads
+
+    @classmethod
+    def start(
+        cls, queries: mx.array, keys: mx.array, values: mx.array, scale: float, mask: Any
+    ) -> PendingAttention:
+        batch, q_heads, length, dim = queries.shape
+        kv_heads = keys.shape[1]
+        shape = (batch, q_heads, length, dim, kv_heads)
+        if queries.dtype != mx.float32:  # no host path: MLX's own attention, done lazily
+            out = mx.fast.scaled_dot_product_attention(
+                queries, keys, values, scale=scale, mask=mask
+            )
+            return cls([out], None, out, mask, shape)
+        grouped = (queries * scale).reshape(batch, kv_heads, q_heads // kv_heads * length, dim)
+        scores = grouped @ keys.swapaxes(-1, -2)
+        return cls([scores, values], scores, values, mask, shape)
+
+    def finish(self) -> mx.array:
+        batch, length = self.shape[0], self.shape[2]
+        out = self.values if self.scores is None else self._host_softmax_pv()
         return out.transpose(0, 2, 1, 3).reshape(batch, length, -1)
 
+    def _host_softmax_pv(self) -> mx.array:
+        batch, q_heads, length, dim, kv_heads = self.shape
+        scores, values, group = self.scores, self.values, q_heads // kv_heads
+        assert scores is not None  # only called for the host path
+        span = scores.shape[-1]
+        kernel = _softmax_pv()
+        ranges = _key_ranges(self.mask, batch, length, span) if kernel is not None else None
+        if kernel is None or ranges is None or dim % 64 or values.dtype != mx.float32:
+            _softmax_in_place(np.asarray(scores), self.mask, group, length, span)
+            return (scores @ values).reshape(batch, q_heads, length, dim)
+        host_values = np.asarray(values)
+        lo, hi = ranges
+        out = np.empty((batch, kv_heads, group * length, dim), dtype=np.float32)
+        v_batch, v_head, v_row, _ = (stride // 4 for stride in host_values.strides)
+        kernel(
+            *(batch, kv_heads, group * length, span, dim),
+            np.asarray(scores).ctypes.data,
+            host_values.ctypes.data,
+            *(v_batch, v_head, v_row),
+            lo.ctypes.data,
+            hi.ctypes.data,
+            length,
+            out.ctypes.data,
+        )
+        return mx.array(out).reshape(batch, q_heads, length, dim)
 
-def attend(
-    queries: mx.array, keys: mx.array, values: mx.array, scale: float, mask: Any
-) -> mx.array:
-    """Scaled dot-product attention with grouped KV heads; ``mask`` as mlx-lm passes it:
-    None, ``"causal"``, or a boolean array (True = attend) broadcastable to the scores."""
-    if queries.dtype != mx.float32:
-        return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
-    batch, q_heads, length, dim = queries.shape
-    kv_heads, span = keys.shape[1], keys.shape[2]
-    group = q_heads // kv_heads
-    grouped = (queries * scale).reshape(batch, kv_heads, group * length, dim)
-    scores = grouped @ keys.swapaxes(-1, -2)
-    mx.eval(scores)
-    host = np.asarray(scores).reshape(batch, kv_heads, group, length, span)
+
+def _softmax_in_place(scores: np.ndarray, mask: Any, group: int, length: int, span: int) -> None:
+    host = scores.reshape(scores.shape[0], scores.shape[1], group, length, span)
     _mask_in_place(host, mask, length, span)
     peak = host.max(axis=-1, keepdims=True)
     padded = mask is not None and not isinstance(mask, str)
@@ -101,7 +176,53 @@ def attend(
     if padded:
         total[total == 0.0] = 1.0
     host /= total
-    return (scores @ values).reshape(batch, q_heads, length, dim)
+
+
+def _key_ranges(
+    mask: Any, batch: int, length: int, span: int
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Each (sequence, query position)'s attended keys as one range [lo, hi); None if the
+    mask is not of that form (an additive mask, say)."""
+    if mask is None:
+        lo = np.zeros((batch, length), dtype=np.int32)
+        return lo, np.full((batch, length), span, dtype=np.int32)
+    if isinstance(mask, str):
+        if mask != "causal":
+            return None
+        hi = np.arange(span - length + 1, span + 1, dtype=np.int32)
+        return np.zeros((batch, length), dtype=np.int32), np.broadcast_to(
+            hi, (batch, length)
+        ).copy()
+    keep = np.asarray(mask)
+    if keep.dtype != np.bool_ or keep.ndim != 4 or keep.shape[1] != 1:
+        return None
+    keep = np.broadcast_to(keep[:, 0], (batch, length, span))
+    any_key = keep.any(axis=-1)
+    lo = np.where(any_key, keep.argmax(axis=-1), 0).astype(np.int32)
+    hi = np.where(any_key, span - keep[..., ::-1].argmax(axis=-1), 0).astype(np.int32)
+    if not np.array_equal(keep.sum(axis=-1), hi - lo):
+        return None
+    return lo, hi
+
+
+@functools.cache
+def _softmax_pv() -> Any:
+    """The loaded ``semantic_softmax_pv`` function, or None (no compiler, or turned off)."""
+    if os.environ.get(KERNEL_ENV) == "0":
+        return None
+    try:
+        library = build_library(NATIVE_DIR / "softmax_pv.c", "libsemantic_softmax_pv")
+        if library is None:
+            return None
+        function = ctypes.CDLL(str(library)).semantic_softmax_pv
+    except (OSError, subprocess.SubprocessError) as error:
+        log.warning("host attention kernel unavailable (%s); using numpy's softmax", error)
+        return None
+    pointer, size = ctypes.c_void_p, ctypes.c_long
+    function.argtypes = [ctypes.c_int] * 5 + [pointer, pointer, size, size, size]
+    function.argtypes += [pointer, pointer, ctypes.c_int, pointer]
+    function.restype = None
+    return function
 
 
 def _mask_in_place(host: np.ndarray, mask: Any, length: int, span: int) -> None:

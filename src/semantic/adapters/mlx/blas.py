@@ -15,15 +15,14 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
-import hashlib
 import logging
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from semantic.adapters.mlx.native_build import NATIVE_DIR, build_library
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +31,7 @@ BLAS_ENV = "SEMANTIC_BLAS_LIBRARY"
 keeps MLX's bundled reference BLAS."""
 SHIM_ENV = "SEMANTIC_BLAS_SHIM"
 """``0`` turns our small-product ``cblas_sgemm`` off: every product goes to OpenBLAS."""
-SHIM_SOURCE = Path(__file__).parent / "native" / "small_sgemm.c"
+SHIM_SOURCE = NATIVE_DIR / "small_sgemm.c"
 SHIM_NAME = "libsemantic_small_sgemm"
 
 
@@ -134,11 +133,6 @@ def _shim_words(status: BlasStatus) -> str:
     return ", up to three rows via sgemv (no AVX-512 here)" if status.shim else ""
 
 
-def native_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(os.environ.get("SEMANTIC_NATIVE_CACHE", Path(base) / "semantic" / "native"))
-
-
 def _load_shim(blas_path: str) -> bool:
     """Build (once) and load the shim ahead of OpenBLAS; False if that is not possible."""
     try:
@@ -157,35 +151,4 @@ def _load_shim(blas_path: str) -> bool:
 
 
 def _build_shim(blas_path: str) -> Path | None:
-    """Compile the shim for this CPU (``-march=native``: AVX-512 where there is one), keyed
-    by source, BLAS and CPU so a home directory shared between machines stays safe."""
-    source = SHIM_SOURCE.read_bytes()
-    key = hashlib.sha256(source + blas_path.encode() + _cpu_identity()).hexdigest()[:16]
-    target = native_cache_dir() / f"{SHIM_NAME}-{key}.so"
-    if target.exists():
-        return target
-    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
-    if compiler is None:
-        log.info("no C compiler found; running without the sgemm shim")
-        return None
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        built = Path(tmp) / target.name
-        command = [compiler, "-O3", "-shared", "-fPIC", f'-DBLAS_TARGET="{blas_path}"']
-        command += ["-o", str(built), str(SHIM_SOURCE), "-ldl", "-lpthread"]
-        compile_ = functools.partial(subprocess.run, check=True, capture_output=True, timeout=120)
-        try:
-            compile_([*command, "-march=native"])
-        except subprocess.CalledProcessError:  # not every compiler knows -march=native
-            compile_(command)
-        os.replace(built, target)
-    return target
-
-
-def _cpu_identity() -> bytes:
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return b""
-    wanted = ("model name", "flags", "Features", "CPU part")
-    return "\n".join(sorted({ln for ln in lines if ln.startswith(wanted)})).encode()
+    return build_library(SHIM_SOURCE, SHIM_NAME, [f'-DBLAS_TARGET="{blas_path}"'])

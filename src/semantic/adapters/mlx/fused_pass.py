@@ -50,14 +50,14 @@ def fused_hidden(model: Any, groups: list[Group]) -> list[mx.array]:
         rows = _stack(hidden)
         attention: HostSoftmaxAttention = layer.self_attn
         q, k, v = attention.project(layer.input_layernorm(rows))
-        mixed = [
-            attention.attend_projected(part, shape, mask, group.caches[index]).reshape(
-                shape[0] * shape[1], -1
-            )
+        pending = [
+            attention.begin(part, shape, mask, group.caches[index])
             for part, shape, mask, group in zip(
                 _split((q, k, v), shapes), shapes, masks, groups, strict=True
             )
         ]
+        mx.eval([p.needed for p in pending])  # one wait for every group's scores
+        mixed = [p.finish().reshape(b * n, -1) for p, (b, n) in zip(pending, shapes, strict=True)]
         rows = rows + attention.inner.o_proj(mx.concatenate(mixed))
         rows = rows + layer.mlp(layer.post_attention_layernorm(rows))
         hidden = _unstack(rows, shapes)

@@ -1,0 +1,174 @@
+/*
+ * The second half of attention on the host: softmax over each query row's scores, then the
+ * weighted sum of the value rows, in one pass per row while the row is in cache.
+ *
+ * MLX computes the scores (q @ k^T, our small-product kernel); numpy's softmax took six
+ * passes over them and MLX's own p @ V reached ~40 GFLOP/s for the few-row products of a
+ * decode step or a short chunk at a long context. Here each row is masked by a key range
+ * [lo, hi) (causal limit, left padding), exponentiated with a vectorised exp, summed, and
+ * four rows at a time meet each value row once.
+ *
+ * Bits: a row's result depends only on its own scores, its range and the values: it is
+ * summed in 16 lanes from lo, the lanes folded in a fixed order, and the value rows are
+ * accumulated from lo in order. Rows sharing a tile only share loads (a row past its own
+ * hi adds exact zeros), so a row gets the same bits alone, batched, or in any chunk.
+ *
+ * Layout: scores [batch][kv_heads][rows][span] contiguous, softmaxed in place;
+ * values [batch][kv_heads][span][dim] with strides in floats, dim contiguous;
+ * lo/hi [batch][rows]; out [batch][kv_heads][rows][dim] contiguous; dim % 64 == 0.
+ */
+#include <math.h>
+#include <stddef.h>
+#include <string.h>
+
+typedef float v16 __attribute__((vector_size(64), aligned(4))); /* unaligned loads */
+typedef int i16 __attribute__((vector_size(64)));
+
+#define TILE 4
+
+static inline v16 splat(float x) { return (v16){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
+
+static inline v16 load(const float *p) { return *(const v16 *)p; }
+
+static inline void store(float *p, v16 x) { *(v16 *)p = x; }
+
+static inline v16 vmax(v16 a, v16 b) {
+    i16 take_a = a > b;
+    return (v16)((take_a & (i16)a) | (~take_a & (i16)b));
+}
+
+/* e^x for x <= 0 (scores minus their maximum); below -87 it returns ~1e-38, not 0. */
+static inline v16 vexp(v16 x) {
+    x = vmax(x, splat(-87.0f));
+    v16 t = x * splat(1.44269504088896341f);
+    i16 n = __builtin_convertvector(t, i16); /* toward zero: n = ceil(t) for t <= 0 */
+    v16 y = (t - __builtin_convertvector(n, v16)) * splat(0.693147180559945309f); /* (-ln2, 0] */
+    v16 p = splat(1.0f / 40320.0f);
+    p = p * y + splat(1.0f / 5040.0f);
+    p = p * y + splat(1.0f / 720.0f);
+    p = p * y + splat(1.0f / 120.0f);
+    p = p * y + splat(1.0f / 24.0f);
+    p = p * y + splat(1.0f / 6.0f);
+    p = p * y + splat(0.5f);
+    p = p * y + splat(1.0f);
+    p = p * y + splat(1.0f);
+    i16 bits = (n + 127) << 23;
+    v16 scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+static inline float fold(v16 x) {
+    float total = 0.0f;
+    for (int i = 0; i < 16; i++) total += x[i];
+    return total;
+}
+
+/* Softmax of row[lo, hi) in place; zeros elsewhere up to `zero_to`. Returns 1/sum (0 if
+ * the range is empty). */
+static float softmax_row(float *row, int lo, int hi, int zero_to) {
+    if (hi <= lo) {
+        if (zero_to > 0) memset(row, 0, (size_t)zero_to * sizeof *row);
+        return 0.0f;
+    }
+    int n = hi - lo, body = n - n % 16;
+    float *s = row + lo;
+    v16 peak16 = splat(-INFINITY);
+    for (int j = 0; j < body; j += 16) peak16 = vmax(peak16, load(s + j));
+    float peak = -INFINITY;
+    for (int i = 0; i < 16; i++) peak = peak16[i] > peak ? peak16[i] : peak;
+    for (int j = body; j < n; j++) peak = s[j] > peak ? s[j] : peak;
+    v16 sum16 = splat(0.0f), top = splat(peak);
+    for (int j = 0; j < body; j += 16) {
+        v16 e = vexp(load(s + j) - top);
+        store(s + j, e);
+        sum16 += e;
+    }
+    float sum = fold(sum16);
+    if (body < n) {
+        float tail[16];
+        for (int i = 0; i < 16; i++) tail[i] = body + i < n ? s[body + i] : -INFINITY;
+        v16 e = vexp(load(tail) - top);
+        for (int i = 0; body + i < n; i++) {
+            s[body + i] = e[i];
+            sum += e[i];
+        }
+    }
+    if (lo > 0) memset(row, 0, (size_t)lo * sizeof *row);
+    if (zero_to > hi) memset(row + hi, 0, (size_t)(zero_to - hi) * sizeof *row);
+    return 1.0f / sum;
+}
+
+/* out[r][d:d+64] = inverse[r] * sum over j in [lo, end) of p[r][j] * V[j][d:d+64], for
+ * TILE rows at once: each value row is loaded once for all four. */
+static void weigh_values(float *const *p, int lo, int end, const float *values, long v_stride,
+                         int dim, const float *inverse, float *const *out) {
+    for (int d = 0; d < dim; d += 64) {
+        v16 a00 = splat(0), a01 = splat(0), a02 = splat(0), a03 = splat(0);
+        v16 a10 = splat(0), a11 = splat(0), a12 = splat(0), a13 = splat(0);
+        v16 a20 = splat(0), a21 = splat(0), a22 = splat(0), a23 = splat(0);
+        v16 a30 = splat(0), a31 = splat(0), a32 = splat(0), a33 = splat(0);
+        const float *p0 = p[0], *p1 = p[1], *p2 = p[2], *p3 = p[3];
+        for (int j = lo; j < end; j++) {
+            const float *row = values + (long)j * v_stride + d;
+            v16 v0 = load(row), v1 = load(row + 16), v2 = load(row + 32), v3 = load(row + 48);
+            v16 w = splat(p0[j]);
+            a00 += w * v0, a01 += w * v1, a02 += w * v2, a03 += w * v3;
+            w = splat(p1[j]);
+            a10 += w * v0, a11 += w * v1, a12 += w * v2, a13 += w * v3;
+            w = splat(p2[j]);
+            a20 += w * v0, a21 += w * v1, a22 += w * v2, a23 += w * v3;
+            w = splat(p3[j]);
+            a30 += w * v0, a31 += w * v1, a32 += w * v2, a33 += w * v3;
+        }
+        v16 acc[TILE][4] = {{a00, a01, a02, a03}, {a10, a11, a12, a13},
+                            {a20, a21, a22, a23}, {a30, a31, a32, a33}};
+        for (int r = 0; r < TILE; r++)
+            for (int c = 0; c < 4; c++) store(out[r] + d + 16 * c, acc[r][c] * splat(inverse[r]));
+    }
+}
+
+int semantic_softmax_pv_ready(void) { return 1; }
+
+void semantic_softmax_pv(int batch, int kv_heads, int rows, int span, int dim, float *scores,
+                         const float *values, long v_batch, long v_head, long v_row,
+                         const int *lo, const int *hi, int rows_per_range, float *out) {
+    /* rows_per_range: query rows of one kv head share ranges in blocks of `length` (the
+     * group's heads repeat the same positions): range index = row % rows_per_range. */
+    if (dim % 64 != 0) return;
+    float spare[TILE][256]; /* outputs of the stand-in rows that fill a short tile */
+    for (int b = 0; b < batch; b++) {
+        for (int h = 0; h < kv_heads; h++) {
+            float *block = scores + ((long)b * kv_heads + h) * rows * span;
+            const float *vals = values + b * v_batch + h * v_head;
+            float *dest = out + ((long)b * kv_heads + h) * rows * dim;
+            const int *blo = lo + (long)b * rows_per_range, *bhi = hi + (long)b * rows_per_range;
+            for (int r0 = 0; r0 < rows; r0 += TILE) {
+                int count = rows - r0 < TILE ? rows - r0 : TILE;
+                int start = span, end = 0;
+                for (int r = 0; r < count; r++) {
+                    int k = (r0 + r) % rows_per_range;
+                    start = blo[k] < start ? blo[k] : start;
+                    end = bhi[k] > end ? bhi[k] : end;
+                }
+                float *p[TILE], *o[TILE], inverse[TILE];
+                for (int r = 0; r < count; r++) {
+                    int k = (r0 + r) % rows_per_range;
+                    p[r] = block + (long)(r0 + r) * span;
+                    o[r] = dest + (long)(r0 + r) * dim;
+                    inverse[r] = softmax_row(p[r], blo[k], bhi[k], end);
+                }
+                if (end <= start) {
+                    for (int r = 0; r < count; r++) memset(o[r], 0, (size_t)dim * sizeof(float));
+                    continue;
+                }
+                for (int r = count; r < TILE; r++) { /* repeat row 0; its copies go nowhere */
+                    p[r] = p[0];
+                    inverse[r] = inverse[0];
+                    o[r] = dim <= 256 ? spare[r] : o[0];
+                }
+                weigh_values(p, start, end, vals, v_row, dim, inverse, o);
+            }
+        }
+    }
+}

@@ -1,0 +1,61 @@
+"""Compile our C kernels (``native/*.c``) once per machine, for its CPU, into a cache dir.
+
+Built with ``-O3 -march=native`` (AVX-512 where there is one; plain ``-O3`` if the compiler
+does not know the flag) and keyed by source, build options and CPU identity, so a home
+directory shared between machines never loads code built for another CPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+NATIVE_DIR = Path(__file__).parent / "native"
+
+
+def native_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(os.environ.get("SEMANTIC_NATIVE_CACHE", Path(base) / "semantic" / "native"))
+
+
+def build_library(source: Path, name: str, options: Sequence[str] = ()) -> Path | None:
+    """The shared library built from ``source``; None if there is no C compiler."""
+    text = source.read_bytes()
+    key = hashlib.sha256(text + "\0".join(options).encode() + _cpu_identity()).hexdigest()[:16]
+    target = native_cache_dir() / f"{name}-{key}.so"
+    if target.exists():
+        return target
+    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if compiler is None:
+        log.info("no C compiler found; running without %s", source.name)
+        return None
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        built = Path(tmp) / target.name
+        command = [compiler, "-O3", "-shared", "-fPIC", *options, "-o", str(built), str(source)]
+        command += ["-ldl", "-lpthread", "-lm"]
+        compile_ = functools.partial(subprocess.run, check=True, capture_output=True, timeout=120)
+        try:
+            compile_([*command, "-march=native"])
+        except subprocess.CalledProcessError:  # not every compiler knows -march=native
+            compile_(command)
+        os.replace(built, target)
+    return target
+
+
+def _cpu_identity() -> bytes:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return b""
+    wanted = ("model name", "flags", "Features", "CPU part")
+    return "\n".join(sorted({ln for ln in lines if ln.startswith(wanted)})).encode()
