@@ -202,9 +202,12 @@ static void broadcast_columns(const product_t *p, int from, int to) {
  * arithmetic is large. */
 enum { CHUNK = 64, SPIN_NS = 200000, MIN_THREADED_B = 1 << 16, MIN_THREADED_WORK = 1 << 20 };
 
+typedef void (*work_fn)(const void *context, int from, int to);
+
 typedef struct {
-    const product_t *product;
-    int chunks;
+    work_fn work;
+    const void *context;
+    int total, chunk, chunks;
     atomic_int next;      /* the next unclaimed chunk */
     atomic_int let_go;    /* set by the helper after its last access to this job */
 } job_t;
@@ -224,10 +227,9 @@ static long long now_ns(void) {
 }
 
 static void claim_chunks(job_t *job) {
-    const product_t *p = job->product;
     for (int chunk; (chunk = atomic_fetch_add(&job->next, 1)) < job->chunks;) {
-        int from = chunk * CHUNK;
-        p->columns(p, from, from + CHUNK < p->n ? from + CHUNK : p->n);
+        int from = chunk * job->chunk;
+        job->work(job->context, from, from + job->chunk < job->total ? from + job->chunk : job->total);
     }
 }
 
@@ -269,20 +271,16 @@ static void start_helper(void) {
     }
 }
 
-/* Run on two threads when it is worth it and the helper is free (MLX may call from more
- * than one stream thread); otherwise on the calling thread alone. */
-static void run(const product_t *p) {
-    long long b_size = (long long)p->n * p->k, work = b_size * p->m;
-    if ((b_size < MIN_THREADED_B && work < MIN_THREADED_WORK) || p->n < 2 * CHUNK) {
-        p->columns(p, 0, p->n);
-        return;
-    }
+/* Units [0, total) in chunks on the calling thread and the helper, if the helper is free
+ * (MLX may call from more than one stream thread); otherwise on the calling thread alone. */
+static void share(work_fn work, const void *context, int total, int chunk) {
     pthread_once(&helper.once, start_helper);
     if (!helper.running || atomic_flag_test_and_set(&helper.busy)) {
-        p->columns(p, 0, p->n);
+        work(context, 0, total);
         return;
     }
-    job_t job = {.product = p, .chunks = (p->n + CHUNK - 1) / CHUNK};
+    job_t job = {.work = work, .context = context, .total = total, .chunk = chunk,
+                 .chunks = (total + chunk - 1) / chunk};
     atomic_init(&job.next, 0);
     atomic_init(&job.let_go, 0);
     atomic_store_explicit(&helper.offered, &job, memory_order_release);
@@ -296,6 +294,27 @@ static void run(const product_t *p) {
             if (++spins % 1024 == 0) sched_yield(); else __builtin_ia32_pause();
     }
     atomic_flag_clear(&helper.busy);
+}
+
+static void product_columns(const void *context, int from, int to) {
+    const product_t *p = context;
+    p->columns(p, from, to);
+}
+
+/* Two threads when it is worth it. */
+static void run(const product_t *p) {
+    long long b_size = (long long)p->n * p->k, work = b_size * p->m;
+    if ((b_size < MIN_THREADED_B && work < MIN_THREADED_WORK) || p->n < 2 * CHUNK) {
+        p->columns(p, 0, p->n);
+        return;
+    }
+    share(product_columns, p, p->n, CHUNK);
+}
+
+/* The same helper for our other kernels (native/softmax_pv.c finds this with dlsym), so
+ * the process never has more than one extra compute thread of ours. */
+void semantic_parallel_for(work_fn work, const void *context, int total, int chunk) {
+    share(work, context, total, chunk);
 }
 #else
 #define HAVE_KERNELS 0

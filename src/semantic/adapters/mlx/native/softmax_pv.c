@@ -17,6 +17,8 @@
  * values [batch][kv_heads][span][dim] with strides in floats, dim contiguous;
  * lo/hi [batch][rows]; out [batch][kv_heads][rows][dim] contiguous; dim % 64 == 0.
  */
+#define _GNU_SOURCE
+#include <dlfcn.h>
 #include <math.h>
 #include <stddef.h>
 #include <string.h>
@@ -128,6 +130,71 @@ static void weigh_values(float *const *p, int lo, int end, const float *values, 
     }
 }
 
+typedef struct {
+    int kv_heads, rows, span, dim, rows_per_range, tiles;
+    float *scores;
+    const float *values;
+    long v_batch, v_head, v_row;
+    const int *lo, *hi;
+    float *out;
+} task_t;
+
+/* Tiles [from, to) of all (sequence, kv head) pairs; each tile is computed by one thread,
+ * so how the tiles are shared never changes a bit. */
+static void run_tiles(const void *context, int from, int to) {
+    const task_t *t = context;
+    float spare[TILE][256]; /* outputs of the stand-in rows that fill a short tile */
+    for (int unit = from; unit < to; unit++) {
+        int pair = unit / t->tiles, r0 = unit % t->tiles * TILE;
+        int b = pair / t->kv_heads, h = pair % t->kv_heads;
+        float *block = t->scores + (long)pair * t->rows * t->span;
+        const float *vals = t->values + b * t->v_batch + h * t->v_head;
+        float *dest = t->out + (long)pair * t->rows * t->dim;
+        const int *lo = t->lo + (long)b * t->rows_per_range, *hi = t->hi + (long)b * t->rows_per_range;
+        int count = t->rows - r0 < TILE ? t->rows - r0 : TILE;
+        int start = t->span, end = 0;
+        for (int r = 0; r < count; r++) {
+            int k = (r0 + r) % t->rows_per_range;
+            start = lo[k] < start ? lo[k] : start;
+            end = hi[k] > end ? hi[k] : end;
+        }
+        float *p[TILE], *o[TILE], inverse[TILE];
+        for (int r = 0; r < count; r++) {
+            int k = (r0 + r) % t->rows_per_range;
+            p[r] = block + (long)(r0 + r) * t->span;
+            o[r] = dest + (long)(r0 + r) * t->dim;
+            inverse[r] = softmax_row(p[r], lo[k], hi[k], end);
+        }
+        if (end <= start) {
+            for (int r = 0; r < count; r++) memset(o[r], 0, (size_t)t->dim * sizeof(float));
+            continue;
+        }
+        for (int r = count; r < TILE; r++) { /* repeat row 0; its copies go nowhere */
+            p[r] = p[0];
+            inverse[r] = inverse[0];
+            o[r] = t->dim <= 256 ? spare[r] : o[0];
+        }
+        weigh_values(p, start, end, vals, t->v_row, t->dim, inverse, o);
+    }
+}
+
+typedef void (*work_fn)(const void *context, int from, int to);
+typedef void (*parallel_fn)(work_fn work, const void *context, int total, int chunk);
+
+/* The matmul kernel's helper thread, when that library is loaded (it is, globally, before
+ * MLX); NULL otherwise: then everything runs on the calling thread. */
+static parallel_fn shared_helper(void) {
+    static parallel_fn found;
+    static int looked;
+    if (!looked) {
+        found = (parallel_fn)dlsym(RTLD_DEFAULT, "semantic_parallel_for");
+        looked = 1;
+    }
+    return found;
+}
+
+enum { MIN_SHARED_WORK = 1 << 16 }; /* score elements below which one thread is quicker */
+
 int semantic_softmax_pv_ready(void) { return 1; }
 
 void semantic_softmax_pv(int batch, int kv_heads, int rows, int span, int dim, float *scores,
@@ -136,39 +203,12 @@ void semantic_softmax_pv(int batch, int kv_heads, int rows, int span, int dim, f
     /* rows_per_range: query rows of one kv head share ranges in blocks of `length` (the
      * group's heads repeat the same positions): range index = row % rows_per_range. */
     if (dim % 64 != 0) return;
-    float spare[TILE][256]; /* outputs of the stand-in rows that fill a short tile */
-    for (int b = 0; b < batch; b++) {
-        for (int h = 0; h < kv_heads; h++) {
-            float *block = scores + ((long)b * kv_heads + h) * rows * span;
-            const float *vals = values + b * v_batch + h * v_head;
-            float *dest = out + ((long)b * kv_heads + h) * rows * dim;
-            const int *blo = lo + (long)b * rows_per_range, *bhi = hi + (long)b * rows_per_range;
-            for (int r0 = 0; r0 < rows; r0 += TILE) {
-                int count = rows - r0 < TILE ? rows - r0 : TILE;
-                int start = span, end = 0;
-                for (int r = 0; r < count; r++) {
-                    int k = (r0 + r) % rows_per_range;
-                    start = blo[k] < start ? blo[k] : start;
-                    end = bhi[k] > end ? bhi[k] : end;
-                }
-                float *p[TILE], *o[TILE], inverse[TILE];
-                for (int r = 0; r < count; r++) {
-                    int k = (r0 + r) % rows_per_range;
-                    p[r] = block + (long)(r0 + r) * span;
-                    o[r] = dest + (long)(r0 + r) * dim;
-                    inverse[r] = softmax_row(p[r], blo[k], bhi[k], end);
-                }
-                if (end <= start) {
-                    for (int r = 0; r < count; r++) memset(o[r], 0, (size_t)dim * sizeof(float));
-                    continue;
-                }
-                for (int r = count; r < TILE; r++) { /* repeat row 0; its copies go nowhere */
-                    p[r] = p[0];
-                    inverse[r] = inverse[0];
-                    o[r] = dim <= 256 ? spare[r] : o[0];
-                }
-                weigh_values(p, start, end, vals, v_row, dim, inverse, o);
-            }
-        }
-    }
+    task_t task = {kv_heads, rows, span, dim, rows_per_range, (rows + TILE - 1) / TILE,
+                   scores, values, v_batch, v_head, v_row, lo, hi, out};
+    int units = batch * kv_heads * task.tiles;
+    parallel_fn parallel = shared_helper();
+    if (parallel != NULL && (long)batch * kv_heads * rows * span >= MIN_SHARED_WORK && units > 1)
+        parallel(run_tiles, &task, units, 1);
+    else
+        run_tiles(&task, 0, units);
 }
