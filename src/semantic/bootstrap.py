@@ -195,7 +195,9 @@ def _engine(
         default_max_tokens=settings.default_max_tokens,
         max_context=_max_context(loaded),
         prefill_chunk_tokens=settings.prefill_chunk_tokens,
-        pacer=PacerConfig(fixed_tokens=settings.prefill_fixed_tokens),
+        pacer=PacerConfig(
+            fixed_tokens=settings.prefill_fixed_tokens, ride_ratio=settings.prefill_ride_ratio
+        ),
         max_running=settings.max_running,
         max_waiting=settings.max_waiting,
     )

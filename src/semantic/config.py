@@ -41,14 +41,18 @@ class Settings:
     weights: str = "auto"
     kv_budget_bytes: int = 2 << 30
     prefault_bytes: int = 1 << 30
+    """Heap touched once at start so the first restores after a restart do not page-fault."""
     kv_at_rest: str = "lossless"
     """How block files hold KV: exact, or 8-/4-bit (smaller files, slightly different KV)."""
-    """Heap touched once at start so the first restores after a restart do not page-fault."""
     default_max_tokens: int = 512
     max_tokens_cap: int = 4096
     prefill_chunk_tokens: int = 256
     prefill_fixed_tokens: int | None = None
-    """A fixed prefill budget per engine step; None paces it by time (ADR 0009)."""
+    """A fixed prefill budget per engine step; None: 1,024 tokens while nothing decodes, 64
+    per waiting prompt while streams decode (ADR 0009)."""
+    prefill_ride_ratio: float | None = None
+    """A lone waiting prompt rides the decode steps, adding at most this many decode steps'
+    time to each; None: it gets passes of its own (ADR 0009 has the trade-off)."""
     max_running: int = 32
     max_waiting: int = 256
     disk_quota_bytes: int | None = None
@@ -74,6 +78,8 @@ class Settings:
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+        if self.prefill_ride_ratio is not None and not self.prefill_ride_ratio > 0:
+            raise ValueError("prefill_ride_ratio must be positive")
 
 
 WEIGHT_CHOICES = ("auto", "float32", "float16", "quantized")

@@ -37,6 +37,23 @@ def test_an_unknown_model_name_is_one_clear_error(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--prefill-ride", "-1", "must be positive"),
+        ("--prefill-budget", "0", "must be positive"),
+        ("--prefill-ride", "soon", "not a number"),
+    ],
+)
+def test_a_bad_scheduler_setting_is_refused_before_anything_loads(
+    tmp_path: Path, flag: str, value: str, message: str
+) -> None:
+    result = semantic("serve", flag, value, "--data-dir", str(tmp_path), timeout=60)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_an_incomplete_model_directory_is_one_clear_error(tmp_path: Path) -> None:
     broken = tmp_path / "broken-model"
     broken.mkdir()

@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from semantic.adapters.cli.progress import ProgressPrinter
@@ -58,10 +59,19 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     serve.add_argument(
         "--prefill-budget",
-        type=int,
+        type=_positive(int),
         default=None,
-        help="a fixed number of prompt tokens prefilled per engine step (default: paced "
-        "by time so running streams keep flowing, see docs/adr/0009)",
+        help="a fixed number of prompt tokens prefilled per engine step (default: 1,024 "
+        "while nothing decodes, 64 per waiting prompt while streams decode; docs/adr/0009)",
+    )
+    serve.add_argument(
+        "--prefill-ride",
+        type=_positive(float),
+        default=None,
+        metavar="STEPS",
+        help="let a lone waiting prompt ride the running streams' decode steps, adding at most "
+        "STEPS decode steps' time to each: smoother streams, a slower first token for the "
+        "prompt (default: off; docs/adr/0009 shows the curve)",
     )
     serve.add_argument(
         "--max-waiting",
@@ -97,8 +107,10 @@ def run_server(args: argparse.Namespace) -> int:
         "grace_s": args.grace,
         "disk_quota_bytes": args.disk_quota_mb << 20 if args.disk_quota_mb else None,
     }
-    if args.prefill_budget:
+    if args.prefill_budget is not None:
         overrides["prefill_fixed_tokens"] = args.prefill_budget
+    if args.prefill_ride is not None:
+        overrides["prefill_ride_ratio"] = args.prefill_ride
     settings = settings_from(args, **overrides)
     progress = ProgressPrinter()
 
@@ -129,3 +141,17 @@ def run_server(args: argparse.Namespace) -> int:
         access_log=False,
     )
     return 0
+
+
+def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be positive, not {text}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse

@@ -182,17 +182,37 @@ def _key_ranges(
     mask: Any, batch: int, length: int, span: int
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """Each (sequence, query position)'s attended keys as one range [lo, hi); None if the
-    mask is not of that form (an additive mask, say)."""
+    mask is not of that form (an additive mask, say). Every layer of a pass gets the same
+    mask object: its ranges are worked out once."""
+    if mask is None or isinstance(mask, str):
+        return _plain_ranges(mask, batch, length, span)
+    last = _last_ranges
+    if last and last[0] is mask and last[1] == (batch, length, span):
+        cached: tuple[np.ndarray, np.ndarray] | None = last[2]
+        return cached
+    ranges = _array_ranges(mask, batch, length, span)
+    _last_ranges[:] = [mask, (batch, length, span), ranges]  # holds the mask: its id stays its
+    return ranges
+
+
+_last_ranges: list[Any] = []
+
+
+def _plain_ranges(
+    mask: str | None, batch: int, length: int, span: int
+) -> tuple[np.ndarray, np.ndarray] | None:
+    lo = np.zeros((batch, length), dtype=np.int32)
     if mask is None:
-        lo = np.zeros((batch, length), dtype=np.int32)
         return lo, np.full((batch, length), span, dtype=np.int32)
-    if isinstance(mask, str):
-        if mask != "causal":
-            return None
-        hi = np.arange(span - length + 1, span + 1, dtype=np.int32)
-        return np.zeros((batch, length), dtype=np.int32), np.broadcast_to(
-            hi, (batch, length)
-        ).copy()
+    if mask != "causal":
+        return None
+    hi = np.arange(span - length + 1, span + 1, dtype=np.int32)
+    return lo, np.broadcast_to(hi, (batch, length)).copy()
+
+
+def _array_ranges(
+    mask: Any, batch: int, length: int, span: int
+) -> tuple[np.ndarray, np.ndarray] | None:
     keep = np.asarray(mask)
     if keep.dtype != np.bool_ or keep.ndim != 4 or keep.shape[1] != 1:
         return None
