@@ -52,6 +52,11 @@ def build_library(source: Path, name: str, options: Sequence[str] = ()) -> Path 
     return target
 
 
+def cpu_key() -> str:
+    """A short name for this CPU model and its instruction set."""
+    return hashlib.sha256(_cpu_identity()).hexdigest()[:12]
+
+
 def _cpu_identity() -> bytes:
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
