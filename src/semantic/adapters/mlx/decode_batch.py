@@ -47,12 +47,14 @@ class DecodeBatch:
         self._inputs: mx.array | None = None  # (rows,): each row's next input token
         self._tops: mx.array | None = None  # (rows,): its probability, for tracked rows
         self._finished: dict[str, list[Any]] = {}
+        self._joining: list[tuple[_Row, list[Any], int]] = []
 
     def __len__(self) -> int:
-        return len(self._rows)
+        return len(self._rows) + len(self._joining)
 
     def __contains__(self, seq_id: object) -> bool:
-        return any(row.seq_id == seq_id for row in self._rows)
+        rows = [*self._rows, *(row for row, _, _ in self._joining)]
+        return any(row.seq_id == seq_id for row in rows)
 
     def add(
         self,
@@ -65,23 +67,35 @@ class DecodeBatch:
         track_top_prob: bool = False,
     ) -> None:
         """Join with a prefilled cache; ``first_token`` is fed at the next pass, which makes
-        the first of at most ``max_new_tokens`` new tokens."""
-        joining = [layer.merge([layer]) for layer in caches]
+        the first of at most ``max_new_tokens`` new tokens. Newcomers are merged into the
+        batch together at the next step: one copy of the batch's caches, not one each."""
+        row = _Row(seq_id, sampler, track_top_prob, max_new_tokens)
+        self._joining.append((row, caches, first_token))
+
+    def _admit_joining(self) -> None:
+        if not self._joining:
+            return
+        joining, self._joining = self._joining, []
+        merged = [
+            layers[0].merge(list(layers))
+            for layers in zip(*(caches for _, caches, _ in joining), strict=True)
+        ]
         if self._caches:
-            for mine, theirs in zip(self._caches, joining, strict=True):
+            for mine, theirs in zip(self._caches, merged, strict=True):
                 mine.extend(theirs)
         else:
-            self._caches = joining
-        first = mx.array([first_token])
-        unknown = mx.array([0.0])
-        self._inputs = first if self._inputs is None else mx.concatenate([self._inputs, first])
+            self._caches = merged
+        firsts = mx.array([first for _, _, first in joining])
+        unknown = mx.zeros((len(joining),))
+        self._inputs = firsts if self._inputs is None else mx.concatenate([self._inputs, firsts])
         self._tops = unknown if self._tops is None else mx.concatenate([self._tops, unknown])
-        self._rows.append(_Row(seq_id, sampler, track_top_prob, max_new_tokens))
+        self._rows += [row for row, _, _ in joining]
 
     def step(self, ride: Group | None = None) -> tuple[list[DecodedToken], mx.array | None]:
         """A row that reaches its budget or a stop token leaves the batch, its cache kept
         for ``take_finished``. ``ride``: a prompt chunk computed in the same forward pass
         (``fused_pass``); its final hidden states are returned, lazily."""
+        self._admit_joining()
         if not self._rows or self._inputs is None or self._tops is None:
             return [], None
         fed, fed_tops = self._inputs, self._tops
@@ -120,6 +134,10 @@ class DecodeBatch:
 
     def remove(self, seq_id: str) -> list[Any]:
         """Take a row out now (the engine ended it); returns its cache."""
+        for position, (row, caches, _) in enumerate(self._joining):
+            if row.seq_id == seq_id:  # never fed: its cache is still its own
+                del self._joining[position]
+                return caches
         index = next(i for i, row in enumerate(self._rows) if row.seq_id == seq_id)
         caches = self._extract(index)
         self._drop([index])
