@@ -33,45 +33,41 @@ AGENTS = (1, 2, 4, 8, 16, 32)
 
 
 def overhead(bench: Bench, repeats: int = 5) -> dict[str, float]:
-    """A 64-token reply through HTTP against the same request straight into the engine,
-    the two taken in turns so a drift in the machine's speed hits both alike."""
+    """A 64-token reply through HTTP against the same request straight into the engine.
+    One path after the other: taken in turns, each process's idle BLAS threads (they spin
+    for a while after a product) slowed the other's requests (+10%)."""
     prompt = "Write a long story about a lighthouse keeper."
     tokens = bench.tokenizer.render_chat([ChatMessage("user", prompt)])
     engine = bench.engine()
-
-    def straight(index: int) -> float:
+    direct = []
+    for index in range(repeats + 1):  # the first run warms the engine up, as the server's does
         started = time.perf_counter()
         engine.submit("bench", tokens, max_tokens=64, namespace=f"o{index}")
         while engine.has_work():
             for event in engine.step().events:
                 if isinstance(event, CompletionEvent):
                     engine.release_blocks(event.request_id)
-        return time.perf_counter() - started
-
-    def through_http(url: str, index: int) -> float:
-        body = {
-            "model": "default",
-            "messages": [{"role": "user", "content": prompt}],
-            "temperature": 0,
-            "max_tokens": 64,
-        }
-        started = time.perf_counter()
-        headers = {"X-Namespace": f"o{index}"}
-        reply = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=300, headers=headers)
-        reply.raise_for_status()
-        return time.perf_counter() - started
-
-    direct, http = [], []
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        ServerProcess(Path(tmp) / "overhead").start() as server,
-    ):
-        straight(0)  # both warm up first, as a running server has
-        through_http(server.url, 0)
-        for index in range(1, repeats + 1):
-            direct.append(straight(index))
-            http.append(through_http(server.url, index))
-        server.stop()
+        if index:
+            direct.append(time.perf_counter() - started)
+    with tempfile.TemporaryDirectory() as tmp:
+        http = []
+        with ServerProcess(Path(tmp) / "overhead").start() as server:
+            for index in range(repeats):
+                body = {
+                    "model": "default",
+                    "messages": [{"role": "user", "content": prompt}],
+                    "temperature": 0,
+                    "max_tokens": 64,
+                }
+                started = time.perf_counter()
+                httpx.post(
+                    f"{server.url}/v1/chat/completions",
+                    json=body,
+                    timeout=300,
+                    headers={"X-Namespace": f"o{index}"},
+                ).raise_for_status()
+                http.append(time.perf_counter() - started)
+            server.stop()
     d, h = statistics.median(direct), statistics.median(http)
     return {"engine_s": d, "http_s": h, "overhead_fraction": (h - d) / h}
 
