@@ -162,7 +162,7 @@ class BlockPoolBatchEngine:
         events: list[EngineEvent] = []
         self._apply_cancellations(events)
         plan = self._plan()
-        ride = self._take_ride(plan)
+        ride = plan.pop() if self._adder.rides else None
         self._decode(events, ride)
         self._prefill(plan, events)
         prefilling = sum(1 for r in self._running.values() if r.phase is Phase.PREFILLING)
@@ -194,14 +194,6 @@ class BlockPoolBatchEngine:
                 active.pinned = False
         return plan
 
-    def _take_ride(self, plan: Plan) -> tuple[ActiveRequest, int] | None:
-        """A lone chunk small enough rides the decode step instead of a pass of its own."""
-        if self._config.pacer.ride_ratio is None or len(plan) != 1:
-            return None
-        if plan[0][1] > self._backend.ride_capacity():
-            return None
-        return plan.pop()
-
     def _decode(self, events: list[EngineEvent], ride: tuple[ActiveRequest, int] | None) -> None:
         if self._backend.decoding_count == 0:
             return
@@ -230,10 +222,7 @@ class BlockPoolBatchEngine:
             if owner is not None:
                 self._accept_token(owner, token.token, token.top_prob, events)
         if ride is not None:
-            active, n = ride
-            active.prefilled += n
-            if output.first_token is not None:
-                self._first_token(active, output.first_token, events)
+            self._chunk_done(ride[0], ride[1], output.first_token, events)
 
     def _prefill(self, plan: Plan, events: list[EngineEvent]) -> None:
         whole = [(a, n) for a, n in plan if a.prefilled == 0 and n == len(a.prompt)]
@@ -285,6 +274,7 @@ class BlockPoolBatchEngine:
 
     def _prefill_chunk(self, active: ActiveRequest, n: int, events: list[EngineEvent]) -> None:
         chunk = active.prompt[active.prefilled : active.prefilled + n]
+        first: SampledToken | None = None
         started = self._clock()
         try:
             if active.prefilled + n < len(active.prompt):
@@ -295,8 +285,13 @@ class BlockPoolBatchEngine:
             self._fail(active, error, events)
             return
         self.pacer.observe_prefill(n, active.prefilled, self._clock() - started)
+        self._chunk_done(active, n, first, events)
+
+    def _chunk_done(
+        self, active: ActiveRequest, n: int, first: SampledToken | None, events: list[EngineEvent]
+    ) -> None:
         active.prefilled += n
-        if active.prefilled == len(active.prompt):
+        if active.prefilled == len(active.prompt) and first is not None:
             self._first_token(active, first, events)
 
     def _prefill_whole_prompts(self, batch: list[ActiveRequest], events: list[EngineEvent]) -> None:

@@ -18,8 +18,9 @@ import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from semantic.adapters.mlx.decode_batch import DecodeBatch
-from semantic.adapters.mlx.fused_pass import MAX_ROWS, Group, logits_of, supports_fusion
+from semantic.adapters.mlx.fused_pass import MAX_ROWS, Group, supports_fusion
 from semantic.adapters.mlx.kv_blocks import cut_into_blocks, gather_cache
+from semantic.adapters.mlx.model_parts import BodyAndHead
 from semantic.adapters.mlx.sampling import Sampler, log_softmax, make_sampler, top_prob
 from semantic.domain.blocks import AgentBlocks
 from semantic.domain.cache_spec import ModelCacheSpec
@@ -48,7 +49,7 @@ class MlxBackend:
         self._model_id = model_id
         self._decoder = DecodeBatch(model, eos_token_ids)
         self._streams: tuple[Any, ...] | None = None
-        self._split = _BodyAndHead.of(model)
+        self._split = BodyAndHead.of(model)
         self._fusion = supports_fusion(model)
         self._sequences: dict[str, _Sequence] = {}
 
@@ -165,8 +166,8 @@ class MlxBackend:
                     self._sequences[token.seq_id].caches = caches
         first = None
         if ride is not None and group is not None and ridden is not None:
-            if ride.last:
-                logits = logits_of(self._model, ridden[:, -1:, :])[:, -1, :]
+            if ride.last and self._split is not None:  # riding implies a llama model
+                logits = self._split.head(ridden[:, -1:, :])[:, -1, :]
                 mx.eval(logits, [(c.keys, c.values) for c in group.caches])
                 first = self._sample(self._sequences[ride.seq_id], logits)
             else:
@@ -221,21 +222,3 @@ def _scalar_float(array: mx.array) -> float:
     if not isinstance(value, int | float):
         raise TypeError(f"expected a real number, got {value!r}")
     return float(value)
-
-
-@dataclass(frozen=True, slots=True)
-class _BodyAndHead:
-    """A llama model as its transformer body and its output head, so a prompt chunk that
-    needs no logits skips the head (49,152 x 576 for SmolLM2), and the last chunk computes
-    it for one position instead of all of them."""
-
-    body: Any
-    head: Any
-
-    @classmethod
-    def of(cls, model: Any) -> _BodyAndHead | None:
-        if getattr(model, "model_type", None) != "llama":
-            return None
-        if getattr(model.args, "tie_word_embeddings", False):
-            return cls(model.model, model.model.embed_tokens.as_linear)
-        return cls(model.model, model.lm_head)

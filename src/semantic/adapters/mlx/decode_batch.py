@@ -18,7 +18,8 @@ from typing import Any
 
 import mlx.core as mx
 
-from semantic.adapters.mlx.fused_pass import Group, fused_hidden, logits_of
+from semantic.adapters.mlx.fused_pass import Group, fused_hidden
+from semantic.adapters.mlx.model_parts import BodyAndHead
 from semantic.adapters.mlx.sampling import Sampler, top_prob
 from semantic.ports.model_backend import DecodedToken
 
@@ -41,6 +42,7 @@ class DecodeBatch:
 
     def __init__(self, model: Any, stop_tokens: Iterable[int]) -> None:
         self._model = model
+        self._parts = BodyAndHead.of(model)
         self._stop = frozenset(stop_tokens)
         self._rows: list[_Row] = []
         self._caches: list[Any] = []  # one batch cache per layer; mlx-lm leaves them untyped
@@ -104,7 +106,9 @@ class DecodeBatch:
             logits = self._model(fed[:, None], cache=self._caches)[:, -1, :]
         else:
             mine, ridden = fused_hidden(self._model, [Group(fed[:, None], self._caches), ride])
-            logits = logits_of(self._model, mine)[:, -1, :]
+            if self._parts is None:
+                raise TypeError("only a llama model's decode step can carry a prompt chunk")
+            logits = self._parts.head(mine)[:, -1, :]
         self._inputs = self._sample(logits)
         self._tops = self._top_probs(logits)
         mx.async_eval(self._inputs, self._tops)  # type: ignore[no-untyped-call]  # mlx: unannotated

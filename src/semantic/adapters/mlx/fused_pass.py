@@ -17,6 +17,7 @@ import mlx.core as mx
 from mlx_lm.models.base import create_attention_mask
 
 from semantic.adapters.mlx.attention import HostSoftmaxAttention
+from semantic.adapters.mlx.model_parts import BodyAndHead
 
 MAX_ROWS = 32
 """Stacked rows up to which products use the batch-invariant kernel (ADR 0010)."""
@@ -32,9 +33,9 @@ class Group:
 
 def supports_fusion(model: Any) -> bool:
     """A llama model with full attention everywhere and our attention installed."""
-    inner = getattr(model, "model", None)
-    if getattr(model, "model_type", None) != "llama" or inner is None:
+    if BodyAndHead.of(model) is None:
         return False
+    inner = model.model
     if getattr(inner, "swa_idx", None) is not None:
         return False
     return all(isinstance(layer.self_attn, HostSoftmaxAttention) for layer in inner.layers)
@@ -62,13 +63,6 @@ def fused_hidden(model: Any, groups: list[Group]) -> list[mx.array]:
         rows = rows + layer.mlp(layer.post_attention_layernorm(rows))
         hidden = _unstack(rows, shapes)
     return [inner.norm(h) for h in hidden]
-
-
-def logits_of(model: Any, hidden: mx.array) -> mx.array:
-    """The output head (tied to the embeddings or not) on ``hidden``."""
-    if getattr(model.args, "tie_word_embeddings", False):
-        return model.model.embed_tokens.as_linear(hidden)  # type: ignore[no-any-return]
-    return model.lm_head(hidden)  # type: ignore[no-any-return]
 
 
 def _stack(hidden: list[mx.array]) -> mx.array:

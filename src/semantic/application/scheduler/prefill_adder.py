@@ -62,6 +62,8 @@ class PrefillAdder:
         self._pacer = pacer
         self._chunk = chunk_tokens
         self._reclaim = reclaim
+        self.rides = False
+        """Whether the last plan is one chunk to compute inside the decode step's pass."""
 
     def plan(
         self,
@@ -103,6 +105,7 @@ class PrefillAdder:
             busy = True
             room -= 1
             plan += self._chunks(candidate, left)
+        self.rides = budget.ride and len(plan) == 1 and plan[0][1] <= ride_capacity
         return plan
 
     def _chunks(self, request: ActiveRequest, left: _Round) -> Plan:
