@@ -22,6 +22,7 @@ from semantic.adapters.mlx.kv_blocks import spec_from_model
 from semantic.adapters.mlx.loader import LoadedModel, load_model, resolve_model
 from semantic.adapters.mlx.memory import prefault_heap
 from semantic.adapters.mlx.model_cache import ModelCache, Progress, default_weight_format
+from semantic.adapters.mlx.restore_buffers import RestoreBuffers
 from semantic.adapters.mlx.tokenizer import MlxTokenizer
 from semantic.adapters.storage.block_files import BlockFiles
 from semantic.adapters.storage.kv_block_store import KVBlockStore
@@ -101,6 +102,15 @@ def build_engine(settings: Settings, progress: Progress, *, warm_up: bool = True
     return EngineRuntime(settings, loaded, tokenizer, spec, backend, pool, engine, loop)
 
 
+def _prepare_memory(n_bytes: int, spec: ModelCacheSpec, restore_buffers: RestoreBuffers) -> None:
+    """Touch ``n_bytes`` up front so the first restores after a restart do not page-fault:
+    half as ready buffers for whole blocks read from disk, the rest freed to the heap for
+    the caches the engine builds."""
+    block_file_bytes = spec.bytes_per_token * spec.block_tokens
+    made = restore_buffers.reserve(block_file_bytes, restore_buffers.max_bytes // block_file_bytes)
+    prefault_heap(n_bytes - made * block_file_bytes)
+
+
 def freeze_startup_objects() -> None:
     """Move everything loaded so far (the model's modules, the tokenizer's vocabulary) out
     of the garbage collector's sight: a full collection over them stalled every thread for
@@ -122,8 +132,12 @@ async def start_services(
     pool = BlockPool.from_budget(spec, settings.kv_budget_bytes)
     metadata = SqliteMetadataStore(settings.data_dir / "semantic.db")
     await metadata.open()
+    prefault = min(settings.prefault_bytes, settings.kv_budget_bytes)
+    lossless = settings.kv_at_rest == "lossless"  # quantized blocks are decoded, not viewed
+    restore_buffers = RestoreBuffers(max_bytes=prefault // 2 if lossless else 0)
     blocks = KVBlockStore(
-        BlockFiles(settings.data_dir / "blocks"), MlxHostCodec(settings.kv_at_rest)
+        BlockFiles(settings.data_dir / "blocks"),
+        MlxHostCodec(settings.kv_at_rest, restore_buffers),
     )
     cache = AgentCacheStore(
         pool,
@@ -139,7 +153,7 @@ async def start_services(
     )
     loop.start()
     await asyncio.to_thread(loop.run_sync, backend.warm_up)
-    await asyncio.to_thread(prefault_heap, min(settings.prefault_bytes, settings.kv_budget_bytes))
+    await asyncio.to_thread(_prepare_memory, prefault, spec, restore_buffers)
     freeze_startup_objects()
     limits = Limits(
         max_context=_max_context(loaded),

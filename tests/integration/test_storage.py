@@ -10,6 +10,7 @@ import pytest
 
 from semantic.adapters.mlx.host_codec import MlxHostCodec
 from semantic.adapters.mlx.kv_blocks import MlxKV
+from semantic.adapters.mlx.restore_buffers import RestoreBuffers
 from semantic.adapters.storage.block_files import BlockFiles
 from semantic.adapters.storage.kv_block_store import KVBlockStore
 from semantic.adapters.storage.sqlite_metadata import SqliteMetadataStore
@@ -52,6 +53,28 @@ def test_a_block_round_trips_bit_exactly(store: KVBlockStore, dtype: mx.Dtype) -
         assert b.keys.dtype == dtype
         assert mx.array_equal(a.keys, b.keys).item()
         assert mx.array_equal(a.values, b.values).item()
+
+
+def test_a_restore_buffer_is_reused_only_once_nothing_views_it(tmp_path: Path) -> None:
+    buffers = RestoreBuffers(max_bytes=1 << 30)
+    store = KVBlockStore(BlockFiles(tmp_path / "blocks"), MlxHostCodec(buffers=buffers))
+    first, second = kv_blocks(), kv_blocks()
+    first_file, second_file = store.save("aa" * 32, first), store.save("bb" * 32, second)
+    held = store.load("aa" * 32, first_file.checksum)
+    dropped = store.load("bb" * 32, second_file.checksum)
+    assert buffers.kept_bytes == 0  # both still viewed
+    del dropped
+    kept = buffers.kept_bytes
+    assert kept > 0
+    again = store.load("bb" * 32, second_file.checksum)  # lands in the recycled buffer
+    assert buffers.kept_bytes == 0
+    for blocks, payloads in ((first, held), (second, again)):
+        for original, payload in zip(blocks, payloads, strict=True):
+            a, b = original.payload, payload.data
+            assert isinstance(a, MlxKV)
+            assert isinstance(b, MlxKV)
+            assert mx.array_equal(a.keys, b.keys).item()
+            assert mx.array_equal(a.values, b.values).item()
 
 
 @pytest.mark.parametrize(("at_rest", "bits", "smaller"), [("q8", 8, 3.4), ("q4", 4, 6.0)])

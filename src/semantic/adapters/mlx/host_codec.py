@@ -1,9 +1,10 @@
 """MLX KV payloads to host arrays and back, without extra copies.
 
 Writing: an evaluated MLX array on the CPU exposes its memory to numpy, so the block file is
-written straight from the KV buffers. Reading: ``mx.empty`` buffers are handed to the file
-reader as numpy views and filled in place; nothing else holds them yet, so MLX sees the data
-as if it had computed it.
+written straight from the KV buffers. Reading: an MLX buffer (recycled from an earlier
+restore where one fits, see ``restore_buffers``) is handed to the file reader as a numpy view
+and filled in place; nothing else holds it yet, so MLX sees the data as if it had computed
+it. The tensors are views into that one buffer, made by one ``split``.
 
 At rest the KV may be kept 8- or 4-bit (``mx.quantize``, groups of 64 along the head
 dimension, a float32 scale and bias per group): lossy, so it is opt-in, and the mode is part
@@ -19,6 +20,7 @@ import mlx.core as mx
 import numpy as np
 
 from semantic.adapters.mlx.kv_blocks import MlxKV
+from semantic.adapters.mlx.restore_buffers import RestoreBuffers
 from semantic.adapters.storage.block_files import TensorSpan
 from semantic.domain.blocks import KVBlock
 from semantic.domain.errors import CacheCorruptionError
@@ -39,9 +41,10 @@ def storage_format(at_rest: str) -> str:
 
 
 class MlxHostCodec:
-    def __init__(self, at_rest: str = "lossless") -> None:
+    def __init__(self, at_rest: str = "lossless", buffers: RestoreBuffers | None = None) -> None:
         self._format = storage_format(at_rest)
         self._bits = AT_REST_BITS[at_rest]
+        self._buffers = buffers or RestoreBuffers(max_bytes=0)
 
     def to_host(self, blocks: Sequence[KVBlock]) -> tuple[dict[str, np.ndarray], dict[str, str]]:
         tensors: dict[str, np.ndarray] = {}
@@ -62,20 +65,22 @@ class MlxHostCodec:
         return tensors, {"format": self._format, "dtype": dtype, "layers": ",".join(layers)}
 
     def reader(self) -> MlxHostReader:
-        return MlxHostReader(self._format, self._bits)
+        return MlxHostReader(self._format, self._bits, self._buffers)
 
 
 class MlxHostReader:
     """Reads a block file into one MLX buffer; each tensor is a view into it (no copy)."""
 
-    def __init__(self, storage: str = FORMAT, bits: int | None = None) -> None:
+    def __init__(
+        self, storage: str = FORMAT, bits: int | None = None, buffers: RestoreBuffers | None = None
+    ) -> None:
         self._buffer: mx.array | None = None
         self._format = storage
         self._bits = bits
+        self._buffers = buffers or RestoreBuffers(max_bytes=0)
 
     def allocate(self, n_bytes: int) -> np.ndarray:
-        self._buffer = mx.empty((n_bytes,), dtype=mx.uint8)
-        mx.eval(self._buffer)
+        self._buffer = self._buffers.take(n_bytes)
         view: np.ndarray = np.asarray(self._buffer)
         return view
 
@@ -85,20 +90,44 @@ class MlxHostReader:
         if metadata.get("format") != self._format or self._buffer is None:
             raise CacheCorruptionError(f"unexpected block format {metadata.get('format')!r}")
         dtype = _BY_NAME[metadata["dtype"]]
+        tensors = self._tensors(spans, dtype)
+        buffer, self._buffer = self._buffer, None
+        # The tensors view the buffer (exact) or were computed from it (quantized): only
+        # in the first case must it live as long as they do.
+        owner = self._buffers.lease(buffer) if self._bits is None else None
         out = []
         for entry in metadata["layers"].split(","):
             layer, start, n_tokens = (int(part) for part in entry.split(":"))
-            keys = self._kv(spans, f"{layer}.keys", dtype)
-            values = self._kv(spans, f"{layer}.values", dtype)
-            out.append(LayerPayload(layer, start, n_tokens, MlxKV(keys, values)))
-        # Evaluate the views here: a lazy op belongs to this thread's stream, and the
-        # engine thread could not run it. Views of one buffer, so nothing is copied.
-        mx.eval([(p.data.keys, p.data.values) for p in out if isinstance(p.data, MlxKV)])
+            kv = MlxKV(tensors[f"{layer}.keys"], tensors[f"{layer}.values"], owner)
+            out.append(LayerPayload(layer, start, n_tokens, kv))
+        if owner is None:
+            self._buffers.give_back(buffer)
         return out
 
-    def _kv(self, spans: Mapping[str, TensorSpan], name: str, dtype: mx.Dtype) -> mx.array:
+    def _tensors(self, spans: Mapping[str, TensorSpan], dtype: mx.Dtype) -> dict[str, mx.array]:
+        """Every K and V tensor, evaluated here: a lazy op belongs to this thread's stream,
+        and the engine thread could not run it."""
         if self._bits is None:
-            return self._tensor(spans[name], dtype)
+            tensors = self._views(spans, dtype)
+        else:
+            names = {name.rsplit(".", 1)[0] for name in spans}
+            tensors = {name: self._dequantized(spans, name, dtype) for name in names}
+        mx.eval(list(tensors.values()))
+        return tensors
+
+    def _views(self, spans: Mapping[str, TensorSpan], dtype: mx.Dtype) -> dict[str, mx.array]:
+        """One ``split`` of the whole buffer when every tensor has one shape (a block's
+        do, except a sliding-window layer's), else a view per tensor. The file reader
+        checked that the spans lie back to back from the start."""
+        ordered = sorted(spans.items(), key=lambda item: item[1].begin)
+        shapes = {span.shape for _, span in ordered}
+        if self._buffer is None or len(shapes) != 1:
+            return {name: self._tensor(span, dtype) for name, span in ordered}
+        stacked = self._buffer.view(dtype).reshape(len(ordered), *shapes.pop())
+        parts = mx.split(stacked, len(ordered), axis=0)
+        return {name: part for (name, _), part in zip(ordered, parts, strict=True)}
+
+    def _dequantized(self, spans: Mapping[str, TensorSpan], name: str, dtype: mx.Dtype) -> mx.array:
         packed = self._tensor(spans[f"{name}.q"], mx.uint32)
         scales = self._tensor(spans[f"{name}.scales"], mx.float32)
         biases = self._tensor(spans[f"{name}.biases"], mx.float32)

@@ -27,6 +27,8 @@ _DTYPE_NAMES = {mx.float32: "float32", mx.float16: "float16", mx.bfloat16: "bflo
 class MlxKV:
     keys: mx.array
     values: mx.array
+    owner: object | None = None
+    """What must stay alive while these tensors do: a restore buffer's lease."""
 
     @property
     def nbytes(self) -> int:

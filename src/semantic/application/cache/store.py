@@ -211,10 +211,16 @@ class AgentCacheStore:
 
     async def _walk(self, namespace: str, prompt: Sequence[int]) -> list[_Candidate]:
         size = self._spec.block_tokens
-        keys = chain_keys(self.root(namespace), prompt, size)
-        records = await self._metadata.blocks([k for k in keys if self.hot.get(k) is None])
+        root = self.root(namespace)
+        keys = chain_keys(root, prompt, size)
+        # The tail is usually a child of the last full block: ask for both at once.
+        likely_parent = keys[-1] if keys else root
+        records, likely_children = await asyncio.gather(
+            self._metadata.blocks([k for k in keys if self.hot.get(k) is None]),
+            self._metadata.children(likely_parent),
+        )
         out: list[_Candidate] = []
-        parent = self.root(namespace)
+        parent = root
         for index, key in enumerate(keys):
             want = tuple(prompt[index * size : (index + 1) * size])
             hot = self.hot.get(key)
@@ -228,17 +234,22 @@ class AgentCacheStore:
             parent = key
         rest = tuple(prompt[len(out) * size :])
         if rest:
-            tail = await self._best_child(parent, rest)
+            stored = likely_children if parent == likely_parent else None
+            tail = await self._best_child(parent, rest, stored)
             if tail is not None:
                 out.append(tail)
         return out
 
-    async def _best_child(self, parent: str, rest: tuple[int, ...]) -> _Candidate | None:
+    async def _best_child(
+        self, parent: str, rest: tuple[int, ...], stored: list[BlockRecord] | None
+    ) -> _Candidate | None:
         options = [_Candidate(hot=h, tokens=h.tokens) for h in self.hot.children(parent)]
         hot_keys = {c.hot.key for c in options if c.hot is not None}
+        if stored is None:
+            stored = await self._metadata.children(parent)
         options += [
             _Candidate(record=r, tokens=r.tokens)
-            for r in await self._metadata.children(parent)
+            for r in stored
             if r.key not in hot_keys and not r.quarantined
         ]
         best = max(
