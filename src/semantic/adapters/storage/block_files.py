@@ -42,7 +42,6 @@ class TensorSpan:
 
 _DTYPES = {"F32": np.float32, "F16": np.float16, "U16": np.uint16, "U32": np.uint32}
 _MAX_HEADER = 1 << 20
-_PIECE = 256 << 10
 SUFFIX = ".safetensors"
 
 
@@ -144,19 +143,18 @@ def _read_verified(
     if stat.st_size != 8 + header_size + end:
         raise ValueError(f"file is {stat.st_size} bytes, its header says {8 + header_size + end}")
     data = allocate(end)
-    _fill_hashing(handle, data.data.cast("B"), digest)
+    view = data.data.cast("B")
+    _fill(handle, view, "data")
+    digest.update(view)
     if digest.hexdigest() != checksum:
         raise ValueError("checksum mismatch")
     return data, spans, metadata
 
 
-def _fill_hashing(handle: io.FileIO, view: memoryview, digest: xxhash.xxh3_128) -> None:
-    """Read in pieces that fit the core's L2 cache and hash each while it is still there:
-    hashing the whole buffer after the read would pull it from memory a second time."""
+def _fill(handle: io.FileIO, view: memoryview, what: str) -> None:
     filled = 0
     while filled < len(view):
-        got = handle.readinto(view[filled : filled + _PIECE])
+        got = handle.readinto(view[filled:])
         if not got:
-            raise ValueError("file ends inside its data")
-        digest.update(view[filled : filled + got])
+            raise ValueError(f"file ends inside its {what}")
         filled += got
