@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -79,3 +80,26 @@ def test_a_row_gets_the_same_bits_alone_and_in_a_batch() -> None:
     for row in (0, 5, 15):
         alone = np.asarray(batch[row : row + 1] @ weights.T)
         assert np.array_equal(alone[0], together[row])
+
+
+def _threads() -> dict[str, set[int]]:
+    """Each thread's name (with its id, to tell the unnamed apart) and allowed CPUs."""
+    out = {}
+    for task in Path("/proc/self/task").iterdir():
+        name = (task / "comm").read_text().strip()
+        out[f"{name}/{task.name}"] = os.sched_getaffinity(int(task.name))
+    return out
+
+
+def test_blas_helper_threads_leave_the_first_cpu_to_the_caller() -> None:
+    """OpenBLAS's worker and our helper only help the thread that calls sgemm: they share
+    the last CPU, and the first stays free for the caller (and anything else)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    status = blas_in_use()
+    if len(cpus) < 2 or not (status.shim and status.small_kernels):
+        pytest.skip(f"needs 2+ CPUs and our kernels ({len(cpus)} CPUs, {status})")
+    threads = _threads()
+    helpers = [cpus_ for name, cpus_ in threads.items() if name.startswith("sgemm-helper/")]
+    assert helpers == [{cpus[-1]}]
+    main = f"{Path('/proc/self/comm').read_text().strip()}/{os.getpid()}"
+    assert threads[main] == set(cpus)

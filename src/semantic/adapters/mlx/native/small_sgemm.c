@@ -261,14 +261,38 @@ static void *helper_main(void *unused) {
 /* A forked child has no helper thread: it computes alone. */
 static void forget_helper(void) { helper.running = 0; }
 
+/* The CPU the helper is kept on (-1: anywhere). Python puts it beside OpenBLAS's worker
+ * thread: both only ever help the one thread that calls sgemm, never at the same time, and
+ * on two cores three busy threads left the caller with half a core whenever the scheduler
+ * gave OpenBLAS's spinning worker a core of its own (a 26-token pass at 4,178 positions
+ * took 145 or 225 ms, depending on that placement). */
+static atomic_int helper_cpu = -1;
+static pthread_t helper_thread;
+
+static void apply_helper_cpu(void) {
+    int cpu = atomic_load(&helper_cpu);
+    if (cpu < 0 || !helper.running) return;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    pthread_setaffinity_np(helper_thread, sizeof set, &set);
+}
+
 static void start_helper(void) {
-    pthread_t thread;
-    helper.running = pthread_create(&thread, NULL, helper_main, NULL) == 0;
+    helper.running = pthread_create(&helper_thread, NULL, helper_main, NULL) == 0;
     if (helper.running) {
-        pthread_setname_np(thread, "sgemm-helper"); /* as top and /proc show it */
-        pthread_detach(thread);
+        pthread_setname_np(helper_thread, "sgemm-helper"); /* as top and /proc show it */
+        pthread_detach(helper_thread);
         pthread_atfork(NULL, NULL, forget_helper);
+        apply_helper_cpu();
     }
+}
+
+/* Python calls this once it knows where OpenBLAS's worker runs. */
+void semantic_set_helper_cpu(int cpu) {
+    atomic_store(&helper_cpu, cpu);
+    pthread_once(&helper.once, start_helper);
+    apply_helper_cpu();
 }
 
 /* Units [0, total) in chunks on the calling thread and the helper, if the helper is free
@@ -318,6 +342,7 @@ void semantic_parallel_for(work_fn work, const void *context, int total, int chu
 }
 #else
 #define HAVE_KERNELS 0
+void semantic_set_helper_cpu(int cpu) { (void)cpu; } /* no helper without the kernels */
 #endif
 
 /* Python reads this to say which products run here. */
