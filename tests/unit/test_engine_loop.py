@@ -2,11 +2,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
 
-from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
+from semantic.application.engine import BlockPoolBatchEngine, EngineConfig, StepResult
 from semantic.application.engine_loop import AsyncEventStream, EngineLoop
 from semantic.application.events import CompletionEvent, EngineEvent, TokenEvent
 from semantic.domain.block_pool import BlockPool
@@ -97,3 +98,32 @@ def test_draining_refuses_new_work_and_cancels_what_outlives_the_grace(
     assert done.finish_reason is FinishReason.CANCELLED
     with pytest.raises(ShuttingDownError):
         loop.submit(events.append, agent_id="a", prompt_tokens=[1, 2], max_tokens=2)
+
+
+def test_an_idle_engine_waits_for_requests_on_their_way_before_its_first_round(
+    backend: FakeBackend,
+) -> None:
+    engine = BlockPoolBatchEngine(
+        backend, FakeTokenizer(), BlockPool(400), EngineConfig(prefill_chunk_tokens=4)
+    )
+    first_round: list[int] = []
+
+    def on_step(result: StepResult) -> None:
+        if not first_round:
+            first_round.append(result.decoding + result.prefilling + result.waiting)
+
+    loop = EngineLoop(engine, on_step=on_step, arrival_window_s=30.0)
+    loop.start()
+    try:
+        sinks = [AsyncEventStream(asyncio.new_event_loop()) for _ in range(2)]
+        with loop.arriving():  # the second agent is still on its way (restoring, say)
+            with loop.arriving():
+                loop.submit(sinks[0], agent_id="a", prompt_tokens=[1, 2, 3], max_tokens=6)
+            time.sleep(0.2)  # time enough for a round, had the engine not waited
+            loop.submit(sinks[1], agent_id="b", prompt_tokens=[4, 5, 6], max_tokens=6)
+        loop.run_sync(lambda: None, timeout=10)  # a round has run by now
+        while not first_round:
+            loop.run_sync(lambda: None, timeout=10)
+        assert first_round == [2]  # both prefilled in the first round
+    finally:
+        loop.stop()

@@ -158,6 +158,11 @@ class BlockPoolBatchEngine:
     def waiting(self) -> int:
         return len(self._queue)
 
+    @property
+    def running(self) -> int:
+        """Requests admitted and not finished (prefilling or decoding)."""
+        return len(self._running)
+
     def step(self) -> StepResult:
         events: list[EngineEvent] = []
         self._apply_cancellations(events)

@@ -120,21 +120,24 @@ class GenerationService:
         prompt = request.prompt_tokens
         agent_id = request.agent_id or self._anonymous_id(request)
         sink = AsyncEventStream()
-        started = time.monotonic()
-        prefix = await self._cache.prepare(request.namespace, prompt) if self._cache else None
-        restore_s = time.monotonic() - started
+        prefix = None
         try:
-            request_id = self._loop.submit(
-                sink,
-                agent_id=agent_id,
-                prompt_tokens=prompt,
-                cached_blocks=prefix.blocks if prefix else None,
-                max_tokens=max_tokens,
-                sampling=request.sampling,
-                stop=request.stop,
-                priority=request.priority,
-                namespace=request.namespace,
-            )
+            with self._loop.arriving():
+                started = time.monotonic()
+                if self._cache is not None:
+                    prefix = await self._cache.prepare(request.namespace, prompt)
+                restore_s = time.monotonic() - started
+                request_id = self._loop.submit(
+                    sink,
+                    agent_id=agent_id,
+                    prompt_tokens=prompt,
+                    cached_blocks=prefix.blocks if prefix else None,
+                    max_tokens=max_tokens,
+                    sampling=request.sampling,
+                    stop=request.stop,
+                    priority=request.priority,
+                    namespace=request.namespace,
+                )
         finally:
             if prefix is not None and self._cache is not None:
                 self._cache.release(prefix)
