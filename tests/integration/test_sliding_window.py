@@ -5,13 +5,15 @@ from __future__ import annotations
 import random
 
 import mlx.core as mx
+import numpy as np
 import pytest
 from mlx_lm.models import gemma3_text
 
 from semantic.adapters.mlx.backend import MlxBackend
-from semantic.adapters.mlx.kv_blocks import spec_from_model
+from semantic.adapters.mlx.kv_blocks import MlxKV, gather_cache, spec_from_model
 from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
 from semantic.domain.block_pool import BlockPool
+from semantic.domain.blocks import AgentBlocks, KVBlock
 from tests.helpers import generate
 from tests.unit.fakes import ByteTokenizer
 
@@ -79,3 +81,23 @@ def test_restoring_sliding_window_blocks_continues_like_a_cold_prefill(
     cold = generate(engine, follow_up, 8)
     assert warm.stats.cached_tokens == first.blocks.n_tokens
     assert warm.token_ids == cold.token_ids
+
+
+def test_a_cache_gathered_from_one_block_owns_its_memory(tiny_gemma: gemma3_text.Model) -> None:
+    """A restored block's memory is reused once the block is dropped (restore_buffers), so
+    a cache built from it must be a copy even where a concatenation of one piece would hand
+    back the piece itself (a sliding layer within one block, no room)."""
+    spec = spec_from_model(tiny_gemma)
+    n = 200
+    shape = (1, spec.n_kv_heads, n, spec.k_head_dim)
+    payloads = [MlxKV(mx.random.normal(shape), mx.random.normal(shape)) for _ in range(4)]
+    mx.eval([(p.keys, p.values) for p in payloads])
+    layers = tuple((KVBlock(layer, layer, 0, n, payloads[layer]),) for layer in range(4))
+    blocks = AgentBlocks("", tuple(range(n)), layers)
+    caches = gather_cache(tiny_gemma, blocks, n, 0, spec)
+    before = [np.array(c.keys) for c in caches]
+    for payload in payloads:  # the buffer is overwritten by the next restore
+        np.asarray(payload.keys)[...] = 0.0
+    after = [np.array(c.keys)[..., :n, :] for c in caches]
+    for old, new in zip(before, after, strict=True):
+        np.testing.assert_array_equal(old[..., :n, :], new)

@@ -77,6 +77,16 @@ def test_a_restore_buffer_is_reused_only_once_nothing_views_it(tmp_path: Path) -
             assert mx.array_equal(a.values, b.values).item()
 
 
+def test_restore_buffers_make_room_by_dropping_the_size_returned_longest_ago() -> None:
+    buffers = RestoreBuffers(max_bytes=300)
+    for _ in range(3):  # partial blocks' odd sizes fill the cap...
+        buffers.give_back(mx.zeros((100,), dtype=mx.uint8))
+    buffers.give_back(mx.zeros((200,), dtype=mx.uint8))  # ...and a whole block still fits
+    assert buffers.kept_bytes == 300
+    assert buffers.take(200).nbytes == 200
+    assert buffers.kept_bytes == 100
+
+
 @pytest.mark.parametrize(("at_rest", "bits", "smaller"), [("q8", 8, 3.4), ("q4", 4, 6.0)])
 def test_quantized_at_rest_is_smaller_and_within_one_step(
     tmp_path: Path, at_rest: str, bits: int, smaller: float

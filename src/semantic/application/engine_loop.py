@@ -145,24 +145,25 @@ class EngineLoop:
                     self._wake.wait(timeout=1.0)
                 if not self._running:
                     return
-                self._await_arrivals()
+                if not self._await_arrivals():
+                    return  # stopped while waiting
                 calls, self._calls = self._calls, []
             for fn, future in calls:
                 self._run_call(fn, future)
             if self.engine.has_work():
                 self._step()
 
-    def _await_arrivals(self) -> None:
+    def _await_arrivals(self) -> bool:
         """With the lock held: before an idle engine's first round, let requests already on
-        their way be queued, for ``arrival_window_s`` at most."""
-        if not self._arriving or self.engine.running:
-            return
-        deadline = time.monotonic() + self._arrival_window_s
-        while self._arriving and self._running:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            self._wake.wait(timeout=left)
+        their way be queued, for ``arrival_window_s`` at most. False if stopped meanwhile."""
+        if self._arriving and not self.engine.running:
+            deadline = time.monotonic() + self._arrival_window_s
+            while self._arriving and self._running:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._wake.wait(timeout=left)
+        return self._running
 
     def _step(self) -> None:
         try:

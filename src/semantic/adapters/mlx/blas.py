@@ -86,7 +86,8 @@ def _thread_ids() -> set[int]:
 
 def _keep_helpers_off_the_callers_core(blas_workers: list[int], shim: ctypes.CDLL | None) -> None:
     """Put OpenBLAS's worker threads (the threads its loading started) on every allowed CPU
-    but the first, and our helper beside the last of them.
+    but the first, and our helper on the last of those CPUs (beside a worker whenever there
+    is one).
 
     Each of them only ever helps the thread that called sgemm, so they never need a core at
     the same time; but OpenBLAS's workers spin between calls, and on two cores the scheduler
@@ -104,9 +105,9 @@ def _keep_helpers_off_the_callers_core(blas_workers: list[int], shim: ctypes.CDL
         try:
             os.sched_setaffinity(thread, {spare[index % len(spare)]})
         except OSError:
-            return  # gone or not ours to move: leave placement to the scheduler
+            continue  # gone already, or not ours to move
     if shim is not None:
-        shim.semantic_set_helper_cpu(spare[-1] if blas_workers else spare[0])
+        shim.semantic_set_helper_cpu(spare[min(len(blas_workers), len(spare)) - 1])
 
 
 def blas_in_use() -> BlasStatus:

@@ -3,7 +3,9 @@
 Two cache kinds are supported: ``KVCache`` (global attention) and ``RotatingKVCache`` with
 ``keep=0`` (sliding-window attention, as in Gemma 3). A block payload is an ``MlxKV``: the
 keys and values of the block's positions ``start .. n_tokens - 1``, shaped
-``(1, kv_heads, n_tokens - start, head_dim)``, owning its memory.
+``(1, kv_heads, n_tokens - start, head_dim)``. A restored payload views a buffer that is
+reused once the payload is gone (``restore_buffers``), so nothing built from blocks may keep
+their memory: ``gather_cache`` always copies.
 """
 
 from __future__ import annotations
@@ -161,6 +163,8 @@ def _concat_positions(
         shape = (1, spec.n_kv_heads, room)
         keys.append(mx.zeros((*shape, spec.k_head_dim), dtype=keys[0].dtype))
         values.append(mx.zeros((*shape, spec.v_head_dim), dtype=values[0].dtype))
+    if len(keys) == 1:  # concatenate would hand back the block's own memory
+        return mx.array(keys[0]), mx.array(values[0])
     return mx.concatenate(keys, axis=2), mx.concatenate(values, axis=2)
 
 

@@ -9,15 +9,15 @@ their KV pool out up front.
 
 Safety rests on Python's reference counts: every tensor viewing a buffer is held by an
 ``MlxKV`` that also holds the buffer's ``Lease``, and the lease gives the buffer back only
-when the last of them is gone. Nothing outside ``kv_blocks`` derives arrays from a block's
-views, and that module evaluates what it derives before returning, so no lazy graph keeps a
-view alive behind the lease's back.
+when the last of them is gone. ``kv_blocks.gather_cache`` copies what it takes from a block
+(never hands a block's memory to a cache), so no array outlives the lease that covers it.
 """
 
 from __future__ import annotations
 
+import queue
 import threading
-from collections import defaultdict
+from collections import OrderedDict
 
 import mlx.core as mx
 
@@ -36,12 +36,15 @@ class Lease:
 
 
 class RestoreBuffers:
-    """Free uint8 MLX buffers by size, at most ``max_bytes`` of them kept."""
+    """Free uint8 MLX buffers by size, at most ``max_bytes`` of them kept; when over, the
+    sizes returned longest ago go first (a partial block's odd size never crowds out the
+    whole blocks that most restores want)."""
 
     def __init__(self, max_bytes: int) -> None:
         self._max_bytes = max_bytes
         self._kept_bytes = 0
-        self._free: defaultdict[int, list[mx.array]] = defaultdict(list)
+        self._free: OrderedDict[int, list[mx.array]] = OrderedDict()
+        self._returned: queue.SimpleQueue[mx.array] = queue.SimpleQueue()
         self._lock = threading.Lock()
 
     @property
@@ -50,15 +53,21 @@ class RestoreBuffers:
 
     @property
     def kept_bytes(self) -> int:
-        return self._kept_bytes
+        with self._lock:
+            self._sort_returned()
+            return self._kept_bytes
 
     def take(self, n_bytes: int) -> mx.array:
         """A buffer of ``n_bytes`` whose contents are undefined: the caller overwrites it."""
         with self._lock:
+            self._sort_returned()
             free = self._free.get(n_bytes)
             if free:
                 self._kept_bytes -= n_bytes
-                return free.pop()
+                buffer = free.pop()
+                if not free:
+                    del self._free[n_bytes]
+                return buffer
         buffer = mx.zeros((n_bytes,), dtype=mx.uint8)
         mx.eval(buffer)
         return buffer
@@ -67,21 +76,39 @@ class RestoreBuffers:
         return Lease(buffer, self)
 
     def give_back(self, buffer: mx.array) -> None:
-        """Keep ``buffer`` for reuse; the caller must hold no view of it any more."""
-        n_bytes = int(buffer.nbytes)
-        with self._lock:
-            if self._kept_bytes + n_bytes <= self._max_bytes:
-                self._free[n_bytes].append(buffer)
-                self._kept_bytes += n_bytes
+        """Keep ``buffer`` for reuse; the caller must hold no view of it any more. Safe from
+        ``__del__`` at any moment (a garbage collection inside ``take`` included): it only
+        queues the buffer, which the next ``take`` files."""
+        if self._max_bytes > 0:
+            self._returned.put(buffer)
 
     def reserve(self, n_bytes: int, count: int) -> int:
         """Touch ``count`` buffers of ``n_bytes`` now (within the cap); returns how many."""
         made = 0
-        for _ in range(count):
-            if self._kept_bytes + n_bytes > self._max_bytes:
-                break
+        for _ in range(min(count, self._max_bytes // max(n_bytes, 1))):
             buffer = mx.zeros((n_bytes,), dtype=mx.uint8)
             mx.eval(buffer)
             self.give_back(buffer)
             made += 1
         return made
+
+    def _sort_returned(self) -> None:
+        """With the lock held: file the buffers given back since, evicting the sizes
+        returned longest ago when over the cap."""
+        while True:
+            try:
+                buffer = self._returned.get_nowait()
+            except queue.Empty:
+                return
+            n_bytes = int(buffer.nbytes)
+            if n_bytes > self._max_bytes:
+                continue
+            self._free.setdefault(n_bytes, []).append(buffer)
+            self._free.move_to_end(n_bytes)
+            self._kept_bytes += n_bytes
+            while self._kept_bytes > self._max_bytes:
+                oldest, buffers = next(iter(self._free.items()))
+                buffers.pop(0)
+                self._kept_bytes -= oldest
+                if not buffers:
+                    del self._free[oldest]

@@ -288,10 +288,10 @@ static void start_helper(void) {
     }
 }
 
-/* Python calls this once it knows where OpenBLAS's worker runs. */
+/* Python calls this once it knows where OpenBLAS's worker runs; the helper still starts
+ * on first use (and moves there now if it already runs). */
 void semantic_set_helper_cpu(int cpu) {
     atomic_store(&helper_cpu, cpu);
-    pthread_once(&helper.once, start_helper);
     apply_helper_cpu();
 }
 
