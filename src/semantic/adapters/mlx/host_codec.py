@@ -116,9 +116,9 @@ class MlxHostReader:
         return tensors
 
     def _views(self, spans: Mapping[str, TensorSpan], dtype: mx.Dtype) -> dict[str, mx.array]:
-        """One ``split`` of the whole buffer when every tensor has one shape (a block's
-        do, except a sliding-window layer's), else a view per tensor. The file reader
-        checked that the spans lie back to back from the start."""
+        """One ``split`` of the whole buffer when every tensor has one shape (they do unless
+        a sliding-window layer holds fewer positions), else a view per tensor. The file
+        reader checked that the spans lie back to back from the start."""
         ordered = sorted(spans.items(), key=lambda item: item[1].begin)
         shapes = {span.shape for _, span in ordered}
         if self._buffer is None or len(shapes) != 1:
