@@ -127,3 +127,31 @@ def test_an_idle_engine_waits_for_requests_on_their_way_before_its_first_round(
         assert first_round == [2]  # both prefilled in the first round
     finally:
         loop.stop()
+
+
+def test_an_idle_engine_waits_a_moment_for_a_request_just_behind_another(
+    backend: FakeBackend,
+) -> None:
+    engine = BlockPoolBatchEngine(
+        backend, FakeTokenizer(), BlockPool(400), EngineConfig(prefill_chunk_tokens=4)
+    )
+    first_round: list[int] = []
+
+    def on_step(result: StepResult) -> None:
+        if not first_round:
+            first_round.append(result.decoding + result.prefilling + result.waiting)
+
+    loop = EngineLoop(engine, on_step=on_step, arrival_window_s=3.0, arrival_quiet_s=1.0)
+    loop.start()
+    try:
+        sinks = [AsyncEventStream(asyncio.new_event_loop()) for _ in range(2)]
+        with loop.arriving():
+            loop.submit(sinks[0], agent_id="a", prompt_tokens=[1, 2, 3], max_tokens=6)
+        time.sleep(0.1)  # the next agent's request is parsed a little later
+        with loop.arriving():
+            loop.submit(sinks[1], agent_id="b", prompt_tokens=[4, 5, 6], max_tokens=6)
+        while not first_round:
+            loop.run_sync(lambda: None, timeout=10)
+        assert first_round == [2]
+    finally:
+        loop.stop()

@@ -29,7 +29,9 @@ EventSink = Callable[[EngineEvent], None]
 T = TypeVar("T")
 
 ARRIVAL_WINDOW_S = 0.05
-"""How long an idle engine waits for requests already on their way before its first round."""
+"""How long an idle engine waits, at most, for requests on their way before its first round."""
+ARRIVAL_QUIET_S = 0.01
+"""...and how long no new request must have started its way in before that round starts."""
 
 
 class EngineLoop:
@@ -40,6 +42,7 @@ class EngineLoop:
         on_step: Callable[[StepResult], None] | None = None,
         on_completion: Callable[[CompletionEvent], None] | None = None,
         arrival_window_s: float = ARRIVAL_WINDOW_S,
+        arrival_quiet_s: float = ARRIVAL_QUIET_S,
     ) -> None:
         """``on_completion`` runs on the engine thread for every completion, before the
         request's sink; it must adopt or release the completion's blocks (by default they
@@ -55,7 +58,9 @@ class EngineLoop:
         self._running = False
         self._accepting = True
         self._arriving = 0
+        self._last_arrival = 0.0
         self._arrival_window_s = arrival_window_s
+        self._arrival_quiet_s = arrival_quiet_s
         self.last_step: StepResult | None = None
 
     def start(self) -> None:
@@ -79,13 +84,16 @@ class EngineLoop:
     @contextmanager
     def arriving(self) -> Iterator[None]:
         """Around a request's way in (restore, then ``submit``): an idle engine holds its first
-        round until such requests are queued (at most ``arrival_window_s``), so agents that
-        arrive together prefill together. Otherwise the first one's prompt went alone, the
-        rest were prefilled in one big pass while it decoded, and its stream stalled for it
-        (16 agents over HTTP: first tokens 0.7-1.0 s apart). A request arriving alone never
-        waits: nothing else is on its way."""
+        round while such requests are on their way and until none has started for
+        ``arrival_quiet_s`` (at most ``arrival_window_s`` in all), so agents that arrive
+        together prefill together. Otherwise the first one's prompt went alone, the rest
+        were prefilled in one big pass while it decoded, and its stream stalled for it (16
+        agents over HTTP: first tokens 0.7-1.0 s apart). A request arriving alone waits the
+        quiet time at most (10 ms from the start of its way in; a restore from disk takes
+        longer, so a returning agent does not wait at all); nothing waits while requests run."""
         with self._lock:
             self._arriving += 1
+            self._last_arrival = time.monotonic()
         try:
             yield
         finally:
@@ -156,13 +164,16 @@ class EngineLoop:
     def _await_arrivals(self) -> bool:
         """With the lock held: before an idle engine's first round, let requests already on
         their way be queued, for ``arrival_window_s`` at most. False if stopped meanwhile."""
-        if self._arriving and not self.engine.running:
-            deadline = time.monotonic() + self._arrival_window_s
-            while self._arriving and self._running:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self._wake.wait(timeout=left)
+        if self.engine.running:
+            return self._running
+        deadline = time.monotonic() + self._arrival_window_s
+        while self._running:
+            now = time.monotonic()
+            quiet_until = self._last_arrival + self._arrival_quiet_s
+            if now >= deadline or (not self._arriving and now >= quiet_until):
+                break
+            wait_until = deadline if self._arriving else min(deadline, quiet_until)
+            self._wake.wait(timeout=wait_until - now)
         return self._running
 
     def _step(self) -> None:
