@@ -100,9 +100,10 @@ def test_draining_refuses_new_work_and_cancels_what_outlives_the_grace(
         loop.submit(events.append, agent_id="a", prompt_tokens=[1, 2], max_tokens=2)
 
 
-def test_an_idle_engine_waits_for_requests_on_their_way_before_its_first_round(
-    backend: FakeBackend,
-) -> None:
+def loop_counting_the_first_round(
+    backend: FakeBackend, window_s: float, quiet_s: float = 0.01
+) -> tuple[EngineLoop, list[int]]:
+    """A started loop, and a list that gets how many requests its first round knew of."""
     engine = BlockPoolBatchEngine(
         backend, FakeTokenizer(), BlockPool(400), EngineConfig(prefill_chunk_tokens=4)
     )
@@ -112,8 +113,15 @@ def test_an_idle_engine_waits_for_requests_on_their_way_before_its_first_round(
         if not first_round:
             first_round.append(result.decoding + result.prefilling + result.waiting)
 
-    loop = EngineLoop(engine, on_step=on_step, arrival_window_s=30.0)
+    loop = EngineLoop(engine, on_step=on_step, arrival_window_s=window_s, arrival_quiet_s=quiet_s)
     loop.start()
+    return loop, first_round
+
+
+def test_an_idle_engine_waits_for_requests_on_their_way_before_its_first_round(
+    backend: FakeBackend,
+) -> None:
+    loop, first_round = loop_counting_the_first_round(backend, window_s=30.0)
     try:
         sinks = [AsyncEventStream(asyncio.new_event_loop()) for _ in range(2)]
         with loop.arriving():  # the second agent is still on its way (restoring, say)
@@ -121,7 +129,6 @@ def test_an_idle_engine_waits_for_requests_on_their_way_before_its_first_round(
                 loop.submit(sinks[0], agent_id="a", prompt_tokens=[1, 2, 3], max_tokens=6)
             time.sleep(0.2)  # time enough for a round, had the engine not waited
             loop.submit(sinks[1], agent_id="b", prompt_tokens=[4, 5, 6], max_tokens=6)
-        loop.run_sync(lambda: None, timeout=10)  # a round has run by now
         while not first_round:
             loop.run_sync(lambda: None, timeout=10)
         assert first_round == [2]  # both prefilled in the first round
@@ -132,17 +139,7 @@ def test_an_idle_engine_waits_for_requests_on_their_way_before_its_first_round(
 def test_an_idle_engine_waits_a_moment_for_a_request_just_behind_another(
     backend: FakeBackend,
 ) -> None:
-    engine = BlockPoolBatchEngine(
-        backend, FakeTokenizer(), BlockPool(400), EngineConfig(prefill_chunk_tokens=4)
-    )
-    first_round: list[int] = []
-
-    def on_step(result: StepResult) -> None:
-        if not first_round:
-            first_round.append(result.decoding + result.prefilling + result.waiting)
-
-    loop = EngineLoop(engine, on_step=on_step, arrival_window_s=3.0, arrival_quiet_s=1.0)
-    loop.start()
+    loop, first_round = loop_counting_the_first_round(backend, window_s=3.0, quiet_s=1.0)
     try:
         sinks = [AsyncEventStream(asyncio.new_event_loop()) for _ in range(2)]
         with loop.arriving():
