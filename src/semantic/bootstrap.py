@@ -36,6 +36,7 @@ from semantic.application.scheduler.pacer import PacerConfig
 from semantic.config import Settings
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.cache_spec import ModelCacheSpec
+from semantic.domain.chat import ChatMessage
 from semantic.ports.observer import GenerationObserver
 
 log = logging.getLogger(__name__)
@@ -111,6 +112,11 @@ def _prepare_memory(n_bytes: int, spec: ModelCacheSpec, restore_buffers: Restore
     prefault_heap(n_bytes - made * block_file_bytes)
 
 
+def _warm_up_chat_template(tokenizer: MlxTokenizer) -> None:
+    """Compile the chat template now: its first render took ~6 ms of the first request."""
+    tokenizer.render_chat([ChatMessage("user", "Hello.")])
+
+
 def freeze_startup_objects() -> None:
     """Move everything loaded so far (the model's modules, the tokenizer's vocabulary) out
     of the garbage collector's sight: a full collection over them stalled every thread for
@@ -154,6 +160,7 @@ async def start_services(
     loop.start()
     await asyncio.to_thread(loop.run_sync, backend.warm_up)
     await asyncio.to_thread(_prepare_memory, prefault, spec, restore_buffers)
+    _warm_up_chat_template(tokenizer)
     freeze_startup_objects()
     limits = Limits(
         max_context=_max_context(loaded),

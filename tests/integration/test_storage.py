@@ -231,3 +231,37 @@ async def test_a_quarantined_block_is_replaced_by_the_next_save(tmp_path: Path) 
     assert not row.quarantined
     assert row.checksum == "new-sum"
     await db.close()
+
+
+async def test_lookups_answer_from_memory_exactly_as_the_table_would(tmp_path: Path) -> None:
+    """Block lookups come from a copy of the table kept in memory; after every kind of change
+    a store opened afresh on the same file (which reads the table) must agree with it."""
+    db = SqliteMetadataStore(tmp_path / "semantic.db")
+    await db.open()
+    keys = ["k1", "k2", "k3", "k4"]
+
+    async def agrees() -> None:
+        fresh = SqliteMetadataStore(tmp_path / "semantic.db")
+        await fresh.open()
+        assert await db.blocks(keys) == await fresh.blocks(keys)
+        for parent in ("root", "k1"):
+            assert await db.children(parent) == await fresh.children(parent)
+        await fresh.close()
+
+    await db.save_agent_blocks(AgentRecord("default", "a", ("k1",), 3), [record("k1")])
+    await db.save_agent_blocks(AgentRecord("default", "a", ("k1", "k2"), 6), [record("k2", "k1")])
+    await db.save_agent_blocks(AgentRecord("default", "b", ("k1", "k3"), 6), [record("k3", "k1")])
+    await agrees()
+    assert (await db.blocks(["k1"]))["k1"].ref_count == 2
+    await db.quarantine_block("k3")
+    await agrees()
+    assert await db.delete_agent("default", "a") == ["k2"]
+    await agrees()
+    assert [r.key for r in await db.children("k1")] == ["k3"]
+    await db.save_agent_blocks(AgentRecord("default", "b", ("k4",), 3), [record("k4")])
+    await agrees()
+    assert set(await db.blocks(keys)) == {"k4"}, "k1 and k3 lost their last agent"
+    assert await db.delete_agent("default", "b") == ["k4"]
+    await agrees()
+    assert await db.blocks(keys) == {}
+    await db.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from array import array
 from collections.abc import Sequence
@@ -14,6 +15,7 @@ from sqlalchemy.engine import Row
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
+from semantic.adapters.storage.block_rows import BlockRow, BlockRows
 from semantic.adapters.storage.schema import agent_blocks, agents, blocks, messages, migrate
 from semantic.domain.errors import AgentExistsError
 from semantic.ports.metadata_store import AgentRecord, BlockRecord, MessageRecord
@@ -25,6 +27,8 @@ class SqliteMetadataStore:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._engine: AsyncEngine | None = None
+        self._rows = BlockRows()
+        self._writing = asyncio.Lock()
 
     async def open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -32,6 +36,7 @@ class SqliteMetadataStore:
         event.listen(engine.sync_engine, "connect", _configure_connection)
         async with engine.connect() as connection:
             await migrate(connection)
+            self._rows.put(_row(row) for row in await connection.execute(select(blocks)))
         self._engine = engine
 
     async def close(self) -> None:
@@ -40,26 +45,17 @@ class SqliteMetadataStore:
             self._engine = None
 
     async def blocks(self, keys: Sequence[str]) -> dict[str, BlockRecord]:
-        if not keys:
-            return {}
-        out: dict[str, BlockRecord] = {}
-        async with self._db().connect() as connection:
-            for start in range(0, len(keys), 500):
-                chunk = list(keys[start : start + 500])
-                rows = await connection.execute(select(blocks).where(blocks.c.key.in_(chunk)))
-                out.update({row.key: _block(row) for row in rows})
-        return out
+        """From the in-memory copy of the table (``block_rows``)."""
+        return self._rows.get(keys)
 
     async def children(self, parent_key: str) -> list[BlockRecord]:
-        async with self._db().connect() as connection:
-            rows = await connection.execute(select(blocks).where(blocks.c.parent_key == parent_key))
-            return [_block(row) for row in rows]
+        return self._rows.children(parent_key)
 
     async def save_agent_blocks(
         self, agent: AgentRecord, new_blocks: Sequence[BlockRecord]
     ) -> list[str]:
         now = time.time()
-        async with self._db().begin() as connection:
+        async with self._writing, self._db().begin() as connection:
             for record in new_blocks:
                 row = _block_row(record, now)
                 replace = {k: row[k] for k in ("nbytes", "checksum", "tier")}
@@ -85,10 +81,16 @@ class SqliteMetadataStore:
                         for i, key in enumerate(agent.block_keys)
                     ],
                 )
-            return await self._recount(connection, set(old) | set(agent.block_keys))
+            orphans = await self._recount(connection, set(old) | set(agent.block_keys))
+            changed = await _select_rows(
+                connection, [*agent.block_keys, *old, *(r.key for r in new_blocks)]
+            )
+        self._rows.put(changed)
+        return orphans
 
     async def quarantine_block(self, key: str) -> None:
-        async with self._db().begin() as connection:
+        async with self._writing, self._db().begin() as connection:
+            self._rows.quarantine(key)
             await connection.execute(
                 update(blocks).where(blocks.c.key == key).values(tier=_QUARANTINED)
             )
@@ -126,7 +128,7 @@ class SqliteMetadataStore:
             raise AgentExistsError(agent.agent_id, agent.namespace) from None
 
     async def delete_agent(self, namespace: str, agent_id: str) -> list[str]:
-        async with self._db().begin() as connection:
+        async with self._writing, self._db().begin() as connection:
             keys = await self._agent_keys(connection, namespace, agent_id)
             await connection.execute(
                 delete(agent_blocks).where(_agent_where(agent_blocks, namespace, agent_id))
@@ -137,7 +139,10 @@ class SqliteMetadataStore:
             await connection.execute(
                 delete(agents).where(_agent_where(agents, namespace, agent_id))
             )
-            return await self._recount(connection, set(keys))
+            orphans = await self._recount(connection, set(keys))
+            changed = await _select_rows(connection, keys)
+        self._rows.put(changed)
+        return orphans
 
     async def touch_agent(self, namespace: str, agent_id: str, when: float) -> None:
         async with self._db().begin() as connection:
@@ -153,7 +158,8 @@ class SqliteMetadataStore:
             return [row.key for row in rows]
 
     async def delete_blocks(self, keys: Sequence[str]) -> None:
-        async with self._db().begin() as connection:
+        async with self._writing, self._db().begin() as connection:
+            self._rows.drop(keys)
             for start in range(0, len(keys), 500):
                 chunk = list(keys[start : start + 500])
                 await connection.execute(delete(blocks).where(blocks.c.key.in_(chunk)))
@@ -221,8 +227,7 @@ class SqliteMetadataStore:
         if updated.rowcount == 0:
             await connection.execute(insert(agents).values(**_agent_row(agent, now)))
 
-    @staticmethod
-    async def _recount(connection: AsyncConnection, keys: set[str]) -> list[str]:
+    async def _recount(self, connection: AsyncConnection, keys: set[str]) -> list[str]:
         """Recompute reference counts of ``keys``; delete and return the unreferenced."""
         orphans = []
         for key in keys:
@@ -239,6 +244,7 @@ class SqliteMetadataStore:
             if count == 0:
                 orphans.append(key)
         if orphans:
+            self._rows.drop(orphans)
             await connection.execute(delete(blocks).where(blocks.c.key.in_(orphans)))
         return orphans
 
@@ -283,14 +289,22 @@ def _block_row(record: BlockRecord, now: float) -> dict[str, Any]:
     }
 
 
-def _block(row: Row[Any]) -> BlockRecord:
-    tokens = array("I")
-    tokens.frombytes(row.tokens)
-    return BlockRecord(
+async def _select_rows(connection: AsyncConnection, keys: Sequence[str]) -> list[BlockRow]:
+    out: list[BlockRow] = []
+    unique = sorted(set(keys))
+    for start in range(0, len(unique), 500):
+        chunk = unique[start : start + 500]
+        rows = await connection.execute(select(blocks).where(blocks.c.key.in_(chunk)))
+        out += (_row(row) for row in rows)
+    return out
+
+
+def _row(row: Row[Any]) -> BlockRow:
+    return BlockRow(
         row.key,
         row.parent_key,
         row.namespace,
-        tuple(tokens),
+        bytes(row.tokens),
         row.nbytes,
         row.checksum,
         row.ref_count,

@@ -213,12 +213,7 @@ class AgentCacheStore:
         size = self._spec.block_tokens
         root = self.root(namespace)
         keys = chain_keys(root, prompt, size)
-        # The tail is usually a child of the last full block: ask for both at once.
-        likely_parent = keys[-1] if keys else root
-        records, likely_children = await asyncio.gather(
-            self._metadata.blocks([k for k in keys if self.hot.get(k) is None]),
-            self._metadata.children(likely_parent),
-        )
+        records = await self._metadata.blocks([k for k in keys if self.hot.get(k) is None])
         out: list[_Candidate] = []
         parent = root
         for index, key in enumerate(keys):
@@ -234,19 +229,15 @@ class AgentCacheStore:
             parent = key
         rest = tuple(prompt[len(out) * size :])
         if rest:
-            stored = likely_children if parent == likely_parent else None
-            tail = await self._best_child(parent, rest, stored)
+            tail = await self._best_child(parent, rest)
             if tail is not None:
                 out.append(tail)
         return out
 
-    async def _best_child(
-        self, parent: str, rest: tuple[int, ...], stored: list[BlockRecord] | None
-    ) -> _Candidate | None:
+    async def _best_child(self, parent: str, rest: tuple[int, ...]) -> _Candidate | None:
         options = [_Candidate(hot=h, tokens=h.tokens) for h in self.hot.children(parent)]
         hot_keys = {c.hot.key for c in options if c.hot is not None}
-        if stored is None:
-            stored = await self._metadata.children(parent)
+        stored = await self._metadata.children(parent)
         options += [
             _Candidate(record=r, tokens=r.tokens)
             for r in stored
