@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 import mlx.core as mx
 import numpy as np
 
-from semantic.adapters.mlx.kv_blocks import MlxKV
+from semantic.adapters.mlx.kv_blocks import MlxKV, StackedKV, kv_arrays
 from semantic.adapters.mlx.restore_buffers import RestoreBuffers
 from semantic.adapters.storage.block_files import TensorSpan
 from semantic.domain.blocks import KVBlock
@@ -51,11 +51,9 @@ class MlxHostCodec:
         layers: list[str] = []
         dtype = ""
         for block in blocks:
-            kv = block.payload
-            if not isinstance(kv, MlxKV):
-                raise TypeError(f"cannot store a {type(kv).__name__} payload")
-            dtype = _name(kv.keys.dtype)
-            for part, array in (("keys", kv.keys), ("values", kv.values)):
+            keys, values = kv_arrays(block.payload)
+            dtype = _name(keys.dtype)
+            for part, array in (("keys", keys), ("values", values)):
                 name = f"{block.layer}.{part}"
                 if self._bits is None:
                     tensors[name] = _host_view(array)
@@ -90,18 +88,40 @@ class MlxHostReader:
         if metadata.get("format") != self._format or self._buffer is None:
             raise CacheCorruptionError(f"unexpected block format {metadata.get('format')!r}")
         dtype = _BY_NAME[metadata["dtype"]]
+        if self._bits is None and len({span.shape for span in spans.values()}) == 1:
+            buffer, self._buffer = self._buffer, None
+            return self._stacked(buffer, spans, metadata, dtype)
         tensors = self._tensors(spans, dtype)
         buffer, self._buffer = self._buffer, None
         # The tensors view the buffer (exact) or were computed from it (quantized): only
         # in the first case must it live as long as they do.
         owner = self._buffers.lease(buffer) if self._bits is None else None
         out = []
-        for entry in metadata["layers"].split(","):
-            layer, start, n_tokens = (int(part) for part in entry.split(":"))
+        for layer, start, n_tokens in _layers(metadata):
             kv = MlxKV(tensors[f"{layer}.keys"], tensors[f"{layer}.values"], owner)
             out.append(LayerPayload(layer, start, n_tokens, kv))
         if owner is None:
             self._buffers.give_back(buffer)
+        return out
+
+    def _stacked(
+        self,
+        buffer: mx.array,
+        spans: Mapping[str, TensorSpan],
+        metadata: Mapping[str, str],
+        dtype: mx.Dtype,
+    ) -> list[LayerPayload]:
+        """Every tensor has one shape: each layer is a place in the stacked buffer, and no
+        MLX op runs here (see ``StackedKV``). The file reader checked that the spans lie
+        back to back from the start of the buffer."""
+        order = {name: i for i, (name, _) in enumerate(sorted(spans.items(), key=_begin))}
+        shape = (len(order), *next(iter(spans.values())).shape)  # each (heads, n, head_dim)
+        owner = self._buffers.lease(buffer)
+        out = []
+        for layer, start, n_tokens in _layers(metadata):
+            at_keys, at_values = order[f"{layer}.keys"], order[f"{layer}.values"]
+            kv = StackedKV(buffer, dtype, shape, at_keys, at_values, owner)
+            out.append(LayerPayload(layer, start, n_tokens, kv))
         return out
 
     def _tensors(self, spans: Mapping[str, TensorSpan], dtype: mx.Dtype) -> dict[str, mx.array]:
@@ -116,16 +136,9 @@ class MlxHostReader:
         return tensors
 
     def _views(self, spans: Mapping[str, TensorSpan], dtype: mx.Dtype) -> dict[str, mx.array]:
-        """One ``split`` of the whole buffer when every tensor has one shape (they do unless
-        a sliding-window layer holds fewer positions), else a view per tensor. The file
-        reader checked that the spans lie back to back from the start."""
-        ordered = sorted(spans.items(), key=lambda item: item[1].begin)
-        shapes = {span.shape for _, span in ordered}
-        if self._buffer is None or len(shapes) != 1:
-            return {name: self._tensor(span, dtype) for name, span in ordered}
-        stacked = self._buffer.view(dtype).reshape(len(ordered), *shapes.pop())
-        parts = mx.split(stacked, len(ordered), axis=0)
-        return {name: part for (name, _), part in zip(ordered, parts, strict=True)}
+        """A view per tensor: the tensors differ in shape (a sliding-window layer holds
+        fewer positions), so the buffer is no one stack."""
+        return {name: self._tensor(span, dtype) for name, span in spans.items()}
 
     def _dequantized(self, spans: Mapping[str, TensorSpan], name: str, dtype: mx.Dtype) -> mx.array:
         packed = self._tensor(spans[f"{name}.q"], mx.uint32)
@@ -139,6 +152,19 @@ class MlxHostReader:
             raise CacheCorruptionError("block data was never read")
         raw = self._buffer[span.begin : span.end].view(dtype)
         return raw.reshape(1, *span.shape)
+
+
+def _layers(metadata: Mapping[str, str]) -> list[tuple[int, int, int]]:
+    """(layer, start, n_tokens) of each layer the file holds."""
+    out = []
+    for entry in metadata["layers"].split(","):
+        layer, start, n_tokens = (int(part) for part in entry.split(":"))
+        out.append((layer, start, n_tokens))
+    return out
+
+
+def _begin(item: tuple[str, TensorSpan]) -> int:
+    return item[1].begin
 
 
 def _name(dtype: mx.Dtype) -> str:
