@@ -76,7 +76,7 @@ def test_a_restore_buffer_is_reused_only_once_nothing_views_it(tmp_path: Path) -
             assert mx.array_equal(a_values, b_values).item()
 
 
-def test_restore_buffers_make_room_by_dropping_the_size_returned_longest_ago() -> None:
+def test_restore_buffers_make_room_from_the_size_that_holds_the_most() -> None:
     buffers = RestoreBuffers(max_bytes=300)
     for _ in range(3):  # partial blocks' odd sizes fill the cap...
         buffers.give_back(mx.zeros((100,), dtype=mx.uint8))
@@ -84,6 +84,17 @@ def test_restore_buffers_make_room_by_dropping_the_size_returned_longest_ago() -
     assert buffers.kept_bytes == 300
     assert buffers.take(200).nbytes == 200
     assert buffers.kept_bytes == 100
+
+
+def test_a_restores_partial_block_keeps_its_buffer_beside_a_full_reserve() -> None:
+    buffers = RestoreBuffers(max_bytes=600)
+    assert buffers.reserve(200, 3) == 3
+    whole = [buffers.take(200), buffers.take(200)]
+    tail = mx.zeros((100,), dtype=mx.uint8)
+    for buffer in (tail, *whole):  # a restore's blocks come back in any order
+        buffers.give_back(buffer)
+    assert buffers.kept_bytes == 500
+    assert buffers.take(100) is tail, "the next restore of that tail reads into it unzeroed"
 
 
 @pytest.mark.parametrize(("at_rest", "bits", "smaller"), [("q8", 8, 3.4), ("q4", 4, 6.0)])

@@ -37,8 +37,7 @@ class Lease:
 
 class RestoreBuffers:
     """Free uint8 MLX buffers by size, at most ``max_bytes`` of them kept; when over, the
-    sizes returned longest ago go first (a partial block's odd size never crowds out the
-    whole blocks that most restores want)."""
+    size with the most bytes kept gives one up."""
 
     def __init__(self, max_bytes: int) -> None:
         self._max_bytes = max_bytes
@@ -93,8 +92,7 @@ class RestoreBuffers:
         return made
 
     def _sort_returned(self) -> None:
-        """With the lock held: file the buffers given back since, evicting the sizes
-        returned longest ago when over the cap."""
+        """With the lock held: file the buffers given back since, within the cap."""
         while True:
             try:
                 buffer = self._returned.get_nowait()
@@ -107,8 +105,16 @@ class RestoreBuffers:
             self._free.move_to_end(n_bytes)
             self._kept_bytes += n_bytes
             while self._kept_bytes > self._max_bytes:
-                oldest, buffers = next(iter(self._free.items()))
-                buffers.pop(0)
-                self._kept_bytes -= oldest
-                if not buffers:
-                    del self._free[oldest]
+                self._drop_one()
+
+    def _drop_one(self) -> None:
+        """With the lock held: let go of one buffer of the size that holds the most bytes (on
+        a tie, the size returned longest ago). Whole blocks come by the dozen and a partial
+        block's odd size one at a time; dropping by age alone dropped the odd one a restore
+        had just returned with its whole blocks, so every restore zeroed a fresh tail."""
+        size = max(self._free, key=lambda n: n * len(self._free[n]))
+        buffers = self._free[size]
+        buffers.pop(0)
+        self._kept_bytes -= size
+        if not buffers:
+            del self._free[size]
