@@ -9,6 +9,7 @@ checksum recorded when it was written. ADR 0006 explains the layout and the orde
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import math
@@ -18,6 +19,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 
 import numpy as np
 import xxhash
@@ -77,7 +79,7 @@ class BlockFiles:
 
     def read(
         self, key: str, checksum: str, allocate: Allocate
-    ) -> tuple[np.ndarray, dict[str, TensorSpan], dict[str, str]]:
+    ) -> tuple[np.ndarray, Mapping[str, TensorSpan], Mapping[str, str]]:
         """Read the file's whole data section, in one go, into ``allocate(n_bytes)``.
 
         Returns the buffer, where each tensor lies in it, and the file's metadata. Raises
@@ -119,7 +121,7 @@ class BlockFiles:
 
 def _read_verified(
     handle: io.FileIO, checksum: str, allocate: Allocate, stat: os.stat_result
-) -> tuple[np.ndarray, dict[str, TensorSpan], dict[str, str]]:
+) -> tuple[np.ndarray, Mapping[str, TensorSpan], Mapping[str, str]]:
     digest = xxhash.xxh3_128()
     prefix = handle.read(8)
     (header_size,) = struct.unpack("<Q", prefix)
@@ -128,6 +130,26 @@ def _read_verified(
     header_bytes = handle.read(header_size)
     digest.update(prefix)
     digest.update(header_bytes)
+    spans, metadata, end = _parse_header(header_bytes)
+    if stat.st_size != 8 + header_size + end:
+        raise ValueError(f"file is {stat.st_size} bytes, its header says {8 + header_size + end}")
+    data = allocate(end)
+    view = data.data.cast("B")
+    _fill(handle, view, "data")
+    digest.update(view)
+    if digest.hexdigest() != checksum:
+        raise ValueError("checksum mismatch")
+    return data, spans, metadata
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_header(
+    header_bytes: bytes,
+) -> tuple[Mapping[str, TensorSpan], Mapping[str, str], int]:
+    """Where each tensor lies (in file order), the metadata, and where the data ends.
+
+    Cached: every whole block of one model has the same header byte for byte, and parsing
+    it in Python took ~0.2 ms of each file's read. The mappings are read-only."""
     header = json.loads(header_bytes)
     metadata = {str(k): str(v) for k, v in header.pop("__metadata__", {}).items()}
     spans: dict[str, TensorSpan] = {}
@@ -140,15 +162,7 @@ def _read_verified(
             raise ValueError(f"tensor {name} does not match its header")
         spans[name] = TensorSpan(info["dtype"], shape, begin, stop)
         end = stop
-    if stat.st_size != 8 + header_size + end:
-        raise ValueError(f"file is {stat.st_size} bytes, its header says {8 + header_size + end}")
-    data = allocate(end)
-    view = data.data.cast("B")
-    _fill(handle, view, "data")
-    digest.update(view)
-    if digest.hexdigest() != checksum:
-        raise ValueError("checksum mismatch")
-    return data, spans, metadata
+    return MappingProxyType(spans), MappingProxyType(metadata), end
 
 
 def _fill(handle: io.FileIO, view: memoryview, what: str) -> None:
