@@ -76,7 +76,7 @@ def test_a_restore_buffer_is_reused_only_once_nothing_views_it(tmp_path: Path) -
             assert mx.array_equal(a_values, b_values).item()
 
 
-def test_restore_buffers_make_room_from_the_size_that_holds_the_most() -> None:
+def test_partial_blocks_make_room_for_a_whole_one_past_a_quarter_of_the_cap() -> None:
     buffers = RestoreBuffers(max_bytes=300)
     for _ in range(3):  # partial blocks' odd sizes fill the cap...
         buffers.give_back(mx.zeros((100,), dtype=mx.uint8))
@@ -95,6 +95,22 @@ def test_a_restores_partial_block_keeps_its_buffer_beside_a_full_reserve() -> No
         buffers.give_back(buffer)
     assert buffers.kept_bytes == 500
     assert buffers.take(100) is tail, "the next restore of that tail reads into it unzeroed"
+
+
+def test_odd_sizes_of_many_conversations_never_crowd_out_whole_blocks() -> None:
+    buffers = RestoreBuffers(max_bytes=1000)
+    assert buffers.reserve(100, 10) == 10
+    for size in range(51, 71):  # twenty conversations' partial blocks come back
+        buffers.give_back(mx.zeros((size,), dtype=mx.uint8))
+    assert buffers.kept_bytes <= 1000
+    whole = 0
+    while True:  # count the whole-block buffers still kept
+        before = buffers.kept_bytes
+        buffers.take(100)
+        if buffers.kept_bytes == before:
+            break
+        whole += 1
+    assert whole >= 7, "odd sizes may take at most about a quarter of the cap"
 
 
 @pytest.mark.parametrize(("at_rest", "bits", "smaller"), [("q8", 8, 3.4), ("q4", 4, 6.0)])

@@ -14,6 +14,7 @@ as the other). Memory (the hot tier) always holds the exact KV.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import mlx.core as mx
@@ -116,6 +117,8 @@ class MlxHostReader:
         back to back from the start of the buffer."""
         order = {name: i for i, (name, _) in enumerate(sorted(spans.items(), key=_begin))}
         shape = (len(order), *next(iter(spans.values())).shape)  # each (heads, n, head_dim)
+        if math.prod(shape) * dtype.size != buffer.nbytes:  # caught here, not in a gather
+            raise CacheCorruptionError(f"block data is not {len(order)} {dtype} tensors")
         owner = self._buffers.lease(buffer)
         out = []
         for layer, start, n_tokens in _layers(metadata):

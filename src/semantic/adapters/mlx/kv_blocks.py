@@ -1,11 +1,12 @@
 """Cut mlx-lm caches into 256-token blocks and gather blocks back into caches.
 
 Two cache kinds are supported: ``KVCache`` (global attention) and ``RotatingKVCache`` with
-``keep=0`` (sliding-window attention, as in Gemma 3). A block payload is an ``MlxKV``: the
-keys and values of the block's positions ``start .. n_tokens - 1``, shaped
-``(1, kv_heads, n_tokens - start, head_dim)``. A restored payload views a buffer that is
-reused once the payload is gone (``restore_buffers``), so nothing built from blocks may keep
-their memory: ``gather_cache`` always copies.
+``keep=0`` (sliding-window attention, as in Gemma 3). A block payload holds the keys and
+values of the block's positions ``start .. n_tokens - 1``, shaped
+``(1, kv_heads, n_tokens - start, head_dim)`` (``kv_arrays``): an ``MlxKV`` when the model
+computed them, a ``StackedKV`` when they were read from disk. A restored payload lies in a
+buffer that is reused once the payload is gone (``restore_buffers``), so nothing built from
+blocks may keep their memory: ``gather_cache`` always copies.
 """
 
 from __future__ import annotations

@@ -7,10 +7,11 @@ the KV inside it, for the next restore of a block of the same size; a reserve ma
 means the first restores after a restart skip the zeroing too, the way GPU servers carve
 their KV pool out up front.
 
-Safety rests on Python's reference counts: every tensor viewing a buffer is held by an
-``MlxKV`` that also holds the buffer's ``Lease``, and the lease gives the buffer back only
-when the last of them is gone. ``kv_blocks.gather_cache`` copies what it takes from a block
-(never hands a block's memory to a cache), so no array outlives the lease that covers it.
+Safety rests on Python's reference counts: every block payload over a buffer (a
+``StackedKV``, or an ``MlxKV`` of views) holds the buffer's ``Lease``, and the lease gives the
+buffer back only when the last of them is gone. Views of a ``StackedKV`` live only inside
+one ``kv_blocks.gather_cache`` call, which holds the blocks and copies what it takes (never
+hands a block's memory to a cache), so no array outlives the lease that covers it.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ class Lease:
 
 
 class RestoreBuffers:
-    """Free uint8 MLX buffers by size, at most ``max_bytes`` of them kept; when over, the
-    size with the most bytes kept gives one up."""
+    """Free uint8 MLX buffers by size, at most ``max_bytes`` of them kept (see
+    ``_drop_one`` for which go when over)."""
 
     def __init__(self, max_bytes: int) -> None:
         self._max_bytes = max_bytes
@@ -108,11 +109,17 @@ class RestoreBuffers:
                 self._drop_one()
 
     def _drop_one(self) -> None:
-        """With the lock held: let go of one buffer of the size that holds the most bytes (on
-        a tie, the size returned longest ago). Whole blocks come by the dozen and a partial
-        block's odd size one at a time; dropping by age alone dropped the odd one a restore
-        had just returned with its whole blocks, so every restore zeroed a fresh tail."""
-        size = max(self._free, key=lambda n: n * len(self._free[n]))
+        """With the lock held: let go of one buffer. The largest size is a whole block's,
+        smaller ones are partial blocks, one per conversation. A whole block goes while the
+        partial ones hold at most a quarter of the cap, so the tail a restore just returned
+        stays with it (dropping by age alone dropped it, and every restore zeroed a fresh
+        one); beyond that the partial size returned longest ago goes, so the tails of many
+        conversations never crowd out the whole blocks most restores want."""
+        whole = max(self._free)
+        partial = self._kept_bytes - whole * len(self._free[whole])
+        size = whole
+        if partial > self._max_bytes // 4:
+            size = next(n for n in self._free if n != whole)
         buffers = self._free[size]
         buffers.pop(0)
         self._kept_bytes -= size

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from array import array
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,19 +44,22 @@ class SqliteMetadataStore:
         if self._engine is not None:
             await self._engine.dispose()
             self._engine = None
+            self._rows = BlockRows()
 
     async def blocks(self, keys: Sequence[str]) -> dict[str, BlockRecord]:
         """From the in-memory copy of the table (``block_rows``)."""
+        self._db()  # open, or this raises
         return self._rows.get(keys)
 
     async def children(self, parent_key: str) -> list[BlockRecord]:
+        self._db()
         return self._rows.children(parent_key)
 
     async def save_agent_blocks(
         self, agent: AgentRecord, new_blocks: Sequence[BlockRecord]
     ) -> list[str]:
         now = time.time()
-        async with self._writing, self._db().begin() as connection:
+        async with self._changing_blocks() as (connection, changed):
             for record in new_blocks:
                 row = _block_row(record, now)
                 replace = {k: row[k] for k in ("nbytes", "checksum", "tier")}
@@ -82,14 +86,12 @@ class SqliteMetadataStore:
                     ],
                 )
             orphans = await self._recount(connection, set(old) | set(agent.block_keys))
-            changed = await _select_rows(
-                connection, [*agent.block_keys, *old, *(r.key for r in new_blocks)]
-            )
-        self._rows.put(changed)
+            read_back = [*agent.block_keys, *old, *(r.key for r in new_blocks)]
+            changed.extend(await _select_rows(connection, read_back))
         return orphans
 
     async def quarantine_block(self, key: str) -> None:
-        async with self._writing, self._db().begin() as connection:
+        async with self._changing_blocks() as (connection, _):
             self._rows.quarantine(key)
             await connection.execute(
                 update(blocks).where(blocks.c.key == key).values(tier=_QUARANTINED)
@@ -128,7 +130,7 @@ class SqliteMetadataStore:
             raise AgentExistsError(agent.agent_id, agent.namespace) from None
 
     async def delete_agent(self, namespace: str, agent_id: str) -> list[str]:
-        async with self._writing, self._db().begin() as connection:
+        async with self._changing_blocks() as (connection, changed):
             keys = await self._agent_keys(connection, namespace, agent_id)
             await connection.execute(
                 delete(agent_blocks).where(_agent_where(agent_blocks, namespace, agent_id))
@@ -140,8 +142,7 @@ class SqliteMetadataStore:
                 delete(agents).where(_agent_where(agents, namespace, agent_id))
             )
             orphans = await self._recount(connection, set(keys))
-            changed = await _select_rows(connection, keys)
-        self._rows.put(changed)
+            changed.extend(await _select_rows(connection, keys))
         return orphans
 
     async def touch_agent(self, namespace: str, agent_id: str, when: float) -> None:
@@ -158,7 +159,7 @@ class SqliteMetadataStore:
             return [row.key for row in rows]
 
     async def delete_blocks(self, keys: Sequence[str]) -> None:
-        async with self._writing, self._db().begin() as connection:
+        async with self._changing_blocks() as (connection, _):
             self._rows.drop(keys)
             for start in range(0, len(keys), 500):
                 chunk = list(keys[start : start + 500])
@@ -202,6 +203,17 @@ class SqliteMetadataStore:
                 .order_by(messages.c.id)
             )
             return [MessageRecord(row.role, row.content, row.created_at) for row in rows]
+
+    @contextlib.asynccontextmanager
+    async def _changing_blocks(self) -> AsyncIterator[tuple[AsyncConnection, list[BlockRow]]]:
+        """A transaction that may change the blocks table, under the lock that keeps the
+        in-memory copy in step: rows it removes leave the copy before it commits (the
+        caller drops them), rows put in ``changed`` enter the copy once it has committed."""
+        changed: list[BlockRow] = []
+        async with self._writing:
+            async with self._db().begin() as connection:
+                yield connection, changed
+            self._rows.put(changed)
 
     def _db(self) -> AsyncEngine:
         if self._engine is None:
