@@ -1,12 +1,17 @@
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Sequence
+
+import pytest
 
 from semantic.application.cache.store import AgentCacheStore, CacheConfig, CachedPrefix
 from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
 from semantic.application.events import CompletionEvent
 from semantic.application.scheduler.pacer import PacerConfig
 from semantic.domain.block_pool import BlockPool
+from semantic.ports.block_store import LayerPayload
 from tests.unit.fakes import FakeBackend, FakeTokenizer, next_token
 from tests.unit.storage_fakes import FakeBlockStore, FakeMetadataStore
 
@@ -127,6 +132,37 @@ async def test_after_a_restart_the_prefix_comes_back_from_disk() -> None:
     assert prefix.hot_tokens == 0
     assert done.stats.cached_tokens == len(follow) - 1
     assert done.token_ids == cold(follow, 5)
+
+
+async def test_a_restore_whose_caller_goes_away_leaves_no_block_pinned() -> None:
+    before = await started(Harness())
+    await before.ask([*SYSTEM, 11, 12])
+    after = await started(Harness(block_store=before.block_store, metadata=before.metadata))
+    reading, go_on = threading.Event(), threading.Event()
+    load = after.block_store.load
+
+    def slow_load(key: str, checksum: str) -> list[LayerPayload]:
+        reading.set()
+        go_on.wait()
+        return load(key, checksum)
+
+    after.block_store.load = slow_load  # type: ignore[method-assign]  # a read that hangs
+    restore = asyncio.create_task(after.store.prepare("default", [*SYSTEM, 11, 12, 13]))
+    await asyncio.to_thread(reading.wait)
+    restore.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await restore
+    go_on.set()
+    await after.store.close()  # waits for the reads still running
+    for _ in range(500):  # then the restore's own end, handed back to this loop
+        if not pinned(after):
+            break
+        await asyncio.sleep(0.01)
+    assert not pinned(after)
+
+
+def pinned(harness: Harness) -> list[str]:
+    return [owner for owner in harness.pool.owners() if owner.startswith("pin-")]
 
 
 async def test_a_corrupt_block_is_quarantined_and_the_request_recomputes() -> None:

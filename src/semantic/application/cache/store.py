@@ -13,8 +13,9 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from typing import Any
 
 from semantic.application.cache.hot_index import CACHE_OWNER, HotBlock, HotIndex
 from semantic.application.cache.loader import BlockLoader, LoadOutcome
@@ -115,7 +116,12 @@ class AgentCacheStore:
         pin = f"pin-{next(self._pins)}"
         self.stats.queried_tokens += len(prompt)
         candidates = await self._walk(namespace, prompt)
-        chain, corrupt = await asyncio.to_thread(self._collect, candidates, pin)
+        collecting = asyncio.ensure_future(asyncio.to_thread(self._collect, candidates, pin))
+        try:
+            chain, corrupt = await asyncio.shield(collecting)
+        except BaseException:  # the caller went away, or a read failed: unpin what it pinned
+            collecting.add_done_callback(self._unpin_when_collected(pin))
+            raise
         if corrupt is not None:
             await self._loader.quarantine(corrupt)
         hot_tokens = sum(len(b.tokens) for b, from_disk in chain if not from_disk)
@@ -140,11 +146,15 @@ class AgentCacheStore:
         futures = [
             self._readers.submit(self._fetch, c, index, pin) for index, c in enumerate(candidates)
         ]
+        try:
+            outcomes = [future.result() for future in futures]
+        except BaseException:
+            wait(futures)  # every pin is taken before the caller lets go of them
+            raise
         chain: list[tuple[HotBlock, bool]] = []
         corrupt: str | None = None
         failed = False
-        for candidate, future in zip(candidates, futures, strict=True):
-            outcome = future.result()
+        for candidate, outcome in zip(candidates, outcomes, strict=True):
             if failed:
                 if isinstance(outcome, HotBlock):
                     self._pool.release(pin, outcome.pool_ids())
@@ -156,6 +166,17 @@ class AgentCacheStore:
             if outcome is LoadOutcome.CORRUPT and candidate.record is not None:
                 corrupt = candidate.record.key
         return chain, corrupt
+
+    def _unpin_when_collected(self, pin: str) -> Callable[[asyncio.Future[Any]], None]:
+        """A restore nobody waits for any more still runs to its end on the reader threads
+        (a read cannot be interrupted); then what it pinned is let go."""
+
+        def unpin(collecting: asyncio.Future[Any]) -> None:
+            if not collecting.cancelled():
+                collecting.exception()  # retrieved: the caller already saw it or left
+            self._pool.release_owner(pin)
+
+        return unpin
 
     def _fetch(self, candidate: _Candidate, index: int, pin: str) -> HotBlock | LoadOutcome:
         if candidate.hot is not None:
