@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -115,3 +116,27 @@ def _product(rows: int) -> None:
     a = mx.array(_random(rows, 576, seed=1))
     b = mx.array(_random(1536, 576, seed=2))
     mx.eval(a @ b.T)
+
+
+def test_importing_mlx_first_is_named_as_the_cause_of_a_slow_blas() -> None:
+    """The fast BLAS can only go in front of MLX before ``mlx.core`` loads; a process that
+    imported it first is told to change its import order, not to install OpenBLAS."""
+    code = (
+        "import mlx.core\n"
+        "from semantic.adapters.mlx.blas import report_blas\n"
+        "print(report_blas().fast)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    if done.stdout.strip() == "True":
+        pytest.skip("MLX found a fast BLAS on its own here")
+    assert "Import semantic before mlx.core" in done.stderr
+    assert "Install OpenBLAS" not in done.stderr

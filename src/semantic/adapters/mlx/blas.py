@@ -19,7 +19,7 @@ import logging
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from semantic.adapters.mlx.native_build import NATIVE_DIR, build_library
@@ -37,6 +37,12 @@ SHIM_SOURCE = NATIVE_DIR / "small_sgemm.c"
 SHIM_NAME = "libsemantic_small_sgemm"
 
 
+INSTALL_OPENBLAS = (
+    "Install OpenBLAS (Debian/Ubuntu: apt-get install libopenblas0-pthread) and restart."
+)
+IMPORT_FIRST = "Import semantic before mlx.core: the fast BLAS can only be put in front then."
+
+
 @dataclass(frozen=True, slots=True)
 class BlasStatus:
     name: str
@@ -47,6 +53,8 @@ class BlasStatus:
     small_kernels: bool = False
     """...and was built with its AVX-512 kernels (without them it only sends up to three
     rows to sgemv)."""
+    remedy: str = INSTALL_OPENBLAS
+    """What to do when it is slow."""
 
 
 @functools.cache
@@ -62,7 +70,7 @@ def preload_fast_blas() -> BlasStatus:
         return BlasStatus("reference BLAS (SEMANTIC_BLAS_LIBRARY=none)", None, fast=False)
     if "mlx.core" in sys.modules:
         log.warning("mlx.core was imported before semantic.adapters.mlx; BLAS left as it is")
-        return blas_in_use()
+        return replace(blas_in_use(), remedy=IMPORT_FIRST)
     path = choice or ctypes.util.find_library("openblas")
     if not path:
         return BlasStatus("reference BLAS", None, fast=False)
@@ -155,11 +163,7 @@ def report_blas() -> BlasStatus:
     if status.fast:
         log.info("BLAS: %s (%s%s)", status.name, status.path or "system", _shim_words(status))
     else:
-        log.warning(
-            "BLAS: %s; matmuls run about 30x slower. Install OpenBLAS "
-            "(Debian/Ubuntu: apt-get install libopenblas0-pthread) and restart.",
-            status.name,
-        )
+        log.warning("BLAS: %s; matmuls run about 30x slower. %s", status.name, status.remedy)
     return status
 
 
