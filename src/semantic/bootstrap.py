@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from semantic.adapters.mlx import attention, jit
+from semantic.adapters.mlx import attention, host_pass, jit
 from semantic.adapters.mlx.backend import MlxBackend
 from semantic.adapters.mlx.blas import report_blas
 from semantic.adapters.mlx.fingerprint import model_fingerprint
@@ -137,6 +137,8 @@ async def start_services(
     kernel = attention.kernel_name() if loaded.host_attention else "mlx-sdpa"
     if jit.use_native_jit():
         kernel += f"+{jit.NAME}"
+    if host_pass.supported(loaded.model):
+        kernel += f"+{host_pass.NAME}"
     storage = storage_format(settings.kv_at_rest)
     fingerprint = await asyncio.to_thread(model_fingerprint, loaded.path, spec, storage, kernel)
     pool = BlockPool.from_budget(spec, settings.kv_budget_bytes)

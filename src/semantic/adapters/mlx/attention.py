@@ -225,6 +225,12 @@ def _array_ranges(
     return lo, hi
 
 
+def softmax_pv_address() -> int | None:
+    """Where ``semantic_softmax_pv`` is loaded, for other C code to call it (host_pass)."""
+    kernel = _softmax_pv()
+    return None if kernel is None else ctypes.cast(kernel, ctypes.c_void_p).value
+
+
 @functools.cache
 def _softmax_pv() -> Any:
     """The loaded ``semantic_softmax_pv`` function, or None (no compiler, or turned off)."""

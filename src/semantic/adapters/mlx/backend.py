@@ -19,6 +19,7 @@ from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from semantic.adapters.mlx.decode_batch import DecodeBatch
 from semantic.adapters.mlx.fused_pass import MAX_ROWS, Group, supports_fusion
+from semantic.adapters.mlx.host_pass import HostPass
 from semantic.adapters.mlx.kv_blocks import cut_into_blocks, gather_cache
 from semantic.adapters.mlx.model_parts import BodyAndHead
 from semantic.adapters.mlx.sampling import Sampler, log_softmax, make_sampler, top_prob
@@ -47,7 +48,8 @@ class MlxBackend:
         self._model = model
         self._spec = spec
         self._model_id = model_id
-        self._decoder = DecodeBatch(model, eos_token_ids)
+        self._host = HostPass.of(model)
+        self._decoder = DecodeBatch(model, eos_token_ids, self._host)
         self._streams: tuple[Any, ...] | None = None
         self._split = BodyAndHead.of(model)
         self._fusion = supports_fusion(model)
@@ -85,7 +87,7 @@ class MlxBackend:
     def prefill(self, seq_id: str, tokens: Sequence[int]) -> None:
         caches = self._sequences[seq_id].caches
         if self._split is not None:  # no logits needed: skip the output head entirely
-            self._split.body(mx.array([list(tokens)]), cache=caches)
+            self._body(mx.array([list(tokens)]), caches)
         else:
             self._model(mx.array([list(tokens)]), cache=caches)
         mx.eval([(c.keys, c.values) for c in caches])
@@ -126,12 +128,20 @@ class MlxBackend:
     def _last_logits(self, batch: mx.array, caches: list[Any]) -> mx.array:
         """Run ``batch`` (rows of tokens) into ``caches``; the logits after each row."""
         if self._split is not None:  # the output head for the last position only
-            hidden = self._split.body(batch, cache=caches)[:, -1:, :]
+            hidden = self._body(batch, caches)[:, -1:, :]
             logits: mx.array = self._split.head(hidden)[:, -1, :]
         else:
             logits = self._model(batch, cache=caches)[:, -1, :]
         mx.eval(logits, [(c.keys, c.values) for c in caches])
         return logits
+
+    def _body(self, batch: mx.array, caches: list[Any]) -> mx.array:
+        """The final hidden states of a llama model; a small pass runs on the host."""
+        hidden = self._host.hidden([Group(batch, caches)]) if self._host is not None else None
+        if hidden is not None:
+            return hidden[0]
+        assert self._split is not None  # callers checked: a llama model
+        return self._split.body(batch, cache=caches)  # type: ignore[no-any-return]
 
     @staticmethod
     def _sample(sequence: _Sequence, logits: mx.array) -> SampledToken:

@@ -19,6 +19,7 @@ from typing import Any
 import mlx.core as mx
 
 from semantic.adapters.mlx.fused_pass import Group, fused_hidden
+from semantic.adapters.mlx.host_pass import HostPass
 from semantic.adapters.mlx.model_parts import BodyAndHead
 from semantic.adapters.mlx.sampling import Sampler, top_prob
 from semantic.ports.model_backend import DecodedToken
@@ -40,8 +41,11 @@ class DecodeBatch:
     every token it has reported (a finished sequence keeps its final token's KV, and a
     client sending the reply back hits all of it), at no extra pass."""
 
-    def __init__(self, model: Any, stop_tokens: Iterable[int]) -> None:
+    def __init__(
+        self, model: Any, stop_tokens: Iterable[int], host: HostPass | None = None
+    ) -> None:
         self._model = model
+        self._host = host
         self._parts = BodyAndHead.of(model)
         self._stop = frozenset(stop_tokens)
         self._rows: list[_Row] = []
@@ -101,14 +105,7 @@ class DecodeBatch:
         if not self._rows or self._inputs is None or self._tops is None:
             return [], None
         fed, fed_tops = self._inputs, self._tops
-        ridden = None
-        if ride is None:
-            logits = self._model(fed[:, None], cache=self._caches)[:, -1, :]
-        else:
-            mine, ridden = fused_hidden(self._model, [Group(fed[:, None], self._caches), ride])
-            if self._parts is None:
-                raise TypeError("only a llama model's decode step can carry a prompt chunk")
-            logits = self._parts.head(mine)[:, -1, :]
+        logits, ridden = self._forward(Group(fed[:, None], self._caches), ride)
         self._inputs = self._sample(logits)
         self._tops = self._top_probs(logits)
         mx.async_eval(self._inputs, self._tops)  # type: ignore[no-untyped-call]  # mlx: unannotated
@@ -131,6 +128,18 @@ class DecodeBatch:
             self._finished[self._rows[index].seq_id] = self._extract(index)
         self._drop(done)
         return out, ridden
+
+    def _forward(self, mine: Group, ride: Group | None) -> tuple[mx.array, mx.array | None]:
+        """The batch's next-token logits, and the ride's final hidden states (lazily)."""
+        groups = [mine] if ride is None else [mine, ride]
+        hidden = self._host.hidden(groups) if self._host is not None else None
+        if hidden is None and ride is None:
+            return self._model(mine.tokens, cache=mine.caches)[:, -1, :], None
+        if hidden is None:
+            hidden = fused_hidden(self._model, groups)
+        if self._parts is None:
+            raise TypeError("only a llama model's decode step can carry a prompt chunk")
+        return self._parts.head(hidden[0])[:, -1, :], hidden[1] if ride is not None else None
 
     def take_finished(self, seq_id: str) -> list[Any] | None:
         """The cache of a row that left the batch by itself, once."""

@@ -29,7 +29,7 @@ def native_cache_dir() -> Path:
 
 def build_library(source: Path, name: str, options: Sequence[str] = ()) -> Path | None:
     """The shared library built from ``source``; None if there is no C compiler."""
-    text = source.read_bytes()
+    text = source.read_bytes() + b"".join(h.read_bytes() for h in sorted(NATIVE_DIR.glob("*.h")))
     key = hashlib.sha256(text + "\0".join(options).encode() + _cpu_identity()).hexdigest()[:16]
     target = native_cache_dir() / f"{name}-{key}.so"
     if target.exists():

@@ -1,0 +1,336 @@
+"""Small forward passes (decode steps, rides, short chunks) on the host, in one C call.
+
+A pass of up to 32 rows spends most of its time outside the weight products when MLX runs
+it: ~25 small ops a layer, each a hop to MLX's stream thread, and MLX's scalar ``exp`` in
+SwiGLU and RoPE. ``native/llama_pass.c`` runs the whole body of a llama model for such a
+pass: the products through our batch-invariant kernel, the rest as vector loops, the new
+keys and values written straight into the caches' buffers (mlx-lm's ``KVCache`` and
+``BatchKVCache``, whose bookkeeping this module advances as their own update would).
+Bigger passes stay on MLX. ADR 0013 has the measurements.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import os
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+from mlx import nn
+from mlx_lm.models.cache import BatchKVCache, KVCache
+
+from semantic.adapters.mlx import attention
+from semantic.adapters.mlx.fused_pass import MAX_ROWS, Group, supports_fusion
+from semantic.adapters.mlx.native_build import NATIVE_DIR, build_library
+
+log = logging.getLogger(__name__)
+
+HOST_PASS_ENV = "SEMANTIC_HOST_PASS"
+"""``0``: every pass on MLX."""
+
+NAME = "llama-host-pass-v1"
+"""Goes into the model fingerprint: KV computed by this pass rounds differently."""
+
+_CACHE_STEP = 256
+"""Cache buffers grow in mlx-lm's steps, so its own updates find the same shapes."""
+
+_Pointer = ctypes.c_void_p
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [
+        (name, _Pointer)
+        for name in ("attn_norm", "mlp_norm", "wq", "wk", "wv", "wo", "wg", "wu", "wd")
+    ]
+
+
+class _Model(ctypes.Structure):
+    _fields_ = [
+        *((name, ctypes.c_int) for name in ("layers", "hidden", "heads", "kv_heads")),
+        ("head_dim", ctypes.c_int),
+        ("inter", ctypes.c_int),
+        ("traditional", ctypes.c_int),
+        ("eps", ctypes.c_float),
+        ("scale", ctypes.c_float),
+        ("inv_freq", _Pointer),
+        ("layer", ctypes.POINTER(_Layer)),
+        ("final_norm", _Pointer),
+        ("softmax_pv", _Pointer),
+    ]
+
+
+class _Group(ctypes.Structure):
+    _fields_ = [
+        ("batch", ctypes.c_int),
+        ("length", ctypes.c_int),
+        ("write_at", ctypes.c_int),
+        ("lo", _Pointer),
+        ("pos", _Pointer),
+        ("keys", _Pointer),
+        ("values", _Pointer),
+        ("k_strides", ctypes.c_long * 3),
+        ("v_strides", ctypes.c_long * 3),
+    ]
+
+
+def supported(model: Any) -> bool:
+    """Whether ``HostPass.of(model)`` would run this model's small passes on the host."""
+    return _weights(model) is not None and _library() is not None
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """Where one group's new rows go: the same for all its layers' caches."""
+
+    write_at: int
+    lo: np.ndarray
+    pos: np.ndarray
+
+
+class HostPass:
+    """The body of one llama model, ready to run a small pass on the host."""
+
+    def __init__(self, weights: dict[str, Any], function: Any) -> None:
+        self._function = function
+        self._embed: np.ndarray = weights["embed"]
+        self._kept = weights  # the numpy views whose addresses the C side holds
+        self._layers = (_Layer * len(weights["layers"]))(*weights["layers"])
+        self._model = _Model(
+            *weights["dims"],
+            weights["traditional"],
+            weights["eps"],
+            weights["scale"],
+            weights["inv_freq"].ctypes.data,
+            self._layers,
+            weights["final_norm"].ctypes.data,
+            weights["softmax_pv"],
+        )
+        self._kv_heads = int(weights["dims"][3])
+        self._head_dim = int(weights["dims"][4])
+        self._hidden = int(weights["dims"][1])
+
+    @classmethod
+    def of(cls, model: Any) -> HostPass | None:
+        """None unless the model is a float32 llama with our attention, on a machine where
+        our kernels built (and ``SEMANTIC_HOST_PASS`` is not ``0``)."""
+        weights, function = _weights(model), _library()
+        if weights is None or function is None:
+            return None
+        return cls(weights, function)
+
+    def hidden(self, groups: Sequence[Group]) -> list[mx.array] | None:
+        """Each group's final hidden states ``(batch, length, dim)``, after the model's
+        last norm, with the groups' caches advanced; None (nothing done) when the pass is
+        too big or a cache is not one this pass writes."""
+        rows = sum(g.tokens.shape[0] * g.tokens.shape[1] for g in groups)
+        if rows > MAX_ROWS or not all(_plain_caches(g.caches) for g in groups):
+            return None
+        mx.eval([g.tokens for g in groups])
+        tokens = [np.asarray(g.tokens).astype(np.int64).reshape(-1) for g in groups]
+        x = np.ascontiguousarray(self._embed[np.concatenate(tokens)], dtype=np.float32)
+        plans = [self._make_room(g) for g in groups]
+        described = [self._describe(g, plan) for g, plan in zip(groups, plans, strict=True)]
+        structs = (_Group * len(groups))(*(d[0] for d in described))
+        model = ctypes.byref(self._model)
+        status = self._function(model, len(groups), structs, rows, x.ctypes.data)
+        del described  # the buffers' views and pointer arrays lived through the call
+        if status != 0:
+            raise MemoryError("the host pass could not allocate its scratch memory")
+        out, start = [], 0
+        for group in groups:
+            batch, length = group.tokens.shape
+            _advance(group.caches, length)
+            part = x[start : start + batch * length].reshape(batch, length, self._hidden)
+            out.append(mx.array(part))
+            start += batch * length
+        return out
+
+    def _make_room(self, group: Group) -> _Plan:
+        """Room for the group's new rows in every layer's buffers, as writable memory."""
+        batch, length = group.tokens.shape
+        first = group.caches[0]
+        if type(first) is KVCache:
+            write_at = first.offset
+            plan = _Plan(write_at, np.zeros(batch, np.int32), np.full(batch, write_at, np.int32))
+        else:
+            write_at = first._idx  # noqa: SLF001 - BatchKVCache keeps its write index here
+            lo = np.asarray(first.left_padding, dtype=np.int32).reshape(batch)
+            pos = np.asarray(first.offset, dtype=np.int32).reshape(batch)
+            plan = _Plan(write_at, np.ascontiguousarray(lo), np.ascontiguousarray(pos))
+        grown = []
+        for cache in group.caches:
+            if not _has_room(cache, write_at + length):
+                cache.keys, cache.values = self._grown(cache, batch, write_at, length)
+                grown += [cache.keys, cache.values]
+        mx.eval(grown, [(c.keys, c.values) for c in group.caches])
+        return plan
+
+    def _grown(
+        self, cache: Any, batch: int, write_at: int, length: int
+    ) -> tuple[mx.array, mx.array]:
+        extra = -(-length // _CACHE_STEP) * _CACHE_STEP
+        shape = (batch, self._kv_heads, extra, self._head_dim)
+        if cache.keys is None:
+            return mx.zeros(shape, mx.float32), mx.zeros(shape, mx.float32)
+        keys = mx.concatenate([cache.keys[..., :write_at, :], mx.zeros(shape, mx.float32)], 2)
+        values = mx.concatenate([cache.values[..., :write_at, :], mx.zeros(shape, mx.float32)], 2)
+        return keys, values
+
+    def _describe(self, group: Group, plan: _Plan) -> tuple[_Group, list[Any]]:
+        batch, length = group.tokens.shape
+        keys = [np.asarray(c.keys) for c in group.caches]
+        values = [np.asarray(c.values) for c in group.caches]
+        key_pointers = (_Pointer * len(keys))(*(k.ctypes.data for k in keys))
+        value_pointers = (_Pointer * len(values))(*(v.ctypes.data for v in values))
+        described = _Group(
+            batch,
+            length,
+            plan.write_at,
+            plan.lo.ctypes.data,
+            plan.pos.ctypes.data,
+            ctypes.cast(key_pointers, _Pointer),
+            ctypes.cast(value_pointers, _Pointer),
+            (ctypes.c_long * 3)(*_float_strides(keys[0])),
+            (ctypes.c_long * 3)(*_float_strides(values[0])),
+        )
+        return described, [keys, values, key_pointers, value_pointers]
+
+
+def _plain_caches(caches: list[Any]) -> bool:
+    kinds = {type(c) for c in caches}
+    if kinds not in ({KVCache}, {BatchKVCache}):
+        return False
+    return all(c.keys is None or c.keys.dtype == mx.float32 for c in caches)
+
+
+def _has_room(cache: Any, needed: int) -> bool:
+    """Room, and buffers we may write: plain strided memory with contiguous rows that
+    nothing else owns past the cache's own positions (a view cut from a batch ends at its
+    last position, so it never has room)."""
+    if cache.keys is None or cache.keys.shape[2] < needed:
+        return False
+    return all(_rows_contiguous(a) for a in (cache.keys, cache.values))
+
+
+def _rows_contiguous(array: mx.array) -> bool:
+    strides = np.asarray(array).strides
+    return strides[3] == 4 and strides[2] == 4 * array.shape[3] and min(strides) > 0
+
+
+def _float_strides(array: np.ndarray) -> tuple[int, int, int]:
+    b, h, p, _ = (s // 4 for s in array.strides)
+    return b, h, p
+
+
+def _advance(caches: list[Any], length: int) -> None:
+    """What the caches' own ``update_and_fetch`` would have counted."""
+    for cache in caches:
+        if type(cache) is KVCache:
+            cache.offset += length
+        else:
+            cache._idx += length  # noqa: SLF001 - BatchKVCache's write index
+            cache.offset = cache.offset + length
+
+
+def _weights(model: Any) -> dict[str, Any] | None:
+    if os.environ.get(HOST_PASS_ENV) == "0" or not supports_fusion(model):
+        return None
+    inner = model.model
+    layers = inner.layers
+    first = layers[0].self_attn.inner
+    rope = first.rope
+    if type(rope) is not nn.RoPE or rope.scale != 1.0:  # type: ignore[attr-defined]  # mlx.nn: untyped
+        return None
+    if rope.dims != first.head_dim or first.head_dim % 64:
+        return None
+    parts = [_layer_arrays(layer) for layer in layers]
+    embed: Any = getattr(inner.embed_tokens, "weight", None)
+    if any(p is None for p in parts) or not _plain_float32(embed, inner.norm.weight):
+        return None
+    head_dim = rope.dims
+    inv_freq = (rope.base ** (-np.arange(0, head_dim, 2, dtype=np.float32) / head_dim)).astype(
+        np.float32
+    )
+    kernel = attention.softmax_pv_address()
+    if kernel is None:
+        return None
+    arrays = [a for p in parts if p is not None for a in p]
+    kept = [np.asarray(a) for a in arrays]
+    layer_structs = [
+        _Layer(*(k.ctypes.data for k in kept[i * 9 : i * 9 + 9])) for i in range(len(layers))
+    ]
+    mlp = layers[0].mlp
+    return {
+        "embed": np.asarray(embed),
+        "dims": (
+            len(layers),
+            int(embed.shape[1]),
+            first.n_heads,
+            first.n_kv_heads,
+            head_dim,
+            int(mlp.gate_proj.weight.shape[0]),
+        ),
+        "traditional": int(rope.traditional),
+        "eps": float(layers[0].input_layernorm.eps),
+        "scale": float(first.scale),
+        "inv_freq": inv_freq,
+        "layers": layer_structs,
+        "final_norm": np.asarray(inner.norm.weight),
+        "softmax_pv": kernel,
+        "kept": kept,
+    }
+
+
+def _layer_arrays(layer: Any) -> list[mx.array] | None:
+    a, mlp = layer.self_attn.inner, layer.mlp
+    linears = [a.q_proj, a.k_proj, a.v_proj, a.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+    plain = nn.Linear  # type: ignore[attr-defined]  # mlx.nn ships no types
+    if any(type(lin) is not plain or "bias" in lin for lin in linears):
+        return None
+    norms = [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
+    arrays = [*norms, *(lin.weight for lin in linears)]
+    if not _plain_float32(*arrays):
+        return None
+    mx.eval(arrays)
+    return arrays
+
+
+def _plain_float32(*arrays: Any) -> bool:
+    return all(
+        isinstance(a, mx.array) and a.dtype == mx.float32 and np.asarray(a).flags.c_contiguous
+        for a in arrays
+    )
+
+
+@functools.cache
+def _library() -> Any:
+    """The loaded ``semantic_llama_pass``; None without a compiler or our matmul kernel."""
+    if os.environ.get(HOST_PASS_ENV) == "0" or not _small_kernels_loaded():
+        return None
+    try:
+        library = build_library(NATIVE_DIR / "llama_pass.c", "libsemantic_llama_pass")
+        if library is None:
+            return None
+        function = ctypes.CDLL(str(library)).semantic_llama_pass
+    except (OSError, subprocess.SubprocessError) as error:
+        log.warning("host pass unavailable (%s); small passes run on MLX", error)
+        return None
+    function.argtypes = [_Pointer, ctypes.c_int, _Pointer, ctypes.c_int, _Pointer]
+    function.restype = ctypes.c_int
+    return function
+
+
+def _small_kernels_loaded() -> bool:
+    """Our batch-invariant matmul kernel answers for ``cblas_sgemm`` (ADR 0010)."""
+    try:
+        probe = ctypes.CDLL(None).semantic_blas_small_kernels
+    except AttributeError:
+        return False
+    probe.restype = ctypes.c_int
+    return bool(probe())

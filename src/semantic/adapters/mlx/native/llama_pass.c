@@ -1,0 +1,258 @@
+/*
+ * A whole llama forward pass on the host for a few rows (decode steps, prompt rides, a
+ * returning agent's short new suffix). See docs/adr/0013-host-pass-for-small-passes.md.
+ *
+ * Run through MLX, a pass of 26 rows spent ~50 of its ~100 ms outside the weight products:
+ * about 25 small ops a layer, each scheduled on MLX's stream thread, with MLX's scalar
+ * exp (12 ns a value here) in SwiGLU and RoPE, and one host round trip a layer for the
+ * attention kernel. Here each layer is: RMS norm, the q/k/v products, RoPE, the new keys
+ * and values written into the caches' buffers, scores, softmax and values (our softmax_pv
+ * kernel), the output product, the residual, RMS norm, gate and up products, SwiGLU, the
+ * down product, the residual. The products go through cblas_sgemm, which for up to 32 rows
+ * is our batch-invariant kernel (small_sgemm.c); the elementwise steps are 16-lane loops.
+ *
+ * Bits: every step works row by row (a row's norm, RoPE and SwiGLU never see another row),
+ * the products are batch-invariant up to 32 rows, and attention is per sequence. So a row
+ * gets the same bits alone, batched or beside a prompt chunk.
+ *
+ * Layout: x [rows][hidden], rows ordered group by group, batch-major then position. A
+ * group's caches are per layer, [batch][kv_heads][cap][head_dim] with strides in floats;
+ * its new rows are written at positions [write_at, write_at + length) and row (b, t)
+ * attends to keys [lo[b], write_at + t + 1); its RoPE position is pos[b] + t.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "simd.h"
+
+typedef struct {
+    const float *attn_norm, *mlp_norm;
+    const float *wq, *wk, *wv, *wo, *wg, *wu, *wd; /* [out][in], as MLX's Linear keeps them */
+} layer_t;
+
+typedef void (*softmax_pv_fn)(int batch, int kv_heads, int rows, int span, int dim,
+                              float *scores, const float *values, long v_batch, long v_head,
+                              long v_row, const int *lo, const int *hi, int rows_per_range,
+                              float *out);
+
+typedef struct {
+    int layers, hidden, heads, kv_heads, head_dim, inter;
+    int traditional; /* RoPE on neighbouring pairs (GGUF's layout), else on the two halves */
+    float eps, scale;
+    const float *inv_freq; /* [head_dim / 2] RoPE frequencies */
+    const layer_t *layer;
+    const float *final_norm;
+    softmax_pv_fn softmax_pv;
+} model_t;
+
+typedef struct {
+    int batch, length, write_at;
+    const int *lo;  /* [batch] first key each sequence attends to (its left padding) */
+    const int *pos; /* [batch] RoPE position of each sequence's first new row */
+    float *const *keys, *const *values; /* [layers] */
+    long k_strides[3], v_strides[3];    /* batch, head, position; in floats */
+} group_t;
+
+typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float *, int,
+                         const float *, int, float, float *, int);
+enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 };
+
+static sgemm_fn sgemm(void) {
+    static sgemm_fn found;
+    if (found == NULL) found = (sgemm_fn)dlsym(RTLD_DEFAULT, "cblas_sgemm");
+    return found;
+}
+
+/* y = x @ w^T for `rows` rows: x [rows][in], w [out][in], y [rows][out]. */
+static void linear(const float *x, const float *w, float *y, int rows, int in, int out) {
+    sgemm()(ROW_MAJOR, NO_TRANS, TRANS, rows, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
+}
+
+/* Scratch that grows and is kept: the engine's one thread calls this, pass after pass. */
+static float *scratch(size_t floats) {
+    static __thread float *buffer;
+    static __thread size_t held;
+    if (floats > held) {
+        free(buffer);
+        buffer = aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
+        held = buffer != NULL ? floats : 0;
+    }
+    return buffer;
+}
+
+static void rms_norm(const float *x, const float *weight, float *out, int rows, int n, float eps) {
+    int body = n - n % 16;
+    for (int r = 0; r < rows; r++) {
+        const float *row = x + (long)r * n;
+        v16 sum16 = splat(0.0f);
+        for (int j = 0; j < body; j += 16) {
+            v16 v = load(row + j);
+            sum16 += v * v;
+        }
+        float sum = fold(sum16);
+        for (int j = body; j < n; j++) sum += row[j] * row[j];
+        float inverse = 1.0f / sqrtf(sum / (float)n + eps);
+        float *dest = out + (long)r * n;
+        for (int j = 0; j < n; j++) dest[j] = row[j] * inverse * weight[j];
+    }
+}
+
+static void add_into(float *x, const float *y, long n) {
+    for (long j = 0; j < n; j++) x[j] += y[j];
+}
+
+/* gate = silu(gate) * up, with silu(g) = g * sigmoid(g) and e^-|g| from vexp (x <= 0). */
+static void swiglu(float *gate, const float *up, long n) {
+    long body = n - n % 16;
+    for (long j = 0; j < body; j += 16) {
+        v16 g = load(gate + j);
+        i16 negative = g < splat(0.0f);
+        v16 e = vexp((v16)((i16)g | (i16)splat(-0.0f))); /* e^-|g|: the sign bit set */
+        v16 one = splat(1.0f);
+        v16 numerator = (v16)((negative & (i16)e) | (~negative & (i16)one));
+        store(gate + j, g * (numerator / (one + e)) * load(up + j));
+    }
+    for (long j = body; j < n; j++) {
+        float g = gate[j];
+        gate[j] = g / (1.0f + expf(-g)) * up[j];
+    }
+}
+
+/* Rotate each head's pairs (a, b) -> (a cos - b sin, a sin + b cos), as MLX's RoPE does:
+ * pairs of neighbours (traditional) or of the two halves' i-th elements. */
+static void rope_row(float *row, int heads, int dim, int traditional, const float *cos_,
+                     const float *sin_) {
+    int half = dim / 2, step = traditional ? 2 : 1, other = traditional ? 1 : half;
+    for (int h = 0; h < heads; h++) {
+        float *head = row + h * dim;
+        for (int i = 0; i < half; i++) {
+            float *a = head + i * step, *b = a + other;
+            float x = *a, y = *b;
+            *a = x * cos_[i] - y * sin_[i];
+            *b = x * sin_[i] + y * cos_[i];
+        }
+    }
+}
+
+typedef struct {
+    const model_t *m;
+    float *q, *k, *v, *mixed; /* [rows][...] for the whole pass */
+    const float *cos_, *sin_;  /* [rows][head_dim / 2] */
+} layer_io_t;
+
+/* RoPE, the cache write and attention for one group's rows (starting at row r0); -1 if
+ * its scratch could not be had. */
+static int attend_group(const layer_io_t *io, const group_t *g, int layer, int r0) {
+    const model_t *m = io->m;
+    int dim = m->head_dim, per_kv = m->heads / m->kv_heads, half = dim / 2;
+    int q_width = m->heads * dim, kv_width = m->kv_heads * dim, length = g->length;
+    int span = g->write_at + length, q_rows = per_kv * length;
+    float *keys = g->keys[layer], *values = g->values[layer];
+    for (int b = 0; b < g->batch; b++)
+        for (int t = 0; t < length; t++) {
+            int row = r0 + b * length + t;
+            const float *c = io->cos_ + (long)row * half, *s = io->sin_ + (long)row * half;
+            rope_row(io->q + (long)row * q_width, m->heads, dim, m->traditional, c, s);
+            rope_row(io->k + (long)row * kv_width, m->kv_heads, dim, m->traditional, c, s);
+            for (int h = 0; h < m->kv_heads; h++) {
+                long at = b * g->k_strides[0] + h * g->k_strides[1];
+                long vat = b * g->v_strides[0] + h * g->v_strides[1];
+                memcpy(keys + at + (long)(g->write_at + t) * g->k_strides[2],
+                       io->k + (long)row * kv_width + h * dim, dim * sizeof(float));
+                memcpy(values + vat + (long)(g->write_at + t) * g->v_strides[2],
+                       io->v + (long)row * kv_width + h * dim, dim * sizeof(float));
+            }
+        }
+    long pairs = (long)g->batch * m->kv_heads;
+    float *grouped = scratch((size_t)(pairs * q_rows * dim * 2 + pairs * q_rows * span) +
+                             (size_t)2 * g->batch * length);
+    if (grouped == NULL) return -1;
+    float *out = grouped + pairs * q_rows * dim, *scores = out + pairs * q_rows * dim;
+    int *lo = (int *)(scores + pairs * q_rows * span), *hi = lo + g->batch * length;
+    for (int b = 0; b < g->batch; b++)
+        for (int t = 0; t < length; t++) {
+            lo[b * length + t] = g->lo[b];
+            hi[b * length + t] = g->write_at + t + 1;
+            const float *q = io->q + (long)(r0 + b * length + t) * q_width;
+            for (int h = 0; h < m->heads; h++) {
+                int kv = h / per_kv, within = h % per_kv;
+                float *dest = grouped + (((long)b * m->kv_heads + kv) * q_rows +
+                                         (long)within * length + t) * dim;
+                for (int d = 0; d < dim; d++) dest[d] = q[h * dim + d] * m->scale;
+            }
+        }
+    for (int b = 0; b < g->batch; b++)
+        for (int h = 0; h < m->kv_heads; h++) {
+            long pair = (long)b * m->kv_heads + h;
+            const float *k = keys + b * g->k_strides[0] + h * g->k_strides[1];
+            sgemm()(ROW_MAJOR, NO_TRANS, TRANS, q_rows, span, dim, 1.0f,
+                    grouped + pair * q_rows * dim, dim, k, (int)g->k_strides[2], 0.0f,
+                    scores + pair * q_rows * span, span);
+        }
+    m->softmax_pv(g->batch, m->kv_heads, q_rows, span, dim, scores, values, g->v_strides[0],
+                  g->v_strides[1], g->v_strides[2], lo, hi, length, out);
+    for (int b = 0; b < g->batch; b++)
+        for (int t = 0; t < length; t++) {
+            float *dest = io->mixed + (long)(r0 + b * length + t) * q_width;
+            for (int h = 0; h < m->heads; h++) {
+                int kv = h / per_kv, within = h % per_kv;
+                const float *src = out + (((long)b * m->kv_heads + kv) * q_rows +
+                                          (long)within * length + t) * dim;
+                memcpy(dest + h * dim, src, dim * sizeof(float));
+            }
+        }
+    return 0;
+}
+
+/* Returns 0 when done; -1 if cblas_sgemm cannot be found or memory ran out (then the
+ * caches may hold some of this pass's keys past their offsets, which nothing reads). */
+int semantic_llama_pass(const model_t *m, int n_groups, const group_t *groups, int rows,
+                        float *x) {
+    if (sgemm() == NULL) return -1;
+    int n = m->hidden, half = m->head_dim / 2;
+    int q_width = m->heads * m->head_dim, kv_width = m->kv_heads * m->head_dim;
+    size_t per_row = (size_t)n * 2 + q_width * 2 + kv_width * 2 + (size_t)m->inter * 2 + half * 2;
+    float *work = malloc(per_row * rows * sizeof(float));
+    if (work == NULL) return -1;
+    float *h = work, *q = h + (long)rows * n, *k = q + (long)rows * q_width;
+    float *v = k + (long)rows * kv_width, *mixed = v + (long)rows * kv_width;
+    float *gate = mixed + (long)rows * q_width, *up = gate + (long)rows * m->inter;
+    float *cos_ = up + (long)rows * m->inter, *sin_ = cos_ + (long)rows * half;
+    float *delta = sin_ + (long)rows * half;
+    for (int gi = 0, row = 0; gi < n_groups; gi++)
+        for (int b = 0; b < groups[gi].batch; b++)
+            for (int t = 0; t < groups[gi].length; t++, row++)
+                for (int i = 0; i < half; i++) {
+                    float angle = (float)(groups[gi].pos[b] + t) * m->inv_freq[i];
+                    cos_[(long)row * half + i] = (float)cos(angle);
+                    sin_[(long)row * half + i] = (float)sin(angle);
+                }
+    layer_io_t io = {m, q, k, v, mixed, cos_, sin_};
+    for (int l = 0; l < m->layers; l++) {
+        const layer_t *w = &m->layer[l];
+        rms_norm(x, w->attn_norm, h, rows, n, m->eps);
+        linear(h, w->wq, q, rows, n, q_width);
+        linear(h, w->wk, k, rows, n, kv_width);
+        linear(h, w->wv, v, rows, n, kv_width);
+        for (int gi = 0, r0 = 0; gi < n_groups; r0 += groups[gi].batch * groups[gi].length, gi++)
+            if (attend_group(&io, &groups[gi], l, r0) != 0) {
+                free(work);
+                return -1;
+            }
+        linear(mixed, w->wo, delta, rows, q_width, n);
+        add_into(x, delta, (long)rows * n);
+        rms_norm(x, w->mlp_norm, h, rows, n, m->eps);
+        linear(h, w->wg, gate, rows, n, m->inter);
+        linear(h, w->wu, up, rows, n, m->inter);
+        swiglu(gate, up, (long)rows * m->inter);
+        linear(gate, w->wd, delta, rows, m->inter, n);
+        add_into(x, delta, (long)rows * n);
+    }
+    rms_norm(x, m->final_norm, x, rows, n, m->eps);
+    free(work);
+    return 0;
+}

@@ -1,0 +1,125 @@
+"""The host pass (native/llama_pass.c) on the real model, against mlx-lm's own forward."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.models.cache import BatchKVCache, KVCache
+
+from semantic.adapters.mlx.fused_pass import Group
+from semantic.adapters.mlx.host_pass import HOST_PASS_ENV, HostPass
+from tests.integration.conftest import RealModel
+
+TOLERANCE = 5e-4
+"""Relative to the largest hidden value: the two differ in rounding only (RoPE, norms)."""
+
+
+@pytest.fixture(scope="module")
+def host(real_model: RealModel) -> HostPass:
+    made = HostPass.of(real_model.loaded.model)
+    if made is None:
+        pytest.skip("no host pass on this machine (no AVX-512 kernels or no compiler)")
+    return made
+
+
+def tokens(seed: int, count: int) -> list[int]:
+    return [int(t) for t in np.random.default_rng(seed).integers(100, 40_000, count)]
+
+
+def fresh_caches(model: Any) -> list[Any]:
+    return [KVCache() for _ in model.model.layers]  # type: ignore[no-untyped-call]  # mlx-lm
+
+
+def close(ours: mx.array, theirs: mx.array) -> bool:
+    a, b = np.asarray(ours), np.asarray(theirs)
+    return bool(np.abs(a - b).max() <= TOLERANCE * np.abs(b).max())
+
+
+def test_a_prompt_continued_on_the_host_matches_mlx(real_model: RealModel, host: HostPass) -> None:
+    """300 tokens prefilled by MLX, then 20 on each path, then one decode step."""
+    model = real_model.loaded.model
+    prefix, new = mx.array([tokens(1, 300)]), mx.array([tokens(2, 20)])
+    theirs, ours = fresh_caches(model), fresh_caches(model)
+    for caches in (theirs, ours):
+        model.model(prefix, cache=caches)
+    for step in (new, mx.array([[42]])):
+        expected = model.model(step, cache=theirs)
+        got = host.hidden([Group(step, ours)])
+        assert got is not None
+        assert close(got[0], expected)
+    assert [c.offset for c in ours] == [c.offset for c in theirs] == [321] * len(ours)
+    assert close(ours[7].keys[..., :321, :], theirs[7].keys[..., :321, :])
+    assert close(ours[7].values[..., :321, :], theirs[7].values[..., :321, :])
+
+
+def test_left_padded_batches_match_mlx_on_every_real_row(
+    real_model: RealModel, host: HostPass
+) -> None:
+    model = real_model.loaded.model
+    padding = [3, 0, 7]
+    batch = mx.array([[0] * pad + tokens(pad, 10 - pad) for pad in padding])
+    theirs = [BatchKVCache(padding) for _ in model.model.layers]
+    ours = [BatchKVCache(padding) for _ in model.model.layers]
+    expected = model.model(batch, cache=theirs)
+    got = host.hidden([Group(batch, ours)])
+    assert got is not None
+    for row, pad in enumerate(padding):
+        assert close(got[0][row, pad:], expected[row, pad:])
+    step = mx.array([[5], [6], [7]])
+    expected, got = model.model(step, cache=theirs), host.hidden([Group(step, ours)])
+    assert got is not None
+    assert close(got[0], expected)
+    assert ours[0]._idx == theirs[0]._idx == 11  # noqa: SLF001 - the batch cache's write index
+    assert ours[0].offset.tolist() == theirs[0].offset.tolist() == [8, 11, 4]
+
+
+def test_a_row_gets_the_same_bits_alone_and_beside_others(
+    real_model: RealModel, host: HostPass
+) -> None:
+    """Batch invariance: a decode row and a prompt chunk computed in one pass or apart."""
+    model = real_model.loaded.model
+    prompts = [mx.array([tokens(3, 40)]), mx.array([tokens(4, 70)])]
+    apart, together = [fresh_caches(model) for _ in prompts], [fresh_caches(model) for _ in prompts]
+    for prompt, a, b in zip(prompts, apart, together, strict=True):
+        model.model(prompt, cache=a)
+        model.model(prompt, cache=b)
+    groups = [mx.array([[11]]), mx.array([tokens(5, 25)])]
+    alone = [host.hidden([Group(g, c)]) for g, c in zip(groups, apart, strict=True)]
+    beside = host.hidden([Group(g, c) for g, c in zip(groups, together, strict=True)])
+    assert beside is not None
+    for single, shared in zip(alone, beside, strict=True):
+        assert single is not None
+        assert np.array_equal(np.asarray(single[0]), np.asarray(shared))
+    assert np.array_equal(np.asarray(apart[1][3].keys), np.asarray(together[1][3].keys))
+
+
+def test_a_pass_of_more_than_32_rows_is_left_to_mlx(real_model: RealModel, host: HostPass) -> None:
+    caches = fresh_caches(real_model.loaded.model)
+    assert host.hidden([Group(mx.array([tokens(6, 33)]), caches)]) is None
+    assert all(c.offset == 0 and c.keys is None for c in caches)
+
+
+def test_a_cache_cut_from_a_batch_is_copied_before_it_grows(
+    real_model: RealModel, host: HostPass
+) -> None:
+    """A finished row's cache is a view into the batch's buffer: the host pass must give it
+    its own buffer, never write past its end into memory the batch still owns."""
+    model = real_model.loaded.model
+    batch = [BatchKVCache([0, 0]) for _ in model.model.layers]
+    model.model(mx.array([tokens(7, 12), tokens(8, 12)]), cache=batch)
+    mx.eval([(c.keys, c.values) for c in batch])
+    before = np.array(np.asarray(batch[0].keys))
+    cut = [layer.extract(0) for layer in batch]  # type: ignore[no-untyped-call]  # mlx-lm
+    assert host.hidden([Group(mx.array([[9, 10]]), cut)]) is not None
+    assert np.array_equal(np.asarray(batch[0].keys), before)
+    assert cut[0].offset == 14
+
+
+def test_the_host_pass_can_be_turned_off(
+    real_model: RealModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(HOST_PASS_ENV, "0")
+    assert HostPass.of(real_model.loaded.model) is None
