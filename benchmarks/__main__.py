@@ -146,14 +146,28 @@ def run_concurrency(model_path: Path, out: Path) -> list[concurrency.Concurrency
         for agents in AGENTS:
             rows.append(concurrency.measure(server.url, "semantic", agents))
         server.stop()
-    theirs = concurrency.MlxLmServer(model_path, out / "mlx_lm.server.log")
+    theirs: concurrency.MlxLmServer | None = None
     try:
         for agents in AGENTS:
-            rows.append(
-                concurrency.measure(theirs.url, "mlx_lm.server", agents, model=theirs.model)
-            )
+            for attempt in (1, 2):  # mlx_lm.server sometimes aborts under load: restart once
+                theirs = theirs or concurrency.MlxLmServer(model_path, out / "mlx_lm.server.log")
+                try:
+                    row = concurrency.measure(
+                        theirs.url, "mlx_lm.server", agents, model=theirs.model
+                    )
+                except httpx.HTTPError as error:
+                    code = theirs.process.poll()
+                    print(
+                        f"mlx_lm.server failed at {agents} agents, try {attempt}: {error}, {code=}"
+                    )
+                    theirs.stop()
+                    theirs = None
+                    continue
+                rows.append(row)
+                break
     finally:
-        theirs.stop()
+        if theirs is not None:
+            theirs.stop()
     return rows
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import mlx.core as mx
@@ -11,7 +12,11 @@ from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from semantic.adapters.mlx.fused_pass import Group
 from semantic.adapters.mlx.host_pass import HOST_PASS_ENV, HostPass
-from tests.integration.conftest import RealModel
+from semantic.adapters.mlx.kv_blocks import MlxKV, StackedKV, gather_cache
+from semantic.adapters.mlx.restored_prefix import RestoredPrefix
+from semantic.domain.blocks import AgentBlocks, KVBlock
+from tests.helpers import generate
+from tests.integration.conftest import EngineFactory, RealModel
 
 TOLERANCE = 5e-4
 """Relative to the largest hidden value: the two differ in rounding only (RoPE, norms)."""
@@ -123,3 +128,57 @@ def test_the_host_pass_can_be_turned_off(
 ) -> None:
     monkeypatch.setenv(HOST_PASS_ENV, "0")
     assert HostPass.of(real_model.loaded.model) is None
+
+
+def as_read_from_disk(blocks: AgentBlocks) -> AgentBlocks:
+    """The same blocks laid out as a restore leaves them: each block index's layers stacked
+    in one buffer (``StackedKV``), keys and values alternating."""
+    layers: list[list[KVBlock]] = [[] for _ in blocks.layers]
+    for index in range(len(blocks.layers[0])):
+        column = [layer_blocks[index] for layer_blocks in blocks.layers]
+        tensors = []
+        for block in column:
+            assert isinstance(block.payload, MlxKV)
+            tensors += [np.asarray(block.payload.keys)[0], np.asarray(block.payload.values)[0]]
+        stack = np.ascontiguousarray(np.stack(tensors))
+        buffer = mx.array(stack.view(np.uint8).reshape(-1))
+        for layer, block in enumerate(column):
+            payload = StackedKV(buffer, mx.float32, stack.shape, 2 * layer, 2 * layer + 1)
+            layers[layer].append(replace(block, payload=payload))
+    return replace(blocks, layers=tuple(tuple(b) for b in layers))
+
+
+@pytest.mark.parametrize("from_disk", [False, True])
+def test_a_prefix_read_in_place_gives_the_bits_of_a_built_cache(
+    real_model: RealModel, host: HostPass, make_engine: EngineFactory, from_disk: bool
+) -> None:
+    """The restored blocks read where they lie (hot: the pool's arrays; warm: the buffers
+    files were read into) and the same blocks copied into one cache first: same hidden
+    states, same new KV, and the cache built afterwards holds both, bit for bit."""
+    model, spec = real_model.loaded.model, real_model.spec
+    engine, _ = make_engine()
+    blocks = generate(engine, tokens(9, 600), 2).blocks
+    assert blocks is not None
+    if from_disk:
+        blocks = as_read_from_disk(blocks)
+    n = blocks.n_tokens
+    prefix = RestoredPrefix.of(blocks, n, spec)
+    assert prefix is not None
+    suffix = mx.array([tokens(10, 20)])
+    tails = fresh_caches(model)
+    in_place = host.hidden([Group(suffix, tails, prefix)])
+    built = gather_cache(model, blocks, n, 20, spec)
+    expected = host.hidden([Group(suffix, built)])
+    assert in_place is not None
+    assert expected is not None
+    assert np.array_equal(np.asarray(in_place[0]), np.asarray(expected[0]))
+    after = gather_cache(model, blocks, n, 0, spec, tails=tails)
+    for layer in (0, 17, 29):
+        assert after[layer].offset == built[layer].offset == n + 20
+        for ours, theirs in (
+            (after[layer].keys, built[layer].keys),
+            (after[layer].values, built[layer].values),
+        ):
+            assert np.array_equal(
+                np.asarray(ours)[..., : n + 20, :], np.asarray(theirs)[..., : n + 20, :]
+            )

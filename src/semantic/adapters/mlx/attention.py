@@ -225,25 +225,34 @@ def _array_ranges(
     return lo, hi
 
 
-def softmax_pv_address() -> int | None:
-    """Where ``semantic_softmax_pv`` is loaded, for other C code to call it (host_pass)."""
-    kernel = _softmax_pv()
-    return None if kernel is None else ctypes.cast(kernel, ctypes.c_void_p).value
+def softmax_pv_ranges_address() -> int | None:
+    """Where ``semantic_softmax_pv_ranges`` is loaded, for other C code to call (host_pass)."""
+    library = _kernel_library()
+    if library is None:
+        return None
+    return ctypes.cast(library.semantic_softmax_pv_ranges, ctypes.c_void_p).value
 
 
 @functools.cache
-def _softmax_pv() -> Any:
-    """The loaded ``semantic_softmax_pv`` function, or None (no compiler, or turned off)."""
+def _kernel_library() -> ctypes.CDLL | None:
+    """``native/softmax_pv.c``, loaded; None without a compiler, or when turned off."""
     if os.environ.get(KERNEL_ENV) == "0":
         return None
     try:
         library = build_library(NATIVE_DIR / "softmax_pv.c", "libsemantic_softmax_pv")
-        if library is None:
-            return None
-        function = ctypes.CDLL(str(library)).semantic_softmax_pv
+        return None if library is None else ctypes.CDLL(str(library))
     except (OSError, subprocess.SubprocessError) as error:
         log.warning("host attention kernel unavailable (%s); using numpy's softmax", error)
         return None
+
+
+@functools.cache
+def _softmax_pv() -> Any:
+    """The loaded ``semantic_softmax_pv`` function, or None."""
+    library = _kernel_library()
+    if library is None:
+        return None
+    function = library.semantic_softmax_pv
     pointer, size = ctypes.c_void_p, ctypes.c_long
     function.argtypes = [ctypes.c_int] * 5 + [pointer, pointer, size, size, size]
     function.argtypes += [pointer, pointer, ctypes.c_int, pointer]

@@ -10,18 +10,20 @@ them.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import BatchKVCache, KVCache
+from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 
-from semantic.adapters.mlx.decode_batch import DecodeBatch
+from semantic.adapters.mlx.decode_batch import Caches, DecodeBatch
 from semantic.adapters.mlx.fused_pass import MAX_ROWS, Group, supports_fusion
 from semantic.adapters.mlx.host_pass import HostPass
-from semantic.adapters.mlx.kv_blocks import cut_into_blocks, gather_cache
+from semantic.adapters.mlx.kv_blocks import cut_into_blocks, gather_cache, reserve_room
 from semantic.adapters.mlx.model_parts import BodyAndHead
+from semantic.adapters.mlx.restored_prefix import RestoredPrefix
 from semantic.adapters.mlx.sampling import Sampler, log_softmax, make_sampler, top_prob
 from semantic.domain.blocks import AgentBlocks
 from semantic.domain.cache_spec import ModelCacheSpec
@@ -35,6 +37,11 @@ class _Sequence:
     caches: list[Any]
     sampler: Sampler
     track_top_prob: bool
+    room: int = 0
+    """Positions its prompt still adds: an empty cache is sized for them at the first
+    chunk that is not also the last (a prompt prefilled whole sizes itself)."""
+    prefix: RestoredPrefix | None = None
+    """Restored positions not yet copied into ``caches``, which hold what follows them."""
 
 
 class MlxBackend:
@@ -79,22 +86,51 @@ class MlxBackend:
     ) -> None:
         if seq_id in self._sequences:
             raise InvalidRequestError(f"sequence {seq_id} is already open")
-        caches = gather_cache(
-            self._model, restored, n_restored, n_new, self._spec, streams=self._copy_streams()
+        prefix = self._prefix_in_place(restored, n_restored, n_new)
+        if prefix is not None:
+            caches = make_prompt_cache(self._model)
+        else:
+            caches = gather_cache(
+                self._model, restored, n_restored, n_new, self._spec, streams=self._copy_streams()
+            )
+        sampler = make_sampler(sampling)
+        self._sequences[seq_id] = _Sequence(caches, sampler, track_top_prob, n_new, prefix)
+
+    def _prefix_in_place(
+        self, restored: AgentBlocks | None, n_restored: int, n_new: int
+    ) -> RestoredPrefix | None:
+        """A returning agent whose new tokens fit one host pass skips the cache build before
+        its first token: that pass reads the restored blocks where they lie."""
+        if self._host is None or restored is None or not 0 < n_new <= MAX_ROWS:
+            return None
+        return RestoredPrefix.of(restored, n_restored, self._spec)
+
+    def _caches(self, sequence: _Sequence) -> list[Any]:
+        """The sequence's caches, with a prefix read in place copied in front first."""
+        if sequence.prefix is not None:
+            sequence.caches = self._gathered(sequence.prefix, sequence.caches)
+            sequence.prefix = None
+        return sequence.caches
+
+    def _gathered(self, prefix: RestoredPrefix, tails: list[Any]) -> list[Any]:
+        streams = self._copy_streams()
+        blocks, n_tokens = prefix.blocks, prefix.n_tokens
+        return gather_cache(
+            self._model, blocks, n_tokens, 0, self._spec, streams=streams, tails=tails
         )
-        self._sequences[seq_id] = _Sequence(caches, make_sampler(sampling), track_top_prob)
 
     def prefill(self, seq_id: str, tokens: Sequence[int]) -> None:
-        caches = self._sequences[seq_id].caches
+        sequence = self._sequences[seq_id]
+        reserve_room(sequence.caches, sequence.room, self._spec)
         if self._split is not None:  # no logits needed: skip the output head entirely
-            self._body(mx.array([list(tokens)]), caches)
+            self._body(mx.array([list(tokens)]), sequence)
         else:
-            self._model(mx.array([list(tokens)]), cache=caches)
-        mx.eval([(c.keys, c.values) for c in caches])
+            self._model(mx.array([list(tokens)]), cache=self._caches(sequence))
+        mx.eval([(c.keys, c.values) for c in sequence.caches])
 
     def prefill_and_sample(self, seq_id: str, tokens: Sequence[int]) -> SampledToken:
         sequence = self._sequences[seq_id]
-        return self._sample(sequence, self._last_logits(mx.array([list(tokens)]), sequence.caches))
+        return self._sample(sequence, self._last_logits(mx.array([list(tokens)]), sequence))
 
     def prefill_many_and_sample(
         self, prompts: Sequence[tuple[str, Sequence[int]]]
@@ -111,7 +147,7 @@ class MlxBackend:
             [[0] * pad + list(tokens) for pad, (_, tokens) in zip(padding, prompts, strict=True)]
         )
         caches: list[Any] = [BatchKVCache(padding) for _ in sequences[0].caches]  # mlx-lm: untyped
-        logits = self._last_logits(batch, caches)
+        logits = self._last_logits(batch, _Sequence(caches, sequences[0].sampler, False))
         sampled = [self._sample(s, logits[row : row + 1]) for row, s in enumerate(sequences)]
         own = [[cache.extract(row) for cache in caches] for row in range(len(sequences))]
         for sequence, extracted in zip(sequences, own, strict=True):  # all or nothing
@@ -120,28 +156,29 @@ class MlxBackend:
 
     def prefill_logprobs(self, seq_id: str, tokens: Sequence[int]) -> mx.array:
         """Prefill ``tokens`` and return the log-probabilities after the last one."""
-        logits = self._last_logits(mx.array([list(tokens)]), self._sequences[seq_id].caches)
+        logits = self._last_logits(mx.array([list(tokens)]), self._sequences[seq_id])
         logprobs = log_softmax(logits)
         mx.eval(logprobs)
         return logprobs
 
-    def _last_logits(self, batch: mx.array, caches: list[Any]) -> mx.array:
-        """Run ``batch`` (rows of tokens) into ``caches``; the logits after each row."""
+    def _last_logits(self, batch: mx.array, sequence: _Sequence) -> mx.array:
+        """Run ``batch`` (rows of tokens) into the caches; the logits after each row."""
         if self._split is not None:  # the output head for the last position only
-            hidden = self._body(batch, caches)[:, -1:, :]
+            hidden = self._body(batch, sequence)[:, -1:, :]
             logits: mx.array = self._split.head(hidden)[:, -1, :]
         else:
-            logits = self._model(batch, cache=caches)[:, -1, :]
-        mx.eval(logits, [(c.keys, c.values) for c in caches])
+            logits = self._model(batch, cache=self._caches(sequence))[:, -1, :]
+        mx.eval(logits, [(c.keys, c.values) for c in sequence.caches])
         return logits
 
-    def _body(self, batch: mx.array, caches: list[Any]) -> mx.array:
+    def _body(self, batch: mx.array, sequence: _Sequence) -> mx.array:
         """The final hidden states of a llama model; a small pass runs on the host."""
-        hidden = self._host.hidden([Group(batch, caches)]) if self._host is not None else None
-        if hidden is not None:
-            return hidden[0]
+        if self._host is not None:
+            hidden = self._host.hidden([Group(batch, sequence.caches, sequence.prefix)])
+            if hidden is not None:
+                return hidden[0]
         assert self._split is not None  # callers checked: a llama model
-        return self._split.body(batch, cache=caches)  # type: ignore[no-any-return]
+        return self._split.body(batch, cache=self._caches(sequence))  # type: ignore[no-any-return]
 
     @staticmethod
     def _sample(sequence: _Sequence, logits: mx.array) -> SampledToken:
@@ -152,22 +189,28 @@ class MlxBackend:
 
     def start_decoding(self, seq_id: str, first_token: int, max_new_tokens: int) -> None:
         sequence = self._sequences[seq_id]
+        caches: Caches = sequence.caches
+        if sequence.prefix is not None:  # built at the next step, after the first token is out
+            caches = functools.partial(self._gathered, sequence.prefix, sequence.caches)
         self._decoder.add(
             seq_id,
-            sequence.caches,
+            caches,
             first_token,
             max_new_tokens,
             sequence.sampler,
             track_top_prob=sequence.track_top_prob,
         )
-        sequence.caches = []  # the batch holds the KV now
+        sequence.caches, sequence.prefix = [], None  # the batch holds the KV now
 
     def decode_step(self, ride: PromptChunk | None = None) -> StepOutput:
         group = None
         if ride is not None:
             if len(ride.tokens) > self.ride_capacity():
                 raise InvalidRequestError(f"{len(ride.tokens)} tokens cannot ride this step")
-            group = Group(mx.array([list(ride.tokens)]), self._sequences[ride.seq_id].caches)
+            riding = self._sequences[ride.seq_id]
+            if not ride.last:
+                reserve_room(riding.caches, riding.room, self._spec)
+            group = Group(mx.array([list(ride.tokens)]), riding.caches, riding.prefix)
         produced, ridden = self._decoder.step(group)
         for token in produced:
             if token.finished:
@@ -190,7 +233,8 @@ class MlxBackend:
 
     def close_sequence(self, seq_id: str, keep_tokens: int) -> ExportedKV:
         sequence = self._sequences.pop(seq_id)
-        caches = self._decoder.remove(seq_id) if seq_id in self._decoder else sequence.caches
+        in_batch = seq_id in self._decoder
+        caches = self._decoder.remove(seq_id) if in_batch else self._caches(sequence)
         held = min(int(c.offset) for c in caches) if caches else 0
         keep = min(keep_tokens, held)
         if keep <= 0:
@@ -217,7 +261,9 @@ class MlxBackend:
 
 
 def _fresh_plain(sequence: _Sequence) -> bool:
-    return all(type(c) is KVCache and c.offset == 0 for c in sequence.caches)
+    return sequence.prefix is None and all(
+        type(c) is KVCache and c.offset == 0 for c in sequence.caches
+    )
 
 
 def _scalar_int(array: mx.array) -> int:

@@ -12,7 +12,7 @@ first token ride the next shared step. ADR 0011 has the measurements.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +23,9 @@ from semantic.adapters.mlx.host_pass import HostPass
 from semantic.adapters.mlx.model_parts import BodyAndHead
 from semantic.adapters.mlx.sampling import Sampler, top_prob
 from semantic.ports.model_backend import DecodedToken
+
+Caches = list[Any] | Callable[[], list[Any]]
+"""A sequence's per-layer caches (mlx-lm leaves them untyped), or what builds them."""
 
 
 @dataclass(slots=True)
@@ -53,7 +56,7 @@ class DecodeBatch:
         self._inputs: mx.array | None = None  # (rows,): each row's next input token
         self._tops: mx.array | None = None  # (rows,): its probability, for tracked rows
         self._finished: dict[str, list[Any]] = {}
-        self._joining: list[tuple[_Row, list[Any], int]] = []
+        self._joining: list[tuple[_Row, Caches, int]] = []
 
     def __len__(self) -> int:
         return len(self._rows) + len(self._joining)
@@ -65,7 +68,7 @@ class DecodeBatch:
     def add(
         self,
         seq_id: str,
-        caches: list[Any],
+        caches: Caches,
         first_token: int,
         max_new_tokens: int,
         sampler: Sampler,
@@ -74,7 +77,8 @@ class DecodeBatch:
     ) -> None:
         """Join with a prefilled cache; ``first_token`` is fed at the next pass, which makes
         the first of at most ``max_new_tokens`` new tokens. Newcomers are merged into the
-        batch together at the next step: one copy of the batch's caches, not one each."""
+        batch together at the next step: one copy of the batch's caches, not one each.
+        ``caches`` may be a function that builds them, called at that step."""
         row = _Row(seq_id, sampler, track_top_prob, max_new_tokens)
         self._joining.append((row, caches, first_token))
 
@@ -82,10 +86,8 @@ class DecodeBatch:
         if not self._joining:
             return
         joining, self._joining = self._joining, []
-        merged = [
-            layers[0].merge(list(layers))
-            for layers in zip(*(caches for _, caches, _ in joining), strict=True)
-        ]
+        built = [_built(caches) for _, caches, _ in joining]
+        merged = [layers[0].merge(list(layers)) for layers in zip(*built, strict=True)]
         if self._caches:
             for mine, theirs in zip(self._caches, merged, strict=True):
                 mine.extend(theirs)
@@ -150,7 +152,7 @@ class DecodeBatch:
         for position, (row, caches, _) in enumerate(self._joining):
             if row.seq_id == seq_id:  # never fed: its cache is still its own
                 del self._joining[position]
-                return caches
+                return _built(caches)
         index = next(i for i, row in enumerate(self._rows) if row.seq_id == seq_id)
         caches = self._extract(index)
         self._drop([index])
@@ -192,6 +194,10 @@ class DecodeBatch:
         where = mx.array(keep)
         if self._inputs is not None and self._tops is not None:
             self._inputs, self._tops = self._inputs[where], self._tops[where]
+
+
+def _built(caches: Caches) -> list[Any]:
+    return caches() if callable(caches) else caches
 
 
 def _ints(array: mx.array) -> list[int]:

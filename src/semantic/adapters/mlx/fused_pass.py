@@ -18,6 +18,7 @@ from mlx_lm.models.base import create_attention_mask
 
 from semantic.adapters.mlx.attention import HostSoftmaxAttention
 from semantic.adapters.mlx.model_parts import BodyAndHead
+from semantic.adapters.mlx.restored_prefix import RestoredPrefix
 
 MAX_ROWS = 32
 """Stacked rows up to which products use the batch-invariant kernel (ADR 0010)."""
@@ -29,6 +30,8 @@ class Group:
 
     tokens: mx.array
     caches: list[Any]
+    prefix: RestoredPrefix | None = None
+    """Positions before the caches', read where they lie: only the host pass takes these."""
 
 
 def supports_fusion(model: Any) -> bool:
@@ -43,6 +46,8 @@ def supports_fusion(model: Any) -> bool:
 
 def fused_hidden(model: Any, groups: list[Group]) -> list[mx.array]:
     """The final hidden states ``(batch, length, dim)`` of each group, computed in one pass."""
+    if any(g.prefix is not None for g in groups):
+        raise ValueError("a restored prefix read in place needs the host pass")
     inner = model.model
     hidden = [inner.embed_tokens(g.tokens) for g in groups]
     masks = [create_attention_mask(h, g.caches[0]) for h, g in zip(hidden, groups, strict=True)]

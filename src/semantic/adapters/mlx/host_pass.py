@@ -28,13 +28,14 @@ from mlx_lm.models.cache import BatchKVCache, KVCache
 from semantic.adapters.mlx import attention
 from semantic.adapters.mlx.fused_pass import MAX_ROWS, Group, supports_fusion
 from semantic.adapters.mlx.native_build import NATIVE_DIR, build_library
+from semantic.adapters.mlx.restored_prefix import RestoredPrefix
 
 log = logging.getLogger(__name__)
 
 HOST_PASS_ENV = "SEMANTIC_HOST_PASS"
 """``0``: every pass on MLX."""
 
-NAME = "llama-host-pass-v1"
+NAME = "llama-host-pass-v2"
 """Goes into the model fingerprint: KV computed by this pass rounds differently."""
 
 _CACHE_STEP = 256
@@ -76,6 +77,9 @@ class _Group(ctypes.Structure):
         ("values", _Pointer),
         ("k_strides", ctypes.c_long * 3),
         ("v_strides", ctypes.c_long * 3),
+        ("prefix", ctypes.c_int),
+        ("n_segments", ctypes.c_int),
+        ("segments", _Pointer),
     ]
 
 
@@ -131,6 +135,8 @@ class HostPass:
         rows = sum(g.tokens.shape[0] * g.tokens.shape[1] for g in groups)
         if rows > MAX_ROWS or not all(_plain_caches(g.caches) for g in groups):
             return None
+        if any(g.prefix is not None and g.tokens.shape[0] != 1 for g in groups):
+            return None
         mx.eval([g.tokens for g in groups])
         tokens = [np.asarray(g.tokens).astype(np.int64).reshape(-1) for g in groups]
         x = np.ascontiguousarray(self._embed[np.concatenate(tokens)], dtype=np.float32)
@@ -157,7 +163,8 @@ class HostPass:
         first = group.caches[0]
         if type(first) is KVCache:
             write_at = first.offset
-            plan = _Plan(write_at, np.zeros(batch, np.int32), np.full(batch, write_at, np.int32))
+            position = write_at + (group.prefix.n_tokens if group.prefix is not None else 0)
+            plan = _Plan(write_at, np.zeros(batch, np.int32), np.full(batch, position, np.int32))
         else:
             write_at = first._idx  # noqa: SLF001 - BatchKVCache keeps its write index here
             lo = np.asarray(first.left_padding, dtype=np.int32).reshape(batch)
@@ -198,8 +205,15 @@ class HostPass:
             ctypes.cast(value_pointers, _Pointer),
             (ctypes.c_long * 3)(*_float_strides(keys[0])),
             (ctypes.c_long * 3)(*_float_strides(values[0])),
+            *_prefix_fields(group.prefix),
         )
         return described, [keys, values, key_pointers, value_pointers]
+
+
+def _prefix_fields(prefix: RestoredPrefix | None) -> tuple[int, int, int | None]:
+    if prefix is None:
+        return 0, 0, None
+    return prefix.n_tokens, prefix.n_segments, ctypes.addressof(prefix.tables)
 
 
 def _plain_caches(caches: list[Any]) -> bool:
@@ -257,7 +271,7 @@ def _weights(model: Any) -> dict[str, Any] | None:
     inv_freq = (rope.base ** (-np.arange(0, head_dim, 2, dtype=np.float32) / head_dim)).astype(
         np.float32
     )
-    kernel = attention.softmax_pv_address()
+    kernel = attention.softmax_pv_ranges_address()
     if kernel is None:
         return None
     arrays = [a for p in parts if p is not None for a in p]

@@ -12,13 +12,17 @@
  * is our batch-invariant kernel (small_sgemm.c); the elementwise steps are 16-lane loops.
  *
  * Bits: every step works row by row (a row's norm, RoPE and SwiGLU never see another row),
- * the products are batch-invariant up to 32 rows, and attention is per sequence. So a row
- * gets the same bits alone, batched or beside a prompt chunk.
+ * the products are batch-invariant up to 32 rows (scores too: they are taken 32 query rows
+ * at a time), and attention is per sequence. So a row gets the same bits alone, batched,
+ * beside a prompt chunk, and whether its keys lie in one buffer or in a restored prefix's
+ * blocks.
  *
  * Layout: x [rows][hidden], rows ordered group by group, batch-major then position. A
- * group's caches are per layer, [batch][kv_heads][cap][head_dim] with strides in floats;
- * its new rows are written at positions [write_at, write_at + length) and row (b, t)
- * attends to keys [lo[b], write_at + t + 1); its RoPE position is pos[b] + t.
+ * group's caches are per layer, [batch][kv_heads][cap][head_dim] with strides in floats.
+ * A group may also have a prefix of `prefix` positions held in segments (blocks restored
+ * from disk, not yet copied into a cache); the cache's own positions follow it. The new
+ * rows are written in the cache at [write_at, write_at + length), and row (b, t) attends
+ * to positions [lo[b], prefix + write_at + t + 1); its RoPE position is pos[b] + t.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -28,16 +32,12 @@
 #include <string.h>
 
 #include "simd.h"
+#include "softmax_pv.h"
 
 typedef struct {
     const float *attn_norm, *mlp_norm;
     const float *wq, *wk, *wv, *wo, *wg, *wu, *wd; /* [out][in], as MLX's Linear keeps them */
 } layer_t;
-
-typedef void (*softmax_pv_fn)(int batch, int kv_heads, int rows, int span, int dim,
-                              float *scores, const float *values, long v_batch, long v_head,
-                              long v_row, const int *lo, const int *hi, int rows_per_range,
-                              float *out);
 
 typedef struct {
     int layers, hidden, heads, kv_heads, head_dim, inter;
@@ -46,8 +46,16 @@ typedef struct {
     const float *inv_freq; /* [head_dim / 2] RoPE frequencies */
     const layer_t *layer;
     const float *final_norm;
-    softmax_pv_fn softmax_pv;
+    softmax_pv_ranges_fn softmax_pv;
 } model_t;
+
+/* Positions held outside the cache: a restored prefix's blocks, read straight from the
+ * buffers their files were read into (rows of head_dim floats, one after the other). */
+typedef struct {
+    const float *keys, *values;
+    int length;
+    long k_head, v_head; /* floats from one kv head's rows to the next's */
+} segment_t;
 
 typedef struct {
     int batch, length, write_at;
@@ -55,6 +63,9 @@ typedef struct {
     const int *pos; /* [batch] RoPE position of each sequence's first new row */
     float *const *keys, *const *values; /* [layers] */
     long k_strides[3], v_strides[3];    /* batch, head, position; in floats */
+    int prefix;                         /* positions in segments, before the cache's own */
+    int n_segments;
+    const segment_t *const *segments; /* [layers][n_segments]; a group of one sequence */
 } group_t;
 
 typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float *, int,
@@ -138,6 +149,65 @@ static void rope_row(float *row, int heads, int dim, int traditional, const floa
     }
 }
 
+enum { KERNEL_ROWS = 32 }; /* the matmul kernel's batch-invariant reach (small_sgemm.c) */
+
+/* scores[r][0:n] = q[r] . keys[0:n] for up to 32 query rows: within our kernel's reach, so a
+ * score's bits do not depend on how many rows share its product or on whether its keys lie
+ * in one buffer or in several. Called from the units below, while the helper thread runs
+ * the other units, so each product runs on the thread that calls it. */
+static void scores_of(const float *q, int rows, int dim, const float *keys, int key_stride,
+                      int n, float *scores, int span) {
+    if (n > 0)
+        sgemm()(ROW_MAJOR, NO_TRANS, TRANS, rows, n, dim, 1.0f, q, dim, keys, key_stride, 0.0f,
+                scores, span);
+}
+
+typedef void (*work_fn)(const void *context, int from, int to);
+typedef void (*parallel_fn)(work_fn work, const void *context, int total, int chunk);
+
+/* The matmul kernel's helper thread (small_sgemm.c), or NULL: then one thread does all. */
+static parallel_fn shared_helper(void) {
+    static parallel_fn found;
+    static int looked;
+    if (!looked) {
+        found = (parallel_fn)dlsym(RTLD_DEFAULT, "semantic_parallel_for");
+        looked = 1;
+    }
+    return found;
+}
+
+typedef struct {
+    const model_t *m;
+    const group_t *g;
+    int layer;
+    const float *grouped;
+    float *scores;
+    int q_rows, span, blocks;
+} scores_task_t;
+
+/* Units [from, to): one (sequence, kv head, block of 32 query rows) each, over every
+ * segment of the prefix and then the cache's own positions. */
+static void score_units(const void *context, int from, int to) {
+    const scores_task_t *t = context;
+    const model_t *m = t->m;
+    const group_t *g = t->g;
+    int dim = m->head_dim;
+    for (int unit = from; unit < to; unit++) {
+        int pair = unit / t->blocks, r = unit % t->blocks * KERNEL_ROWS;
+        int b = pair / m->kv_heads, h = pair % m->kv_heads;
+        int rows = t->q_rows - r < KERNEL_ROWS ? t->q_rows - r : KERNEL_ROWS;
+        const float *q = t->grouped + ((long)pair * t->q_rows + r) * dim;
+        float *s = t->scores + ((long)pair * t->q_rows + r) * t->span;
+        const segment_t *segment = g->n_segments ? g->segments[t->layer] : NULL;
+        for (int i = 0, at = 0; i < g->n_segments; at += segment[i].length, i++)
+            scores_of(q, rows, dim, segment[i].keys + h * segment[i].k_head, dim,
+                      segment[i].length, s + at, t->span);
+        const float *keys = g->keys[t->layer] + b * g->k_strides[0] + h * g->k_strides[1];
+        scores_of(q, rows, dim, keys, (int)g->k_strides[2], g->write_at + g->length,
+                  s + g->prefix, t->span);
+    }
+}
+
 typedef struct {
     const model_t *m;
     float *q, *k, *v, *mixed; /* [rows][...] for the whole pass */
@@ -150,7 +220,7 @@ static int attend_group(const layer_io_t *io, const group_t *g, int layer, int r
     const model_t *m = io->m;
     int dim = m->head_dim, per_kv = m->heads / m->kv_heads, half = dim / 2;
     int q_width = m->heads * dim, kv_width = m->kv_heads * dim, length = g->length;
-    int span = g->write_at + length, q_rows = per_kv * length;
+    int span = g->prefix + g->write_at + length, q_rows = per_kv * length;
     float *keys = g->keys[layer], *values = g->values[layer];
     for (int b = 0; b < g->batch; b++)
         for (int t = 0; t < length; t++) {
@@ -176,7 +246,7 @@ static int attend_group(const layer_io_t *io, const group_t *g, int layer, int r
     for (int b = 0; b < g->batch; b++)
         for (int t = 0; t < length; t++) {
             lo[b * length + t] = g->lo[b];
-            hi[b * length + t] = g->write_at + t + 1;
+            hi[b * length + t] = g->prefix + g->write_at + t + 1;
             const float *q = io->q + (long)(r0 + b * length + t) * q_width;
             for (int h = 0; h < m->heads; h++) {
                 int kv = h / per_kv, within = h % per_kv;
@@ -185,16 +255,29 @@ static int attend_group(const layer_io_t *io, const group_t *g, int layer, int r
                 for (int d = 0; d < dim; d++) dest[d] = q[h * dim + d] * m->scale;
             }
         }
-    for (int b = 0; b < g->batch; b++)
-        for (int h = 0; h < m->kv_heads; h++) {
-            long pair = (long)b * m->kv_heads + h;
-            const float *k = keys + b * g->k_strides[0] + h * g->k_strides[1];
-            sgemm()(ROW_MAJOR, NO_TRANS, TRANS, q_rows, span, dim, 1.0f,
-                    grouped + pair * q_rows * dim, dim, k, (int)g->k_strides[2], 0.0f,
-                    scores + pair * q_rows * span, span);
+    int blocks = (q_rows + KERNEL_ROWS - 1) / KERNEL_ROWS;
+    scores_task_t task = {m, g, layer, grouped, scores, q_rows, span, blocks};
+    int units = g->batch * m->kv_heads * blocks;
+    parallel_fn parallel = shared_helper();
+    if (parallel != NULL && units > 1)
+        parallel(score_units, &task, units, 1);
+    else
+        score_units(&task, 0, units);
+    int n_ranges = g->n_segments + 1;
+    vrange_t *ranges = malloc(sizeof(vrange_t) * (size_t)(g->batch * n_ranges));
+    if (ranges == NULL) return -1;
+    for (int b = 0; b < g->batch; b++) {
+        vrange_t *r = ranges + (long)b * n_ranges;
+        for (int i = 0, at = 0; i < g->n_segments; at += g->segments[layer][i].length, i++) {
+            const segment_t *segment = &g->segments[layer][i];
+            r[i] = (vrange_t){at, at + segment->length, segment->values, segment->v_head, dim};
         }
-    m->softmax_pv(g->batch, m->kv_heads, q_rows, span, dim, scores, values, g->v_strides[0],
-                  g->v_strides[1], g->v_strides[2], lo, hi, length, out);
+        r[g->n_segments] = (vrange_t){g->prefix, span, values + b * g->v_strides[0],
+                                      g->v_strides[1], g->v_strides[2]};
+    }
+    m->softmax_pv(g->batch, m->kv_heads, q_rows, span, dim, scores, ranges, n_ranges, lo, hi,
+                  length, out);
+    free(ranges);
     for (int b = 0; b < g->batch; b++)
         for (int t = 0; t < length; t++) {
             float *dest = io->mixed + (long)(r0 + b * length + t) * q_width;

@@ -14,7 +14,9 @@
  * hi adds exact zeros), so a row gets the same bits alone, batched, or in any chunk.
  *
  * Layout: scores [batch][kv_heads][rows][span] contiguous, softmaxed in place;
- * values [batch][kv_heads][span][dim] with strides in floats, dim contiguous;
+ * values [batch][kv_heads][span][dim] with strides in floats, dim contiguous, or, through
+ * semantic_softmax_pv_ranges, each sequence's positions as ranges of rows that lie apart
+ * (a restored prefix's blocks, then the cache's own buffer: see llama_pass.c);
  * lo/hi [batch][rows]; out [batch][kv_heads][rows][dim] contiguous; dim % 64 == 0.
  */
 #define _GNU_SOURCE
@@ -24,6 +26,7 @@
 #include <string.h>
 
 #include "simd.h"
+#include "softmax_pv.h"
 
 #define TILE 4
 
@@ -63,26 +66,32 @@ static float softmax_row(float *row, int lo, int hi, int zero_to) {
 }
 
 /* out[r][d:d+64] = inverse[r] * sum over j in [lo, end) of p[r][j] * V[j][d:d+64], for
- * TILE rows at once: each value row is loaded once for all four. */
-static void weigh_values(float *const *p, int lo, int end, const float *values, long v_stride,
-                         int dim, const float *inverse, float *const *out) {
+ * TILE rows at once: each value row is loaded once for all four. Ranges are taken in order,
+ * so the sum runs over j from lo upwards however the rows are laid out. */
+static void weigh_values(float *const *p, int lo, int end, const vrange_t *ranges,
+                         int n_ranges, int h, int dim, const float *inverse, float *const *out) {
     for (int d = 0; d < dim; d += 64) {
         v16 a00 = splat(0), a01 = splat(0), a02 = splat(0), a03 = splat(0);
         v16 a10 = splat(0), a11 = splat(0), a12 = splat(0), a13 = splat(0);
         v16 a20 = splat(0), a21 = splat(0), a22 = splat(0), a23 = splat(0);
         v16 a30 = splat(0), a31 = splat(0), a32 = splat(0), a33 = splat(0);
         const float *p0 = p[0], *p1 = p[1], *p2 = p[2], *p3 = p[3];
-        for (int j = lo; j < end; j++) {
-            const float *row = values + (long)j * v_stride + d;
-            v16 v0 = load(row), v1 = load(row + 16), v2 = load(row + 32), v3 = load(row + 48);
-            v16 w = splat(p0[j]);
-            a00 += w * v0, a01 += w * v1, a02 += w * v2, a03 += w * v3;
-            w = splat(p1[j]);
-            a10 += w * v0, a11 += w * v1, a12 += w * v2, a13 += w * v3;
-            w = splat(p2[j]);
-            a20 += w * v0, a21 += w * v1, a22 += w * v2, a23 += w * v3;
-            w = splat(p3[j]);
-            a30 += w * v0, a31 += w * v1, a32 += w * v2, a33 += w * v3;
+        for (const vrange_t *range = ranges; range < ranges + n_ranges; range++) {
+            int from = range->start > lo ? range->start : lo;
+            int to = range->end < end ? range->end : end;
+            const float *at = range->base + h * range->head + d - (long)range->start * range->row;
+            for (int j = from; j < to; j++) {
+                const float *row = at + (long)j * range->row;
+                v16 v0 = load(row), v1 = load(row + 16), v2 = load(row + 32), v3 = load(row + 48);
+                v16 w = splat(p0[j]);
+                a00 += w * v0, a01 += w * v1, a02 += w * v2, a03 += w * v3;
+                w = splat(p1[j]);
+                a10 += w * v0, a11 += w * v1, a12 += w * v2, a13 += w * v3;
+                w = splat(p2[j]);
+                a20 += w * v0, a21 += w * v1, a22 += w * v2, a23 += w * v3;
+                w = splat(p3[j]);
+                a30 += w * v0, a31 += w * v1, a32 += w * v2, a33 += w * v3;
+            }
         }
         v16 acc[TILE][4] = {{a00, a01, a02, a03}, {a10, a11, a12, a13},
                             {a20, a21, a22, a23}, {a30, a31, a32, a33}};
@@ -94,8 +103,8 @@ static void weigh_values(float *const *p, int lo, int end, const float *values, 
 typedef struct {
     int kv_heads, rows, span, dim, rows_per_range, tiles;
     float *scores;
-    const float *values;
-    long v_batch, v_head, v_row;
+    const vrange_t *ranges; /* [batch][n_ranges] */
+    int n_ranges;
     const int *lo, *hi;
     float *out;
 } task_t;
@@ -109,7 +118,7 @@ static void run_tiles(const void *context, int from, int to) {
         int pair = unit / t->tiles, r0 = unit % t->tiles * TILE;
         int b = pair / t->kv_heads, h = pair % t->kv_heads;
         float *block = t->scores + (long)pair * t->rows * t->span;
-        const float *vals = t->values + b * t->v_batch + h * t->v_head;
+        const vrange_t *ranges = t->ranges + (long)b * t->n_ranges;
         float *dest = t->out + (long)pair * t->rows * t->dim;
         const int *lo = t->lo + (long)b * t->rows_per_range, *hi = t->hi + (long)b * t->rows_per_range;
         int count = t->rows - r0 < TILE ? t->rows - r0 : TILE;
@@ -135,7 +144,7 @@ static void run_tiles(const void *context, int from, int to) {
             inverse[r] = inverse[0];
             o[r] = t->dim <= 256 ? spare[r] : o[0];
         }
-        weigh_values(p, start, end, vals, t->v_row, t->dim, inverse, o);
+        weigh_values(p, start, end, ranges, t->n_ranges, h, t->dim, inverse, o);
     }
 }
 
@@ -158,18 +167,35 @@ enum { MIN_SHARED_WORK = 1 << 16 }; /* score elements below which one thread is 
 
 int semantic_softmax_pv_ready(void) { return 1; }
 
-void semantic_softmax_pv(int batch, int kv_heads, int rows, int span, int dim, float *scores,
-                         const float *values, long v_batch, long v_head, long v_row,
-                         const int *lo, const int *hi, int rows_per_range, float *out) {
+void semantic_softmax_pv_ranges(int batch, int kv_heads, int rows, int span, int dim,
+                                float *scores, const vrange_t *ranges, int n_ranges,
+                                const int *lo, const int *hi, int rows_per_range, float *out) {
     /* rows_per_range: query rows of one kv head share ranges in blocks of `length` (the
      * group's heads repeat the same positions): range index = row % rows_per_range. */
     if (dim % 64 != 0) return;
     task_t task = {kv_heads, rows, span, dim, rows_per_range, (rows + TILE - 1) / TILE,
-                   scores, values, v_batch, v_head, v_row, lo, hi, out};
+                   scores, ranges, n_ranges, lo, hi, out};
     int units = batch * kv_heads * task.tiles;
     parallel_fn parallel = shared_helper();
     if (parallel != NULL && (long)batch * kv_heads * rows * span >= MIN_SHARED_WORK && units > 1)
         parallel(run_tiles, &task, units, 1);
     else
         run_tiles(&task, 0, units);
+}
+
+enum { MAX_BATCH = 256 };
+
+void semantic_softmax_pv(int batch, int kv_heads, int rows, int span, int dim, float *scores,
+                         const float *values, long v_batch, long v_head, long v_row,
+                         const int *lo, const int *hi, int rows_per_range, float *out) {
+    vrange_t ranges[MAX_BATCH];
+    for (int b0 = 0; b0 < batch; b0 += MAX_BATCH) {
+        int n = batch - b0 < MAX_BATCH ? batch - b0 : MAX_BATCH;
+        for (int b = 0; b < n; b++)
+            ranges[b] = (vrange_t){0, span, values + (long)(b0 + b) * v_batch, v_head, v_row};
+        semantic_softmax_pv_ranges(n, kv_heads, rows, span, dim,
+                                   scores + (long)b0 * kv_heads * rows * span, ranges, 1,
+                                   lo + (long)b0 * rows_per_range, hi + (long)b0 * rows_per_range,
+                                   rows_per_range, out + (long)b0 * kv_heads * rows * dim);
+    }
 }
