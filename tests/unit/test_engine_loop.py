@@ -152,3 +152,44 @@ def test_an_idle_engine_waits_a_moment_for_a_request_just_behind_another(
         assert first_round == [2]
     finally:
         loop.stop()
+
+
+def test_events_posted_together_wake_the_loop_once_and_keep_their_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    event_loop = asyncio.new_event_loop()
+    wake_ups: list[object] = []
+    original = event_loop.call_soon_threadsafe
+
+    def counting(callback: object, *args: object) -> object:
+        wake_ups.append(callback)
+        return original(callback, *args)  # type: ignore[arg-type]  # forwarded as given
+
+    monkeypatch.setattr(event_loop, "call_soon_threadsafe", counting)
+    streams = [AsyncEventStream(event_loop) for _ in range(3)]
+    events = [TokenEvent(f"r{i % 3}", i, str(i)) for i in range(30)]
+
+    def post_all() -> None:  # as the engine thread does after a step
+        for event in events:
+            streams[int(event.request_id[1:])](event)
+
+    poster = threading.Thread(target=post_all)
+    poster.start()
+    poster.join()
+    assert len(wake_ups) == 1  # before the loop ran: thirty events, one wake-up
+
+    async def first(stream: AsyncEventStream, count: int) -> list[int]:
+        iterator = aiter(stream)
+        received = []
+        for _ in range(count):
+            event = await anext(iterator)
+            assert isinstance(event, TokenEvent)
+            received.append(event.token_id)
+        await iterator.aclose()  # type: ignore[attr-defined]  # an async generator's
+        return received
+
+    try:
+        got = [event_loop.run_until_complete(first(s, 10)) for s in streams]
+    finally:
+        event_loop.close()
+    assert got == [list(range(i, 30, 3)) for i in range(3)]

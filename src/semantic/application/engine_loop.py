@@ -221,15 +221,50 @@ class EngineLoop:
             future.set_exception(error)
 
 
+class _LoopMailbox:
+    """Events from the engine thread for one asyncio loop, handed over with one wake-up of
+    the loop for all that arrive before it runs: a decode step of sixteen streams woke it
+    sixteen times (a write to its self-pipe each, 1.3% of the engine thread's time)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._pending: list[tuple[asyncio.Queue[EngineEvent], EngineEvent]] = []
+
+    def post(self, queue: asyncio.Queue[EngineEvent], event: EngineEvent) -> None:
+        with self._lock:
+            self._pending.append((queue, event))
+            if len(self._pending) > 1:  # a wake-up is on its way and will take this one
+                return
+        self._loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for queue, event in pending:
+            queue.put_nowait(event)
+
+
+_mailboxes: dict[asyncio.AbstractEventLoop, _LoopMailbox] = {}
+_mailboxes_lock = threading.Lock()
+
+
+def _mailbox(loop: asyncio.AbstractEventLoop) -> _LoopMailbox:
+    with _mailboxes_lock:
+        for other in [known for known in _mailboxes if known.is_closed()]:
+            del _mailboxes[other]
+        return _mailboxes.setdefault(loop, _LoopMailbox(loop))
+
+
 class AsyncEventStream:
     """An ``EventSink`` that hands events to an asyncio loop; iterate it for one request."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
-        self._loop = loop or asyncio.get_running_loop()
+        self._mailbox = _mailbox(loop or asyncio.get_running_loop())
         self._queue: asyncio.Queue[EngineEvent] = asyncio.Queue()
 
     def __call__(self, event: EngineEvent) -> None:
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+        self._mailbox.post(self._queue, event)
 
     async def __aiter__(self) -> AsyncIterator[EngineEvent]:
         while True:
