@@ -50,7 +50,7 @@ class Settings:
     prefill_fixed_tokens: int | None = None
     """A fixed prefill budget per engine step; None: 1,024 tokens while nothing decodes, 64
     per waiting prompt while streams decode (ADR 0009)."""
-    prefill_ride_ratio: float | None = None
+    prefill_ride_ratio: float | None = 3.0
     """A lone waiting prompt rides the decode steps, adding at most this many decode steps'
     time to each; None: it gets passes of its own (ADR 0009 has the trade-off)."""
     max_running: int = 32

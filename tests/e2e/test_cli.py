@@ -40,7 +40,7 @@ def test_an_unknown_model_name_is_one_clear_error(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("flag", "value", "message"),
     [
-        ("--prefill-ride", "-1", "must be positive"),
+        ("--prefill-ride", "-1", "must be 0 or more"),
         ("--prefill-budget", "0", "must be positive"),
         ("--prefill-ride", "soon", "not a number"),
     ],

@@ -66,12 +66,13 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     serve.add_argument(
         "--prefill-ride",
-        type=_positive(float),
+        type=_ride_steps,
         default=None,
         metavar="STEPS",
-        help="let a lone waiting prompt ride the running streams' decode steps, adding at most "
-        "STEPS decode steps' time to each: smoother streams, a slower first token for the "
-        "prompt (default: off; docs/adr/0009 shows the curve)",
+        help="a lone waiting prompt rides the running streams' decode steps, adding at most "
+        "STEPS decode steps' time to each; fewer STEPS: smoother streams, a slower first "
+        "token for the prompt; 0: passes of its own (default: 3; docs/adr/0009 shows the "
+        "curve)",
     )
     serve.add_argument(
         "--max-waiting",
@@ -110,7 +111,7 @@ def run_server(args: argparse.Namespace) -> int:
     if args.prefill_budget is not None:
         overrides["prefill_fixed_tokens"] = args.prefill_budget
     if args.prefill_ride is not None:
-        overrides["prefill_ride_ratio"] = args.prefill_ride
+        overrides["prefill_ride_ratio"] = args.prefill_ride or None
     settings = settings_from(args, **overrides)
     progress = ProgressPrinter()
 
@@ -141,6 +142,16 @@ def run_server(args: argparse.Namespace) -> int:
         access_log=False,
     )
     return 0
+
+
+def _ride_steps(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {text}")
+    return value
 
 
 def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
