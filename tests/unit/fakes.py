@@ -119,6 +119,9 @@ class FakeBackend:
     ride_rows: int = 0
     """Rows a fused decode pass may hold (0: no riding, like a model without fusion)."""
     rides: list[tuple[str, int]] = field(default_factory=list)
+    reading_restored: set[str] = field(default_factory=set)
+    """Sequences that still read their restored blocks in place (the MLX backend's first
+    pass over a returning agent's blocks)."""
 
     @property
     def decoding_count(self) -> int:
@@ -163,6 +166,9 @@ class FakeBackend:
     def ride_capacity(self) -> int:
         decoding = self.decoding_count
         return max(0, self.ride_rows - decoding) if decoding else 0
+
+    def reads_restored(self, seq_id: str) -> bool:
+        return seq_id in self.reading_restored
 
     def decode_step(self, ride: PromptChunk | None = None) -> StepOutput:
         if ride is not None and len(ride.tokens) > self.ride_capacity():

@@ -71,6 +71,25 @@ def test_restored_blocks_continue_exactly_as_a_cold_prefill() -> None:
     assert engine.pool.used_count == 0
 
 
+def test_restored_blocks_stay_pinned_while_the_backend_reads_them_in_place() -> None:
+    engine, backend = make_engine()
+    first = engine.submit("agent", PROMPT, max_tokens=5)
+    earlier = completions(run_until_idle(engine))[first]
+    assert earlier.blocks is not None
+    rid = engine.submit("agent", [*earlier.blocks.token_ids, 13], earlier.blocks, max_tokens=4)
+    engine.release_blocks(first)
+    backend.reading_restored.add(rid)
+    engine.step()
+    engine.step()
+    assert f"{rid}/pin" in engine.pool.owners()  # admitted, but its blocks are still read
+    backend.reading_restored.clear()
+    engine.step()
+    assert f"{rid}/pin" not in engine.pool.owners()
+    run_until_idle(engine)
+    engine.release_blocks(rid)
+    assert engine.pool.used_count == 0
+
+
 def test_a_cache_covering_the_whole_prompt_still_feeds_the_last_token() -> None:
     engine, backend = make_engine()
     first = engine.submit("agent", PROMPT, max_tokens=3)

@@ -194,8 +194,8 @@ class BlockPoolBatchEngine:
             ride_capacity=self._backend.ride_capacity(),
         )
         for active in self._running.values():
-            if active.pinned:  # its cache is built: the blocks it restored from may go
-                self._pool.release_owner(active.pin_owner)
+            if active.pinned and not self._backend.reads_restored(active.id):
+                self._pool.release_owner(active.pin_owner)  # its cache holds a copy now
                 active.pinned = False
         return plan
 

@@ -250,7 +250,12 @@ class _LoopMailbox:
             self._pending.append((queue, event))
             if len(self._pending) > 1:  # a wake-up is on its way and will take this one
                 return
-        self._loop.call_soon_threadsafe(self._deliver)
+        try:
+            self._loop.call_soon_threadsafe(self._deliver)
+        except RuntimeError:  # the loop is closed: nobody will take these
+            with self._lock:
+                self._pending.clear()
+            raise
 
     def _deliver(self) -> None:
         with self._lock:

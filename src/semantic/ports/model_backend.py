@@ -131,6 +131,11 @@ class ModelBackend(Protocol):
         changing any result (0: riding is not possible now, or not on this model)."""
         ...
 
+    def reads_restored(self, seq_id: str) -> bool:
+        """True while the sequence still reads the blocks it restored from where they lie
+        (their memory is in use: keep them pinned); False once its cache holds a copy."""
+        ...
+
     @property
     def decoding_count(self) -> int:
         """Sequences in the batched decoder right now."""

@@ -210,6 +210,8 @@ class MlxBackend:
             riding = self._sequences[ride.seq_id]
             if not ride.last:
                 reserve_room(riding.caches, riding.room, self._spec)
+            if self._host is None or len(ride.tokens) + len(self._decoder) > MAX_ROWS:
+                self._caches(riding)  # a pass on MLX needs the prefix copied in first
             group = Group(mx.array([list(ride.tokens)]), riding.caches, riding.prefix)
         produced, ridden = self._decoder.step(group)
         for token in produced:
@@ -227,12 +229,21 @@ class MlxBackend:
                 mx.eval([(c.keys, c.values) for c in group.caches])
         return StepOutput(produced, first)
 
+    def reads_restored(self, seq_id: str) -> bool:
+        sequence = self._sequences.get(seq_id)
+        pending_in_batch = self._decoder.builds_pending(seq_id)
+        return (sequence is not None and sequence.prefix is not None) or pending_in_batch
+
     def ride_capacity(self) -> int:
         rows = len(self._decoder)
         return MAX_ROWS - rows if self._fusion and rows else 0
 
     def close_sequence(self, seq_id: str, keep_tokens: int) -> ExportedKV:
         sequence = self._sequences.pop(seq_id)
+        if keep_tokens <= 0:  # nothing to keep: a pending cache build is not worth doing
+            if seq_id in self._decoder:
+                self._decoder.remove(seq_id, build=False)
+            return ExportedKV(0, [[] for _ in range(self._spec.n_layers)])
         in_batch = seq_id in self._decoder
         caches = self._decoder.remove(seq_id) if in_batch else self._caches(sequence)
         held = min(int(c.offset) for c in caches) if caches else 0

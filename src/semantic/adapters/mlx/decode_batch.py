@@ -147,12 +147,17 @@ class DecodeBatch:
         """The cache of a row that left the batch by itself, once."""
         return self._finished.pop(seq_id, None)
 
-    def remove(self, seq_id: str) -> list[Any]:
-        """Take a row out now (the engine ended it); returns its cache."""
+    def builds_pending(self, seq_id: str) -> bool:
+        """Whether the row joins at the next step with a cache still to be built."""
+        return any(row.seq_id == seq_id and callable(c) for row, c, _ in self._joining)
+
+    def remove(self, seq_id: str, *, build: bool = True) -> list[Any]:
+        """Take a row out now (the engine ended it); returns its cache (``build=False``:
+        a joining row's cache is not built, and nothing is returned for it)."""
         for position, (row, caches, _) in enumerate(self._joining):
             if row.seq_id == seq_id:  # never fed: its cache is still its own
                 del self._joining[position]
-                return _built(caches)
+                return _built(caches) if build else []
         index = next(i for i, row in enumerate(self._rows) if row.seq_id == seq_id)
         caches = self._extract(index)
         self._drop([index])

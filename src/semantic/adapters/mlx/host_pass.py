@@ -170,12 +170,12 @@ class HostPass:
             lo = np.asarray(first.left_padding, dtype=np.int32).reshape(batch)
             pos = np.asarray(first.offset, dtype=np.int32).reshape(batch)
             plan = _Plan(write_at, np.ascontiguousarray(lo), np.ascontiguousarray(pos))
-        grown = []
-        for cache in group.caches:
-            if not _has_room(cache, write_at + length):
+        if not all(_has_room(c, write_at + length) for c in group.caches) or not _alike(
+            group.caches
+        ):  # every layer gets a buffer of one shape: the C side takes layer 0's strides
+            for cache in group.caches:
                 cache.keys, cache.values = self._grown(cache, batch, write_at, length)
-                grown += [cache.keys, cache.values]
-        mx.eval(grown, [(c.keys, c.values) for c in group.caches])
+        mx.eval([(c.keys, c.values) for c in group.caches])
         return plan
 
     def _grown(
@@ -193,6 +193,10 @@ class HostPass:
         batch, length = group.tokens.shape
         keys = [np.asarray(c.keys) for c in group.caches]
         values = [np.asarray(c.values) for c in group.caches]
+        if any(k.strides != keys[0].strides for k in keys) or any(
+            v.strides != values[0].strides for v in values
+        ):
+            raise ValueError("the layers' cache buffers are laid out differently")
         key_pointers = (_Pointer * len(keys))(*(k.ctypes.data for k in keys))
         value_pointers = (_Pointer * len(values))(*(v.ctypes.data for v in values))
         described = _Group(
@@ -221,6 +225,13 @@ def _plain_caches(caches: list[Any]) -> bool:
     if kinds not in ({KVCache}, {BatchKVCache}):
         return False
     return all(c.keys is None or c.keys.dtype == mx.float32 for c in caches)
+
+
+def _alike(caches: list[Any]) -> bool:
+    first = caches[0]
+    return all(
+        c.keys.shape == first.keys.shape and c.values.shape == first.values.shape for c in caches
+    )
 
 
 def _has_room(cache: Any, needed: int) -> bool:

@@ -11,7 +11,9 @@ Safety rests on Python's reference counts: every block payload over a buffer (a
 ``StackedKV``, or an ``MlxKV`` of views) holds the buffer's ``Lease``, and the lease gives the
 buffer back only when the last of them is gone. Views of a ``StackedKV`` live only inside
 one ``kv_blocks.gather_cache`` call, which holds the blocks and copies what it takes (never
-hands a block's memory to a cache), so no array outlives the lease that covers it.
+hands a block's memory to a cache), or in a ``RestoredPrefix``, which holds the payloads
+(and so their leases) for as long as the host pass may read its addresses. So no view
+outlives the lease that covers it.
 """
 
 from __future__ import annotations

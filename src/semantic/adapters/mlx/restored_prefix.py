@@ -51,6 +51,8 @@ class RestoredPrefix:
         window, a quantized block decoded elsewhere)."""
         if n_tokens <= 0 or any(spec.window(i) is not None for i in range(spec.n_layers)):
             return None
+        if len(blocks.layers) != spec.n_layers or spec.k_head_dim != spec.v_head_dim:
+            return None
         buffers: dict[int, np.ndarray] = {}
         kept: list[Any] = [buffers]
         tables = []
@@ -84,7 +86,7 @@ def _segments(
             return None
         offset = lo - base - block.start
         rows = host_rows(block.payload, slice(offset, offset + hi - lo), buffers)
-        if rows is None or not all(_plain_rows(a) for a in rows):
+        if rows is None or not all(_plain_rows(a, spec) for a in rows):
             return None
         keys, values = rows
         kept.append(block.payload)  # its restore buffer's lease
@@ -101,10 +103,13 @@ def _segments(
     return segments if covered == n_tokens else None
 
 
-def _plain_rows(array: np.ndarray) -> bool:
+def _plain_rows(array: np.ndarray, spec: ModelCacheSpec) -> bool:
     """(kv_heads, n, dim) float32 with each head's rows back to back."""
     return (
-        array.dtype == np.float32
+        array.ndim == 3
+        and array.shape[0] == spec.n_kv_heads
+        and array.shape[2] == spec.k_head_dim
+        and array.dtype == np.float32
         and array.strides[2] == 4
         and array.strides[1] == 4 * array.shape[2]
         and array.strides[0] > 0

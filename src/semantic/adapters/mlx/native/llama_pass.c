@@ -27,6 +27,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <math.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,16 +84,40 @@ static void linear(const float *x, const float *w, float *y, int rows, int in, i
     sgemm()(ROW_MAJOR, NO_TRANS, TRANS, rows, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
 }
 
-/* Scratch that grows and is kept: the engine's one thread calls this, pass after pass. */
+/* Scratch that grows and is kept, one per calling thread (the engine's, pass after pass),
+ * freed when that thread exits. */
+typedef struct {
+    float *buffer;
+    size_t held;
+} scratch_t;
+
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+
+static void free_scratch(void *held) {
+    scratch_t *s = held;
+    free(s->buffer);
+    free(s);
+}
+
+static void make_scratch_key(void) { pthread_key_create(&scratch_key, free_scratch); }
+
 static float *scratch(size_t floats) {
-    static __thread float *buffer;
-    static __thread size_t held;
-    if (floats > held) {
-        free(buffer);
-        buffer = aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
-        held = buffer != NULL ? floats : 0;
+    pthread_once(&scratch_once, make_scratch_key);
+    scratch_t *s = pthread_getspecific(scratch_key);
+    if (s == NULL) {
+        s = calloc(1, sizeof *s);
+        if (s == NULL || pthread_setspecific(scratch_key, s) != 0) {
+            free(s);
+            return NULL;
+        }
     }
-    return buffer;
+    if (floats > s->held) {
+        free(s->buffer);
+        s->buffer = aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
+        s->held = s->buffer != NULL ? floats : 0;
+    }
+    return s->buffer;
 }
 
 static void rms_norm(const float *x, const float *weight, float *out, int rows, int n, float eps) {
