@@ -107,20 +107,26 @@ def test_a_pass_of_more_than_32_rows_is_left_to_mlx(real_model: RealModel, host:
     assert all(c.offset == 0 and c.keys is None for c in caches)
 
 
-def test_a_cache_cut_from_a_batch_is_copied_before_it_grows(
+def test_a_view_without_room_gets_a_buffer_of_its_own(
     real_model: RealModel, host: HostPass
 ) -> None:
-    """A finished row's cache is a view into the batch's buffer: the host pass must give it
-    its own buffer, never write past its end into memory the batch still owns."""
+    """A cache whose arrays are views ending at their last position (as a row cut from a
+    batch could be) must be copied before the pass writes: never past the view's end into
+    memory another array owns."""
     model = real_model.loaded.model
-    batch = [BatchKVCache([0, 0]) for _ in model.model.layers]
-    model.model(mx.array([tokens(7, 12), tokens(8, 12)]), cache=batch)
-    mx.eval([(c.keys, c.values) for c in batch])
-    before = np.array(np.asarray(batch[0].keys))
-    cut = [layer.extract(0) for layer in batch]  # type: ignore[no-untyped-call]  # mlx-lm
-    assert host.hidden([Group(mx.array([[9, 10]]), cut)]) is not None
-    assert np.array_equal(np.asarray(batch[0].keys), before)
-    assert cut[0].offset == 14
+    owners = fresh_caches(model)
+    model.model(mx.array([tokens(7, 12)]), cache=owners)
+    mx.eval([(c.keys, c.values) for c in owners])
+    before = np.array(np.asarray(owners[0].keys))
+    views = fresh_caches(model)
+    for view, owner in zip(views, owners, strict=True):
+        view.keys, view.values = owner.keys[..., :12, :], owner.values[..., :12, :]
+        view.offset = 12
+    assert np.shares_memory(np.asarray(views[0].keys), np.asarray(owners[0].keys))
+    assert host.hidden([Group(mx.array([[9, 10]]), views)]) is not None
+    assert np.array_equal(np.asarray(owners[0].keys), before)
+    assert not np.shares_memory(np.asarray(views[0].keys), np.asarray(owners[0].keys))
+    assert views[0].offset == 14
 
 
 def test_the_host_pass_can_be_turned_off(
@@ -182,3 +188,45 @@ def test_a_prefix_read_in_place_gives_the_bits_of_a_built_cache(
             assert np.array_equal(
                 np.asarray(ours)[..., : n + 20, :], np.asarray(theirs)[..., : n + 20, :]
             )
+
+
+def test_a_returning_agent_read_in_place_continues_as_with_its_cache_built_first(
+    make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the engine: a short new message over restored blocks (read in place, the
+    cache built at the next decode step) gives the tokens and the KV it gives when the
+    cache is built before the first pass."""
+    engine, _ = make_engine()
+    earlier = tokens(11, 500)
+    first = generate(engine, earlier, 4)
+    assert first.blocks is not None
+    turn = [*first.blocks.token_ids, *tokens(12, 20)]
+    made: list[RestoredPrefix | None] = []
+    real_of = RestoredPrefix.of
+
+    def spying(blocks: AgentBlocks, n_tokens: int, spec: Any) -> RestoredPrefix | None:
+        made.append(real_of(blocks, n_tokens, spec))
+        return made[-1]
+
+    monkeypatch.setattr(RestoredPrefix, "of", spying)
+    in_place = generate(engine, turn, 12, cached_blocks=first.blocks)
+    assert made
+    assert made[-1] is not None
+    monkeypatch.setattr(RestoredPrefix, "of", lambda *_: None)
+    built_first = generate(engine, turn, 12, cached_blocks=first.blocks)
+    assert (
+        in_place.stats.cached_tokens
+        == built_first.stats.cached_tokens
+        == len(first.blocks.token_ids)
+    )
+    assert in_place.token_ids == built_first.token_ids
+    assert in_place.blocks is not None
+    assert built_first.blocks is not None
+    for layer in (0, 29):
+        for ours, theirs in zip(
+            in_place.blocks.layers[layer], built_first.blocks.layers[layer], strict=True
+        ):
+            assert isinstance(ours.payload, MlxKV)
+            assert isinstance(theirs.payload, MlxKV)
+            assert mx.array_equal(ours.payload.keys, theirs.payload.keys).item()
+            assert mx.array_equal(ours.payload.values, theirs.payload.values).item()
