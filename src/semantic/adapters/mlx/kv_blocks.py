@@ -11,7 +11,7 @@ blocks may keep their memory: ``gather_cache`` always copies.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -251,6 +251,28 @@ _GROWTH_STEP = 256
 """mlx-lm's caches grow in steps of this many positions."""
 
 
+def block_slices(
+    layer_blocks: Sequence[KVBlock], first: int, end: int, spec: ModelCacheSpec
+) -> Iterator[tuple[KVBlock, slice]]:
+    """The blocks holding positions ``first .. end - 1`` of one layer, in order, each with
+    the slice of its payload's positions that falls in that range. Raises
+    ``IncompatibleCacheError`` if a position is missing."""
+    covered = first
+    for block in layer_blocks:
+        base = block.index * spec.block_tokens
+        lo, hi = max(base + block.start, covered), min(base + block.n_tokens, end)
+        if hi <= lo:
+            continue
+        if lo != covered:
+            raise IncompatibleCacheError(
+                f"layer {block.layer} is missing positions {covered}..{lo - 1}"
+            )
+        yield block, slice(lo - base - block.start, hi - base - block.start)
+        covered = hi
+    if covered != end:
+        raise IncompatibleCacheError(f"blocks cover positions up to {covered}, not {end}")
+
+
 def _concat_positions(
     layer_blocks: Sequence[KVBlock],
     first: int,
@@ -263,23 +285,10 @@ def _concat_positions(
 ) -> tuple[mx.array, mx.array]:
     keys: list[mx.array] = []
     values: list[mx.array] = []
-    covered = first
-    for block in layer_blocks:
-        base = block.index * spec.block_tokens
-        lo, hi = max(base + block.start, covered), min(base + block.n_tokens, end)
-        if hi <= lo:
-            continue
-        if lo != covered:
-            raise IncompatibleCacheError(
-                f"layer {block.layer} is missing positions {covered}..{lo - 1}"
-            )
-        a, b = lo - base - block.start, hi - base - block.start
-        block_keys, block_values = kv_arrays(block.payload, slice(a, b), stacks)
+    for block, positions in block_slices(layer_blocks, first, end, spec):
+        block_keys, block_values = kv_arrays(block.payload, positions, stacks)
         keys.append(block_keys)
         values.append(block_values)
-        covered = hi
-    if covered != end:
-        raise IncompatibleCacheError(f"blocks cover positions up to {covered}, not {end}")
     if tail is not None and tail.keys is not None:
         keys.append(tail.keys)
         values.append(tail.values)

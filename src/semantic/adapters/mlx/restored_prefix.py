@@ -16,9 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from semantic.adapters.mlx.kv_blocks import host_rows
+from semantic.adapters.mlx.kv_blocks import block_slices, host_rows
 from semantic.domain.blocks import AgentBlocks
 from semantic.domain.cache_spec import ModelCacheSpec
+from semantic.domain.errors import IncompatibleCacheError
 
 
 class Segment(ctypes.Structure):
@@ -76,31 +77,26 @@ def _segments(
     buffers: dict[int, np.ndarray],
     kept: list[Any],
 ) -> list[Segment] | None:
-    segments, covered = [], 0
-    for block in layer_blocks:
-        base = block.index * spec.block_tokens
-        lo, hi = max(base + block.start, covered), min(base + block.n_tokens, n_tokens)
-        if hi <= lo:
-            continue
-        if lo != covered:
-            return None
-        offset = lo - base - block.start
-        rows = host_rows(block.payload, slice(offset, offset + hi - lo), buffers)
-        if rows is None or not all(_plain_rows(a, spec) for a in rows):
-            return None
-        keys, values = rows
-        kept.append(block.payload)  # its restore buffer's lease
-        segments.append(
-            Segment(
-                keys.ctypes.data,
-                values.ctypes.data,
-                hi - lo,
-                keys.strides[0] // 4,
-                values.strides[0] // 4,
+    segments = []
+    try:
+        for block, positions in block_slices(layer_blocks, 0, n_tokens, spec):
+            rows = host_rows(block.payload, positions, buffers)
+            if rows is None or not all(_plain_rows(a, spec) for a in rows):
+                return None
+            keys, values = rows
+            kept.append(block.payload)  # its restore buffer's lease
+            segments.append(
+                Segment(
+                    keys.ctypes.data,
+                    values.ctypes.data,
+                    keys.shape[1],
+                    keys.strides[0] // 4,
+                    values.strides[0] // 4,
+                )
             )
-        )
-        covered = hi
-    return segments if covered == n_tokens else None
+    except IncompatibleCacheError:  # a position missing: the cache build will say so
+        return None
+    return segments
 
 
 def _plain_rows(array: np.ndarray, spec: ModelCacheSpec) -> bool:

@@ -32,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "helper.h"
 #include "simd.h"
 #include "softmax_pv.h"
 
@@ -187,19 +188,6 @@ static void scores_of(const float *q, int rows, int dim, const float *keys, int 
                 scores, span);
 }
 
-typedef void (*work_fn)(const void *context, int from, int to);
-typedef void (*parallel_fn)(work_fn work, const void *context, int total, int chunk);
-
-/* The matmul kernel's helper thread (small_sgemm.c), or NULL: then one thread does all. */
-static parallel_fn shared_helper(void) {
-    static parallel_fn found;
-    static int looked;
-    if (!looked) {
-        found = (parallel_fn)dlsym(RTLD_DEFAULT, "semantic_parallel_for");
-        looked = 1;
-    }
-    return found;
-}
 
 typedef struct {
     const model_t *m;

@@ -25,6 +25,7 @@
 #include <stddef.h>
 #include <string.h>
 
+#include "helper.h"
 #include "simd.h"
 #include "softmax_pv.h"
 
@@ -148,20 +149,6 @@ static void run_tiles(const void *context, int from, int to) {
     }
 }
 
-typedef void (*work_fn)(const void *context, int from, int to);
-typedef void (*parallel_fn)(work_fn work, const void *context, int total, int chunk);
-
-/* The matmul kernel's helper thread, when that library is loaded (it is, globally, before
- * MLX); NULL otherwise: then everything runs on the calling thread. */
-static parallel_fn shared_helper(void) {
-    static parallel_fn found;
-    static int looked;
-    if (!looked) {
-        found = (parallel_fn)dlsym(RTLD_DEFAULT, "semantic_parallel_for");
-        looked = 1;
-    }
-    return found;
-}
 
 enum { MIN_SHARED_WORK = 1 << 16 }; /* score elements below which one thread is quicker */
 
