@@ -22,11 +22,10 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
-from mlx import nn
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
-from semantic.adapters.mlx import attention
-from semantic.adapters.mlx.fused_pass import MAX_ROWS, Group, supports_fusion
+from semantic.adapters.mlx.fused_pass import MAX_ROWS, Group
+from semantic.adapters.mlx.host_model import HostModel
 from semantic.adapters.mlx.native_build import NATIVE_DIR, build_library
 from semantic.adapters.mlx.restored_prefix import RestoredPrefix
 
@@ -42,28 +41,6 @@ _CACHE_STEP = 256
 """Cache buffers grow in mlx-lm's steps, so its own updates find the same shapes."""
 
 _Pointer = ctypes.c_void_p
-
-
-class _Layer(ctypes.Structure):
-    _fields_ = [
-        (name, _Pointer)
-        for name in ("attn_norm", "mlp_norm", "wq", "wk", "wv", "wo", "wg", "wu", "wd")
-    ]
-
-
-class _Model(ctypes.Structure):
-    _fields_ = [
-        *((name, ctypes.c_int) for name in ("layers", "hidden", "heads", "kv_heads")),
-        ("head_dim", ctypes.c_int),
-        ("inter", ctypes.c_int),
-        ("traditional", ctypes.c_int),
-        ("eps", ctypes.c_float),
-        ("scale", ctypes.c_float),
-        ("inv_freq", _Pointer),
-        ("layer", ctypes.POINTER(_Layer)),
-        ("final_norm", _Pointer),
-        ("softmax_pv", _Pointer),
-    ]
 
 
 class _Group(ctypes.Structure):
@@ -85,7 +62,11 @@ class _Group(ctypes.Structure):
 
 def supported(model: Any) -> bool:
     """Whether ``HostPass.of(model)`` would run this model's small passes on the host."""
-    return _weights(model) is not None and _library() is not None
+    return _wanted() and _library() is not None and HostModel.of(model) is not None
+
+
+def _wanted() -> bool:
+    return os.environ.get(HOST_PASS_ENV) != "0"
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,31 +81,25 @@ class _Plan:
 class HostPass:
     """The body of one llama model, ready to run a small pass on the host."""
 
-    def __init__(self, weights: dict[str, Any], function: Any) -> None:
+    def __init__(self, weights: HostModel, function: Any) -> None:
         self._function = function
-        self._embed: np.ndarray = weights["embed"]
-        self._kept = weights  # the numpy views whose addresses the C side holds
-        self._layers = (_Layer * len(weights["layers"]))(*weights["layers"])
-        self._model = _Model(
-            *weights["dims"],
-            weights["traditional"],
-            weights["eps"],
-            weights["scale"],
-            weights["inv_freq"].ctypes.data,
-            self._layers,
-            weights["final_norm"].ctypes.data,
-            weights["softmax_pv"],
+        self._weights = weights
+        self._embed = weights.embed
+        self._kv_heads, self._head_dim, self._hidden = (
+            weights.kv_heads,
+            weights.head_dim,
+            weights.hidden,
         )
-        self._kv_heads = int(weights["dims"][3])
-        self._head_dim = int(weights["dims"][4])
-        self._hidden = int(weights["dims"][1])
 
     @classmethod
     def of(cls, model: Any) -> HostPass | None:
         """None unless the model is a float32 llama with our attention, on a machine where
         our kernels built (and ``SEMANTIC_HOST_PASS`` is not ``0``)."""
-        weights, function = _weights(model), _library()
-        if weights is None or function is None:
+        if not _wanted():
+            return None
+        function = _library()
+        weights = HostModel.of(model) if function is not None else None
+        if weights is None:
             return None
         return cls(weights, function)
 
@@ -143,7 +118,7 @@ class HostPass:
         plans = [self._make_room(g) for g in groups]
         described = [self._describe(g, plan) for g, plan in zip(groups, plans, strict=True)]
         structs = (_Group * len(groups))(*(d[0] for d in described))
-        model = ctypes.byref(self._model)
+        model = ctypes.byref(self._weights.struct)
         status = self._function(model, len(groups), structs, rows, x.ctypes.data)
         del described  # the buffers' views and pointer arrays lived through the call
         if status != 0:
@@ -263,80 +238,10 @@ def _advance(caches: list[Any], length: int) -> None:
             cache.offset = cache.offset + length
 
 
-def _weights(model: Any) -> dict[str, Any] | None:
-    if os.environ.get(HOST_PASS_ENV) == "0" or not supports_fusion(model):
-        return None
-    inner = model.model
-    layers = inner.layers
-    first = layers[0].self_attn.inner
-    rope = first.rope
-    if type(rope) is not nn.RoPE or rope.scale != 1.0:  # type: ignore[attr-defined]  # mlx.nn: untyped
-        return None
-    if rope.dims != first.head_dim or first.head_dim % 64:
-        return None
-    parts = [_layer_arrays(layer) for layer in layers]
-    embed: Any = getattr(inner.embed_tokens, "weight", None)
-    if any(p is None for p in parts) or not _plain_float32(embed, inner.norm.weight):
-        return None
-    head_dim = rope.dims
-    inv_freq = (rope.base ** (-np.arange(0, head_dim, 2, dtype=np.float32) / head_dim)).astype(
-        np.float32
-    )
-    kernel = attention.softmax_pv_ranges_address()
-    if kernel is None:
-        return None
-    arrays = [a for p in parts if p is not None for a in p]
-    kept = [np.asarray(a) for a in arrays]
-    layer_structs = [
-        _Layer(*(k.ctypes.data for k in kept[i * 9 : i * 9 + 9])) for i in range(len(layers))
-    ]
-    mlp = layers[0].mlp
-    return {
-        "embed": np.asarray(embed),
-        "dims": (
-            len(layers),
-            int(embed.shape[1]),
-            first.n_heads,
-            first.n_kv_heads,
-            head_dim,
-            int(mlp.gate_proj.weight.shape[0]),
-        ),
-        "traditional": int(rope.traditional),
-        "eps": float(layers[0].input_layernorm.eps),
-        "scale": float(first.scale),
-        "inv_freq": inv_freq,
-        "layers": layer_structs,
-        "final_norm": np.asarray(inner.norm.weight),
-        "softmax_pv": kernel,
-        "kept": kept,
-    }
-
-
-def _layer_arrays(layer: Any) -> list[mx.array] | None:
-    a, mlp = layer.self_attn.inner, layer.mlp
-    linears = [a.q_proj, a.k_proj, a.v_proj, a.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
-    plain = nn.Linear  # type: ignore[attr-defined]  # mlx.nn ships no types
-    if any(type(lin) is not plain or "bias" in lin for lin in linears):
-        return None
-    norms = [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
-    arrays = [*norms, *(lin.weight for lin in linears)]
-    if not _plain_float32(*arrays):
-        return None
-    mx.eval(arrays)
-    return arrays
-
-
-def _plain_float32(*arrays: Any) -> bool:
-    return all(
-        isinstance(a, mx.array) and a.dtype == mx.float32 and np.asarray(a).flags.c_contiguous
-        for a in arrays
-    )
-
-
 @functools.cache
 def _library() -> Any:
     """The loaded ``semantic_llama_pass``; None without a compiler or our matmul kernel."""
-    if os.environ.get(HOST_PASS_ENV) == "0" or not _small_kernels_loaded():
+    if not _wanted() or not _small_kernels_loaded():
         return None
     try:
         library = build_library(NATIVE_DIR / "llama_pass.c", "libsemantic_llama_pass")
