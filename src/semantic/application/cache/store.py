@@ -36,6 +36,12 @@ log = logging.getLogger(__name__)
 ANONYMOUS_PREFIX = "~anon-"
 """Ids of requests without an agent: ``~`` can never start a client's agent id."""
 
+# Block reads run at once. More than the cores: each read is one file, so with as many
+# readers as cores a three-block restore reads its third file on one core while the other
+# idles; with more, the kernel shares both cores among all three (691 tokens restored from
+# the page cache: 8.6 -> 7.3 ms, 1,228: 14.1 -> 11.4 ms; no change at 7,680).
+READERS = 4
+
 
 @dataclass(frozen=True)
 class CachedPrefix:
@@ -84,7 +90,7 @@ class AgentCacheStore:
         quota = (config or CacheConfig()).disk_quota_bytes
         self._saver = Saver(block_store, metadata, self.hot, self.stats, quota)
         self._pins = itertools.count(1)
-        self._readers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="semantic-read")
+        self._readers = ThreadPoolExecutor(max_workers=READERS, thread_name_prefix="semantic-read")
 
     async def start(self) -> None:
         """Clean up after a crash, then start the writer."""
