@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from semantic.adapters.mlx.piece_encoder import PieceEncoder
 from semantic.domain.chat import ChatMessage
 
 
@@ -15,6 +16,8 @@ class MlxTokenizer:
         # Counted once: the wrapper rebuilds a 49k-entry dict per ``vocab`` call (20 ms here),
         # and every request's validation asks.
         self._vocab_size = len(wrapper.vocab)
+        backend = getattr(wrapper, "backend_tokenizer", None)
+        self._pieces = PieceEncoder.of(backend) if backend is not None else None
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
@@ -25,6 +28,8 @@ class MlxTokenizer:
         return self._vocab_size
 
     def encode(self, text: str) -> list[int]:
+        if self._pieces is not None:
+            return self._pieces.encode(text)
         return list(self._wrapper.encode(text, add_special_tokens=False))
 
     def decode(self, token_ids: Sequence[int]) -> str:

@@ -1,0 +1,93 @@
+"""Tokenize a conversation's text between its special tokens, remembering each piece.
+
+Every turn renders the whole conversation and tokenizes it again: 4,132 tokens took 5 ms
+here, and the cost grows with the conversation, for text the server tokenized the turn
+before. A fast tokenizer first cuts its input at its special tokens and encodes each piece
+between them on its own; a chat template puts special tokens around every message. So
+encoding piece by piece, and remembering the pieces, gives the same ids, and a new turn
+only encodes its new messages.
+
+This holds only where the special tokens cut the text exactly as the tokenizer does: all
+added tokens special, matched as written (not normalized) and without stripping or
+whole-word rules, and where the pre-tokenizer treats every piece alike (a sentencepiece
+"first" prefix space does not). ``PieceEncoder.of`` checks both, on a sample, and returns
+None for any other tokenizer, which is then used as it is.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import OrderedDict
+from typing import Any
+
+# Pieces shorter than this are encoded each time: remembering them saves nothing.
+_SHORTEST_KEPT = 64
+
+
+class PieceEncoder:
+    """Encodes like ``backend.encode(text, add_special_tokens=False).ids``, keeping the
+    ids of recent pieces up to ``max_chars`` characters of text in all."""
+
+    def __init__(self, backend: Any, special: dict[str, int], max_chars: int) -> None:
+        self._backend = backend
+        self._special = special
+        # Longest first: at one position the alternation takes the first that matches,
+        # which is then the longest, as the tokenizer's own matcher does.
+        by_length = sorted(special, key=len, reverse=True)
+        self._splitter = re.compile("(" + "|".join(re.escape(t) for t in by_length) + ")")
+        self._pieces: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._kept_chars = 0
+        self._max_chars = max_chars
+        self._lock = threading.Lock()  # requests render from several threads
+
+    @classmethod
+    def of(cls, backend: Any, max_chars: int = 16 << 20) -> PieceEncoder | None:
+        """An encoder for ``backend`` (a ``tokenizers.Tokenizer``), or None where cutting at
+        the special tokens could differ from the tokenizer's own cuts."""
+        try:
+            added = backend.get_added_tokens_decoder()
+        except AttributeError:
+            return None
+        special: dict[str, int] = {}
+        for token_id, token in added.items():
+            as_written = not (token.normalized or token.lstrip or token.rstrip or token.single_word)
+            if not (token.special and as_written and token.content):
+                return None
+            special[token.content] = int(token_id)
+        if not special:
+            return None
+        encoder = cls(backend, special, max_chars)
+        tokens = list(special)
+        sample = " x 12 ".join(["Hello, world!", *tokens, " end\n", *tokens]) + "".join(
+            f"{token}a{token}\na " for token in tokens
+        )
+        plain = list(backend.encode(sample, add_special_tokens=False).ids)
+        return encoder if encoder.encode(sample) == plain else None
+
+    def encode(self, text: str) -> list[int]:
+        ids: list[int] = []
+        for index, piece in enumerate(self._splitter.split(text)):
+            if index % 2:  # the splitter's group: a special token
+                ids.append(self._special[piece])
+            elif piece:
+                ids.extend(self._piece(piece))
+        return ids
+
+    def _piece(self, piece: str) -> tuple[int, ...] | list[int]:
+        if len(piece) < _SHORTEST_KEPT:
+            return list(self._backend.encode(piece, add_special_tokens=False).ids)
+        with self._lock:
+            known = self._pieces.get(piece)
+            if known is not None:
+                self._pieces.move_to_end(piece)
+                return known
+        ids = tuple(self._backend.encode(piece, add_special_tokens=False).ids)
+        with self._lock:
+            if piece not in self._pieces:
+                self._pieces[piece] = ids
+                self._kept_chars += len(piece)
+            while self._kept_chars > self._max_chars:
+                oldest, _ = self._pieces.popitem(last=False)
+                self._kept_chars -= len(oldest)
+        return ids

@@ -1,0 +1,84 @@
+"""Tokenizing piece by piece between special tokens gives the tokenizer's own ids."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+
+from semantic.adapters.mlx.piece_encoder import PieceEncoder
+from semantic.domain.chat import ChatMessage
+from tests.integration.conftest import RealModel
+
+TRICKY = [
+    "",
+    "plain text with no special token at all, long enough to be remembered by the encoder",
+    "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n",
+    "<|im_end|><|im_start|><|endoftext|>",
+    "half a token: <|im_sta and <|im_end| and |>< and <|im_start|",
+    "digits 1234567890 and 3.14159, emoji 🙂🚀, accents déjà vu, CJK 漢字, tabs\t\tand\n\n\n",
+    "   leading and trailing spaces   <|im_end|>   after a token   ",
+    "<|im_start|>" + "a long repeated piece of text " * 20 + "<|im_end|>",
+]
+
+
+def backend(real_model: RealModel) -> Any:
+    return real_model.loaded.tokenizer.backend_tokenizer
+
+
+def plain(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer.encode(text, add_special_tokens=False).ids)
+
+
+@pytest.mark.parametrize("text", TRICKY)
+def test_pieces_give_the_tokenizers_own_ids(real_model: RealModel, text: str) -> None:
+    encoder = PieceEncoder.of(backend(real_model))
+    assert encoder is not None
+    assert encoder.encode(text) == plain(backend(real_model), text)
+    assert encoder.encode(text) == plain(backend(real_model), text)  # from what it kept
+
+
+def test_a_conversation_growing_turn_by_turn_tokenizes_as_a_whole(real_model: RealModel) -> None:
+    tokenizer = real_model.tokenizer
+    wrapper = real_model.loaded.tokenizer
+    messages = [ChatMessage("system", "You are terse.")]
+    for turn in range(4):
+        messages += [ChatMessage("user", f"Question {turn}: what is {turn * 7}? " * (turn + 1))]
+        text = wrapper.apply_chat_template(
+            [{"role": m.role, "content": m.content} for m in messages],
+            add_generation_prompt=True,
+            tokenize=False,
+        )
+        assert tokenizer.render_chat(messages) == plain(backend(real_model), text)
+        messages += [ChatMessage("assistant", f"Answer {turn}. " * 30)]
+
+
+def test_a_small_memory_still_gives_the_same_ids(real_model: RealModel) -> None:
+    encoder = PieceEncoder.of(backend(real_model), max_chars=100)
+    assert encoder is not None
+    for text in TRICKY * 2:
+        assert encoder.encode(text) == plain(backend(real_model), text)
+
+
+def _tiny_tokenizer(pre_tokenizer: Any, added: AddedToken) -> Tokenizer:
+    tokenizer = Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1, "▁a": 2}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizer
+    if added.special:
+        tokenizer.add_special_tokens([added])
+    else:
+        tokenizer.add_tokens([added])
+    return tokenizer
+
+
+def test_tokenizers_whose_cuts_could_differ_are_used_as_they_are() -> None:
+    whitespace = pre_tokenizers.WhitespaceSplit()
+    stripping = AddedToken("<s>", special=True, normalized=False, lstrip=True)
+    assert PieceEncoder.of(_tiny_tokenizer(whitespace, stripping)) is None
+    not_special = AddedToken("<s>", special=False, normalized=False)
+    assert PieceEncoder.of(_tiny_tokenizer(whitespace, not_special)) is None
+    # A sentencepiece-style space before the first piece only: pieces are not alike.
+    first = pre_tokenizers.Metaspace(prepend_scheme="first")
+    plain_token = AddedToken("<s>", special=True, normalized=False)
+    assert PieceEncoder.of(_tiny_tokenizer(first, plain_token)) is None
+    assert PieceEncoder.of(_tiny_tokenizer(whitespace, plain_token)) is not None
