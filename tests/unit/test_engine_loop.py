@@ -154,6 +154,36 @@ def test_an_idle_engine_waits_a_moment_for_a_request_just_behind_another(
         loop.stop()
 
 
+def test_a_returning_agent_does_not_wait_the_quiet_time(backend: FakeBackend) -> None:
+    """Its prompt continues restored KV, so it would not share a prefill pass anyway."""
+    engine = BlockPoolBatchEngine(
+        backend, FakeTokenizer(), BlockPool(400), EngineConfig(prefill_chunk_tokens=4)
+    )
+    engine.submit(agent_id="a", prompt_tokens=[1, 2, 3, 4, 5], max_tokens=3)
+    done: list[CompletionEvent] = []
+    while not done:
+        done += [e for e in engine.step().events if isinstance(e, CompletionEvent)]
+    blocks = done[0].blocks
+    assert blocks is not None
+    rounds: list[StepResult] = []
+    loop = EngineLoop(engine, on_step=rounds.append, arrival_window_s=60.0, arrival_quiet_s=60.0)
+    loop.start()
+    try:
+        sink = AsyncEventStream(asyncio.new_event_loop())
+        with loop.arriving():
+            loop.submit(
+                sink,
+                agent_id="a",
+                prompt_tokens=[*blocks.token_ids, 9],
+                max_tokens=2,
+                cached_blocks=blocks,
+            )
+        loop.run_sync(lambda: None, timeout=10)  # not held for the minute of quiet time
+        assert rounds
+    finally:
+        loop.stop()
+
+
 def test_events_posted_together_wake_the_loop_once_and_keep_their_order(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
