@@ -9,7 +9,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from reliability import corruption, crash_load, fuzz, isolation, load
+from reliability import clean_exit, corruption, crash_load, fuzz, isolation, load
 
 
 def main() -> None:
@@ -45,12 +45,15 @@ def main() -> None:
         ]
         isolated = isolation.run(work)
         rows.append(("isolation cases refused", f"{isolated.refused} of {isolated.tried}"))
+        exits = clean_exit.run(runs=12, workdir=work)
+        rows.append(("clean exits after two starts and stops", f"{exits.clean} of {exits.runs}"))
         failures = (
             served.failures
             + crashed.failures
             + damaged.failures
             + fuzzed.failures
             + isolated.failures
+            + exits.failures
         )
     width = max(len(name) for name, _ in rows)
     print(f"{'check':<{width}}  result")

@@ -15,11 +15,11 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, TypeVar
 
 from semantic.application.engine import BlockPoolBatchEngine, StepResult
 from semantic.application.events import CompletionEvent, EngineEvent
+from semantic.application.threads import wait_until_gone
 from semantic.domain.errors import ShuttingDownError
 
 log = logging.getLogger(__name__)
@@ -155,7 +155,7 @@ class EngineLoop:
             thread = self._thread
         if thread is not None:
             thread.join(timeout=30.0)
-            _wait_until_gone(thread)
+            wait_until_gone([thread.native_id])  # see threads.py
 
     def _run(self) -> None:
         while True:
@@ -234,18 +234,6 @@ class EngineLoop:
             future.set_result(fn())
         except BaseException as error:  # noqa: BLE001 - handed to the caller through the future
             future.set_exception(error)
-
-
-def _wait_until_gone(thread: threading.Thread, timeout_s: float = 5.0) -> None:
-    """``join`` returns when the thread's Python code is done, but its native thread-local
-    destructors run after that: MLX's compile cache takes the GIL in one to drop Python
-    objects. If the interpreter is finalizing by then, that thread is made to exit inside
-    the destructor and the process aborts ("terminate called without an active exception";
-    1 CLI run in 6 here). So wait until the OS thread is gone (Linux shows it in /proc)."""
-    task = Path(f"/proc/self/task/{thread.native_id}")
-    deadline = time.monotonic() + timeout_s
-    while task.exists() and time.monotonic() < deadline:
-        time.sleep(0.001)
 
 
 class _LoopMailbox:

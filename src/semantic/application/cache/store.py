@@ -13,7 +13,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +22,7 @@ from semantic.application.cache.loader import BlockLoader, LoadOutcome
 from semantic.application.cache.persistence import SaveJob, Saver
 from semantic.application.cache.stats import CacheStats
 from semantic.application.events import CompletionEvent
+from semantic.application.threads import NativeThreadPool
 from semantic.domain.block_identity import chain_keys, chain_root
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.blocks import AgentBlocks, KVBlock
@@ -90,7 +91,7 @@ class AgentCacheStore:
         quota = (config or CacheConfig()).disk_quota_bytes
         self._saver = Saver(block_store, metadata, self.hot, self.stats, quota)
         self._pins = itertools.count(1)
-        self._readers = ThreadPoolExecutor(max_workers=READERS, thread_name_prefix="semantic-read")
+        self._readers = NativeThreadPool(READERS, thread_name_prefix="semantic-read")
 
     async def start(self) -> None:
         """Clean up after a crash, then start the writer."""
