@@ -33,7 +33,7 @@ from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
 from semantic.application.engine_loop import EngineLoop
 from semantic.application.generation import GenerationService, Limits
 from semantic.application.scheduler.pacer import PacerConfig
-from semantic.application.threads import NativeThreadPool
+from semantic.application.threads import install_default_executor
 from semantic.config import Settings
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.cache_spec import ModelCacheSpec
@@ -135,7 +135,7 @@ async def start_services(
 ) -> Services:
     """Everything the server needs, warmed up; storage recovered after any crash."""
     # Workers that touch MLX (loading, block writes) must be gone before the process ends.
-    asyncio.get_running_loop().set_default_executor(NativeThreadPool(thread_name_prefix="io"))
+    install_default_executor(asyncio.get_running_loop())
     loaded, tokenizer, spec = await asyncio.to_thread(_load, settings, progress)
     kernel = attention.kernel_name() if loaded.host_attention else "mlx-sdpa"
     if jit.use_native_jit():

@@ -55,10 +55,21 @@ def test_a_conversation_growing_turn_by_turn_tokenizes_as_a_whole(real_model: Re
 
 
 def test_a_small_memory_still_gives_the_same_ids(real_model: RealModel) -> None:
-    encoder = PieceEncoder.of(backend(real_model), max_chars=100)
+    encoder = PieceEncoder.of(backend(real_model), max_bytes=2000)
     assert encoder is not None
     for text in TRICKY * 2:
         assert encoder.encode(text) == plain(backend(real_model), text)
+
+
+def test_truncation_set_on_the_tokenizer_cuts_nothing(real_model: RealModel) -> None:
+    """A tokenizer.json may turn truncation on; transformers' encode turns it off per call."""
+    truncating = Tokenizer.from_str(backend(real_model).to_str())
+    truncating.enable_truncation(max_length=16)
+    encoder = PieceEncoder.of(truncating)
+    assert encoder is not None
+    text = TRICKY[-1] * 3
+    assert encoder.encode(text) == plain(backend(real_model), text)
+    assert len(encoder.encode(text)) > 16
 
 
 def _tiny_tokenizer(pre_tokenizer: Any, added: AddedToken) -> Tokenizer:

@@ -14,7 +14,7 @@ from safetensors.numpy import load as safetensors_load
 from semantic.adapters.mlx.host_codec import MlxHostCodec
 from semantic.adapters.mlx.kv_blocks import MlxKV, kv_arrays
 from semantic.adapters.mlx.restore_buffers import RestoreBuffers
-from semantic.adapters.storage.block_files import BlockFiles
+from semantic.adapters.storage.block_files import BlockFiles, safetensors_parts
 from semantic.adapters.storage.kv_block_store import KVBlockStore
 from semantic.adapters.storage.sqlite_metadata import SqliteMetadataStore
 from semantic.domain.blocks import KVBlock
@@ -152,6 +152,20 @@ def test_block_files_are_safetensors_the_library_reads(
         keys, _ = kv_arrays(block.payload)
         as_bits = keys.view(mx.uint16) if dtype == mx.bfloat16 else keys
         assert np.array_equal(read[f"{block.layer}.keys"], np.asarray(as_bits)[0])
+
+
+def test_the_writer_keeps_odd_shapes_and_refuses_foreign_byte_order() -> None:
+    tensors = {
+        "empty": np.zeros((0, 3), np.float32),
+        "scalar": np.full((), 3.0, np.float32),
+        "strided": np.arange(12, dtype=np.float32).reshape(3, 4)[:, ::2],
+    }
+    read = safetensors_load(b"".join(bytes(p) for p in safetensors_parts(tensors, {})))
+    for name, tensor in tensors.items():
+        assert read[name].shape == tensor.shape
+        assert np.array_equal(read[name], tensor)
+    with pytest.raises(ValueError, match="byte order"):
+        safetensors_parts({"swapped": np.ones(3, dtype=">f4")}, {})
 
 
 @pytest.mark.parametrize("at_rest", ["lossless", "q8"])

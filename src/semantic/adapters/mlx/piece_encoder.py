@@ -17,6 +17,7 @@ None for any other tokenizer, which is then used as it is.
 from __future__ import annotations
 
 import re
+import sys
 import threading
 from array import array
 from collections import OrderedDict
@@ -24,14 +25,17 @@ from typing import Any
 
 # Pieces shorter than this are encoded each time: remembering them saves nothing.
 _SHORTEST_KEPT = 64
+# A piece bigger than this share of the memory is encoded but not kept: it would push out
+# everything else.
+_LARGEST_SHARE = 8
 
 
 class PieceEncoder:
-    """Encodes like ``backend.encode(text, add_special_tokens=False).ids``, keeping the
-    ids of recent pieces up to ``max_chars`` characters of text in all (8 M characters,
-    about 2 M tokens: ~16 MB of text and 8 MB of ids)."""
+    """Encodes like ``backend.encode(text, add_special_tokens=False).ids`` with truncation
+    and padding off (as ``transformers``' ``encode`` does), keeping the ids of recent
+    pieces in at most ``max_bytes`` of memory, text and ids counted."""
 
-    def __init__(self, backend: Any, special: dict[str, int], max_chars: int) -> None:
+    def __init__(self, backend: Any, special: dict[str, int], max_bytes: int) -> None:
         self._backend = backend
         self._special = special
         # Longest first: at one position the alternation takes the first that matches,
@@ -40,16 +44,23 @@ class PieceEncoder:
         self._splitter = re.compile("(" + "|".join(re.escape(t) for t in by_length) + ")")
         # Ids as 4-byte integers: a tuple of Python ints costs ~36 bytes a token.
         self._pieces: OrderedDict[str, array[int]] = OrderedDict()
-        self._kept_chars = 0
-        self._max_chars = max_chars
+        self._kept_bytes = 0
+        self._max_bytes = max_bytes
         self._lock = threading.Lock()  # requests render from several threads
 
     @classmethod
-    def of(cls, backend: Any, max_chars: int = 8 << 20) -> PieceEncoder | None:
+    def of(cls, backend: Any, max_bytes: int = 64 << 20) -> PieceEncoder | None:
         """An encoder for ``backend`` (a ``tokenizers.Tokenizer``), or None where cutting at
         the special tokens could differ from the tokenizer's own cuts."""
+        if getattr(backend, "encode_special_tokens", False):
+            return None  # it reads special tokens' text as text
         try:
             added = backend.get_added_tokens_decoder()
+            # Its own copy: a tokenizer.json may turn truncation or padding on, and the
+            # shared tokenizer carries that state between calls.
+            own = type(backend).from_str(backend.to_str())
+            own.no_truncation()
+            own.no_padding()
         except AttributeError:
             return None
         special: dict[str, int] = {}
@@ -60,12 +71,12 @@ class PieceEncoder:
             special[token.content] = int(token_id)
         if not special:
             return None
-        encoder = cls(backend, special, max_chars)
+        encoder = cls(own, special, max_bytes)
         tokens = list(special)
         sample = " x 12 ".join(["Hello, world!", *tokens, " end\n", *tokens]) + "".join(
             f"{token}a{token}\na " for token in tokens
         )
-        plain = list(backend.encode(sample, add_special_tokens=False).ids)
+        plain = list(own.encode(sample, add_special_tokens=False).ids)
         return encoder if encoder.encode(sample) == plain else None
 
     def encode(self, text: str) -> list[int]:
@@ -86,11 +97,14 @@ class PieceEncoder:
                 self._pieces.move_to_end(piece)
                 return known
         ids = array("I", self._backend.encode(piece, add_special_tokens=False).ids)
+        size = sys.getsizeof(piece) + ids.itemsize * len(ids)
+        if size > self._max_bytes // _LARGEST_SHARE:
+            return ids
         with self._lock:
             if piece not in self._pieces:
                 self._pieces[piece] = ids
-                self._kept_chars += len(piece)
-            while self._kept_chars > self._max_chars:
-                oldest, _ = self._pieces.popitem(last=False)
-                self._kept_chars -= len(oldest)
+                self._kept_bytes += size
+            while self._kept_bytes > self._max_bytes:
+                oldest, dropped = self._pieces.popitem(last=False)
+                self._kept_bytes -= sys.getsizeof(oldest) + dropped.itemsize * len(dropped)
         return ids

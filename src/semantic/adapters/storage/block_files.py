@@ -137,14 +137,16 @@ def safetensors_parts(
     data: list[memoryview] = []
     offset = 0
     for name, tensor in tensors.items():
-        array = np.ascontiguousarray(tensor)
+        if not tensor.dtype.isnative:
+            raise ValueError(f"tensor {name} is not in this machine's byte order")
+        flat = np.ascontiguousarray(tensor).reshape(-1)  # keeps 0-d and empty tensors' shapes
         header[name] = {
-            "dtype": _NAMES[array.dtype.type],
-            "shape": list(array.shape),
-            "data_offsets": [offset, offset + array.nbytes],
+            "dtype": _NAMES[flat.dtype.type],
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, offset + flat.nbytes],
         }
-        data.append(array.data.cast("B"))
-        offset += array.nbytes
+        data.append(flat.view(np.uint8).data)
+        offset += flat.nbytes
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)  # the data starts 8-byte aligned
     return [memoryview(struct.pack("<Q", len(encoded)) + encoded), *data]

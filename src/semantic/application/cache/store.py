@@ -144,7 +144,7 @@ class AgentCacheStore:
     def _collect(
         self, candidates: list[_Candidate], pin: str
     ) -> tuple[list[tuple[HotBlock, bool]], str | None]:
-        """Pin hot candidates and load disk ones (two at a time), keeping the leading run
+        """Pin hot candidates and load disk ones (on the readers), keeping the leading run
         that succeeded (blocking: call from a worker thread).
 
         Returns the blocks with whether each came from disk, and the key of a block that
