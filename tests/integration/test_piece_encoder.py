@@ -61,6 +61,31 @@ def test_a_small_memory_still_gives_the_same_ids(real_model: RealModel) -> None:
         assert encoder.encode(text) == plain(backend(real_model), text)
 
 
+class CountingBackend:
+    """The real tokenizer, counting the texts it is asked to encode."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.encoded: list[str] = []
+
+    def encode(self, text: str, add_special_tokens: bool) -> Any:
+        self.encoded.append(text)
+        return self.backend.encode(text, add_special_tokens=add_special_tokens)
+
+
+def test_a_piece_remembered_for_one_namespace_is_encoded_again_for_another(
+    real_model: RealModel,
+) -> None:
+    counting = CountingBackend(backend(real_model))
+    encoder = PieceEncoder(counting, {"<|im_end|>": 2}, max_bytes=1 << 20)
+    secret = "a message long enough to be remembered, which another tenant must not time"
+    text = f"{secret}<|im_end|>"
+    assert encoder.encode(text, scope="team-a") == encoder.encode(text, scope="team-a")
+    assert counting.encoded == [secret]  # the second time, from memory
+    assert encoder.encode(text, scope="team-b") == plain(backend(real_model), text)
+    assert counting.encoded == [secret, secret]
+
+
 def test_truncation_set_on_the_tokenizer_cuts_nothing(real_model: RealModel) -> None:
     """A tokenizer.json may turn truncation on; transformers' encode turns it off per call."""
     truncating = Tokenizer.from_str(backend(real_model).to_str())

@@ -44,7 +44,11 @@ class FakeTokenizer:
         return "".join(self.PIECES[t] for t in token_ids)
 
     def render_chat(
-        self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        add_generation_prompt: bool = True,
+        scope: str = "",
     ) -> list[int]:
         return [t for m in messages for t in self.encode(m.content)]
 
@@ -70,7 +74,11 @@ class ByteTokenizer:
         return b"".join(self.pieces[t] for t in token_ids).decode("utf-8", errors="replace")
 
     def render_chat(
-        self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        add_generation_prompt: bool = True,
+        scope: str = "",
     ) -> list[int]:
         raise NotImplementedError
 

@@ -120,7 +120,7 @@ class AgentService:
                 chat.insert(0, ChatMessage("system", record.system_prompt))
             chat.append(ChatMessage("user", turn.content))
             request = GenerationInput(
-                tuple(self._tokenizer.render_chat(chat)),
+                tuple(self._tokenizer.render_chat(chat, scope=namespace)),
                 namespace,
                 agent_id,
                 turn.max_tokens,

@@ -48,8 +48,8 @@ class AnthropicController(Controller):
         check_model(data.model, found.model_id)
         if data.top_k is not None:
             raise InvalidRequestError("top_k is not supported", param="top_k")
-        prompt = found.tokenizer.render_chat(_chat(data.system, data.messages))
         who = identity(request)
+        prompt = found.tokenizer.render_chat(_chat(data.system, data.messages), scope=who.namespace)
         generation = GenerationInput(
             tuple(prompt),
             who.namespace,
@@ -66,10 +66,14 @@ class AnthropicController(Controller):
         return _message(message_id, found.model_id, await result_of(handle))
 
     @post("/count_tokens", status_code=200)
-    async def count_tokens(self, data: CountTokensRequest, state: State) -> dict[str, int]:
+    async def count_tokens(
+        self, request: Request[Any, Any, Any], data: CountTokensRequest, state: State
+    ) -> dict[str, int]:
         found = services(state)
         check_model(data.model, found.model_id)
-        return {"input_tokens": len(found.tokenizer.render_chat(_chat(data.system, data.messages)))}
+        messages = _chat(data.system, data.messages)
+        prompt = found.tokenizer.render_chat(messages, scope=identity(request).namespace)
+        return {"input_tokens": len(prompt)}
 
 
 def _chat(

@@ -70,7 +70,7 @@ class OpenAIController(Controller):
             messages.append(chat(message.role, joined_text(message.content, "content part")))
         if not messages:
             raise InvalidRequestError("messages must not be empty", param="messages")
-        prompt = found.tokenizer.render_chat(messages)
+        prompt = found.tokenizer.render_chat(messages, scope=identity(request).namespace)
         generation = _input(request, data, prompt, data.max_completion_tokens or data.max_tokens)
         handle = await found.generation.start(generation)
         reply = _Reply("chatcmpl", "chat.completion", found.model_id)

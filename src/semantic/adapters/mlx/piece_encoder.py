@@ -33,7 +33,9 @@ _LARGEST_SHARE = 8
 class PieceEncoder:
     """Encodes like ``backend.encode(text, add_special_tokens=False).ids`` with truncation
     and padding off (as ``transformers``' ``encode`` does), keeping the ids of recent
-    pieces in at most ``max_bytes`` of memory, text and ids counted."""
+    pieces in at most ``max_bytes`` of memory, text and ids counted. Pieces are kept per
+    ``scope`` (a namespace): a piece another tenant sent is encoded again, not found, so
+    the time of a request tells nothing about what others sent."""
 
     def __init__(self, backend: Any, special: dict[str, int], max_bytes: int) -> None:
         self._backend = backend
@@ -43,7 +45,7 @@ class PieceEncoder:
         by_length = sorted(special, key=len, reverse=True)
         self._splitter = re.compile("(" + "|".join(re.escape(t) for t in by_length) + ")")
         # Ids as 4-byte integers: a tuple of Python ints costs ~36 bytes a token.
-        self._pieces: OrderedDict[str, array[int]] = OrderedDict()
+        self._pieces: OrderedDict[tuple[str, str], array[int]] = OrderedDict()
         self._kept_bytes = 0
         self._max_bytes = max_bytes
         self._lock = threading.Lock()  # requests render from several threads
@@ -79,32 +81,36 @@ class PieceEncoder:
         plain = list(own.encode(sample, add_special_tokens=False).ids)
         return encoder if encoder.encode(sample) == plain else None
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, scope: str = "") -> list[int]:
         ids: list[int] = []
         for index, piece in enumerate(self._splitter.split(text)):
             if index % 2:  # the splitter's group: a special token
                 ids.append(self._special[piece])
             elif piece:
-                ids.extend(self._piece(piece))
+                ids.extend(self._piece(piece, scope))
         return ids
 
-    def _piece(self, piece: str) -> array[int] | list[int]:
+    def _piece(self, piece: str, scope: str) -> array[int] | list[int]:
         if len(piece) < _SHORTEST_KEPT:
             return list(self._backend.encode(piece, add_special_tokens=False).ids)
+        key = (scope, piece)
         with self._lock:
-            known = self._pieces.get(piece)
+            known = self._pieces.get(key)
             if known is not None:
-                self._pieces.move_to_end(piece)
+                self._pieces.move_to_end(key)
                 return known
         ids = array("I", self._backend.encode(piece, add_special_tokens=False).ids)
-        size = sys.getsizeof(piece) + ids.itemsize * len(ids)
+        size = _size(key, ids)
         if size > self._max_bytes // _LARGEST_SHARE:
             return ids
         with self._lock:
-            if piece not in self._pieces:
-                self._pieces[piece] = ids
+            if key not in self._pieces:
+                self._pieces[key] = ids
                 self._kept_bytes += size
             while self._kept_bytes > self._max_bytes:
-                oldest, dropped = self._pieces.popitem(last=False)
-                self._kept_bytes -= sys.getsizeof(oldest) + dropped.itemsize * len(dropped)
+                self._kept_bytes -= _size(*self._pieces.popitem(last=False))
         return ids
+
+
+def _size(key: tuple[str, str], ids: array[int]) -> int:
+    return sys.getsizeof(key[0]) + sys.getsizeof(key[1]) + ids.itemsize * len(ids)

@@ -27,20 +27,24 @@ class MlxTokenizer:
     def vocab_size(self) -> int:
         return self._vocab_size
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, scope: str = "") -> list[int]:
         if self._pieces is not None:
-            return self._pieces.encode(text)
+            return self._pieces.encode(text, scope)
         return list(self._wrapper.encode(text, add_special_tokens=False))
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return str(self._wrapper.decode(list(token_ids), skip_special_tokens=False))
 
     def render_chat(
-        self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        add_generation_prompt: bool = True,
+        scope: str = "",
     ) -> list[int]:
         text = self._wrapper.apply_chat_template(
             [{"role": m.role, "content": m.content} for m in messages],
             add_generation_prompt=add_generation_prompt,
             tokenize=False,
         )
-        return self.encode(str(text))
+        return self.encode(str(text), scope)
