@@ -11,7 +11,7 @@ This holds only where the special tokens cut the text exactly as the tokenizer d
 added tokens special, matched as written (not normalized) and without stripping or
 whole-word rules, and where the pre-tokenizer treats every piece alike (a sentencepiece
 "first" prefix space does not). ``PieceEncoder.of`` checks both, on a sample, and returns
-None for any other tokenizer, which is then used as it is.
+None for any other tokenizer, which is then used as it is. ADR 0014.
 """
 
 from __future__ import annotations
