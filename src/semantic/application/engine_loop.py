@@ -175,15 +175,11 @@ class EngineLoop:
     def _await_arrivals(self) -> bool:
         """With the lock held: before an idle engine's first round, let requests already on
         their way be queued, for ``arrival_window_s`` at most. False if stopped meanwhile."""
-        fresh, self._fresh_waiting = self._fresh_waiting, False
-        if self.engine.running:
-            return self._running
         deadline = time.monotonic() + self._arrival_window_s
-        while self._running:
+        while self._running and not self.engine.running:
             now = time.monotonic()
             quiet_until = self._last_arrival + self._arrival_quiet_s
-            fresh |= self._fresh_waiting
-            settled = not fresh or now >= quiet_until
+            settled = not self._fresh_waiting or now >= quiet_until
             if now >= deadline or (not self._arriving and settled):
                 break
             wait_until = deadline if self._arriving else min(deadline, quiet_until)
