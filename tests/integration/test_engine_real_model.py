@@ -221,3 +221,30 @@ def test_a_prompt_riding_the_decode_steps_gets_what_it_gets_in_passes_of_its_own
     assert most_ridden == 30
     assert never == 0
     assert riding == alone
+
+
+def test_a_restored_cache_that_cannot_be_gathered_fails_only_its_request(
+    real_model: RealModel, make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A returning agent's restored prefix is copied into the batch as it joins; when that
+    copy fails, the agents already decoding carry on untouched."""
+    tokenizer = real_model.tokenizer
+    earlier = tokenizer.render_chat(conversation(5, 300, counter(real_model)))
+    question = tokenizer.render_chat(QUESTION)
+    engine, backend = make_engine()
+    first = generate(engine, earlier, 2)
+    stored = first.blocks
+    full = [*earlier, *first.token_ids, *question[-12:]]  # few new tokens: read in place
+    alone = generate(engine, question, 12).token_ids
+
+    def no_room(*_: Any) -> Any:
+        raise MemoryError("no room to gather the restored prefix")
+
+    monkeypatch.setattr(backend, "_gathered", no_room)
+    other = engine.submit("other", question, max_tokens=12)
+    engine.step()
+    returning = engine.submit("agent", full, stored, max_tokens=8)
+    done = completions(run_until_idle(engine))
+    assert done[returning].finish_reason is FinishReason.ERROR
+    assert "no room" in (done[returning].error or "")
+    assert done[other].token_ids == alone

@@ -116,6 +116,8 @@ class FakeBackend:
     """Produce the end-of-turn token once a sequence holds this many positions."""
     fail_prefill_for: set[int] = field(default_factory=set)
     """First prompt tokens whose prefill raises, to test failure isolation."""
+    fail_join_for: set[str] = field(default_factory=set)
+    """Sequence ids whose cache fails to build as they join the decode batch."""
     model_id: str = "fake"
     paused: threading.Event = field(default_factory=threading.Event)
     """While set, decode steps make no progress (a request stays in flight)."""
@@ -181,6 +183,7 @@ class FakeBackend:
     def decode_step(self, ride: PromptChunk | None = None) -> StepOutput:
         if ride is not None and len(ride.tokens) > self.ride_capacity():
             raise ValueError("too many tokens to ride")
+        failed = self._failed_joins()
         tokens = self._decode_tokens()
         first = None
         if ride is not None:
@@ -189,7 +192,18 @@ class FakeBackend:
                 first = self.prefill_and_sample(ride.seq_id, ride.tokens)
             else:
                 self.prefill(ride.seq_id, ride.tokens)
-        return StepOutput(tokens, first)
+        return StepOutput(tokens, first, failed)
+
+    def _failed_joins(self) -> dict[str, Exception]:
+        """Like the MLX decode batch: a joining sequence whose cache fails to build leaves
+        the batch, reported; the others decode."""
+        failed: dict[str, Exception] = {}
+        for seq_id in self.fail_join_for & self.sequences.keys():
+            seq = self.sequences[seq_id]
+            if seq.decoding and seq.pending is not None:
+                seq.decoding = False
+                failed[seq_id] = MemoryError("no room to build the cache, on purpose")
+        return failed
 
     def _decode_tokens(self) -> list[DecodedToken]:
         """Like the MLX backend's pipelined decode batch: a newly joined sequence only has

@@ -241,3 +241,17 @@ def test_a_request_whose_cache_cannot_be_built_fails_alone() -> None:
     done = completions(run_until_idle(engine))
     assert done[bad].finish_reason is FinishReason.ERROR
     assert done[good].finish_reason is FinishReason.MAX_TOKENS
+
+
+def test_a_cache_that_fails_as_it_joins_the_decode_batch_fails_only_its_request() -> None:
+    engine, backend = make_engine()
+    good = engine.submit("good", PROMPT, max_tokens=6)
+    engine.step()
+    bad = engine.submit("bad", [1, 2, 3], max_tokens=6)
+    backend.fail_join_for.add(bad)
+    done = completions(run_until_idle(engine))
+    assert done[bad].finish_reason is FinishReason.ERROR
+    assert "no room" in (done[bad].error or "")
+    assert list(done[good].token_ids) == cold_tokens(PROMPT, 6)
+    engine.release_blocks(good)
+    assert engine.pool.used_count == 0

@@ -217,6 +217,10 @@ class BlockPoolBatchEngine:
                 self._fail(ride[0], error, events)
             return
         elapsed = self._clock() - started
+        for seq_id, join_error in output.failed.items():
+            joining = self._running.get(seq_id)
+            if joining is not None:
+                self._fail(joining, join_error, events)
         if ride is None:
             self.pacer.observe_decode(elapsed)
         else:

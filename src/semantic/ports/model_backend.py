@@ -7,7 +7,7 @@ request ends); the backend only executes it. Sequences are named by the caller's
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from semantic.domain.blocks import AgentBlocks
@@ -68,6 +68,9 @@ class StepOutput:
     tokens: list[DecodedToken]
     first_token: SampledToken | None = None
     """The ridden chunk's first token, when it was its prompt's last chunk."""
+    failed: dict[str, Exception] = field(default_factory=dict)
+    """Sequences that could not join this step (their cache failed to build), by id: they
+    are out of the batch, and only they fail; the others decoded as usual."""
 
 
 class ModelBackend(Protocol):

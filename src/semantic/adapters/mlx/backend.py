@@ -227,7 +227,7 @@ class MlxBackend:
                 first = self._sample(self._sequences[ride.seq_id], logits)
             else:
                 mx.eval([(c.keys, c.values) for c in group.caches])
-        return StepOutput(produced, first)
+        return StepOutput(produced, first, self._decoder.take_failed())
 
     def reads_restored(self, seq_id: str) -> bool:
         sequence = self._sequences.get(seq_id)

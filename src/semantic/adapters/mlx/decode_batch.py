@@ -57,6 +57,7 @@ class DecodeBatch:
         self._tops: mx.array | None = None  # (rows,): its probability, for tracked rows
         self._finished: dict[str, list[Any]] = {}
         self._joining: list[tuple[_Row, Caches, int]] = []
+        self._failed: dict[str, Exception] = {}
 
     def __len__(self) -> int:
         return len(self._rows) + len(self._joining)
@@ -85,8 +86,9 @@ class DecodeBatch:
     def _admit_joining(self) -> None:
         if not self._joining:
             return
-        joining, self._joining = self._joining, []
-        built = [_built(caches) for _, caches, _ in joining]
+        joining, built = self._build_joining()
+        if not joining:
+            return
         merged = [layers[0].merge(list(layers)) for layers in zip(*built, strict=True)]
         if self._caches:
             for mine, theirs in zip(self._caches, merged, strict=True):
@@ -98,6 +100,27 @@ class DecodeBatch:
         self._inputs = firsts if self._inputs is None else mx.concatenate([self._inputs, firsts])
         self._tops = unknown if self._tops is None else mx.concatenate([self._tops, unknown])
         self._rows += [row for row, _, _ in joining]
+
+    def _build_joining(self) -> tuple[list[tuple[_Row, Caches, int]], list[list[Any]]]:
+        """The newcomers whose caches could be built, and those caches. One that fails (no
+        memory to gather a restored prefix, say) is left out and noted for
+        ``take_failed``, so it fails alone instead of failing the whole step."""
+        joining, self._joining = self._joining, []
+        admitted: list[tuple[_Row, Caches, int]] = []
+        built: list[list[Any]] = []
+        for entry in joining:
+            try:
+                built.append(_built(entry[1]))
+            except Exception as error:  # noqa: BLE001 - reported per sequence by take_failed
+                self._failed[entry[0].seq_id] = error
+                continue
+            admitted.append(entry)
+        return admitted, built
+
+    def take_failed(self) -> dict[str, Exception]:
+        """The sequences left out of the batch since the last call, with their errors."""
+        failed, self._failed = self._failed, {}
+        return failed
 
     def step(self, ride: Group | None = None) -> tuple[list[DecodedToken], mx.array | None]:
         """A row that reaches its budget or a stop token leaves the batch, its cache kept
