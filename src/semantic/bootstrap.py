@@ -25,6 +25,7 @@ from semantic.adapters.mlx.model_cache import ModelCache, Progress, default_weig
 from semantic.adapters.mlx.restore_buffers import RestoreBuffers
 from semantic.adapters.mlx.tokenizer import MlxTokenizer
 from semantic.adapters.storage.block_files import BlockFiles
+from semantic.adapters.storage.data_dir_lock import acquire_data_directory, release_data_directory
 from semantic.adapters.storage.kv_block_store import KVBlockStore
 from semantic.adapters.storage.sqlite_metadata import SqliteMetadataStore
 from semantic.application.agents import AgentService
@@ -77,6 +78,8 @@ class Services:
     metadata: SqliteMetadataStore
     generation: GenerationService
     agents: AgentService
+    data_dir: Path
+    """The held data directory (``data_dir_lock``), given back when the services stop."""
 
 
 def weight_format(settings: Settings) -> WeightFormat:
@@ -133,7 +136,19 @@ def freeze_startup_objects() -> None:
 async def start_services(
     settings: Settings, progress: Progress, observer: GenerationObserver | None = None
 ) -> Services:
-    """Everything the server needs, warmed up; storage recovered after any crash."""
+    """Everything the server needs, warmed up; storage recovered after any crash. The data
+    directory is held for this process until ``stop_services``."""
+    data_dir = acquire_data_directory(settings.data_dir)
+    try:
+        return await _start_services(settings, progress, observer, data_dir)
+    except BaseException:
+        release_data_directory(data_dir)
+        raise
+
+
+async def _start_services(
+    settings: Settings, progress: Progress, observer: GenerationObserver | None, data_dir: Path
+) -> Services:
     # Workers that touch MLX (loading, block writes) must be gone before the process ends.
     install_default_executor(asyncio.get_running_loop())
     loaded, tokenizer, spec = await asyncio.to_thread(_load, settings, progress)
@@ -187,16 +202,19 @@ async def start_services(
         settings.data_dir,
     )
     return Services(
-        loaded.model_id, tokenizer, spec, pool, loop, cache, metadata, generation, agents
+        loaded.model_id, tokenizer, spec, pool, loop, cache, metadata, generation, agents, data_dir
     )
 
 
 async def stop_services(services: Services, grace_s: float) -> None:
     """Finish or cancel running requests, flush every pending save, close storage."""
-    await asyncio.to_thread(services.loop.drain, grace_s)
-    await services.cache.close()
-    services.loop.stop()
-    await services.metadata.close()
+    try:
+        await asyncio.to_thread(services.loop.drain, grace_s)
+        await services.cache.close()
+        services.loop.stop()
+        await services.metadata.close()
+    finally:
+        release_data_directory(services.data_dir)
 
 
 def _load(

@@ -7,7 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
+from reliability.server import ServerProcess
 
 
 def semantic(
@@ -83,3 +85,16 @@ def test_a_failed_download_leaves_nothing_half_written(tmp_path: Path) -> None:
     assert "Fix:" in result.stderr
     leftovers = [p.name for p in cache.rglob("*") if not p.name.endswith(".lock")]
     assert leftovers == ["downloads"]
+
+
+@pytest.mark.model
+def test_a_second_server_on_a_data_directory_in_use_is_refused_at_once(
+    server: ServerProcess,
+) -> None:
+    assert server.process is not None
+    result = semantic("serve", "--port", "1", "--data-dir", str(server.data_dir), timeout=60)
+    assert result.returncode == 2
+    assert "in use by another semantic process" in result.stderr
+    assert f"pid {server.process.pid}" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200

@@ -89,3 +89,15 @@ class ModelUnavailableError(SemanticError):
 
 class ShuttingDownError(SemanticError):
     """The server is draining and accepts no new work."""
+
+
+class DataDirectoryInUseError(SemanticError):
+    """Another process holds the data directory: two stores on one directory would collect
+    each other's blocks."""
+
+    def __init__(self, directory: str, holder: str) -> None:
+        super().__init__(
+            f"the data directory {directory} is in use by another semantic process "
+            f"(pid {holder}); stop it, or give this one another --data-dir"
+        )
+        self.directory = directory

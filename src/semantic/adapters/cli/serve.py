@@ -94,6 +94,7 @@ def run_server(args: argparse.Namespace) -> int:
 
     from semantic.adapters.cli.main import settings_from
     from semantic.adapters.http.app import create_app
+    from semantic.adapters.storage.data_dir_lock import acquire_data_directory
     from semantic.bootstrap import Services, start_services, stop_services
 
     overrides: dict[str, object] = {
@@ -113,6 +114,9 @@ def run_server(args: argparse.Namespace) -> int:
     if args.prefill_ride is not None:
         overrides["prefill_ride_ratio"] = args.prefill_ride or None
     settings = settings_from(args, **overrides)
+    # Refuse a directory another server holds now, before the model loads; the hold lasts
+    # as long as this process.
+    acquire_data_directory(settings.data_dir)
     progress = ProgressPrinter()
 
     async def start(observer: Any) -> Services:
