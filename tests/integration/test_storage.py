@@ -14,7 +14,7 @@ from safetensors.numpy import load as safetensors_load
 from semantic.adapters.mlx.host_codec import MlxHostCodec
 from semantic.adapters.mlx.kv_blocks import MlxKV, kv_arrays
 from semantic.adapters.mlx.restore_buffers import RestoreBuffers
-from semantic.adapters.storage.block_files import BlockFiles, safetensors_parts
+from semantic.adapters.storage.block_files import SPARES, BlockFiles, safetensors_parts
 from semantic.adapters.storage.kv_block_store import KVBlockStore
 from semantic.adapters.storage.sqlite_metadata import SqliteMetadataStore
 from semantic.domain.blocks import KVBlock
@@ -326,3 +326,29 @@ async def test_lookups_answer_from_memory_exactly_as_the_table_would(tmp_path: P
     await agrees()
     assert await db.blocks(keys) == {}
     await db.close()
+
+
+def test_deleted_files_are_written_over_by_later_blocks_and_read_back_exactly(
+    tmp_path: Path,
+) -> None:
+    files = BlockFiles(tmp_path / "blocks")
+    big = {"x": np.arange(4096, dtype=np.float32)}
+    small = {"x": np.arange(100, dtype=np.float32) * 3}
+    keys = [f"{i:02x}" * 32 for i in range(SPARES + 2)]
+    for key in keys:
+        files.write(key, big, {})
+    for key in keys:
+        files.delete(key)
+    assert files.keys() == set()
+    assert len(list(files.spare_dir.iterdir())) == SPARES  # the rest are gone
+    spare_inodes = {path.stat().st_ino for path in files.spare_dir.iterdir()}
+    again = BlockFiles(tmp_path / "blocks")  # a restart finds the spares
+    size, checksum = again.write("ab" * 32, small, {"kind": "small"})
+    assert again.path("ab" * 32).stat().st_size == size
+    assert len(list(again.spare_dir.iterdir())) == SPARES - 1
+    data, spans, metadata = again.read("ab" * 32, checksum, lambda n: np.empty(n, np.uint8))
+    span = spans["x"]
+    assert np.array_equal(data[span.begin : span.end].view(np.float32), small["x"])
+    assert metadata == {"kind": "small"}
+    assert again.path("ab" * 32).stat().st_ino in spare_inodes  # written over, not new
+    assert not list((tmp_path / "blocks").rglob("*.tmp"))

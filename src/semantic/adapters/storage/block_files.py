@@ -5,16 +5,21 @@ the directory is fsynced: a crash leaves either the whole file or a ``*.tmp`` th
 start removes. Reads stream each tensor straight into memory the caller provides (for KV,
 MLX's own buffers), hashing as they go; the xxh3-128 of the whole file must equal the
 checksum recorded when it was written. ADR 0006 explains the layout and the order.
+
+Files no block needs any more are kept, up to ``SPARES`` of them, and written over by the
+next writes instead of new files: see ``BlockFiles.delete``.
 """
 
 from __future__ import annotations
 
 import functools
 import io
+import itertools
 import json
 import math
 import os
 import struct
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -46,12 +51,18 @@ _NAMES = {dtype: name for name, dtype in _DTYPES.items()}
 _MAX_HEADER = 1 << 20
 _PIECE = 512 << 10
 SUFFIX = ".safetensors"
+SPARES = 4
+"""Unneeded block files kept to be written over: at most this many (~12 MB each here)."""
 
 
 class BlockFiles:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.quarantine_dir = root.parent / "quarantine"
+        self.spare_dir = root / "spare"
+        self._spares: list[Path] = sorted(self.spare_dir.glob("*.spare"))
+        self._spare_names = itertools.count()
+        self._spare_lock = threading.Lock()
 
     def path(self, key: str) -> Path:
         return self.root / key[:2] / f"{key}{SUFFIX}"
@@ -72,13 +83,28 @@ class BlockFiles:
             digest.update(part)
         target.parent.mkdir(parents=True, exist_ok=True)
         temporary = target.with_name(f"{target.name}.{os.getpid()}.tmp")
-        with open(temporary, "wb", buffering=0) as handle:
+        n_bytes = sum(len(part) for part in parts)
+        with self._open_for_writing(temporary) as handle:
             for part in parts:
                 _write_all(handle, part)
+            handle.truncate(n_bytes)  # a spare may have been longer
             os.fsync(handle.fileno())
         os.replace(temporary, target)
         fsync_directory(target.parent)
-        return sum(len(part) for part in parts), digest.hexdigest()
+        return n_bytes, digest.hexdigest()
+
+    def _open_for_writing(self, temporary: Path) -> io.FileIO:
+        """A spare renamed to ``temporary`` and opened without truncation, so the write
+        lands in pages the page cache (and the disk) already hold; else a new file."""
+        with self._spare_lock:
+            spare = self._spares.pop() if self._spares else None
+        if spare is not None:
+            try:
+                os.replace(spare, temporary)
+                return open(temporary, "r+b", buffering=0)
+            except OSError:
+                pass  # gone or unusable: a new file does as well
+        return open(temporary, "wb", buffering=0)
 
     def read(
         self, key: str, checksum: str, allocate: Allocate
@@ -109,7 +135,28 @@ class BlockFiles:
         return target
 
     def delete(self, key: str) -> None:
-        self.path(key).unlink(missing_ok=True)
+        """Remove a block's file; up to ``SPARES`` are kept aside to be written over.
+
+        A new file's pages are memory the kernel must find and zero, and this VM gives
+        memory idle for a second back to its host: writing a fresh 11.8 MB block took
+        5-24 ms, writing over a kept file 3-6 ms (fsync 7-9 ms either way). Each turn
+        collects its conversation's previous partial block, so a spare is usually there.
+        The old name's removal is made durable (its directory fsynced) before the spare can
+        be written over: a crash must never bring back a block's name over other bytes,
+        since an existing file's checksum is trusted when the same key is written again."""
+        path = self.path(key)
+        with self._spare_lock:
+            if len(self._spares) >= SPARES:
+                path.unlink(missing_ok=True)
+                return
+            self.spare_dir.mkdir(exist_ok=True)
+            spare = self.spare_dir / f"{os.getpid()}-{next(self._spare_names)}.spare"
+            try:
+                os.replace(path, spare)
+            except FileNotFoundError:
+                return
+            fsync_directory(path.parent)
+            self._spares.append(spare)
 
     def keys(self) -> set[str]:
         return {p.name[: -len(SUFFIX)] for p in self.root.glob(f"*/*{SUFFIX}")}
