@@ -208,7 +208,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
     parser.add_argument("--budgets", default="16,32,64,128,256,1024")
     parser.add_argument("--ratios", default="1,2,3")
-    parser.add_argument("--rides", default="0.5,1,1.5,2")
+    parser.add_argument("--rides", default="1.5,2,3")
+    parser.add_argument("--slices", default="1.5,2,2.5,3")
+    parser.add_argument("--slice-tokens", default="256")
     parser.add_argument("--skip-mlx-lm", action="store_true")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -223,6 +225,15 @@ def main() -> None:
         (f"riding, {r} decode steps", PacerConfig(ride_ratio=float(r)))
         for r in args.rides.split(",")
         if r
+    ]
+    configs += [
+        (
+            f"sliced, {r} decode steps, {n} tokens",
+            PacerConfig(slice_ratio=float(r), slice_tokens=n, ride_ratio=None),
+        )
+        for r in args.slices.split(",")
+        if r
+        for n in (int(t) for t in args.slice_tokens.split(","))
     ]
     configs += [
         (f"{n} tokens/step, own passes", PacerConfig(busy_tokens=int(n), ride_ratio=None))

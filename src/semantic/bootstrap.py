@@ -246,7 +246,9 @@ def _engine(
         max_context=_max_context(loaded),
         prefill_chunk_tokens=settings.prefill_chunk_tokens,
         pacer=PacerConfig(
-            fixed_tokens=settings.prefill_fixed_tokens, ride_ratio=settings.prefill_ride_ratio
+            fixed_tokens=settings.prefill_fixed_tokens,
+            ride_ratio=settings.prefill_ride_ratio,
+            slice_ratio=settings.prefill_slice_ratio,
         ),
         max_running=settings.max_running,
         max_waiting=settings.max_waiting,

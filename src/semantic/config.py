@@ -53,6 +53,9 @@ class Settings:
     prefill_ride_ratio: float | None = 3.0
     """A lone waiting prompt rides the decode steps, adding at most this many decode steps'
     time to each; None: it gets passes of its own (ADR 0009 has the trade-off)."""
+    prefill_slice_ratio: float | None = 2.0
+    """A lone waiting prompt too long to ride is computed a few layers at a time, for this
+    many decode steps' time a round; None: it rides in smaller chunks (ADR 0009)."""
     max_running: int = 32
     max_waiting: int = 256
     disk_quota_bytes: int | None = None
@@ -80,6 +83,8 @@ class Settings:
                 raise ValueError(f"{name} must be positive")
         if self.prefill_ride_ratio is not None and not self.prefill_ride_ratio > 0:
             raise ValueError("prefill_ride_ratio must be positive")
+        if self.prefill_slice_ratio is not None and not self.prefill_slice_ratio > 0:
+            raise ValueError("prefill_slice_ratio must be positive")
 
 
 WEIGHT_CHOICES = ("auto", "float32", "float16", "quantized")

@@ -248,3 +248,29 @@ def test_a_restored_cache_that_cannot_be_gathered_fails_only_its_request(
     assert done[returning].finish_reason is FinishReason.ERROR
     assert "no room" in (done[returning].error or "")
     assert done[other].token_ids == alone
+
+
+def test_a_prompt_sliced_between_layers_gets_what_it_gets_in_whole_passes(
+    real_model: RealModel, make_engine: EngineFactory
+) -> None:
+    tokenizer = real_model.tokenizer
+    prompt = tokenizer.render_chat(conversation(6, 600, counter(real_model)))
+    question = tokenizer.render_chat(QUESTION)
+    engine, backend = make_engine(pacer=PacerConfig(slice_ratio=0.5))
+    alone = generate(engine, prompt, 16).token_ids
+    paused: list[bool] = []
+    slice_of = backend.prefill_slice
+
+    def watched(*args: Any, **kwargs: Any) -> Any:
+        progress = slice_of(*args, **kwargs)
+        paused.append(not progress.done)
+        return progress
+
+    backend.prefill_slice = watched  # type: ignore[method-assign]  # a spy on the real method
+    stream = engine.submit("stream", question, max_tokens=200)
+    engine.step()
+    late = engine.submit("late", prompt, max_tokens=16)
+    done = completions(run_until_idle(engine))
+    assert any(paused)  # some chunks stopped between layers and went on in later rounds
+    assert done[late].token_ids == alone
+    assert done[stream].finish_reason in {FinishReason.END_OF_TURN, FinishReason.MAX_TOKENS}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from semantic.ports.model_backend import (
     ExportedKV,
     PromptChunk,
     SampledToken,
+    SliceProgress,
     StepOutput,
 )
 
@@ -129,6 +131,11 @@ class FakeBackend:
     ride_rows: int = 0
     """Rows a fused decode pass may hold (0: no riding, like a model without fusion)."""
     rides: list[tuple[str, int]] = field(default_factory=list)
+    slice_calls: int = 3
+    """Calls a sliced chunk takes when its time is bounded (the model's layers, in thirds)."""
+    slices: list[tuple[str, int, bool]] = field(default_factory=list)
+    """(sequence, chunk tokens, done) for each ``prefill_slice`` call."""
+    _slice_progress: dict[str, int] = field(default_factory=dict)
     reading_restored: set[str] = field(default_factory=set)
     """Sequences that still read their restored blocks in place (the MLX backend's first
     pass over a returning agent's blocks)."""
@@ -160,6 +167,21 @@ class FakeBackend:
     def prefill_and_sample(self, seq_id: str, tokens: Sequence[int]) -> SampledToken:
         self.prefill(seq_id, tokens)
         return SampledToken(self._next(self.sequences[seq_id]), 0.5)
+
+    def prefill_slice(
+        self, seq_id: str, tokens: Sequence[int], seconds: float, *, last: bool
+    ) -> SliceProgress:
+        calls = self._slice_progress.get(seq_id, 0) + 1
+        done = calls >= self.slice_calls or math.isinf(seconds)
+        self.slices.append((seq_id, len(tokens), done))
+        if not done:
+            self._slice_progress[seq_id] = calls
+            return SliceProgress(False)
+        self._slice_progress.pop(seq_id, None)
+        if last:
+            return SliceProgress(True, self.prefill_and_sample(seq_id, tokens))
+        self.prefill(seq_id, tokens)
+        return SliceProgress(True)
 
     def prefill_many_and_sample(
         self, prompts: Sequence[tuple[str, Sequence[int]]]
@@ -227,6 +249,7 @@ class FakeBackend:
         return out
 
     def close_sequence(self, seq_id: str, keep_tokens: int) -> ExportedKV:
+        self._slice_progress.pop(seq_id, None)
         seq = self.sequences.pop(seq_id)
         keep = min(keep_tokens, len(seq.tokens))
         size = self.spec.block_tokens

@@ -255,3 +255,79 @@ def test_a_cache_that_fails_as_it_joins_the_decode_batch_fails_only_its_request(
     assert list(done[good].token_ids) == cold_tokens(PROMPT, 6)
     engine.release_blocks(good)
     assert engine.pool.used_count == 0
+
+
+def sliced_engine(
+    capacity: int = 200, ride_rows: int = 0
+) -> tuple[BlockPoolBatchEngine, FakeBackend]:
+    backend = FakeBackend(ride_rows=ride_rows)
+    pacer = PacerConfig(idle_tokens=4, slice_ratio=2.0, slice_tokens=4, ride_ratio=3.0)
+    config = EngineConfig(prefill_chunk_tokens=4, max_context=512, pacer=pacer)
+    return BlockPoolBatchEngine(backend, FakeTokenizer(), BlockPool(capacity), config), backend
+
+
+def test_a_sliced_chunk_spans_rounds_while_every_stream_gets_a_token_each_round() -> None:
+    engine, backend = sliced_engine()
+    stream = engine.submit("stream", [3, 1, 4], max_tokens=40)
+    engine.step()
+    long_prompt = [5, 9, 2, 7, 11, 3, 8, 1, 4, 6, 2, 9]
+    late = engine.submit("late", long_prompt, max_tokens=3)
+    tokens_per_round: list[int] = []
+    events: list[Any] = []
+    while engine.has_work():
+        step = engine.step()
+        events += step.events
+        if any(c.request_id == late for c in completions(step.events).values()):
+            break
+        tokens_per_round.append(sum(1 for e in step.events if isinstance(e, TokenEvent)))
+    chunks = [(n, done) for seq, n, done in backend.slices if seq == late]
+    assert chunks == [(4, False), (4, False), (4, True)] * 3  # three chunks, three slices each
+    # the stream's first step only feeds its first token (the fake pipelines like MLX's);
+    # after that it gets a token in every round, the sliced chunk's rounds included
+    assert all(count >= 1 for count in tokens_per_round[1:])
+    done = completions(events + run_until_idle(engine))
+    assert list(done[late].token_ids) == cold_tokens(long_prompt, 3)
+    assert done[stream].finish_reason is FinishReason.MAX_TOKENS
+
+
+def test_cancelling_a_prompt_in_the_middle_of_a_slice_frees_its_blocks() -> None:
+    engine, backend = sliced_engine()
+    stream = engine.submit("stream", [3, 1, 4], max_tokens=40)
+    engine.step()
+    late = engine.submit("late", list(range(1, 13)), max_tokens=3)
+    engine.step()
+    assert backend.slices[-1] == (late, 4, False)
+    engine.cancel(late)
+    done = completions(engine.step().events)
+    assert done[late].finish_reason is FinishReason.CANCELLED
+    held = sum(r.reservation.block_count for r in engine._running.values())  # noqa: SLF001
+    assert engine.pool.used_count == held  # the stream's blocks only
+    assert late not in engine._running  # noqa: SLF001
+    engine.cancel(stream)
+    run_until_idle(engine)
+    engine.release_blocks(stream)
+    assert engine.pool.used_count == 0
+
+
+def test_a_second_arrival_finishes_the_chunk_in_flight_before_anything_else() -> None:
+    engine, backend = sliced_engine()
+    engine.submit("stream", [3, 1, 4], max_tokens=40)
+    engine.step()
+    late = engine.submit("late", [5, 9, 2, 7, 11, 3, 8, 1], max_tokens=3)
+    engine.step()
+    other = engine.submit("other", [2, 7, 1, 8], max_tokens=3)
+    done = completions(run_until_idle(engine))
+    assert [(n, ok) for seq, n, ok in backend.slices if seq == late][:2] == [(4, False), (4, True)]
+    assert list(done[late].token_ids) == cold_tokens([5, 9, 2, 7, 11, 3, 8, 1], 3)
+    assert list(done[other].token_ids) == cold_tokens([2, 7, 1, 8], 3)
+
+
+def test_a_chunk_small_enough_to_ride_rides_instead_of_being_sliced() -> None:
+    engine, backend = sliced_engine(ride_rows=32)
+    engine.submit("stream", [3, 1, 4], max_tokens=40)
+    engine.step()
+    late = engine.submit("late", [5, 9, 2, 7, 11, 3, 8, 1], max_tokens=3)
+    done = completions(run_until_idle(engine))
+    assert backend.rides == [(late, 4), (late, 4)]
+    assert backend.slices == []
+    assert list(done[late].token_ids) == cold_tokens([5, 9, 2, 7, 11, 3, 8, 1], 3)

@@ -40,6 +40,9 @@ class ActiveRequest:
     phase: Phase = Phase.WAITING
     n_cached: int = 0
     prefilled: int = 0
+    in_flight: int = 0
+    """Tokens of a chunk whose layers are partly computed (a sliced prefill): the next
+    rounds continue that chunk, and ``prefilled`` counts it once it is whole."""
     admitted_at: float | None = None
     first_token_at: float | None = None
     pinned: bool = False

@@ -11,6 +11,7 @@ the backend's; this class decides what runs, keeps the block books, and reports 
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -234,7 +235,9 @@ class BlockPoolBatchEngine:
             self._chunk_done(ride[0], ride[1], output.first_token, events)
 
     def _prefill(self, plan: Plan, events: list[EngineEvent]) -> None:
-        whole = [(a, n) for a, n in plan if a.prefilled == 0 and n == len(a.prompt)]
+        whole = [
+            (a, n) for a, n in plan if a.prefilled == 0 and n == len(a.prompt) and not a.in_flight
+        ]
         if len(whole) > 1:
             self._prefill_whole_prompts([a for a, _ in whole], events)
             batched = {a.id for a, _ in whole}
@@ -282,6 +285,10 @@ class BlockPoolBatchEngine:
         del self._running[active.id]
 
     def _prefill_chunk(self, active: ActiveRequest, n: int, events: list[EngineEvent]) -> None:
+        seconds = self._adder.slice_seconds
+        if seconds is not None or active.in_flight:  # unsliced rounds finish a sliced chunk
+            self._prefill_slice(active, n, math.inf if seconds is None else seconds, events)
+            return
         chunk = active.prompt[active.prefilled : active.prefilled + n]
         first: SampledToken | None = None
         started = self._clock()
@@ -295,6 +302,21 @@ class BlockPoolBatchEngine:
             return
         self.pacer.observe_prefill(n, active.prefilled, self._clock() - started)
         self._chunk_done(active, n, first, events)
+
+    def _prefill_slice(
+        self, active: ActiveRequest, n: int, seconds: float, events: list[EngineEvent]
+    ) -> None:
+        """Some of a chunk's layers; the chunk counts as prefilled once all have it."""
+        chunk = active.prompt[active.prefilled : active.prefilled + n]
+        last = active.prefilled + n == len(active.prompt)
+        try:
+            progress = self._backend.prefill_slice(active.id, chunk, seconds, last=last)
+        except Exception as error:  # noqa: BLE001 - one failed prompt must not fail the others
+            self._fail(active, error, events)
+            return
+        active.in_flight = 0 if progress.done else n
+        if progress.done:
+            self._chunk_done(active, n, progress.first_token, events)
 
     def _chunk_done(
         self, active: ActiveRequest, n: int, first: SampledToken | None, events: list[EngineEvent]

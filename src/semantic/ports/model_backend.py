@@ -40,6 +40,14 @@ class SampledToken:
 
 
 @dataclass(frozen=True, slots=True)
+class SliceProgress:
+    done: bool
+    """Whether every layer has the chunk now."""
+    first_token: SampledToken | None = None
+    """Sampled when the prompt's last chunk is done."""
+
+
+@dataclass(frozen=True, slots=True)
 class DecodedToken:
     """One token a decode step produced for one sequence.
 
@@ -109,6 +117,14 @@ class ModelBackend(Protocol):
 
     def prefill_and_sample(self, seq_id: str, tokens: Sequence[int]) -> SampledToken:
         """Like ``prefill`` for the prompt's last chunk; samples the first new token."""
+        ...
+
+    def prefill_slice(
+        self, seq_id: str, tokens: Sequence[int], seconds: float, *, last: bool
+    ) -> SliceProgress:
+        """Compute ``tokens`` layer by layer for about ``seconds`` (at least one layer),
+        then stop; called again with the same tokens, continue where it stopped. ``last``:
+        the prompt's final chunk, whose first token is sampled when the chunk is done."""
         ...
 
     def prefill_many_and_sample(

@@ -75,6 +75,15 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         "curve)",
     )
     serve.add_argument(
+        "--prefill-slice",
+        type=_ride_steps,
+        default=None,
+        metavar="STEPS",
+        help="a lone waiting prompt too long to ride is computed a few layers at a time, for "
+        "STEPS decode steps' time a round between the streams' steps; 0: it rides in smaller "
+        "chunks instead (default: 2; docs/adr/0009 shows the curve)",
+    )
+    serve.add_argument(
         "--max-waiting",
         type=int,
         default=256,
@@ -113,6 +122,8 @@ def run_server(args: argparse.Namespace) -> int:
         overrides["prefill_fixed_tokens"] = args.prefill_budget
     if args.prefill_ride is not None:
         overrides["prefill_ride_ratio"] = args.prefill_ride or None
+    if args.prefill_slice is not None:
+        overrides["prefill_slice_ratio"] = args.prefill_slice or None
     settings = settings_from(args, **overrides)
     # Refuse a directory another server holds now, before the model loads; the hold lasts
     # as long as this process.

@@ -22,6 +22,7 @@ from semantic.adapters.mlx.decode_batch import Caches, DecodeBatch
 from semantic.adapters.mlx.fused_pass import MAX_ROWS, Group, supports_fusion
 from semantic.adapters.mlx.host_pass import HostPass
 from semantic.adapters.mlx.kv_blocks import cut_into_blocks, gather_cache, reserve_room
+from semantic.adapters.mlx.layer_slice import LayerSlice
 from semantic.adapters.mlx.model_parts import BodyAndHead
 from semantic.adapters.mlx.restored_prefix import RestoredPrefix
 from semantic.adapters.mlx.sampling import Sampler, log_softmax, make_sampler, top_prob
@@ -29,7 +30,13 @@ from semantic.domain.blocks import AgentBlocks
 from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.errors import InvalidRequestError
 from semantic.domain.generation import SamplingParams
-from semantic.ports.model_backend import ExportedKV, PromptChunk, SampledToken, StepOutput
+from semantic.ports.model_backend import (
+    ExportedKV,
+    PromptChunk,
+    SampledToken,
+    SliceProgress,
+    StepOutput,
+)
 
 
 @dataclass(slots=True)
@@ -42,6 +49,8 @@ class _Sequence:
     chunk that is not also the last (a prompt prefilled whole sizes itself)."""
     prefix: RestoredPrefix | None = None
     """Restored positions not yet copied into ``caches``, which hold what follows them."""
+    slice: LayerSlice | None = None
+    """A chunk part way through the layers (``prefill_slice``)."""
 
 
 class MlxBackend:
@@ -153,6 +162,29 @@ class MlxBackend:
         for sequence, extracted in zip(sequences, own, strict=True):  # all or nothing
             sequence.caches = extracted
         return sampled
+
+    def prefill_slice(
+        self, seq_id: str, tokens: Sequence[int], seconds: float, *, last: bool
+    ) -> SliceProgress:
+        sequence = self._sequences[seq_id]
+        if self._split is None:  # no llama body to pause inside: the whole chunk now
+            if last:
+                return SliceProgress(True, self.prefill_and_sample(seq_id, tokens))
+            self.prefill(seq_id, tokens)
+            return SliceProgress(True)
+        body = self._split.body
+        if sequence.slice is None:
+            if not last:
+                reserve_room(sequence.caches, sequence.room, self._spec)
+            sequence.slice = LayerSlice.start(body, tokens, self._caches(sequence))
+        if not sequence.slice.advance(body, sequence.caches, seconds):
+            return SliceProgress(False)
+        hidden, sequence.slice = sequence.slice.hidden, None
+        if not last:
+            return SliceProgress(True)
+        logits = self._split.head(hidden[:, -1:, :])[:, -1, :]
+        mx.eval(logits)
+        return SliceProgress(True, self._sample(sequence, logits))
 
     def prefill_logprobs(self, seq_id: str, tokens: Sequence[int]) -> mx.array:
         """Prefill ``tokens`` and return the log-probabilities after the last one."""

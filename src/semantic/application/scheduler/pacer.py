@@ -35,6 +35,11 @@ class PacerConfig:
     ride_ratio: float | None = None
     """Seconds a ridden chunk may add to a round, in decode steps; None never rides."""
     ride_min_tokens: int = 4
+    slice_ratio: float | None = None
+    """Seconds of a lone prompt's layers per round, in decode steps; None never slices.
+    Takes precedence over riding."""
+    slice_tokens: int = 256
+    """The chunk a sliced prompt computes layer by layer."""
     fixed_tokens: int | None = None
     """One budget for every round, busy or idle (tests and comparisons)."""
 
@@ -42,6 +47,8 @@ class PacerConfig:
         if self.idle_tokens <= 0 or self.min_tokens <= 0 or self.gap_ratio <= 0:
             raise InvalidRequestError("pacer settings must be positive")
         if (self.ride_ratio is not None and self.ride_ratio <= 0) or self.ride_min_tokens <= 0:
+            raise InvalidRequestError("pacer settings must be positive")
+        if (self.slice_ratio is not None and self.slice_ratio <= 0) or self.slice_tokens <= 0:
             raise InvalidRequestError("pacer settings must be positive")
         for budget in (self.fixed_tokens, self.busy_tokens):
             if budget is not None and budget <= 0:
@@ -55,6 +62,8 @@ class RoundBudget:
     """None: only the token budget applies."""
     ride: bool = False
     """One chunk, computed inside the decode step's forward pass."""
+    sliced: bool = False
+    """One chunk, computed layer by layer for ``seconds`` a round (``prefill_slice``)."""
 
 
 class PrefillPacer:
@@ -92,6 +101,9 @@ class PrefillPacer:
             return RoundBudget(self.config.fixed_tokens, None)
         if decoding == 0:
             return RoundBudget(self.config.idle_tokens, None)
+        if self.config.slice_ratio is not None and waiting == 1:
+            seconds = self.config.slice_ratio * self._decode_s
+            return RoundBudget(self.config.slice_tokens, seconds, sliced=True)
         ratio = self.config.ride_ratio
         if ratio is not None and ride_capacity > 0 and waiting == 1:
             return RoundBudget(ride_capacity, ratio * self._decode_s, ride=True)

@@ -34,6 +34,8 @@ class _Round:
     seconds: float | None
     ride: bool = False
     """One chunk only: it is computed inside the decode step's forward pass."""
+    sliced: bool = False
+    """One chunk only: it is computed layer by layer, for the round's seconds."""
 
     def spend(self, tokens: int, seconds: float) -> None:
         self.tokens -= tokens
@@ -64,6 +66,8 @@ class PrefillAdder:
         self._reclaim = reclaim
         self.rides = False
         """Whether the last plan is one chunk to compute inside the decode step's pass."""
+        self.slice_seconds: float | None = None
+        """When the last plan is one chunk to compute layer by layer: for how long."""
 
     def plan(
         self,
@@ -80,7 +84,7 @@ class PrefillAdder:
         ``ride_capacity``: prompt tokens the decode step's forward pass could carry."""
         waiting = len(self._queue) + sum(1 for r in running if r.remaining_prompt > 0)
         budget = self._pacer.round_budget(decoding, waiting, ride_capacity)
-        left = _Round(budget.tokens, budget.seconds, budget.ride)
+        left = _Round(budget.tokens, budget.seconds, budget.ride, budget.sliced)
         plan: Plan = []
         for request in running:
             if request.remaining_prompt > 0 and not left.exhausted:
@@ -105,16 +109,27 @@ class PrefillAdder:
             busy = True
             room -= 1
             plan += self._chunks(candidate, left)
-        self.rides = budget.ride and len(plan) == 1 and plan[0][1] <= ride_capacity
+        one = plan[0][0] if len(plan) == 1 else None
+        fits_a_ride = one is not None and not one.in_flight and plan[0][1] <= ride_capacity
+        # a chunk small enough to ride does: one shared pass beats layers over two rounds
+        can_ride = budget.ride or (budget.sliced and self._pacer.config.ride_ratio is not None)
+        self.rides = fits_a_ride and can_ride
+        sliced = budget.sliced and one is not None and not self.rides
+        self.slice_seconds = budget.seconds if sliced else None
         return plan
 
     def _chunks(self, request: ActiveRequest, left: _Round) -> Plan:
+        if request.in_flight:  # a sliced chunk carries on as it began
+            left.spend(request.in_flight, 0.0)
+            if left.sliced:
+                left.tokens = 0
+            return [(request, request.in_flight)]
         out: Plan = []
         position, end = request.prefilled, len(request.prompt)
         while position < end and not left.exhausted:
             boundary = (position // self._chunk + 1) * self._chunk
             n = min(boundary - position, end - position, left.tokens)
-            if left.seconds is not None:
+            if left.seconds is not None and not left.sliced:
                 paced = self._pacer.tokens_within(left.seconds, position, ride=left.ride)
                 config = self._pacer.config
                 n = min(n, max(paced, config.ride_min_tokens if left.ride else config.min_tokens))
@@ -123,7 +138,7 @@ class PrefillAdder:
             left.spend(n, self._pacer.cost(n, position, ride=left.ride))
             out.append((request, n))
             position += n
-            if left.ride:
+            if left.ride or left.sliced:
                 left.tokens = 0  # the round's one chunk
         return out
 
