@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
@@ -23,11 +23,15 @@ from mlx_lm.models.base import create_attention_mask
 
 @dataclass(slots=True)
 class LayerSlice:
-    """A chunk's hidden states between layers, and the masks its layers use."""
+    """A chunk's hidden states between steps, and the masks its layers use. Step ``2i`` is
+    layer ``i``'s attention (and the cache update), step ``2i + 1`` its MLP; the sums are
+    mlx-lm's ``TransformerBlock`` written out, so the bits are a whole layer's."""
 
     hidden: mx.array
     masks: list[Any]
-    next_layer: int = 0
+    next_step: int = 0
+    last_seconds: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    """The last attention step's time and the last MLP step's: each predicts its next."""
 
     @classmethod
     def start(cls, body: Any, tokens: Sequence[int], caches: list[Any]) -> LayerSlice:
@@ -49,22 +53,31 @@ class LayerSlice:
         seconds: float,
         clock: Callable[[], float] = time.perf_counter,
     ) -> bool:
-        """Run layers while the next is expected to end within ``seconds`` (at least one;
-        the last layer's time predicts the next). True once every layer has run, with
-        ``hidden`` then the body's final (normed) output."""
+        """Run steps while the next is expected to end within ``seconds`` (at least one
+        step): a round's time is a ceiling, since the streams' worst gap is what suffers.
+        True once every layer has run, with ``hidden`` then the body's final (normed)
+        output."""
         started = clock()
-        layers = body.layers
-        while self.next_layer < len(layers):
+        steps = 2 * len(body.layers)
+        while self.next_step < steps:
             began = clock()
-            index = self.next_layer
-            cache = caches[index]
-            self.hidden = layers[index](self.hidden, self.masks[index], cache=cache)
-            mx.eval(self.hidden, cache.keys, cache.values)
-            self.next_layer += 1
-            now = clock()
-            if now - started + (now - began) / 2 > seconds:
+            self._step(body.layers[self.next_step // 2], caches[self.next_step // 2])
+            self.last_seconds[self.next_step % 2] = clock() - began
+            self.next_step += 1
+            coming = self.last_seconds[self.next_step % 2]
+            if clock() - started + coming > seconds:
                 break
-        if self.next_layer < len(layers):
+        if self.next_step < steps:
             return False
         self.hidden = body.norm(self.hidden)
         return True
+
+    def _step(self, layer: Any, cache: Any) -> None:
+        h = self.hidden
+        if self.next_step % 2 == 0:
+            mask = self.masks[self.next_step // 2]
+            self.hidden = h + layer.self_attn(layer.input_layernorm(h), mask, cache)
+            mx.eval(self.hidden, cache.keys, cache.values)
+        else:
+            self.hidden = h + layer.mlp(layer.post_attention_layernorm(h))
+            mx.eval(self.hidden)
