@@ -228,7 +228,7 @@ def main() -> None:
     ]
     configs += [
         (
-            f"sliced, {r} decode steps, {n} tokens",
+            f"sliced, {r} decode steps" + (f", {n} tokens" if "," in args.slice_tokens else ""),
             PacerConfig(slice_ratio=float(r), slice_tokens=n, ride_ratio=None),
         )
         for r in args.slices.split(",")

@@ -53,7 +53,7 @@ class Settings:
     prefill_ride_ratio: float | None = 3.0
     """A lone waiting prompt rides the decode steps, adding at most this many decode steps'
     time to each; None: it gets passes of its own (ADR 0009 has the trade-off)."""
-    prefill_slice_ratio: float | None = 1.75
+    prefill_slice_ratio: float | None = 2.5
     """A lone waiting prompt too long to ride is computed a few layers at a time, for this
     many decode steps' time a round; None: it rides in smaller chunks (ADR 0009)."""
     max_running: int = 32

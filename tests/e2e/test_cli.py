@@ -45,6 +45,7 @@ def test_an_unknown_model_name_is_one_clear_error(tmp_path: Path) -> None:
         ("--prefill-ride", "-1", "must be 0 or more"),
         ("--prefill-budget", "0", "must be positive"),
         ("--prefill-ride", "soon", "not a number"),
+        ("--prefill-slice", "-2", "must be 0 or more"),
     ],
 )
 def test_a_bad_scheduler_setting_is_refused_before_anything_loads(

@@ -66,22 +66,22 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     serve.add_argument(
         "--prefill-ride",
-        type=_ride_steps,
+        type=_decode_steps,
         default=None,
         metavar="STEPS",
-        help="a lone waiting prompt rides the running streams' decode steps, adding at most "
-        "STEPS decode steps' time to each; fewer STEPS: smoother streams, a slower first "
-        "token for the prompt; 0: passes of its own (default: 3; docs/adr/0009 shows the "
-        "curve)",
+        help="a lone waiting prompt's chunk that fits the running streams' decode step (any "
+        "chunk, with --prefill-slice 0) rides it, adding at most STEPS decode steps' time; "
+        "fewer STEPS: smoother streams, a slower first token for the prompt; 0: passes of "
+        "its own (default: 3; docs/adr/0009 shows the curve)",
     )
     serve.add_argument(
         "--prefill-slice",
-        type=_ride_steps,
+        type=_decode_steps,
         default=None,
         metavar="STEPS",
         help="a lone waiting prompt too long to ride is computed a few layers at a time, for "
         "STEPS decode steps' time a round between the streams' steps; 0: it rides in smaller "
-        "chunks instead (default: 1.75; docs/adr/0009 shows the curve)",
+        "chunks instead (default: 2.5; docs/adr/0009 shows the curve)",
     )
     serve.add_argument(
         "--max-waiting",
@@ -159,7 +159,7 @@ def run_server(args: argparse.Namespace) -> int:
     return 0
 
 
-def _ride_steps(text: str) -> float:
+def _decode_steps(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
