@@ -139,11 +139,9 @@ async def start_services(
     """Everything the server needs, warmed up; storage recovered after any crash. The data
     directory is held for this process until ``stop_services``."""
     data_dir = acquire_data_directory(settings.data_dir)
-    try:
-        return await _start_services(settings, progress, observer, data_dir)
-    except BaseException:
-        release_data_directory(data_dir)
-        raise
+    # Not given back if starting fails: storage threads may already run, so the directory
+    # stays held until this process exits (a retry in this process holds it again).
+    return await _start_services(settings, progress, observer, data_dir)
 
 
 async def _start_services(
@@ -208,13 +206,11 @@ async def _start_services(
 
 async def stop_services(services: Services, grace_s: float) -> None:
     """Finish or cancel running requests, flush every pending save, close storage."""
-    try:
-        await asyncio.to_thread(services.loop.drain, grace_s)
-        await services.cache.close()
-        services.loop.stop()
-        await services.metadata.close()
-    finally:
-        release_data_directory(services.data_dir)
+    await asyncio.to_thread(services.loop.drain, grace_s)
+    await services.cache.close()
+    services.loop.stop()
+    await services.metadata.close()
+    release_data_directory(services.data_dir)  # only after a clean close: nothing runs now
 
 
 def _load(

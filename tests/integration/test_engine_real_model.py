@@ -274,3 +274,27 @@ def test_a_prompt_sliced_between_layers_gets_what_it_gets_in_whole_passes(
     assert any(paused)  # some chunks stopped between layers and went on in later rounds
     assert done[late].token_ids == alone
     assert done[stream].finish_reason in {FinishReason.END_OF_TURN, FinishReason.MAX_TOKENS}
+
+
+def test_a_chunk_riding_with_rows_that_all_fail_to_join_is_computed_alone(
+    real_model: RealModel, make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The returning agent is the decode batch's only row and its cache cannot be built, so
+    no decode pass runs: the prompt that was to ride it must not lose its chunk."""
+    tokenizer = real_model.tokenizer
+    earlier = tokenizer.render_chat(conversation(8, 300, counter(real_model)))
+    question = tokenizer.render_chat(QUESTION)
+    engine, backend = make_engine(pacer=PacerConfig(ride_ratio=50.0))
+    first = generate(engine, earlier, 2)
+    alone = generate(engine, question, 8).token_ids
+
+    def no_room(*_: Any) -> Any:
+        raise MemoryError("no room to gather the restored prefix")
+
+    monkeypatch.setattr(backend, "_gathered", no_room)
+    returning = engine.submit("agent", [*earlier, *first.token_ids, *question[-12:]], first.blocks)
+    engine.step()  # its first token, from a pass that reads the restored blocks in place
+    rider = engine.submit("rider", question, max_tokens=8)
+    done = completions(run_until_idle(engine))
+    assert done[returning].finish_reason is FinishReason.ERROR
+    assert done[rider].token_ids == alone

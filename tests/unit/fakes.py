@@ -131,6 +131,7 @@ class FakeBackend:
     ride_rows: int = 0
     """Rows a fused decode pass may hold (0: no riding, like a model without fusion)."""
     rides: list[tuple[str, int]] = field(default_factory=list)
+    can_slice: bool = True
     slice_calls: int = 3
     """Calls a sliced chunk takes when its time is bounded (the model's layers, in thirds)."""
     slices: list[tuple[str, int, bool]] = field(default_factory=list)

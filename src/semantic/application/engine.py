@@ -193,6 +193,7 @@ class BlockPoolBatchEngine:
             admit=self._admit,
             undo=self._undo,
             ride_capacity=self._backend.ride_capacity(),
+            can_slice=self._backend.can_slice,
         )
         for active in self._running.values():
             if active.pinned and not self._backend.reads_restored(active.id):
@@ -286,8 +287,11 @@ class BlockPoolBatchEngine:
 
     def _prefill_chunk(self, active: ActiveRequest, n: int, events: list[EngineEvent]) -> None:
         seconds = self._adder.slice_seconds
-        if seconds is not None or active.in_flight:  # unsliced rounds finish a sliced chunk
-            self._prefill_slice(active, n, math.inf if seconds is None else seconds, events)
+        if active.in_flight and seconds is None:  # carries on at a slice's pace while
+            busy = self._backend.decoding_count > 0  # streams decode, else at once
+            seconds = (self.pacer.slice_seconds() if busy else None) or math.inf
+        if seconds is not None:
+            self._prefill_slice(active, n, seconds, events)
             return
         chunk = active.prompt[active.prefilled : active.prefilled + n]
         first: SampledToken | None = None

@@ -122,9 +122,10 @@ class ModelBackend(Protocol):
     def prefill_slice(
         self, seq_id: str, tokens: Sequence[int], seconds: float, *, last: bool
     ) -> SliceProgress:
-        """Compute ``tokens`` layer by layer for about ``seconds`` (at least one layer),
-        then stop; called again with the same tokens, continue where it stopped. ``last``:
-        the prompt's final chunk, whose first token is sampled when the chunk is done."""
+        """Compute ``tokens`` a part of the model at a time (at least one part) while the
+        next part is expected to end within ``seconds``, then stop; called again with the
+        same tokens, continue where it stopped. ``last``: the prompt's final chunk, whose
+        first token is sampled when the chunk is done."""
         ...
 
     def prefill_many_and_sample(
@@ -143,6 +144,11 @@ class ModelBackend(Protocol):
     def decode_step(self, ride: PromptChunk | None = None) -> StepOutput:
         """One batched decode step for every decoding sequence; ``ride`` (at most
         ``ride_capacity()`` tokens) is prefilled in the same forward pass."""
+        ...
+
+    @property
+    def can_slice(self) -> bool:
+        """Whether ``prefill_slice`` can stop inside the model (else it runs whole chunks)."""
         ...
 
     def ride_capacity(self) -> int:

@@ -70,6 +70,7 @@ class MlxBackend:
         self._split = BodyAndHead.of(model)
         self._fusion = supports_fusion(model)
         self._sequences: dict[str, _Sequence] = {}
+        self._step_seconds = [0.0, 0.0]  # a slice's last attention and MLP step times
 
     @property
     def spec(self) -> ModelCacheSpec:
@@ -176,8 +177,11 @@ class MlxBackend:
         if sequence.slice is None:
             if not last:
                 reserve_room(sequence.caches, sequence.room, self._spec)
-            sequence.slice = LayerSlice.start(body, tokens, self._caches(sequence))
-        if not sequence.slice.advance(body, sequence.caches, seconds):
+            caches = self._caches(sequence)
+            sequence.slice = LayerSlice.start(body, tokens, caches, self._step_seconds)
+        done = sequence.slice.advance(body, sequence.caches, seconds)
+        self._step_seconds = list(sequence.slice.last_seconds)
+        if not done:
             return SliceProgress(False)
         hidden, sequence.slice = sequence.slice.hidden, None
         if not last:
@@ -251,20 +255,35 @@ class MlxBackend:
                 caches = self._decoder.take_finished(token.seq_id)
                 if caches is not None and token.seq_id in self._sequences:
                     self._sequences[token.seq_id].caches = caches
-        first = None
-        if ride is not None and group is not None and ridden is not None:
-            if ride.last and self._split is not None:  # riding implies a llama model
-                logits = self._split.head(ridden[:, -1:, :])[:, -1, :]
-                mx.eval(logits, [(c.keys, c.values) for c in group.caches])
-                first = self._sample(self._sequences[ride.seq_id], logits)
-            else:
-                mx.eval([(c.keys, c.values) for c in group.caches])
-        return StepOutput(produced, first, self._decoder.take_failed())
+        failed = self._decoder.take_failed()
+        first = self._finish_ride(ride, group, ridden) if ride is not None else None
+        return StepOutput(produced, first, failed)
+
+    def _finish_ride(
+        self, ride: PromptChunk, group: Group | None, ridden: mx.array | None
+    ) -> SampledToken | None:
+        """Evaluate the ridden chunk (and sample its prompt's first token if it was the
+        last); when every row failed to join, nothing ran, so the chunk runs alone."""
+        if ridden is None or group is None:
+            if ride.last:
+                return self.prefill_and_sample(ride.seq_id, ride.tokens)
+            self.prefill(ride.seq_id, ride.tokens)
+            return None
+        if ride.last and self._split is not None:  # riding implies a llama model
+            logits = self._split.head(ridden[:, -1:, :])[:, -1, :]
+            mx.eval(logits, [(c.keys, c.values) for c in group.caches])
+            return self._sample(self._sequences[ride.seq_id], logits)
+        mx.eval([(c.keys, c.values) for c in group.caches])
+        return None
 
     def reads_restored(self, seq_id: str) -> bool:
         sequence = self._sequences.get(seq_id)
         pending_in_batch = self._decoder.builds_pending(seq_id)
         return (sequence is not None and sequence.prefix is not None) or pending_in_batch
+
+    @property
+    def can_slice(self) -> bool:
+        return self._split is not None
 
     def ride_capacity(self) -> int:
         rows = len(self._decoder)

@@ -1,13 +1,14 @@
-"""A prompt chunk computed a few layers at a time, so long prompts and streams share rounds.
+"""A prompt chunk computed a few steps at a time, so a long prompt and streams share rounds.
 
 Riding (``fused_pass``) puts a small chunk into each decode step, and small chunks are
 inefficient: every one reads all the weights again, and a ride holds at most 28 rows. A
-slice keeps an efficient chunk (128 tokens) and instead pauses between layers: each round
-runs the streams' decode step, then the chunk's next layers for a set time, and the chunk's
-hidden states wait in memory for the next round. Evaluated layer by layer, a 4,043-token
-prompt in 128-token chunks took 10.9 s here, against 11.0 s in whole 512-token passes, and
-one layer of a 128-token chunk takes 8-14 ms (at 0 to 4,000 tokens of context), the
-granularity of a round's time. ADR 0009 has the measured curve.
+slice keeps an efficient chunk (256 tokens) and pauses inside the model instead: each round
+runs the streams' decode step, then the chunk's next steps for a set time, and the chunk's
+hidden states wait in memory for the next round. A step is half a llama layer (its
+attention, or its MLP), so a round can end close to its time: a whole layer of a 256-token
+chunk took 14 ms at the start of a prompt and 31 ms at 4,000 tokens of context. Evaluated
+layer by layer, a 4,043-token prompt in 256-token chunks took 10.3 s here, against 11.0 s
+in whole 512-token passes. ADR 0009 has the measured curve.
 """
 
 from __future__ import annotations
@@ -31,10 +32,13 @@ class LayerSlice:
     masks: list[Any]
     next_step: int = 0
     last_seconds: list[float] = field(default_factory=lambda: [0.0, 0.0])
-    """The last attention step's time and the last MLP step's: each predicts its next."""
+    """The last attention step's time and the last MLP step's: each predicts its next (the
+    backend hands them from one chunk to the next)."""
 
     @classmethod
-    def start(cls, body: Any, tokens: Sequence[int], caches: list[Any]) -> LayerSlice:
+    def start(
+        cls, body: Any, tokens: Sequence[int], caches: list[Any], timings: Sequence[float]
+    ) -> LayerSlice:
         """Embed the chunk and make its masks, as mlx-lm's llama body does before its
         first layer (the masks depend on the caches' offsets, which the layers move)."""
         hidden = body.embed_tokens(mx.array([list(tokens)]))
@@ -44,7 +48,7 @@ class LayerSlice:
         if swa_idx is not None:
             window = create_attention_mask(hidden, caches[swa_idx], window_size=body.sliding_window)
         masks = [window if getattr(layer, "use_sliding", False) else full for layer in body.layers]
-        return cls(hidden, masks)
+        return cls(hidden, masks, last_seconds=list(timings))
 
     def advance(
         self,

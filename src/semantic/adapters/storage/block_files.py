@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import functools
 import io
-import itertools
 import json
 import math
 import os
+import secrets
 import struct
 import threading
 import time
@@ -53,6 +53,10 @@ _PIECE = 512 << 10
 SUFFIX = ".safetensors"
 SPARES = 4
 """Unneeded block files kept to be written over: at most this many (~12 MB each here)."""
+SPARE_AGE_S = 0.25
+"""A spare is written over only this long after its block was collected, so a restore that
+opened the block's file just before (a file's read takes milliseconds, a whole restore well
+under 0.1 s) has finished with it."""
 
 
 class BlockFiles:
@@ -60,8 +64,9 @@ class BlockFiles:
         self.root = root
         self.quarantine_dir = root.parent / "quarantine"
         self.spare_dir = root / "spare"
-        self._spares: list[Path] = sorted(self.spare_dir.glob("*.spare"))
-        self._spare_names = itertools.count()
+        self._spares: list[tuple[Path, float]] = [
+            (path, 0.0) for path in sorted(self.spare_dir.glob("*.spare"))
+        ]  # (file, when it was collected); a previous run's are old enough
         self._spare_lock = threading.Lock()
 
     def path(self, key: str) -> Path:
@@ -96,15 +101,28 @@ class BlockFiles:
     def _open_for_writing(self, temporary: Path) -> io.FileIO:
         """A spare renamed to ``temporary`` and opened without truncation, so the write
         lands in pages the page cache (and the disk) already hold; else a new file."""
-        with self._spare_lock:
-            spare = self._spares.pop() if self._spares else None
+        spare = self._take_spare()
         if spare is not None:
             try:
                 os.replace(spare, temporary)
-                return open(temporary, "r+b", buffering=0)
+                handle = open(temporary, "r+b", buffering=0)  # noqa: SIM115 - the caller closes it
             except OSError:
                 pass  # gone or unusable: a new file does as well
+            else:
+                if os.fstat(handle.fileno()).st_nlink == 1:
+                    return handle
+                handle.close()  # another name still reaches these bytes: leave them be
+                temporary.unlink(missing_ok=True)
         return open(temporary, "wb", buffering=0)
+
+    def _take_spare(self) -> Path | None:
+        ready = time.monotonic() - SPARE_AGE_S
+        with self._spare_lock:
+            for index, (path, collected) in enumerate(self._spares):
+                if collected <= ready:
+                    del self._spares[index]
+                    return path
+        return None
 
     def read(
         self, key: str, checksum: str, allocate: Allocate
@@ -150,13 +168,13 @@ class BlockFiles:
                 path.unlink(missing_ok=True)
                 return
             self.spare_dir.mkdir(exist_ok=True)
-            spare = self.spare_dir / f"{os.getpid()}-{next(self._spare_names)}.spare"
+            spare = self.spare_dir / f"{secrets.token_hex(8)}.spare"
             try:
                 os.replace(path, spare)
             except FileNotFoundError:
                 return
             fsync_directory(path.parent)
-            self._spares.append(spare)
+            self._spares.append((spare, time.monotonic()))
 
     def keys(self) -> set[str]:
         return {p.name[: -len(SUFFIX)] for p in self.root.glob(f"*/*{SUFFIX}")}

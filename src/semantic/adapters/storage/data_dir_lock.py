@@ -41,15 +41,22 @@ def acquire_data_directory(directory: Path) -> Path:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
             os.close(fd)
             raise DataDirectoryInUseError(str(key), holder) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError:
+            os.close(fd)
+            raise
         _held[key] = (fd, 1)
         return key
 
 
 def release_data_directory(key: Path) -> None:
-    """Give back one hold; the lock goes when the last holder in this process lets go."""
+    """Give back one hold; the lock goes when the last holder in this process lets go.
+    Releasing a directory this process does not hold does nothing."""
     with _guard:
+        if key not in _held:
+            return
         fd, holders = _held.pop(key)
         if holders > 1:
             _held[key] = (fd, holders - 1)

@@ -91,7 +91,21 @@ class PrefillPacer:
         fit = self._ride_fit if ride else self._fit
         fit.add((1.0, float(tokens), tokens * (position + tokens / 2)), seconds)
 
-    def round_budget(self, decoding: int, waiting: int = 0, ride_capacity: int = 0) -> RoundBudget:
+    def slice_seconds(self) -> float | None:
+        """A slice's time while streams decode; None when slicing is off."""
+        ratio = self.config.slice_ratio
+        return None if ratio is None else ratio * self._decode_s
+
+    def ride_fits(self, tokens: int, position: int) -> bool:
+        """Whether riding ``tokens`` is predicted to add at most ``ride_ratio`` steps."""
+        ratio = self.config.ride_ratio
+        return (
+            ratio is not None and self.cost(tokens, position, ride=True) <= ratio * self._decode_s
+        )
+
+    def round_budget(
+        self, decoding: int, waiting: int = 0, ride_capacity: int = 0, *, can_slice: bool = False
+    ) -> RoundBudget:
         """``waiting``: requests still without their first token. While streams decode,
         each of them gets ``busy_tokens`` of the round, as each stream gets its one token:
         one long prompt beside four streams advances 64 tokens a round, and a burst of
@@ -101,8 +115,8 @@ class PrefillPacer:
             return RoundBudget(self.config.fixed_tokens, None)
         if decoding == 0:
             return RoundBudget(self.config.idle_tokens, None)
-        if self.config.slice_ratio is not None and waiting == 1:
-            seconds = self.config.slice_ratio * self._decode_s
+        seconds = self.slice_seconds()
+        if seconds is not None and can_slice and waiting == 1:
             return RoundBudget(self.config.slice_tokens, seconds, sliced=True)
         ratio = self.config.ride_ratio
         if ratio is not None and ride_capacity > 0 and waiting == 1:

@@ -78,12 +78,13 @@ class PrefillAdder:
         undo: Undo,
         *,
         ride_capacity: int = 0,
+        can_slice: bool = False,
     ) -> Plan:
         """This round's chunks: running prefills first, then admissions while budget and
         memory last. ``running`` are the admitted requests, prefilling ones in order.
         ``ride_capacity``: prompt tokens the decode step's forward pass could carry."""
         waiting = len(self._queue) + sum(1 for r in running if r.remaining_prompt > 0)
-        budget = self._pacer.round_budget(decoding, waiting, ride_capacity)
+        budget = self._pacer.round_budget(decoding, waiting, ride_capacity, can_slice=can_slice)
         left = _Round(budget.tokens, budget.seconds, budget.ride, budget.sliced)
         plan: Plan = []
         for request in running:
@@ -111,9 +112,11 @@ class PrefillAdder:
             plan += self._chunks(candidate, left)
         one = plan[0][0] if len(plan) == 1 else None
         fits_a_ride = one is not None and not one.in_flight and plan[0][1] <= ride_capacity
-        # a chunk small enough to ride does: one shared pass beats layers over two rounds
-        can_ride = budget.ride or (budget.sliced and self._pacer.config.ride_ratio is not None)
-        self.rides = fits_a_ride and can_ride
+        if fits_a_ride and budget.sliced:  # a chunk cheap enough to ride does: one shared
+            assert one is not None  # pass beats steps spread over rounds
+            self.rides = self._pacer.ride_fits(plan[0][1], one.prefilled)
+        else:
+            self.rides = fits_a_ride and budget.ride
         sliced = budget.sliced and one is not None and not self.rides
         self.slice_seconds = budget.seconds if sliced else None
         return plan
