@@ -37,7 +37,7 @@ class PacerConfig:
     ride_min_tokens: int = 4
     slice_ratio: float | None = None
     """Seconds of a lone prompt's layers per round, in decode steps; None never slices.
-    Takes precedence over riding."""
+    Where both are on, a chunk predicted to ride within ``ride_ratio`` rides instead."""
     slice_tokens: int = 256
     """The chunk a sliced prompt computes layer by layer."""
     fixed_tokens: int | None = None

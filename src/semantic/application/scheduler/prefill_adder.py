@@ -110,13 +110,14 @@ class PrefillAdder:
             busy = True
             room -= 1
             plan += self._chunks(candidate, left)
-        one = plan[0][0] if len(plan) == 1 else None
-        fits_a_ride = one is not None and not one.in_flight and plan[0][1] <= ride_capacity
-        if fits_a_ride and budget.sliced:  # a chunk cheap enough to ride does: one shared
-            assert one is not None  # pass beats steps spread over rounds
-            self.rides = self._pacer.ride_fits(plan[0][1], one.prefilled)
-        else:
-            self.rides = fits_a_ride and budget.ride
+        one = plan[0] if len(plan) == 1 else None
+        fits = one is not None and not one[0].in_flight and one[1] <= ride_capacity
+        # in a sliced round, a chunk that rides cheaply does: one shared pass beats steps
+        # spread over rounds (a returning agent's short turn)
+        cheap = (
+            one is not None and budget.sliced and self._pacer.ride_fits(one[1], one[0].prefilled)
+        )
+        self.rides = fits and (budget.ride or cheap)
         sliced = budget.sliced and one is not None and not self.rides
         self.slice_seconds = budget.seconds if sliced else None
         return plan
