@@ -279,7 +279,7 @@ class AgentCacheStore:
     def _agent_blocks(self, chain: list[HotBlock]) -> AgentBlocks | None:
         if not chain:
             return None
-        tokens = tuple(t for block in chain for t in block.tokens)
+        tokens = tuple(itertools.chain.from_iterable(block.tokens for block in chain))
         layers: list[tuple[KVBlock, ...]] = []
         for layer in range(self._spec.n_layers):
             held = (block.layers[layer] for block in chain)
