@@ -51,8 +51,9 @@ class Settings:
     """A fixed prefill budget per engine step; None: 1,024 tokens while nothing decodes, 64
     per waiting prompt while streams decode (ADR 0009)."""
     prefill_ride_ratio: float | None = 3.0
-    """A lone waiting prompt rides the decode steps, adding at most this many decode steps'
-    time to each; None: it gets passes of its own (ADR 0009 has the trade-off)."""
+    """A lone waiting prompt's chunk rides the decode step when that is predicted to add
+    at most this many decode steps' time (with slicing off, every chunk rides, sized so);
+    None: passes of its own (ADR 0009 has the trade-off)."""
     prefill_slice_ratio: float | None = 2.5
     """A lone waiting prompt too long to ride is computed a few layers at a time, for this
     many decode steps' time a round; None: it rides in smaller chunks (ADR 0009)."""
