@@ -11,6 +11,7 @@ them.
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -174,12 +175,14 @@ class MlxBackend:
             self.prefill(seq_id, tokens)
             return SliceProgress(True)
         body = self._split.body
-        if sequence.slice is None:
+        started = time.perf_counter()
+        if sequence.slice is None:  # sizing the cache counts against the round's time
             if not last:
                 reserve_room(sequence.caches, sequence.room, self._spec)
             caches = self._caches(sequence)
             sequence.slice = LayerSlice.start(body, tokens, caches, self._step_seconds)
-        done = sequence.slice.advance(body, sequence.caches, seconds)
+        left = seconds - (time.perf_counter() - started)
+        done = sequence.slice.advance(body, sequence.caches, left)
         self._step_seconds = list(sequence.slice.last_seconds)
         if not done:
             return SliceProgress(False)
