@@ -94,6 +94,17 @@ def test_exhaustion_says_what_was_asked_and_what_is_free() -> None:
     assert pool.free_count == 1
 
 
+def test_a_block_of_every_layer_comes_whole_or_not_at_all() -> None:
+    pool = BlockPool(4)
+    with pytest.raises(PoolExhaustedError, match="asked for 5 blocks, 4 free of 4"):
+        pool.allocate_layers("cache", [0, 1, 2, 3, 4])
+    assert pool.free_count == 4 and pool.owners() == frozenset()
+    ids = pool.allocate_layers("cache", [2, 0, 1])
+    assert [pool.layer_of(i) for i in ids] == [2, 0, 1]
+    assert pool.held_by("cache") == frozenset(ids)
+    pool.check_integrity()
+
+
 def test_capacity_comes_from_the_byte_budget() -> None:
     spec = ModelCacheSpec(30, 3, 64, 64, "float32", (None,) * 30)
     assert spec.block_bytes == 393_216

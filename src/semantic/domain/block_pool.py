@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from semantic.domain.cache_spec import ModelCacheSpec
@@ -91,15 +91,22 @@ class BlockPool:
         """
         if n < 0:
             raise InvalidRequestError(f"cannot allocate a negative number of blocks ({n})")
+        return self.allocate_layers(owner, [layer] * n)
+
+    def allocate_layers(self, owner: str, layers: Sequence[int]) -> list[int]:
+        """One fresh block for each entry of ``layers`` (a whole block read from disk), under
+        one lock; all or none, as ``allocate``."""
         with self._lock:
-            if n > len(self._free):
-                raise PoolExhaustedError(requested=n, free=len(self._free), capacity=self._capacity)
-            ids = [self._free.popleft() for _ in range(n)]
+            if len(layers) > len(self._free):
+                raise PoolExhaustedError(
+                    requested=len(layers), free=len(self._free), capacity=self._capacity
+                )
+            ids = [self._free.popleft() for _ in layers]
             mine = self._held.setdefault(owner, set())
-            for block_id in ids:
+            for block_id, layer in zip(ids, layers, strict=True):
                 self._holders[block_id] = {owner}
                 self._layer[block_id] = layer
-                mine.add(block_id)
+            mine.update(ids)
             self._peak = max(self._peak, self._capacity - len(self._free))
             return ids
 

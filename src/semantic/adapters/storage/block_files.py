@@ -129,9 +129,9 @@ class BlockFiles:
     ) -> tuple[np.ndarray, Mapping[str, TensorSpan], Mapping[str, str]]:
         """Read the file's whole data section, in one go, into ``allocate(n_bytes)``.
 
-        Returns the buffer, where each tensor lies in it, and the file's metadata. Raises
-        ``CacheCorruptionError`` if the file is missing, truncated, malformed or does not
-        match ``checksum``.
+        Returns the buffer, where each tensor lies in it (in file order), and the file's
+        metadata. Raises ``CacheCorruptionError`` if the file is missing, truncated,
+        malformed or does not match ``checksum``.
         """
         path = self.path(key)
         try:

@@ -84,12 +84,8 @@ class BlockLoader:
     def _claim(self, layers: list[int]) -> list[int] | None:
         """One pool block per layer, evicting idle hot blocks if needed; None if no room."""
         for _ in range(2):
-            ids: list[int] = []
             try:
-                for layer in layers:
-                    ids += self._pool.allocate(CACHE_OWNER, layer)
-                return ids
+                return self._pool.allocate_layers(CACHE_OWNER, layers)
             except PoolExhaustedError:
-                self._pool.release(CACHE_OWNER, ids)
                 self._hot.evict(len(layers))
         return None

@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import wait
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,11 +124,15 @@ class AgentCacheStore:
         pin = f"pin-{next(self._pins)}"
         self.stats.queried_tokens += len(prompt)
         candidates = await self._walk(namespace, prompt)
-        collecting = asyncio.ensure_future(asyncio.to_thread(self._collect, candidates, pin))
+        fetches = [
+            self._readers.submit(self._fetch, c, index, pin) for index, c in enumerate(candidates)
+        ]
+        fetched = asyncio.wrap_future(_when_all_done(fetches))
         try:
-            chain, corrupt = await asyncio.shield(collecting)
+            await asyncio.shield(fetched)
+            chain, corrupt = self._chain(candidates, [f.result() for f in fetches], pin)
         except BaseException:  # the caller went away, or a read failed: unpin what it pinned
-            collecting.add_done_callback(self._unpin_when_collected(pin))
+            fetched.add_done_callback(self._unpin_when_fetched(pin))
             raise
         if corrupt is not None:
             await self._loader.quarantine(corrupt)
@@ -141,23 +146,12 @@ class AgentCacheStore:
         self.stats.disk_restored_tokens += round(disk_tokens * share)
         return CachedPrefix(blocks, pin, hot_tokens, disk_tokens, matched)
 
-    def _collect(
-        self, candidates: list[_Candidate], pin: str
+    def _chain(
+        self, candidates: list[_Candidate], outcomes: list[HotBlock | LoadOutcome], pin: str
     ) -> tuple[list[tuple[HotBlock, bool]], str | None]:
-        """Pin hot candidates and load disk ones (on the readers), keeping the leading run
-        that succeeded (blocking: call from a worker thread).
-
-        Returns the blocks with whether each came from disk, and the key of a block that
-        failed verification, if one did.
-        """
-        futures = [
-            self._readers.submit(self._fetch, c, index, pin) for index, c in enumerate(candidates)
-        ]
-        try:
-            outcomes = [future.result() for future in futures]
-        except BaseException:
-            wait(futures)  # every pin is taken before the caller lets go of them
-            raise
+        """The leading run of candidates that were pinned or loaded, with whether each came
+        from disk; blocks after the first failure are unpinned. Also returns the key of a
+        block that failed verification, if one did."""
         chain: list[tuple[HotBlock, bool]] = []
         corrupt: str | None = None
         failed = False
@@ -174,13 +168,13 @@ class AgentCacheStore:
                 corrupt = candidate.record.key
         return chain, corrupt
 
-    def _unpin_when_collected(self, pin: str) -> Callable[[asyncio.Future[Any]], None]:
+    def _unpin_when_fetched(self, pin: str) -> Callable[[asyncio.Future[Any]], None]:
         """A restore nobody waits for any more still runs to its end on the reader threads
         (a read cannot be interrupted); then what it pinned is let go."""
 
-        def unpin(collecting: asyncio.Future[Any]) -> None:
-            if not collecting.cancelled():
-                collecting.exception()  # retrieved: the caller already saw it or left
+        def unpin(fetched: asyncio.Future[Any]) -> None:
+            if not fetched.cancelled():
+                fetched.exception()  # retrieved: the caller already saw it or left
             self._pool.release_owner(pin)
 
         return unpin
@@ -292,3 +286,24 @@ def _block_at(layer_blocks: Sequence[KVBlock], index: int) -> KVBlock | None:
         if block.index == index:
             return block
     return None
+
+
+def _when_all_done(futures: list[Future[Any]]) -> Future[None]:
+    """A future done once all of ``futures`` are, however each ended: the event loop is woken
+    once per restore, not once per block (each wake-up takes the GIL from the readers)."""
+    done: Future[None] = Future()
+    remaining = [len(futures)]
+    lock = threading.Lock()
+
+    def one_done(_: Future[Any]) -> None:
+        with lock:
+            remaining[0] -= 1
+            last = remaining[0] == 0
+        if last:
+            done.set_result(None)
+
+    if not futures:
+        done.set_result(None)
+    for future in futures:
+        future.add_done_callback(one_done)
+    return done
