@@ -19,7 +19,7 @@ from semantic.adapters.mlx.kv_blocks import spec_from_model
 from semantic.adapters.mlx.loader import LoadedModel, load_model
 from semantic.adapters.mlx.tokenizer import MlxTokenizer
 from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
-from semantic.bootstrap import prepare_model
+from semantic.bootstrap import freeze_startup_objects, prepare_model
 from semantic.config import Settings
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.cache_spec import ModelCacheSpec
@@ -49,7 +49,9 @@ def load_bench(settings: Settings | None = None) -> Bench:
     print(f"BLAS: {status.name}" + (" + our small-product kernels" if status.small_kernels else ""))
     path, model_id = prepare_model(settings or Settings(), ProgressPrinter())
     loaded = load_model(path, model_id)
-    return Bench(loaded, MlxTokenizer(loaded.tokenizer), spec_from_model(loaded.model))
+    bench = Bench(loaded, MlxTokenizer(loaded.tokenizer), spec_from_model(loaded.model))
+    freeze_startup_objects()  # as the server does: no full collection over the model mid-run
+    return bench
 
 
 def timed(fn: Callable[[], T]) -> tuple[T, float]:

@@ -167,7 +167,7 @@ def mlx_lm_point(path: Path, prompts: list[list[int]], long_prompt: list[int]) -
 def row(p: Point) -> str:
     return (
         f"{p.label:<40} {p.gap_ratio:>8.2f} {p.ttft_ratio:>8.2f} {p.median_gap_s:>7.3f} "
-        f"{p.p99_gap_s:>7.3f} {p.ttft_s:>7.1f} {p.slowest_stream_tokens:>7}"
+        f"{p.p99_gap_s:>7.3f} {p.ttft_s:>7.1f} {p.slowest_stream_tokens:>7} {p.alone_s:>7.1f}"
     )
 
 
@@ -219,8 +219,6 @@ def main() -> None:
     messages = conversation(7, args.long, lambda m: len(tokenizer.render_chat(m)))
     long_prompt = tokenizer.render_chat(messages)
     print(f"long prompt: {len(long_prompt)} tokens")
-    alone = ours_alone(bench, long_prompt)
-    print(f"alone on an idle engine: {alone:.1f} s to first token")
     configs = [
         (f"riding, {r} decode steps", PacerConfig(ride_ratio=float(r)))
         for r in args.rides.split(",")
@@ -250,8 +248,11 @@ def main() -> None:
     ]
     points = []
     header = f"{'budget':<40} {'(a) gap':>8} {'(b) ttft':>8} {'median':>7} {'p99':>7} {'ttft s':>7}"
-    print(header + f" {'min tok':>7}")
+    print(header + f" {'min tok':>7} {'alone s':>7}")
     for label, pacer in configs:
+        # Alone again before each point: this machine's speed drifts by ~10% over minutes
+        # (9.2 to 11.5 s alone in one day), and a ratio over a distant run drifts with it.
+        alone = ours_alone(bench, long_prompt)
         points.append(ours(bench, long_prompt, pacer, alone, label))
         print(row(points[-1]))
     if not args.skip_mlx_lm:

@@ -98,7 +98,8 @@ def test_a_block_of_every_layer_comes_whole_or_not_at_all() -> None:
     pool = BlockPool(4)
     with pytest.raises(PoolExhaustedError, match="asked for 5 blocks, 4 free of 4"):
         pool.allocate_layers("cache", [0, 1, 2, 3, 4])
-    assert pool.free_count == 4 and pool.owners() == frozenset()
+    assert pool.free_count == 4
+    assert pool.owners() == frozenset()
     ids = pool.allocate_layers("cache", [2, 0, 1])
     assert [pool.layer_of(i) for i in ids] == [2, 0, 1]
     assert pool.held_by("cache") == frozenset(ids)

@@ -89,6 +89,17 @@ def test_under_a_small_pool_requests_wait_and_running_decodes_keep_their_blocks(
     assert all(x.finish_reason is FinishReason.MAX_TOKENS for x in done.values())
 
 
+def test_one_slow_decode_step_does_not_widen_the_slices_but_a_slower_batch_does() -> None:
+    pacer = PrefillPacer(PacerConfig(slice_ratio=2.0))
+    for _ in range(20):
+        pacer.observe_decode(0.027)
+    pacer.observe_decode(0.076)
+    assert pacer.slice_seconds() == pytest.approx(0.054)
+    for _ in range(8):  # more streams joined: their steps take longer from now on
+        pacer.observe_decode(0.040)
+    assert pacer.slice_seconds() == pytest.approx(0.080)
+
+
 def test_the_pacer_gives_idle_rounds_big_chunks_and_busy_rounds_a_time_budget() -> None:
     pacer = PrefillPacer(
         PacerConfig(idle_tokens=1024, busy_tokens=None, gap_ratio=2.0, min_tokens=8)

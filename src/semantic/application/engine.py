@@ -83,6 +83,8 @@ class BlockPoolBatchEngine:
         self._queue: RequestQueue[ActiveRequest] = RequestQueue(self._config.max_waiting)
         self._running: dict[str, ActiveRequest] = {}
         self._failed_admissions: list[tuple[ActiveRequest, Exception]] = []
+        self._step_seconds: float | None = None
+        """This round's plain decode step's time, if one ran: a slice makes up for it."""
         self.pacer = PrefillPacer(self._config.pacer)
         self._adder = PrefillAdder(
             self._queue,
@@ -166,6 +168,7 @@ class BlockPoolBatchEngine:
 
     def step(self) -> StepResult:
         events: list[EngineEvent] = []
+        self._step_seconds = None
         self._apply_cancellations(events)
         plan = self._plan()
         ride = plan.pop() if self._adder.rides else None
@@ -225,6 +228,7 @@ class BlockPoolBatchEngine:
                 self._fail(joining, join_error, events)
         if ride is None:
             self.pacer.observe_decode(elapsed)
+            self._step_seconds = elapsed
         else:
             added = elapsed - self.pacer.decode_seconds
             self.pacer.observe_prefill(ride[1], ride[0].prefilled, added, ride=True)
@@ -291,6 +295,8 @@ class BlockPoolBatchEngine:
             busy = self._backend.decoding_count > 0  # streams decode, else at once
             seconds = (self.pacer.slice_seconds() if busy else None) or math.inf
         if seconds is not None:
+            if self._step_seconds is not None and math.isfinite(seconds):
+                seconds = self.pacer.slice_after_step(seconds, self._step_seconds)
             self._prefill_slice(active, n, seconds, events)
             return
         chunk = active.prompt[active.prefilled : active.prefilled + n]

@@ -22,7 +22,13 @@ from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 from semantic.adapters.mlx.decode_batch import Caches, DecodeBatch
 from semantic.adapters.mlx.fused_pass import MAX_ROWS, Group, supports_fusion
 from semantic.adapters.mlx.host_pass import HostPass
-from semantic.adapters.mlx.kv_blocks import cut_into_blocks, gather_cache, reserve_room
+from semantic.adapters.mlx.kv_blocks import (
+    cut_into_blocks,
+    gather_cache,
+    reserve_room,
+    room_to_reserve,
+    size_cache,
+)
 from semantic.adapters.mlx.layer_slice import LayerSlice
 from semantic.adapters.mlx.model_parts import BodyAndHead
 from semantic.adapters.mlx.restored_prefix import RestoredPrefix
@@ -176,11 +182,13 @@ class MlxBackend:
             return SliceProgress(True)
         body = self._split.body
         started = time.perf_counter()
-        if sequence.slice is None:  # sizing the cache counts against the round's time
-            if not last:
+        if sequence.slice is None:
+            if sequence.prefix is not None and not last:  # the gather keeps the tails' room
                 reserve_room(sequence.caches, sequence.room, self._spec)
             caches = self._caches(sequence)
-            sequence.slice = LayerSlice.start(body, tokens, caches, self._step_seconds)
+            room = 0 if last else room_to_reserve(caches, sequence.room)
+            size = functools.partial(size_cache, room=room, spec=self._spec) if room else None
+            sequence.slice = LayerSlice.start(body, tokens, caches, self._step_seconds, size)
         left = seconds - (time.perf_counter() - started)
         done = sequence.slice.advance(body, sequence.caches, left)
         self._step_seconds = list(sequence.slice.last_seconds)

@@ -237,14 +237,28 @@ def reserve_room(caches: list[Any], room: int, spec: ModelCacheSpec) -> None:
     4,000-token prompt prefilled in small chunks copied ~1.5 GB, in steps of up to 30 ms
     that landed in single rounds beside running streams.
     """
+    room = room_to_reserve(caches, room)
+    if room:
+        for cache in caches:
+            size_cache(cache, room, spec)
+        mx.eval([(c.keys, c.values) for c in caches])
+
+
+def room_to_reserve(caches: list[Any], room: int) -> int:
+    """``room`` where the caches are empty plain ones that would grow more than once, else 0
+    (a cache holding positions, or a rotating one, sizes itself)."""
     if room <= _GROWTH_STEP or not all(type(c) is KVCache and c.keys is None for c in caches):
-        return
+        return 0
+    return room
+
+
+def size_cache(cache: Any, room: int, spec: ModelCacheSpec) -> None:
+    """Zeroed (lazy) buffers for ``room`` positions, rounded up to the growth step, in one
+    empty plain cache."""
     dtype = next(d for d, name in _DTYPE_NAMES.items() if name == spec.kv_dtype)
     shape = (1, spec.n_kv_heads, -(-room // _GROWTH_STEP) * _GROWTH_STEP)
-    for cache in caches:
-        cache.keys = mx.zeros((*shape, spec.k_head_dim), dtype=dtype)
-        cache.values = mx.zeros((*shape, spec.v_head_dim), dtype=dtype)
-    mx.eval([(c.keys, c.values) for c in caches])
+    cache.keys = mx.zeros((*shape, spec.k_head_dim), dtype=dtype)
+    cache.values = mx.zeros((*shape, spec.v_head_dim), dtype=dtype)
 
 
 _GROWTH_STEP = 256

@@ -30,6 +30,10 @@ class LayerSlice:
 
     hidden: mx.array
     masks: list[Any]
+    size_cache: Callable[[Any], None] | None = None
+    """Sizes an empty layer cache for the whole prompt, just before that layer's attention:
+    sizing all thirty at once (~190 MB of fresh memory for 4,000 tokens) took 70-115 ms,
+    a round of its own; one layer's share fits beside a step."""
     next_step: int = 0
     last_seconds: list[float] = field(default_factory=lambda: [0.0, 0.0])
     """The last attention step's time and the last MLP step's: each predicts its next (the
@@ -37,7 +41,12 @@ class LayerSlice:
 
     @classmethod
     def start(
-        cls, body: Any, tokens: Sequence[int], caches: list[Any], timings: Sequence[float]
+        cls,
+        body: Any,
+        tokens: Sequence[int],
+        caches: list[Any],
+        timings: Sequence[float],
+        size_cache: Callable[[Any], None] | None = None,
     ) -> LayerSlice:
         """Embed the chunk and make its masks, as mlx-lm's llama body does before its
         first layer (the masks depend on the caches' offsets, which the layers move)."""
@@ -48,7 +57,7 @@ class LayerSlice:
         if swa_idx is not None:
             window = create_attention_mask(hidden, caches[swa_idx], window_size=body.sliding_window)
         masks = [window if getattr(layer, "use_sliding", False) else full for layer in body.layers]
-        return cls(hidden, masks, last_seconds=list(timings))
+        return cls(hidden, masks, size_cache, last_seconds=list(timings))
 
     def advance(
         self,
@@ -79,6 +88,8 @@ class LayerSlice:
     def _step(self, layer: Any, cache: Any) -> None:
         h = self.hidden
         if self.next_step % 2 == 0:
+            if self.size_cache is not None:
+                self.size_cache(cache)
             mask = self.masks[self.next_step // 2]
             self.hidden = h + layer.self_attn(layer.input_layernorm(h), mask, cache)
             mx.eval(self.hidden, cache.keys, cache.values)

@@ -18,9 +18,14 @@ decode step. ADR 0009 has the measured curve.
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 from dataclasses import dataclass
 
 from semantic.domain.errors import InvalidRequestError
+
+DECODE_WINDOW = 15
+"""Decode steps the typical step's time is taken over (odd: the median is one of them)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,19 +75,20 @@ class PrefillPacer:
     def __init__(self, config: PacerConfig | None = None) -> None:
         self.config = config or PacerConfig()
         self._decode_s = 0.1
-        self._decode_seen = False
+        self._recent_decodes: deque[float] = deque(maxlen=DECODE_WINDOW)
         self._fit = _LeastSquares(prior=(0.07, 2e-3, 1.4e-6))
         self._ride_fit = _LeastSquares(prior=(0.005, 2e-3, 0.4e-6))
 
     @property
     def decode_seconds(self) -> float:
-        """The recent plain decode step's duration (a moving average)."""
+        """The plain decode step's recent typical duration: the median of the last
+        ``DECODE_WINDOW``. A moving average let one slow step (76 ms among 27 ms ones)
+        raise the next slices' time by a third, and with it the streams' worst gaps."""
         return self._decode_s
 
     def observe_decode(self, seconds: float) -> None:
-        if not self._decode_seen:
-            self._decode_s, self._decode_seen = seconds, True
-        self._decode_s = 0.8 * self._decode_s + 0.2 * seconds
+        self._recent_decodes.append(seconds)
+        self._decode_s = statistics.median(self._recent_decodes)
 
     def observe_prefill(
         self, tokens: int, position: int, seconds: float, *, ride: bool = False
@@ -95,6 +101,13 @@ class PrefillPacer:
         """A slice's time while streams decode; None when slicing is off."""
         ratio = self.config.slice_ratio
         return None if ratio is None else ratio * self._decode_s
+
+    def slice_after_step(self, seconds: float, step_seconds: float) -> float:
+        """A slice's time once this round's decode step took ``step_seconds``: what the
+        typical step left unused goes to the slice, what it overran comes out of it, so the
+        round (the streams' gap) stays near ``1 + slice_ratio`` typical steps whichever way
+        the step went. The streams' worst gaps are what the ratio bounds."""
+        return max(0.0, seconds + self._decode_s - step_seconds)
 
     def ride_fits(self, tokens: int, position: int) -> bool:
         """Whether riding ``tokens`` is predicted to add at most ``ride_ratio`` steps."""
