@@ -81,7 +81,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         metavar="STEPS",
         help="a lone waiting prompt too long to ride is computed a few layers at a time, for "
         "STEPS decode steps' time a round between the streams' steps; 0: it rides in smaller "
-        "chunks instead (default: 1.9; docs/adr/0009 shows the curve)",
+        "chunks instead (default: 2; docs/adr/0009 shows the curve)",
     )
     serve.add_argument(
         "--max-waiting",
