@@ -187,6 +187,22 @@ def test_a_file_in_another_at_rest_format_is_refused(tmp_path: Path) -> None:
         KVBlockStore(files, MlxHostCodec()).load("ab" * 32, stored.checksum)
 
 
+def test_a_file_whose_metadata_does_not_describe_its_tensors_is_corrupt(tmp_path: Path) -> None:
+    files = BlockFiles(tmp_path / "blocks")
+    tensors = {
+        "0.keys": np.zeros((3, 4, 8), np.float32),
+        "0.values": np.ones((3, 4, 8), np.float32),
+    }
+    for layers in ("0:0", "1:0:4", "zero:0:4"):  # a field short, a layer not in the file, no int
+        _, checksum = files.write("cd" * 32, tensors, {**GOOD_METADATA, "layers": layers})
+        with pytest.raises(CacheCorruptionError, match="does not describe its KV"):
+            KVBlockStore(files, MlxHostCodec()).load("cd" * 32, checksum)
+        files.path("cd" * 32).unlink()
+
+
+GOOD_METADATA = {"format": "semantic-kv-1", "dtype": "float32"}
+
+
 @pytest.mark.parametrize("damage", ["flip data", "flip header", "truncate", "delete", "append"])
 def test_damage_to_a_block_file_is_always_detected(
     store: KVBlockStore, tmp_path: Path, damage: str

@@ -182,9 +182,7 @@ class MlxBackend:
             return SliceProgress(True)
         body = self._split.body
         started = time.perf_counter()
-        if sequence.slice is None:
-            if sequence.prefix is not None and not last:  # the gather keeps the tails' room
-                reserve_room(sequence.caches, sequence.room, self._spec)
+        if sequence.slice is None:  # a restored prefix is gathered first: no room to size
             caches = self._caches(sequence)
             room = 0 if last else room_to_reserve(caches, sequence.room)
             size = functools.partial(size_cache, room=room, spec=self._spec) if room else None

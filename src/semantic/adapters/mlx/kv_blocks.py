@@ -254,7 +254,9 @@ def room_to_reserve(caches: list[Any], room: int) -> int:
 
 def size_cache(cache: Any, room: int, spec: ModelCacheSpec) -> None:
     """Zeroed (lazy) buffers for ``room`` positions, rounded up to the growth step, in one
-    empty plain cache."""
+    empty plain cache (a cache already holding a buffer is left as it is)."""
+    if cache.keys is not None:
+        return
     dtype = next(d for d, name in _DTYPE_NAMES.items() if name == spec.kv_dtype)
     shape = (1, spec.n_kv_heads, -(-room // _GROWTH_STEP) * _GROWTH_STEP)
     cache.keys = mx.zeros((*shape, spec.k_head_dim), dtype=dtype)

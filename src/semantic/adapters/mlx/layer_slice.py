@@ -31,7 +31,7 @@ class LayerSlice:
     hidden: mx.array
     masks: list[Any]
     size_cache: Callable[[Any], None] | None = None
-    """Sizes an empty layer cache for the whole prompt, just before that layer's attention:
+    """Sizes an empty layer cache for the prompt's new tokens, before that layer's attention:
     sizing all thirty at once (~190 MB of fresh memory for 4,000 tokens) took 70-115 ms,
     a round of its own; one layer's share fits beside a step."""
     next_step: int = 0

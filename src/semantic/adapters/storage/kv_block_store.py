@@ -14,6 +14,7 @@ import numpy as np
 
 from semantic.adapters.storage.block_files import BlockFiles, TensorSpan
 from semantic.domain.blocks import KVBlock
+from semantic.domain.errors import CacheCorruptionError
 from semantic.ports.block_store import LayerPayload, StoredFile
 
 
@@ -25,7 +26,8 @@ class HostReader(Protocol):
     def finish(
         self, spans: Mapping[str, TensorSpan], metadata: Mapping[str, str]
     ) -> list[LayerPayload]:
-        """Payloads viewing the filled buffer, one per layer."""
+        """Payloads viewing the filled buffer, one per layer. ``spans`` come in file order
+        (``BlockFiles.read`` checked they lie back to back from the buffer's start)."""
         ...
 
 
@@ -50,7 +52,11 @@ class KVBlockStore:
     def load(self, key: str, checksum: str) -> list[LayerPayload]:
         reader = self._codec.reader()
         _, spans, metadata = self._files.read(key, checksum, reader.allocate)
-        return reader.finish(spans, metadata)
+        try:
+            return reader.finish(spans, metadata)
+        except (ValueError, KeyError, TypeError) as error:  # its checksum held: written so
+            message = f"block {key[:16]} does not describe its KV: {error}"
+            raise CacheCorruptionError(message) from error
 
     def quarantine(self, key: str) -> None:
         self._files.quarantine(key)

@@ -132,10 +132,14 @@ class AgentCacheStore:
             await asyncio.shield(fetched)
             chain, corrupt = self._chain(candidates, [f.result() for f in fetches], pin)
         except BaseException:  # the caller went away, or a read failed: unpin what it pinned
-            fetched.add_done_callback(self._unpin_when_fetched(pin))
+            fetched.add_done_callback(self._unpin_when_fetched(pin, fetches))
             raise
         if corrupt is not None:
-            await self._loader.quarantine(corrupt)
+            try:
+                await self._loader.quarantine(corrupt)
+            except BaseException:  # the caller went away meanwhile: nobody will release it
+                self._pool.release_owner(pin)
+                raise
         hot_tokens = sum(len(b.tokens) for b, from_disk in chain if not from_disk)
         disk_tokens = sum(len(b.tokens) for b, from_disk in chain if from_disk)
         blocks = self._agent_blocks([block for block, _ in chain])
@@ -168,13 +172,17 @@ class AgentCacheStore:
                 corrupt = candidate.record.key
         return chain, corrupt
 
-    def _unpin_when_fetched(self, pin: str) -> Callable[[asyncio.Future[Any]], None]:
+    def _unpin_when_fetched(
+        self, pin: str, fetches: list[Future[Any]]
+    ) -> Callable[[asyncio.Future[Any]], None]:
         """A restore nobody waits for any more still runs to its end on the reader threads
-        (a read cannot be interrupted); then what it pinned is let go."""
+        (a read cannot be interrupted); then what it pinned is let go, and a read that
+        failed meanwhile is logged (nobody else will see it)."""
 
-        def unpin(fetched: asyncio.Future[Any]) -> None:
-            if not fetched.cancelled():
-                fetched.exception()  # retrieved: the caller already saw it or left
+        def unpin(_: asyncio.Future[Any]) -> None:
+            for fetch in fetches:
+                if not fetch.cancelled() and fetch.exception() is not None:
+                    log.warning("a block read failed: %s", fetch.exception())
             self._pool.release_owner(pin)
 
         return unpin
