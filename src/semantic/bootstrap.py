@@ -177,7 +177,13 @@ async def _start_services(
     )
     await cache.start()
     backend, _, loop = _engine(
-        settings, loaded, tokenizer=tokenizer, spec=spec, pool=pool, cache=cache
+        settings,
+        loaded,
+        tokenizer=tokenizer,
+        spec=spec,
+        pool=pool,
+        cache=cache,
+        buffers=restore_buffers if lossless else None,  # else they keep nothing to reuse
     )
     loop.start()
     await asyncio.to_thread(loop.run_sync, backend.warm_up)
@@ -230,12 +236,14 @@ def _engine(
     spec: ModelCacheSpec,
     pool: BlockPool,
     cache: AgentCacheStore | None,
+    buffers: RestoreBuffers | None = None,
 ) -> tuple[MlxBackend, BlockPoolBatchEngine, EngineLoop]:
     backend = MlxBackend(
         loaded.model,
         spec,
         loaded.model_id,
         tokenizer.eos_token_ids,
+        buffers,
     )
     config = EngineConfig(
         default_max_tokens=settings.default_max_tokens,

@@ -13,6 +13,7 @@ from semantic.adapters.cli.progress import ProgressPrinter
 from semantic.adapters.mlx.backend import MlxBackend
 from semantic.adapters.mlx.kv_blocks import spec_from_model
 from semantic.adapters.mlx.loader import LoadedModel, load_model
+from semantic.adapters.mlx.restore_buffers import RestoreBuffers
 from semantic.adapters.mlx.tokenizer import MlxTokenizer
 from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
 from semantic.bootstrap import prepare_model
@@ -45,11 +46,10 @@ def make_engine(real_model: RealModel) -> EngineFactory:
     """A fresh engine on the shared weights, stepped by the test on the test's own thread."""
 
     def build(
-        budget_bytes: int = 1 << 30, **config: Any
+        budget_bytes: int = 1 << 30, buffers: RestoreBuffers | None = None, **config: Any
     ) -> tuple[BlockPoolBatchEngine, MlxBackend]:
-        backend = MlxBackend(
-            real_model.loaded.model, real_model.spec, "test", real_model.tokenizer.eos_token_ids
-        )
+        eos = real_model.tokenizer.eos_token_ids
+        backend = MlxBackend(real_model.loaded.model, real_model.spec, "test", eos, buffers)
         pool = BlockPool.from_budget(real_model.spec, budget_bytes)
         engine = BlockPoolBatchEngine(backend, real_model.tokenizer, pool, EngineConfig(**config))
         return engine, backend

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -9,7 +10,14 @@ import mlx.core as mx
 import pytest
 from benchmarks.corpus import conversation
 
-from semantic.adapters.mlx.kv_blocks import MlxKV, cut_into_blocks, gather_cache
+from semantic.adapters.mlx.kv_blocks import (
+    MlxKV,
+    StackedKV,
+    cut_into_blocks,
+    gather_cache,
+    kv_arrays,
+)
+from semantic.adapters.mlx.restore_buffers import RestoreBuffers
 from semantic.application.events import CompletionEvent
 from semantic.application.scheduler.pacer import PacerConfig
 from semantic.domain.chat import ChatMessage
@@ -89,6 +97,35 @@ def test_blocks_to_cache_to_blocks_is_bit_exact(
             assert original.keys.shape == copy.keys.shape
             assert mx.array_equal(original.keys, copy.keys).item()
             assert mx.array_equal(original.values, copy.values).item()
+
+
+def test_blocks_cut_into_a_buffer_each_hold_the_same_kv_and_continue_alike(
+    real_model: RealModel, make_engine: EngineFactory
+) -> None:
+    buffers = RestoreBuffers(max_bytes=1 << 30)
+    engine, _ = make_engine(buffers=buffers)
+    messages = conversation(5, 600, counter(real_model))
+    earlier = real_model.tokenizer.render_chat(messages[:-2])
+    full = real_model.tokenizer.render_chat(messages)
+    first = generate(engine, earlier, 4)
+    blocks = first.blocks
+    assert blocks is not None
+    assert all(isinstance(b.payload, StackedKV) for layer in blocks.layers for b in layer)
+    caches = gather_cache(real_model.loaded.model, blocks, blocks.n_tokens, 0, real_model.spec)
+    each = cut_into_blocks(caches, blocks.n_tokens, real_model.spec)  # an MLX array each
+    for layer, payloads in enumerate(each):
+        for block, payload in zip(blocks.layers[layer], payloads, strict=True):
+            pairs = zip(kv_arrays(block.payload), kv_arrays(payload.data), strict=True)
+            for stacked, alone in pairs:
+                assert mx.array_equal(stacked, alone).item()
+    warm = generate(engine, full, 16, cached_blocks=blocks)
+    assert warm.stats.cached_tokens >= len(earlier) - 1
+    assert warm.token_ids == generate(engine, full, 16).token_ids
+    holder = first.request_id
+    del first, blocks, caches, each, warm
+    engine.release_blocks(holder)
+    gc.collect()
+    assert buffers.kept_bytes > 0, "the blocks' buffers went back to be reused"
 
 
 def test_eight_agents_staggered_or_all_at_once_get_what_each_gets_alone(

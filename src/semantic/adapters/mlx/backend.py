@@ -31,6 +31,7 @@ from semantic.adapters.mlx.kv_blocks import (
 )
 from semantic.adapters.mlx.layer_slice import LayerSlice
 from semantic.adapters.mlx.model_parts import BodyAndHead
+from semantic.adapters.mlx.restore_buffers import RestoreBuffers
 from semantic.adapters.mlx.restored_prefix import RestoredPrefix
 from semantic.adapters.mlx.sampling import Sampler, log_softmax, make_sampler, top_prob
 from semantic.domain.blocks import AgentBlocks
@@ -67,8 +68,12 @@ class MlxBackend:
         spec: ModelCacheSpec,
         model_id: str,
         eos_token_ids: frozenset[int],
+        buffers: RestoreBuffers | None = None,
     ) -> None:
+        """``buffers``: where finished sequences' blocks are copied (the restore buffers'
+        recycled memory); without them, each block layer is an MLX array of its own."""
         self._model = model
+        self._buffers = buffers
         self._spec = spec
         self._model_id = model_id
         self._host = HostPass.of(model)
@@ -310,7 +315,7 @@ class MlxBackend:
         keep = min(keep_tokens, held)
         if keep <= 0:
             return ExportedKV(0, [[] for _ in range(self._spec.n_layers)])
-        return ExportedKV(keep, cut_into_blocks(caches, keep, self._spec))
+        return ExportedKV(keep, cut_into_blocks(caches, keep, self._spec, self._buffers))
 
     def warm_up(self) -> None:
         """Prefill and decode a few tokens so MLX has compiled and allocated what it needs."""
