@@ -12,7 +12,7 @@ from safetensors import safe_open
 from safetensors.numpy import load as safetensors_load
 
 from semantic.adapters.mlx.host_codec import MlxHostCodec
-from semantic.adapters.mlx.kv_blocks import MlxKV, kv_arrays
+from semantic.adapters.mlx.kv_blocks import MlxKV, StackedKV, kv_arrays
 from semantic.adapters.mlx.restore_buffers import RestoreBuffers
 from semantic.adapters.storage.block_files import SPARES, BlockFiles, safetensors_parts
 from semantic.adapters.storage.kv_block_store import KVBlockStore
@@ -56,6 +56,15 @@ def test_a_block_round_trips_bit_exactly(store: KVBlockStore, dtype: mx.Dtype) -
         assert b_keys.shape == a_keys.shape
         assert mx.array_equal(a_keys, b_keys).item()
         assert mx.array_equal(a_values, b_values).item()
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16])
+def test_a_block_read_back_saves_to_the_same_bytes(store: KVBlockStore, dtype: mx.Dtype) -> None:
+    stored = store.save("ab" * 32, kv_blocks(dtype))
+    loaded = store.load("ab" * 32, stored.checksum)
+    assert all(isinstance(p.data, StackedKV) for p in loaded)  # float32: saved from the buffer
+    again = [KVBlock(p.layer, p.layer, 0, p.n_tokens, p.data, p.start) for p in loaded]
+    assert store.save("cd" * 32, again) == stored
 
 
 def test_a_restore_buffer_is_reused_only_once_nothing_views_it(tmp_path: Path) -> None:

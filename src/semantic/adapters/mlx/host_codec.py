@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 import mlx.core as mx
 import numpy as np
 
-from semantic.adapters.mlx.kv_blocks import MlxKV, StackedKV, kv_arrays
+from semantic.adapters.mlx.kv_blocks import ALL, MlxKV, StackedKV, host_rows, kv_arrays
 from semantic.adapters.mlx.restore_buffers import RestoreBuffers
 from semantic.adapters.storage.block_files import TensorSpan
 from semantic.domain.blocks import KVBlock
@@ -52,7 +52,14 @@ class MlxHostCodec:
         tensors: dict[str, np.ndarray] = {}
         layers: list[str] = []
         dtype = ""
+        views: dict[int, np.ndarray] = {}
         for block in blocks:
+            layers.append(f"{block.layer}:{block.start}:{block.n_tokens}")
+            rows = host_rows(block.payload, ALL, views) if self._bits is None else None
+            if rows is not None:  # float32 memory as it lies: no MLX op on the writer's thread
+                tensors[f"{block.layer}.keys"], tensors[f"{block.layer}.values"] = rows
+                dtype = str(rows[0].dtype)
+                continue
             keys, values = kv_arrays(block.payload)
             dtype = _name(keys.dtype)
             for part, array in (("keys", keys), ("values", values)):
@@ -61,7 +68,6 @@ class MlxHostCodec:
                     tensors[name] = _host_view(array)
                 else:
                     tensors |= _quantized(name, array, self._bits)
-            layers.append(f"{block.layer}:{block.start}:{block.n_tokens}")
         return tensors, {"format": self._format, "dtype": dtype, "layers": ",".join(layers)}
 
     def reader(self) -> MlxHostReader:
