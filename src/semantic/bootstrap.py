@@ -183,7 +183,7 @@ async def _start_services(
         spec=spec,
         pool=pool,
         cache=cache,
-        buffers=restore_buffers if lossless else None,  # else they keep nothing to reuse
+        buffers=restore_buffers if restore_buffers.max_bytes else None,  # else nothing reused
     )
     loop.start()
     await asyncio.to_thread(loop.run_sync, backend.warm_up)

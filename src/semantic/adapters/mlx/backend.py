@@ -71,7 +71,8 @@ class MlxBackend:
         buffers: RestoreBuffers | None = None,
     ) -> None:
         """``buffers``: where finished sequences' blocks are copied (the restore buffers'
-        recycled memory); without them, each block layer is an MLX array of its own."""
+        recycled memory); without them, or for caches that cannot be stacked (sliding
+        windows, other than float32), each block layer is an MLX array of its own."""
         self._model = model
         self._buffers = buffers
         self._spec = spec

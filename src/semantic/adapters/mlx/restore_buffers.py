@@ -5,15 +5,19 @@ for a block file costs a full write pass before the read fills it: 23 of ~90 ms 
 time for a 4,096-token restore. A restore's buffer is therefore kept, once nothing can reach
 the KV inside it, for the next restore of a block of the same size; a reserve made at start
 means the first restores after a restart skip the zeroing too, the way GPU servers carve
-their KV pool out up front.
+their KV pool out up front. Finished sequences are cut into these buffers as well
+(``kv_blocks.cut_into_blocks``), so exports and restores share the reserve: an export that
+took a reserved buffer leaves a later restore to zero a fresh one, until its block is gone.
 
 Safety rests on Python's reference counts: every block payload over a buffer (a
 ``StackedKV``, or an ``MlxKV`` of views) holds the buffer's ``Lease``, and the lease gives the
 buffer back only when the last of them is gone. Views of a ``StackedKV`` live only inside
 one ``kv_blocks.gather_cache`` call, which holds the blocks and copies what it takes (never
-hands a block's memory to a cache), or in a ``RestoredPrefix``, which holds the payloads
-(and so their leases) for as long as the host pass may read its addresses. So no view
-outlives the lease that covers it.
+hands a block's memory to a cache), in a ``RestoredPrefix``, which holds the payloads
+(and so their leases) for as long as the host pass may read its addresses, or in the host
+views the writer saves a block from (``MlxHostCodec.to_host``), while the save holds the
+block. So no view outlives the lease that covers it. A numpy view does not hold the lease:
+a view kept after its blocks are gone would see the buffer reused.
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
 """A restored prefix that the host pass reads where it lies, before any cache is built.
 
-A returning agent's KV comes back from disk as blocks, each in the buffer its file was read
-into. Copying them into one cache buffer per layer (``gather_cache``) took ~32 ms at 4,000
-tokens, all of it before the first new token. When the agent's new tokens fit one host
-pass (ADR 0013), that pass reads the blocks in place instead (each block's rows of one kv
-head are contiguous), and writes the new tokens' KV into a small cache of its own. The
-copy into one buffer then happens on the next decode step, after the first token is out.
+A returning agent's KV comes back as blocks, each in one buffer (the one its file was read
+into, or the one its sequence was cut into when it finished). Copying them into one cache
+buffer per layer (``gather_cache``) took ~32 ms at 4,000 tokens, all of it before the first
+new token. When the agent's new tokens fit one host pass (ADR 0013), that pass reads the
+blocks in place instead (each block's rows of one kv head are contiguous), and writes the
+new tokens' KV into a small cache of its own. The copy into one buffer then happens on the
+next decode step, after the first token is out.
 """
 
 from __future__ import annotations

@@ -33,7 +33,8 @@ class HostReader(Protocol):
 
 class HostCodec(Protocol):
     def to_host(self, blocks: Sequence[KVBlock]) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-        """Zero-copy host views of the blocks' tensors, and the metadata to rebuild them."""
+        """Zero-copy host views of the blocks' tensors, and the metadata to rebuild them.
+        The views are valid only while ``blocks`` are held (their memory may be reused)."""
         ...
 
     def reader(self) -> HostReader: ...
