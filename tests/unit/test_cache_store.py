@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from semantic.application.cache.store import AgentCacheStore, CacheConfig, CachedPrefix
+from semantic.application.cache.store import READERS, AgentCacheStore, CacheConfig, CachedPrefix
 from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
 from semantic.application.events import CompletionEvent
 from semantic.application.scheduler.pacer import PacerConfig
@@ -176,6 +176,29 @@ async def test_a_corrupt_block_is_quarantined_and_the_request_recomputes() -> No
     assert after.block_store.quarantined == [second_block]
     assert after.store.stats.corrupt_blocks == 1
     assert prefix.matched_tokens == 4, "only the block before the bad one is used"
+    assert done.token_ids == cold(follow, 5)
+
+
+async def test_a_restore_of_more_blocks_than_readers_comes_back_in_order() -> None:
+    """Past ``READERS`` blocks, each read task takes a run of blocks: the prefix must still
+    come back whole and in order, and stop cleanly before a bad block in any run."""
+    long_prompt = [*SYSTEM, *(10 + i % 50 for i in range(4 * (READERS + 3)))]
+    before = await started(Harness())
+    first, _ = await before.ask(long_prompt)
+    follow = [*long_prompt, *first.token_ids, 13]
+    after = await started(Harness(block_store=before.block_store, metadata=before.metadata))
+    done, prefix = await after.ask(follow)
+    assert prefix.blocks is not None and prefix.hot_tokens == 0
+    assert prefix.blocks.token_ids == tuple(follow[: prefix.matched_tokens])
+    assert prefix.matched_tokens == len(follow) - 1
+    assert done.token_ids == cold(follow, 5)
+
+    again = await started(Harness(block_store=before.block_store, metadata=before.metadata))
+    sixth = next(iter(before.metadata.agent_rows.values())).block_keys[5]
+    again.block_store.corrupted.add(sixth)
+    done, prefix = await again.ask(follow)
+    assert prefix.matched_tokens == 5 * 4, "only the blocks before the bad one are used"
+    assert not pinned(again)
     assert done.token_ids == cold(follow, 5)
 
 
