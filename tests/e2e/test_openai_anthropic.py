@@ -126,10 +126,11 @@ def test_later_turns_of_a_conversation_report_cached_tokens(server: ServerProces
 def test_errors_come_in_each_protocols_shape(server: ServerProcess) -> None:
     bad = httpx.post(
         f"{server.url}/v1/chat/completions",
-        json={"model": "default", "messages": [{"role": "user", "content": "x"}], "tools": []},
+        json={"model": "default", "messages": [{"role": "user", "content": "x"}], "tools": [TOOL]},
     )
     assert bad.status_code == 400
-    assert "tools" in bad.json()["error"]["message"]
+    assert bad.json()["error"]["message"].startswith("tools are not supported")
+    assert bad.json()["error"]["param"] == "tools"
     missing = httpx.post(
         f"{server.url}/v1/chat/completions",
         json={"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]},
@@ -146,6 +147,37 @@ def test_errors_come_in_each_protocols_shape(server: ServerProcess) -> None:
     assert capped.status_code == 400
     assert capped.json()["type"] == "error"
     assert capped.json()["error"]["type"] == "invalid_request_error"
+
+
+TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
+
+
+def test_openai_fields_at_neutral_values_are_served_and_others_named(
+    server: ServerProcess,
+) -> None:
+    """Clients fill in OpenAI fields this server does not implement; at their neutral values
+    the request is served, else the 400 names what is missing."""
+    body = {"model": "default", "messages": [{"role": "user", "content": "Hi"}]}
+    neutral = {
+        "max_tokens": 2,
+        "tools": [],
+        "tool_choice": "none",
+        "response_format": {"type": "text"},
+        "metadata": {"run": "1"},
+        "store": False,
+        "top_logprobs": 0,
+    }
+    served = httpx.post(f"{server.url}/v1/chat/completions", json={**body, **neutral}, timeout=60)
+    assert served.status_code == 200
+    for field, value, named in (
+        ("response_format", {"type": "json_object"}, "response_format 'json_object'"),
+        ("max_tokens", 0, "max_tokens must be between 1"),
+        ("max_completion_tokens", 0, "max_tokens must be between 1"),
+        ("logit_bias", {"50256": -100}, "logit_bias"),
+    ):
+        refused = httpx.post(f"{server.url}/v1/chat/completions", json={**body, field: value})
+        assert refused.status_code == 400, field
+        assert named in refused.json()["error"]["message"]
 
 
 def test_metrics_parse_and_move_with_traffic(server: ServerProcess) -> None:

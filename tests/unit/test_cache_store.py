@@ -188,7 +188,8 @@ async def test_a_restore_of_more_blocks_than_readers_comes_back_in_order() -> No
     follow = [*long_prompt, *first.token_ids, 13]
     after = await started(Harness(block_store=before.block_store, metadata=before.metadata))
     done, prefix = await after.ask(follow)
-    assert prefix.blocks is not None and prefix.hot_tokens == 0
+    assert prefix.blocks is not None
+    assert prefix.hot_tokens == 0
     assert prefix.blocks.token_ids == tuple(follow[: prefix.matched_tokens])
     assert prefix.matched_tokens == len(follow) - 1
     assert done.token_ids == cold(follow, 5)

@@ -88,7 +88,9 @@ class GenerationService:
 
     def check(self, request: GenerationInput) -> int:
         """Refuse a request before any work; returns the max_tokens it will run with."""
-        max_tokens = request.max_tokens or self._limits.default_max_tokens
+        max_tokens = request.max_tokens
+        if max_tokens is None:
+            max_tokens = self._limits.default_max_tokens
         if not 0 < max_tokens <= self._limits.max_tokens_cap:
             raise InvalidRequestError(
                 f"max_tokens must be between 1 and {self._limits.max_tokens_cap}, got {max_tokens}",

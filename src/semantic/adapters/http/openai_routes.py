@@ -59,6 +59,7 @@ class OpenAIController(Controller):
         """Chat completion; ``X-Agent-Id``/``X-Namespace``/``X-Priority`` headers apply."""
         found = services(state)
         _check_common(data, found)
+        _check_chat_only(data)
         if data.max_tokens is not None and data.max_completion_tokens is not None:
             raise InvalidRequestError("give max_tokens or max_completion_tokens, not both")
         messages = []
@@ -71,7 +72,9 @@ class OpenAIController(Controller):
         if not messages:
             raise InvalidRequestError("messages must not be empty", param="messages")
         prompt = found.tokenizer.render_chat(messages, scope=identity(request).namespace)
-        generation = _input(request, data, prompt, data.max_completion_tokens or data.max_tokens)
+        newer = data.max_completion_tokens  # OpenAI's newer name wins where given
+        limit = data.max_tokens if newer is None else newer
+        generation = _input(request, data, prompt, limit)
         handle = await found.generation.start(generation)
         reply = _Reply("chatcmpl", "chat.completion", found.model_id)
         if data.stream:
@@ -211,8 +214,30 @@ def _check_common(data: SamplingFields, found: Services) -> None:
     must_default(data.presence_penalty, 0, "presence_penalty")
     must_default(data.frequency_penalty, 0, "frequency_penalty")
     must_default(data.logprobs, False, "logprobs")
+    if data.logit_bias:
+        raise InvalidRequestError("logit_bias is not supported", param="logit_bias")
     if data.stream_options is not None and not data.stream:
         raise InvalidRequestError("stream_options needs stream=true", param="stream_options")
+
+
+def _check_chat_only(data: ChatCompletionRequest) -> None:
+    """Chat fields this server has no use for are fine at their neutral values only."""
+    if data.tools:
+        raise InvalidRequestError(
+            "tools are not supported: the model is served for plain chat", param="tools"
+        )
+    if data.tool_choice not in (None, "none", "auto"):
+        message = "tool_choice needs tools, which are not supported"
+        raise InvalidRequestError(message, param="tool_choice")
+    must_default(data.top_logprobs, 0, "top_logprobs")
+    must_default(data.reasoning_effort, None, "reasoning_effort")
+    if data.response_format is not None and data.response_format.get("type") != "text":
+        kind = data.response_format.get("type")
+        raise InvalidRequestError(
+            f"response_format {kind!r} is not supported; only 'text'", param="response_format"
+        )
+    if data.modalities is not None and data.modalities != ["text"]:
+        raise InvalidRequestError("only the 'text' modality is supported", param="modalities")
 
 
 def _input(

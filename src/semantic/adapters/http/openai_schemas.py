@@ -1,6 +1,14 @@
-"""OpenAI-compatible request bodies. Unknown fields are refused with a 400 naming them."""
+"""OpenAI-compatible request bodies. Unknown fields are refused with a 400 naming them.
+
+OpenAI's own fields that this server does not implement are known here all the same, so a
+client that sends one at its neutral value (``tools: []``, ``tool_choice: "none"``,
+``response_format: {"type": "text"}``) is served, and one that asks for what is missing
+is told so by name (``tools are not supported``), not that its field is unknown.
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 import msgspec
 
@@ -36,11 +44,26 @@ class SamplingFields(msgspec.Struct, forbid_unknown_fields=True):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logprobs: bool | None = None
+    logit_bias: dict[str, float] | None = None
+    metadata: dict[str, str] | None = None
+    """Bookkeeping for the client's own records (as ``user``, ``store``, ``service_tier``,
+    ``prompt_cache_key`` and ``safety_identifier``): accepted and not acted on."""
+    store: bool | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
 
 
 class ChatCompletionRequest(SamplingFields, forbid_unknown_fields=True):
     messages: list[ChatMessageIn] = msgspec.field(default_factory=list)
     max_completion_tokens: int | None = None
+    top_logprobs: int | None = None
+    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    modalities: list[str] | None = None
+    reasoning_effort: str | None = None
 
 
 class CompletionRequest(SamplingFields, forbid_unknown_fields=True):
