@@ -131,6 +131,13 @@ def test_errors_come_in_each_protocols_shape(server: ServerProcess) -> None:
     assert bad.status_code == 400
     assert bad.json()["error"]["message"].startswith("tools are not supported")
     assert bad.json()["error"]["param"] == "tools"
+    mistyped = httpx.post(
+        f"{server.url}/v1/chat/completions",
+        json={"model": "default", "messages": [{"role": "user", "content": "x"}], "top_p": "hi"},
+    )
+    assert mistyped.status_code == 400
+    assert mistyped.json()["error"]["param"] == "top_p"
+    assert "at `top_p`" in mistyped.json()["error"]["message"]
     missing = httpx.post(
         f"{server.url}/v1/chat/completions",
         json={"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]},

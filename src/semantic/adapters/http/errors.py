@@ -94,7 +94,7 @@ def problem_for(error: Exception) -> Problem:
         case NotAuthorizedException():
             return Problem(401, "invalid_api_key", "missing or invalid API key")
         case ValidationException():
-            return Problem(400, "invalid_request", _validation_message(error))
+            return Problem(400, "invalid_request", _validation_message(error), _first_key(error))
         case UnicodeError():
             return Problem(400, "invalid_request", f"the request body is not valid UTF-8: {error}")
         case HTTPException():
@@ -140,11 +140,28 @@ def headers_for(problem: Problem) -> dict[str, str]:
 
 
 def _validation_message(error: ValidationException) -> str:
-    extra = error.extra
-    if isinstance(extra, list):
-        messages = [
-            str(item["message"]) for item in extra if isinstance(item, dict) and item.get("message")
-        ]
-        if messages:
-            return "invalid request body: " + "; ".join(messages)
+    """Each problem with where it is (``Expected `float | null`, got `str` at
+    `temperature```): a client with several fields of one type needs the field."""
+    messages = [
+        f"{item['message']} at `{item['key']}`" if item.get("key") else str(item["message"])
+        for item in _items(error)
+        if item.get("message")
+    ]
+    if messages:
+        return "invalid request body: " + "; ".join(messages)
     return f"invalid request body: {error.detail}"
+
+
+def _first_key(error: ValidationException) -> str | None:
+    keys = [str(item["key"]) for item in _items(error) if item.get("key")]
+    return keys[0] if keys else None
+
+
+def _items(error: ValidationException) -> list[dict[str, Any]]:
+    """Litestar's problems, with the body's root (its key ``data``) named by no key."""
+    extra = error.extra if isinstance(error.extra, list) else []
+    items = [dict(item) for item in extra if isinstance(item, dict)]
+    for item in items:
+        if item.get("key") == "data":
+            del item["key"]
+    return items
