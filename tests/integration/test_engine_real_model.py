@@ -10,13 +10,8 @@ import mlx.core as mx
 import pytest
 from benchmarks.corpus import conversation
 
-from semantic.adapters.mlx.kv_blocks import (
-    MlxKV,
-    StackedKV,
-    cut_into_blocks,
-    gather_cache,
-    kv_arrays,
-)
+from semantic.adapters.mlx.kv_blocks import cut_into_blocks, gather_cache
+from semantic.adapters.mlx.kv_payloads import MlxKV, StackedKV, kv_arrays
 from semantic.adapters.mlx.restore_buffers import RestoreBuffers
 from semantic.application.events import CompletionEvent
 from semantic.application.scheduler.pacer import PacerConfig

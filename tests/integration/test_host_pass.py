@@ -12,7 +12,8 @@ from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from semantic.adapters.mlx.fused_pass import Group
 from semantic.adapters.mlx.host_pass import HOST_PASS_ENV, HostPass
-from semantic.adapters.mlx.kv_blocks import MlxKV, StackedKV, gather_cache
+from semantic.adapters.mlx.kv_blocks import gather_cache
+from semantic.adapters.mlx.kv_payloads import MlxKV, StackedKV
 from semantic.adapters.mlx.restored_prefix import RestoredPrefix
 from semantic.domain.blocks import AgentBlocks, KVBlock
 from tests.helpers import generate

@@ -12,7 +12,7 @@ from safetensors import safe_open
 from safetensors.numpy import load as safetensors_load
 
 from semantic.adapters.mlx.host_codec import MlxHostCodec
-from semantic.adapters.mlx.kv_blocks import MlxKV, StackedKV, kv_arrays
+from semantic.adapters.mlx.kv_payloads import MlxKV, StackedKV, kv_arrays
 from semantic.adapters.mlx.restore_buffers import RestoreBuffers
 from semantic.adapters.storage.block_files import SPARES, BlockFiles, safetensors_parts
 from semantic.adapters.storage.kv_block_store import KVBlockStore

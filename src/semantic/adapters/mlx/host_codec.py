@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 import mlx.core as mx
 import numpy as np
 
-from semantic.adapters.mlx.kv_blocks import ALL, MlxKV, StackedKV, host_rows, kv_arrays
+from semantic.adapters.mlx.kv_payloads import ALL, MlxKV, StackedKV, host_rows, kv_arrays
 from semantic.adapters.mlx.restore_buffers import RestoreBuffers
 from semantic.adapters.storage.block_files import TensorSpan
 from semantic.domain.blocks import KVBlock
