@@ -173,18 +173,24 @@ def test_openai_fields_at_neutral_values_are_served_and_others_named(
         "metadata": {"run": "1"},
         "store": False,
         "top_logprobs": 0,
+        "logit_bias": {"50256": 0},
+        "functions": [],
+        "function_call": "none",
     }
     served = httpx.post(f"{server.url}/v1/chat/completions", json={**body, **neutral}, timeout=60)
     assert served.status_code == 200
     for field, value, named in (
         ("response_format", {"type": "json_object"}, "response_format 'json_object'"),
         ("max_tokens", 0, "max_tokens must be between 1"),
-        ("max_completion_tokens", 0, "max_tokens must be between 1"),
+        ("max_completion_tokens", 0, "max_completion_tokens must be at least 1"),
         ("logit_bias", {"50256": -100}, "logit_bias"),
+        ("functions", [TOOL["function"]], "functions are not supported"),
+        ("frobnicate", 1, "unknown field `frobnicate`"),
     ):
         refused = httpx.post(f"{server.url}/v1/chat/completions", json={**body, field: value})
         assert refused.status_code == 400, field
         assert named in refused.json()["error"]["message"]
+        assert refused.json()["error"]["param"] == field
 
 
 def test_metrics_parse_and_move_with_traffic(server: ServerProcess) -> None:

@@ -203,6 +203,52 @@ async def test_a_restore_of_more_blocks_than_readers_comes_back_in_order() -> No
     assert done.token_ids == cold(follow, 5)
 
 
+async def test_a_read_that_raises_fails_the_restore_and_leaves_nothing_pinned() -> None:
+    h, keys = await restarted_after_a_long_prompt()
+    load = h.block_store.load
+
+    def failing_load(key: str, checksum: str) -> list[LayerPayload]:
+        if key == keys[2]:
+            raise OSError("the disk went away")
+        return load(key, checksum)
+
+    h.block_store.load = failing_load  # type: ignore[method-assign]  # a read that raises
+    with pytest.raises(OSError, match="went away"):
+        await h.store.prepare("default", LONG_PROMPT)
+    await asyncio.sleep(0)  # the unpinning is handed back to this loop
+    assert not pinned(h)
+
+
+async def test_a_read_task_stops_at_its_first_bad_block() -> None:
+    """Blocks after a bad one are dropped: loading them would evict others for nothing."""
+    h, keys = await restarted_after_a_long_prompt()
+    load, asked = h.block_store.load, []
+
+    def watched_load(key: str, checksum: str) -> list[LayerPayload]:
+        asked.append(key)
+        return load(key, checksum)
+
+    h.block_store.load = watched_load  # type: ignore[method-assign]  # a spy on the fake
+    h.block_store.corrupted.add(keys[2])
+    prefix = await h.store.prepare("default", LONG_PROMPT)
+    assert prefix.matched_tokens == 2 * 4
+    assert keys[4] not in asked, "the task that met block 2 read on"
+    assert keys[3] in asked, "the other task reads its own blocks"
+    h.store.release(prefix)
+    assert not pinned(h)
+
+
+LONG_PROMPT = [*SYSTEM, *(10 + i % 50 for i in range(4 * (READERS + 3)))]
+
+
+async def restarted_after_a_long_prompt() -> tuple[Harness, tuple[str, ...]]:
+    """A store restarted over the blocks of a prompt longer than ``READERS`` blocks."""
+    before = await started(Harness())
+    await before.ask(LONG_PROMPT)
+    keys = next(iter(before.metadata.agent_rows.values())).block_keys
+    return await started(Harness(block_store=before.block_store, metadata=before.metadata)), keys
+
+
 async def test_namespaces_never_share_blocks() -> None:
     h = await started(Harness())
     await h.ask([*SYSTEM, 11, 12], namespace="tenant-a")

@@ -7,6 +7,7 @@ read ``{"type": "error", "error": {"type", "message"}}``.
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,8 +154,17 @@ def _validation_message(error: ValidationException) -> str:
 
 
 def _first_key(error: ValidationException) -> str | None:
-    keys = [str(item["key"]) for item in _items(error) if item.get("key")]
-    return keys[0] if keys else None
+    """Where the first problem is; for a field unknown or missing at the root, that field."""
+    for item in _items(error):
+        if item.get("key"):
+            return str(item["key"])
+        named = _NAMED_FIELD.search(str(item.get("message", "")))
+        if named:
+            return named.group(1)
+    return None
+
+
+_NAMED_FIELD = re.compile(r"(?:unknown|missing required) field `([^`]+)`")
 
 
 def _items(error: ValidationException) -> list[dict[str, Any]]:

@@ -214,7 +214,7 @@ def _check_common(data: SamplingFields, found: Services) -> None:
     must_default(data.presence_penalty, 0, "presence_penalty")
     must_default(data.frequency_penalty, 0, "frequency_penalty")
     must_default(data.logprobs, False, "logprobs")
-    if data.logit_bias:
+    if data.logit_bias and any(data.logit_bias.values()):
         raise InvalidRequestError("logit_bias is not supported", param="logit_bias")
     if data.stream_options is not None and not data.stream:
         raise InvalidRequestError("stream_options needs stream=true", param="stream_options")
@@ -222,13 +222,16 @@ def _check_common(data: SamplingFields, found: Services) -> None:
 
 def _check_chat_only(data: ChatCompletionRequest) -> None:
     """Chat fields this server has no use for are fine at their neutral values only."""
-    if data.tools:
-        raise InvalidRequestError(
-            "tools are not supported: the model is served for plain chat", param="tools"
-        )
-    if data.tool_choice not in (None, "none", "auto"):
-        message = "tool_choice needs tools, which are not supported"
-        raise InvalidRequestError(message, param="tool_choice")
+    for tools, name in ((data.tools, "tools"), (data.functions, "functions")):
+        if tools:
+            message = f"{name} are not supported: the model is served for plain chat"
+            raise InvalidRequestError(message, param=name)
+    if data.max_completion_tokens is not None and data.max_completion_tokens < 1:
+        message = f"max_completion_tokens must be at least 1, got {data.max_completion_tokens}"
+        raise InvalidRequestError(message, param="max_completion_tokens")
+    for choice, name in ((data.tool_choice, "tool_choice"), (data.function_call, "function_call")):
+        if choice not in (None, "none", "auto"):
+            raise InvalidRequestError(f"{name} needs tools, which are not supported", param=name)
     must_default(data.top_logprobs, 0, "top_logprobs")
     must_default(data.reasoning_effort, None, "reasoning_effort")
     if data.response_format is not None and data.response_format.get("type") != "text":

@@ -61,6 +61,9 @@ class ChatCompletionRequest(SamplingFields, forbid_unknown_fields=True):
     response_format: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    functions: list[dict[str, Any]] | None = None
+    """The older name for ``tools`` (as ``function_call`` for ``tool_choice``)."""
+    function_call: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     modalities: list[str] | None = None
     reasoning_effort: str | None = None

@@ -17,12 +17,14 @@ import numpy as np
 from semantic.domain.errors import IncompatibleCacheError
 
 ALL = slice(None)
+HOST_DTYPES = {mx.float32: np.float32}
+"""KV dtypes the host pass reads in place."""
 
 
 @dataclass(frozen=True, slots=True)
 class MlxKV:
     """One layer of a block as arrays of its own: cut from a cache that could not be
-    stacked (see ``cut_into_blocks``), or decoded from a quantized file."""
+    stacked (see ``kv_blocks.cut_into_blocks``), or decoded from a quantized file."""
 
     keys: mx.array
     values: mx.array
@@ -101,7 +103,3 @@ def host_rows(
         keys, values = np.asarray(payload.keys), np.asarray(payload.values)
         return keys[0, :, positions], values[0, :, positions]
     return None
-
-
-HOST_DTYPES = {mx.float32: np.float32}
-"""KV dtypes the host pass reads in place."""
