@@ -1,4 +1,6 @@
-"""The ``semantic`` command line: ``model pull``, ``generate``, ``serve``, ``bench``."""
+"""The ``semantic`` command line: ``model pull``, ``generate``, ``serve``.
+
+The benchmarks run from a checkout: ``python -m benchmarks`` (``--help`` lists them)."""
 
 from __future__ import annotations
 
@@ -69,7 +71,11 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     common.add_argument("--log-info", action="store_true", help="info logging")
 
-    parser = argparse.ArgumentParser(prog="semantic", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="semantic",
+        description="A local LLM server that keeps every agent's KV cache, on disk too.",
+        epilog="Benchmarks run from a checkout: python -m benchmarks --help",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     commands.register(sub, common)
     serve.register(sub, common)
