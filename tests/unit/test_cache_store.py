@@ -6,7 +6,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from semantic.application.cache.store import READERS, AgentCacheStore, CacheConfig, CachedPrefix
+from semantic.application.cache.read_lanes import READERS
+from semantic.application.cache.store import AgentCacheStore, CacheConfig, CachedPrefix
 from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
 from semantic.application.events import CompletionEvent
 from semantic.application.scheduler.pacer import PacerConfig

@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import os
-import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -22,6 +20,7 @@ from typing import Any
 from semantic.application.cache.hot_index import CACHE_OWNER, HotBlock, HotIndex
 from semantic.application.cache.loader import BlockLoader, LoadOutcome
 from semantic.application.cache.persistence import SaveJob, Saver
+from semantic.application.cache.read_lanes import READERS, in_order, read_lanes, when_all_done
 from semantic.application.cache.stats import CacheStats
 from semantic.application.events import CompletionEvent
 from semantic.application.threads import NativeThreadPool
@@ -41,16 +40,6 @@ Fetched = HotBlock | LoadOutcome
 
 ANONYMOUS_PREFIX = "~anon-"
 """Ids of requests without an agent: ``~`` can never start a client's agent id."""
-
-# Block reads run at once. More than the cores: each read is one file, so with as many
-# readers as cores a three-block restore reads its third file on one core while the other
-# idles; with more, the kernel shares both cores among all three (691 tokens restored from
-# the page cache: 8.6 -> 7.3 ms, 1,228: 14.1 -> 11.4 ms).
-READERS = 4
-READ_LANES = max(1, min(READERS, os.cpu_count() or 2))
-"""A restore of more than ``READERS`` files reads them in this many runs of files, one task
-each, as many as the cores: four threads over 31 files on two cores spent the difference
-waiting for the CPU and the GIL (7,680 tokens: 41-42 ms, 34-38 ms in two runs)."""
 
 
 @dataclass(frozen=True)
@@ -132,12 +121,12 @@ class AgentCacheStore:
         pin = f"pin-{next(self._pins)}"
         self.stats.queried_tokens += len(prompt)
         candidates = await self._walk(namespace, prompt)
-        lanes = _read_lanes(len(candidates))
+        lanes = read_lanes(len(candidates))
         fetches = [self._readers.submit(self._fetch_lane, candidates, lane, pin) for lane in lanes]
-        fetched = asyncio.wrap_future(_when_all_done(fetches))
+        fetched = asyncio.wrap_future(when_all_done(fetches))
         try:
             await asyncio.shield(fetched)
-            outcomes = _in_order(lanes, [f.result() for f in fetches])
+            outcomes = in_order(lanes, [f.result() for f in fetches])
             chain, corrupt = self._chain(candidates, outcomes, pin)
         except BaseException:  # the caller went away, or a read failed: unpin what it pinned
             fetched.add_done_callback(self._unpin_when_fetched(pin, fetches))
@@ -314,41 +303,3 @@ def _block_at(layer_blocks: Sequence[KVBlock], index: int) -> KVBlock | None:
         if block.index == index:
             return block
     return None
-
-
-def _read_lanes(n_blocks: int) -> list[range]:
-    """Which blocks each read task takes, in turn: one each while there are no more than
-    ``READERS``, else every ``READ_LANES``-th block from each of ``READ_LANES`` starts
-    (blocks are of one size but the last, so the lanes come out even)."""
-    if n_blocks <= READERS:
-        return [range(index, index + 1) for index in range(n_blocks)]
-    return [range(start, n_blocks, READ_LANES) for start in range(READ_LANES)]
-
-
-def _in_order(lanes: list[range], results: list[list[Fetched]]) -> list[Fetched]:
-    """The lanes' results back in block order."""
-    out: dict[int, Fetched] = {}
-    for lane, outcomes in zip(lanes, results, strict=True):
-        out.update(zip(lane, outcomes, strict=True))
-    return [out[index] for index in sorted(out)]
-
-
-def _when_all_done(futures: list[Future[Any]]) -> Future[None]:
-    """A future done once all of ``futures`` are, however each ended: the event loop is woken
-    once per restore, not once per block (each wake-up takes the GIL from the readers)."""
-    done: Future[None] = Future()
-    remaining = [len(futures)]
-    lock = threading.Lock()
-
-    def one_done(_: Future[Any]) -> None:
-        with lock:
-            remaining[0] -= 1
-            last = remaining[0] == 0
-        if last:
-            done.set_result(None)
-
-    if not futures:
-        done.set_result(None)
-    for future in futures:
-        future.add_done_callback(one_done)
-    return done
