@@ -131,6 +131,9 @@ def test_errors_come_in_each_protocols_shape(server: ServerProcess) -> None:
     assert bad.status_code == 400
     assert bad.json()["error"]["message"].startswith("tools are not supported")
     assert bad.json()["error"]["param"] == "tools"
+    empty = httpx.post(f"{server.url}/v1/chat/completions")
+    assert empty.status_code == 400
+    assert "the body is empty" in empty.json()["error"]["message"]
     mistyped = httpx.post(
         f"{server.url}/v1/chat/completions",
         json={"model": "default", "messages": [{"role": "user", "content": "x"}], "top_p": "hi"},

@@ -174,4 +174,6 @@ def _items(error: ValidationException) -> list[dict[str, Any]]:
     for item in items:
         if item.get("key") == "data":
             del item["key"]
+        if item.get("message") == "'data'":  # Litestar's KeyError for a request without a body
+            item["message"] = "the body is empty; send a JSON object"
     return items
