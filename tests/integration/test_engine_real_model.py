@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import gc
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 import pytest
 from benchmarks.corpus import conversation
 
+from semantic.adapters.mlx import layer_slice
 from semantic.adapters.mlx.kv_blocks import cut_into_blocks, gather_cache
 from semantic.adapters.mlx.kv_payloads import MlxKV, StackedKV, kv_arrays
 from semantic.adapters.mlx.restore_buffers import RestoreBuffers
@@ -306,6 +309,34 @@ def test_a_prompt_sliced_between_layers_gets_what_it_gets_in_whole_passes(
     assert any(paused)  # some chunks stopped between layers and went on in later rounds
     assert done[late].token_ids == alone
     assert done[stream].finish_reason in {FinishReason.END_OF_TURN, FinishReason.MAX_TOKENS}
+
+
+def test_attention_a_run_of_heads_at_a_time_leaves_a_whole_steps_bits(
+    real_model: RealModel, make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Slices stop between runs of KV heads; the KV they leave must be bit for bit what
+    one attention step per layer leaves, or sliced and whole prompts would differ."""
+    _, backend = make_engine()
+    prompt = real_model.tokenizer.render_chat(conversation(4, 300, counter(real_model)))
+    greedy = SamplingParams(temperature=0.0)
+
+    def sliced_kv(seconds: float) -> list[np.ndarray]:
+        backend.open_sequence("s", restored=None, n_restored=0, n_new=len(prompt), sampling=greedy)
+        for start in range(0, len(prompt), 256):
+            chunk = prompt[start : start + 256]
+            while not backend.prefill_slice("s", chunk, seconds, last=False).done:
+                pass
+        caches = backend._sequences["s"].caches  # noqa: SLF001 - the KV is what is compared
+        kv = [np.array(c.keys[..., : c.offset, :]) for c in caches]
+        kv += [np.array(c.values[..., : c.offset, :]) for c in caches]
+        backend.close_sequence("s", 0)
+        return kv
+
+    by_heads = sliced_kv(0.0)  # one step a round: every pause there can be
+    monkeypatch.setattr(layer_slice, "SPLIT_MIN_TOKENS", 10**9)
+    whole = sliced_kv(math.inf)
+    assert len(by_heads) == len(whole) == 2 * len(real_model.loaded.model.model.layers)
+    assert all(np.array_equal(a, b) for a, b in zip(by_heads, whole, strict=True))
 
 
 def test_a_chunk_riding_with_rows_that_all_fail_to_join_is_computed_alone(

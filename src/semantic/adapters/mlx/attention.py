@@ -84,6 +84,11 @@ class HostSoftmaxAttention(nn.Module):  # type: ignore[misc,name-defined]  # mlx
     def begin(self, qkv: QKV, shape: tuple[int, int], mask: Any, cache: Any) -> PendingAttention:
         """Everything up to the scores, lazily: a fused pass evaluates several groups'
         scores together, one wait per layer instead of one per group."""
+        return PendingAttention.start(*self.heads(qkv, shape, cache), self.inner.scale, mask)
+
+    def heads(self, qkv: QKV, shape: tuple[int, int], cache: Any) -> QKV:
+        """Queries ``(batch, heads, length, dim)`` after RoPE, and every key and value the
+        cache holds once these rows are in it (lazily)."""
         a = self.inner
         (q, k, v), (batch, length) = qkv, shape
         queries = q.reshape(batch, length, a.n_heads, -1).transpose(0, 2, 1, 3)
@@ -94,7 +99,7 @@ class HostSoftmaxAttention(nn.Module):  # type: ignore[misc,name-defined]  # mlx
         keys = a.rope(keys, offset=offset)
         if cache is not None:
             keys, values = cache.update_and_fetch(keys, values)
-        return PendingAttention.start(queries, keys, values, a.scale, mask)
+        return queries, keys, values
 
 
 def kernel_name() -> str:

@@ -83,7 +83,7 @@ class MlxBackend:
         self._split = BodyAndHead.of(model)
         self._fusion = supports_fusion(model)
         self._sequences: dict[str, _Sequence] = {}
-        self._step_seconds = [0.0, 0.0]  # a slice's last attention and MLP step times
+        self._step_seconds: list[float] = []  # a slice's last time for each step of a layer
 
     @property
     def spec(self) -> ModelCacheSpec:

@@ -4,15 +4,19 @@ Riding (``fused_pass``) puts a small chunk into each decode step, and small chun
 inefficient: every one reads all the weights again, and a ride holds at most 28 rows. A
 slice keeps an efficient chunk (256 tokens) and pauses inside the model instead: each round
 runs the streams' decode step, then the chunk's next steps for a set time, and the chunk's
-hidden states wait in memory for the next round. A step is half a llama layer (its
-attention, or its MLP), so a round can end close to its time: a whole layer of a 256-token
-chunk took 14 ms at the start of a prompt and 31 ms at 4,000 tokens of context. Evaluated
+hidden states wait in memory for the next round. A step is a part of a llama layer (its
+attention over a run of KV heads, or its MLP), so a round can end close to its time:
+attention grows with the context, and for a 256-token chunk at ~4,000 tokens a whole
+attention step took 27 ms against the MLP's 9; a round whose next step did not fit left
+that much of its time unused. Each KV head's scores are their own product in MLX's batched
+matmul either way, so a step per head gives the whole step's bits. Evaluated
 layer by layer, a 4,043-token prompt in 256-token chunks took 10.3 s here, against 11.0 s
 in whole 512-token passes. ADR 0009 has the measured curve.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -21,12 +25,32 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.base import create_attention_mask
 
+from semantic.adapters.mlx.attention import HostSoftmaxAttention, PendingAttention
+
+ATTENTION_STEPS = 3
+"""A layer's attention is split over at most this many steps, a run of KV heads each."""
+SPLIT_MIN_TOKENS = 64
+"""Shorter chunks attend in one step: their attention is short."""
+
+
+@dataclass(slots=True)
+class _Attending:
+    """A layer's attention between its steps: every head's inputs, the finished heads'
+    outputs ``(batch, length, heads * head_dim)`` in head order."""
+
+    queries: mx.array
+    keys: mx.array
+    values: mx.array
+    mixed: list[mx.array] = field(default_factory=list)
+
 
 @dataclass(slots=True)
 class LayerSlice:
-    """A chunk's hidden states between steps, and the masks its layers use. Step ``2i`` is
-    layer ``i``'s attention (and the cache update), step ``2i + 1`` its MLP; the sums are
-    mlx-lm's ``TransformerBlock`` written out, so the bits are a whole layer's."""
+    """A chunk's hidden states between steps, and the masks its layers use. A layer's steps
+    are its attention (with the cache update), or one step per run of KV heads in
+    ``head_runs`` (the first with the projections and the cache update, the last with the
+    output projection), then its MLP. The sums are mlx-lm's ``TransformerBlock`` written
+    out, so the bits are a whole layer's."""
 
     hidden: mx.array
     masks: list[Any]
@@ -34,10 +58,13 @@ class LayerSlice:
     """Sizes an empty layer cache for the prompt's new tokens, before that layer's attention:
     sizing all thirty at once (~190 MB of fresh memory for 4,000 tokens) took 70-115 ms,
     a round of its own; one layer's share fits beside a step."""
+    head_runs: tuple[range, ...] = ()
+    """The KV heads each attention step takes; empty: mlx-lm's attention, in one step."""
     next_step: int = 0
-    last_seconds: list[float] = field(default_factory=lambda: [0.0, 0.0])
-    """The last attention step's time and the last MLP step's: each predicts its next (the
-    backend hands them from one chunk to the next)."""
+    last_seconds: list[float] = field(default_factory=list)
+    """Each step of a layer's last time, which predicts the next of its place (the backend
+    hands them from one chunk to the next)."""
+    _attending: _Attending | None = None
 
     @classmethod
     def start(
@@ -57,7 +84,14 @@ class LayerSlice:
         if swa_idx is not None:
             window = create_attention_mask(hidden, caches[swa_idx], window_size=body.sliding_window)
         masks = [window if getattr(layer, "use_sliding", False) else full for layer in body.layers]
-        return cls(hidden, masks, size_cache, last_seconds=list(timings))
+        runs = _head_runs(body.layers) if len(tokens) >= SPLIT_MIN_TOKENS else ()
+        chunk = cls(hidden, masks, size_cache, runs)
+        chunk.last_seconds = [*timings, *[0.0] * chunk.steps_per_layer][: chunk.steps_per_layer]
+        return chunk
+
+    @property
+    def steps_per_layer(self) -> int:
+        return max(1, len(self.head_runs)) + 1
 
     def advance(
         self,
@@ -71,13 +105,15 @@ class LayerSlice:
         True once every layer has run, with ``hidden`` then the body's final (normed)
         output."""
         started = clock()
-        steps = 2 * len(body.layers)
+        per_layer = self.steps_per_layer
+        steps = per_layer * len(body.layers)
         while self.next_step < steps:
             began = clock()
-            self._step(body.layers[self.next_step // 2], caches[self.next_step // 2])
-            self.last_seconds[self.next_step % 2] = clock() - began
+            layer = self.next_step // per_layer
+            self._step(body.layers[layer], caches[layer], self.masks[layer])
+            self.last_seconds[self.next_step % per_layer] = clock() - began
             self.next_step += 1
-            coming = self.last_seconds[self.next_step % 2]
+            coming = self.last_seconds[self.next_step % per_layer]
             if clock() - started + coming > seconds:
                 break
         if self.next_step < steps:
@@ -85,14 +121,58 @@ class LayerSlice:
         self.hidden = body.norm(self.hidden)
         return True
 
-    def _step(self, layer: Any, cache: Any) -> None:
-        h = self.hidden
-        if self.next_step % 2 == 0:
-            if self.size_cache is not None:
-                self.size_cache(cache)
-            mask = self.masks[self.next_step // 2]
-            self.hidden = h + layer.self_attn(layer.input_layernorm(h), mask, cache)
-            mx.eval(self.hidden, cache.keys, cache.values)
-        else:
-            self.hidden = h + layer.mlp(layer.post_attention_layernorm(h))
+    def _step(self, layer: Any, cache: Any, mask: Any) -> None:
+        part = self.next_step % self.steps_per_layer
+        if part == 0 and self.size_cache is not None:
+            self.size_cache(cache)
+        if part == self.steps_per_layer - 1:
+            self.hidden = self.hidden + layer.mlp(layer.post_attention_layernorm(self.hidden))
             mx.eval(self.hidden)
+        elif self.head_runs:
+            self._attend_heads(layer, cache, mask, part)
+        else:
+            attended = layer.self_attn(layer.input_layernorm(self.hidden), mask, cache)
+            self.hidden = self.hidden + attended
+            mx.eval(self.hidden, cache.keys, cache.values)
+
+    def _attend_heads(self, layer: Any, cache: Any, mask: Any, part: int) -> None:
+        attention: HostSoftmaxAttention = layer.self_attn
+        if part == 0:
+            batch, length, _ = self.hidden.shape
+            projected = attention.project(layer.input_layernorm(self.hidden))
+            queries, keys, values = attention.heads(projected, (batch, length), cache)
+            mx.eval(queries, cache.keys, cache.values)
+            self._attending = _Attending(queries, keys, values)
+        state = self._attending
+        assert state is not None  # the layer's first attention step made it
+        heads = self.head_runs[part]
+        group = state.queries.shape[1] // state.keys.shape[1]
+        pending = PendingAttention.start(
+            state.queries[:, heads.start * group : heads.stop * group],
+            state.keys[:, heads.start : heads.stop],
+            state.values[:, heads.start : heads.stop],
+            attention.inner.scale,
+            mask,
+        )
+        mx.eval(pending.needed)
+        state.mixed.append(pending.finish())
+        if part < len(self.head_runs) - 1:
+            mx.eval(state.mixed[-1])
+            return
+        self._attending = None
+        mixed = mx.concatenate(state.mixed, axis=-1) if len(state.mixed) > 1 else state.mixed[0]
+        self.hidden = self.hidden + attention.inner.o_proj(mixed)
+        mx.eval(self.hidden)
+
+
+def _head_runs(layers: Sequence[Any]) -> tuple[range, ...]:
+    """Runs of KV heads, one per attention step, as even as they come; none unless every
+    layer has our attention (its parts are what a step per run needs)."""
+    if not all(isinstance(layer.self_attn, HostSoftmaxAttention) for layer in layers):
+        return ()
+    kv_heads = layers[0].self_attn.inner.n_kv_heads
+    steps = min(kv_heads, ATTENTION_STEPS)
+    if steps < 2:
+        return ()
+    bounds = [round(i * kv_heads / steps) for i in range(steps + 1)]
+    return tuple(range(a, b) for a, b in itertools.pairwise(bounds))
