@@ -7,7 +7,7 @@ runs the streams' decode step, then the chunk's next steps for a set time, and t
 hidden states wait in memory for the next round. A step is a part of a llama layer (its
 attention over a run of KV heads, or its MLP), so a round can end close to its time:
 attention grows with the context, and for a 256-token chunk at ~4,000 tokens a whole
-attention step took 27 ms against the MLP's 9; a round whose next step did not fit left
+attention step took 27-35 ms against the MLP's 9-10; a round whose next step did not fit left
 that much of its time unused. Each KV head's scores are their own product in MLX's batched
 matmul either way, so a step per head gives the whole step's bits. Evaluated
 layer by layer, a 4,043-token prompt in 256-token chunks took 10.3 s here, against 11.0 s
@@ -86,7 +86,7 @@ class LayerSlice:
         masks = [window if getattr(layer, "use_sliding", False) else full for layer in body.layers]
         runs = _head_runs(body.layers) if len(tokens) >= SPLIT_MIN_TOKENS else ()
         chunk = cls(hidden, masks, size_cache, runs)
-        chunk.last_seconds = [*timings, *[0.0] * chunk.steps_per_layer][: chunk.steps_per_layer]
+        chunk.last_seconds = _predictions(timings, chunk.steps_per_layer)
         return chunk
 
     @property
@@ -165,10 +165,23 @@ class LayerSlice:
         mx.eval(self.hidden)
 
 
+def _predictions(timings: Sequence[float], steps: int) -> list[float]:
+    """Each step's predicted time from the last chunk's, matched by kind: the last chunk's
+    layer may have had another number of attention steps (a short chunk attends in one)."""
+    if len(timings) == steps:
+        return list(timings)
+    if not timings:
+        return [0.0] * steps
+    attention = sum(timings[:-1]) / (steps - 1)
+    return [attention] * (steps - 1) + [timings[-1]]
+
+
 def _head_runs(layers: Sequence[Any]) -> tuple[range, ...]:
     """Runs of KV heads, one per attention step, as even as they come; none unless every
-    layer has our attention (its parts are what a step per run needs)."""
+    layer has our attention in float32 (the host path, whose bits a test holds equal)."""
     if not all(isinstance(layer.self_attn, HostSoftmaxAttention) for layer in layers):
+        return ()
+    if layers[0].self_attn.inner.q_proj.weight.dtype != mx.float32:
         return ()
     kv_heads = layers[0].self_attn.inner.n_kv_heads
     steps = min(kv_heads, ATTENTION_STEPS)
