@@ -7,10 +7,10 @@ runs the streams' decode step, then the chunk's next steps for a set time, and t
 hidden states wait in memory for the next round. A step is a part of a llama layer (its
 attention over a run of KV heads, or its MLP), so a round can end close to its time:
 attention grows with the context, and for a 256-token chunk at ~4,000 tokens a whole
-attention step took 27-35 ms against the MLP's 9-10; a round whose next step did not fit left
-that much of its time unused. Each KV head's scores are their own product in MLX's batched
-matmul either way, so a step per head gives the whole step's bits. Evaluated
-layer by layer, a 4,043-token prompt in 256-token chunks took 10.3 s here, against 11.0 s
+attention step took 27-35 ms against the MLP's 9-10; a round whose next step did not fit
+left that much of its time unused. Each KV head's scores are their own product in MLX's
+batched matmul either way, so a step per head gives the whole step's bits. Evaluated layer
+by layer, a 4,043-token prompt in 256-token chunks took 10.3 s here, against 11.0 s
 in whole 512-token passes. ADR 0009 has the measured curve.
 """
 
@@ -160,8 +160,7 @@ class LayerSlice:
             mx.eval(state.mixed[-1])
             return
         self._attending = None
-        mixed = mx.concatenate(state.mixed, axis=-1) if len(state.mixed) > 1 else state.mixed[0]
-        self.hidden = self.hidden + attention.inner.o_proj(mixed)
+        self.hidden = self.hidden + attention.inner.o_proj(mx.concatenate(state.mixed, axis=-1))
         mx.eval(self.hidden)
 
 
