@@ -225,7 +225,8 @@ def _load(
     report_blas()
     path, model_id = prepare_model(settings, progress)
     loaded = load_model(path, model_id)
-    return loaded, MlxTokenizer(loaded.tokenizer), spec_from_model(loaded.model)
+    tokenizer = MlxTokenizer(loaded.tokenizer, _max_context(loaded))
+    return loaded, tokenizer, spec_from_model(loaded.model)
 
 
 def _engine(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import anthropic
 import httpx
 import openai
@@ -98,6 +100,26 @@ def test_anthropic_messages_stream_and_count_tokens(server: ServerProcess) -> No
     assert count.input_tokens > 10
 
 
+def test_an_anthropic_reply_continues_a_final_assistant_message(server: ServerProcess) -> None:
+    client = anthropic.Anthropic(base_url=server.url, api_key="unused")
+    asked = {"role": "user", "content": QUESTION}
+    prefilled = {"role": "assistant", "content": "The capital of France is"}
+    reply = client.messages.create(
+        model="default",
+        max_tokens=4,
+        extra_body=GREEDY,
+        messages=anthropic_messages([asked, prefilled]),
+    )
+    text = reply.content[0].text  # type: ignore[union-attr]  # a text block: no tools here
+    assert "Paris" in text
+    assert "capital" not in text
+    spaced = {"role": "assistant", "content": "The capital of France is "}
+    with pytest.raises(anthropic.BadRequestError, match="trailing whitespace"):
+        client.messages.create(
+            model="default", max_tokens=4, messages=anthropic_messages([asked, spaced])
+        )
+
+
 def test_later_turns_of_a_conversation_report_cached_tokens(server: ServerProcess) -> None:
     client = oai(server, **{"X-Agent-Id": "traveller"})
     history: list[dict[str, str]] = [{"role": "user", "content": QUESTION}]
@@ -121,6 +143,19 @@ def test_later_turns_of_a_conversation_report_cached_tokens(server: ServerProces
         model="default", max_tokens=8, messages=anthropic_messages(history)
     )
     assert (again.usage.cache_read_input_tokens or 0) >= cached
+    body = {"model": "default", "max_tokens": 2, "stream": True}
+    with httpx.stream(
+        "POST",
+        f"{server.url}/v1/messages",
+        json={**body, "messages": anthropic_messages(history)},
+        timeout=60,
+    ) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = [json.loads(line[6:]) for line in response.iter_lines() if line[:6] == "data: "]
+    started = events[0]["message"]["usage"]  # clients read the input's figures here
+    ended = next(e for e in events if e["type"] == "message_delta")["usage"]
+    assert started["cache_read_input_tokens"] == ended["cache_read_input_tokens"] >= cached
+    assert started["input_tokens"] == ended["input_tokens"]
 
 
 def test_errors_come_in_each_protocols_shape(server: ServerProcess) -> None:
@@ -242,3 +277,90 @@ def test_a_client_that_disconnects_mid_stream_frees_its_blocks(server: ServerPro
             break
         httpx.get(f"{server.url}/health")
     assert server.metric("semantic_kv_pool_used_blocks") == baseline
+
+
+def test_a_reply_sent_back_as_the_sdk_dumps_it_continues_the_conversation(
+    server: ServerProcess,
+) -> None:
+    client = oai(server)
+    asked = {"role": "user", "content": QUESTION}
+    reply = client.chat.completions.create(
+        model="default", messages=openai_messages([asked]), temperature=0, max_tokens=2
+    )
+    dumped = reply.choices[0].message.model_dump()  # refusal, tool_calls, audio... as null
+    assert {"refusal", "tool_calls"} <= dumped.keys()
+    more = {"role": "user", "content": "Thanks."}
+    again = httpx.post(
+        f"{server.url}/v1/chat/completions",
+        json={"model": "default", "max_tokens": 1, "messages": [asked, dumped, more]},
+        timeout=60,
+    )
+    assert again.status_code == 200, again.text
+    dumped["tool_calls"] = [{"id": "1", "type": "function", "function": TOOL["function"]}]
+    refused = httpx.post(
+        f"{server.url}/v1/chat/completions",
+        json={"model": "default", "max_tokens": 1, "messages": [asked, dumped, more]},
+    )
+    assert refused.status_code == 400
+    assert "tool_calls are not supported" in refused.json()["error"]["message"]
+
+
+def test_streams_are_event_streams_and_bad_bodies_are_client_errors(server: ServerProcess) -> None:
+    chat_body = {"model": "default", "max_tokens": 1, "stream": True}
+    chat_body["messages"] = [{"role": "user", "content": "Hi"}]
+    with httpx.stream(
+        "POST", f"{server.url}/v1/chat/completions", json=chat_body, timeout=60
+    ) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        assert any(line == "data: [DONE]" for line in response.iter_lines())
+    nested = '{"model": "default", "messages": ' + "[" * 5000 + "]" * 5000 + "}"
+    for path in ("/v1/chat/completions", "/v1/messages"):
+        deep = httpx.post(f"{server.url}{path}", content=nested)
+        assert deep.status_code == 400, path
+        assert "nested too deeply" in deep.text
+    # Certainly over the context by its size alone: refused before it is tokenized.
+    huge = {"model": "default", "messages": [{"role": "user", "content": "a " * 1_500_000}]}
+    refused = httpx.post(f"{server.url}/v1/chat/completions", json=huge, timeout=60)
+    assert refused.status_code == 400
+    assert refused.json()["error"]["code"] == "context_length_exceeded"
+    assert "at least" in refused.json()["error"]["message"]
+    wrong_method = httpx.delete(f"{server.url}/v1/chat/completions")
+    assert wrong_method.status_code == 405
+    assert wrong_method.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_models_health_and_neutral_fields_of_every_endpoint(server: ServerProcess) -> None:
+    client = oai(server)
+    assert client.models.retrieve("default").id == "smollm2-135m-instruct"
+    assert httpx.get(f"{server.url}/v1/models/gpt-4").status_code == 404
+    for path in ("/health", "/metrics", "/v1/models"):
+        head = httpx.head(f"{server.url}{path}")
+        assert (head.status_code, head.content) == (200, b""), path
+    metrics_type = httpx.get(f"{server.url}/metrics").headers["content-type"]
+    assert metrics_type.count("charset") == 1
+    messages = [{"role": "user", "content": "Hi"}]
+    anthropic_neutral = {
+        "tools": [],
+        "tool_choice": {"type": "none"},
+        "thinking": {"type": "disabled"},
+    }
+    served = httpx.post(
+        f"{server.url}/v1/messages",
+        json={"model": "default", "max_tokens": 1, "messages": messages, **anthropic_neutral},
+        timeout=60,
+    )
+    assert served.status_code == 200, served.text
+    thinking = {"model": "default", "max_tokens": 1, "messages": messages}
+    thinking["thinking"] = {"type": "enabled", "budget_tokens": 1024}
+    refused = httpx.post(f"{server.url}/v1/messages", json=thinking)
+    assert refused.status_code == 400
+    assert "thinking is not supported" in refused.json()["error"]["message"]
+    completion = {"model": "default", "max_tokens": 1, "prompt": "Hi", "echo": False}
+    completion |= {"best_of": 1, "suffix": None, "stream": None}
+    assert httpx.post(f"{server.url}/v1/completions", json=completion, timeout=60).is_success
+    for field, value in (("logprobs", 0), ("echo", True)):
+        named = httpx.post(f"{server.url}/v1/completions", json={**completion, field: value})
+        assert (named.status_code, named.json()["error"]["param"]) == (400, field)
+    too_long = {**completion, "prompt": "Hi " * 9000}
+    refused = httpx.post(f"{server.url}/v1/completions", json=too_long, timeout=60)
+    assert refused.json()["error"]["param"] == "prompt"

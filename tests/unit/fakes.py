@@ -51,6 +51,7 @@ class FakeTokenizer:
         *,
         add_generation_prompt: bool = True,
         scope: str = "",
+        continue_final: bool = False,
     ) -> list[int]:
         return [t for m in messages for t in self.encode(m.content)]
 
@@ -81,6 +82,7 @@ class ByteTokenizer:
         *,
         add_generation_prompt: bool = True,
         scope: str = "",
+        continue_final: bool = False,
     ) -> list[int]:
         raise NotImplementedError
 

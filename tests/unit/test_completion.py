@@ -43,7 +43,8 @@ def run(
 
 
 def expected_text(pieces: list[bytes], stops: list[str], max_tokens: int) -> str:
-    shown = b"".join(pieces[:max_tokens]).decode("utf-8", errors="replace")
+    # A character the token limit cut off is not shown (only the end can be cut).
+    shown = b"".join(pieces[:max_tokens]).decode("utf-8", errors="ignore")
     found = [i for i in (shown.find(s) for s in stops) if i != -1]
     return shown[: min(found)] if found else shown
 
@@ -95,11 +96,24 @@ def test_a_stop_string_that_starts_earlier_wins_even_if_it_completes_later() -> 
     assert detector.text == ""
 
 
-def test_max_tokens_is_checked_before_the_end_token() -> None:
+def test_an_end_token_as_the_last_token_allowed_ends_the_turn_not_at_the_limit() -> None:
     tokenizer = ByteTokenizer([b"a", b""])
     detector = CompletionDetector(tokenizer, CompletionCriteria(max_tokens=2), frozenset({1}))
     assert detector.add(0).finish is None
-    assert detector.add(1).finish is FinishReason.MAX_TOKENS
+    assert detector.add(1).finish is FinishReason.END_OF_TURN
+
+
+def test_a_stop_string_completed_by_the_last_token_allowed_is_a_stop() -> None:
+    detector, _ = run([b"Hel", b"lo!", b" more"], ["lo!"], 2)
+    assert detector.reason is FinishReason.STOP_STRING
+    assert (detector.text, detector.stop_string) == ("Hel", "lo!")
+
+
+def test_a_character_cut_by_the_token_limit_is_not_shown() -> None:
+    smile = "😀".encode()
+    detector, streamed = run([b"hi ", smile[:2], smile[2:]], [], 2)
+    assert detector.reason is FinishReason.MAX_TOKENS
+    assert detector.text == "".join(streamed) == "hi "
 
 
 def test_the_end_token_is_kept_but_never_shown() -> None:

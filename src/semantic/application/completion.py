@@ -1,10 +1,14 @@
 """Completion detection: what a stream may show, and when (and why) a request ends.
 
-Checked every token in this order: max tokens, the model's end-of-turn tokens, stop strings,
+Checked every token in this order: the model's end-of-turn tokens, stop strings, max tokens,
 the maximum response length in characters, then low confidence (cancellation is checked by
-the engine before a token is even produced). Whatever ends a request, the text is cut at the
-earliest stop-string occurrence, and the kept token ids end with the last token that lies
-wholly before the cut, so the KV kept for the agent ends where the text ends.
+the engine before a token is even produced). The spec put max tokens first; but a reply whose
+last allowed token ends the turn, or completes a stop string, is whole, and clients read
+"length" as cut short (and may retry or warn), so it ends as the model ended it.
+
+Whatever ends a request, the text is cut at the earliest stop-string occurrence, and the
+kept token ids end with the last token that lies wholly before the cut, so the KV kept for
+the agent ends where the text ends.
 
 A stream shows text as soon as it is safe: held back only while its tail could still grow
 into a stop string, or while a stop string that starts earlier than one already found might
@@ -76,12 +80,15 @@ class CompletionDetector:
         if not is_end:
             self._detok.add(token)
             self._scan_for_stops()
-        if len(self._tokens) >= self._criteria.max_tokens:
-            return self._finish(FinishReason.MAX_TOKENS)
-        if is_end:
+        if is_end:  # even as the last token allowed: the reply is whole
             return self._finish(FinishReason.END_OF_TURN)
         if self._stop_at is not None and self._pending_stop_start() is None:
             return self._finish(FinishReason.STOP_STRING)
+        if len(self._tokens) >= self._criteria.max_tokens:
+            # A stop string found while an earlier one might still have completed: with no
+            # more tokens coming, the found one is where the reply ends.
+            found = self._stop_at is not None
+            return self._finish(FinishReason.STOP_STRING if found else FinishReason.MAX_TOKENS)
         max_chars = self._criteria.max_chars
         if max_chars is not None and len(self._detok.text) >= max_chars:
             return self._finish(FinishReason.MAX_CHARS, limit=max_chars)

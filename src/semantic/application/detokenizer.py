@@ -45,11 +45,14 @@ class IncrementalDetokenizer:
         return delta
 
     def flush(self) -> str:
-        """At the end of generation: show whatever is left, replacement characters included."""
+        """At the end of generation: show whatever is left, except a character whose bytes
+        the last tokens began and never finished (a limit cut it): no client wants a
+        replacement character standing in for it."""
         if self._read_offset == len(self._tokens):
             return ""
         known = self._tokenizer.decode(self._tokens[self._prefix_offset : self._read_offset])
-        delta = self._tokenizer.decode(self._tokens[self._prefix_offset :])[len(known) :]
+        whole = self._tokenizer.decode(self._tokens[self._prefix_offset :])
+        delta = whole.rstrip(_INCOMPLETE)[len(known) :]
         self.text += delta
         self._prefix_offset = self._read_offset = len(self._tokens)
         self.complete_lengths[-1] = len(self.text)

@@ -151,6 +151,7 @@ class GenerationService:
             observer=self._observer,
             cache=self._cache,
             restore_s=restore_s,
+            cached_tokens=min(prefix.matched_tokens, len(prompt) - 1) if prefix else 0,
         )
 
     async def stream(self, request: GenerationInput) -> AsyncIterator[GenerationEvent]:
@@ -184,8 +185,12 @@ class GenerationHandle:
         observer: GenerationObserver | None,
         cache: AgentCacheStore | None,
         restore_s: float = 0.0,
+        cached_tokens: int = 0,
     ) -> None:
         self.request_id = request_id
+        self.cached_tokens = cached_tokens
+        """Prompt tokens restored rather than computed, known before the first token (the
+        engine feeds the last prompt token even on a full hit, as it counts it)."""
         self._restore_s = restore_s
         self._cache = cache
         self.prompt_tokens = prompt_tokens

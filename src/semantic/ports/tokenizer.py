@@ -24,7 +24,9 @@ class Tokenizer(Protocol):
     def vocab_size(self) -> int: ...
 
     def encode(self, text: str) -> list[int]:
-        """Ids of ``text`` with no special tokens added."""
+        """Ids of ``text`` with no special tokens added. May raise ``PromptTooLongError``
+        for a text certainly too long for the model's context, without tokenizing it (as
+        may ``render_chat``)."""
         ...
 
     def decode(self, token_ids: Sequence[int]) -> str: ...
@@ -35,8 +37,11 @@ class Tokenizer(Protocol):
         *,
         add_generation_prompt: bool = True,
         scope: str = "",
+        continue_final: bool = False,
     ) -> list[int]:
         """Token ids of ``messages`` rendered with the model's chat template. What a
         tokenizer remembers between calls to go faster stays within ``scope`` (the
-        namespace), so one tenant's text never makes another's request measurably faster."""
+        namespace), so one tenant's text never makes another's request measurably faster.
+        ``continue_final``: the last message (the assistant's) is left open, for the reply
+        to continue it."""
         ...

@@ -13,10 +13,12 @@ from semantic.adapters.http.anthropic_schemas import (
     AnthropicMessage,
     CountTokensRequest,
     MessagesRequest,
+    PlainChat,
     TextBlock,
 )
 from semantic.adapters.http.common import result_of, services, sse, sse_data
 from semantic.adapters.http.identity import identity
+from semantic.adapters.http.state import Services
 from semantic.adapters.http.translate import (
     ANTHROPIC_STOP,
     chat,
@@ -46,10 +48,11 @@ class AnthropicController(Controller):
         """Messages; ``X-Agent-Id``/``X-Namespace``/``X-Priority`` headers apply."""
         found = services(state)
         check_model(data.model, found.model_id)
+        _check_plain_chat(data)
         if data.top_k is not None:
             raise InvalidRequestError("top_k is not supported", param="top_k")
         who = identity(request)
-        prompt = found.tokenizer.render_chat(_chat(data.system, data.messages), scope=who.namespace)
+        prompt = _render(found, data.system, data.messages, who.namespace)
         generation = GenerationInput(
             tuple(prompt),
             who.namespace,
@@ -71,9 +74,41 @@ class AnthropicController(Controller):
     ) -> dict[str, int]:
         found = services(state)
         check_model(data.model, found.model_id)
-        messages = _chat(data.system, data.messages)
-        prompt = found.tokenizer.render_chat(messages, scope=identity(request).namespace)
+        _check_plain_chat(data)
+        prompt = _render(found, data.system, data.messages, identity(request).namespace)
         return {"input_tokens": len(prompt)}
+
+
+def _check_plain_chat(data: PlainChat) -> None:
+    if data.tools:
+        raise InvalidRequestError(
+            "tools are not supported: the model is served for plain chat", param="tools"
+        )
+    if data.tool_choice is not None and data.tool_choice.get("type") not in ("none", "auto"):
+        raise InvalidRequestError(
+            "tool_choice needs tools, which are not supported", param="tool_choice"
+        )
+    if data.thinking is not None and data.thinking.get("type") != "disabled":
+        raise InvalidRequestError("extended thinking is not supported", param="thinking")
+
+
+def _render(
+    found: Services,
+    system: str | list[TextBlock] | None,
+    messages: list[AnthropicMessage],
+    scope: str,
+) -> list[int]:
+    """The prompt's ids. A final assistant message is a prefill: the reply continues it
+    (Anthropic's behaviour), so its turn is left open."""
+    chat = _chat(system, messages)
+    prefill = chat[-1].content if chat[-1].role == "assistant" else None
+    if prefill is not None and prefill != prefill.rstrip():
+        raise InvalidRequestError(
+            "final assistant content cannot end with trailing whitespace", param="messages"
+        )
+    if prefill == "":  # nothing to continue: a plain new turn
+        chat.pop()
+    return found.tokenizer.render_chat(chat, scope=scope, continue_final=bool(prefill))
 
 
 def _chat(
@@ -122,7 +157,7 @@ async def _events(handle: GenerationHandle, message_id: str, model: str) -> Asyn
         "content": [],
         "stop_reason": None,
         "stop_sequence": None,
-        "usage": _usage(None, handle.prompt_tokens, 0),
+        "usage": _usage(None, handle.prompt_tokens, handle.cached_tokens),
     }
     yield sse_data({"type": "message_start", "message": start}, "message_start")
     block = {

@@ -19,13 +19,23 @@ class AnthropicMessage(msgspec.Struct, forbid_unknown_fields=True):
     content: str | list[TextBlock]
 
 
-class CountTokensRequest(msgspec.Struct, forbid_unknown_fields=True):
+class PlainChat(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Fields for features this server does not have, known so that their neutral values
+    (``tools: []``, ``tool_choice: {"type": "none"}``, ``thinking: {"type": "disabled"}``)
+    are served and any other is refused by name (``_check_plain_chat``)."""
+
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None
+
+
+class CountTokensRequest(PlainChat, forbid_unknown_fields=True):
     model: str
     messages: list[AnthropicMessage]
     system: str | list[TextBlock] | None = None
 
 
-class MessagesRequest(msgspec.Struct, forbid_unknown_fields=True):
+class MessagesRequest(PlainChat, forbid_unknown_fields=True):
     model: str
     max_tokens: int
     messages: list[AnthropicMessage]
@@ -42,5 +52,5 @@ class MessagesRequest(msgspec.Struct, forbid_unknown_fields=True):
     speed: str | None = None
     user_profile_id: str | None = None
     workspace_id: str | None = None
-    """Routing and accounting fields: accepted, with no effect on the reply. Features we do
-    not have (tools, thinking, output_config, ...) are refused as unknown fields."""
+    """Routing and accounting fields: accepted, with no effect on the reply. Other features
+    we do not have (output_config, ...) are refused as unknown fields."""

@@ -96,6 +96,8 @@ def problem_for(error: Exception) -> Problem:
             return Problem(401, "invalid_api_key", "missing or invalid API key")
         case ValidationException():
             return Problem(400, "invalid_request", _validation_message(error), _first_key(error))
+        case RecursionError() if "deserializ" in str(error):  # msgspec, on deep nesting
+            return Problem(400, "invalid_request", "the request body is nested too deeply")
         case UnicodeError():
             return Problem(400, "invalid_request", f"the request body is not valid UTF-8: {error}")
         case HTTPException():
@@ -119,16 +121,21 @@ def handle(request: Request[Any, Any, Any], error: Exception) -> Response[Any]:
 def body_for(path: str, problem: Problem) -> dict[str, Any]:
     """The error body in the shape the client of ``path`` expects."""
     if path.startswith("/v1/messages"):
-        kind = _ANTHROPIC_TYPES.get(problem.status, "api_error")
+        kind = _ANTHROPIC_TYPES.get(problem.status, _default_type(problem, "api_error"))
         return {"type": "error", "error": {"type": kind, "message": problem.message}}
     return {
         "error": {
             "message": problem.message,
-            "type": _OPENAI_TYPES.get(problem.status, "server_error"),
+            "type": _OPENAI_TYPES.get(problem.status, _default_type(problem, "server_error")),
             "param": problem.param,
             "code": problem.kind,
         }
     }
+
+
+def _default_type(problem: Problem, server_side: str) -> str:
+    """A status without its own type (405, say): the client's error or the server's."""
+    return "invalid_request_error" if problem.status < 500 else server_side
 
 
 def headers_for(problem: Problem) -> dict[str, str]:

@@ -7,13 +7,14 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from litestar import Controller, Request, get, post
+from litestar import Controller, Request, get, post, route
 from litestar.datastructures import State
 
-from semantic.adapters.http.common import result_of, services, sse, sse_data
+from semantic.adapters.http.common import GET_AND_HEAD, result_of, services, sse, sse_data
 from semantic.adapters.http.identity import identity
 from semantic.adapters.http.openai_schemas import (
     ChatCompletionRequest,
+    ChatMessageIn,
     CompletionRequest,
     SamplingFields,
 )
@@ -33,6 +34,7 @@ from semantic.application.generation import (
     GenerationResult,
     TextDelta,
 )
+from semantic.domain.chat import ChatMessage
 from semantic.domain.errors import InvalidRequestError, SemanticError
 
 Chunk = Callable[[dict[str, Any] | None, str | None], dict[str, Any]]
@@ -42,15 +44,16 @@ class OpenAIController(Controller):
     path = "/v1"
     tags = ("OpenAI-compatible",)
 
-    @get("/models")
+    @route("/models", http_method=GET_AND_HEAD)
     async def models(self, state: State) -> dict[str, Any]:
         found = services(state)
-        return {
-            "object": "list",
-            "data": [
-                {"id": found.model_id, "object": "model", "created": 0, "owned_by": "semantic"}
-            ],
-        }
+        return {"object": "list", "data": [_model_entry(found.model_id)]}
+
+    @get("/models/{model_id:str}")
+    async def model(self, model_id: str, state: State) -> dict[str, Any]:
+        found = services(state)
+        check_model(model_id, found.model_id)
+        return _model_entry(found.model_id)
 
     @post("/chat/completions", status_code=200)
     async def chat_completions(
@@ -62,13 +65,7 @@ class OpenAIController(Controller):
         _check_chat_only(data)
         if data.max_tokens is not None and data.max_completion_tokens is not None:
             raise InvalidRequestError("give max_tokens or max_completion_tokens, not both")
-        messages = []
-        for message in data.messages:
-            if message.role not in ("system", "developer", "user", "assistant"):
-                raise InvalidRequestError(
-                    f"message role {message.role!r} is not supported", param="messages"
-                )
-            messages.append(chat(message.role, joined_text(message.content, "content part")))
+        messages = [_chat_message(message) for message in data.messages]
         if not messages:
             raise InvalidRequestError("messages must not be empty", param="messages")
         prompt = found.tokenizer.render_chat(messages, scope=identity(request).namespace)
@@ -88,11 +85,17 @@ class OpenAIController(Controller):
     ) -> Any:
         found = services(state)
         _check_common(data, found)
+        _check_completion_only(data)
         prompt_text = data.prompt if isinstance(data.prompt, str) else _single(data.prompt)
         if not prompt_text:
             raise InvalidRequestError("prompt must not be empty", param="prompt")
         prompt = found.tokenizer.encode(prompt_text)
-        handle = await found.generation.start(_input(request, data, prompt, data.max_tokens))
+        try:
+            handle = await found.generation.start(_input(request, data, prompt, data.max_tokens))
+        except InvalidRequestError as error:
+            if error.param == "messages":  # the use case names the chat field
+                error.param = "prompt"
+            raise
         reply = _Reply("cmpl", "text_completion", found.model_id)
         if data.stream:
             usage = bool(data.stream_options and data.stream_options.include_usage)
@@ -198,6 +201,10 @@ class _Reply:
         }
 
 
+def _model_entry(model_id: str) -> dict[str, Any]:
+    return {"id": model_id, "object": "model", "created": 0, "owned_by": "semantic"}
+
+
 def _usage(result: GenerationResult) -> dict[str, Any]:
     usage = result.usage
     return {
@@ -213,15 +220,23 @@ def _check_common(data: SamplingFields, found: Services) -> None:
     must_default(data.n, 1, "n")
     must_default(data.presence_penalty, 0, "presence_penalty")
     must_default(data.frequency_penalty, 0, "frequency_penalty")
-    must_default(data.logprobs, False, "logprobs")
     if data.logit_bias and any(data.logit_bias.values()):
         raise InvalidRequestError("logit_bias is not supported", param="logit_bias")
     if data.stream_options is not None and not data.stream:
         raise InvalidRequestError("stream_options needs stream=true", param="stream_options")
 
 
+def _check_completion_only(data: CompletionRequest) -> None:
+    must_default(data.logprobs, None, "logprobs")
+    must_default(data.echo, False, "echo")
+    must_default(data.best_of, 1, "best_of")
+    must_default(data.suffix or None, None, "suffix")
+
+
 def _check_chat_only(data: ChatCompletionRequest) -> None:
     """Chat fields this server has no use for are fine at their neutral values only."""
+    must_default(data.logprobs, False, "logprobs")
+    must_default(data.prediction, None, "prediction")
     for tools, name in ((data.tools, "tools"), (data.functions, "functions")):
         if tools:
             message = f"{name} are not supported: the model is served for plain chat"
@@ -241,6 +256,25 @@ def _check_chat_only(data: ChatCompletionRequest) -> None:
         )
     if data.modalities is not None and data.modalities != ["text"]:
         raise InvalidRequestError("only the 'text' modality is supported", param="modalities")
+
+
+def _chat_message(message: ChatMessageIn) -> ChatMessage:
+    """A history message as the model reads it. A reply sent back as OpenAI's SDKs dump it
+    carries null tool and audio fields; only a non-empty one asks for what is missing."""
+    if message.role not in ("system", "developer", "user", "assistant"):
+        raise InvalidRequestError(
+            f"message role {message.role!r} is not supported", param="messages"
+        )
+    for value, name in (
+        (message.tool_calls, "tool_calls"),
+        (message.function_call, "function_call"),
+    ):
+        if value:
+            raise InvalidRequestError(f"messages with {name} are not supported", param="messages")
+    if message.audio is not None:
+        raise InvalidRequestError("messages with audio are not supported", param="messages")
+    text = joined_text(message.content, "content part")
+    return chat(message.role, text or message.refusal or "")
 
 
 def _input(

@@ -22,17 +22,27 @@ class ChatMessageIn(msgspec.Struct, forbid_unknown_fields=True):
     role: str
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    refusal: str | None = None
+    annotations: list[dict[str, Any]] | None = None
+    """With ``refusal``: what OpenAI's SDKs put in a reply's message, which clients send
+    back as history (``message.model_dump()``). Neither changes what the model reads."""
+    tool_calls: list[dict[str, Any]] | None = None
+    function_call: dict[str, Any] | None = None
+    audio: dict[str, Any] | None = None
+    tool_call_id: str | None = None
 
 
 class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
-    include_usage: bool = False
+    include_usage: bool | None = False
+    include_obfuscation: bool | None = None
+    """Padding OpenAI adds to stream chunks against side channels; none is added here."""
 
 
 class SamplingFields(msgspec.Struct, forbid_unknown_fields=True):
     """Fields both endpoints share; ``n``, penalties and logprobs only at their defaults."""
 
     model: str
-    stream: bool = False
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     max_tokens: int | None = None
@@ -43,7 +53,6 @@ class SamplingFields(msgspec.Struct, forbid_unknown_fields=True):
     user: str | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    logprobs: bool | None = None
     logit_bias: dict[str, float] | None = None
     metadata: dict[str, str] | None = None
     """Bookkeeping for the client's own records (as ``user``, ``store``, ``service_tier``,
@@ -56,6 +65,8 @@ class SamplingFields(msgspec.Struct, forbid_unknown_fields=True):
 
 class ChatCompletionRequest(SamplingFields, forbid_unknown_fields=True):
     messages: list[ChatMessageIn] = msgspec.field(default_factory=list)
+    logprobs: bool | None = None
+    prediction: dict[str, Any] | None = None
     max_completion_tokens: int | None = None
     top_logprobs: int | None = None
     response_format: dict[str, Any] | None = None
@@ -71,3 +82,8 @@ class ChatCompletionRequest(SamplingFields, forbid_unknown_fields=True):
 
 class CompletionRequest(SamplingFields, forbid_unknown_fields=True):
     prompt: str | list[str] = ""
+    logprobs: int | None = None
+    """An integer here (how many alternatives per token), a flag in chat."""
+    echo: bool | None = None
+    best_of: int | None = None
+    suffix: str | None = None

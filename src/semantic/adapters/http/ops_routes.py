@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from litestar import Response, get
+from litestar import Response, route
 from litestar.datastructures import State
 
+from semantic.adapters.http.common import GET_AND_HEAD
 from semantic.adapters.http.state import ServerState
 
 
-@get("/health", tags=["Operations"], sync_to_thread=False)
+@route("/health", http_method=GET_AND_HEAD, tags=["Operations"], sync_to_thread=False)
 def health(state: State) -> Response[dict[str, Any]]:
     """200 once the model is loaded and warmed up; 503 before (or if loading failed)."""
     server: ServerState = state.server
@@ -20,7 +21,7 @@ def health(state: State) -> Response[dict[str, Any]]:
     return Response({"status": "ok", "model": server.services.model_id}, status_code=200)
 
 
-@get("/metrics", tags=["Operations"], sync_to_thread=False)
+@route("/metrics", http_method=GET_AND_HEAD, tags=["Operations"], sync_to_thread=False)
 def metrics(state: State) -> Response[bytes]:
-    """Prometheus text format."""
-    return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+    """Prometheus text format (Litestar adds the charset to a text type)."""
+    return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
