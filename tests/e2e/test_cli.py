@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
 import pytest
-from reliability.server import ServerProcess
+from reliability.server import ServerProcess, free_port
 
 
 def semantic(
@@ -55,6 +57,33 @@ def test_a_bad_scheduler_setting_is_refused_before_anything_loads(
     assert result.returncode == 2
     assert message in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_serve_with_an_unknown_model_exits_with_one_clear_error(tmp_path: Path) -> None:
+    port = str(free_port())
+    result = semantic(
+        "serve", "--model", "no-such-model", "--port", port, "--data-dir", str(tmp_path), timeout=10
+    )
+    assert result.returncode == 2
+    assert "unknown model 'no-such-model'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_serve_on_a_port_in_use_fails_at_once_before_saying_it_listens(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        started = time.monotonic()
+        result = semantic(
+            "serve", "--port", str(port), "--data-dir", str(tmp_path), "--log-info", timeout=10
+        )
+    assert result.returncode == 2
+    assert f"error: cannot listen on 127.0.0.1:{port}: Address already in use" in result.stderr
+    assert "listening on" not in result.stderr
+    assert "BLAS" not in result.stderr  # failed before anything of the model was touched
+    assert "Traceback" not in result.stderr
+    assert time.monotonic() - started < 5
 
 
 def test_an_incomplete_model_directory_is_one_clear_error(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ import queue
 import sys
 from typing import Any
 
+from semantic.adapters.cli import flags
 from semantic.adapters.cli.main import settings_from
 from semantic.adapters.cli.progress import ProgressPrinter
 
@@ -21,12 +22,48 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     generate = sub.add_parser("generate", parents=[common], help="stream one chat answer")
     generate.add_argument("prompt", help="the user message")
     generate.add_argument("--system", default=None, help="a system prompt")
-    generate.add_argument("--max-tokens", type=int, default=256)
-    generate.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    generate.add_argument("--top-p", type=float, default=1.0)
-    generate.add_argument("--seed", type=int, default=None)
-    generate.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
-    generate.set_defaults(handler=generate_text)
+    generate.add_argument(
+        "--max-tokens",
+        type=flags.positive_int,
+        default=256,
+        help="most tokens to generate (default: %(default)s)",
+    )
+    generate.add_argument(
+        "--temperature",
+        type=flags.non_negative_float,
+        default=0.0,
+        help="0 to 10; 0 = greedy (default: %(default)s)",
+    )
+    generate.add_argument(
+        "--top-p",
+        type=flags.non_negative_float,
+        default=1.0,
+        help="nucleus sampling: above 0, at most 1 (default: %(default)s)",
+    )
+    generate.add_argument(
+        "--seed", type=flags.non_negative_int, default=None, help="repeatable sampling, 0 or more"
+    )
+    generate.add_argument(
+        "--stop",
+        type=flags.non_empty,
+        action="append",
+        default=[],
+        help="a stop string (repeatable)",
+    )
+    generate.set_defaults(handler=generate_text, check=lambda args: _check_sampling(generate, args))
+
+
+def _check_sampling(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The sampling ranges are the domain's (the HTTP API has the same); refused as usage."""
+    from semantic.domain.errors import InvalidRequestError
+    from semantic.domain.generation import SamplingParams
+
+    try:
+        args.sampling = SamplingParams(
+            temperature=args.temperature, top_p=args.top_p, seed=args.seed
+        )
+    except InvalidRequestError as error:
+        parser.error(f"argument --{(error.param or '').replace('_', '-')}: {error}")
 
 
 def pull_model(args: argparse.Namespace) -> int:
@@ -46,10 +83,8 @@ def generate_text(args: argparse.Namespace) -> int:
     from semantic.application.events import CompletionEvent, EngineEvent, TokenEvent
     from semantic.bootstrap import build_engine
     from semantic.domain.chat import ChatMessage
-    from semantic.domain.generation import SamplingParams
 
     settings = settings_from(args)
-    sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, seed=args.seed)
     runtime = build_engine(settings, ProgressPrinter(), warm_up=False)
     try:
         messages = [ChatMessage("system", args.system)] if args.system else []
@@ -61,7 +96,7 @@ def generate_text(args: argparse.Namespace) -> int:
             agent_id="cli",
             prompt_tokens=prompt,
             max_tokens=args.max_tokens,
-            sampling=sampling,
+            sampling=args.sampling,
             stop=args.stop,
         )
         while True:

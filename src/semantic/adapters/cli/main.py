@@ -9,6 +9,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from semantic.adapters.cli import flags
 from semantic.config import DEFAULT_MODEL, WEIGHT_CHOICES, Settings, default_data_dir
 from semantic.domain.errors import SemanticError
 
@@ -16,6 +17,8 @@ from semantic.domain.errors import SemanticError
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    if check := getattr(args, "check", None):
+        check(args)  # what no single option's type can see; a usage error (exit 2) if wrong
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO if args.log_info else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -46,18 +49,19 @@ def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--data-dir",
-        type=_path,
+        type=flags.path,
         default=default_data_dir(),
         help="where KV blocks and the database live (default: %(default)s)",
     )
     common.add_argument(
         "--model",
+        type=flags.non_empty,
         default=DEFAULT_MODEL,
         help="embedded model name, local mlx-lm model directory, or hub id (default: %(default)s)",
     )
     common.add_argument(
         "--model-cache",
-        type=_path,
+        type=flags.path,
         default=None,
         help="per-user model cache (default: $SEMANTIC_MODEL_CACHE or ~/.cache/semantic/models)",
     )
@@ -76,16 +80,22 @@ def _parser() -> argparse.ArgumentParser:
         description="A local LLM server that keeps every agent's KV cache, on disk too.",
         epilog="Benchmarks run from a checkout: python -m benchmarks --help",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     commands.register(sub, common)
     serve.register(sub, common)
     return parser
 
 
-def _path(text: str) -> object:
-    from pathlib import Path
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
 
-    return Path(text).expanduser()
+    try:
+        return version("semantic")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        from semantic import __version__
+
+        return __version__
 
 
 if __name__ == "__main__":

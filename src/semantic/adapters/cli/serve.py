@@ -3,40 +3,48 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
+import math
 import os
 import signal
+import socket
 import sys
-from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
+from semantic.adapters.cli import flags
 from semantic.adapters.cli.progress import ProgressPrinter
+from semantic.domain.errors import SemanticError
 
 log = logging.getLogger(__name__)
+
+PREFAULT_MB = 1024
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
     serve = sub.add_parser("serve", parents=[common], help="run the HTTP server")
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default: %(default)s)")
-    serve.add_argument("--port", type=int, default=8000, help="port (default: %(default)s)")
+    serve.add_argument("--port", type=flags.port, default=8000, help="port (default: %(default)s)")
     serve.add_argument(
         "--api-key",
+        type=flags.non_empty,
         default=None,
         help="require this key (Authorization: Bearer, or x-api-key) on every "
         "route but /health; default: $SEMANTIC_API_KEY, else none",
     )
     serve.add_argument(
         "--kv-budget-mb",
-        type=int,
+        type=flags.positive_int,
         default=2048,
         help="memory for KV blocks, MiB (default: %(default)s)",
     )
     serve.add_argument(
         "--prefault-mb",
-        type=int,
-        default=1024,
+        type=flags.non_negative_int,
+        default=None,
         help="memory touched at start so the first restores after a restart do not page-fault,"
-        " MiB; at most the KV budget; 0 turns it off (default: %(default)s)",
+        f" MiB; at most the KV budget; 0 turns it off (default: {PREFAULT_MB}, or the KV budget"
+        " if smaller)",
     )
     serve.add_argument(
         "--kv-at-rest",
@@ -47,26 +55,27 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     serve.add_argument(
         "--disk-quota-mb",
-        type=int,
+        type=flags.positive_int,
         default=None,
-        help="disk for KV blocks, MiB; least recently used agents' blocks go first",
+        help="disk for KV blocks, MiB; least recently used agents' blocks go first (default: "
+        "no quota)",
     )
     serve.add_argument(
         "--max-tokens-cap",
-        type=int,
+        type=flags.positive_int,
         default=4096,
         help="largest max_tokens a request may ask for (default: %(default)s)",
     )
     serve.add_argument(
         "--prefill-budget",
-        type=_positive(int),
+        type=flags.positive_int,
         default=None,
         help="a fixed number of prompt tokens prefilled per engine step (default: 1,024 "
         "while nothing decodes, 64 per waiting prompt while streams decode; docs/adr/0009)",
     )
     serve.add_argument(
         "--prefill-ride",
-        type=_decode_steps,
+        type=flags.non_negative_float,
         default=None,
         metavar="STEPS",
         help="a lone waiting prompt's chunk that fits the running streams' decode step (any "
@@ -76,7 +85,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     serve.add_argument(
         "--prefill-slice",
-        type=_decode_steps,
+        type=flags.non_negative_float,
         default=None,
         metavar="STEPS",
         help="a lone waiting prompt too long to ride is computed a few layers at a time, for "
@@ -85,38 +94,43 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     serve.add_argument(
         "--max-waiting",
-        type=int,
+        type=flags.positive_int,
         default=256,
         help="queued requests before new ones get 429 (default: %(default)s)",
     )
     serve.add_argument(
         "--grace",
-        type=float,
+        type=flags.non_negative_float,
         default=30.0,
-        help="seconds running requests get to finish on SIGTERM",
+        help="seconds running requests get to finish on SIGTERM (default: %(default)s)",
     )
-    serve.set_defaults(handler=run_server)
+    serve.set_defaults(handler=run_server, check=lambda args: _check(serve, args))
+
+
+def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.prefault_mb is not None and args.prefault_mb > args.kv_budget_mb:
+        parser.error(
+            f"argument --prefault-mb: must be at most the KV budget (--kv-budget-mb "
+            f"{args.kv_budget_mb}), not {args.prefault_mb}"
+        )
 
 
 def run_server(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from semantic.adapters.cli.main import settings_from
-    from semantic.adapters.http.app import create_app
     from semantic.adapters.storage.data_dir_lock import acquire_data_directory
-    from semantic.bootstrap import Services, start_services, stop_services
 
+    prefault_mb = args.prefault_mb if args.prefault_mb is not None else PREFAULT_MB
     overrides: dict[str, object] = {
         "host": args.host,
         "port": args.port,
         "api_key": args.api_key or os.environ.get("SEMANTIC_API_KEY") or None,
         "kv_budget_bytes": args.kv_budget_mb << 20,
-        "prefault_bytes": max(0, args.prefault_mb) << 20,
+        "prefault_bytes": min(prefault_mb, args.kv_budget_mb) << 20,
         "kv_at_rest": args.kv_at_rest,
         "max_tokens_cap": args.max_tokens_cap,
         "max_waiting": args.max_waiting,
         "grace_s": args.grace,
-        "disk_quota_bytes": args.disk_quota_mb << 20 if args.disk_quota_mb else None,
+        "disk_quota_bytes": None if args.disk_quota_mb is None else args.disk_quota_mb << 20,
     }
     if args.prefill_budget is not None:
         overrides["prefill_fixed_tokens"] = args.prefill_budget
@@ -125,59 +139,102 @@ def run_server(args: argparse.Namespace) -> int:
     if args.prefill_slice is not None:
         overrides["prefill_slice_ratio"] = args.prefill_slice or None
     settings = settings_from(args, **overrides)
-    # Refuse a directory another server holds now, before the model loads; the hold lasts
-    # as long as this process.
+    # Fail fast, in this order: a bad host before anything is created; a directory another
+    # server holds (its pid is the better message when both use the same port); a port in
+    # use. The hold and the sockets last as long as this process; the model loads after.
+    addresses = _resolve(settings.host, settings.port)
     acquire_data_directory(settings.data_dir)
+    sockets = _listen(addresses, settings.host, settings.port)
+    log.info("listening on http://%s:%d", settings.host, settings.port)
+
+    import uvicorn  # these imports take a second or two: after the checks above
+
+    from semantic.adapters.http.app import create_app
+    from semantic.bootstrap import Services, start_services, stop_services
+
     progress = ProgressPrinter()
+    failures: list[Exception] = []
 
     async def start(observer: Any) -> Services:
-        return await start_services(settings, progress, observer)
+        try:
+            return await start_services(settings, progress, observer)
+        except Exception as error:
+            # Without a model there is nothing to serve: shut the server down and say why
+            # once it is down. Raising would only log a traceback and leave it up, all 503s.
+            failures.append(error)
+            server.should_exit = True
+            await asyncio.Event().wait()  # the shutdown cancels this
+            raise
 
     async def stop(services: Any) -> None:
         await stop_services(services, settings.grace_s)
-        # Everything is flushed and closed. Leave now: MLX keeps a C++ stream thread for
-        # every Python thread that ran MLX work, and letting the interpreter tear those
-        # threads down can abort the process (SIGABRT) after a perfectly clean shutdown.
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        _exit(0)
 
     app = create_app(start, stop, api_key=settings.api_key, max_body_bytes=settings.max_body_bytes)
-    log.info("listening on http://%s:%d", settings.host, settings.port)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            log_level="info" if args.log_info else "warning",
+            timeout_graceful_shutdown=math.ceil(settings.grace_s),
+            access_log=False,
+        )
+    )
     # uvicorn drains on SIGTERM, then re-raises it under the handler it found at start; this
     # one turns that into a clean exit (status 0) once everything is flushed.
     signal.signal(signal.SIGTERM, lambda *_: None)
-    uvicorn.run(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level="info" if args.log_info else "warning",
-        timeout_graceful_shutdown=int(settings.grace_s),
-        access_log=False,
-    )
+    server.run(sockets)
+    if failures:
+        error = failures[0]
+        log.debug("the model failed to load", exc_info=error)
+        if isinstance(error, SemanticError):
+            print(f"error: {error}", file=sys.stderr)
+            _exit(2)
+        print(f"error: the model failed to load: {type(error).__name__}: {error}", file=sys.stderr)
+        _exit(1)
     return 0
 
 
-def _decode_steps(text: str) -> float:
+class ListenError(SemanticError):
+    """The server cannot listen where ``--host`` and ``--port`` say."""
+
+
+Address = tuple[socket.AddressFamily, Any]
+
+
+def _resolve(host: str, port: int) -> list[Address]:
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, not {text}")
-    return value
+        found = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except socket.gaierror as error:
+        raise ListenError(f"cannot resolve --host {host!r}: {error.strerror}") from None
+    return list(dict.fromkeys((family, address) for family, _, _, _, address in found))
 
 
-def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"must be positive, not {text}")
-        return value
+def _listen(addresses: list[Address], host: str, port: int) -> list[socket.socket]:
+    """Bind and listen on every address, as asyncio's ``create_server`` would."""
+    sockets: list[socket.socket] = []
+    try:
+        for family, address in addresses:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+            sock.listen()
+    except OSError as error:
+        for sock in sockets:
+            sock.close()
+        raise ListenError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+    return sockets
 
-    parse.__name__ = kind.__name__  # argparse names the type in its messages
-    return parse
+
+def _exit(code: int) -> NoReturn:
+    """Leave now, everything flushed. MLX keeps a C++ stream thread for every Python thread
+    that ran MLX work, and letting the interpreter tear those threads down can abort the
+    process (SIGABRT) after a perfectly clean shutdown."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

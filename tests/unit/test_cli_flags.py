@@ -1,0 +1,98 @@
+"""Every option that makes no sense is a usage error naming it: exit 2, one line, no
+traceback, and nothing created or loaded first."""
+
+from __future__ import annotations
+
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+
+from semantic.adapters.cli.main import _parser, main
+
+
+def refused(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    with pytest.raises(SystemExit) as exit_:
+        main(list(argv))
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--port", "99999", "must be a port from 1 to 65535, not 99999"),
+        ("--port", "0", "must be a port from 1 to 65535"),
+        ("--port", "http", "not a whole number: 'http'"),
+        ("--max-tokens-cap", "0", "must be positive, not 0"),
+        ("--kv-budget-mb", "-5", "must be positive, not -5"),
+        ("--max-waiting", "0", "must be positive"),
+        ("--grace", "-1", "must be 0 or more, not -1"),
+        ("--grace", "inf", "must be a finite number"),
+        ("--disk-quota-mb", "0", "must be positive"),
+        ("--prefault-mb", "-1", "must be 0 or more"),
+        ("--prefault-mb", "999999", "must be at most the KV budget (--kv-budget-mb 2048)"),
+        ("--prefill-budget", "0", "must be positive"),
+        ("--prefill-ride", "nan", "must be a finite number"),
+        ("--prefill-slice", "-2", "must be 0 or more"),
+        ("--api-key", "", "must not be empty"),
+        ("--model", "", "must not be empty"),
+    ],
+)
+def test_serve_refuses_a_bad_flag_before_creating_anything(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, flag: str, value: str, message: str
+) -> None:
+    data_dir = tmp_path / "data"
+    line = refused(capsys, "serve", f"{flag}={value}", "--data-dir", str(data_dir))
+    assert line.startswith(f"semantic serve: error: argument {flag}: {message}")
+    assert not data_dir.exists()
+
+
+def test_the_prefault_may_be_the_whole_kv_budget_and_defaults_to_at_most_it() -> None:
+    args = _parser().parse_args(["serve", "--kv-budget-mb", "512", "--prefault-mb", "512"])
+    args.check(args)
+    args = _parser().parse_args(["serve", "--kv-budget-mb", "512"])
+    args.check(args)  # the default prefault (1,024 MiB) shrinks to a smaller budget
+    assert args.prefault_mb is None
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--max-tokens", "0", "must be positive, not 0"),
+        ("--max-tokens", "-3", "must be positive"),
+        ("--temperature", "-1", "must be 0 or more"),
+        ("--temperature", "11", "temperature must be between 0 and 10"),
+        ("--top-p", "0", "top_p must be in (0, 1]"),
+        ("--top-p", "1.5", "top_p must be in (0, 1]"),
+        ("--seed", "-1", "must be 0 or more"),
+        ("--seed", str(2**63), "seed must be in [0, 2^63)"),
+        ("--stop", "", "must not be empty"),
+    ],
+)
+def test_generate_refuses_a_bad_flag_before_loading_the_model(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, flag: str, value: str, message: str
+) -> None:
+    data_dir = tmp_path / "data"
+    line = refused(capsys, "generate", "hi", f"{flag}={value}", "--data-dir", str(data_dir))
+    assert line.startswith(f"semantic generate: error: argument {flag}: {message}")
+    assert not data_dir.exists()
+
+
+def test_an_unknown_host_is_refused_before_the_data_directory_is_made(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    data_dir = tmp_path / "data"
+    code = main(["serve", "--host", "no.such.host.invalid", "--data-dir", str(data_dir)])
+    assert code == 2
+    assert capsys.readouterr().err.startswith("error: cannot resolve --host 'no.such.host.invalid'")
+    assert not data_dir.exists()
+
+
+def test_version_prints_the_installed_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out == f"semantic {version('semantic')}\n"
