@@ -89,8 +89,8 @@ class OpenAIController(Controller):
         prompt_text = data.prompt if isinstance(data.prompt, str) else _single(data.prompt)
         if not prompt_text:
             raise InvalidRequestError("prompt must not be empty", param="prompt")
-        prompt = found.tokenizer.encode(prompt_text)
         try:
+            prompt = found.tokenizer.encode(prompt_text)
             handle = await found.generation.start(_input(request, data, prompt, data.max_tokens))
         except InvalidRequestError as error:
             if error.param == "messages":  # the use case names the chat field
