@@ -336,3 +336,52 @@ def test_a_chunk_cheap_enough_to_ride_rides_instead_of_being_sliced(
     assert (backend.rides == [(late, 4), (late, 4)]) is rides
     assert (backend.slices == []) is rides
     assert list(done[late].token_ids) == cold_tokens([5, 9, 2, 7, 11, 3, 8, 1], 3)
+
+
+def test_a_restored_prefix_that_leaves_no_room_is_computed_instead_of_waiting_forever() -> None:
+    """The prefix stays pinned until admission copies it, so admitting needs room for both;
+    with nothing running, nothing would ever make that room."""
+    engine, _ = make_engine(capacity=16)
+    first = engine.submit("agent", PROMPT, max_tokens=5)
+    earlier = completions(run_until_idle(engine))[first].blocks
+    assert earlier is not None
+    follow_up = [*earlier.token_ids, 13, 14, 15]
+    rid = engine.submit("agent", follow_up, earlier, max_tokens=7)
+    engine.release_blocks(first)
+    done = completions(run_until_idle(engine))[rid]
+    assert list(done.token_ids) == cold_tokens(follow_up, 7)
+    assert done.stats.cached_tokens == 0
+    engine.release_blocks(rid)
+    assert engine.pool.used_count == 0
+
+
+def test_prefixes_pinned_by_requests_queued_behind_give_way_to_the_head() -> None:
+    engine, _ = make_engine(capacity=16)
+    first = engine.submit("agent", PROMPT, max_tokens=5)
+    earlier = completions(run_until_idle(engine))[first].blocks
+    assert earlier is not None
+    fresh = [(7 * i) % 50 + 1 for i in range(18)]
+    head = engine.submit("other", fresh, max_tokens=2)
+    behind = engine.submit("agent", [*earlier.token_ids, 13], earlier, max_tokens=2)
+    engine.release_blocks(first)
+    done: dict[str, CompletionEvent] = {}
+    while engine.has_work():
+        done |= completions(engine.step().events)
+        if head in done:
+            engine.release_blocks(head)  # as the cache does once it adopts them
+    assert list(done[head].token_ids) == cold_tokens(fresh, 2)
+    assert list(done[behind].token_ids) == cold_tokens([*earlier.token_ids, 13], 2)
+    engine.release_blocks(behind)
+    assert engine.pool.used_count == 0
+
+
+def test_a_request_that_cannot_fit_beside_finished_blocks_fails_instead_of_waiting() -> None:
+    engine, _ = make_engine(capacity=16)
+    first = engine.submit("agent", PROMPT, max_tokens=5)  # its blocks stay held: not released
+    run_until_idle(engine)
+    rid = engine.submit("other", [(7 * i) % 50 + 1 for i in range(18)], max_tokens=2)
+    done = completions(run_until_idle(engine))[rid]
+    assert done.finish_reason is FinishReason.ERROR
+    assert "PoolExhaustedError" in (done.error or "")
+    engine.release_blocks(first)
+    assert engine.pool.used_count == 0

@@ -15,7 +15,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from semantic.application.active_request import ActiveRequest, GenerationRequest, Phase
 from semantic.application.completion import CompletionDetector
@@ -27,6 +27,7 @@ from semantic.application.scheduler.prefill_adder import Plan, PrefillAdder
 from semantic.application.scheduler.request_queue import RequestQueue
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.blocks import AgentBlocks
+from semantic.domain.errors import PoolExhaustedError
 from semantic.domain.generation import (
     GREEDY,
     CompletionCriteria,
@@ -257,7 +258,7 @@ class BlockPoolBatchEngine:
     def _admit(self, active: ActiveRequest) -> bool:
         """Reserve blocks and build the cache for a queued request; False if it must wait."""
         prompt = active.prompt
-        if not self._grow(active, len(prompt)):
+        if not self._grow(active, len(prompt)) and not self._make_room(active):
             return False
         cached = active.request.cached
         n_cached = common_prefix(cached.token_ids, prompt) if cached is not None else 0
@@ -281,6 +282,31 @@ class BlockPoolBatchEngine:
         active.admitted_at = self._clock()
         self._running[active.id] = active
         return True
+
+    def _make_room(self, active: ActiveRequest) -> bool:
+        """With nothing running, no request's end will free memory: waiting would wait
+        forever (and hold up everyone queued behind). What is left to free are the restored
+        prefixes waiting requests pin until admission copies them (a prefix and its copy
+        need twice its blocks): they are let go, and those requests compute their prompts.
+        If that is not room enough, the request fails (429: the blocks that fill the pool
+        belong to finished requests on their way to the cache)."""
+        if self._running:
+            return False
+        for waiting in [active, *self._queue.items()]:
+            if waiting.pinned:
+                self._pool.release_owner(waiting.pin_owner)
+                waiting.pinned = False
+                waiting.request = replace(waiting.request, cached=None)
+        if self._grow(active, len(active.prompt)):
+            return True
+        shortfall = active.reservation.shortfall(len(active.prompt))
+        error = PoolExhaustedError(
+            requested=shortfall, free=self._pool.free_count, capacity=self._pool.capacity
+        )
+        active.reservation.release()
+        self._queue.cancel(active.id)
+        self._failed_admissions.append((active, error))
+        return False
 
     def _undo(self, active: ActiveRequest) -> None:
         self._backend.close_sequence(active.id, 0)
