@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import anthropic
 import httpx
@@ -365,3 +366,34 @@ def test_models_health_and_neutral_fields_of_every_endpoint(server: ServerProces
         too_long = {**completion, "prompt": "Hi " * n_words}
         refused = httpx.post(f"{server.url}/v1/completions", json=too_long, timeout=60)
         assert refused.json()["error"]["param"] == "prompt"
+
+
+def test_a_plain_reply_whose_client_timed_out_stops_generating(server: ServerProcess) -> None:
+    """SDKs time out and retry: the first request must not generate on for nobody."""
+    abandoned = server.metric("semantic_requests_abandoned_total")
+    finished = server.metric("semantic_requests_total")
+    body = {"model": "default", "max_tokens": 300, "temperature": 0, "prompt": COUNTING}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.url}/v1/completions", json=body, timeout=httpx.Timeout(5, read=1))
+    deadline = time.monotonic() + 60  # it generates for ~10 s if nothing cancels it
+    while server.metric("semantic_requests_abandoned_total") == abandoned:
+        assert time.monotonic() < deadline, "the request was never cancelled"
+        httpx.get(f"{server.url}/health")
+    assert server.metric("semantic_requests_total") == finished
+    # An agent's turn the client never saw is not in its transcript (a retry would double it).
+    httpx.post(f"{server.url}/v1/agents", json={"id": "impatient"}).raise_for_status()
+    turn = {"content": COUNTING, "max_tokens": 300}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            f"{server.url}/v1/agents/impatient/messages",
+            json=turn,
+            timeout=httpx.Timeout(5, read=1),
+        )
+    while server.metric("semantic_requests_abandoned_total") == abandoned + 1:
+        assert time.monotonic() < deadline + 60, "the turn was never cancelled"
+        httpx.get(f"{server.url}/health")
+    transcript = httpx.get(f"{server.url}/v1/agents/impatient/messages").json()
+    assert transcript["data"] == []
+
+
+COUNTING = "Numbers: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,"

@@ -223,6 +223,8 @@ class GenerationHandle:
         finally:
             if not finished:
                 self._loop.cancel(self.request_id)
+                if self._observer is not None:
+                    self._observer.on_abandoned()
 
     def _log(self, event: CompletionEvent) -> None:
         """Where a request's time went (no text: prompts and replies stay out of logs)."""

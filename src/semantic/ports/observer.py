@@ -19,3 +19,8 @@ class GenerationObserver(Protocol):
     def on_finished(self, stats: RequestStats, prompt_tokens: int, seconds: float) -> None:
         """A request ended; ``seconds`` is its end-to-end time."""
         ...
+
+    def on_abandoned(self) -> None:
+        """A request's caller went away before its end (a client that disconnected): the
+        request is cancelled, and counted here rather than as finished."""
+        ...

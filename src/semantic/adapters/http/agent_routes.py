@@ -9,7 +9,7 @@ from litestar import Controller, Request, delete, get, post
 from litestar.datastructures import State
 
 from semantic.adapters.http.agent_schemas import CreateAgent, ForkAgent, SendMessage
-from semantic.adapters.http.common import services, sse, sse_data
+from semantic.adapters.http.common import services, sse, sse_data, unless_client_leaves
 from semantic.adapters.http.identity import checked_id, identity
 from semantic.adapters.http.translate import OPENAI_FINISH, sampling, stop_strings
 from semantic.application.agents import AgentInfo, Turn
@@ -98,15 +98,21 @@ class AgentController(Controller):
             who.priority,
         )
         events = services(state).agents.send(who.namespace, checked_id(agent_id, "agent_id"), turn)
-        first = await anext(events)  # surfaces errors (unknown agent, bad input) as HTTP codes
+        # The first event surfaces errors (unknown agent, bad input) as HTTP codes; it comes
+        # after the whole prefill, which a client that leaves meanwhile cancels.
+        first = await unless_client_leaves(request, anext(events))
         if data.stream:
             return sse(_stream(first, events))
-        result = first
-        async for event in events:
-            result = event
-        if not isinstance(result, GenerationResult):
-            raise SemanticError("the turn ended without a reply")
-        return _reply(result)
+        return _reply(await unless_client_leaves(request, _last(first, events)))
+
+
+async def _last(first: GenerationEvent, rest: AsyncIterator[GenerationEvent]) -> GenerationResult:
+    result = first
+    async for event in rest:
+        result = event
+    if not isinstance(result, GenerationResult):
+        raise SemanticError("the turn ended without a reply")
+    return result
 
 
 async def _stream(

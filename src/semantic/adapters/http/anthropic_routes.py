@@ -66,7 +66,7 @@ class AnthropicController(Controller):
         message_id = f"msg_{uuid.uuid4().hex[:24]}"
         if data.stream:
             return sse(_events(handle, message_id, found.model_id))
-        return _message(message_id, found.model_id, await result_of(handle))
+        return _message(message_id, found.model_id, await result_of(request, handle))
 
     @post("/count_tokens", status_code=200)
     async def count_tokens(

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
 
-from litestar import HttpMethod
+from litestar import HttpMethod, Request
 from litestar.datastructures import State
 from litestar.response import Stream
 from litestar.response.base import ASGIResponse
@@ -17,6 +18,9 @@ from semantic.application.generation import (
     GenerationHandle,
     GenerationResult,
 )
+from semantic.domain.errors import SemanticError
+
+T = TypeVar("T")
 
 GET_AND_HEAD = [HttpMethod.GET, HttpMethod.HEAD]
 """Monitors and load balancers probe with HEAD too; Litestar sends the headers only."""
@@ -51,7 +55,41 @@ def sse(iterator: AsyncIterator[str]) -> Stream:
     )
 
 
-async def result_of(handle: GenerationHandle) -> GenerationResult:
+class ClientGoneError(SemanticError):
+    """The client went away before its reply was ready (nobody reads the answer)."""
+
+
+async def unless_client_leaves(request: Request[Any, Any, Any], work: Awaitable[T]) -> T:
+    """``work``'s result, or ``ClientGoneError`` once the client disconnects. Cancelling
+    the work ends its generation at the next step and frees its blocks; an agent's turn is
+    then never committed. (A stream's response watches for this itself; a plain reply is
+    only written at the end, so without this a client that timed out and retried, as SDKs
+    do, left its first request generating to the end, and the agent's transcript with a
+    turn the client never saw.)"""
+    job = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({job, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not job.done():
+            job.cancel()
+    if job.cancelled():
+        raise ClientGoneError("the client went away before its reply")
+    return job.result()
+
+
+async def _disconnected(request: Request[Any, Any, Any]) -> None:
+    """Once the body is read, the server's next message is the disconnect."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def result_of(request: Request[Any, Any, Any], handle: GenerationHandle) -> GenerationResult:
+    return await unless_client_leaves(request, _result(handle))
+
+
+async def _result(handle: GenerationHandle) -> GenerationResult:
     async for event in handle.events():
         if isinstance(event, GenerationResult):
             return event

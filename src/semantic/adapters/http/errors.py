@@ -14,6 +14,7 @@ from typing import Any
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, NotAuthorizedException, ValidationException
 
+from semantic.adapters.http.common import ClientGoneError
 from semantic.application.generation import GenerationFailedError
 from semantic.domain.errors import (
     AgentExistsError,
@@ -68,6 +69,7 @@ _ANTHROPIC_TYPES = {
 
 
 _PLAIN: tuple[tuple[type[Exception], int, str], ...] = (
+    (ClientGoneError, 499, "client_closed_request"),  # nginx's code: nobody reads it
     (AgentNotFoundError, 404, "not_found"),
     (ModelNotFoundError, 404, "not_found"),
     (AgentExistsError, 409, "conflict"),

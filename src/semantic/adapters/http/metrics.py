@@ -48,6 +48,11 @@ class Metrics:
         self.tokens_in = Counter("semantic_prompt_tokens", "Prompt tokens received.", registry=r)
         self.tokens_out = Counter("semantic_generation_tokens", "Tokens generated.", registry=r)
         self.requests = Counter("semantic_requests", "Requests finished.", registry=r)
+        self.abandoned = Counter(
+            "semantic_requests_abandoned",
+            "Requests cancelled because their client went away first.",
+            registry=r,
+        )
         r.register(_Live(state))
 
     def on_first_token(self, seconds: float) -> None:
@@ -62,6 +67,9 @@ class Metrics:
         self.tokens_in.inc(prompt_tokens)
         self.tokens_out.inc(stats.generated_tokens)
         self.requests.inc()
+
+    def on_abandoned(self) -> None:
+        self.abandoned.inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -77,7 +77,7 @@ class OpenAIController(Controller):
         if data.stream:
             usage = bool(data.stream_options and data.stream_options.include_usage)
             return sse(reply.chat_chunks(handle, usage))
-        return reply.chat(await result_of(handle))
+        return reply.chat(await result_of(request, handle))
 
     @post("/completions", status_code=200)
     async def completions(
@@ -100,7 +100,7 @@ class OpenAIController(Controller):
         if data.stream:
             usage = bool(data.stream_options and data.stream_options.include_usage)
             return sse(reply.text_chunks(handle, usage))
-        return reply.text(await result_of(handle))
+        return reply.text(await result_of(request, handle))
 
 
 class _Reply:
