@@ -397,3 +397,19 @@ def test_a_plain_reply_whose_client_timed_out_stops_generating(server: ServerPro
 
 
 COUNTING = "Numbers: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,"
+
+
+def test_an_agent_that_cannot_fit_the_context_is_told_so_by_field(server: ServerProcess) -> None:
+    agents = f"{server.url}/v1/agents"
+    huge = httpx.post(agents, json={"id": "verbose", "system_prompt": "word " * 9000})
+    assert (huge.status_code, huge.json()["error"]["param"]) == (400, "system_prompt")
+    roomy = httpx.post(agents, json={"id": "roomy", "system_prompt": "word " * 7000})
+    assert roomy.status_code == 201
+    outgrown = httpx.post(f"{agents}/roomy/messages", json={"content": "more " * 1500})
+    assert outgrown.status_code == 400
+    assert outgrown.json()["error"]["param"] == "content"
+    assert "'roomy' has outgrown" in outgrown.json()["error"]["message"]
+    both = httpx.post(
+        agents, json={"id": "elsewhere", "namespace": "team-c"}, headers={"X-Namespace": "team-a"}
+    )
+    assert (both.status_code, both.json()["error"]["param"]) == (400, "namespace")

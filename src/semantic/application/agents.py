@@ -17,7 +17,7 @@ from semantic.application.generation import (
     GenerationService,
 )
 from semantic.domain.chat import ChatMessage
-from semantic.domain.errors import AgentNotFoundError, InvalidRequestError
+from semantic.domain.errors import AgentNotFoundError, InvalidRequestError, PromptTooLongError
 from semantic.domain.generation import GREEDY, Priority, SamplingParams
 from semantic.ports.metadata_store import AgentRecord, MessageRecord, MetadataStore
 from semantic.ports.tokenizer import Tokenizer
@@ -67,6 +67,16 @@ class AgentService:
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
 
     async def create(self, namespace: str, agent_id: str, system_prompt: str | None) -> AgentInfo:
+        if system_prompt:  # an agent no turn could ever fit is refused now, not at each turn
+            try:
+                chat = [ChatMessage("system", system_prompt)]
+                prompt = tuple(self._tokenizer.render_chat(chat, scope=namespace))
+                self._generation.check(GenerationInput(prompt, namespace, agent_id))
+            except PromptTooLongError as error:
+                raise PromptTooLongError(
+                    f"the system prompt leaves no room for a conversation: {error}",
+                    param="system_prompt",
+                ) from None
         await self._metadata.create_agent(
             AgentRecord(namespace, agent_id, system_prompt=system_prompt)
         )
@@ -119,16 +129,23 @@ class AgentService:
             if record.system_prompt:
                 chat.insert(0, ChatMessage("system", record.system_prompt))
             chat.append(ChatMessage("user", turn.content))
-            request = GenerationInput(
-                tuple(self._tokenizer.render_chat(chat, scope=namespace)),
-                namespace,
-                agent_id,
-                turn.max_tokens,
-                turn.sampling,
-                turn.stop,
-                turn.priority,
-            )
-            self._generation.check(request)
+            try:
+                request = GenerationInput(
+                    tuple(self._tokenizer.render_chat(chat, scope=namespace)),
+                    namespace,
+                    agent_id,
+                    turn.max_tokens,
+                    turn.sampling,
+                    turn.stop,
+                    turn.priority,
+                )
+                self._generation.check(request)
+            except PromptTooLongError as error:
+                raise PromptTooLongError(
+                    f"agent {agent_id!r} has outgrown the model's context with this message "
+                    f"({error}); start a new agent, or delete this one",
+                    param="content" if error.param == "messages" else error.param,
+                ) from None
             asked = time.time()
             async for event in self._generation.stream(request):
                 if isinstance(event, GenerationResult):

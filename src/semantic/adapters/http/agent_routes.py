@@ -10,11 +10,11 @@ from litestar.datastructures import State
 
 from semantic.adapters.http.agent_schemas import CreateAgent, ForkAgent, SendMessage
 from semantic.adapters.http.common import services, sse, sse_data, unless_client_leaves
-from semantic.adapters.http.identity import checked_id, identity
+from semantic.adapters.http.identity import NAMESPACE_HEADER, checked_id, identity
 from semantic.adapters.http.translate import OPENAI_FINISH, sampling, stop_strings
 from semantic.application.agents import AgentInfo, Turn
 from semantic.application.generation import GenerationEvent, GenerationResult, TextDelta
-from semantic.domain.errors import SemanticError
+from semantic.domain.errors import InvalidRequestError, SemanticError
 
 
 class AgentController(Controller):
@@ -25,6 +25,13 @@ class AgentController(Controller):
     async def create(
         self, request: Request[Any, Any, Any], data: CreateAgent, state: State
     ) -> dict[str, Any]:
+        header = request.headers.get(NAMESPACE_HEADER)
+        if data.namespace and header and data.namespace != header:
+            raise InvalidRequestError(
+                f"the body's namespace {data.namespace!r} differs from the {NAMESPACE_HEADER} "
+                f"header's {header!r}; give one",
+                param="namespace",
+            )
         namespace = (
             checked_id(data.namespace, "namespace")
             if data.namespace

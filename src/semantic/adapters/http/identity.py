@@ -18,6 +18,7 @@ from semantic.domain.generation import Priority
 
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 DEFAULT_NAMESPACE = "default"
+NAMESPACE_HEADER = "X-Namespace"
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +40,7 @@ def checked_id(value: str, what: str) -> str:
 
 def identity(request: Request[Any, Any, Any]) -> Identity:
     headers = request.headers
-    namespace = headers.get("x-namespace", DEFAULT_NAMESPACE)
+    namespace = headers.get(NAMESPACE_HEADER, DEFAULT_NAMESPACE)
     agent = headers.get("x-agent-id")
     priority = headers.get("x-priority")
     return Identity(
