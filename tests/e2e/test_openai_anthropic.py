@@ -254,6 +254,8 @@ def test_metrics_parse_and_move_with_traffic(server: ServerProcess) -> None:
         "semantic_prefix_cache_hit_tokens",
         "semantic_restored_tokens",
         "semantic_corrupt_blocks",
+        "semantic_saves_failed",
+        "semantic_requests_abandoned",
     } <= names
     assert server.metric("semantic_prompt_tokens_total") > before
 

@@ -297,3 +297,13 @@ async def test_recovery_removes_files_no_row_knows() -> None:
     await h.store.close()
     again = await started(Harness(block_store=h.block_store, metadata=h.metadata))
     assert "stray-key" not in again.block_store.files
+
+
+async def test_block_files_beside_a_database_that_knows_none_are_set_aside_not_deleted() -> None:
+    h = await started(Harness())
+    await h.ask([*SYSTEM, 11])
+    await h.store.close()
+    kept = set(h.block_store.files)
+    fresh = await started(Harness(block_store=h.block_store))  # a new, empty database
+    assert not fresh.block_store.files
+    assert set(fresh.block_store.quarantined) == kept

@@ -29,6 +29,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SemanticError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except OSError as error:  # the machine's, not the code's: a read-only or full disk, say
+        logging.getLogger(__name__).debug("failed", exc_info=error)
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

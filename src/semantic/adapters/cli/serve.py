@@ -185,11 +185,11 @@ def run_server(args: argparse.Namespace) -> int:
     server.run(sockets)
     if failures:
         error = failures[0]
-        log.debug("the model failed to load", exc_info=error)
+        log.debug("startup failed", exc_info=error)
         if isinstance(error, SemanticError):
             print(f"error: {error}", file=sys.stderr)
             _exit(2)
-        print(f"error: the model failed to load: {type(error).__name__}: {error}", file=sys.stderr)
+        print(f"error: startup failed: {type(error).__name__}: {error}", file=sys.stderr)
         _exit(1)
     return 0
 

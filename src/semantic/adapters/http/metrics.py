@@ -143,3 +143,9 @@ class _Live:
             "Bytes of block files written.",
             value=stats.bytes_written,
         )
+        yield CounterMetricFamily(
+            "semantic_saves_failed",
+            "Saves of a finished request's KV that failed (a full or read-only disk, say): "
+            "that KV stays in memory only.",
+            value=stats.saves_failed,
+        )

@@ -103,7 +103,10 @@ class Saver:
         unreferenced = await self._metadata.unreferenced_blocks()
         await self._metadata.delete_blocks(unreferenced)
         stray = (files - rows) | set(unreferenced)
-        await self.delete_files(sorted(stray))
+        if stray and not rows:
+            await self._set_aside(sorted(stray))
+        else:
+            await self.delete_files(sorted(stray))
         missing = await self._metadata.blocks(sorted(rows - files - set(unreferenced)))
         for key in [k for k, record in missing.items() if not record.quarantined]:
             await self._metadata.quarantine_block(key)
@@ -116,9 +119,24 @@ class Saver:
                 len(stray),
             )
 
+    async def _set_aside(self, keys: list[str]) -> None:
+        """Block files and a database that knows none of them: a new or replaced database
+        (deleted by hand, say), not blocks a crash left. They are moved into quarantine
+        rather than deleted, so a mistake with the database does not destroy the cache."""
+        await asyncio.to_thread(self._quarantine_all, keys)
+        log.warning(
+            "the database knows no blocks, but %d block files were there (a new or replaced "
+            "database?): moved into quarantine, not deleted",
+            len(keys),
+        )
+
     async def delete_files(self, keys: Sequence[str]) -> None:
         if keys:
             await asyncio.to_thread(self._delete_all, list(keys))
+
+    def _quarantine_all(self, keys: list[str]) -> None:
+        for key in keys:
+            self._store.quarantine(key)
 
     def _delete_all(self, keys: list[str]) -> None:
         for key in keys:
