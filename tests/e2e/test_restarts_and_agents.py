@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable
 from typing import Any
 
@@ -94,3 +95,28 @@ def test_an_api_key_guards_every_route_but_health(new_server: Start) -> None:
         == 200
     )
     assert httpx.get(f"{server.url}/metrics", headers={"x-api-key": "s3cret"}).status_code == 200
+
+
+def test_a_stream_that_outlives_the_grace_ends_with_an_error_not_a_cut(new_server: Start) -> None:
+    server = new_server("--grace", "1")
+    body = {
+        "model": "default",
+        "stream": True,
+        "max_tokens": 2000,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": "Count from 1 to 3000, one number a line."}],
+    }
+    lines: list[str] = []
+    with httpx.stream(
+        "POST", f"{server.url}/v1/chat/completions", json=body, timeout=60
+    ) as response:
+        for line in response.iter_lines():
+            lines.append(line)
+            if len(lines) == 5:  # streaming: now ask the server to stop
+                assert server.process is not None
+                server.process.send_signal(signal.SIGTERM)
+    events = [line for line in lines if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    assert "the server is shutting down" in events[-2]
+    assert server.process is not None
+    assert server.process.wait(30) == 0

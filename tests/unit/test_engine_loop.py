@@ -86,7 +86,7 @@ def test_calls_run_on_the_engine_thread(loop: EngineLoop) -> None:
     assert name == "semantic-engine"
 
 
-def test_draining_refuses_new_work_and_cancels_what_outlives_the_grace(
+def test_draining_refuses_new_work_and_fails_what_outlives_the_grace_saying_why(
     loop: EngineLoop, backend: FakeBackend
 ) -> None:
     backend.paused.set()
@@ -95,7 +95,8 @@ def test_draining_refuses_new_work_and_cancels_what_outlives_the_grace(
     loop.drain(grace_s=0.2)
     done = events[-1]
     assert isinstance(done, CompletionEvent)
-    assert done.finish_reason is FinishReason.CANCELLED
+    assert done.finish_reason is FinishReason.ERROR
+    assert done.error == "the server is shutting down"
     with pytest.raises(ShuttingDownError):
         loop.submit(events.append, agent_id="a", prompt_tokens=[1, 2], max_tokens=2)
 

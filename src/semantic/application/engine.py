@@ -79,7 +79,7 @@ class BlockPoolBatchEngine:
         self._clock = clock
         self._reclaim = reclaim
         self._ids = itertools.count(1)
-        self._cancels: set[str] = set()
+        self._cancels: dict[str, str | None] = {}  # request id -> why, if it failed
         self._cancel_lock = threading.Lock()
         self._queue: RequestQueue[ActiveRequest] = RequestQueue(self._config.max_waiting)
         self._running: dict[str, ActiveRequest] = {}
@@ -144,10 +144,12 @@ class BlockPoolBatchEngine:
             raise
         return request_id
 
-    def cancel(self, request_id: str) -> None:
-        """Ask for a request to end at the next step; unknown ids are ignored."""
+    def cancel(self, request_id: str, failure: str | None = None) -> None:
+        """Ask for a request to end at the next step; unknown ids are ignored. With a
+        ``failure`` it ends as failed, with that reason (its caller still reads a reply:
+        a stream then ends with an error, not as if the reply were whole)."""
         with self._cancel_lock:
-            self._cancels.add(request_id)
+            self._cancels[request_id] = failure
 
     def release_blocks(self, request_id: str) -> None:
         """Drop the hold a completion's blocks still have under ``request_id``."""
@@ -180,13 +182,16 @@ class BlockPoolBatchEngine:
 
     def _apply_cancellations(self, events: list[EngineEvent]) -> None:
         with self._cancel_lock:
-            cancels, self._cancels = self._cancels, set()
-        for request_id in cancels:
+            cancels, self._cancels = self._cancels, {}
+        for request_id, failure in cancels.items():
             queued = self._queue.cancel(request_id)
             active = queued or self._running.get(request_id)
             if active is not None:
-                active.detector.end(FinishReason.CANCELLED)
-                self._complete(active, events, keep_kv=active.phase is Phase.DECODING)
+                active.detector.end(
+                    FinishReason.CANCELLED if failure is None else FinishReason.ERROR
+                )
+                keep = active.phase is Phase.DECODING
+                self._complete(active, events, keep_kv=keep, error=failure)
 
     def _plan(self) -> Plan:
         running = sorted(self._running.values(), key=lambda r: r.phase is not Phase.PREFILLING)

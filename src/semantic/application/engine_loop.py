@@ -135,7 +135,8 @@ class EngineLoop:
             return len(self._sinks)
 
     def drain(self, grace_s: float) -> None:
-        """Stop accepting; let running requests finish for ``grace_s``, then cancel the rest."""
+        """Stop accepting; let running requests finish for ``grace_s``, then end the rest as
+        failed, so each caller hears why its reply stopped (a stream ends with an error)."""
         with self._lock:
             self._accepting = False
             pending = list(self._sinks)
@@ -143,7 +144,9 @@ class EngineLoop:
         while self.active_requests and time.monotonic() < deadline:
             time.sleep(0.05)
         for request_id in pending:
-            self.cancel(request_id)
+            self.engine.cancel(request_id, "the server is shutting down")
+        with self._lock:
+            self._wake.notify()
         deadline = time.monotonic() + 30.0
         while self.active_requests and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -10,6 +10,9 @@ import os
 import signal
 import socket
 import sys
+import threading
+from collections.abc import Callable
+from types import FrameType
 from typing import Any, NoReturn
 
 from semantic.adapters.cli import flags
@@ -155,9 +158,12 @@ def run_server(args: argparse.Namespace) -> int:
     progress = ProgressPrinter()
     failures: list[Exception] = []
 
+    started: list[Services] = []
+
     async def start(observer: Any) -> Services:
         try:
-            return await start_services(settings, progress, observer)
+            started.append(await start_services(settings, progress, observer))
+            return started[0]
         except Exception as error:
             # Without a model there is nothing to serve: shut the server down and say why
             # once it is down. Raising would only log a traceback and leave it up, all 503s.
@@ -171,14 +177,18 @@ def run_server(args: argparse.Namespace) -> int:
         _exit(0)
 
     app = create_app(start, stop, api_key=settings.api_key, max_body_bytes=settings.max_body_bytes)
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            log_level="info" if args.log_info else "warning",
-            timeout_graceful_shutdown=math.ceil(settings.grace_s),
-            access_log=False,
-        )
+    config = uvicorn.Config(
+        app,
+        log_level="info" if args.log_info else "warning",
+        timeout_graceful_shutdown=math.ceil(settings.grace_s),
+        access_log=False,
     )
+
+    def drain() -> None:
+        if started:  # the requests still running a second before the grace ends are failed
+            started[0].loop.drain(max(0.0, settings.grace_s - 1.0))
+
+    server = _draining_server(config, drain)
     # uvicorn drains on SIGTERM, then re-raises it under the handler it found at start; this
     # one turns that into a clean exit (status 0) once everything is flushed.
     signal.signal(signal.SIGTERM, lambda *_: None)
@@ -192,6 +202,25 @@ def run_server(args: argparse.Namespace) -> int:
         print(f"error: startup failed: {type(error).__name__}: {error}", file=sys.stderr)
         _exit(1)
     return 0
+
+
+def _draining_server(config: Any, drain: Callable[[], None]) -> Any:
+    """A uvicorn server whose first SIGTERM (or SIGINT) also starts draining the engine.
+
+    uvicorn gives open connections ``timeout_graceful_shutdown`` to close, then cuts them
+    mid-body, and only then runs the app's shutdown (where the engine used to drain): a
+    stream still running at the end of the grace stopped with no last event, as a crash
+    would. Draining from the signal on fails such requests just before the grace ends, so
+    each stream closes with an error event and ``[DONE]`` while uvicorn still waits."""
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            if not self.should_exit:
+                threading.Thread(target=drain, name="semantic-drain", daemon=True).start()
+            super().handle_exit(sig, frame)
+
+    return DrainingServer(config)
 
 
 class ListenError(SemanticError):
