@@ -53,9 +53,14 @@ class FakeMetadataStore:
         self.agent_rows: dict[tuple[str, str], AgentRecord] = {}
         self.transcripts: dict[tuple[str, str], list[MessageRecord]] = {}
         self.clock = 0.0
+        self.opened = 0
+
+    @property
+    def created(self) -> bool:
+        return self.opened == 1
 
     async def open(self) -> None:
-        pass
+        self.opened += 1
 
     async def close(self) -> None:
         pass

@@ -78,6 +78,7 @@ def cold(prompt: Sequence[int], n: int) -> tuple[int, ...]:
 
 
 async def started(harness: Harness) -> Harness:
+    await harness.metadata.open()  # as the composition root does before the store starts
     await harness.store.start()
     return harness
 

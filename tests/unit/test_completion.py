@@ -148,3 +148,11 @@ def test_low_confidence_is_off_by_default() -> None:
     tokenizer = ByteTokenizer([b"x"])
     detector = CompletionDetector(tokenizer, CompletionCriteria(max_tokens=99), frozenset())
     assert all(detector.add(0, top_prob=0.01).finish is None for _ in range(50))
+
+
+def test_a_stop_string_in_text_held_behind_a_cut_character_is_a_stop() -> None:
+    """The last token's text ends in half a character, so it was held back until the end."""
+    detector, streamed = run([b"x", b"ab\xf0\x9f"], ["ab"], 2)
+    assert (detector.reason, detector.stop_string) == (FinishReason.STOP_STRING, "ab")
+    assert detector.text == "".join(streamed) == "x"
+    assert detector.kept_tokens == [0]

@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 from semantic.application.cache.store import AgentCacheStore
 from semantic.application.generation import (
@@ -149,14 +150,11 @@ class AgentService:
             asked = time.time()
             async for event in self._generation.stream(request):
                 if isinstance(event, GenerationResult):
-                    await self._metadata.append_messages(
-                        namespace,
-                        agent_id,
-                        [
-                            MessageRecord("user", turn.content, asked),
-                            MessageRecord("assistant", event.text, time.time()),
-                        ],
-                    )
+                    turn_records = [
+                        MessageRecord("user", turn.content, asked),
+                        MessageRecord("assistant", event.text, time.time()),
+                    ]
+                    await _whole(self._metadata.append_messages(namespace, agent_id, turn_records))
                 yield event
 
     async def _record(self, namespace: str, agent_id: str) -> AgentRecord:
@@ -188,3 +186,15 @@ class AgentService:
 
     def _lock(self, namespace: str, agent_id: str) -> asyncio.Lock:
         return self._locks.setdefault((namespace, agent_id), asyncio.Lock())
+
+
+async def _whole(commit: Coroutine[Any, Any, None]) -> None:
+    """Run a commit to its end even if the caller is cancelled meanwhile (its client went
+    away): cancelled halfway, the database's thread could still commit after the agent's
+    lock was let go, and a retry would read the history without the turn, then add it again."""
+    task = asyncio.ensure_future(commit)
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await task
+        raise

@@ -113,6 +113,8 @@ class CompletionDetector:
             cut = min(cut, limit)
         if cut != self._stop_at:
             self.stop_string = None
+        elif reason in (FinishReason.MAX_TOKENS, FinishReason.END_OF_TURN):
+            self.reason = FinishReason.STOP_STRING  # found only in the tail flushed just now
         self._cut = cut
         return Progress(self._release(cut), self.reason)
 

@@ -55,7 +55,8 @@ class IncrementalDetokenizer:
         delta = whole.rstrip(_INCOMPLETE)[len(known) :]
         self.text += delta
         self._prefix_offset = self._read_offset = len(self._tokens)
-        self.complete_lengths[-1] = len(self.text)
+        if not whole.endswith(_INCOMPLETE):  # else the last tokens stay incomplete: their KV
+            self.complete_lengths[-1] = len(self.text)  # is not kept for text never shown
         return delta
 
     def tokens_within(self, n_chars: int) -> int:

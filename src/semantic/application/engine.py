@@ -27,7 +27,6 @@ from semantic.application.scheduler.prefill_adder import Plan, PrefillAdder
 from semantic.application.scheduler.request_queue import RequestQueue
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.blocks import AgentBlocks
-from semantic.domain.errors import PoolExhaustedError
 from semantic.domain.generation import (
     GREEDY,
     CompletionCriteria,
@@ -289,12 +288,12 @@ class BlockPoolBatchEngine:
         return True
 
     def _make_room(self, active: ActiveRequest) -> bool:
-        """With nothing running, no request's end will free memory: waiting would wait
-        forever (and hold up everyone queued behind). What is left to free are the restored
+        """With nothing running, no request's end will free memory, and the restored
         prefixes waiting requests pin until admission copies them (a prefix and its copy
-        need twice its blocks): they are let go, and those requests compute their prompts.
-        If that is not room enough, the request fails (429: the blocks that fill the pool
-        belong to finished requests on their way to the cache)."""
+        need twice its blocks) would keep the head waiting forever, and everyone behind it.
+        Those pins are let go, the head's own first: each such request computes its prompt.
+        What else holds blocks (finished requests' KV on its way to disk, a restore in
+        progress) lets go by itself, so past that the head waits."""
         if self._running:
             return False
         for waiting in [active, *self._queue.items()]:
@@ -302,15 +301,8 @@ class BlockPoolBatchEngine:
                 self._pool.release_owner(waiting.pin_owner)
                 waiting.pinned = False
                 waiting.request = replace(waiting.request, cached=None)
-        if self._grow(active, len(active.prompt)):
-            return True
-        shortfall = active.reservation.shortfall(len(active.prompt))
-        error = PoolExhaustedError(
-            requested=shortfall, free=self._pool.free_count, capacity=self._pool.capacity
-        )
-        active.reservation.release()
-        self._queue.cancel(active.id)
-        self._failed_admissions.append((active, error))
+                if self._grow(active, len(active.prompt)):
+                    return True
         return False
 
     def _undo(self, active: ActiveRequest) -> None:

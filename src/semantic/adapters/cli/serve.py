@@ -22,6 +22,8 @@ from semantic.domain.errors import SemanticError
 log = logging.getLogger(__name__)
 
 PREFAULT_MB = 1024
+LAST_EVENTS_S = 10
+"""How long after ``--grace`` uvicorn still waits for streams to carry their last event."""
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -180,13 +182,15 @@ def run_server(args: argparse.Namespace) -> int:
     config = uvicorn.Config(
         app,
         log_level="info" if args.log_info else "warning",
-        timeout_graceful_shutdown=math.ceil(settings.grace_s),
+        # Past the grace, the engine fails what is left at its next step (a long prefill
+        # step takes seconds): connections get that long to carry the error event out.
+        timeout_graceful_shutdown=math.ceil(settings.grace_s) + LAST_EVENTS_S,
         access_log=False,
     )
 
     def drain() -> None:
-        if started:  # the requests still running a second before the grace ends are failed
-            started[0].loop.drain(max(0.0, settings.grace_s - 1.0))
+        if started:  # the requests still running when the grace ends are failed
+            started[0].loop.drain(settings.grace_s)
 
     server = _draining_server(config, drain)
     # uvicorn drains on SIGTERM, then re-raises it under the handler it found at start; this
@@ -210,8 +214,8 @@ def _draining_server(config: Any, drain: Callable[[], None]) -> Any:
     uvicorn gives open connections ``timeout_graceful_shutdown`` to close, then cuts them
     mid-body, and only then runs the app's shutdown (where the engine used to drain): a
     stream still running at the end of the grace stopped with no last event, as a crash
-    would. Draining from the signal on fails such requests just before the grace ends, so
-    each stream closes with an error event and ``[DONE]`` while uvicorn still waits."""
+    would. Draining from the signal on fails such requests when the grace ends, so each
+    stream closes with an error event and ``[DONE]`` while uvicorn still waits."""
     import uvicorn
 
     class DrainingServer(uvicorn.Server):

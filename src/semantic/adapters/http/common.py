@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
 
@@ -21,9 +22,10 @@ from semantic.application.generation import (
 from semantic.domain.errors import SemanticError
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 GET_AND_HEAD = [HttpMethod.GET, HttpMethod.HEAD]
-"""Monitors and load balancers probe with HEAD too; Litestar sends the headers only."""
+"""Monitors and load balancers probe with HEAD too (uvicorn sends a HEAD's headers only)."""
 
 
 def services(state: State) -> Services:
@@ -74,6 +76,8 @@ async def unless_client_leaves(request: Request[Any, Any, Any], work: Awaitable[
         gone.cancel()
         if not job.done():
             job.cancel()
+    if gone.done() and not gone.cancelled() and gone.exception() is not None:
+        log.warning("watching for a disconnect failed: %s", gone.exception())
     if job.cancelled():
         raise ClientGoneError("the client went away before its reply")
     return job.result()

@@ -7,7 +7,7 @@ from typing import Any
 
 from semantic.adapters.mlx.piece_encoder import PieceEncoder
 from semantic.domain.chat import ChatMessage
-from semantic.domain.errors import PromptTooLongError
+from semantic.domain.errors import InvalidRequestError, PromptTooLongError
 
 
 class MlxTokenizer:
@@ -50,12 +50,18 @@ class MlxTokenizer:
         scope: str = "",
         continue_final: bool = False,
     ) -> list[int]:
-        text = self._wrapper.apply_chat_template(
-            [{"role": m.role, "content": m.content} for m in messages],
-            add_generation_prompt=add_generation_prompt and not continue_final,
-            continue_final_message=continue_final,
-            tokenize=False,
-        )
+        try:
+            text = self._wrapper.apply_chat_template(
+                [{"role": m.role, "content": m.content} for m in messages],
+                add_generation_prompt=add_generation_prompt and not continue_final,
+                continue_final_message=continue_final,
+                tokenize=False,
+            )
+        except ValueError as error:  # transformers: the template rewrote the final message
+            if not continue_final:
+                raise
+            message = f"this model's chat template cannot continue the final message: {error}"
+            raise InvalidRequestError(message, param="messages") from None
         return self.encode(str(text), scope)
 
     def _refuse_if_certainly_too_long(self, text: str) -> None:
@@ -65,7 +71,7 @@ class MlxTokenizer:
         before its 400."""
         if self._max_context is None or self._longest_token is None:
             return
-        if len(text) < self._max_context:  # no more tokens than characters
+        if len(text) < self._max_context:  # 4 bytes a character at most: the bound cannot bite
             return
         at_least = -(-len(text.encode("utf-8", "surrogatepass")) // self._longest_token)
         if at_least >= self._max_context:

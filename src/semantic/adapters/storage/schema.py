@@ -100,7 +100,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
 
 
 async def migrate(connection: AsyncConnection) -> int:
-    """Bring the schema to the newest version; returns the version it is at."""
+    """Bring the schema to the newest version; returns the version it found (0: a database
+    created now)."""
     await connection.execute(
         text("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
     )
@@ -118,4 +119,4 @@ async def migrate(connection: AsyncConnection) -> int:
             text("INSERT INTO schema_version (version) VALUES (:v)"), {"v": version + 1}
         )
         await connection.commit()
-    return len(MIGRATIONS)
+    return current

@@ -30,13 +30,14 @@ class SqliteMetadataStore:
         self._engine: AsyncEngine | None = None
         self._rows = BlockRows()
         self._writing = asyncio.Lock()
+        self.created = False
 
     async def open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         engine = create_async_engine(f"sqlite+aiosqlite:///{self.path}", pool_size=4)
         event.listen(engine.sync_engine, "connect", _configure_connection)
         async with engine.connect() as connection:
-            await migrate(connection)
+            self.created = await migrate(connection) == 0
             self._rows.put(_row(row) for row in await connection.execute(select(blocks)))
         self._engine = engine
 

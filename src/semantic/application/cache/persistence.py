@@ -103,7 +103,7 @@ class Saver:
         unreferenced = await self._metadata.unreferenced_blocks()
         await self._metadata.delete_blocks(unreferenced)
         stray = (files - rows) | set(unreferenced)
-        if stray and not rows:
+        if stray and self._metadata.created:
             await self._set_aside(sorted(stray))
         else:
             await self.delete_files(sorted(stray))
@@ -120,13 +120,15 @@ class Saver:
             )
 
     async def _set_aside(self, keys: list[str]) -> None:
-        """Block files and a database that knows none of them: a new or replaced database
-        (deleted by hand, say), not blocks a crash left. They are moved into quarantine
-        rather than deleted, so a mistake with the database does not destroy the cache."""
+        """Block files beside a database created just now: it was deleted or replaced (by
+        hand, say), and the files are not leftovers a crash left. They are moved into
+        quarantine rather than deleted, so a mistake with the database does not destroy
+        the cache. (Files a known database no longer references are deleted: their agents
+        were, and a deleted tenant's KV must not linger.)"""
         await asyncio.to_thread(self._quarantine_all, keys)
         log.warning(
-            "the database knows no blocks, but %d block files were there (a new or replaced "
-            "database?): moved into quarantine, not deleted",
+            "the database is new, but %d block files were there (was it deleted or replaced?): "
+            "moved into quarantine, not deleted",
             len(keys),
         )
 
