@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -44,6 +45,36 @@ def test_a_conversation_continues_from_disk_after_a_kill(new_server: Start) -> N
     assert cold.usage.prompt_tokens_details.cached_tokens == 0
     assert warm.choices[0].message.content == cold.choices[0].message.content
     assert second_server.metric("semantic_restored_tokens_total", {"tier": "disk"}) > 0
+
+
+def test_agents_returning_together_beyond_memory_all_restore_their_prefixes(
+    new_server: Start,
+) -> None:
+    """64 MB holds ~1,450 tokens of KV: three ~400-token agents' restored prefixes plus the
+    copy the first one admitted makes do not fit at once. Prefixes let go to make room are
+    read again at each request's turn instead of being computed."""
+    text = " ".join(f"item{i} is a thing that matters," for i in range(40))
+    first_server = new_server("--kv-budget-mb", "64")
+    histories, first_prompts = {}, {}
+    for agent in ("a0", "a1", "a2"):
+        history = [{"role": "user", "content": f"Agent {agent}. {text} Summarise."}]
+        reply = chat(first_server, history, **{"X-Agent-Id": agent})
+        first_prompts[agent] = reply.usage.prompt_tokens
+        history += [
+            {"role": "assistant", "content": reply.choices[0].message.content},
+            {"role": "user", "content": "More?"},
+        ]
+        histories[agent] = history
+    assert first_server.stop() == 0
+    second_server = new_server("--kv-budget-mb", "64", data_dir=first_server.data_dir)
+
+    def returning(agent: str) -> Any:
+        return chat(second_server, histories[agent], **{"X-Agent-Id": agent})
+
+    with ThreadPoolExecutor(3) as pool:
+        replies = dict(zip(histories, pool.map(returning, histories), strict=True))
+    for agent, reply in replies.items():
+        assert reply.usage.prompt_tokens_details.cached_tokens >= first_prompts[agent], agent
 
 
 def test_stateful_agents_keep_transcripts_across_a_restart_and_fork_cheaply(

@@ -17,6 +17,7 @@ class FakeBlockStore:
         self.corrupted: set[str] = set()
         self.quarantined: list[str] = []
         self.saves: list[str] = []
+        self.loads: list[str] = []
 
     def save(self, key: str, layers: Sequence[KVBlock]) -> StoredFile:
         payloads = [LayerPayload(b.layer, b.start, b.n_tokens, b.payload) for b in layers]
@@ -26,6 +27,7 @@ class FakeBlockStore:
         return StoredFile(10 * len(layers), checksum)
 
     def load(self, key: str, checksum: str) -> list[LayerPayload]:
+        self.loads.append(key)
         if key not in self.files:
             raise CacheCorruptionError(f"{key} is missing")
         payloads, stored = self.files[key]

@@ -54,7 +54,7 @@ class Harness:
     ) -> tuple[CompletionEvent, CachedPrefix]:
         prefix = await self.store.prepare(namespace, prompt)
         request_id = self.engine.submit(
-            agent, prompt, prefix.blocks, max_tokens=n, namespace=namespace
+            agent, prompt, prefix.blocks, max_tokens=n, namespace=namespace, stored=prefix.stored
         )
         self.store.release(prefix)
         done = None
@@ -238,6 +238,35 @@ async def test_a_read_task_stops_at_its_first_bad_block() -> None:
     assert keys[3] in asked, "the other task reads its own blocks"
     h.store.release(prefix)
     assert not pinned(h)
+
+
+async def test_a_stored_prefix_is_pinned_again_from_disk_once_evicted() -> None:
+    """What a waiting request does at admission when its pin was let go meanwhile."""
+    h, _ = await restarted_after_a_long_prompt()
+    prefix = await h.store.prepare("default", LONG_PROMPT)
+    assert prefix.stored is not None
+    assert prefix.stored.tokens == prefix.matched_tokens == len(LONG_PROMPT)
+    h.store.release(prefix)
+    h.store.reclaim(h.pool.capacity)
+    assert h.pool.used_count == 0, "every restored block was evicted"
+    first_reads = list(h.block_store.loads)
+    again = await asyncio.to_thread(prefix.stored.pin, "again")
+    assert again is not None
+    assert again.token_ids[: len(LONG_PROMPT)] == tuple(LONG_PROMPT)
+    read_again = h.block_store.loads[len(first_reads) :]
+    assert sorted(read_again) == sorted(first_reads), "each block read again, once"
+    assert set(again.pool_ids()) == h.pool.held_by("again")
+    h.pool.release_owner("again")
+    assert not pinned(h)
+
+
+async def test_a_stored_prefix_ends_before_a_block_found_corrupt() -> None:
+    h, keys = await restarted_after_a_long_prompt()
+    h.block_store.corrupted.add(keys[2])
+    prefix = await h.store.prepare("default", LONG_PROMPT)
+    assert prefix.stored is not None
+    assert prefix.stored.tokens == prefix.matched_tokens == 2 * 4
+    h.store.release(prefix)
 
 
 LONG_PROMPT = [*SYSTEM, *(10 + i % 50 for i in range(4 * (READERS + 3)))]

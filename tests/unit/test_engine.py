@@ -1,14 +1,17 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
-from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
+from semantic.application.active_request import StoredPrefix
+from semantic.application.engine import HEAD_PIN_PATIENCE_S, BlockPoolBatchEngine, EngineConfig
 from semantic.application.events import CompletionEvent, TokenEvent
 from semantic.application.scheduler.pacer import PacerConfig
 from semantic.domain.block_pool import BlockPool
+from semantic.domain.blocks import AgentBlocks
 from semantic.domain.errors import InvalidRequestError, PromptTooLongError
 from semantic.domain.generation import FinishReason
 from tests.helpers import completions, run_until_idle
@@ -372,6 +375,134 @@ def test_prefixes_pinned_by_requests_queued_behind_give_way_to_the_head() -> Non
     assert list(done[head].token_ids) == cold_tokens(fresh, 2)
     assert list(done[behind].token_ids) == cold_tokens([*earlier.token_ids, 13], 2)
     engine.release_blocks(behind)
+    assert engine.pool.used_count == 0
+
+
+def reloadable(engine: BlockPoolBatchEngine, blocks: AgentBlocks) -> tuple[StoredPrefix, list[str]]:
+    """A stored prefix that, like one read from disk, comes back on fresh pool blocks."""
+    owners: list[str] = []
+
+    def pin(owner: str) -> AgentBlocks:
+        owners.append(owner)
+        layers = tuple(
+            tuple(replace(b, pool_id=engine.pool.allocate(owner, b.layer)[0]) for b in layer)
+            for layer in blocks.layers
+        )
+        return replace(blocks, layers=layers)
+
+    return StoredPrefix(len(blocks.token_ids), pin), owners
+
+
+def finished_blocks(engine: BlockPoolBatchEngine) -> AgentBlocks:
+    """An earlier turn's blocks, gone from the pool as if evicted to disk."""
+    first = engine.submit("agent", PROMPT, max_tokens=5)
+    earlier = completions(run_until_idle(engine))[first].blocks
+    assert earlier is not None
+    engine.release_blocks(first)
+    return earlier
+
+
+def run_releasing(engine: BlockPoolBatchEngine) -> dict[str, CompletionEvent]:
+    done: dict[str, CompletionEvent] = {}
+    while engine.has_work():
+        finished = completions(engine.step().events)
+        for rid in finished:
+            engine.release_blocks(rid)  # as the cache does once it adopts them
+        done |= finished
+    return done
+
+
+def test_a_prefix_let_go_for_the_head_is_pinned_again_at_its_own_turn() -> None:
+    """Its pin and the head's prompt do not fit together; it alone does."""
+    engine, _ = make_engine(capacity=18)
+    earlier = finished_blocks(engine)
+    stored, owners = reloadable(engine, earlier)
+    fresh = [(7 * i) % 50 + 1 for i in range(26)]
+    head = engine.submit("other", fresh, max_tokens=2)
+    follow_up = [*earlier.token_ids, 13]
+    behind = engine.submit("agent", follow_up, stored.pin("restore"), max_tokens=2, stored=stored)
+    engine.pool.release_owner("restore")
+    done = run_releasing(engine)
+    assert list(done[head].token_ids) == cold_tokens(fresh, 2)
+    assert list(done[behind].token_ids) == cold_tokens(follow_up, 2)
+    assert done[behind].stats.cached_tokens == len(earlier.token_ids)
+    assert len(owners) == 2  # read at arrival, then again at its admission
+    assert engine.pool.used_count == 0
+
+
+def test_a_prefix_cut_short_at_arrival_is_completed_at_admission() -> None:
+    engine, _ = make_engine(capacity=40)
+    earlier = finished_blocks(engine)
+    stored, owners = reloadable(engine, earlier)
+    whole = stored.pin("restore")
+    assert whole is not None
+    first = tuple(layer[:1] for layer in whole.layers)
+    first_block = AgentBlocks("agent", whole.token_ids[:4], first)
+    follow_up = [*earlier.token_ids, 13]
+    rid = engine.submit("agent", follow_up, first_block, max_tokens=3, stored=stored)
+    engine.pool.release_owner("restore")
+    done = run_releasing(engine)[rid]
+    assert done.stats.cached_tokens == len(earlier.token_ids)
+    assert list(done.token_ids) == cold_tokens(follow_up, 3)
+    assert len(owners) == 2
+    assert engine.pool.used_count == 0
+
+
+def test_a_stored_prefix_that_cannot_be_read_again_keeps_what_was_pinned() -> None:
+    engine, _ = make_engine(capacity=40)
+    earlier = finished_blocks(engine)
+    stored, _ = reloadable(engine, earlier)
+    whole = stored.pin("restore")
+
+    def unreadable(owner: str) -> AgentBlocks:
+        engine.pool.allocate(owner, 0)  # it had pinned something before failing
+        raise OSError("the disk went away")
+
+    follow_up = [*earlier.token_ids, 13]
+    longer = StoredPrefix(len(earlier.token_ids) + 1, unreadable)
+    rid = engine.submit("agent", follow_up, whole, max_tokens=3, stored=longer)
+    engine.pool.release_owner("restore")
+    done = run_releasing(engine)[rid]
+    assert done.finish_reason is FinishReason.MAX_TOKENS
+    assert done.stats.cached_tokens == len(earlier.token_ids)
+    assert list(done.token_ids) == cold_tokens(follow_up, 3)
+    assert engine.pool.used_count == 0
+
+
+@pytest.mark.parametrize("saved_in_time", [True, False])
+def test_a_head_that_fits_beside_its_prefix_waits_for_blocks_being_saved(
+    saved_in_time: bool,
+) -> None:
+    """Blocks a finished request leaves are held until they are on disk; the head keeps its
+    prefix that long, up to its patience, then computes its prompt."""
+    now = [0.0]
+    backend = FakeBackend()
+    engine = BlockPoolBatchEngine(
+        backend,
+        FakeTokenizer(),
+        BlockPool(22),
+        EngineConfig(prefill_chunk_tokens=4, max_context=512, pacer=PacerConfig(fixed_tokens=8)),
+        clock=lambda: now[0],
+    )
+    earlier = finished_blocks(engine)
+    stored, _ = reloadable(engine, earlier)
+    saving = engine.submit("other", [(3 * i) % 40 + 1 for i in range(12)], max_tokens=2)
+    run_until_idle(engine)  # its blocks stay held, as while the cache saves them
+    follow_up = [*earlier.token_ids, 13]
+    rid = engine.submit("agent", follow_up, stored.pin("restore"), max_tokens=2, stored=stored)
+    engine.pool.release_owner("restore")
+    for _ in range(3):
+        engine.step()
+    assert engine.waiting == 1
+    assert f"{rid}/pin" in engine.pool.owners()
+    if saved_in_time:
+        engine.release_blocks(saving)
+    else:
+        now[0] += HEAD_PIN_PATIENCE_S
+    done = run_releasing(engine)[rid]
+    assert done.stats.cached_tokens == (len(earlier.token_ids) if saved_in_time else 0)
+    assert list(done.token_ids) == cold_tokens(follow_up, 2)
+    engine.release_blocks(saving)
     assert engine.pool.used_count == 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -18,6 +19,22 @@ class Phase(Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class StoredPrefix:
+    """A prompt's prefix the cache holds (in memory or on disk), to pin again later.
+
+    A request pins its restored prefix from arrival to admission. When the pool is short,
+    the engine lets waiting requests' pins go so the head can run; ``pin`` brings the
+    prefix back at the request's own admission (from memory if it is still hot, else read
+    again from disk), which costs a read instead of a prefill."""
+
+    tokens: int
+    """How many of the prompt's tokens the stored prefix covers."""
+    pin: Callable[[str], AgentBlocks | None]
+    """Pins the prefix under the given pool owner (blocking: reads files); the blocks, or
+    None if none could be had. Stops at the first block that is gone or finds no room."""
+
+
+@dataclass(frozen=True, slots=True)
 class GenerationRequest:
     """What a caller asks the engine for; validated before it is queued."""
 
@@ -28,6 +45,7 @@ class GenerationRequest:
     cached: AgentBlocks | None = None
     priority: Priority = Priority.NORMAL
     namespace: str = "default"
+    stored: StoredPrefix | None = None
 
 
 @dataclass(slots=True)
@@ -47,6 +65,8 @@ class ActiveRequest:
     first_token_at: float | None = None
     pinned: bool = False
     """Whether the cached blocks are still held under ``pin_owner`` (until admission)."""
+    short_of_room_since: float | None = None
+    """When the head of the queue first found no room with nothing running."""
 
     @property
     def pin_owner(self) -> str:

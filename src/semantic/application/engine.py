@@ -11,13 +11,19 @@ the backend's; this class decides what runs, keeps the block books, and reports 
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from semantic.application.active_request import ActiveRequest, GenerationRequest, Phase
+from semantic.application.active_request import (
+    ActiveRequest,
+    GenerationRequest,
+    Phase,
+    StoredPrefix,
+)
 from semantic.application.completion import CompletionDetector
 from semantic.application.events import CompletionEvent, EngineEvent, TokenEvent
 from semantic.application.request_validation import validate_request
@@ -37,6 +43,13 @@ from semantic.domain.generation import (
 from semantic.domain.tokens import common_prefix
 from semantic.ports.model_backend import ModelBackend, PromptChunk, SampledToken
 from semantic.ports.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+HEAD_PIN_PATIENCE_S = 1.0
+"""How long a head that fits beside its restored prefix waits, with nothing running, for
+blocks held elsewhere (finished requests' KV still being saved, a restore in progress) to
+be let go before it drops the prefix and computes its prompt instead."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,14 +128,24 @@ class BlockPoolBatchEngine:
         criteria: CompletionCriteria | None = None,
         priority: Priority = Priority.NORMAL,
         namespace: str = "default",
+        stored: StoredPrefix | None = None,
     ) -> str:
         """Queue a request; returns its id. Raises domain errors for bad input and
-        ``QueueFullError`` when the queue is at its bound."""
+        ``QueueFullError`` when the queue is at its bound. ``cached_blocks`` are pinned
+        until admission; ``stored`` pins the stored prefix again if they were let go or
+        fell short of it."""
         criteria = criteria or CompletionCriteria(
             max_tokens=max_tokens or self._config.default_max_tokens, stop_strings=tuple(stop)
         )
         request = GenerationRequest(
-            agent_id, tuple(prompt_tokens), criteria, sampling, cached_blocks, priority, namespace
+            agent_id,
+            tuple(prompt_tokens),
+            criteria,
+            sampling,
+            cached_blocks,
+            priority,
+            namespace,
+            stored,
         )
         validate_request(request, self._spec, self._pool, self._tokenizer, self._config.max_context)
         request_id = f"req-{next(self._ids)}"
@@ -262,6 +285,7 @@ class BlockPoolBatchEngine:
     def _admit(self, active: ActiveRequest) -> bool:
         """Reserve blocks and build the cache for a queued request; False if it must wait."""
         prompt = active.prompt
+        self._pin_stored_prefix(active)
         if not self._grow(active, len(prompt)) and not self._make_room(active):
             return False
         cached = active.request.cached
@@ -291,19 +315,68 @@ class BlockPoolBatchEngine:
         """With nothing running, no request's end will free memory, and the restored
         prefixes waiting requests pin until admission copies them (a prefix and its copy
         need twice its blocks) would keep the head waiting forever, and everyone behind it.
-        Those pins are let go, the head's own first: each such request computes its prompt.
-        What else holds blocks (finished requests' KV on its way to disk, a restore in
-        progress) lets go by itself, so past that the head waits."""
+        Those pins are let go, the last in line's first, until the head fits: each of those
+        requests pins its prefix again at its own admission (``StoredPrefix``), a read
+        instead of a prefill. What else holds blocks (finished requests' KV on its way to
+        disk, a restore in progress) lets go by itself, so the head then waits for it,
+        keeping its own pin, unless its prefix and prompt could never fit together or it
+        has waited ``HEAD_PIN_PATIENCE_S``: then it computes its prompt."""
         if self._running:
             return False
-        for waiting in [active, *self._queue.items()]:
+        behind = [waiting for waiting in self._queue.items() if waiting is not active]
+        for waiting in reversed(behind):
             if waiting.pinned:
                 self._pool.release_owner(waiting.pin_owner)
                 waiting.pinned = False
                 waiting.request = replace(waiting.request, cached=None)
                 if self._grow(active, len(active.prompt)):
                     return True
-        return False
+        if not active.pinned or not self._head_gives_up_its_pin(active):
+            return False
+        self._pool.release_owner(active.pin_owner)
+        active.pinned = False
+        active.request = replace(active.request, cached=None, stored=None)
+        return self._grow(active, len(active.prompt))
+
+    def _head_gives_up_its_pin(self, active: ActiveRequest) -> bool:
+        pinned = len(self._pool.held_by(active.pin_owner))
+        if pinned + active.reservation.shortfall(len(active.prompt)) > self._pool.capacity:
+            return True
+        now = self._clock()
+        if active.short_of_room_since is None:
+            active.short_of_room_since = now
+        return now - active.short_of_room_since >= HEAD_PIN_PATIENCE_S
+
+    def _pin_stored_prefix(self, active: ActiveRequest) -> None:
+        """Pin the stored prefix again if the one pinned at arrival was let go to make room
+        or fell short of it (the pool was full then), once the pool can hold all of it:
+        pinned before the request's own blocks are claimed, as at arrival, so a request
+        that then waits holds its prefix. Tried once; what was pinned stays pinned until
+        something longer is, so a read that fails costs nothing held."""
+        stored, cached = active.request.stored, active.request.cached
+        held = common_prefix(cached.token_ids, active.prompt) if cached is not None else 0
+        if stored is None or held >= stored.tokens:
+            return
+        missing = self._spec.blocks_for_tokens(stored.tokens) - self._spec.blocks_for_tokens(held)
+        if not self._pool.can_allocate(missing) and self._reclaim is not None:
+            self._reclaim(missing - self._pool.free_count)
+        if not self._pool.can_allocate(missing):
+            return
+        trial = f"{active.pin_owner}/again"
+        try:
+            again = stored.pin(trial)
+        except Exception:  # the request goes on with what it holds, logged
+            log.warning("pinning %s's stored prefix again failed", active.id, exc_info=True)
+            again = None
+        active.request = replace(active.request, stored=None)
+        if again is None or common_prefix(again.token_ids, active.prompt) <= held:
+            self._pool.release_owner(trial)
+            return
+        self._pool.release_owner(active.pin_owner)
+        self._pool.transfer(trial, active.pin_owner, again.pool_ids())
+        self._pool.release_owner(trial)
+        active.pinned = True
+        active.request = replace(active.request, cached=again)
 
     def _undo(self, active: ActiveRequest) -> None:
         self._backend.close_sequence(active.id, 0)

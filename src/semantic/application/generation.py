@@ -134,6 +134,7 @@ class GenerationService:
                     agent_id=agent_id,
                     prompt_tokens=prompt,
                     cached_blocks=prefix.blocks if prefix else None,
+                    stored=prefix.stored if prefix else None,
                     max_tokens=max_tokens,
                     sampling=request.sampling,
                     stop=request.stop,

@@ -14,9 +14,10 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from semantic.application.active_request import StoredPrefix
 from semantic.application.cache.hot_index import CACHE_OWNER, HotBlock, HotIndex
 from semantic.application.cache.loader import BlockLoader, LoadOutcome
 from semantic.application.cache.persistence import SaveJob, Saver
@@ -44,13 +45,15 @@ ANONYMOUS_PREFIX = "~anon-"
 
 @dataclass(frozen=True)
 class CachedPrefix:
-    """What a prompt can restore. ``blocks`` are pinned under ``pin`` until released."""
+    """What a prompt can restore. ``blocks`` are pinned under ``pin`` until released;
+    ``stored`` pins the whole stored prefix again later (None when nothing is stored)."""
 
     blocks: AgentBlocks | None
     pin: str
     hot_tokens: int
     disk_tokens: int
     matched_tokens: int
+    stored: StoredPrefix | None = None
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,7 @@ class CacheConfig:
 
 @dataclass
 class _Candidate:
+    key: str
     hot: HotBlock | None = None
     record: BlockRecord | None = None
     tokens: tuple[int, ...] = field(default_factory=tuple)
@@ -145,7 +149,32 @@ class AgentCacheStore:
         share = matched / max(1, hot_tokens + disk_tokens)
         self.stats.hot_restored_tokens += round(hot_tokens * share)
         self.stats.disk_restored_tokens += round(disk_tokens * share)
-        return CachedPrefix(blocks, pin, hot_tokens, disk_tokens, matched)
+        good = list(itertools.takewhile(lambda c: c.key != corrupt, candidates))
+        stored = self._stored(good, prompt, asyncio.get_running_loop())
+        return CachedPrefix(blocks, pin, hot_tokens, disk_tokens, matched, stored)
+
+    def _stored(
+        self,
+        candidates: list[_Candidate],
+        prompt: Sequence[int],
+        loop: asyncio.AbstractEventLoop,
+    ) -> StoredPrefix | None:
+        """How to pin this prefix again from the engine thread, once the pool has room for
+        it. Keeps keys and disk records only: holding the hot blocks themselves would keep
+        their memory alive after the pool evicted them."""
+        if not candidates:
+            return None
+        plan = [replace(c, hot=None) for c in candidates]
+        stored = tuple(itertools.chain.from_iterable(c.tokens for c in plan))
+
+        def pin_again(owner: str) -> AgentBlocks | None:
+            outcomes = self._fetch_lane(plan, range(len(plan)), owner)
+            chain, corrupt = self._chain(plan, outcomes, owner)
+            if corrupt is not None:
+                asyncio.run_coroutine_threadsafe(self._loader.quarantine(corrupt), loop)
+            return self._agent_blocks([block for block, _ in chain])
+
+        return StoredPrefix(common_prefix(stored, prompt), pin_again)
 
     def _chain(
         self, candidates: list[_Candidate], outcomes: list[Fetched], pin: str
@@ -197,10 +226,9 @@ class AgentCacheStore:
         return out
 
     def _fetch(self, candidate: _Candidate, index: int, pin: str) -> Fetched:
-        if candidate.hot is not None:
-            taken = self.hot.take(candidate.hot.key, pin)
-            if taken is not None:
-                return taken
+        taken = self.hot.take(candidate.key, pin)
+        if taken is not None:
+            return taken
         if candidate.record is None:
             return LoadOutcome.GONE
         return self._loader.load(candidate.record, index, pin)
@@ -260,9 +288,9 @@ class AgentCacheStore:
             hot = self.hot.get(key)
             record = records.get(key)
             if hot is not None and hot.tokens == want:
-                out.append(_Candidate(hot=hot, tokens=want))
+                out.append(_Candidate(key, hot=hot, tokens=want))
             elif record is not None and not record.quarantined and record.tokens == want:
-                out.append(_Candidate(record=record, tokens=want))
+                out.append(_Candidate(key, record=record, tokens=want))
             else:
                 break
             parent = key
@@ -274,11 +302,11 @@ class AgentCacheStore:
         return out
 
     async def _best_child(self, parent: str, rest: tuple[int, ...]) -> _Candidate | None:
-        options = [_Candidate(hot=h, tokens=h.tokens) for h in self.hot.children(parent)]
+        options = [_Candidate(h.key, hot=h, tokens=h.tokens) for h in self.hot.children(parent)]
         hot_keys = {c.hot.key for c in options if c.hot is not None}
         stored = await self._metadata.children(parent)
         options += [
-            _Candidate(record=r, tokens=r.tokens)
+            _Candidate(r.key, record=r, tokens=r.tokens)
             for r in stored
             if r.key not in hot_keys and not r.quarantined
         ]
