@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 from safetensors.numpy import load as safetensors_load
+from sqlalchemy import event
 
 from semantic.adapters.mlx.host_codec import MlxHostCodec
 from semantic.adapters.mlx.kv_payloads import MlxKV, StackedKV, kv_arrays
@@ -18,7 +19,7 @@ from semantic.adapters.storage.block_files import SPARES, BlockFiles, safetensor
 from semantic.adapters.storage.kv_block_store import KVBlockStore
 from semantic.adapters.storage.sqlite_metadata import SqliteMetadataStore
 from semantic.domain.blocks import KVBlock
-from semantic.domain.errors import AgentExistsError, CacheCorruptionError
+from semantic.domain.errors import AgentExistsError, CacheCorruptionError, StorageUnavailableError
 from semantic.ports.metadata_store import AgentRecord, BlockRecord, MessageRecord
 
 
@@ -303,6 +304,29 @@ async def test_transcripts_and_agents_persist(tmp_path: Path) -> None:
         ("assistant", "hello"),
     ]
     await again.close()
+
+
+async def test_a_full_disk_is_storage_unavailable_and_keeps_nothing_half_done(
+    tmp_path: Path,
+) -> None:
+    """SQLite's own failure, not a fake: the database may grow no further (as on a full
+    disk), so appending a long message fails inside the transaction."""
+    db = SqliteMetadataStore(tmp_path / "semantic.db")
+    await db.open()
+    await db.create_agent(AgentRecord("ns", "helper"))
+    await db.append_messages("ns", "helper", [MessageRecord("user", "hi")])
+    engine = db._db()  # noqa: SLF001 - every connection of the store's own pool
+    pages = sqlite3.connect(tmp_path / "semantic.db").execute("PRAGMA page_count").fetchone()[0]
+
+    def no_growth(connection: sqlite3.Connection, _: object) -> None:
+        connection.execute(f"PRAGMA max_page_count={pages}")
+
+    event.listen(engine.sync_engine, "connect", no_growth)
+    await engine.dispose()  # the next connections are made with the limit
+    with pytest.raises(StorageUnavailableError, match="full"):
+        await db.append_messages("ns", "helper", [MessageRecord("assistant", "x" * 100_000)])
+    assert [m.content for m in await db.messages("ns", "helper")] == ["hi"]
+    await db.close()
 
 
 async def test_a_quarantined_block_is_replaced_by_the_next_save(tmp_path: Path) -> None:

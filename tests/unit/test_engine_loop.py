@@ -8,8 +8,9 @@ from collections.abc import Iterator
 import pytest
 
 from semantic.application.engine import BlockPoolBatchEngine, EngineConfig, StepResult
-from semantic.application.engine_loop import AsyncEventStream, EngineLoop
+from semantic.application.engine_loop import SHUTDOWN_FAILURE, AsyncEventStream, EngineLoop
 from semantic.application.events import CompletionEvent, EngineEvent, TokenEvent
+from semantic.application.generation import GenerationInput, GenerationService, Limits
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.errors import ShuttingDownError
 from semantic.domain.generation import FinishReason
@@ -96,7 +97,7 @@ def test_draining_refuses_new_work_and_fails_what_outlives_the_grace_saying_why(
     done = events[-1]
     assert isinstance(done, CompletionEvent)
     assert done.finish_reason is FinishReason.ERROR
-    assert done.error == "the server is shutting down"
+    assert done.error == SHUTDOWN_FAILURE
     with pytest.raises(ShuttingDownError):
         loop.submit(events.append, agent_id="a", prompt_tokens=[1, 2], max_tokens=2)
 
@@ -224,3 +225,17 @@ def test_events_posted_together_wake_the_loop_once_and_keep_their_order(
     finally:
         event_loop.close()
     assert got == [list(range(i, 30, 3)) for i in range(3)]
+
+
+async def test_a_request_the_drain_ends_fails_as_a_shutdown_not_as_a_model_failure(
+    loop: EngineLoop, backend: FakeBackend
+) -> None:
+    """The edge answers 503 with Retry-After for it, not 500."""
+    backend.paused.set()
+    service = GenerationService(loop, None, Limits(512, 256, 16))
+    reply = asyncio.create_task(service.complete(GenerationInput((1, 2, 3), max_tokens=100)))
+    while not loop.active_requests:  # queued, before the drain starts
+        await asyncio.sleep(0.01)
+    await asyncio.to_thread(loop.drain, 0.2)
+    with pytest.raises(ShuttingDownError, match="shut down before this request finished"):
+        await reply

@@ -29,6 +29,9 @@ EventSink = Callable[[EngineEvent], None]
 
 T = TypeVar("T")
 
+SHUTDOWN_FAILURE = "the server shut down before this request finished"
+"""Why a request the drain had to end failed; callers see it as ``ShuttingDownError``."""
+
 ARRIVAL_WINDOW_S = 0.1
 """How long an idle engine waits, at most, for requests on their way before its first round:
 sixteen requests sent at once took the server 35-57 ms to take in, one after another."""
@@ -144,7 +147,7 @@ class EngineLoop:
         while self.active_requests and time.monotonic() < deadline:
             time.sleep(0.05)
         for request_id in pending:
-            self.engine.cancel(request_id, "the server is shutting down")
+            self.engine.cancel(request_id, SHUTDOWN_FAILURE)
         with self._lock:
             self._wake.notify()
         deadline = time.monotonic() + 30.0

@@ -13,9 +13,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from semantic.application.cache.store import AgentCacheStore
-from semantic.application.engine_loop import AsyncEventStream, EngineLoop
+from semantic.application.engine_loop import SHUTDOWN_FAILURE, AsyncEventStream, EngineLoop
 from semantic.application.events import CompletionEvent, TokenEvent
-from semantic.domain.errors import InvalidRequestError, PromptTooLongError, SemanticError
+from semantic.domain.errors import (
+    InvalidRequestError,
+    PromptTooLongError,
+    SemanticError,
+    ShuttingDownError,
+)
 from semantic.domain.generation import GREEDY, FinishReason, Priority, RequestStats, SamplingParams
 from semantic.ports.observer import GenerationObserver
 
@@ -255,6 +260,8 @@ class GenerationHandle:
 
 
 def _result(event: CompletionEvent) -> GenerationResult:
+    if event.finish_reason is FinishReason.ERROR and event.error == SHUTDOWN_FAILURE:
+        raise ShuttingDownError(SHUTDOWN_FAILURE)
     if event.finish_reason is FinishReason.ERROR:
         raise GenerationFailedError(f"generation failed: {event.error or 'unknown error'}")
     usage = Usage(event.prompt_tokens, event.stats.generated_tokens, event.stats.cached_tokens)

@@ -88,7 +88,12 @@ class ModelUnavailableError(SemanticError):
 
 
 class ShuttingDownError(SemanticError):
-    """The server is draining and accepts no new work."""
+    """The server is draining and accepts no new work (or stopped before a request ended)."""
+
+
+class StorageUnavailableError(SemanticError):
+    """The metadata store cannot be read or written (a full or read-only disk, a locked
+    database); nothing half-done was kept, and the caller may retry."""
 
 
 class DataDirectoryInUseError(SemanticError):

@@ -26,6 +26,7 @@ from semantic.domain.errors import (
     QueueFullError,
     SemanticError,
     ShuttingDownError,
+    StorageUnavailableError,
 )
 
 log = logging.getLogger(__name__)
@@ -92,7 +93,7 @@ def problem_for(error: Exception) -> Problem:
             return Problem(429, "queue_full", str(error), retry_after=error.retry_after_s)
         case PoolExhaustedError():
             return Problem(429, "out_of_memory", f"{error}; retry later", retry_after=2.0)
-        case ModelUnavailableError() | ShuttingDownError():
+        case ModelUnavailableError() | ShuttingDownError() | StorageUnavailableError():
             return Problem(503, "unavailable", str(error), retry_after=5.0)
         case NotAuthorizedException():
             return Problem(401, "invalid_api_key", "missing or invalid API key")

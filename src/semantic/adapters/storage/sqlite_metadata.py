@@ -4,24 +4,45 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from array import array
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from sqlalchemy import delete, event, func, insert, select, update
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Row
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from semantic.adapters.storage.block_rows import BlockRow, BlockRows
 from semantic.adapters.storage.schema import agent_blocks, agents, blocks, messages, migrate
-from semantic.domain.errors import AgentExistsError
+from semantic.domain.errors import AgentExistsError, StorageUnavailableError
 from semantic.ports.metadata_store import AgentRecord, BlockRecord, MessageRecord
 
 _QUARANTINED = "quarantined"
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _unavailable_on_failure(
+    method: Callable[P, Coroutine[Any, Any, R]],
+) -> Callable[P, Coroutine[Any, Any, R]]:
+    """SQLite's own failures (a read-only or full disk, a database locked past its busy
+    timeout) become ``StorageUnavailableError``: the edge answers 503 naming the storage,
+    not 500. The transaction was rolled back, so nothing half-done is kept."""
+
+    @functools.wraps(method)
+    async def guarded(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return await method(*args, **kwargs)
+        except OperationalError as error:
+            raise StorageUnavailableError(f"the metadata store failed: {error.orig}") from error
+
+    return guarded
 
 
 class SqliteMetadataStore:
@@ -47,15 +68,18 @@ class SqliteMetadataStore:
             self._engine = None
             self._rows = BlockRows()
 
+    @_unavailable_on_failure
     async def blocks(self, keys: Sequence[str]) -> dict[str, BlockRecord]:
         """From the in-memory copy of the table (``block_rows``)."""
         self._db()  # open, or this raises
         return self._rows.get(keys)
 
+    @_unavailable_on_failure
     async def children(self, parent_key: str) -> list[BlockRecord]:
         self._db()
         return self._rows.children(parent_key)
 
+    @_unavailable_on_failure
     async def save_agent_blocks(
         self, agent: AgentRecord, new_blocks: Sequence[BlockRecord]
     ) -> list[str]:
@@ -91,6 +115,7 @@ class SqliteMetadataStore:
             changed.extend(await _select_rows(connection, read_back))
         return orphans
 
+    @_unavailable_on_failure
     async def quarantine_block(self, key: str) -> None:
         async with self._changing_blocks() as (connection, _):
             self._rows.quarantine(key)
@@ -98,6 +123,7 @@ class SqliteMetadataStore:
                 update(blocks).where(blocks.c.key == key).values(tier=_QUARANTINED)
             )
 
+    @_unavailable_on_failure
     async def agent(self, namespace: str, agent_id: str) -> AgentRecord | None:
         async with self._db().connect() as connection:
             row = (
@@ -110,6 +136,7 @@ class SqliteMetadataStore:
             keys = await self._agent_keys(connection, namespace, agent_id)
             return _agent(row, keys)
 
+    @_unavailable_on_failure
     async def agents(self, namespace: str | None = None) -> list[AgentRecord]:
         async with self._db().connect() as connection:
             query = select(agents).order_by(agents.c.namespace, agents.c.agent_id)
@@ -122,6 +149,7 @@ class SqliteMetadataStore:
                 out.append(_agent(row, keys))
             return out
 
+    @_unavailable_on_failure
     async def create_agent(self, agent: AgentRecord) -> None:
         now = time.time()
         try:
@@ -130,6 +158,7 @@ class SqliteMetadataStore:
         except IntegrityError:
             raise AgentExistsError(agent.agent_id, agent.namespace) from None
 
+    @_unavailable_on_failure
     async def delete_agent(self, namespace: str, agent_id: str) -> list[str]:
         async with self._changing_blocks() as (connection, changed):
             keys = await self._agent_keys(connection, namespace, agent_id)
@@ -146,6 +175,7 @@ class SqliteMetadataStore:
             changed.extend(await _select_rows(connection, keys))
         return orphans
 
+    @_unavailable_on_failure
     async def touch_agent(self, namespace: str, agent_id: str, when: float) -> None:
         async with self._db().begin() as connection:
             await connection.execute(
@@ -154,11 +184,13 @@ class SqliteMetadataStore:
                 .values(last_used=when)
             )
 
+    @_unavailable_on_failure
     async def unreferenced_blocks(self) -> list[str]:
         async with self._db().connect() as connection:
             rows = await connection.execute(select(blocks.c.key).where(blocks.c.ref_count <= 0))
             return [row.key for row in rows]
 
+    @_unavailable_on_failure
     async def delete_blocks(self, keys: Sequence[str]) -> None:
         async with self._changing_blocks() as (connection, _):
             self._rows.drop(keys)
@@ -166,15 +198,18 @@ class SqliteMetadataStore:
                 chunk = list(keys[start : start + 500])
                 await connection.execute(delete(blocks).where(blocks.c.key.in_(chunk)))
 
+    @_unavailable_on_failure
     async def all_block_keys(self) -> set[str]:
         async with self._db().connect() as connection:
             return {row.key for row in await connection.execute(select(blocks.c.key))}
 
+    @_unavailable_on_failure
     async def total_block_bytes(self) -> int:
         async with self._db().connect() as connection:
             total = (await connection.execute(select(func.sum(blocks.c.nbytes)))).scalar()
             return int(total or 0)
 
+    @_unavailable_on_failure
     async def append_messages(
         self, namespace: str, agent_id: str, records: Sequence[MessageRecord]
     ) -> None:
@@ -196,6 +231,7 @@ class SqliteMetadataStore:
                 ],
             )
 
+    @_unavailable_on_failure
     async def messages(self, namespace: str, agent_id: str) -> list[MessageRecord]:
         async with self._db().connect() as connection:
             rows = await connection.execute(
