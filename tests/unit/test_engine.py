@@ -7,8 +7,9 @@ from typing import Any
 import pytest
 
 from semantic.application.active_request import StoredPrefix
-from semantic.application.engine import HEAD_PIN_PATIENCE_S, BlockPoolBatchEngine, EngineConfig
+from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
 from semantic.application.events import CompletionEvent, TokenEvent
+from semantic.application.prefix_pins import HEAD_PIN_PATIENCE_S
 from semantic.application.scheduler.pacer import PacerConfig
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.blocks import AgentBlocks

@@ -11,12 +11,11 @@ the backend's; this class decides what runs, keeps the block books, and reports 
 from __future__ import annotations
 
 import itertools
-import logging
 import math
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from semantic.application.active_request import (
     ActiveRequest,
@@ -26,6 +25,7 @@ from semantic.application.active_request import (
 )
 from semantic.application.completion import CompletionDetector
 from semantic.application.events import CompletionEvent, EngineEvent, TokenEvent
+from semantic.application.prefix_pins import PrefixPins
 from semantic.application.request_validation import validate_request
 from semantic.application.reservation import BlockReservation
 from semantic.application.scheduler.pacer import PacerConfig, PrefillPacer
@@ -43,13 +43,6 @@ from semantic.domain.generation import (
 from semantic.domain.tokens import common_prefix
 from semantic.ports.model_backend import ModelBackend, PromptChunk, SampledToken
 from semantic.ports.tokenizer import Tokenizer
-
-log = logging.getLogger(__name__)
-
-HEAD_PIN_PATIENCE_S = 1.0
-"""How long a head that fits beside its restored prefix waits, with nothing running, for
-blocks held elsewhere (finished requests' KV still being saved, a restore in progress) to
-be let go before it drops the prefix and computes its prompt instead."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +83,7 @@ class BlockPoolBatchEngine:
         self._config = config or EngineConfig()
         self._clock = clock
         self._reclaim = reclaim
+        self._pins = PrefixPins(pool, self._spec, reclaim, clock)
         self._ids = itertools.count(1)
         self._cancels: dict[str, str | None] = {}  # request id -> why, if it failed
         self._cancel_lock = threading.Lock()
@@ -157,8 +151,7 @@ class BlockPoolBatchEngine:
             submitted_at=self._clock(),
         )
         if cached_blocks is not None:  # pin: hot blocks stay put until admission copies them
-            self._pool.share(active.pin_owner, cached_blocks.pool_ids())
-            active.pinned = True
+            self._pins.pin(active, cached_blocks)
         try:
             self._queue.put(request_id, active, priority)
         except Exception:
@@ -228,8 +221,7 @@ class BlockPoolBatchEngine:
         )
         for active in self._running.values():
             if active.pinned and not self._backend.reads_restored(active.id):
-                self._pool.release_owner(active.pin_owner)  # its cache holds a copy now
-                active.pinned = False
+                self._pins.release(active)  # its cache holds a copy now
         return plan
 
     def _decode(self, events: list[EngineEvent], ride: tuple[ActiveRequest, int] | None) -> None:
@@ -285,7 +277,7 @@ class BlockPoolBatchEngine:
     def _admit(self, active: ActiveRequest) -> bool:
         """Reserve blocks and build the cache for a queued request; False if it must wait."""
         prompt = active.prompt
-        self._pin_stored_prefix(active)
+        self._pins.pin_again(active)
         if not self._grow(active, len(prompt)) and not self._make_room(active):
             return False
         cached = active.request.cached
@@ -312,71 +304,10 @@ class BlockPoolBatchEngine:
         return True
 
     def _make_room(self, active: ActiveRequest) -> bool:
-        """With nothing running, no request's end will free memory, and the restored
-        prefixes waiting requests pin until admission copies them (a prefix and its copy
-        need twice its blocks) would keep the head waiting forever, and everyone behind it.
-        Those pins are let go, the last in line's first, until the head fits: each of those
-        requests pins its prefix again at its own admission (``StoredPrefix``), a read
-        instead of a prefill. What else holds blocks (finished requests' KV on its way to
-        disk, a restore in progress) lets go by itself, so the head then waits for it,
-        keeping its own pin, unless its prefix and prompt could never fit together or it
-        has waited ``HEAD_PIN_PATIENCE_S``: then it computes its prompt."""
-        if self._running:
+        if self._running:  # a request that ends will free memory: wait for it
             return False
-        behind = [waiting for waiting in self._queue.items() if waiting is not active]
-        for waiting in reversed(behind):
-            if waiting.pinned:
-                self._pool.release_owner(waiting.pin_owner)
-                waiting.pinned = False
-                waiting.request = replace(waiting.request, cached=None)
-                if self._grow(active, len(active.prompt)):
-                    return True
-        if not active.pinned or not self._head_gives_up_its_pin(active):
-            return False
-        self._pool.release_owner(active.pin_owner)
-        active.pinned = False
-        active.request = replace(active.request, cached=None, stored=None)
-        return self._grow(active, len(active.prompt))
-
-    def _head_gives_up_its_pin(self, active: ActiveRequest) -> bool:
-        pinned = len(self._pool.held_by(active.pin_owner))
-        if pinned + active.reservation.shortfall(len(active.prompt)) > self._pool.capacity:
-            return True
-        now = self._clock()
-        if active.short_of_room_since is None:
-            active.short_of_room_since = now
-        return now - active.short_of_room_since >= HEAD_PIN_PATIENCE_S
-
-    def _pin_stored_prefix(self, active: ActiveRequest) -> None:
-        """Pin the stored prefix again if the one pinned at arrival was let go to make room
-        or fell short of it (the pool was full then), once the pool can hold all of it:
-        pinned before the request's own blocks are claimed, as at arrival, so a request
-        that then waits holds its prefix. Tried once; what was pinned stays pinned until
-        something longer is, so a read that fails costs nothing held."""
-        stored, cached = active.request.stored, active.request.cached
-        held = common_prefix(cached.token_ids, active.prompt) if cached is not None else 0
-        if stored is None or held >= stored.tokens:
-            return
-        missing = self._spec.blocks_for_tokens(stored.tokens) - self._spec.blocks_for_tokens(held)
-        if not self._pool.can_allocate(missing) and self._reclaim is not None:
-            self._reclaim(missing - self._pool.free_count)
-        if not self._pool.can_allocate(missing):
-            return
-        trial = f"{active.pin_owner}/again"
-        try:
-            again = stored.pin(trial)
-        except Exception:  # the request goes on with what it holds, logged
-            log.warning("pinning %s's stored prefix again failed", active.id, exc_info=True)
-            again = None
-        active.request = replace(active.request, stored=None)
-        if again is None or common_prefix(again.token_ids, active.prompt) <= held:
-            self._pool.release_owner(trial)
-            return
-        self._pool.release_owner(active.pin_owner)
-        self._pool.transfer(trial, active.pin_owner, again.pool_ids())
-        self._pool.release_owner(trial)
-        active.pinned = True
-        active.request = replace(active.request, cached=again)
+        items = self._queue.items()
+        return self._pins.make_room(active, items, lambda: self._grow(active, len(active.prompt)))
 
     def _undo(self, active: ActiveRequest) -> None:
         self._backend.close_sequence(active.id, 0)
@@ -494,7 +425,7 @@ class BlockPoolBatchEngine:
         kept = active.detector.kept_tokens
         blocks = None
         if active.pinned:
-            self._pool.release_owner(active.pin_owner)
+            self._pins.release(active)
         if active.phase is not Phase.WAITING:
             keep = active.positions_after(len(kept)) if keep_kv else 0
             try:
