@@ -9,7 +9,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from reliability import clean_exit, corruption, crash_load, fuzz, isolation, load
+from reliability import (
+    clean_exit,
+    corruption,
+    crash_load,
+    fuzz,
+    isolation,
+    load,
+    returning_together,
+)
 
 
 def main() -> None:
@@ -45,6 +53,13 @@ def main() -> None:
         ]
         isolated = isolation.run(work)
         rows.append(("isolation cases refused", f"{isolated.refused} of {isolated.tried}"))
+        returned = returning_together.run(agents=6, budget_mb=256, words=150, workdir=work)
+        rows.append(
+            (
+                "agents back together beyond memory, restored whole",
+                f"{len(returned.cached) - len(returned.failures)} of {len(returned.cached)}",
+            )
+        )
         exits = clean_exit.run(runs=12, workdir=work)
         rows.append(("clean exits after two starts and stops", f"{exits.clean} of {exits.runs}"))
         failures = (
@@ -53,6 +68,7 @@ def main() -> None:
             + damaged.failures
             + fuzzed.failures
             + isolated.failures
+            + returned.failures
             + exits.failures
         )
     width = max(len(name) for name, _ in rows)
