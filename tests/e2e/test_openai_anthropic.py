@@ -374,6 +374,7 @@ def test_a_plain_reply_whose_client_timed_out_stops_generating(server: ServerPro
     """SDKs time out and retry: the first request must not generate on for nobody."""
     abandoned = server.metric("semantic_requests_abandoned_total")
     finished = server.metric("semantic_requests_total")
+    unexpected = server.log.read_text().count("unexpected error")
     body = {"model": "default", "max_tokens": 300, "temperature": 0, "prompt": COUNTING}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{server.url}/v1/completions", json=body, timeout=httpx.Timeout(5, read=1))
@@ -396,6 +397,7 @@ def test_a_plain_reply_whose_client_timed_out_stops_generating(server: ServerPro
         httpx.get(f"{server.url}/health")
     transcript = httpx.get(f"{server.url}/v1/agents/impatient/messages").json()
     assert transcript["data"] == []
+    assert server.log.read_text().count("unexpected error") == unexpected, "a leaver is no bug"
 
 
 COUNTING = "Numbers: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,"

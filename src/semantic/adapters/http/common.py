@@ -78,7 +78,8 @@ async def unless_client_leaves(request: Request[Any, Any, Any], work: Awaitable[
             job.cancel()
     if gone.done() and not gone.cancelled() and gone.exception() is not None:
         log.warning("watching for a disconnect failed: %s", gone.exception())
-    if job.cancelled():
+    if not job.done() or job.cancelled():
+        await asyncio.gather(job, return_exceptions=True)  # its cancellation runs to its end
         raise ClientGoneError("the client went away before its reply")
     return job.result()
 
