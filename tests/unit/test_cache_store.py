@@ -260,6 +260,22 @@ async def test_a_stored_prefix_is_pinned_again_from_disk_once_evicted() -> None:
     assert not pinned(h)
 
 
+async def test_a_hot_prefix_evicted_while_its_request_waits_comes_back_from_disk() -> None:
+    h = await started(Harness())
+    first, _ = await h.ask([*SYSTEM, 11, 12])
+    follow = [*SYSTEM, 11, 12, *first.token_ids, 13]
+    prefix = await h.store.prepare("default", follow)
+    assert prefix.stored is not None
+    assert prefix.hot_tokens == prefix.stored.tokens > 0
+    h.store.release(prefix)
+    h.store.reclaim(h.pool.capacity)
+    assert h.pool.used_count == 0, "every block was evicted"
+    again = await asyncio.to_thread(prefix.stored.pin, "again")
+    assert again is not None
+    assert again.token_ids[: prefix.stored.tokens] == tuple(follow[: prefix.stored.tokens])
+    h.pool.release_owner("again")
+
+
 async def test_a_stored_prefix_ends_before_a_block_found_corrupt() -> None:
     h, keys = await restarted_after_a_long_prompt()
     h.block_store.corrupted.add(keys[2])

@@ -280,16 +280,19 @@ class AgentCacheStore:
         size = self._spec.block_tokens
         root = self.root(namespace)
         keys = chain_keys(root, prompt, size)
-        records = await self._metadata.blocks([k for k in keys if self.hot.get(k) is None])
+        records = await self._metadata.blocks(keys)  # hot ones too: they may be evicted
+        # before a request that waits pins them again, and then come back from disk
         out: list[_Candidate] = []
         parent = root
         for index, key in enumerate(keys):
             want = tuple(prompt[index * size : (index + 1) * size])
             hot = self.hot.get(key)
             record = records.get(key)
+            if record is not None and record.quarantined:
+                record = None
             if hot is not None and hot.tokens == want:
-                out.append(_Candidate(key, hot=hot, tokens=want))
-            elif record is not None and not record.quarantined and record.tokens == want:
+                out.append(_Candidate(key, hot=hot, record=record, tokens=want))
+            elif record is not None and record.tokens == want:
                 out.append(_Candidate(key, record=record, tokens=want))
             else:
                 break
@@ -302,14 +305,12 @@ class AgentCacheStore:
         return out
 
     async def _best_child(self, parent: str, rest: tuple[int, ...]) -> _Candidate | None:
-        options = [_Candidate(h.key, hot=h, tokens=h.tokens) for h in self.hot.children(parent)]
-        hot_keys = {c.hot.key for c in options if c.hot is not None}
-        stored = await self._metadata.children(parent)
-        options += [
-            _Candidate(r.key, record=r, tokens=r.tokens)
-            for r in stored
-            if r.key not in hot_keys and not r.quarantined
+        stored = {r.key: r for r in await self._metadata.children(parent) if not r.quarantined}
+        hot = self.hot.children(parent)
+        options = [
+            _Candidate(h.key, hot=h, record=stored.pop(h.key, None), tokens=h.tokens) for h in hot
         ]
+        options += [_Candidate(r.key, record=r, tokens=r.tokens) for r in stored.values()]
         best = max(
             options, key=lambda c: (common_prefix(c.tokens, rest), c.hot is not None), default=None
         )
