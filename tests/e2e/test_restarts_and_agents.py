@@ -77,6 +77,14 @@ def test_agents_returning_together_beyond_memory_all_restore_their_prefixes(
         assert reply.usage.prompt_tokens_details.cached_tokens >= first_prompts[agent], agent
 
 
+def test_of_deletes_that_race_only_the_first_finds_the_agent(server: ServerProcess) -> None:
+    api = f"{server.url}/v1/agents"
+    httpx.post(api, json={"id": "raced"}).raise_for_status()
+    with ThreadPoolExecutor(8) as pool:
+        codes = sorted(pool.map(lambda _: httpx.delete(f"{api}/raced").status_code, range(8)))
+    assert codes == [204] + [404] * 7
+
+
 def test_stateful_agents_keep_transcripts_across_a_restart_and_fork_cheaply(
     new_server: Start,
 ) -> None:

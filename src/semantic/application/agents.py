@@ -92,8 +92,10 @@ class AgentService:
         return [await self._info(r) for r in records if not r.anonymous]
 
     async def delete(self, namespace: str, agent_id: str) -> None:
-        await self._record(namespace, agent_id)
+        """Waits for a running turn to commit; of deletes that race, only the first finds
+        the agent (the others are a 404, as if they came after it)."""
         async with self._lock(namespace, agent_id):
+            await self._record(namespace, agent_id)
             orphans = await self._metadata.delete_agent(namespace, agent_id)
         await self._cache.forget(orphans)
 
