@@ -215,6 +215,10 @@ def test_openai_fields_at_neutral_values_are_served_and_others_named(
         "logit_bias": {"50256": 0},
         "functions": [],
         "function_call": "none",
+        "audio": None,
+        "verbosity": None,
+        "web_search_options": None,
+        "top_k": 40,
     }
     served = httpx.post(f"{server.url}/v1/chat/completions", json={**body, **neutral}, timeout=60)
     assert served.status_code == 200
@@ -225,6 +229,8 @@ def test_openai_fields_at_neutral_values_are_served_and_others_named(
         ("logit_bias", {"50256": -100}, "logit_bias"),
         ("functions", [TOOL["function"]], "functions are not supported"),
         ("frobnicate", 1, "unknown field `frobnicate`"),
+        ("audio", {"voice": "alloy", "format": "mp3"}, "audio"),
+        ("top_k", -1, "top_k must be 0 or more"),
     ):
         refused = httpx.post(f"{server.url}/v1/chat/completions", json={**body, field: value})
         assert refused.status_code == 400, field
@@ -330,6 +336,7 @@ def test_streams_are_event_streams_and_bad_bodies_are_client_errors(server: Serv
     wrong_method = httpx.delete(f"{server.url}/v1/chat/completions")
     assert wrong_method.status_code == 405
     assert wrong_method.json()["error"]["type"] == "invalid_request_error"
+    assert "POST" in wrong_method.headers["allow"].split(", ")
 
 
 def test_models_health_and_neutral_fields_of_every_endpoint(server: ServerProcess) -> None:
@@ -346,6 +353,7 @@ def test_models_health_and_neutral_fields_of_every_endpoint(server: ServerProces
         "tools": [],
         "tool_choice": {"type": "none"},
         "thinking": {"type": "disabled"},
+        "top_k": 5,
     }
     served = httpx.post(
         f"{server.url}/v1/messages",
@@ -417,3 +425,7 @@ def test_an_agent_that_cannot_fit_the_context_is_told_so_by_field(server: Server
         agents, json={"id": "elsewhere", "namespace": "team-c"}, headers={"X-Namespace": "team-a"}
     )
     assert (both.status_code, both.json()["error"]["param"]) == (400, "namespace")
+    httpx.post(agents, json={"id": "brief"}).raise_for_status()
+    turn = {"content": "Count: 1, 2, 3, 4,", "max_tokens": 12, "stop": "6", "temperature": 0}
+    answered = httpx.post(f"{agents}/brief/messages", json=turn, timeout=60)
+    assert answered.status_code == 200, "a stop string alone, as the other routes take it"

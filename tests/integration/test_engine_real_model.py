@@ -180,6 +180,10 @@ def test_the_same_seed_samples_the_same_tokens(
     other = generate(engine, prompt, 16, sampling=SamplingParams(temperature=1.0, seed=99))
     assert first.token_ids == second.token_ids
     assert first.token_ids != other.token_ids
+    only_the_likeliest = SamplingParams(temperature=5.0, seed=99, top_k=1)
+    assert generate(engine, prompt, 16, sampling=only_the_likeliest).token_ids == (
+        generate(engine, prompt, 16).token_ids
+    ), "top_k 1 is greedy, however hot the temperature"
 
 
 def test_cancelling_mid_decode_frees_everything(

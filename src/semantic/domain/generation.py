@@ -46,6 +46,8 @@ class SamplingParams:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = None
+    top_k: int = 0
+    """Sample among this many most likely tokens only; 0 keeps them all."""
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.temperature) or not 0.0 <= self.temperature <= 10.0:
@@ -55,6 +57,8 @@ class SamplingParams:
             )
         if not math.isfinite(self.top_p) or not 0.0 < self.top_p <= 1.0:
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}", param="top_p")
+        if not 0 <= self.top_k < 2**31:
+            raise InvalidRequestError(f"top_k must be 0 or more, got {self.top_k}", param="top_k")
         if self.seed is not None and not 0 <= self.seed < 2**63:
             raise InvalidRequestError(f"seed must be in [0, 2^63), got {self.seed}", param="seed")
 

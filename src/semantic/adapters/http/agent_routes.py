@@ -97,10 +97,11 @@ class AgentController(Controller):
         self, request: Request[Any, Any, Any], agent_id: str, data: SendMessage, state: State
     ) -> Any:
         who = identity(request)
+        temperature = 0.0 if data.temperature is None else data.temperature
         turn = Turn(
             data.content,
             data.max_tokens,
-            sampling(0.0 if data.temperature is None else data.temperature, data.top_p, data.seed),
+            sampling(temperature, data.top_p, data.seed, data.top_k),
             stop_strings(data.stop),
             who.priority,
         )

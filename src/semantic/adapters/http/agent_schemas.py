@@ -21,5 +21,6 @@ class SendMessage(msgspec.Struct, forbid_unknown_fields=True):
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
+    top_k: int | None = None
     seed: int | None = None
-    stop: list[str] | None = None
+    stop: str | list[str] | None = None

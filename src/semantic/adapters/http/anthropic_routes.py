@@ -49,8 +49,6 @@ class AnthropicController(Controller):
         found = services(state)
         check_model(data.model, found.model_id)
         _check_plain_chat(data)
-        if data.top_k is not None:
-            raise InvalidRequestError("top_k is not supported", param="top_k")
         who = identity(request)
         prompt = _render(found, data.system, data.messages, who.namespace)
         generation = GenerationInput(
@@ -58,7 +56,7 @@ class AnthropicController(Controller):
             who.namespace,
             who.agent_id,
             data.max_tokens,
-            sampling(data.temperature, data.top_p, None),
+            sampling(data.temperature, data.top_p, None, data.top_k),
             stop_strings(data.stop_sequences),
             who.priority,
         )

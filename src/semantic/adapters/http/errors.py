@@ -114,10 +114,11 @@ def problem_for(error: Exception) -> Problem:
 
 def handle(request: Request[Any, Any, Any], error: Exception) -> Response[Any]:
     problem = problem_for(error)
+    headers = headers_for(problem)
+    if isinstance(error, HTTPException) and error.headers:  # a 405's Allow, say
+        headers = {**error.headers, **headers}
     return Response(
-        body_for(request.url.path, problem),
-        status_code=problem.status,
-        headers=headers_for(problem),
+        body_for(request.url.path, problem), status_code=problem.status, headers=headers
     )
 
 

@@ -201,8 +201,12 @@ class _Reply:
         }
 
 
+_SERVED_SINCE = int(time.time())
+"""A model's ``created``: when this process started serving it (as vLLM answers)."""
+
+
 def _model_entry(model_id: str) -> dict[str, Any]:
-    return {"id": model_id, "object": "model", "created": 0, "owned_by": "semantic"}
+    return {"id": model_id, "object": "model", "created": _SERVED_SINCE, "owned_by": "semantic"}
 
 
 def _usage(result: GenerationResult) -> dict[str, Any]:
@@ -248,7 +252,13 @@ def _check_chat_only(data: ChatCompletionRequest) -> None:
         if choice not in (None, "none", "auto"):
             raise InvalidRequestError(f"{name} needs tools, which are not supported", param=name)
     must_default(data.top_logprobs, 0, "top_logprobs")
-    must_default(data.reasoning_effort, None, "reasoning_effort")
+    for unused, name in (
+        (data.reasoning_effort, "reasoning_effort"),
+        (data.audio, "audio"),
+        (data.verbosity, "verbosity"),
+        (data.web_search_options, "web_search_options"),
+    ):
+        must_default(unused, None, name)
     if data.response_format is not None and data.response_format.get("type") != "text":
         kind = data.response_format.get("type")
         raise InvalidRequestError(
@@ -286,7 +296,7 @@ def _input(
         who.namespace,
         who.agent_id,
         max_tokens,
-        sampling(data.temperature, data.top_p, data.seed),
+        sampling(data.temperature, data.top_p, data.seed, data.top_k),
         stop_strings(data.stop),
         who.priority,
     )

@@ -48,6 +48,8 @@ class SamplingFields(msgspec.Struct, forbid_unknown_fields=True):
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
+    top_k: int | None = None
+    """Not OpenAI's: as vLLM and llama.cpp's servers take it."""
     seed: int | None = None
     n: int | None = None
     user: str | None = None
@@ -78,6 +80,9 @@ class ChatCompletionRequest(SamplingFields, forbid_unknown_fields=True):
     parallel_tool_calls: bool | None = None
     modalities: list[str] | None = None
     reasoning_effort: str | None = None
+    audio: dict[str, Any] | None = None
+    verbosity: str | None = None
+    web_search_options: dict[str, Any] | None = None
 
 
 class CompletionRequest(SamplingFields, forbid_unknown_fields=True):

@@ -20,11 +20,14 @@ def check_model(requested: str, served: str) -> None:
         )
 
 
-def sampling(temperature: float | None, top_p: float | None, seed: int | None) -> SamplingParams:
+def sampling(
+    temperature: float | None, top_p: float | None, seed: int | None, top_k: int | None = None
+) -> SamplingParams:
     return SamplingParams(
         temperature=1.0 if temperature is None else temperature,
         top_p=1.0 if top_p is None else top_p,
         seed=seed,
+        top_k=top_k or 0,
     )
 
 

@@ -14,7 +14,7 @@ import secrets
 from collections.abc import Callable
 
 import mlx.core as mx
-from mlx_lm.sample_utils import apply_top_p
+from mlx_lm.sample_utils import apply_top_k, apply_top_p
 
 from semantic.domain.generation import SamplingParams
 
@@ -41,10 +41,13 @@ class SeededSampler:
         self._key = mx.random.key(seed)
         self._inverse_temperature = 1.0 / params.temperature
         self._top_p = params.top_p
+        self._top_k = params.top_k
 
     def __call__(self, logits: mx.array) -> mx.array:
         keys = mx.random.split(self._key)
         self._key = keys[0]
+        if 0 < self._top_k < logits.shape[-1]:  # a ranking: raw logits do as well
+            logits = apply_top_k(logits, self._top_k)
         if self._top_p < 1.0:  # the nucleus is cut on probabilities: normalise first
             logits = apply_top_p(log_softmax(logits), self._top_p)
         return mx.random.categorical(logits * self._inverse_temperature, key=keys[1])
