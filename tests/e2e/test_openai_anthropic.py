@@ -429,3 +429,21 @@ def test_an_agent_that_cannot_fit_the_context_is_told_so_by_field(server: Server
     turn = {"content": "Count: 1, 2, 3, 4,", "max_tokens": 12, "stop": "6", "temperature": 0}
     answered = httpx.post(f"{agents}/brief/messages", json=turn, timeout=60)
     assert answered.status_code == 200, "a stop string alone, as the other routes take it"
+
+
+def test_a_plain_request_may_not_take_over_an_agent_that_keeps_its_transcript(
+    server: ServerProcess,
+) -> None:
+    """Its KV would replace the transcript's, to be computed again after a restart."""
+    agents = f"{server.url}/v1/agents"
+    httpx.post(agents, json={"id": "keeper"}).raise_for_status()
+    chat = {"model": "default", "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}]}
+    header = {"X-Agent-Id": "keeper"}
+    before_any_turn = httpx.post(f"{server.url}/v1/chat/completions", json=chat, headers=header)
+    assert before_any_turn.status_code == 200, "nothing to lose yet"
+    turn = httpx.post(f"{agents}/keeper/messages", json={"content": "Hi", "max_tokens": 1})
+    turn.raise_for_status()
+    for path in ("/v1/chat/completions", "/v1/messages"):
+        refused = httpx.post(f"{server.url}{path}", json=chat, headers=header)
+        assert refused.status_code == 409, path
+        assert "/v1/agents/keeper/messages" in refused.text, path

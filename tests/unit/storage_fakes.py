@@ -134,6 +134,9 @@ class FakeMetadataStore:
     async def messages(self, namespace: str, agent_id: str) -> list[MessageRecord]:
         return list(self.transcripts.get((namespace, agent_id), []))
 
+    async def has_messages(self, namespace: str, agent_id: str) -> bool:
+        return bool(self.transcripts.get((namespace, agent_id)))
+
     def _recount(self, keys: set[str]) -> list[str]:
         orphans = []
         for key in keys:

@@ -18,7 +18,12 @@ from semantic.application.generation import (
     GenerationService,
 )
 from semantic.domain.chat import ChatMessage
-from semantic.domain.errors import AgentNotFoundError, InvalidRequestError, PromptTooLongError
+from semantic.domain.errors import (
+    AgentKeepsTranscriptError,
+    AgentNotFoundError,
+    InvalidRequestError,
+    PromptTooLongError,
+)
 from semantic.domain.generation import GREEDY, Priority, SamplingParams
 from semantic.ports.metadata_store import AgentRecord, MessageRecord, MetadataStore
 from semantic.ports.tokenizer import Tokenizer
@@ -86,6 +91,12 @@ class AgentService:
     async def get(self, namespace: str, agent_id: str) -> AgentInfo:
         record = await self._record(namespace, agent_id)
         return await self._info(record)
+
+    async def check_plain_use(self, namespace: str, agent_id: str) -> None:
+        """A plain (OpenAI or Anthropic) request may name any agent but one whose transcript
+        this server keeps: its reply's KV would take the place of the transcript's."""
+        if await self._metadata.has_messages(namespace, agent_id):
+            raise AgentKeepsTranscriptError(agent_id)
 
     async def list_agents(self, namespace: str) -> list[AgentInfo]:
         records = await self._metadata.agents(namespace)

@@ -83,6 +83,18 @@ class AgentExistsError(SemanticError):
         self.namespace = namespace
 
 
+class AgentKeepsTranscriptError(SemanticError):
+    """A plain request names (by header) an agent whose transcript the server keeps: its
+    KV would replace the transcript's, which would then be computed again after a restart."""
+
+    def __init__(self, agent_id: str) -> None:
+        super().__init__(
+            f"agent {agent_id!r} keeps its transcript on the server: send its turns to "
+            f"/v1/agents/{agent_id}/messages, or give this conversation another X-Agent-Id"
+        )
+        self.agent_id = agent_id
+
+
 class ModelUnavailableError(SemanticError):
     """The model is not loaded yet (or failed to load); the caller may retry."""
 

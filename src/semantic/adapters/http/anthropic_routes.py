@@ -16,7 +16,7 @@ from semantic.adapters.http.anthropic_schemas import (
     PlainChat,
     TextBlock,
 )
-from semantic.adapters.http.common import result_of, services, sse, sse_data
+from semantic.adapters.http.common import result_of, services, sse, sse_data, start_plain
 from semantic.adapters.http.identity import identity
 from semantic.adapters.http.state import Services
 from semantic.adapters.http.translate import (
@@ -60,7 +60,7 @@ class AnthropicController(Controller):
             stop_strings(data.stop_sequences),
             who.priority,
         )
-        handle = await found.generation.start(generation)
+        handle = await start_plain(found, generation)
         message_id = f"msg_{uuid.uuid4().hex[:24]}"
         if data.stream:
             return sse(_events(handle, message_id, found.model_id))

@@ -17,6 +17,7 @@ from semantic.adapters.http.state import ServerState, Services
 from semantic.application.generation import (
     GenerationFailedError,
     GenerationHandle,
+    GenerationInput,
     GenerationResult,
 )
 from semantic.domain.errors import SemanticError
@@ -88,6 +89,13 @@ async def _disconnected(request: Request[Any, Any, Any]) -> None:
     """Once the body is read, the server's next message is the disconnect."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
+
+
+async def start_plain(found: Services, generation: GenerationInput) -> GenerationHandle:
+    """Start a request of the OpenAI or Anthropic routes (not an agent's turn)."""
+    if generation.agent_id is not None:
+        await found.agents.check_plain_use(generation.namespace, generation.agent_id)
+    return await found.generation.start(generation)
 
 
 async def result_of(request: Request[Any, Any, Any], handle: GenerationHandle) -> GenerationResult:

@@ -18,6 +18,7 @@ from semantic.adapters.http.common import ClientGoneError
 from semantic.application.generation import GenerationFailedError
 from semantic.domain.errors import (
     AgentExistsError,
+    AgentKeepsTranscriptError,
     AgentNotFoundError,
     InvalidRequestError,
     ModelUnavailableError,
@@ -74,6 +75,7 @@ _PLAIN: tuple[tuple[type[Exception], int, str], ...] = (
     (AgentNotFoundError, 404, "not_found"),
     (ModelNotFoundError, 404, "not_found"),
     (AgentExistsError, 409, "conflict"),
+    (AgentKeepsTranscriptError, 409, "conflict"),
     (GenerationFailedError, 500, "generation_failed"),
     (SemanticError, 400, "invalid_request"),
 )

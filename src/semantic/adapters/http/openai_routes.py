@@ -10,7 +10,14 @@ from typing import Any
 from litestar import Controller, Request, get, post, route
 from litestar.datastructures import State
 
-from semantic.adapters.http.common import GET_AND_HEAD, result_of, services, sse, sse_data
+from semantic.adapters.http.common import (
+    GET_AND_HEAD,
+    result_of,
+    services,
+    sse,
+    sse_data,
+    start_plain,
+)
 from semantic.adapters.http.identity import identity
 from semantic.adapters.http.openai_schemas import (
     ChatCompletionRequest,
@@ -72,7 +79,7 @@ class OpenAIController(Controller):
         newer = data.max_completion_tokens  # OpenAI's newer name wins where given
         limit = data.max_tokens if newer is None else newer
         generation = _input(request, data, prompt, limit)
-        handle = await found.generation.start(generation)
+        handle = await start_plain(found, generation)
         reply = _Reply("chatcmpl", "chat.completion", found.model_id)
         if data.stream:
             usage = bool(data.stream_options and data.stream_options.include_usage)
@@ -91,7 +98,7 @@ class OpenAIController(Controller):
             raise InvalidRequestError("prompt must not be empty", param="prompt")
         try:
             prompt = found.tokenizer.encode(prompt_text)
-            handle = await found.generation.start(_input(request, data, prompt, data.max_tokens))
+            handle = await start_plain(found, _input(request, data, prompt, data.max_tokens))
         except InvalidRequestError as error:
             if error.param == "messages":  # the use case names the chat field
                 error.param = "prompt"
