@@ -157,3 +157,29 @@ def test_a_stream_that_outlives_the_grace_ends_with_an_error_not_a_cut(new_serve
     assert "the server shut down before this request finished" in events[-2]
     assert server.process is not None
     assert server.process.wait(30) == 0
+
+
+def test_agents_and_transcripts_are_listed_in_pages(server: ServerProcess) -> None:
+    api, tenant = f"{server.url}/v1/agents", {"X-Namespace": "paging"}
+    for name in ("pa", "pb", "pc", "pd", "pe"):
+        httpx.post(api, json={"id": name}, headers=tenant).raise_for_status()
+    seen, after, pages = [], None, 0
+    while True:
+        query = {"limit": 2} | ({"after": after} if after else {})
+        page = httpx.get(api, params=query, headers=tenant).json()
+        seen += [agent["id"] for agent in page["data"]]
+        pages, after = pages + 1, seen[-1]
+        if not page["has_more"]:
+            break
+    assert (seen, pages) == (["pa", "pb", "pc", "pd", "pe"], 3)
+    for question in ("One?", "Two?"):
+        turn = {"content": question, "max_tokens": 1}
+        httpx.post(f"{api}/pa/messages", json=turn, headers=tenant, timeout=60).raise_for_status()
+    first = httpx.get(f"{api}/pa/messages", params={"limit": 3}, headers=tenant).json()
+    assert [m["id"] for m in first["data"]] == ["msg_1", "msg_2", "msg_3"]
+    assert first["has_more"]
+    rest = httpx.get(f"{api}/pa/messages", params={"after": "msg_3"}, headers=tenant).json()
+    assert ([m["id"] for m in rest["data"]], rest["has_more"]) == (["msg_4"], False)
+    for params, field in (({"limit": 0}, "limit"), ({"after": "pa"}, "after")):
+        refused = httpx.get(f"{api}/pa/messages", params=params, headers=tenant)
+        assert (refused.status_code, refused.json()["error"]["param"]) == (400, field)

@@ -98,9 +98,18 @@ class AgentService:
         if await self._metadata.has_messages(namespace, agent_id):
             raise AgentKeepsTranscriptError(agent_id)
 
-    async def list_agents(self, namespace: str) -> list[AgentInfo]:
-        records = await self._metadata.agents(namespace)
-        return [await self._info(r) for r in records if not r.anonymous]
+    async def list_agents(
+        self, namespace: str, after: str | None = None, limit: int | None = None
+    ) -> tuple[list[AgentInfo], bool]:
+        """The namespace's agents by id, those after ``after``, at most ``limit``; and
+        whether more follow."""
+        records = [
+            r
+            for r in await self._metadata.agents(namespace)
+            if not r.anonymous and (after is None or r.agent_id > after)
+        ]
+        page = records if limit is None else records[:limit]
+        return [await self._info(r) for r in page], len(page) < len(records)
 
     async def delete(self, namespace: str, agent_id: str) -> None:
         """Waits for a running turn to commit; of deletes that race, only the first finds

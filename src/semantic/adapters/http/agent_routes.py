@@ -15,6 +15,7 @@ from semantic.adapters.http.translate import OPENAI_FINISH, sampling, stop_strin
 from semantic.application.agents import AgentInfo, Turn
 from semantic.application.generation import GenerationEvent, GenerationResult, TextDelta
 from semantic.domain.errors import InvalidRequestError, SemanticError
+from semantic.ports.metadata_store import MessageRecord
 
 
 class AgentController(Controller):
@@ -43,9 +44,18 @@ class AgentController(Controller):
         return _agent(info)
 
     @get("/")
-    async def list_agents(self, request: Request[Any, Any, Any], state: State) -> dict[str, Any]:
-        infos = await services(state).agents.list_agents(identity(request).namespace)
-        return {"object": "list", "data": [_agent(i) for i in infos]}
+    async def list_agents(
+        self,
+        request: Request[Any, Any, Any],
+        state: State,
+        limit: int | None = None,
+        after: str | None = None,
+    ) -> dict[str, Any]:
+        """By id; ``limit`` and ``after`` (the last id of the page before) page through."""
+        infos, more = await services(state).agents.list_agents(
+            identity(request).namespace, after, _checked_limit(limit)
+        )
+        return {"object": "list", "data": [_agent(i) for i in infos], "has_more": more}
 
     @get("/{agent_id:str}")
     async def get_agent(
@@ -81,16 +91,22 @@ class AgentController(Controller):
 
     @get("/{agent_id:str}/messages")
     async def messages(
-        self, request: Request[Any, Any, Any], agent_id: str, state: State
+        self,
+        request: Request[Any, Any, Any],
+        agent_id: str,
+        state: State,
+        limit: int | None = None,
+        after: str | None = None,
     ) -> dict[str, Any]:
+        """Oldest first; each message's ``id`` is its place in the transcript (``msg_1``
+        ...), so ``after`` a message's id and ``limit`` page through."""
         namespace = identity(request).namespace
         records = await services(state).agents.messages(namespace, checked_id(agent_id, "agent_id"))
-        return {
-            "object": "list",
-            "data": [
-                {"role": m.role, "content": m.content, "created_at": m.created_at} for m in records
-            ],
-        }
+        start = _message_place(after) if after is not None else 0
+        page_size = _checked_limit(limit)
+        end = len(records) if page_size is None else start + page_size
+        page = [_message(start + i + 1, m) for i, m in enumerate(records[start:end])]
+        return {"object": "list", "data": page, "has_more": end < len(records)}
 
     @post("/{agent_id:str}/messages", status_code=200)
     async def send(
@@ -173,4 +189,32 @@ def _agent(info: AgentInfo) -> dict[str, Any]:
         "last_used": info.last_used,
         "messages": info.messages,
         "cache": _cache(info),
+    }
+
+
+MAX_PAGE = 1000
+
+
+def _checked_limit(limit: int | None) -> int | None:
+    if limit is not None and not 1 <= limit <= MAX_PAGE:
+        message = f"limit must be between 1 and {MAX_PAGE}, got {limit}"
+        raise InvalidRequestError(message, param="limit")
+    return limit
+
+
+def _message_place(message_id: str) -> int:
+    """``msg_N`` -> N: the messages after it start at index N."""
+    number = message_id.removeprefix("msg_")
+    if number == message_id or not number.isdigit():
+        message = f"after must be a message id (msg_N), got {message_id!r}"
+        raise InvalidRequestError(message, param="after")
+    return int(number)
+
+
+def _message(place: int, message: MessageRecord) -> dict[str, Any]:
+    return {
+        "id": f"msg_{place}",
+        "role": message.role,
+        "content": message.content,
+        "created_at": message.created_at,
     }

@@ -140,14 +140,15 @@ class SqliteMetadataStore:
     async def agents(self, namespace: str | None = None) -> list[AgentRecord]:
         async with self._db().connect() as connection:
             query = select(agents).order_by(agents.c.namespace, agents.c.agent_id)
+            held = select(agent_blocks).order_by(agent_blocks.c.position)
             if namespace is not None:
                 query = query.where(agents.c.namespace == namespace)
-            rows = list(await connection.execute(query))
-            out = []
-            for row in rows:
-                keys = await self._agent_keys(connection, row.namespace, row.agent_id)
-                out.append(_agent(row, keys))
-            return out
+                held = held.where(agent_blocks.c.namespace == namespace)
+            keys: dict[tuple[str, str], list[str]] = {}
+            for row in await connection.execute(held):  # one query, not one per agent
+                keys.setdefault((row.namespace, row.agent_id), []).append(row.block_key)
+            rows = await connection.execute(query)
+            return [_agent(row, keys.get((row.namespace, row.agent_id), [])) for row in rows]
 
     @_unavailable_on_failure
     async def create_agent(self, agent: AgentRecord) -> None:
