@@ -303,6 +303,9 @@ async def test_transcripts_and_agents_persist(tmp_path: Path) -> None:
         ("user", "hi"),
         ("assistant", "hello"),
     ]
+    assert await again.message_counts("ns") == {"helper": 2}
+    assert await again.has_messages("ns", "helper")
+    assert not await again.has_messages("other", "helper")
     await again.close()
 
 

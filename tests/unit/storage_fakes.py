@@ -137,6 +137,9 @@ class FakeMetadataStore:
     async def has_messages(self, namespace: str, agent_id: str) -> bool:
         return bool(self.transcripts.get((namespace, agent_id)))
 
+    async def message_counts(self, namespace: str) -> dict[str, int]:
+        return {a: len(m) for (ns, a), m in self.transcripts.items() if ns == namespace and m}
+
     def _recount(self, keys: set[str]) -> list[str]:
         orphans = []
         for key in keys:

@@ -90,7 +90,8 @@ class AgentService:
 
     async def get(self, namespace: str, agent_id: str) -> AgentInfo:
         record = await self._record(namespace, agent_id)
-        return await self._info(record)
+        counts = await self._metadata.message_counts(namespace)
+        return await self._info(record, counts.get(agent_id, 0))
 
     async def check_plain_use(self, namespace: str, agent_id: str) -> None:
         """A plain (OpenAI or Anthropic) request may name any agent but one whose transcript
@@ -109,7 +110,9 @@ class AgentService:
             if not r.anonymous and (after is None or r.agent_id > after)
         ]
         page = records if limit is None else records[:limit]
-        return [await self._info(r) for r in page], len(page) < len(records)
+        counts = await self._metadata.message_counts(namespace)
+        infos = [await self._info(r, counts.get(r.agent_id, 0)) for r in page]
+        return infos, len(page) < len(records)
 
     async def delete(self, namespace: str, agent_id: str) -> None:
         """Waits for a running turn to commit; of deletes that race, only the first finds
@@ -185,7 +188,7 @@ class AgentService:
             raise AgentNotFoundError(agent_id, namespace)
         return record
 
-    async def _info(self, record: AgentRecord) -> AgentInfo:
+    async def _info(self, record: AgentRecord, n_messages: int) -> AgentInfo:
         blocks = await self._metadata.blocks(record.block_keys)
         hot = sum(1 for key in record.block_keys if key in self._cache.hot)
         state = CacheState(
@@ -195,14 +198,13 @@ class AgentService:
             disk_blocks=len(blocks),
             bytes_on_disk=sum(b.nbytes for b in blocks.values()),
         )
-        count = len(await self._metadata.messages(record.namespace, record.agent_id))
         return AgentInfo(
             record.namespace,
             record.agent_id,
             record.system_prompt,
             record.created_at,
             record.last_used,
-            count,
+            n_messages,
             state,
         )
 

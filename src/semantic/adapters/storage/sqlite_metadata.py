@@ -243,6 +243,16 @@ class SqliteMetadataStore:
             return [MessageRecord(row.role, row.content, row.created_at) for row in rows]
 
     @_unavailable_on_failure
+    async def message_counts(self, namespace: str) -> dict[str, int]:
+        async with self._db().connect() as connection:
+            rows = await connection.execute(
+                select(messages.c.agent_id, func.count().label("n"))
+                .where(messages.c.namespace == namespace)
+                .group_by(messages.c.agent_id)
+            )
+            return {row.agent_id: row.n for row in rows}
+
+    @_unavailable_on_failure
     async def has_messages(self, namespace: str, agent_id: str) -> bool:
         async with self._db().connect() as connection:
             where = _agent_where(messages, namespace, agent_id)
