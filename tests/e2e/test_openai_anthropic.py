@@ -218,7 +218,7 @@ def test_openai_fields_at_neutral_values_are_served_and_others_named(
         "audio": None,
         "verbosity": None,
         "web_search_options": None,
-        "top_k": 40,
+        "top_k": -1,
     }
     served = httpx.post(f"{server.url}/v1/chat/completions", json={**body, **neutral}, timeout=60)
     assert served.status_code == 200
@@ -230,7 +230,7 @@ def test_openai_fields_at_neutral_values_are_served_and_others_named(
         ("functions", [TOOL["function"]], "functions are not supported"),
         ("frobnicate", 1, "unknown field `frobnicate`"),
         ("audio", {"voice": "alloy", "format": "mp3"}, "audio"),
-        ("top_k", -1, "top_k must be 0 or more"),
+        ("top_k", -2, "top_k must be 0 or more"),
     ):
         refused = httpx.post(f"{server.url}/v1/chat/completions", json={**body, field: value})
         assert refused.status_code == 400, field

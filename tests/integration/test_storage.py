@@ -11,6 +11,7 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import load as safetensors_load
 from sqlalchemy import event
+from sqlalchemy.exc import OperationalError
 
 from semantic.adapters.mlx.host_codec import MlxHostCodec
 from semantic.adapters.mlx.kv_payloads import MlxKV, StackedKV, kv_arrays
@@ -329,6 +330,25 @@ async def test_a_full_disk_is_storage_unavailable_and_keeps_nothing_half_done(
     with pytest.raises(StorageUnavailableError, match="full"):
         await db.append_messages("ns", "helper", [MessageRecord("assistant", "x" * 100_000)])
     assert [m.content for m in await db.messages("ns", "helper")] == ["hi"]
+    await db.close()
+
+
+async def test_a_change_that_rolls_back_leaves_the_lookups_as_they_were(tmp_path: Path) -> None:
+    """The lookups' in-memory copy drops an orphaned block before the commit; a commit that
+    fails (as a disk I/O error would fail it) puts it back."""
+    db = SqliteMetadataStore(tmp_path / "semantic.db")
+    await db.open()
+    await db.save_agent_blocks(AgentRecord("default", "a", ("k1",), 3), [record("k1")])
+
+    def disk_error(_: object) -> None:
+        raise OperationalError("COMMIT", {}, sqlite3.OperationalError("disk I/O error"))
+
+    event.listen(db._db().sync_engine, "commit", disk_error)  # noqa: SLF001 - its own engine
+    with pytest.raises(StorageUnavailableError, match="disk I/O error"):
+        await db.save_agent_blocks(AgentRecord("default", "a", ("k2",), 3), [record("k2")])
+    event.remove(db._db().sync_engine, "commit", disk_error)  # noqa: SLF001
+    assert set(await db.blocks(["k1", "k2"])) == {"k1"}, "k1 is still found, k2 never was"
+    assert await db.all_block_keys() == {"k1"}
     await db.close()
 
 

@@ -391,12 +391,12 @@ def reloadable(engine: BlockPoolBatchEngine, blocks: AgentBlocks) -> tuple[Store
         )
         return replace(blocks, layers=layers)
 
-    return StoredPrefix(len(blocks.token_ids), pin), owners
+    return StoredPrefix(len(blocks.token_ids), pin, blocks.block_count), owners
 
 
-def finished_blocks(engine: BlockPoolBatchEngine) -> AgentBlocks:
+def finished_blocks(engine: BlockPoolBatchEngine, prompt: list[int] = PROMPT) -> AgentBlocks:
     """An earlier turn's blocks, gone from the pool as if evicted to disk."""
-    first = engine.submit("agent", PROMPT, max_tokens=5)
+    first = engine.submit("agent", prompt, max_tokens=5)
     earlier = completions(run_until_idle(engine))[first].blocks
     assert earlier is not None
     engine.release_blocks(first)
@@ -428,6 +428,29 @@ def test_a_prefix_let_go_for_the_head_is_pinned_again_at_its_own_turn() -> None:
     assert list(done[behind].token_ids) == cold_tokens(follow_up, 2)
     assert done[behind].stats.cached_tokens == len(earlier.token_ids)
     assert len(owners) == 2  # read at arrival, then again at its admission
+    assert engine.pool.used_count == 0
+
+
+def test_a_head_that_pinned_nothing_at_arrival_gets_its_prefix_once_pins_behind_go() -> None:
+    """Arriving, it found the pool full (its restore pinned nothing); the pin of the request
+    behind it is let go for it, and its own prefix is pinned in that room before its prompt."""
+    engine, _ = make_engine(capacity=18)
+    earlier = finished_blocks(engine)
+    stored, _ = reloadable(engine, earlier)
+    other_prompt = [(3 * i) % 40 + 1 for i in range(16)]
+    other = finished_blocks(engine, other_prompt)
+    other_stored, _ = reloadable(engine, other)
+    follow_up = [*earlier.token_ids, 13]
+    head = engine.submit("agent", follow_up, max_tokens=2, stored=stored)
+    behind_prompt = [*other.token_ids, 14]
+    behind = engine.submit(
+        "other", behind_prompt, other_stored.pin("restore"), max_tokens=2, stored=other_stored
+    )
+    engine.pool.release_owner("restore")
+    done = run_releasing(engine)
+    assert done[head].stats.cached_tokens == len(earlier.token_ids)
+    assert list(done[head].token_ids) == cold_tokens(follow_up, 2)
+    assert list(done[behind].token_ids) == cold_tokens(behind_prompt, 2)
     assert engine.pool.used_count == 0
 
 

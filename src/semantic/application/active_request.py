@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 from semantic.application.completion import CompletionDetector
@@ -32,6 +32,8 @@ class StoredPrefix:
     pin: Callable[[str], AgentBlocks | None]
     """Pins the prefix under the given pool owner (blocking: reads files); the blocks, or
     None if none could be had. Stops at the first block that is gone or finds no room."""
+    blocks_to_read: Callable[[], int] = field(default=lambda: 0)
+    """How many pool blocks ``pin`` would now have to read from disk (the rest are hot)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -305,6 +305,7 @@ class BlockPoolBatchEngine:
 
     def _make_room(self, active: ActiveRequest) -> bool:
         if self._running:  # a request that ends will free memory: wait for it
+            active.short_of_room_since = None
             return False
         items = self._queue.items()
         return self._pins.make_room(active, items, lambda: self._grow(active, len(active.prompt)))

@@ -56,7 +56,13 @@ class PrefixPins:
         something longer is, so a read that fails costs nothing held."""
         stored, cached = active.request.stored, active.request.cached
         held = common_prefix(cached.token_ids, active.prompt) if cached is not None else 0
-        if stored is None or held >= stored.tokens or not self._room_for(stored.tokens, held):
+        if stored is None or held >= stored.tokens:
+            return
+        prefix = self._spec.blocks_for_tokens(stored.tokens)
+        if prefix + active.reservation.shortfall(len(active.prompt)) > self._pool.capacity:
+            active.request = replace(active.request, stored=None)  # never fits beside it
+            return
+        if not self._room_for(stored.blocks_to_read()):
             return
         trial = f"{active.pin_owner}/again"
         try:
@@ -64,9 +70,9 @@ class PrefixPins:
         except Exception:  # the request goes on with what it holds, logged
             log.warning("pinning %s's stored prefix again failed", active.id, exc_info=True)
             again = None
-        active.request = replace(active.request, stored=None)
         if again is None or common_prefix(again.token_ids, active.prompt) <= held:
             self._pool.release_owner(trial)
+            active.request = replace(active.request, stored=None)  # tried once
             return
         self._pool.release_owner(active.pin_owner)
         self._pool.transfer(trial, active.pin_owner, again.pool_ids())
@@ -88,6 +94,7 @@ class PrefixPins:
             if behind.pinned:
                 self.release(behind)
                 behind.request = replace(behind.request, cached=None)
+                self.pin_again(head)  # its own prefix first, if that now has room
                 if fits():
                     return True
         if not head.pinned or not self._head_gives_up(head):
@@ -105,10 +112,7 @@ class PrefixPins:
             head.short_of_room_since = now
         return now - head.short_of_room_since >= HEAD_PIN_PATIENCE_S
 
-    def _room_for(self, stored_tokens: int, held_tokens: int) -> bool:
-        missing = self._spec.blocks_for_tokens(stored_tokens) - self._spec.blocks_for_tokens(
-            held_tokens
-        )
-        if not self._pool.can_allocate(missing) and self._reclaim is not None:
-            self._reclaim(missing - self._pool.free_count)
-        return self._pool.can_allocate(missing)
+    def _room_for(self, blocks: int) -> bool:
+        if not self._pool.can_allocate(blocks) and self._reclaim is not None:
+            self._reclaim(blocks - self._pool.free_count)
+        return self._pool.can_allocate(blocks)

@@ -205,7 +205,7 @@ def _checked_limit(limit: int | None) -> int | None:
 def _message_place(message_id: str) -> int:
     """``msg_N`` -> N: the messages after it start at index N."""
     number = message_id.removeprefix("msg_")
-    if number == message_id or not number.isdigit():
+    if number == message_id or not (number.isascii() and number.isdigit()) or len(number) > 9:
         message = f"after must be a message id (msg_N), got {message_id!r}"
         raise InvalidRequestError(message, param="after")
     return int(number)

@@ -27,7 +27,7 @@ def sampling(
         temperature=1.0 if temperature is None else temperature,
         top_p=1.0 if top_p is None else top_p,
         seed=seed,
-        top_k=top_k or 0,
+        top_k=0 if top_k is None or top_k == -1 else top_k,  # -1: all tokens, as in vLLM
     )
 
 

@@ -67,6 +67,9 @@ class BlockRows:
             self._rows[row.key] = row
             self._children.setdefault(row.parent_key, set()).add(row.key)
 
+    def rows(self, keys: Iterable[str]) -> list[BlockRow]:
+        return [row for key in keys if (row := self._rows.get(key)) is not None]
+
     def drop(self, keys: Sequence[str]) -> None:
         for key in keys:
             row = self._rows.pop(key, None)

@@ -51,6 +51,7 @@ class SqliteMetadataStore:
         self._engine: AsyncEngine | None = None
         self._rows = BlockRows()
         self._writing = asyncio.Lock()
+        self._undo: list[BlockRow] = []
         self.created = False
 
     async def open(self) -> None:
@@ -118,6 +119,7 @@ class SqliteMetadataStore:
     @_unavailable_on_failure
     async def quarantine_block(self, key: str) -> None:
         async with self._changing_blocks() as (connection, _):
+            self._leave_copy([key], drop=False)
             self._rows.quarantine(key)
             await connection.execute(
                 update(blocks).where(blocks.c.key == key).values(tier=_QUARANTINED)
@@ -194,7 +196,7 @@ class SqliteMetadataStore:
     @_unavailable_on_failure
     async def delete_blocks(self, keys: Sequence[str]) -> None:
         async with self._changing_blocks() as (connection, _):
-            self._rows.drop(keys)
+            self._leave_copy(keys)
             for start in range(0, len(keys), 500):
                 chunk = list(keys[start : start + 500])
                 await connection.execute(delete(blocks).where(blocks.c.key.in_(chunk)))
@@ -262,13 +264,27 @@ class SqliteMetadataStore:
     @contextlib.asynccontextmanager
     async def _changing_blocks(self) -> AsyncIterator[tuple[AsyncConnection, list[BlockRow]]]:
         """A transaction that may change the blocks table, under the lock that keeps the
-        in-memory copy in step: rows it removes leave the copy before it commits (the
-        caller drops them), rows put in ``changed`` enter the copy once it has committed."""
+        in-memory copy in step: rows it removes or quarantines leave the copy before it
+        commits (``_leave_copy``: no lookup meanwhile finds a block being deleted) and come
+        back if it rolls back; rows put in ``changed`` enter the copy once it commits."""
         changed: list[BlockRow] = []
         async with self._writing:
-            async with self._db().begin() as connection:
-                yield connection, changed
+            self._undo = []
+            try:
+                async with self._db().begin() as connection:
+                    yield connection, changed
+            except BaseException:
+                self._rows.put(self._undo)
+                raise
+            finally:
+                self._undo = []
             self._rows.put(changed)
+
+    def _leave_copy(self, keys: Sequence[str], *, drop: bool = True) -> None:
+        """Within ``_changing_blocks``: keep the rows to put back on a rollback."""
+        self._undo.extend(self._rows.rows(keys))
+        if drop:
+            self._rows.drop(keys)
 
     def _db(self) -> AsyncEngine:
         if self._engine is None:
@@ -311,7 +327,7 @@ class SqliteMetadataStore:
             if count == 0:
                 orphans.append(key)
         if orphans:
-            self._rows.drop(orphans)
+            self._leave_copy(orphans)
             await connection.execute(delete(blocks).where(blocks.c.key.in_(orphans)))
         return orphans
 

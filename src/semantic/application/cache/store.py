@@ -9,6 +9,7 @@ saves new blocks to disk and commits the metadata after the files are durable.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import time
@@ -166,15 +167,36 @@ class AgentCacheStore:
             return None
         plan = [replace(c, hot=None) for c in candidates]
         stored = tuple(itertools.chain.from_iterable(c.tokens for c in plan))
+        return StoredPrefix(
+            common_prefix(stored, prompt),
+            functools.partial(self._pin_plan, plan, loop),
+            functools.partial(self._blocks_to_read, plan),
+        )
 
-        def pin_again(owner: str) -> AgentBlocks | None:
-            outcomes = self._fetch_lane(plan, range(len(plan)), owner)
-            chain, corrupt = self._chain(plan, outcomes, owner)
-            if corrupt is not None:
-                asyncio.run_coroutine_threadsafe(self._loader.quarantine(corrupt), loop)
-            return self._agent_blocks([block for block, _ in chain])
+    def _pin_plan(
+        self, plan: list[_Candidate], loop: asyncio.AbstractEventLoop, owner: str
+    ) -> AgentBlocks | None:
+        """The blocks still hot are pinned first, so reading the others (which may evict
+        idle blocks to make room) cannot evict them."""
+        taken = [self.hot.take(c.key, owner) for c in plan]
+        outcomes: list[Fetched] = []
+        for index, (candidate, hot) in enumerate(zip(plan, taken, strict=True)):
+            if hot is not None or (outcomes and not isinstance(outcomes[-1], HotBlock)):
+                outcomes.append(hot or LoadOutcome.GONE)  # past a failure: released below
+            elif candidate.record is None:
+                outcomes.append(LoadOutcome.GONE)
+            else:
+                outcomes.append(self._loader.load(candidate.record, index, owner))
+        chain, corrupt = self._chain(plan, outcomes, owner)
+        if corrupt is not None:
+            quarantined = asyncio.run_coroutine_threadsafe(self._loader.quarantine(corrupt), loop)
+            quarantined.add_done_callback(_log_failure)
+        return self._agent_blocks([block for block, _ in chain])
 
-        return StoredPrefix(common_prefix(stored, prompt), pin_again)
+    def _blocks_to_read(self, plan: list[_Candidate]) -> int:
+        """Pool blocks pinning ``plan`` again would read from disk; looking the others up
+        marks them recently used, so making room evicts other blocks first."""
+        return sum(self._spec.n_layers for c in plan if self.hot.get(c.key) is None)
 
     def _chain(
         self, candidates: list[_Candidate], outcomes: list[Fetched], pin: str
@@ -332,3 +354,8 @@ def _block_at(layer_blocks: Sequence[KVBlock], index: int) -> KVBlock | None:
         if block.index == index:
             return block
     return None
+
+
+def _log_failure(future: Future[Any]) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.warning("quarantining a block failed: %s", future.exception())
