@@ -6,23 +6,27 @@ import asyncio
 import contextlib
 import functools
 import time
-from array import array
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 from sqlalchemy import delete, event, func, insert, select, update
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.engine import Row
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from semantic.adapters.storage.block_rows import BlockRow, BlockRows
 from semantic.adapters.storage.schema import agent_blocks, agents, blocks, messages, migrate
+from semantic.adapters.storage.sqlite_rows import (
+    QUARANTINED,
+    agent_of,
+    agent_row,
+    block_row,
+    block_row_of,
+    configure_connection,
+)
 from semantic.domain.errors import AgentExistsError, StorageUnavailableError
 from semantic.ports.metadata_store import AgentRecord, BlockRecord, MessageRecord
-
-_QUARANTINED = "quarantined"
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -57,10 +61,10 @@ class SqliteMetadataStore:
     async def open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         engine = create_async_engine(f"sqlite+aiosqlite:///{self.path}", pool_size=4)
-        event.listen(engine.sync_engine, "connect", _configure_connection)
+        event.listen(engine.sync_engine, "connect", configure_connection)
         async with engine.connect() as connection:
             self.created = await migrate(connection) == 0
-            self._rows.put(_row(row) for row in await connection.execute(select(blocks)))
+            self._rows.put(block_row_of(row) for row in await connection.execute(select(blocks)))
         self._engine = engine
 
     async def close(self) -> None:
@@ -87,7 +91,7 @@ class SqliteMetadataStore:
         now = time.time()
         async with self._changing_blocks() as (connection, changed):
             for record in new_blocks:
-                row = _block_row(record, now)
+                row = block_row(record, now)
                 replace = {k: row[k] for k in ("nbytes", "checksum", "tier")}
                 await connection.execute(
                     sqlite_insert(blocks)
@@ -122,7 +126,7 @@ class SqliteMetadataStore:
             self._leave_copy([key], drop=False)
             self._rows.quarantine(key)
             await connection.execute(
-                update(blocks).where(blocks.c.key == key).values(tier=_QUARANTINED)
+                update(blocks).where(blocks.c.key == key).values(tier=QUARANTINED)
             )
 
     @_unavailable_on_failure
@@ -136,7 +140,7 @@ class SqliteMetadataStore:
             if row is None:
                 return None
             keys = await self._agent_keys(connection, namespace, agent_id)
-            return _agent(row, keys)
+            return agent_of(row, keys)
 
     @_unavailable_on_failure
     async def agents(self, namespace: str | None = None) -> list[AgentRecord]:
@@ -150,14 +154,14 @@ class SqliteMetadataStore:
             for row in await connection.execute(held):  # one query, not one per agent
                 keys.setdefault((row.namespace, row.agent_id), []).append(row.block_key)
             rows = await connection.execute(query)
-            return [_agent(row, keys.get((row.namespace, row.agent_id), [])) for row in rows]
+            return [agent_of(row, keys.get((row.namespace, row.agent_id), [])) for row in rows]
 
     @_unavailable_on_failure
     async def create_agent(self, agent: AgentRecord) -> None:
         now = time.time()
         try:
             async with self._db().begin() as connection:
-                await connection.execute(insert(agents).values(**_agent_row(agent, now)))
+                await connection.execute(insert(agents).values(**agent_row(agent, now)))
         except IntegrityError:
             raise AgentExistsError(agent.agent_id, agent.namespace) from None
 
@@ -308,7 +312,7 @@ class SqliteMetadataStore:
             update(agents).where(where).values(token_count=agent.token_count, last_used=used)
         )
         if updated.rowcount == 0:
-            await connection.execute(insert(agents).values(**_agent_row(agent, now)))
+            await connection.execute(insert(agents).values(**agent_row(agent, now)))
 
     async def _recount(self, connection: AsyncConnection, keys: set[str]) -> list[str]:
         """Recompute reference counts of ``keys``; delete and return the unreferenced."""
@@ -332,44 +336,8 @@ class SqliteMetadataStore:
         return orphans
 
 
-def _configure_connection(dbapi_connection: Any, _record: Any) -> None:
-    cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA synchronous=FULL")
-    cursor.execute("PRAGMA foreign_keys=ON")
-    cursor.execute("PRAGMA busy_timeout=10000")
-    cursor.close()
-
-
 def _agent_where(table: Any, namespace: str, agent_id: str) -> Any:
     return (table.c.namespace == namespace) & (table.c.agent_id == agent_id)
-
-
-def _agent_row(agent: AgentRecord, now: float) -> dict[str, Any]:
-    return {
-        "namespace": agent.namespace,
-        "agent_id": agent.agent_id,
-        "system_prompt": agent.system_prompt,
-        "anonymous": agent.anonymous,
-        "token_count": agent.token_count,
-        "created_at": now,
-        "last_used": agent.last_used or now,
-    }
-
-
-def _block_row(record: BlockRecord, now: float) -> dict[str, Any]:
-    return {
-        "key": record.key,
-        "parent_key": record.parent_key,
-        "namespace": record.namespace,
-        "n_tokens": record.n_tokens,
-        "tokens": array("I", record.tokens).tobytes(),
-        "nbytes": record.nbytes,
-        "checksum": record.checksum,
-        "ref_count": 0,
-        "tier": "disk",
-        "created_at": now,
-    }
 
 
 async def _select_rows(connection: AsyncConnection, keys: Sequence[str]) -> list[BlockRow]:
@@ -378,31 +346,5 @@ async def _select_rows(connection: AsyncConnection, keys: Sequence[str]) -> list
     for start in range(0, len(unique), 500):
         chunk = unique[start : start + 500]
         rows = await connection.execute(select(blocks).where(blocks.c.key.in_(chunk)))
-        out += (_row(row) for row in rows)
+        out += (block_row_of(row) for row in rows)
     return out
-
-
-def _row(row: Row[Any]) -> BlockRow:
-    return BlockRow(
-        row.key,
-        row.parent_key,
-        row.namespace,
-        bytes(row.tokens),
-        row.nbytes,
-        row.checksum,
-        row.ref_count,
-        row.tier == _QUARANTINED,
-    )
-
-
-def _agent(row: Row[Any], keys: list[str]) -> AgentRecord:
-    return AgentRecord(
-        row.namespace,
-        row.agent_id,
-        tuple(keys),
-        row.token_count,
-        row.system_prompt,
-        bool(row.anonymous),
-        row.created_at,
-        row.last_used,
-    )
