@@ -65,6 +65,17 @@ def test_agents_returning_together_beyond_memory_all_restore_their_prefixes(
             {"role": "user", "content": "More?"},
         ]
         histories[agent] = history
+    # An agent past half the pool: its prefix and the copy of it cannot both be held.
+    agents = f"{first_server.url}/v1/agents"
+    long_prompt = " ".join(f"item{i} is a thing that matters," for i in range(90))
+    httpx.post(agents, json={"id": "big", "system_prompt": long_prompt}).raise_for_status()
+    turns = [
+        httpx.post(f"{agents}/big/messages", json={"content": q, "max_tokens": 2}, timeout=60)
+        for q in ("Summarise.", "Again?")
+    ]
+    first, second = (t.json()["usage"] for t in turns)
+    assert first["prompt_tokens"] > 0.5 * 64 * 2**20 / 46080  # over half the pool's tokens
+    assert second["cached_tokens"] >= first["prompt_tokens"]
     assert first_server.stop() == 0
     second_server = new_server("--kv-budget-mb", "64", data_dir=first_server.data_dir)
 

@@ -220,8 +220,8 @@ class BlockPoolBatchEngine:
             can_slice=self._backend.can_slice,
         )
         for active in self._running.values():
-            if active.pinned and not self._backend.reads_restored(active.id):
-                self._pins.release(active)  # its cache holds a copy now
+            if active.request.cached is not None and not self._backend.reads_restored(active.id):
+                self._pins.copied(active)
         return plan
 
     def _decode(self, events: list[EngineEvent], ride: tuple[ActiveRequest, int] | None) -> None:

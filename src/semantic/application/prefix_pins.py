@@ -48,6 +48,12 @@ class PrefixPins:
         self._pool.release_owner(active.pin_owner)
         active.pinned = False
 
+    def copied(self, active: ActiveRequest) -> None:
+        """``active``'s cache holds its prefix now: the blocks and their memory can go."""
+        if active.pinned:
+            self.release(active)
+        active.request = replace(active.request, cached=None)
+
     def pin_again(self, active: ActiveRequest) -> None:
         """Pin the stored prefix again if the one pinned at arrival was let go to make room
         or fell short of it (the pool was full then), once the pool can hold all of it:
@@ -57,10 +63,6 @@ class PrefixPins:
         stored, cached = active.request.stored, active.request.cached
         held = common_prefix(cached.token_ids, active.prompt) if cached is not None else 0
         if stored is None or held >= stored.tokens:
-            return
-        prefix = self._spec.blocks_for_tokens(stored.tokens)
-        if prefix + active.reservation.shortfall(len(active.prompt)) > self._pool.capacity:
-            active.request = replace(active.request, stored=None)  # never fits beside it
             return
         if not self._room_for(stored.blocks_to_read()):
             return
@@ -89,7 +91,10 @@ class PrefixPins:
         its own admission. What else holds blocks (finished requests' KV on its way to
         disk, a restore in progress) lets go by itself, so the head then waits for it,
         keeping its own pin, unless its prefix and prompt could never fit together or it
-        has waited ``HEAD_PIN_PATIENCE_S``: then it computes its prompt."""
+        has waited ``HEAD_PIN_PATIENCE_S``. Then its pin goes too, but not its prefix: the
+        blocks' memory stays with the request until its cache has copied them, beyond the
+        budget by that much for a while, instead of the prompt being computed again (an
+        agent past ~40% of the pool would otherwise compute its whole history every turn)."""
         for behind in reversed([w for w in waiting if w is not head]):
             if behind.pinned:
                 self.release(behind)
@@ -100,7 +105,7 @@ class PrefixPins:
         if not head.pinned or not self._head_gives_up(head):
             return False
         self.release(head)
-        head.request = replace(head.request, cached=None, stored=None)
+        head.request = replace(head.request, stored=None)
         return fits()
 
     def _head_gives_up(self, head: ActiveRequest) -> bool:
