@@ -194,3 +194,5 @@ def test_agents_and_transcripts_are_listed_in_pages(server: ServerProcess) -> No
     for params, field in (({"limit": 0}, "limit"), ({"after": "pa"}, "after")):
         refused = httpx.get(f"{api}/pa/messages", params=params, headers=tenant)
         assert (refused.status_code, refused.json()["error"]["param"]) == (400, field)
+    not_a_number = httpx.get(f"{api}/pa/messages", params={"limit": "ten"}, headers=tenant)
+    assert "invalid query parameter" in not_a_number.json()["error"]["message"]

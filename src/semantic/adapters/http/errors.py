@@ -156,13 +156,16 @@ def headers_for(problem: Problem) -> dict[str, str]:
 def _validation_message(error: ValidationException) -> str:
     """Each problem with where it is (``Expected `float | null`, got `str` at
     `temperature```): a client with several fields of one type needs the field."""
+    items = [item for item in _items(error) if item.get("message")]
     messages = [
         f"{item['message']} at `{item['key']}`" if item.get("key") else str(item["message"])
-        for item in _items(error)
-        if item.get("message")
+        for item in items
     ]
+    in_query = items and all(item.get("source") == "query" for item in items)
     if messages:
-        return "invalid request body: " + "; ".join(messages)
+        return ("invalid query parameter: " if in_query else "invalid request body: ") + "; ".join(
+            messages
+        )
     return f"invalid request body: {error.detail}"
 
 
