@@ -194,5 +194,7 @@ def test_agents_and_transcripts_are_listed_in_pages(server: ServerProcess) -> No
     for params, field in (({"limit": 0}, "limit"), ({"after": "pa"}, "after")):
         refused = httpx.get(f"{api}/pa/messages", params=params, headers=tenant)
         assert (refused.status_code, refused.json()["error"]["param"]) == (400, field)
+    not_an_id = httpx.get(api, params={"after": ".."}, headers=tenant)
+    assert (not_an_id.status_code, not_an_id.json()["error"]["param"]) == (400, "after")
     not_a_number = httpx.get(f"{api}/pa/messages", params={"limit": "ten"}, headers=tenant)
     assert "invalid query parameter" in not_a_number.json()["error"]["message"]

@@ -52,8 +52,9 @@ class AgentController(Controller):
         after: str | None = None,
     ) -> dict[str, Any]:
         """By id; ``limit`` and ``after`` (the last id of the page before) page through."""
+        cursor = checked_id(after, "after") if after is not None else None
         infos, more = await services(state).agents.list_agents(
-            identity(request).namespace, after, _checked_limit(limit)
+            identity(request).namespace, cursor, _checked_limit(limit)
         )
         return {"object": "list", "data": [_agent(i) for i in infos], "has_more": more}
 
