@@ -41,7 +41,8 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         "--kv-budget-mb",
         type=flags.positive_int,
         default=2048,
-        help="memory for KV blocks, MiB (default: %(default)s)",
+        help="memory for KV blocks, MiB; a restored prefix that cannot sit beside its copy "
+        "may add up to one prefix until copied (default: %(default)s)",
     )
     serve.add_argument(
         "--prefault-mb",
