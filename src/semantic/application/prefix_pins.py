@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 HEAD_PIN_PATIENCE_S = 1.0
 """How long a head that fits beside its restored prefix waits, with nothing running, for
 blocks held elsewhere (finished requests' KV still being saved, a restore in progress) to
-be let go before it drops the prefix and computes its prompt instead."""
+be let go before it drops its pin (keeping the prefix itself until copied: ``make_room``)."""
 
 
 class PrefixPins:
