@@ -12,6 +12,10 @@ added tokens special, matched as written (not normalized) and without stripping 
 whole-word rules, and where the pre-tokenizer treats every piece alike (a sentencepiece
 "first" prefix space does not). ``PieceEncoder.of`` checks both, on a sample, and returns
 None for any other tokenizer, which is then used as it is. ADR 0014.
+
+A message's own text is never read as special tokens (``encode_quoted``): a user who writes
+``<|im_end|>`` gets those characters, not the end of their turn, or they could forge turns
+of any role. Only the chat template's own markers are special.
 """
 
 from __future__ import annotations
@@ -28,6 +32,10 @@ _SHORTEST_KEPT = 64
 # A piece bigger than this share of the memory is encoded but not kept: it would push out
 # everything else.
 _LARGEST_SHARE = 8
+QUOTE_OPEN, QUOTE_CLOSE = "\ufdd0", "\ufdd1"
+"""Around a message's text in a rendered template, for ``encode_quoted``: Unicode
+noncharacters, which no client means as text."""
+_QUOTES = re.compile(f"[{QUOTE_OPEN}{QUOTE_CLOSE}]")
 
 
 class PieceEncoder:
@@ -37,8 +45,11 @@ class PieceEncoder:
     ``scope`` (a namespace): a piece another tenant sent is encoded again, not found, so
     the time of a request tells nothing about what others sent."""
 
-    def __init__(self, backend: Any, special: dict[str, int], max_bytes: int) -> None:
+    def __init__(
+        self, backend: Any, special: dict[str, int], max_bytes: int, as_text: Any = None
+    ) -> None:
         self._backend = backend
+        self._as_text = as_text  # the same tokenizer reading special tokens' text as text
         self._special = special
         # Longest first: at one position the alternation takes the first that matches,
         # which is then the longest, as the tokenizer's own matcher does.
@@ -73,7 +84,7 @@ class PieceEncoder:
             special[token.content] = int(token_id)
         if not special:
             return None
-        encoder = cls(own, special, max_bytes)
+        encoder = cls(own, special, max_bytes, _reading_special_as_text(backend, special))
         tokens = list(special)
         sample = " x 12 ".join(["Hello, world!", *tokens, " end\n", *tokens]) + "".join(
             f"{token}a{token}\na " for token in tokens
@@ -89,6 +100,39 @@ class PieceEncoder:
             elif piece:
                 ids.extend(self._piece(piece, scope))
         return ids
+
+    def mentions_special(self, text: str) -> bool:
+        return self._splitter.search(text) is not None
+
+    @property
+    def can_quote(self) -> bool:
+        return self._as_text is not None
+
+    def encode_quoted(self, text: str) -> list[int]:
+        """Encode ``text`` where each stretch between ``QUOTE_OPEN`` and ``QUOTE_CLOSE`` (a
+        message's own text) holds no special token, whatever it spells; the quote marks
+        themselves are dropped. The ids are those of the text with the quoted stretches'
+        special-token spellings encoded as plain text. Rare (only a message that spells a
+        special token comes here), so nothing is remembered."""
+        if self._as_text is None:
+            raise ValueError("this tokenizer cannot read special tokens' text as text")
+        ids: list[int] = []
+        between: list[str] = []  # the text since the last special token
+        for index, stretch in enumerate(_QUOTES.split(text)):
+            if index % 2:
+                between.append(stretch)
+                continue
+            for part_index, part in enumerate(self._splitter.split(stretch)):
+                if part_index % 2:
+                    ids += self._plain("".join(between))
+                    ids.append(self._special[part])
+                    between = []
+                else:
+                    between.append(part)
+        return ids + self._plain("".join(between))
+
+    def _plain(self, text: str) -> list[int]:
+        return list(self._as_text.encode(text, add_special_tokens=False).ids) if text else []
 
     def _piece(self, piece: str, scope: str) -> array[int] | list[int]:
         if len(piece) < _SHORTEST_KEPT:
@@ -110,6 +154,20 @@ class PieceEncoder:
             while self._kept_bytes > self._max_bytes:
                 self._kept_bytes -= _size(*self._pieces.popitem(last=False))
         return ids
+
+
+def _reading_special_as_text(backend: Any, special: dict[str, int]) -> Any:
+    """A copy of ``backend`` that encodes special tokens' text as plain text (``tokenizers``'
+    ``encode_special_tokens``); None where this version cannot, or does not."""
+    try:
+        copy = type(backend).from_str(backend.to_str())
+        copy.no_truncation()
+        copy.no_padding()
+        copy.encode_special_tokens = True
+        ids = set(copy.encode("".join(special), add_special_tokens=False).ids)
+    except (AttributeError, TypeError):
+        return None
+    return copy if not ids & set(special.values()) else None
 
 
 def _size(key: tuple[str, str], ids: array[int]) -> int:

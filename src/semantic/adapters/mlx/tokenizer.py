@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from semantic.adapters.mlx.piece_encoder import PieceEncoder
+from semantic.adapters.mlx.piece_encoder import QUOTE_CLOSE, QUOTE_OPEN, PieceEncoder
 from semantic.domain.chat import ChatMessage
 from semantic.domain.errors import InvalidRequestError, PromptTooLongError
 
@@ -24,6 +24,7 @@ class MlxTokenizer:
         backend = getattr(wrapper, "backend_tokenizer", None)
         self._pieces = PieceEncoder.of(backend) if backend is not None else None
         self._longest_token = longest_token_bytes(backend) if backend is not None else None
+        self._special_texts = [str(t) for t in getattr(wrapper, "all_special_tokens", [])]
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
@@ -50,6 +51,14 @@ class MlxTokenizer:
         scope: str = "",
         continue_final: bool = False,
     ) -> list[int]:
+        text = self._template(messages, add_generation_prompt, continue_final)
+        if any(self._spells_special(m.content) for m in messages):
+            return self._encode_quoting(messages, text, add_generation_prompt, continue_final)
+        return self.encode(text, scope)
+
+    def _template(
+        self, messages: Sequence[ChatMessage], add_generation_prompt: bool, continue_final: bool
+    ) -> str:
         try:
             text = self._wrapper.apply_chat_template(
                 [{"role": m.role, "content": m.content} for m in messages],
@@ -62,7 +71,36 @@ class MlxTokenizer:
                 raise
             message = f"this model's chat template cannot continue the final message: {error}"
             raise InvalidRequestError(message, param="messages") from None
-        return self.encode(str(text), scope)
+        return str(text)
+
+    def _spells_special(self, text: str) -> bool:
+        if self._pieces is not None:
+            return self._pieces.mentions_special(text)
+        return any(token in text for token in self._special_texts)
+
+    def _encode_quoting(
+        self,
+        messages: Sequence[ChatMessage],
+        text: str,
+        add_generation_prompt: bool,
+        continue_final: bool,
+    ) -> list[int]:
+        """A message spells a special token: render again with each message's text between
+        quote marks, so only the template's own markers become special tokens. Refused
+        where that cannot be done exactly (a template that rewrites the text it is given,
+        or a tokenizer that cannot read special tokens' text as text)."""
+        self._refuse_if_certainly_too_long(text)
+        quoted = [ChatMessage(m.role, f"{QUOTE_OPEN}{m.content}{QUOTE_CLOSE}") for m in messages]
+        with_quotes = self._template(quoted, add_generation_prompt, continue_final)
+        exact = with_quotes.replace(QUOTE_OPEN, "").replace(QUOTE_CLOSE, "") == text
+        marks_in_text = any(QUOTE_OPEN in m.content or QUOTE_CLOSE in m.content for m in messages)
+        if self._pieces is None or not self._pieces.can_quote or not exact or marks_in_text:
+            raise InvalidRequestError(
+                "a message spells one of the model's control tokens (such as <|im_end|>), "
+                "which this model's tokenizer cannot take as plain text",
+                param="messages",
+            )
+        return self._pieces.encode_quoted(with_quotes)
 
     def _refuse_if_certainly_too_long(self, text: str) -> None:
         """No token spans more than ``_longest_token`` bytes, so a text of more bytes than
