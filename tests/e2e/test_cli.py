@@ -28,14 +28,14 @@ def semantic(
 
 
 @pytest.mark.model
-def test_generate_answers_the_capital_of_france(tmp_path: Path) -> None:
-    result = semantic("generate", "What is the capital of France?", "--data-dir", str(tmp_path))
+def test_generate_answers_the_capital_of_france() -> None:
+    result = semantic("generate", "What is the capital of France?")
     assert result.returncode == 0, result.stderr
     assert "Paris" in result.stdout
 
 
-def test_an_unknown_model_name_is_one_clear_error(tmp_path: Path) -> None:
-    result = semantic("generate", "hi", "--model", "no-such-model", "--data-dir", str(tmp_path))
+def test_an_unknown_model_name_is_one_clear_error() -> None:
+    result = semantic("generate", "hi", "--model", "no-such-model")
     assert result.returncode == 2
     assert "unknown model 'no-such-model'" in result.stderr
     assert "Traceback" not in result.stderr
@@ -90,7 +90,7 @@ def test_an_incomplete_model_directory_is_one_clear_error(tmp_path: Path) -> Non
     broken = tmp_path / "broken-model"
     broken.mkdir()
     (broken / "config.json").write_text("{}")
-    result = semantic("generate", "hi", "--model", str(broken), "--data-dir", str(tmp_path))
+    result = semantic("generate", "hi", "--model", str(broken))
     assert result.returncode == 2
     assert "not a complete mlx-lm model directory" in result.stderr
     assert "Fix:" in result.stderr

@@ -314,6 +314,37 @@ def test_a_reply_sent_back_as_the_sdk_dumps_it_continues_the_conversation(
     assert "tool_calls are not supported" in refused.json()["error"]["message"]
 
 
+def test_content_parts_are_read_as_text_or_refused_by_their_kind(server: ServerProcess) -> None:
+    """As SDKs dump history: Anthropic text blocks carry ``citations: null``; LiteLLM puts
+    ``cache_control`` on OpenAI parts. Parts of kinds not served are refused by kind."""
+    client = anthropic.Anthropic(base_url=server.url, api_key="unused")
+    asked = {"role": "user", "content": [{"type": "text", "text": QUESTION, "citations": None}]}
+    reply = client.messages.create(model="default", max_tokens=2, messages=[asked])  # type: ignore[list-item]  # a dict as clients send it
+    dumped = {"role": "assistant", "content": [block.model_dump() for block in reply.content]}
+    assert "citations" in dumped["content"][0]
+    more = {"role": "user", "content": "Thanks."}
+    body = {"model": "default", "max_tokens": 1, "messages": [asked, dumped, more]}
+    assert httpx.post(f"{server.url}/v1/messages", json=body, timeout=60).status_code == 200
+    tool_use = {"type": "tool_use", "id": "t1", "name": "look", "input": {}}
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": ""}}
+    for block in (tool_use, image):
+        body["messages"] = [{"role": "user", "content": [block]}]
+        refused = httpx.post(f"{server.url}/v1/messages", json=body)
+        assert refused.status_code == 400
+        assert f"type {block['type']!r} is not supported" in refused.json()["error"]["message"]
+    cached = {"type": "text", "text": QUESTION, "cache_control": {"type": "ephemeral"}}
+    chat = {"model": "default", "max_tokens": 1}
+    chat["messages"] = [{"role": "user", "content": [cached]}]
+    served = httpx.post(f"{server.url}/v1/chat/completions", json=chat, timeout=60)
+    assert served.status_code == 200, served.text
+    picture = {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}
+    for part, says in ((picture, "type 'image_url' is not supported"), ({"type": "text"}, "needs")):
+        chat["messages"] = [{"role": "user", "content": [part]}]
+        refused = httpx.post(f"{server.url}/v1/chat/completions", json=chat)
+        assert refused.status_code == 400
+        assert says in refused.json()["error"]["message"]
+
+
 def test_streams_are_event_streams_and_bad_bodies_are_client_errors(server: ServerProcess) -> None:
     chat_body = {"model": "default", "max_tokens": 1, "stream": True}
     chat_body["messages"] = [{"role": "user", "content": "Hi"}]
@@ -333,6 +364,13 @@ def test_streams_are_event_streams_and_bad_bodies_are_client_errors(server: Serv
     assert refused.status_code == 400
     assert refused.json()["error"]["code"] == "context_length_exceeded"
     assert "at least" in refused.json()["error"]["message"]
+    truncated = httpx.post(f"{server.url}/v1/chat/completions", content=b'{"model": ')
+    assert truncated.status_code == 400
+    assert truncated.json()["error"]["code"] == "invalid_request"
+    assert "not valid JSON" in truncated.json()["error"]["message"]
+    named = {"X-Agent-Id": "エージェント".encode()}
+    unicode_id = httpx.post(f"{server.url}/v1/chat/completions", json=chat_body, headers=named)
+    assert "'エージェント'" in unicode_id.json()["error"]["message"]
     wrong_method = httpx.delete(f"{server.url}/v1/chat/completions")
     assert wrong_method.status_code == 405
     assert wrong_method.json()["error"]["type"] == "invalid_request_error"

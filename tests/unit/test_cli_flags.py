@@ -75,10 +75,10 @@ def test_the_prefault_may_be_the_whole_kv_budget_and_defaults_to_at_most_it() ->
 def test_generate_refuses_a_bad_flag_before_loading_the_model(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, flag: str, value: str, message: str
 ) -> None:
-    data_dir = tmp_path / "data"
-    line = refused(capsys, "generate", "hi", f"{flag}={value}", "--data-dir", str(data_dir))
+    models = tmp_path / "models"
+    line = refused(capsys, "generate", "hi", f"{flag}={value}", "--model-cache", str(models))
     assert line.startswith(f"semantic generate: error: argument {flag}: {message}")
-    assert not data_dir.exists()
+    assert not models.exists()
 
 
 def test_an_unknown_host_is_refused_before_the_data_directory_is_made(
@@ -96,3 +96,8 @@ def test_version_prints_the_installed_version(capsys: pytest.CaptureFixture[str]
         main(["--version"])
     assert exit_.value.code == 0
     assert capsys.readouterr().out == f"semantic {version('semantic')}\n"
+
+
+def test_an_unknown_flag_is_named_by_its_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
+    line = refused(capsys, "generate", "hi", "--bogus")
+    assert line == "semantic generate: error: unrecognized arguments: --bogus"

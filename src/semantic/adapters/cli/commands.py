@@ -17,7 +17,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     model_sub = model.add_subparsers(dest="model_command", required=True)
     pull = model_sub.add_parser("pull", parents=[common], help="fetch and convert a model")
     pull.add_argument("--force", action="store_true", help="fetch and convert again")
-    pull.set_defaults(handler=pull_model)
+    pull.set_defaults(handler=pull_model, parser=pull)
 
     generate = sub.add_parser("generate", parents=[common], help="stream one chat answer")
     generate.add_argument("prompt", help="the user message")
@@ -50,7 +50,9 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         default=[],
         help="a stop string (repeatable)",
     )
-    generate.set_defaults(handler=generate_text, check=lambda args: _check_sampling(generate, args))
+    generate.set_defaults(
+        handler=generate_text, parser=generate, check=lambda args: _check_sampling(generate, args)
+    )
 
 
 def _check_sampling(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -10,13 +10,15 @@ import sys
 from collections.abc import Sequence
 
 from semantic.adapters.cli import flags
-from semantic.config import DEFAULT_MODEL, WEIGHT_CHOICES, Settings, default_data_dir
+from semantic.config import DEFAULT_MODEL, WEIGHT_CHOICES, Settings
 from semantic.domain.errors import SemanticError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # said by the subcommand, with its own usage line, not the top level's
+        getattr(args, "parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     if check := getattr(args, "check", None):
         check(args)  # what no single option's type can see; a usage error (exit 2) if wrong
     logging.basicConfig(
@@ -38,7 +40,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def settings_from(args: argparse.Namespace, **overrides: object) -> Settings:
-    values: dict[str, object] = {"data_dir": args.data_dir, "model": args.model}
+    values: dict[str, object] = {"model": args.model}
+    if getattr(args, "data_dir", None):  # only ``serve`` keeps anything there
+        values["data_dir"] = args.data_dir
     if getattr(args, "model_cache", None):
         values["model_cache_dir"] = args.model_cache
     if getattr(args, "weights", None):
@@ -51,12 +55,6 @@ def _parser() -> argparse.ArgumentParser:
     from semantic.adapters.cli import commands, serve
 
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--data-dir",
-        type=flags.path,
-        default=default_data_dir(),
-        help="where KV blocks and the database live (default: %(default)s)",
-    )
     common.add_argument(
         "--model",
         type=flags.non_empty,

@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 
 from semantic.adapters.cli import flags
 from semantic.adapters.cli.progress import ProgressPrinter
+from semantic.config import default_data_dir
 from semantic.domain.errors import SemanticError
 
 log = logging.getLogger(__name__)
@@ -28,6 +29,12 @@ LAST_EVENTS_S = 10
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
     serve = sub.add_parser("serve", parents=[common], help="run the HTTP server")
+    serve.add_argument(
+        "--data-dir",
+        type=flags.path,
+        default=default_data_dir(),
+        help="where KV blocks and the database live (default: %(default)s)",
+    )
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default: %(default)s)")
     serve.add_argument("--port", type=flags.port, default=8000, help="port (default: %(default)s)")
     serve.add_argument(
@@ -110,7 +117,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         default=30.0,
         help="seconds running requests get to finish on SIGTERM (default: %(default)s)",
     )
-    serve.set_defaults(handler=run_server, check=lambda args: _check(serve, args))
+    serve.set_defaults(handler=run_server, parser=serve, check=lambda args: _check(serve, args))
 
 
 def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -8,10 +8,28 @@ import msgspec
 
 
 class TextBlock(msgspec.Struct, forbid_unknown_fields=True):
+    """A content block. Only text is read; ``cache_control`` (every prefix is cached here
+    anyway) and ``citations`` (a reply's sources, sent back with it as history) do not
+    change what the model reads. The other fields belong to kinds of block this server does
+    not take (tool use and results, images, documents, thinking): known, so that such a
+    block is refused by naming its kind (``translate.joined_text``), not an odd field."""
+
     type: str
     text: str | None = None
     cache_control: dict[str, Any] | None = None
-    """Anthropic clients mark cache breakpoints; every prefix is cached here anyway."""
+    citations: list[dict[str, Any]] | None = None
+    id: Any = None
+    name: Any = None
+    input: Any = None
+    tool_use_id: Any = None
+    content: Any = None
+    is_error: Any = None
+    source: Any = None
+    title: Any = None
+    context: Any = None
+    thinking: Any = None
+    signature: Any = None
+    data: Any = None
 
 
 class AnthropicMessage(msgspec.Struct, forbid_unknown_fields=True):

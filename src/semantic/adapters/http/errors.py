@@ -12,7 +12,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from litestar import Request, Response
-from litestar.exceptions import HTTPException, NotAuthorizedException, ValidationException
+from litestar.exceptions import (
+    ClientException,
+    HTTPException,
+    NotAuthorizedException,
+    SerializationException,
+    ValidationException,
+)
 
 from semantic.adapters.http.common import ClientGoneError
 from semantic.application.generation import GenerationFailedError
@@ -70,6 +76,14 @@ _ANTHROPIC_TYPES = {
 }
 
 
+_HTTP_KINDS = {
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "request_too_large",
+    415: "unsupported_media_type",
+}
+"""Error codes for what the framework refuses before a route runs."""
+
 _PLAIN: tuple[tuple[type[Exception], int, str], ...] = (
     (ClientGoneError, 499, "client_closed_request"),  # nginx's code: nobody reads it
     (AgentNotFoundError, 404, "not_found"),
@@ -105,8 +119,12 @@ def problem_for(error: Exception) -> Problem:
             return Problem(400, "invalid_request", "the request body is nested too deeply")
         case UnicodeError():
             return Problem(400, "invalid_request", f"the request body is not valid UTF-8: {error}")
+        case ClientException() if isinstance(error.__cause__, SerializationException):
+            message = f"the request body is not valid JSON: {error.detail}"
+            return Problem(400, "invalid_request", message)
         case HTTPException():
-            return Problem(error.status_code, "http_error", str(error.detail))
+            kind = _HTTP_KINDS.get(error.status_code, "http_error")
+            return Problem(error.status_code, kind, str(error.detail))
     for error_type, status, code in _PLAIN:
         if isinstance(error, error_type):
             return Problem(status, code, str(error))

@@ -7,6 +7,7 @@ characters, and never ``..``.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -31,11 +32,19 @@ class Identity:
 def checked_id(value: str, what: str) -> str:
     if not _ID.fullmatch(value) or ".." in value:
         raise InvalidRequestError(
-            f"invalid {what} {value[:140]!r}: use 1-128 ASCII letters, digits, '.', '_' or '-', "
+            f"invalid {what} {_shown(value)}: use 1-128 ASCII letters, digits, '.', '_' or '-', "
             "starting with a letter or digit, without '..'",
             param=what,
         )
     return value
+
+
+def _shown(value: str) -> str:
+    """The refused id as its sender wrote it, cut short: a header arrives decoded as
+    Latin-1, so UTF-8 sent there is decoded again."""
+    with contextlib.suppress(UnicodeError):
+        value = value.encode("latin-1").decode("utf-8")
+    return repr(value[:64]) + (f" ({len(value)} characters)" if len(value) > 64 else "")
 
 
 def identity(request: Request[Any, Any, Any]) -> Identity:

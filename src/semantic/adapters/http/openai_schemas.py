@@ -14,8 +14,18 @@ import msgspec
 
 
 class ContentPart(msgspec.Struct, forbid_unknown_fields=True):
+    """A content part: text, or an assistant's refusal (its text, sent back as history).
+    ``cache_control`` (LiteLLM passes Anthropic's on) changes nothing: every prefix is
+    cached here. The other fields belong to kinds of part this server does not take: known,
+    so that such a part is refused by naming its kind (``translate.joined_text``)."""
+
     type: str
     text: str | None = None
+    refusal: str | None = None
+    cache_control: dict[str, Any] | None = None
+    image_url: Any = None
+    input_audio: Any = None
+    file: Any = None
 
 
 class ChatMessageIn(msgspec.Struct, forbid_unknown_fields=True):

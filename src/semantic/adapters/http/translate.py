@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import msgspec
+
 from semantic.adapters.http.errors import ModelNotFoundError
 from semantic.domain.chat import ChatMessage
 from semantic.domain.errors import InvalidRequestError
@@ -48,16 +50,31 @@ def chat(role: str, content: str) -> ChatMessage:
     return ChatMessage(role, content)
 
 
-def joined_text(content: str | Sequence[object] | None, what: str) -> str:
+_READ_FIELDS = {"text": "text", "refusal": "refusal"}
+"""The kinds of content part read, and which field holds each one's text."""
+_NEUTRAL_FIELDS = frozenset({"type", "cache_control", "citations"})
+
+
+def joined_text(content: str | Sequence[msgspec.Struct] | None, what: str) -> str:
     """A message's content as one string: plain text, or the text of its text parts."""
     if content is None or isinstance(content, str):
         return content or ""
     parts = []
     for part in content:
-        kind, text = getattr(part, "type", None), getattr(part, "text", None)
-        if kind != "text":
+        kind = getattr(part, "type", None)
+        field = _READ_FIELDS.get(kind) if isinstance(kind, str) else None
+        if field is None or not hasattr(part, field):
             raise InvalidRequestError(f"{what} type {kind!r} is not supported", param="messages")
-        parts.append(text or "")
+        for name in part.__struct_fields__:
+            if name not in _NEUTRAL_FIELDS and name != field and getattr(part, name) is not None:
+                message = f"a {what} of type {kind!r} has no field {name!r}"
+                raise InvalidRequestError(message, param="messages")
+        text = getattr(part, field)
+        if not isinstance(text, str):
+            raise InvalidRequestError(
+                f"a {what} of type {kind!r} needs its {field!r}", param="messages"
+            )
+        parts.append(text)
     return "".join(parts)
 
 
