@@ -364,11 +364,16 @@ def test_streams_are_event_streams_and_bad_bodies_are_client_errors(server: Serv
     assert refused.status_code == 400
     assert refused.json()["error"]["code"] == "context_length_exceeded"
     assert "at least" in refused.json()["error"]["message"]
+    for path, limit in (("/v1/chat/completions", 2), ("/v1/messages", 1)):
+        body = {"model": "default", "max_tokens": 1, "messages": chat_body["messages"]}
+        hot = httpx.post(f"{server.url}{path}", json={**body, "temperature": limit + 0.5})
+        assert hot.status_code == 400, path
+        assert f"between 0 and {limit}" in hot.text
     truncated = httpx.post(f"{server.url}/v1/chat/completions", content=b'{"model": ')
     assert truncated.status_code == 400
     assert truncated.json()["error"]["code"] == "invalid_request"
     assert "not valid JSON" in truncated.json()["error"]["message"]
-    named = {"X-Agent-Id": "エージェント".encode()}
+    named = {b"X-Agent-Id": "エージェント".encode()}
     unicode_id = httpx.post(f"{server.url}/v1/chat/completions", json=chat_body, headers=named)
     assert "'エージェント'" in unicode_id.json()["error"]["message"]
     wrong_method = httpx.delete(f"{server.url}/v1/chat/completions")

@@ -20,6 +20,7 @@ from semantic.adapters.http.common import result_of, services, sse, sse_data, st
 from semantic.adapters.http.identity import identity
 from semantic.adapters.http.state import Services
 from semantic.adapters.http.translate import (
+    ANTHROPIC_MAX_TEMPERATURE,
     ANTHROPIC_STOP,
     chat,
     check_model,
@@ -56,7 +57,13 @@ class AnthropicController(Controller):
             who.namespace,
             who.agent_id,
             data.max_tokens,
-            sampling(data.temperature, data.top_p, None, data.top_k),
+            sampling(
+                data.temperature,
+                data.top_p,
+                None,
+                data.top_k,
+                max_temperature=ANTHROPIC_MAX_TEMPERATURE,
+            ),
             stop_strings(data.stop_sequences),
             who.priority,
         )

@@ -22,9 +22,25 @@ def check_model(requested: str, served: str) -> None:
         )
 
 
+OPENAI_MAX_TEMPERATURE = 2.0
+ANTHROPIC_MAX_TEMPERATURE = 1.0
+
+
 def sampling(
-    temperature: float | None, top_p: float | None, seed: int | None, top_k: int | None = None
+    temperature: float | None,
+    top_p: float | None,
+    seed: int | None,
+    top_k: int | None = None,
+    *,
+    max_temperature: float = OPENAI_MAX_TEMPERATURE,
 ) -> SamplingParams:
+    """The protocol's own temperature range is kept (OpenAI's 0-2, Anthropic's 0-1), so a
+    request that the real API would refuse is refused here too, not sampled near-randomly."""
+    if temperature is not None and temperature > max_temperature:
+        raise InvalidRequestError(
+            f"temperature must be between 0 and {max_temperature:g}, got {temperature}",
+            param="temperature",
+        )
     return SamplingParams(
         temperature=1.0 if temperature is None else temperature,
         top_p=1.0 if top_p is None else top_p,
