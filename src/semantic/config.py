@@ -63,6 +63,10 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
+    cors_origins: tuple[str, ...] = ()
+    """Web origins whose pages may call the server from a browser ("*": any); none by
+    default, so a page on another site cannot drive a local server through its user's
+    browser."""
     grace_s: float = 30.0
     max_body_bytes: int = 4 << 20
 

@@ -136,7 +136,8 @@ def test_stateful_agents_keep_transcripts_across_a_restart_and_fork_cheaply(
 
 
 def test_an_api_key_guards_every_route_but_health(new_server: Start) -> None:
-    server = new_server("--api-key", "s3cret")
+    page = "http://localhost:3000"
+    server = new_server("--api-key", "s3cret", "--cors-origin", page)
     assert httpx.get(f"{server.url}/health").status_code == 200
     assert httpx.get(f"{server.url}/v1/models").status_code == 401
     assert httpx.get(f"{server.url}/v1/models", headers={"x-api-key": "wrong"}).status_code == 401
@@ -145,6 +146,22 @@ def test_an_api_key_guards_every_route_but_health(new_server: Start) -> None:
         == 200
     )
     assert httpx.get(f"{server.url}/metrics", headers={"x-api-key": "s3cret"}).status_code == 200
+    # A browser page from an origin let in: its preflight carries no key, its request does.
+    asks = {"Origin": page, "Access-Control-Request-Method": "POST"}
+    asks["Access-Control-Request-Headers"] = "authorization, content-type, x-agent-id"
+    preflight = httpx.options(f"{server.url}/v1/chat/completions", headers=asks)
+    assert preflight.status_code in (200, 204), preflight.text
+    assert preflight.headers["access-control-allow-origin"] == page
+    keyed = {"Origin": page, "x-api-key": "s3cret"}
+    assert (
+        httpx.get(f"{server.url}/v1/models", headers=keyed).headers["access-control-allow-origin"]
+        == page
+    )
+    elsewhere = {"Origin": "http://evil.example", "x-api-key": "s3cret"}
+    assert (
+        "access-control-allow-origin"
+        not in httpx.get(f"{server.url}/v1/models", headers=elsewhere).headers
+    )
 
 
 def test_a_stream_that_outlives_the_grace_ends_with_an_error_not_a_cut(new_server: Start) -> None:

@@ -45,6 +45,15 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         "route but /health; default: $SEMANTIC_API_KEY, else none",
     )
     serve.add_argument(
+        "--cors-origin",
+        type=flags.non_empty,
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="let web pages from ORIGIN (such as http://localhost:3000, or *) call the "
+        "server from a browser; repeatable (default: none)",
+    )
+    serve.add_argument(
         "--kv-budget-mb",
         type=flags.positive_int,
         default=2048,
@@ -137,6 +146,7 @@ def run_server(args: argparse.Namespace) -> int:
         "host": args.host,
         "port": args.port,
         "api_key": args.api_key or os.environ.get("SEMANTIC_API_KEY") or None,
+        "cors_origins": tuple(args.cors_origin),
         "kv_budget_bytes": args.kv_budget_mb << 20,
         "prefault_bytes": min(prefault_mb, args.kv_budget_mb) << 20,
         "kv_at_rest": args.kv_at_rest,
@@ -186,7 +196,13 @@ def run_server(args: argparse.Namespace) -> int:
         await stop_services(services, settings.grace_s)
         _exit(0)
 
-    app = create_app(start, stop, api_key=settings.api_key, max_body_bytes=settings.max_body_bytes)
+    app = create_app(
+        start,
+        stop,
+        api_key=settings.api_key,
+        max_body_bytes=settings.max_body_bytes,
+        cors_origins=settings.cors_origins,
+    )
     config = uvicorn.Config(
         app,
         log_level="info" if args.log_info else "warning",

@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from litestar import Litestar
+from litestar.config.cors import CORSConfig
 from litestar.openapi import OpenAPIConfig
 from litestar.types import ASGIApp
 
@@ -39,6 +40,7 @@ def create_app(
     *,
     api_key: str | None = None,
     max_body_bytes: int = 4 << 20,
+    cors_origins: tuple[str, ...] = (),
 ) -> ASGIApp:
     """``start`` builds the services (load the model, open storage); ``stop`` drains them."""
     state = ServerState()
@@ -57,11 +59,22 @@ def create_app(
                 services, state.services = state.services, None
                 await stop(services)
 
-    return edge(app_for(state, observer, lifespan, max_body_bytes), api_key)
+    app = app_for(state, observer, lifespan, max_body_bytes, cors_origins)
+    return edge(app, api_key, cors=bool(cors_origins))
 
 
-def app_for(state: ServerState, observer: Metrics, lifespan: Any, max_body_bytes: int) -> Litestar:
+def app_for(
+    state: ServerState,
+    observer: Metrics,
+    lifespan: Any,
+    max_body_bytes: int,
+    cors_origins: tuple[str, ...] = (),
+) -> Litestar:
+    cors = None
+    if cors_origins:  # the headers clients send: the SDKs' own, ours, and the key's
+        cors = CORSConfig(allow_origins=list(cors_origins), allow_headers=["*"])
     return Litestar(
+        cors_config=cors,
         route_handlers=[OpenAIController, AnthropicController, AgentController, health, metrics],
         lifespan=[lifespan],
         exception_handlers={Exception: errors.handle},

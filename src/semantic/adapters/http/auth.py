@@ -24,8 +24,10 @@ _SMUGGLED = re.compile(rb"%(2f|5c|00)|%2e%2e|(^|/)\.\.(/|$)|//", re.IGNORECASE)
 _BAD_PATH = Problem(400, "invalid_path", "the path holds an encoded separator or a '..' segment")
 
 
-def edge(app: ASGIApp, api_key: str | None) -> ASGIApp:
-    """``app`` behind the path check and, if ``api_key`` is set, the key check."""
+def edge(app: ASGIApp, api_key: str | None, *, cors: bool = False) -> ASGIApp:
+    """``app`` behind the path check and, if ``api_key`` is set, the key check. With
+    ``cors``, a browser's preflight (an OPTIONS asking what it may send) passes without the
+    key, which it never carries; the request it clears must carry it."""
     expected = api_key.encode() if api_key else None
 
     async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
@@ -36,7 +38,7 @@ def edge(app: ASGIApp, api_key: str | None) -> ASGIApp:
         if _SMUGGLED.search(scope.get("raw_path") or path.encode()):
             await _refuse(send, path, _BAD_PATH)
             return
-        if expected is not None and path not in OPEN_PATHS:
+        if expected is not None and path not in OPEN_PATHS and not (cors and _preflight(scope)):
             headers = {k.lower(): v for k, v in scope["headers"]}
             given = headers.get(b"x-api-key") or _bearer(headers.get(b"authorization"))
             if given is None or not hmac.compare_digest(given, expected):
@@ -58,6 +60,11 @@ async def _refuse(send: Send, path: str, problem: Problem) -> None:
         }
     )
     await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def _preflight(scope: Scope) -> bool:
+    names = {k.lower() for k, _ in scope["headers"]}
+    return scope.get("method") == "OPTIONS" and b"access-control-request-method" in names
 
 
 def _bearer(header: bytes | None) -> bytes | None:
