@@ -255,6 +255,17 @@ def test_quarantine_moves_the_file_aside(store: KVBlockStore, tmp_path: Path) ->
     assert len(list((tmp_path / "quarantine").iterdir())) == 1
 
 
+def test_a_file_that_cannot_go_into_quarantine_is_deleted(
+    store: KVBlockStore, tmp_path: Path
+) -> None:
+    """``blocks/`` on another filesystem, or a quarantine that cannot be written: the bad
+    file must still never be read as good (QA pass 6: a 500 on every turn before)."""
+    (tmp_path / "quarantine").write_text("not a directory")
+    store.save("aa" * 32, kv_blocks())
+    store.quarantine("aa" * 32)
+    assert store.keys() == set()
+
+
 def record(key: str, parent: str = "root", tokens: tuple[int, ...] = (1, 2, 3)) -> BlockRecord:
     return BlockRecord(key, parent, "default", tokens, 100, "sum")
 

@@ -18,8 +18,11 @@ class FakeBlockStore:
         self.quarantined: list[str] = []
         self.saves: list[str] = []
         self.loads: list[str] = []
+        self.full = False  # a full disk: every save fails
 
     def save(self, key: str, layers: Sequence[KVBlock]) -> StoredFile:
+        if self.full:
+            raise OSError(28, "No space left on device")
         payloads = [LayerPayload(b.layer, b.start, b.n_tokens, b.payload) for b in layers]
         checksum = f"sum-{key[:8]}"
         self.files[key] = (payloads, checksum)

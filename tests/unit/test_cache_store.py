@@ -17,6 +17,7 @@ from tests.unit.fakes import FakeBackend, FakeTokenizer, next_token
 from tests.unit.storage_fakes import FakeBlockStore, FakeMetadataStore
 
 SYSTEM = [7, 3, 9, 1, 4, 4, 2, 8, 6, 5]  # 10 tokens: 2 full blocks of 4 and a partial
+MAX_STEPS = 2000  # far more than any request here needs: beyond it, the engine is stuck
 
 
 class Harness:
@@ -58,7 +59,9 @@ class Harness:
         )
         self.store.release(prefix)
         done = None
-        while self.engine.has_work():
+        for _ in range(MAX_STEPS):
+            if not self.engine.has_work():
+                break
             for event in self.engine.step().events:
                 if isinstance(event, CompletionEvent):
                     self.store.adopt(event, agent)
@@ -179,6 +182,24 @@ async def test_a_corrupt_block_is_quarantined_and_the_request_recomputes() -> No
     assert after.store.stats.corrupt_blocks == 1
     assert prefix.matched_tokens == 4, "only the block before the bad one is used"
     assert done.token_ids == cold(follow, 5)
+
+
+async def test_a_corrupt_block_whose_quarantine_fails_still_leaves_a_right_answer() -> None:
+    """A read-only data directory: marking the block fails, the request recomputes."""
+    before = await started(Harness())
+    first, _ = await before.ask([*SYSTEM, 11, 12])
+    after = await started(Harness(block_store=before.block_store, metadata=before.metadata))
+    after.block_store.corrupted.add(next(iter(before.metadata.agent_rows.values())).block_keys[1])
+
+    async def read_only(key: str) -> None:
+        raise OSError(30, "Read-only file system")
+
+    after.metadata.quarantine_block = read_only  # type: ignore[method-assign]  # a failing disk
+    follow = [*SYSTEM, 11, 12, *first.token_ids, 13]
+    done, prefix = await after.ask(follow)
+    assert prefix.matched_tokens == 4, "only the block before the bad one is used"
+    assert done.token_ids == cold(follow, 5)
+    assert not pinned(after)
 
 
 async def test_a_restore_of_more_blocks_than_readers_comes_back_in_order() -> None:
@@ -321,6 +342,18 @@ async def test_memory_pressure_evicts_idle_saved_blocks_before_refusing() -> Non
         done, _ = await h.ask([agent + 1, *SYSTEM[1:], 40 + agent], agent=f"a{agent}")
         assert done.finish_reason.value != "pool_exhausted"
     assert len(h.store.hot) < 8 * 4
+    h.pool.check_integrity()
+
+
+async def test_blocks_whose_save_failed_give_their_memory_back_under_pressure() -> None:
+    """A full disk: no save will ever make these blocks safe on disk, so waiting for that
+    would hold the pool, and every later request, forever (QA pass 6)."""
+    h = await started(Harness(capacity=40))
+    h.block_store.full = True
+    for agent in range(8):
+        done, _ = await h.ask([agent + 1, *SYSTEM[1:], 40 + agent], agent=f"a{agent}")
+        assert (done.finish_reason.value, done.error) == ("max_tokens", None)
+    assert h.store.stats.saves_failed == 8
     h.pool.check_integrity()
 
 

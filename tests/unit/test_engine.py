@@ -7,7 +7,12 @@ from typing import Any
 import pytest
 
 from semantic.application.active_request import StoredPrefix
-from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
+from semantic.application.engine import (
+    NO_ROOM_FAILURE,
+    NO_ROOM_PATIENCE_S,
+    BlockPoolBatchEngine,
+    EngineConfig,
+)
 from semantic.application.events import CompletionEvent, TokenEvent
 from semantic.application.prefix_pins import HEAD_PIN_PATIENCE_S
 from semantic.application.scheduler.pacer import PacerConfig
@@ -548,4 +553,30 @@ def test_a_request_waits_while_finished_blocks_fill_the_pool_then_runs() -> None
     done = completions(run_until_idle(engine))[rid]
     assert list(done.token_ids) == cold_tokens(fresh, 2)
     engine.release_blocks(rid)
+    assert engine.pool.used_count == 0
+
+
+def test_a_head_with_nothing_running_is_refused_when_no_memory_comes_free() -> None:
+    """Memory held by what never lets go (a save hung on a dead disk): after its patience
+    the head is refused (an HTTP 429 to retry), and the next in line is not stuck behind."""
+    now = [0.0]
+    engine = BlockPoolBatchEngine(
+        FakeBackend(),
+        FakeTokenizer(),
+        BlockPool(16),
+        EngineConfig(prefill_chunk_tokens=4, max_context=512, pacer=PacerConfig(fixed_tokens=8)),
+        clock=lambda: now[0],
+    )
+    held = engine.submit("agent", PROMPT, max_tokens=5)
+    run_until_idle(engine)  # its blocks stay held: never released, as if never saved
+    fresh = [(7 * i) % 50 + 1 for i in range(18)]
+    rid = engine.submit("other", fresh, max_tokens=2)
+    for _ in range(3):
+        engine.step()
+    assert engine.waiting == 1
+    now[0] += NO_ROOM_PATIENCE_S
+    done = completions(run_until_idle(engine))[rid]
+    assert (done.finish_reason, done.error) == (FinishReason.ERROR, NO_ROOM_FAILURE)
+    assert engine.waiting == 0
+    engine.release_blocks(held)
     assert engine.pool.used_count == 0

@@ -33,6 +33,7 @@ from semantic.application.scheduler.prefill_adder import Plan, PrefillAdder
 from semantic.application.scheduler.request_queue import RequestQueue
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.blocks import AgentBlocks
+from semantic.domain.errors import NoRoomCameError
 from semantic.domain.generation import (
     GREEDY,
     CompletionCriteria,
@@ -61,6 +62,13 @@ class StepResult:
     decoding: int
     prefilling: int
     waiting: int
+
+
+NO_ROOM_PATIENCE_S = 30.0
+"""How long the head of the queue waits, with nothing running, for memory held elsewhere
+(finished requests' KV on its way to disk) before it is refused, so that a hold that never
+ends (a save hung on a dead disk) leaves a 429 to retry, not a request that never answers."""
+NO_ROOM_FAILURE = f"no KV memory came free within {NO_ROOM_PATIENCE_S:.0f} s with nothing running"
 
 
 class BlockPoolBatchEngine:
@@ -308,7 +316,19 @@ class BlockPoolBatchEngine:
             active.short_of_room_since = None
             return False
         items = self._queue.items()
-        return self._pins.make_room(active, items, lambda: self._grow(active, len(active.prompt)))
+        if self._pins.make_room(active, items, lambda: self._grow(active, len(active.prompt))):
+            return True
+        self._refuse_if_no_room_comes(active)
+        return False
+
+    def _refuse_if_no_room_comes(self, active: ActiveRequest) -> None:
+        since = active.short_of_room_since
+        if since is None:
+            active.short_of_room_since = self._clock()
+        elif self._clock() - since >= NO_ROOM_PATIENCE_S:
+            active.reservation.release()
+            self._queue.cancel(active.id)
+            self._failed_admissions.append((active, NoRoomCameError(NO_ROOM_FAILURE)))
 
     def _undo(self, active: ActiveRequest) -> None:
         self._backend.close_sequence(active.id, 0)
@@ -412,7 +432,9 @@ class BlockPoolBatchEngine:
 
     def _fail(self, active: ActiveRequest, error: Exception, events: list[EngineEvent]) -> None:
         active.detector.end(FinishReason.ERROR)
-        self._complete(active, events, keep_kv=False, error=f"{type(error).__name__}: {error}")
+        reason = str(error) if isinstance(error, NoRoomCameError) else None
+        reason = reason or f"{type(error).__name__}: {error}"
+        self._complete(active, events, keep_kv=False, error=reason)
 
     def _complete(
         self,

@@ -13,10 +13,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from semantic.application.cache.store import AgentCacheStore
+from semantic.application.engine import NO_ROOM_FAILURE
 from semantic.application.engine_loop import SHUTDOWN_FAILURE, AsyncEventStream, EngineLoop
 from semantic.application.events import CompletionEvent, TokenEvent
 from semantic.domain.errors import (
     InvalidRequestError,
+    NoRoomCameError,
     PromptTooLongError,
     SemanticError,
     ShuttingDownError,
@@ -262,6 +264,8 @@ class GenerationHandle:
 def _result(event: CompletionEvent) -> GenerationResult:
     if event.finish_reason is FinishReason.ERROR and event.error == SHUTDOWN_FAILURE:
         raise ShuttingDownError(SHUTDOWN_FAILURE)
+    if event.finish_reason is FinishReason.ERROR and event.error == NO_ROOM_FAILURE:
+        raise NoRoomCameError(NO_ROOM_FAILURE)
     if event.finish_reason is FinishReason.ERROR:
         raise GenerationFailedError(f"generation failed: {event.error or 'unknown error'}")
     usage = Usage(event.prompt_tokens, event.stats.generated_tokens, event.stats.cached_tokens)

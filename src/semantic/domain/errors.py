@@ -40,6 +40,11 @@ class PoolExhaustedError(SemanticError):
         self.capacity = capacity
 
 
+class NoRoomCameError(SemanticError):
+    """Nothing ran, and no KV memory came free for a request within its patience: what
+    held the memory may never let go. Retrying later is the caller's choice."""
+
+
 class BlockOwnershipError(SemanticError):
     """An owner tried to release or share a block it does not hold."""
 

@@ -28,6 +28,7 @@ from semantic.domain.errors import (
     AgentNotFoundError,
     InvalidRequestError,
     ModelUnavailableError,
+    NoRoomCameError,
     PoolExhaustedError,
     PromptTooLongError,
     QueueFullError,
@@ -107,7 +108,7 @@ def problem_for(error: Exception) -> Problem:
             return Problem(400, kind, str(error), error.param)
         case QueueFullError():
             return Problem(429, "queue_full", str(error), retry_after=error.retry_after_s)
-        case PoolExhaustedError():
+        case PoolExhaustedError() | NoRoomCameError():
             return Problem(429, "out_of_memory", f"{error}; retry later", retry_after=2.0)
         case ModelUnavailableError() | ShuttingDownError() | StorageUnavailableError():
             return Problem(503, "unavailable", str(error), retry_after=5.0)

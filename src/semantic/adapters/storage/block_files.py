@@ -12,9 +12,11 @@ next writes instead of new files: see ``BlockFiles.delete``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import json
+import logging
 import math
 import os
 import secrets
@@ -31,6 +33,8 @@ import xxhash
 
 from semantic.adapters.files import fsync_directory
 from semantic.domain.errors import CacheCorruptionError
+
+log = logging.getLogger(__name__)
 
 Allocate = Callable[[int], np.ndarray]
 """``allocate(n_bytes)`` -> a writable, C-contiguous uint8 array of that size to fill."""
@@ -143,13 +147,22 @@ class BlockFiles:
             raise CacheCorruptionError(f"block file {path.name} is unreadable: {error}") from error
 
     def quarantine(self, key: str) -> Path | None:
-        """Move a bad file aside for inspection; returns where it went (None if missing)."""
+        """Move a bad file aside for inspection; returns where it went (None if missing, or
+        if it could not be kept). Where it cannot be moved there (``blocks/`` on another
+        filesystem, a read-only quarantine), it is deleted; where it cannot be deleted
+        either, it stays: the caller marks its row, and a bad file is never read as good."""
         source = self.path(key)
         if not source.exists():
             return None
-        self.quarantine_dir.mkdir(parents=True, exist_ok=True)
         target = self.quarantine_dir / f"{key}.{int(time.time())}{SUFFIX}"
-        os.replace(source, target)
+        try:
+            self.quarantine_dir.mkdir(parents=True, exist_ok=True)
+            os.replace(source, target)
+        except OSError as error:
+            log.warning("cannot move block file %s into quarantine (%s)", source.name, error)
+            with contextlib.suppress(OSError):
+                source.unlink()
+            return None
         return target
 
     def delete(self, key: str) -> None:

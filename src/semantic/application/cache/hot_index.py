@@ -2,7 +2,7 @@
 
 Every hot block is held in the pool by the owner ``CACHE_OWNER``; a request that restores
 from it adds its own hold until it has copied the data. Eviction takes the least recently
-used blocks that are safe on disk and that nobody else holds.
+used blocks that are safe on disk, or that could not be saved, and that nobody else holds.
 """
 
 from __future__ import annotations
@@ -29,6 +29,9 @@ class HotBlock:
     tokens: tuple[int, ...]
     layers: tuple[KVBlock | None, ...]
     persisted: bool = False
+    save_failed: bool = False
+    """Its save failed (a full disk, say): nothing will make it safe on disk, so it may be
+    dropped like a persisted block, or memory it holds would never come back."""
     last_used: float = field(default=0.0)
 
     @property
@@ -99,6 +102,12 @@ class HotIndex:
                 if key in self._blocks:
                     self._blocks[key].persisted = True
 
+    def mark_save_failed(self, keys: Iterable[str]) -> None:
+        with self._lock:
+            for key in keys:
+                if key in self._blocks and not self._blocks[key].persisted:
+                    self._blocks[key].save_failed = True
+
     def evict(self, n_pool_blocks: int) -> int:
         """Drop least recently used evictable blocks until ``n_pool_blocks`` pool blocks are
         free again (or nothing more can go); returns how many pool blocks were freed."""
@@ -108,7 +117,8 @@ class HotIndex:
                 if freed >= n_pool_blocks:
                     break
                 block = self._blocks[key]
-                if block.persisted and self._only_cache_holds(block):
+                evictable = block.persisted or block.save_failed
+                if evictable and self._only_cache_holds(block):
                     freed += len(self._drop(block))
         return freed
 

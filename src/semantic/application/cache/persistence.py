@@ -154,8 +154,11 @@ class Saver:
                 await self._save(job)
             except Exception:
                 self._stats.saves_failed += 1
+                self._hot.mark_save_failed(block.key for block in job.chain)
                 log.exception(
-                    "saving %s/%s failed; its KV stays in memory only", job.namespace, job.agent_id
+                    "saving %s/%s failed; its KV stays in memory only, until memory is needed",
+                    job.namespace,
+                    job.agent_id,
                 )
             finally:
                 future = self._pending.pop(job.request_id, None)

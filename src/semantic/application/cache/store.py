@@ -139,6 +139,8 @@ class AgentCacheStore:
         if corrupt is not None:
             try:
                 await self._loader.quarantine(corrupt)
+            except Exception as error:  # noqa: BLE001 - the request recomputes from there anyway
+                log.warning("could not quarantine block %s: %s", corrupt[:16], error)
             except BaseException:  # the caller went away meanwhile: nobody will release it
                 self._pool.release_owner(pin)
                 raise
