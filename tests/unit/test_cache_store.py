@@ -386,3 +386,18 @@ async def test_block_files_beside_a_database_that_knows_none_are_set_aside_not_d
     fresh = await started(Harness(block_store=h.block_store))  # a new, empty database
     assert not fresh.block_store.files
     assert set(fresh.block_store.quarantined) == kept
+
+
+async def test_a_disk_quota_below_one_conversation_cuts_its_end_and_keeps_its_prefix() -> None:
+    """The agent saved last is cut too when nothing else is left to drop: a cap, not a
+    target (QA pass 6: 45 MiB on disk under a 5 MiB quota)."""
+    h = await started(Harness(quota=50))
+    first, _ = await h.ask([*SYSTEM, 11, 12])
+    assert 0 < await h.metadata.total_block_bytes() <= 50
+    kept = h.metadata.agent_rows[("default", "a")].block_keys
+    assert 0 < len(kept) < 5, "a prefix of its five blocks"
+    assert set(h.block_store.files) == set(h.metadata.block_rows)
+    follow = [*SYSTEM, 11, 12, *first.token_ids, 13]
+    done, _ = await h.ask(follow)
+    assert done.token_ids == cold(follow, 5)
+    assert await h.metadata.total_block_bytes() <= 50

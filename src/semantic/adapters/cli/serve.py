@@ -79,8 +79,9 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         "--disk-quota-mb",
         type=flags.positive_int,
         default=None,
-        help="disk for KV blocks, MiB; least recently used agents' blocks go first (default: "
-        "no quota)",
+        help="disk for KV blocks, MiB: least recently used agents' blocks go first, then the "
+        "end of the conversation saved last; up to 4 spare block files (~12 MB each here) "
+        "are kept beside it to be written over (default: no quota)",
     )
     serve.add_argument(
         "--max-tokens-cap",

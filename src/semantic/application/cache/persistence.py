@@ -14,7 +14,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from semantic.application.cache.hot_index import HotBlock, HotIndex
@@ -195,11 +195,17 @@ class Saver:
         return records
 
     async def _enforce_quota(self, namespace: str, agent_id: str) -> None:
-        """Over the disk quota: drop least recently used agents' unshared blocks."""
-        if self._quota is None or await self._metadata.total_block_bytes() <= self._quota:
+        """Over the disk quota: drop least recently used agents' unshared blocks, then, if
+        that is not enough, the end of the agent just saved, which keeps its prefix: the
+        quota is a cap, not a target (the files kept to be written over, ``SPARES`` of them,
+        are outside it)."""
+        quota = self._quota
+        if quota is None or await self._metadata.total_block_bytes() <= quota:
             return
+        newest: AgentRecord | None = None
         for agent in sorted(await self._metadata.agents(), key=lambda a: a.last_used):
             if (agent.namespace, agent.agent_id) == (namespace, agent_id):
+                newest = agent
                 continue
             records = await self._metadata.blocks(agent.block_keys)
             keep: list[str] = []
@@ -207,12 +213,28 @@ class Saver:
                 if key not in records or records[key].ref_count <= 1:
                     break
                 keep.append(key)
-            if len(keep) == len(agent.block_keys):
-                continue
+            if await self._cut(agent, keep, records, quota):
+                return
+        if newest is not None:
+            await self._cut_end(newest, quota)
+
+    async def _cut_end(self, agent: AgentRecord, quota: int) -> None:
+        """Drop the agent's unshared blocks from its end until the quota holds."""
+        records = await self._metadata.blocks(agent.block_keys)
+        excess = await self._metadata.total_block_bytes() - quota
+        keep = list(agent.block_keys)
+        while keep and excess > 0 and keep[-1] in records and records[keep[-1]].ref_count <= 1:
+            excess -= records[keep.pop()].nbytes
+        await self._cut(agent, keep, records, quota)
+
+    async def _cut(
+        self, agent: AgentRecord, keep: list[str], records: Mapping[str, BlockRecord], quota: int
+    ) -> bool:
+        """Keep only ``keep`` of the agent's blocks on disk; True once within the quota."""
+        if len(keep) < len(agent.block_keys):
             tokens = sum(records[k].n_tokens for k in keep)
             shorter = dataclasses.replace(agent, block_keys=tuple(keep), token_count=tokens)
             orphans = await self._metadata.save_agent_blocks(shorter, [])
             self._hot.remove(orphans)
             await self.delete_files(orphans)
-            if await self._metadata.total_block_bytes() <= self._quota:
-                return
+        return await self._metadata.total_block_bytes() <= quota
