@@ -13,7 +13,7 @@ from semantic.adapters.storage.data_dir_lock import (
     acquire_data_directory,
     release_data_directory,
 )
-from semantic.domain.errors import DataDirectoryInUseError
+from semantic.domain.errors import DataDirectoryInUseError, DataDirectoryUnusableError
 
 TRY_TO_HOLD = """
 import sys
@@ -73,3 +73,9 @@ def test_a_killed_holder_leaves_no_stale_lock(tmp_path: Path) -> None:
     holder.kill()
     holder.wait(timeout=60)
     release_data_directory(acquire_data_directory(tmp_path))
+
+
+def test_a_data_directory_that_is_a_file_is_named_so(tmp_path: Path) -> None:
+    (tmp_path / "data").write_text("a file")
+    with pytest.raises(DataDirectoryUnusableError, match="is a file, not a directory"):
+        acquire_data_directory(tmp_path / "data")

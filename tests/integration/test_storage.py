@@ -20,7 +20,12 @@ from semantic.adapters.storage.block_files import SPARES, BlockFiles, safetensor
 from semantic.adapters.storage.kv_block_store import KVBlockStore
 from semantic.adapters.storage.sqlite_metadata import SqliteMetadataStore
 from semantic.domain.blocks import KVBlock
-from semantic.domain.errors import AgentExistsError, CacheCorruptionError, StorageUnavailableError
+from semantic.domain.errors import (
+    AgentExistsError,
+    CacheCorruptionError,
+    DataDirectoryUnusableError,
+    StorageUnavailableError,
+)
 from semantic.ports.metadata_store import AgentRecord, BlockRecord, MessageRecord
 
 
@@ -279,6 +284,19 @@ async def test_the_metadata_schema_is_created_in_wal_mode_and_reopens(tmp_path: 
     with sqlite3.connect(tmp_path / "semantic.db") as raw:
         assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert raw.execute("SELECT max(version) FROM schema_version").fetchone()[0] == 1
+
+
+async def test_a_data_directory_with_files_where_its_parts_belong_is_named(
+    tmp_path: Path,
+) -> None:
+    """Refused at start with what is wrong (QA pass 6: a healthy server whose every save
+    failed, or a raw SQLAlchemy error)."""
+    (tmp_path / "blocks").write_text("not a directory")
+    with pytest.raises(DataDirectoryUnusableError, match="blocks is a file"):
+        BlockFiles(tmp_path / "blocks")
+    (tmp_path / "semantic.db").write_bytes(b"not a database, just bytes" * 100)
+    with pytest.raises(DataDirectoryUnusableError, match="cannot be read"):
+        await SqliteMetadataStore(tmp_path / "semantic.db").open()
 
 
 async def test_reference_counts_follow_agents_and_orphans_are_returned(tmp_path: Path) -> None:

@@ -113,6 +113,11 @@ class StorageUnavailableError(SemanticError):
     database); nothing half-done was kept, and the caller may retry."""
 
 
+class DataDirectoryUnusableError(SemanticError):
+    """The data directory, or a part of it, is not what the server can keep data in (a
+    file where a directory belongs, a database file that is not one)."""
+
+
 class DataDirectoryInUseError(SemanticError):
     """Another process holds the data directory: two stores on one directory would collect
     each other's blocks."""

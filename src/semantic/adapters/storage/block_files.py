@@ -32,7 +32,7 @@ import numpy as np
 import xxhash
 
 from semantic.adapters.files import fsync_directory
-from semantic.domain.errors import CacheCorruptionError
+from semantic.domain.errors import CacheCorruptionError, DataDirectoryUnusableError
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,9 @@ under 0.1 s) has finished with it."""
 
 class BlockFiles:
     def __init__(self, root: Path) -> None:
+        for directory in (root, root.parent / "quarantine"):
+            if directory.exists() and not directory.is_dir():
+                raise DataDirectoryUnusableError(f"{directory} is a file, not a directory")
         self.root = root
         self.quarantine_dir = root.parent / "quarantine"
         self.spare_dir = root / "spare"

@@ -18,7 +18,7 @@ import os
 import threading
 from pathlib import Path
 
-from semantic.domain.errors import DataDirectoryInUseError
+from semantic.domain.errors import DataDirectoryInUseError, DataDirectoryUnusableError
 
 _held: dict[Path, tuple[int, int]] = {}  # resolved directory -> (fd, holders in this process)
 _guard = threading.Lock()
@@ -27,7 +27,12 @@ _guard = threading.Lock()
 def acquire_data_directory(directory: Path) -> Path:
     """Hold ``directory`` for this process; returns the key to ``release_data_directory``.
     Raises ``DataDirectoryInUseError`` when another process holds it."""
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise DataDirectoryUnusableError(
+            f"the data directory {directory} is a file, not a directory (or lies under one)"
+        ) from None
     key = directory.resolve()
     with _guard:
         if key in _held:

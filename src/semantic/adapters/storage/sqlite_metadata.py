@@ -12,7 +12,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from sqlalchemy import delete, event, func, insert, select, update
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from semantic.adapters.storage.block_rows import BlockRow, BlockRows
@@ -25,7 +25,11 @@ from semantic.adapters.storage.sqlite_rows import (
     block_row_of,
     configure_connection,
 )
-from semantic.domain.errors import AgentExistsError, StorageUnavailableError
+from semantic.domain.errors import (
+    AgentExistsError,
+    DataDirectoryUnusableError,
+    StorageUnavailableError,
+)
 from semantic.ports.metadata_store import AgentRecord, BlockRecord, MessageRecord
 
 P = ParamSpec("P")
@@ -62,9 +66,20 @@ class SqliteMetadataStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         engine = create_async_engine(f"sqlite+aiosqlite:///{self.path}", pool_size=4)
         event.listen(engine.sync_engine, "connect", configure_connection)
-        async with engine.connect() as connection:
-            self.created = await migrate(connection) == 0
-            self._rows.put(block_row_of(row) for row in await connection.execute(select(blocks)))
+        try:
+            async with engine.connect() as connection:
+                self.created = await migrate(connection) == 0
+                rows = await connection.execute(select(blocks))
+                self._rows.put(block_row_of(row) for row in rows)
+        except DatabaseError as error:
+            await engine.dispose()
+            if isinstance(error, OperationalError):  # locked, a full disk...: not the file
+                raise
+            raise DataDirectoryUnusableError(
+                f"the metadata database {self.path} cannot be read ({error.orig}); move it "
+                "aside to start with an empty one (the block files beside it are then set "
+                "aside too)"
+            ) from error
         self._engine = engine
 
     async def close(self) -> None:
