@@ -49,7 +49,10 @@ GROWTH_BLOCKS = 2
 """Turns go on until the conversation has grown by this many blocks: each turn rewrites the
 partial last block, whose size depends on where the turn ends in its block, so turns
 spread over whole blocks meet every size about equally, at any history length (eight turns
-alone, ~300 tokens, gave a largest / smallest of 1.18x, 2.23x and 2.01x in three runs)."""
+alone, ~300 tokens, gave a largest / smallest of 1.18x, 2.23x and 2.01x in three runs).
+The longest history stops short of that where the next turn would pass the context."""
+ROOM = 128
+"""Tokens a next turn needs: its question, its reply and the template's markers."""
 FOLLOW_UPS = (
     "Thanks! Could you say that again, briefly?",
     "What would you add to that?",
@@ -84,6 +87,10 @@ async def measure(size: int, data_dir: Path) -> dict[str, float]:
     stats = services.cache.stats
     before_bytes, before_seconds = stats.bytes_written, stats.write_seconds
     start_tokens, turns = len(tokenizer.render_chat(messages)), 0
+    growth, context = (
+        GROWTH_BLOCKS * services.spec.block_tokens,
+        services.generation.limits.max_context,
+    )
     for question in itertools.cycle(FOLLOW_UPS):
         messages += [ChatMessage("assistant", reply), ChatMessage("user", question)]
         reply = await turn(services, messages, agent)
@@ -91,8 +98,8 @@ async def measure(size: int, data_dir: Path) -> dict[str, float]:
         # it, and its time would grow with that prefill's context, not with what it writes.
         await services.cache.flush()
         turns += 1
-        grown = len(tokenizer.render_chat(messages)) - start_tokens
-        if turns >= len(FOLLOW_UPS) and grown >= GROWTH_BLOCKS * services.spec.block_tokens:
+        now = len(tokenizer.render_chat(messages))
+        if (turns >= len(FOLLOW_UPS) and now - start_tokens >= growth) or now + ROOM > context:
             break
     written = (stats.bytes_written - before_bytes) / turns
     write_ms = (stats.write_seconds - before_seconds) * 1e3 / turns
