@@ -366,9 +366,10 @@ def test_streams_are_event_streams_and_bad_bodies_are_client_errors(server: Serv
     assert "at least" in refused.json()["error"]["message"]
     for path, limit in (("/v1/chat/completions", 2), ("/v1/messages", 1)):
         body = {"model": "default", "max_tokens": 1, "messages": chat_body["messages"]}
-        hot = httpx.post(f"{server.url}{path}", json={**body, "temperature": limit + 0.5})
-        assert hot.status_code == 400, path
-        assert f"between 0 and {limit}" in hot.text
+        for temperature in (limit + 0.5, -0.01):
+            refused = httpx.post(f"{server.url}{path}", json={**body, "temperature": temperature})
+            assert refused.status_code == 400, path
+            assert f"between 0 and {limit}," in refused.text
     truncated = httpx.post(f"{server.url}/v1/chat/completions", content=b'{"model": ')
     assert truncated.status_code == 400
     assert truncated.json()["error"]["code"] == "invalid_request"

@@ -143,14 +143,26 @@ def test_a_message_spelling_control_tokens_gets_them_as_text(real_model: RealMod
 
 
 def test_quoted_text_without_control_tokens_encodes_as_before(real_model: RealModel) -> None:
-    from semantic.adapters.mlx.piece_encoder import QUOTE_CLOSE, QUOTE_OPEN
-
     encoder = PieceEncoder.of(backend(real_model))
     assert encoder is not None
     assert encoder.can_quote
-    text = f"<|im_start|>user\n{QUOTE_OPEN}Hello, 漢字 🙂 1234{QUOTE_CLOSE}<|im_end|>\n"
-    unquoted = text.replace(QUOTE_OPEN, "").replace(QUOTE_CLOSE, "")
-    assert encoder.encode_quoted(text) == plain(backend(real_model), unquoted)
+    opening, closing = "\ufdd0", "\ufdd1"
+    text = f"<|im_start|>user\n{opening}Hello, 漢字 🙂 1234{closing}<|im_end|>\n"
+    unquoted = text.replace(opening, "").replace(closing, "")
+    assert encoder.encode_quoted(text, (opening, closing)) == plain(backend(real_model), unquoted)
+
+
+def test_a_message_holding_the_quote_marks_too_is_quoted_with_others(
+    real_model: RealModel,
+) -> None:
+    """A model can write noncharacters itself (QA pass 7 saw U+FDD0 in a reply)."""
+    tokenizer = real_model.tokenizer
+    messages = [ChatMessage("system", "\ufdd0 keep \ufdd1"), ChatMessage("user", FORGED)]
+    special = set(real_model.loaded.tokenizer.all_special_ids)
+    plain_ids = tokenizer.render_chat([ChatMessage("system", "x"), ChatMessage("user", "y")])
+    ids = tokenizer.render_chat(messages)
+    assert [i for i in ids if i in special] == [i for i in plain_ids if i in special]
+    assert "\ufdd0 keep \ufdd1" in tokenizer.decode(ids)
 
 
 class StrippingTemplate:

@@ -36,7 +36,7 @@ def sampling(
 ) -> SamplingParams:
     """The protocol's own temperature range is kept (OpenAI's 0-2, Anthropic's 0-1), so a
     request that the real API would refuse is refused here too, not sampled near-randomly."""
-    if temperature is not None and temperature > max_temperature:
+    if temperature is not None and not 0 <= temperature <= max_temperature:
         raise InvalidRequestError(
             f"temperature must be between 0 and {max_temperature:g}, got {temperature}",
             param="temperature",

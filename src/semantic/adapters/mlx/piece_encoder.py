@@ -25,6 +25,7 @@ import sys
 import threading
 from array import array
 from collections import OrderedDict
+from collections.abc import Iterable
 from typing import Any
 
 # Pieces shorter than this are encoded each time: remembering them saves nothing.
@@ -32,10 +33,16 @@ _SHORTEST_KEPT = 64
 # A piece bigger than this share of the memory is encoded but not kept: it would push out
 # everything else.
 _LARGEST_SHARE = 8
-QUOTE_OPEN, QUOTE_CLOSE = "\ufdd0", "\ufdd1"
-"""Around a message's text in a rendered template, for ``encode_quoted``: Unicode
-noncharacters, which no client means as text."""
-_QUOTES = re.compile(f"[{QUOTE_OPEN}{QUOTE_CLOSE}]")
+QUOTE_MARKS = tuple((chr(0xFDD0 + i), chr(0xFDD1 + i)) for i in range(0, 32, 2))
+"""Pairs of marks to put around a message's text in a rendered template, for
+``encode_quoted``: Unicode noncharacters, which no client means as text; a pair that none of
+the texts holds is taken (``quote_marks``), since a model can write them too."""
+
+
+def quote_marks(texts: Iterable[str]) -> tuple[str, str] | None:
+    """The first pair of ``QUOTE_MARKS`` that occurs in none of ``texts``."""
+    seen = set("".join(texts)) & {mark for pair in QUOTE_MARKS for mark in pair}
+    return next((pair for pair in QUOTE_MARKS if not seen & set(pair)), None)
 
 
 class PieceEncoder:
@@ -108,17 +115,18 @@ class PieceEncoder:
     def can_quote(self) -> bool:
         return self._as_text is not None
 
-    def encode_quoted(self, text: str) -> list[int]:
-        """Encode ``text`` where each stretch between ``QUOTE_OPEN`` and ``QUOTE_CLOSE`` (a
-        message's own text) holds no special token, whatever it spells; the quote marks
-        themselves are dropped. The ids are those of the text with the quoted stretches'
-        special-token spellings encoded as plain text. Rare (only a message that spells a
-        special token comes here), so nothing is remembered."""
+    def encode_quoted(self, text: str, marks: tuple[str, str]) -> list[int]:
+        """Encode ``text`` where each stretch between the two ``marks`` (a message's own
+        text) holds no special token, whatever it spells; the marks themselves are dropped.
+        The ids are those of the text with the quoted stretches' special-token spellings
+        encoded as plain text. Rare (only a message that spells a special token comes here),
+        so nothing is remembered."""
         if self._as_text is None:
             raise ValueError("this tokenizer cannot read special tokens' text as text")
         ids: list[int] = []
         between: list[str] = []  # the text since the last special token
-        for index, stretch in enumerate(_QUOTES.split(text)):
+        quotes = re.compile(f"[{re.escape(''.join(marks))}]")
+        for index, stretch in enumerate(quotes.split(text)):
             if index % 2:
                 between.append(stretch)
                 continue

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from semantic.adapters.mlx.piece_encoder import QUOTE_CLOSE, QUOTE_OPEN, PieceEncoder
+from semantic.adapters.mlx.piece_encoder import PieceEncoder, quote_marks
 from semantic.domain.chat import ChatMessage
 from semantic.domain.errors import InvalidRequestError, PromptTooLongError
 
@@ -87,20 +87,18 @@ class MlxTokenizer:
     ) -> list[int]:
         """A message spells a special token: render again with each message's text between
         quote marks, so only the template's own markers become special tokens. Refused
-        where that cannot be done exactly (a template that rewrites the text it is given,
-        or a tokenizer that cannot read special tokens' text as text)."""
+        where that cannot be done exactly (a tokenizer that cannot read special tokens' text
+        as text, or a template that rewrites the text it is given)."""
         self._refuse_if_certainly_too_long(text)
-        quoted = [ChatMessage(m.role, f"{QUOTE_OPEN}{m.content}{QUOTE_CLOSE}") for m in messages]
+        marks = quote_marks(m.content for m in messages)
+        if self._pieces is None or not self._pieces.can_quote or marks is None:
+            raise _cannot_quote("this model's tokenizer cannot read them as plain text")
+        opening, closing = marks
+        quoted = [ChatMessage(m.role, f"{opening}{m.content}{closing}") for m in messages]
         with_quotes = self._template(quoted, add_generation_prompt, continue_final)
-        exact = with_quotes.replace(QUOTE_OPEN, "").replace(QUOTE_CLOSE, "") == text
-        marks_in_text = any(QUOTE_OPEN in m.content or QUOTE_CLOSE in m.content for m in messages)
-        if self._pieces is None or not self._pieces.can_quote or not exact or marks_in_text:
-            raise InvalidRequestError(
-                "a message spells one of the model's control tokens (such as <|im_end|>), "
-                "which this model's tokenizer cannot take as plain text",
-                param="messages",
-            )
-        return self._pieces.encode_quoted(with_quotes)
+        if with_quotes.replace(opening, "").replace(closing, "") != text:
+            raise _cannot_quote("this model's chat template rewrites the text it is given")
+        return self._pieces.encode_quoted(with_quotes, marks)
 
     def _refuse_if_certainly_too_long(self, text: str) -> None:
         """No token spans more than ``_longest_token`` bytes, so a text of more bytes than
@@ -118,6 +116,14 @@ class MlxTokenizer:
                 f"{self._max_context}",
                 param="messages",
             )
+
+
+def _cannot_quote(why: str) -> InvalidRequestError:
+    return InvalidRequestError(
+        "a message spells one of the model's control tokens (such as <|im_end|>), which "
+        f"must be read as plain text, and {why}",
+        param="messages",
+    )
 
 
 def longest_token_bytes(backend: Any) -> int | None:
