@@ -101,3 +101,8 @@ def test_version_prints_the_installed_version(capsys: pytest.CaptureFixture[str]
 def test_an_unknown_flag_is_named_by_its_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
     line = refused(capsys, "generate", "hi", "--bogus")
     assert line == "semantic generate: error: unrecognized arguments: --bogus"
+
+
+def test_data_dir_on_generate_says_whose_flag_it_is(capsys: pytest.CaptureFixture[str]) -> None:
+    line = refused(capsys, "generate", "--data-dir", "x", "hi")
+    assert line.endswith("--data-dir is serve's (nothing else keeps data)")

@@ -18,7 +18,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # said by the subcommand, with its own usage line, not the top level's
-        getattr(args, "parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
+        hint = (
+            "; --data-dir is serve's (nothing else keeps data)" if "--data-dir" in unknown else ""
+        )
+        said = f"unrecognized arguments: {' '.join(unknown)}{hint}"
+        getattr(args, "parser", parser).error(said)
     if check := getattr(args, "check", None):
         check(args)  # what no single option's type can see; a usage error (exit 2) if wrong
     logging.basicConfig(
