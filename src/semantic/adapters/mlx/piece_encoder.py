@@ -76,11 +76,7 @@ class PieceEncoder:
             return None  # it reads special tokens' text as text
         try:
             added = backend.get_added_tokens_decoder()
-            # Its own copy: a tokenizer.json may turn truncation or padding on, and the
-            # shared tokenizer carries that state between calls.
-            own = type(backend).from_str(backend.to_str())
-            own.no_truncation()
-            own.no_padding()
+            own = _own_copy(backend)
         except AttributeError:
             return None
         special: dict[str, int] = {}
@@ -164,13 +160,20 @@ class PieceEncoder:
         return ids
 
 
+def _own_copy(backend: Any) -> Any:
+    """A copy of the tokenizer without truncation or padding: a tokenizer.json may turn
+    them on, and the shared tokenizer carries that state between calls."""
+    copy = type(backend).from_str(backend.to_str())
+    copy.no_truncation()
+    copy.no_padding()
+    return copy
+
+
 def _reading_special_as_text(backend: Any, special: dict[str, int]) -> Any:
     """A copy of ``backend`` that encodes special tokens' text as plain text (``tokenizers``'
     ``encode_special_tokens``); None where this version cannot, or does not."""
     try:
-        copy = type(backend).from_str(backend.to_str())
-        copy.no_truncation()
-        copy.no_padding()
+        copy = _own_copy(backend)
         copy.encode_special_tokens = True
         ids = set(copy.encode("".join(special), add_special_tokens=False).ids)
     except (AttributeError, TypeError):
