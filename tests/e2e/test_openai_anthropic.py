@@ -338,11 +338,22 @@ def test_content_parts_are_read_as_text_or_refused_by_their_kind(server: ServerP
     served = httpx.post(f"{server.url}/v1/chat/completions", json=chat, timeout=60)
     assert served.status_code == 200, served.text
     picture = {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}
-    for part, says in ((picture, "type 'image_url' is not supported"), ({"type": "text"}, "needs")):
-        chat["messages"] = [{"role": "user", "content": [part]}]
+    bogus = {**cached, "cache_control": {"type": "bogus"}}
+    for parts, says in (
+        ([picture], "type 'image_url' is not supported"),
+        ([{"type": "text"}], "needs"),
+        ([{"type": "refusal", "refusal": "No."}], "only an assistant's"),
+        ([], "must not be empty"),
+        ([bogus], "cache_control type 'bogus'"),
+    ):
+        chat["messages"] = [{"role": "user", "content": parts}]
         refused = httpx.post(f"{server.url}/v1/chat/completions", json=chat)
         assert refused.status_code == 400
         assert says in refused.json()["error"]["message"]
+    body["messages"] = [{"role": "user", "content": []}]
+    assert httpx.post(f"{server.url}/v1/messages", json=body).status_code == 400
+    body["messages"] = [asked, {"role": "assistant", "content": []}]  # an empty prefill
+    assert httpx.post(f"{server.url}/v1/messages", json=body, timeout=60).status_code == 200
 
 
 def test_streams_are_event_streams_and_bad_bodies_are_client_errors(server: ServerProcess) -> None:
@@ -387,7 +398,7 @@ def test_models_health_and_neutral_fields_of_every_endpoint(server: ServerProces
     client = oai(server)
     assert client.models.retrieve("default").id == "smollm2-135m-instruct"
     assert httpx.get(f"{server.url}/v1/models/gpt-4").status_code == 404
-    for path in ("/health", "/metrics", "/v1/models"):
+    for path in ("/health", "/metrics", "/v1/models", "/v1/models/default"):
         head = httpx.head(f"{server.url}{path}")
         assert (head.status_code, head.content) == (200, b""), path
     metrics_type = httpx.get(f"{server.url}/metrics").headers["content-type"]

@@ -157,11 +157,18 @@ def test_an_api_key_guards_every_route_but_health(new_server: Start) -> None:
         httpx.get(f"{server.url}/v1/models", headers=keyed).headers["access-control-allow-origin"]
         == page
     )
+    wrong_key = httpx.get(f"{server.url}/v1/models", headers={**keyed, "x-api-key": "wrong"})
+    assert wrong_key.status_code == 401  # and the page may read so
+    assert wrong_key.headers["access-control-allow-origin"] == page
     elsewhere = {"Origin": "http://evil.example", "x-api-key": "s3cret"}
     assert (
         "access-control-allow-origin"
         not in httpx.get(f"{server.url}/v1/models", headers=elsewhere).headers
     )
+    refused_elsewhere = httpx.get(
+        f"{server.url}/v1/models", headers={"Origin": "http://evil.example"}
+    )
+    assert "access-control-allow-origin" not in refused_elsewhere.headers
 
 
 def test_a_stream_that_outlives_the_grace_ends_with_an_error_not_a_cut(new_server: Start) -> None:

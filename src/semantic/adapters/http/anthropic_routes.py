@@ -125,7 +125,9 @@ def _chat(
             raise InvalidRequestError(
                 f"message role {message.role!r} is not supported", param="messages"
             )
-        out.append(chat(message.role, joined_text(message.content, "content block")))
+        final_prefill = message is messages[-1] and message.role == "assistant"
+        content = message.content or "" if final_prefill else message.content  # may be empty
+        out.append(chat(message.role, joined_text(content, "content block")))
     if not messages:
         raise InvalidRequestError("messages must not be empty", param="messages")
     return out

@@ -60,7 +60,7 @@ def create_app(
                 await stop(services)
 
     app = app_for(state, observer, lifespan, max_body_bytes, cors_origins)
-    return edge(app, api_key, cors=bool(cors_origins))
+    return edge(app, api_key, cors_origins=cors_origins)
 
 
 def app_for(

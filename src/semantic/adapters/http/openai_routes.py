@@ -7,7 +7,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from litestar import Controller, Request, get, post, route
+from litestar import Controller, Request, post, route
 from litestar.datastructures import State
 
 from semantic.adapters.http.common import (
@@ -56,7 +56,7 @@ class OpenAIController(Controller):
         found = services(state)
         return {"object": "list", "data": [_model_entry(found.model_id)]}
 
-    @get("/models/{model_id:str}")
+    @route("/models/{model_id:str}", http_method=GET_AND_HEAD)
     async def model(self, model_id: str, state: State) -> dict[str, Any]:
         found = services(state)
         check_model(model_id, found.model_id)
@@ -290,7 +290,7 @@ def _chat_message(message: ChatMessageIn) -> ChatMessage:
             raise InvalidRequestError(f"messages with {name} are not supported", param="messages")
     if message.audio is not None:
         raise InvalidRequestError("messages with audio are not supported", param="messages")
-    text = joined_text(message.content, "content part")
+    text = joined_text(message.content, "content part", refusal_ok=message.role == "assistant")
     return chat(message.role, text or message.refusal or "")
 
 

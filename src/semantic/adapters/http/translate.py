@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 
@@ -69,22 +70,36 @@ def chat(role: str, content: str) -> ChatMessage:
 _READ_FIELDS = {"text": "text", "refusal": "refusal"}
 """The kinds of content part read, and which field holds each one's text."""
 _NEUTRAL_FIELDS = frozenset({"type", "cache_control", "citations"})
+_CACHE_CONTROL_TYPES = frozenset({"ephemeral"})
 
 
-def joined_text(content: str | Sequence[msgspec.Struct] | None, what: str) -> str:
-    """A message's content as one string: plain text, or the text of its text parts."""
+def joined_text(
+    content: str | Sequence[msgspec.Struct] | None, what: str, *, refusal_ok: bool = False
+) -> str:
+    """A message's content as one string: plain text, or the text of its text parts. A
+    ``refusal`` part is an assistant's reply sent back (``refusal_ok``); nobody else
+    writes one."""
     if content is None or isinstance(content, str):
         return content or ""
+    if not content:
+        raise InvalidRequestError(
+            f"a message's list of {what}s must not be empty", param="messages"
+        )
     parts = []
     for part in content:
         kind = getattr(part, "type", None)
         field = _READ_FIELDS.get(kind) if isinstance(kind, str) else None
+        if field == "refusal" and not refusal_ok:
+            raise InvalidRequestError(
+                f"only an assistant's {what}s can be refusals", param="messages"
+            )
         if field is None or not hasattr(part, field):
             raise InvalidRequestError(f"{what} type {kind!r} is not supported", param="messages")
         for name in part.__struct_fields__:
             if name not in _NEUTRAL_FIELDS and name != field and getattr(part, name) is not None:
                 message = f"a {what} of type {kind!r} has no field {name!r}"
                 raise InvalidRequestError(message, param="messages")
+        _check_cache_control(getattr(part, "cache_control", None), what)
         text = getattr(part, field)
         if not isinstance(text, str):
             raise InvalidRequestError(
@@ -92,6 +107,17 @@ def joined_text(content: str | Sequence[msgspec.Struct] | None, what: str) -> st
             )
         parts.append(text)
     return "".join(parts)
+
+
+def _check_cache_control(cache_control: dict[str, Any] | None, what: str) -> None:
+    """Accepted as Anthropic defines it, though it changes nothing here (every prefix is
+    cached): a typo in it is still the client's to hear about."""
+    if cache_control is None:
+        return
+    kind = cache_control.get("type")
+    if kind not in _CACHE_CONTROL_TYPES:
+        message = f"a {what}'s cache_control type {kind!r} is not supported; only 'ephemeral'"
+        raise InvalidRequestError(message, param="messages")
 
 
 def must_default(value: object, default: object, name: str) -> None:
