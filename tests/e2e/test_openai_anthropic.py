@@ -476,6 +476,9 @@ def test_an_agent_that_cannot_fit_the_context_is_told_so_by_field(server: Server
     assert outgrown.status_code == 400
     assert outgrown.json()["error"]["param"] == "content"
     assert "'roomy' has outgrown" in outgrown.json()["error"]["message"]
+    greedy = httpx.post(f"{agents}/roomy/messages", json={"content": "hi", "max_tokens": 4000})
+    assert (greedy.status_code, greedy.json()["error"]["param"]) == (400, "max_tokens")
+    assert "ask for fewer max_tokens" in greedy.json()["error"]["message"]
     both = httpx.post(
         agents, json={"id": "elsewhere", "namespace": "team-c"}, headers={"X-Namespace": "team-a"}
     )

@@ -96,6 +96,27 @@ def test_of_deletes_that_race_only_the_first_finds_the_agent(server: ServerProce
     assert codes == [204] + [404] * 7
 
 
+def test_deleting_an_agent_ends_its_running_turn_which_keeps_nothing(
+    server: ServerProcess,
+) -> None:
+    api = f"{server.url}/v1/agents"
+    httpx.post(api, json={"id": "doomed"}).raise_for_status()
+    long_turn = {"content": "Count from 1 to 1000.", "max_tokens": 2000, "stream": True}
+    events = []
+    with httpx.stream("POST", f"{api}/doomed/messages", json=long_turn, timeout=120) as stream:
+        for line in stream.iter_lines():
+            if not line.startswith("event: "):
+                continue
+            events.append(line.removeprefix("event: "))
+            if events == ["delta"]:  # the turn runs: delete the agent under it
+                assert httpx.delete(f"{api}/doomed", timeout=120).status_code == 204
+    assert events[-1] == "error"  # not a committed message
+    assert len(events) < 2000
+    assert httpx.get(f"{api}/doomed").status_code == 404
+    httpx.post(api, json={"id": "doomed"}).raise_for_status()  # the id is free, and clean
+    assert httpx.get(f"{api}/doomed/messages").json()["data"] == []
+
+
 def test_stateful_agents_keep_transcripts_across_a_restart_and_fork_cheaply(
     new_server: Start,
 ) -> None:

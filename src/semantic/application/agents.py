@@ -4,9 +4,10 @@ new message. A reply is acknowledged only after it is committed with its questio
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,7 @@ from semantic.application.generation import (
 )
 from semantic.domain.chat import ChatMessage
 from semantic.domain.errors import (
+    AgentDeletedError,
     AgentKeepsTranscriptError,
     AgentNotFoundError,
     InvalidRequestError,
@@ -49,6 +51,16 @@ class AgentInfo:
     cache: CacheState
 
 
+@dataclass(slots=True, eq=False)
+class _LiveTurn:
+    """A turn between its arrival and its end, so a delete can end it."""
+
+    namespace: str
+    agent_id: str
+    request_id: str | None = None
+    deleted: bool = False
+
+
 @dataclass(frozen=True, slots=True)
 class Turn:
     content: str
@@ -71,6 +83,7 @@ class AgentService:
         self._cache = cache
         self._tokenizer = tokenizer
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._live: dict[tuple[str, str], set[_LiveTurn]] = {}
 
     async def create(self, namespace: str, agent_id: str, system_prompt: str | None) -> AgentInfo:
         if system_prompt:  # an agent no turn could ever fit is refused now, not at each turn
@@ -115,8 +128,13 @@ class AgentService:
         return infos, len(page) < len(records)
 
     async def delete(self, namespace: str, agent_id: str) -> None:
-        """Waits for a running turn to commit; of deletes that race, only the first finds
-        the agent (the others are a 404, as if they came after it)."""
+        """Ends the agent's queued and running turns first (they keep nothing and say the
+        agent was deleted), rather than waiting minutes for a long reply to finish; of
+        deletes that race, only the first finds the agent (the others are a 404)."""
+        for live in self._live.get((namespace, agent_id), set()):
+            live.deleted = True
+            if live.request_id is not None:
+                self._generation.cancel(live.request_id)
         async with self._lock(namespace, agent_id):
             await self._record(namespace, agent_id)
             orphans = await self._metadata.delete_agent(namespace, agent_id)
@@ -148,39 +166,80 @@ class AgentService:
         result. Turns of one agent run one at a time."""
         if not turn.content:
             raise InvalidRequestError("the message is empty", param="content")
-        async with self._lock(namespace, agent_id):
-            record = await self._record(namespace, agent_id)
-            history = await self._metadata.messages(namespace, agent_id)
-            chat = [ChatMessage(m.role, m.content) for m in history]
-            if record.system_prompt:
-                chat.insert(0, ChatMessage("system", record.system_prompt))
-            chat.append(ChatMessage("user", turn.content))
-            try:
-                request = GenerationInput(
-                    tuple(self._tokenizer.render_chat(chat, scope=namespace)),
-                    namespace,
-                    agent_id,
-                    turn.max_tokens,
-                    turn.sampling,
-                    turn.stop,
-                    turn.priority,
-                )
-                self._generation.check(request)
-            except PromptTooLongError as error:
-                raise PromptTooLongError(
-                    f"agent {agent_id!r} has outgrown the model's context with this message "
-                    f"({error}); start a new agent, or delete this one",
-                    param="content" if error.param == "messages" else error.param,
-                ) from None
-            asked = time.time()
-            async for event in self._generation.stream(request):
+        live = _LiveTurn(namespace, agent_id)
+        with self._tracked(live):
+            async with self._lock(namespace, agent_id):
+                if live.deleted:
+                    raise AgentDeletedError(agent_id, namespace)
+                request = await self._request(namespace, agent_id, turn)
+                async for event in self._run(request, live, turn.content):
+                    yield event
+
+    async def _run(
+        self, request: GenerationInput, live: _LiveTurn, question: str
+    ) -> AsyncIterator[GenerationEvent]:
+        """The turn's events. Its reply is committed with its question before the result is
+        reported, unless a delete ended the turn."""
+        handle = await self._generation.start(request)
+        live.request_id = handle.request_id
+        asked = time.time()
+        async with contextlib.aclosing(handle.events()) as events:  # cut short by a delete
+            async for event in events:
+                if live.deleted:
+                    raise AgentDeletedError(live.agent_id, live.namespace)
                 if isinstance(event, GenerationResult):
-                    turn_records = [
-                        MessageRecord("user", turn.content, asked),
+                    records = [
+                        MessageRecord("user", question, asked),
                         MessageRecord("assistant", event.text, time.time()),
                     ]
-                    await _whole(self._metadata.append_messages(namespace, agent_id, turn_records))
+                    await _whole(
+                        self._metadata.append_messages(live.namespace, live.agent_id, records)
+                    )
                 yield event
+
+    async def _request(self, namespace: str, agent_id: str, turn: Turn) -> GenerationInput:
+        """The whole conversation with the new message, checked against the context."""
+        record = await self._record(namespace, agent_id)
+        history = await self._metadata.messages(namespace, agent_id)
+        chat = [ChatMessage(m.role, m.content) for m in history]
+        if record.system_prompt:
+            chat.insert(0, ChatMessage("system", record.system_prompt))
+        chat.append(ChatMessage("user", turn.content))
+        request = GenerationInput(
+            tuple(self._tokenizer.render_chat(chat, scope=namespace)),
+            namespace,
+            agent_id,
+            turn.max_tokens,
+            turn.sampling,
+            turn.stop,
+            turn.priority,
+        )
+        try:
+            self._generation.check(request)
+        except PromptTooLongError as error:
+            if error.param == "max_tokens":  # the conversation fits; the reply asked for not
+                raise PromptTooLongError(
+                    f"{error}; ask for fewer max_tokens, or leave it out to get the room left",
+                    param="max_tokens",
+                ) from None
+            raise PromptTooLongError(
+                f"agent {agent_id!r} has outgrown the model's context with this message "
+                f"({error}); start a new agent, or delete this one",
+                param="content",
+            ) from None
+        return request
+
+    @contextlib.contextmanager
+    def _tracked(self, live: _LiveTurn) -> Iterator[None]:
+        key = (live.namespace, live.agent_id)
+        self._live.setdefault(key, set()).add(live)
+        try:
+            yield
+        finally:
+            turns = self._live[key]
+            turns.discard(live)
+            if not turns:
+                del self._live[key]
 
     async def _record(self, namespace: str, agent_id: str) -> AgentRecord:
         record = await self._metadata.agent(namespace, agent_id)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 
 from semantic.application.cache.store import AgentCacheStore
@@ -162,6 +162,10 @@ class GenerationService:
             cached_tokens=min(prefix.matched_tokens, len(prompt) - 1) if prefix else 0,
         )
 
+    def cancel(self, request_id: str) -> None:
+        """End a queued or running request at once: its stream ends as cancelled."""
+        self._loop.cancel(request_id)
+
     async def stream(self, request: GenerationInput) -> AsyncIterator[GenerationEvent]:
         handle = await self.start(request)
         async for event in handle.events():
@@ -207,7 +211,7 @@ class GenerationHandle:
         self._observer = observer
         self._started = time.monotonic()
 
-    async def events(self) -> AsyncIterator[GenerationEvent]:
+    async def events(self) -> AsyncGenerator[GenerationEvent, None]:
         finished = False
         last: float | None = None
         try:

@@ -79,6 +79,14 @@ class AgentNotFoundError(SemanticError):
         self.namespace = namespace
 
 
+class AgentDeletedError(AgentNotFoundError):
+    """The agent was deleted while this turn was queued or running: nothing was kept."""
+
+    def __init__(self, agent_id: str, namespace: str = "default") -> None:
+        super().__init__(agent_id, namespace)
+        self.args = (f"agent {agent_id!r} was deleted during this turn; nothing was kept",)
+
+
 class AgentExistsError(SemanticError):
     """An agent with this id already exists in the namespace."""
 
