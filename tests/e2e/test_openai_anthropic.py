@@ -59,6 +59,18 @@ def test_openai_completions_and_models(server: ServerProcess) -> None:
     assert done.choices[0].text
     assert done.usage is not None
     assert done.usage.completion_tokens <= 4
+    counting = "Numbers: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,"
+    as_ids = client.completions.create(model="default", prompt=[1], max_tokens=1, temperature=0)
+    assert as_ids.usage is not None
+    assert as_ids.usage.prompt_tokens == 1
+    by_default = client.completions.create(model="default", prompt=counting, temperature=0)
+    assert by_default.usage is not None
+    assert by_default.usage.completion_tokens == 16  # OpenAI's default for completions
+    body = {"model": "default", "max_tokens": 1}
+    for prompt, says in (([49152], "outside the vocabulary"), ([[1], [2]], "exactly one prompt")):
+        refused = httpx.post(f"{server.url}/v1/completions", json={**body, "prompt": prompt})
+        assert refused.status_code == 400
+        assert says in refused.json()["error"]["message"]
 
 
 def test_stop_sequences_are_cut_in_both_protocols(server: ServerProcess) -> None:
@@ -264,6 +276,17 @@ def test_metrics_parse_and_move_with_traffic(server: ServerProcess) -> None:
         "semantic_requests_abandoned",
     } <= names
     assert server.metric("semantic_prompt_tokens_total") > before
+    hits = server.metric("semantic_prefix_cache_hit_tokens_total")
+    again = oai(server).chat.completions.create(
+        model="default",
+        messages=[{"role": "user", "content": "Say hi."}],
+        temperature=0,
+        max_tokens=4,
+    )
+    assert again.usage is not None
+    assert again.usage.prompt_tokens_details is not None
+    cached = again.usage.prompt_tokens_details.cached_tokens
+    assert server.metric("semantic_prefix_cache_hit_tokens_total") - hits == cached
 
 
 def test_a_client_that_disconnects_mid_stream_frees_its_blocks(server: ServerProcess) -> None:
@@ -385,6 +408,15 @@ def test_streams_are_event_streams_and_bad_bodies_are_client_errors(server: Serv
     assert truncated.status_code == 400
     assert truncated.json()["error"]["code"] == "invalid_request"
     assert "not valid JSON" in truncated.json()["error"]["message"]
+    twice = [("X-Namespace", "team-a"), ("X-Namespace", "team-b")]
+    ambiguous = httpx.post(f"{server.url}/v1/chat/completions", json=chat_body, headers=twice)
+    assert ambiguous.status_code == 400
+    assert "X-Namespace header is given 2 times" in ambiguous.json()["error"]["message"]
+    shouted = {"X-Priority": "urgent" * 1000}
+    too_loud = httpx.post(f"{server.url}/v1/chat/completions", json=chat_body, headers=shouted)
+    assert too_loud.status_code == 400
+    assert "(6000 characters)" in too_loud.json()["error"]["message"]
+    assert len(too_loud.content) < 1000
     named = {b"X-Agent-Id": "エージェント".encode()}
     unicode_id = httpx.post(f"{server.url}/v1/chat/completions", json=chat_body, headers=named)
     assert "'エージェント'" in unicode_id.json()["error"]["message"]

@@ -35,7 +35,9 @@ class Priority(IntEnum):
             return cls[text.strip().upper()]
         except KeyError:
             raise InvalidRequestError(
-                f"priority must be one of high, normal, low; got {text!r}", param="priority"
+                f"priority must be one of high, normal, low; got {text[:16]!r}"
+                + (f" ({len(text)} characters)" if len(text) > 16 else ""),
+                param="priority",
             ) from None
 
 

@@ -48,12 +48,20 @@ def _shown(value: str) -> str:
 
 
 def identity(request: Request[Any, Any, Any]) -> Identity:
-    headers = request.headers
-    namespace = headers.get(NAMESPACE_HEADER, DEFAULT_NAMESPACE)
-    agent = headers.get("x-agent-id")
-    priority = headers.get("x-priority")
+    namespace = _one_header(request, NAMESPACE_HEADER)
+    agent = _one_header(request, "X-Agent-Id")
+    priority = _one_header(request, "X-Priority")
     return Identity(
-        checked_id(namespace, "namespace"),
+        checked_id(DEFAULT_NAMESPACE if namespace is None else namespace, "namespace"),
         checked_id(agent, "agent_id") if agent is not None else None,
         Priority.parse(priority) if priority is not None else Priority.NORMAL,
     )
+
+
+def _one_header(request: Request[Any, Any, Any], name: str) -> str | None:
+    """A header given at most once: two namespaces or agents in one request are a mistake
+    to report, not a choice to make for the client (a namespace isolates tenants)."""
+    values = request.headers.getall(name, [])
+    if len(values) > 1:
+        raise InvalidRequestError(f"the {name} header is given {len(values)} times", param=name)
+    return values[0] if values else None

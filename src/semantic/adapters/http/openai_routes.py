@@ -43,6 +43,10 @@ from semantic.application.generation import (
 )
 from semantic.domain.chat import ChatMessage
 from semantic.domain.errors import InvalidRequestError, SemanticError
+from semantic.ports.tokenizer import Tokenizer
+
+COMPLETION_DEFAULT_MAX_TOKENS = 16
+"""OpenAI's default for legacy completions (chat replies run to the end of the turn)."""
 
 Chunk = Callable[[dict[str, Any] | None, str | None], dict[str, Any]]
 
@@ -93,12 +97,13 @@ class OpenAIController(Controller):
         found = services(state)
         _check_common(data, found)
         _check_completion_only(data)
-        prompt_text = data.prompt if isinstance(data.prompt, str) else _single(data.prompt)
-        if not prompt_text:
-            raise InvalidRequestError("prompt must not be empty", param="prompt")
         try:
-            prompt = found.tokenizer.encode(prompt_text)
-            handle = await start_plain(found, _input(request, data, prompt, data.max_tokens))
+            prompt = _prompt_ids(data.prompt, found.tokenizer)
+            limit = data.max_tokens
+            if limit is None:  # OpenAI's default here, within the room the prompt leaves
+                room = found.generation.limits.max_context - len(prompt)
+                limit = min(COMPLETION_DEFAULT_MAX_TOKENS, max(1, room))
+            handle = await start_plain(found, _input(request, data, prompt, limit))
         except InvalidRequestError as error:
             if error.param == "messages":  # the use case names the chat field
                 error.param = "prompt"
@@ -309,7 +314,27 @@ def _input(
     )
 
 
-def _single(prompts: list[str]) -> str:
-    if len(prompts) != 1:
+def _prompt_ids(prompt: str | list[Any], tokenizer: Tokenizer) -> list[int]:
+    """The prompt's token ids: from one text (alone or in a list), or given as ids, as
+    OpenAI's API allows (a list of ids, or a list holding one)."""
+    if isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        if not prompt:
+            raise InvalidRequestError("prompt must not be empty", param="prompt")
+        return tokenizer.encode(prompt)
+    if not prompt:
+        raise InvalidRequestError("prompt must not be empty", param="prompt")
+    if all(isinstance(p, str | list) for p in prompt):
         raise InvalidRequestError("exactly one prompt per request is supported", param="prompt")
-    return prompts[0]
+    if not all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
+        raise InvalidRequestError(
+            "prompt must be a string, or token ids (a list of integers)", param="prompt"
+        )
+    outside = next((p for p in prompt if not 0 <= p < tokenizer.vocab_size), None)
+    if outside is not None:
+        raise InvalidRequestError(
+            f"token id {outside} is outside the vocabulary (0 to {tokenizer.vocab_size - 1})",
+            param="prompt",
+        )
+    return list(prompt)

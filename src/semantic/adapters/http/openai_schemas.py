@@ -96,7 +96,8 @@ class ChatCompletionRequest(SamplingFields, forbid_unknown_fields=True):
 
 
 class CompletionRequest(SamplingFields, forbid_unknown_fields=True):
-    prompt: str | list[str] = ""
+    prompt: str | list[Any] = ""
+    """Text, a list holding one text, or token ids (a list, or a list holding one)."""
     logprobs: int | None = None
     """An integer here (how many alternatives per token), a flag in chat."""
     echo: bool | None = None

@@ -148,7 +148,7 @@ class AgentCacheStore:
         disk_tokens = sum(len(b.tokens) for b, from_disk in chain if from_disk)
         blocks = self._agent_blocks([block for block, _ in chain])
         matched = common_prefix(blocks.token_ids, prompt) if blocks else 0
-        self.stats.hit_tokens += matched
+        self.stats.hit_tokens += min(matched, len(prompt) - 1)  # as usage: the last is fed
         share = matched / max(1, hot_tokens + disk_tokens)
         self.stats.hot_restored_tokens += round(hot_tokens * share)
         self.stats.disk_restored_tokens += round(disk_tokens * share)
