@@ -92,6 +92,11 @@ def test_stop_sequences_are_cut_in_both_protocols(server: ServerProcess) -> None
     assert message.stop_reason == "stop_sequence"
     assert message.stop_sequence == "Paris"
     assert "Paris" not in message.content[0].text  # type: ignore[union-attr]
+    empty = {"model": "default", "max_tokens": 1, "stop_sequences": [""]}
+    empty["messages"] = [{"role": "user", "content": QUESTION}]
+    refused = httpx.post(f"{server.url}/v1/messages", json=empty)
+    assert refused.status_code == 400
+    assert "stop_sequences strings must not be empty" in refused.json()["error"]["message"]
 
 
 def test_anthropic_messages_stream_and_count_tokens(server: ServerProcess) -> None:

@@ -64,7 +64,7 @@ class AnthropicController(Controller):
                 data.top_k,
                 max_temperature=ANTHROPIC_MAX_TEMPERATURE,
             ),
-            stop_strings(data.stop_sequences),
+            stop_strings(data.stop_sequences, "stop_sequences"),
             who.priority,
         )
         handle = await start_plain(found, generation)

@@ -50,14 +50,15 @@ def sampling(
     )
 
 
-def stop_strings(stop: str | Sequence[str] | None) -> tuple[str, ...]:
+def stop_strings(stop: str | Sequence[str] | None, field: str = "stop") -> tuple[str, ...]:
+    """``field`` names the request's own field in a refusal (Anthropic's ``stop_sequences``)."""
     if stop is None:
         return ()
     stops = (stop,) if isinstance(stop, str) else tuple(stop)
     if len(stops) > MAX_STOP_STRINGS:
-        raise InvalidRequestError(f"at most {MAX_STOP_STRINGS} stop strings", param="stop")
+        raise InvalidRequestError(f"at most {MAX_STOP_STRINGS} {field} strings", param=field)
     if any(not s for s in stops):
-        raise InvalidRequestError("stop strings must not be empty", param="stop")
+        raise InvalidRequestError(f"{field} strings must not be empty", param=field)
     return stops
 
 
