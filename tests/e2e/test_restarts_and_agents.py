@@ -141,6 +141,9 @@ def test_stateful_agents_keep_transcripts_across_a_restart_and_fork_cheaply(
         f"{api}/tutor/messages", json={"content": "And of Italy?", "max_tokens": 16}, timeout=120
     ).json()
     assert third["usage"]["cached_tokens"] > 0
+    assert third["id"] == "msg_6"  # the reply's place in the transcript, to page on from
+    paged = httpx.get(f"{api}/tutor/messages", params={"after": "msg_5"}).json()["data"]
+    assert [(m["id"], m["content"]) for m in paged] == [("msg_6", third["content"])]
     fork = httpx.post(f"{api}/tutor/fork", json={"id": "tutor-2"})
     assert fork.status_code == 201
     assert fork.json()["cache"]["blocks"] == httpx.get(f"{api}/tutor").json()["cache"]["blocks"]

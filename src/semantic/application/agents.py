@@ -51,6 +51,14 @@ class AgentInfo:
     cache: CacheState
 
 
+@dataclass(frozen=True, slots=True)
+class CommittedReply(GenerationResult):
+    """A turn's result once its messages are committed: the reply is message ``place`` of
+    the transcript (``msg_<place>``), so a client can page on from it."""
+
+    place: int = 0
+
+
 @dataclass(slots=True, eq=False)
 class _LiveTurn:
     """A turn between its arrival and its end, so a delete can end it."""
@@ -171,15 +179,15 @@ class AgentService:
             async with self._lock(namespace, agent_id):
                 if live.deleted:
                     raise AgentDeletedError(agent_id, namespace)
-                request = await self._request(namespace, agent_id, turn)
-                async for event in self._run(request, live, turn.content):
+                request, earlier = await self._request(namespace, agent_id, turn)
+                async for event in self._run(request, live, turn.content, earlier):
                     yield event
 
     async def _run(
-        self, request: GenerationInput, live: _LiveTurn, question: str
+        self, request: GenerationInput, live: _LiveTurn, question: str, earlier: int
     ) -> AsyncIterator[GenerationEvent]:
-        """The turn's events. Its reply is committed with its question before the result is
-        reported, unless a delete ended the turn."""
+        """The turn's events. Its reply is committed with its question (after ``earlier``
+        messages) before the result is reported, unless a delete ended the turn."""
         handle = await self._generation.start(request)
         live.request_id = handle.request_id
         asked = time.time()
@@ -195,10 +203,23 @@ class AgentService:
                     await _whole(
                         self._metadata.append_messages(live.namespace, live.agent_id, records)
                     )
-                yield event
+                    yield CommittedReply(
+                        event.request_id,
+                        event.text,
+                        event.finish_reason,
+                        event.usage,
+                        event.stats,
+                        event.stop_string,
+                        place=earlier + len(records),
+                    )
+                else:
+                    yield event
 
-    async def _request(self, namespace: str, agent_id: str, turn: Turn) -> GenerationInput:
-        """The whole conversation with the new message, checked against the context."""
+    async def _request(
+        self, namespace: str, agent_id: str, turn: Turn
+    ) -> tuple[GenerationInput, int]:
+        """The whole conversation with the new message, checked against the context; and
+        how many messages the transcript holds before it."""
         record = await self._record(namespace, agent_id)
         history = await self._metadata.messages(namespace, agent_id)
         chat = [ChatMessage(m.role, m.content) for m in history]
@@ -227,7 +248,7 @@ class AgentService:
                 f"({error}); start a new agent, or delete this one",
                 param="content",
             ) from None
-        return request
+        return request, len(history)
 
     @contextlib.contextmanager
     def _tracked(self, live: _LiveTurn) -> Iterator[None]:

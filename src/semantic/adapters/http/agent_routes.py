@@ -12,7 +12,7 @@ from semantic.adapters.http.agent_schemas import CreateAgent, ForkAgent, SendMes
 from semantic.adapters.http.common import services, sse, sse_data, unless_client_leaves
 from semantic.adapters.http.identity import NAMESPACE_HEADER, checked_id, identity
 from semantic.adapters.http.translate import OPENAI_FINISH, sampling, stop_strings
-from semantic.application.agents import AgentInfo, Turn
+from semantic.application.agents import AgentInfo, CommittedReply, Turn
 from semantic.application.generation import GenerationEvent, GenerationResult, TextDelta
 from semantic.domain.errors import InvalidRequestError, SemanticError
 from semantic.ports.metadata_store import MessageRecord
@@ -157,7 +157,9 @@ async def _stream(
 
 def _reply(result: GenerationResult) -> dict[str, Any]:
     usage = result.usage
+    numbered = {"id": f"msg_{result.place}"} if isinstance(result, CommittedReply) else {}
     return {
+        **numbered,
         "role": "assistant",
         "content": result.text,
         "finish_reason": OPENAI_FINISH[result.finish_reason],
