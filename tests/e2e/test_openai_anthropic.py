@@ -292,6 +292,18 @@ def test_metrics_parse_and_move_with_traffic(server: ServerProcess) -> None:
     assert again.usage.prompt_tokens_details is not None
     cached = again.usage.prompt_tokens_details.cached_tokens
     assert server.metric("semantic_prefix_cache_hit_tokens_total") - hits == cached
+    refusals = {"status": "400", "code": "invalid_request"}
+
+    def refused() -> float:
+        try:
+            return server.metric("semantic_requests_refused_total", refusals)
+        except KeyError:  # none yet
+            return 0.0
+
+    before_refusals = refused()
+    bad = {"model": "default", "max_tokens": 0, "messages": [{"role": "user", "content": "Hi"}]}
+    assert httpx.post(f"{server.url}/v1/chat/completions", json=bad).status_code == 400
+    assert refused() == before_refusals + 1
 
 
 def test_a_client_that_disconnects_mid_stream_frees_its_blocks(server: ServerProcess) -> None:

@@ -135,6 +135,9 @@ def problem_for(error: Exception) -> Problem:
 
 def handle(request: Request[Any, Any, Any], error: Exception) -> Response[Any]:
     problem = problem_for(error)
+    metrics = request.app.state.get("metrics")
+    if metrics is not None:  # the server's ``Metrics``; absent in apps built for one test
+        metrics.on_refused(problem.status, problem.kind)
     headers = headers_for(problem)
     if isinstance(error, HTTPException) and error.headers:  # a 405's Allow, say
         headers = {**error.headers, **headers}

@@ -53,6 +53,12 @@ class Metrics:
             "Requests cancelled because their client went away first.",
             registry=r,
         )
+        self.refused = Counter(
+            "semantic_requests_refused",
+            "Requests answered with an error status, by status and error code.",
+            labelnames=("status", "code"),
+            registry=r,
+        )
         r.register(_Live(state))
 
     def on_first_token(self, seconds: float) -> None:
@@ -70,6 +76,9 @@ class Metrics:
 
     def on_abandoned(self) -> None:
         self.abandoned.inc()
+
+    def on_refused(self, status: int, code: str) -> None:
+        self.refused.labels(status=str(status), code=code).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
