@@ -67,7 +67,12 @@ def test_openai_completions_and_models(server: ServerProcess) -> None:
     assert by_default.usage is not None
     assert by_default.usage.completion_tokens == 16  # OpenAI's default for completions
     body = {"model": "default", "max_tokens": 1}
-    for prompt, says in (([49152], "outside the vocabulary"), ([[1], [2]], "exactly one prompt")):
+    for prompt, says in (
+        ([49152], "outside the vocabulary"),
+        ([[1], [2]], "exactly one prompt"),
+        ([5.0], "a string, or token ids"),
+        ([[1, None]], "a string, or token ids"),
+    ):
         refused = httpx.post(f"{server.url}/v1/completions", json={**body, "prompt": prompt})
         assert refused.status_code == 400
         assert says in refused.json()["error"]["message"]

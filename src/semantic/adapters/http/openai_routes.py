@@ -317,7 +317,7 @@ def _input(
 def _prompt_ids(prompt: str | list[Any], tokenizer: Tokenizer) -> list[int]:
     """The prompt's token ids: from one text (alone or in a list), or given as ids, as
     OpenAI's API allows (a list of ids, or a list holding one)."""
-    if isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int):
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]
     if isinstance(prompt, str):
         if not prompt:
