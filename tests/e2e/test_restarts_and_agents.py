@@ -29,7 +29,10 @@ def chat(server: ServerProcess, messages: list[dict[str, str]], **headers: str) 
     )
 
 
-def test_a_conversation_continues_from_disk_after_a_kill(new_server: Start) -> None:
+def test_conversations_continue_from_disk_after_a_kill(new_server: Start) -> None:
+    """One server life for two cases (a model load is the slow part): an agent, and two
+    conversations without one that share a system prompt longer than two blocks (QA pass 9:
+    such conversations were one record, and all but the last saved lost their KV)."""
     first_server = new_server()
     history = [{"role": "user", "content": "Name three colours."}]
     first = chat(first_server, history, **{"X-Agent-Id": "painter"})
@@ -37,6 +40,13 @@ def test_a_conversation_continues_from_disk_after_a_kill(new_server: Start) -> N
         {"role": "assistant", "content": first.choices[0].message.content},
         {"role": "user", "content": "Which one is the warmest?"},
     ]
+    rules = " ".join(f"Rule {i}: answer briefly." for i in range(90))
+    anonymous = [
+        [{"role": "system", "content": rules}, {"role": "user", "content": question}]
+        for question in ("Name a fruit.", "Name a river.")
+    ]
+    sent = [chat(first_server, talk).usage.prompt_tokens for talk in anonymous]
+    assert min(sent) > 512
     first_server.kill()
     second_server = new_server(data_dir=first_server.data_dir)
     warm = chat(second_server, history, **{"X-Agent-Id": "painter"})
@@ -45,6 +55,8 @@ def test_a_conversation_continues_from_disk_after_a_kill(new_server: Start) -> N
     assert cold.usage.prompt_tokens_details.cached_tokens == 0
     assert warm.choices[0].message.content == cold.choices[0].message.content
     assert second_server.metric("semantic_restored_tokens_total", {"tier": "disk"}) > 0
+    for talk, tokens in zip(anonymous, sent, strict=True):
+        assert chat(second_server, talk).usage.prompt_tokens_details.cached_tokens == tokens - 1
 
 
 def test_agents_returning_together_beyond_memory_all_restore_their_prefixes(

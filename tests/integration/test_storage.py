@@ -381,6 +381,26 @@ async def test_a_change_that_rolls_back_leaves_the_lookups_as_they_were(tmp_path
     await db.close()
 
 
+async def test_anonymous_agents_are_found_by_the_block_they_end_with(tmp_path: Path) -> None:
+    db = SqliteMetadataStore(tmp_path / "semantic.db")
+    await db.open()
+    rows = [record("k1"), record("k2", "k1"), record("k3", "k2")]
+    await db.save_agent_blocks(
+        AgentRecord("default", "~anon-a", ("k1", "k2"), 6, anonymous=True), rows[:2]
+    )
+    await db.save_agent_blocks(
+        AgentRecord("default", "~anon-b", ("k1", "k2", "k3"), 9, anonymous=True), rows[2:]
+    )
+    await db.save_agent_blocks(AgentRecord("default", "named", ("k1", "k2"), 6), [])
+    await db.save_agent_blocks(AgentRecord("other", "~anon-c", ("k1", "k2"), 6, anonymous=True), [])
+    found = await db.anonymous_agents_ending_at("default", ["k1", "k2"])
+    assert [(a.agent_id, a.block_keys) for a in found] == [("~anon-a", ("k1", "k2"))]
+    assert [a.agent_id for a in await db.anonymous_agents_ending_at("default", ["k3"])] == [
+        "~anon-b"
+    ]
+    await db.close()
+
+
 async def test_a_quarantined_block_is_replaced_by_the_next_save(tmp_path: Path) -> None:
     db = SqliteMetadataStore(tmp_path / "semantic.db")
     await db.open()

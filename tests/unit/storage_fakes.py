@@ -99,6 +99,19 @@ class FakeMetadataStore:
     async def agents(self, namespace: str | None = None) -> list[AgentRecord]:
         return [a for a in self.agent_rows.values() if namespace in (None, a.namespace)]
 
+    async def anonymous_agents_ending_at(
+        self, namespace: str, keys: Sequence[str]
+    ) -> list[AgentRecord]:
+        ends = set(keys)
+        return [
+            a
+            for a in self.agent_rows.values()
+            if a.namespace == namespace
+            and a.anonymous
+            and a.block_keys
+            and a.block_keys[-1] in ends
+        ]
+
     async def create_agent(self, agent: AgentRecord) -> None:
         if (agent.namespace, agent.agent_id) in self.agent_rows:
             raise AgentExistsError(agent.agent_id, agent.namespace)

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import pytest
 
+from semantic.application.cache.anonymous import ANONYMOUS_AGENT, ANONYMOUS_PREFIX
 from semantic.application.cache.read_lanes import READERS
 from semantic.application.cache.store import AgentCacheStore, CacheConfig, CachedPrefix
 from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
@@ -401,3 +402,31 @@ async def test_a_disk_quota_below_one_conversation_cuts_its_end_and_keeps_its_pr
     done, _ = await h.ask(follow)
     assert done.token_ids == cold(follow, 5)
     assert await h.metadata.total_block_bytes() <= 50
+
+
+async def test_anonymous_conversations_sharing_a_long_prefix_keep_their_own_records() -> None:
+    """QA pass 9: conversations without an agent that shared their first two blocks were one
+    record, so each save dropped the others' blocks and a restart lost all but one."""
+    before = await started(Harness())
+    talks = [[*SYSTEM, 50 + n, 51 + n, 52, 53, 54] for n in range(3)]
+    for prompt in talks:
+        await before.ask(prompt, agent=ANONYMOUS_AGENT)
+    assert len(await before.metadata.agents()) == 3
+    await before.store.close()
+    after = await started(Harness(block_store=before.block_store, metadata=before.metadata))
+    for prompt in talks:
+        done, prefix = await after.ask(prompt, agent=ANONYMOUS_AGENT)
+        assert prefix.disk_tokens > 0
+        assert done.stats.cached_tokens == len(prompt) - 1
+
+
+async def test_an_anonymous_conversations_next_turn_replaces_its_record() -> None:
+    h = await started(Harness())
+    first, _ = await h.ask([*SYSTEM, 11, 12], agent=ANONYMOUS_AGENT)
+    await h.ask([*SYSTEM, 20], agent=ANONYMOUS_AGENT)  # another conversation, same system
+    follow = [*SYSTEM, 11, 12, *first.token_ids, 13, 14]
+    done, _ = await h.ask(follow, agent=ANONYMOUS_AGENT)
+    records = await h.metadata.agents()
+    assert len(records) == 2
+    assert max(r.token_count for r in records) == len(follow) + len(done.token_ids)
+    assert all(r.agent_id.startswith(ANONYMOUS_PREFIX) and r.anonymous for r in records)

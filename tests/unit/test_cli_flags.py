@@ -63,8 +63,8 @@ def test_the_prefault_may_be_the_whole_kv_budget_and_defaults_to_at_most_it() ->
     [
         ("--max-tokens", "0", "must be positive, not 0"),
         ("--max-tokens", "-3", "must be positive"),
-        ("--temperature", "-1", "must be 0 or more"),
-        ("--temperature", "11", "temperature must be between 0 and 10"),
+        ("--temperature", "-1", "must be from 0 to 2, not -1"),
+        ("--temperature", "2.5", "must be from 0 to 2, not 2.5"),
         ("--top-p", "0", "top_p must be in (0, 1]"),
         ("--top-p", "1.5", "top_p must be in (0, 1]"),
         ("--seed", "-1", "must be 0 or more"),

@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 
+from semantic.application.cache.anonymous import ANONYMOUS_AGENT
 from semantic.application.cache.store import AgentCacheStore
 from semantic.application.engine import NO_ROOM_FAILURE
 from semantic.application.engine_loop import SHUTDOWN_FAILURE, AsyncEventStream, EngineLoop
@@ -127,7 +128,7 @@ class GenerationService:
         full queue) are raised here, before a caller commits to a streaming response."""
         max_tokens = self.check(request)
         prompt = request.prompt_tokens
-        agent_id = request.agent_id or self._anonymous_id(request)
+        agent_id = request.agent_id or ANONYMOUS_AGENT
         sink = AsyncEventStream()
         prefix = None
         try:
@@ -176,11 +177,6 @@ class GenerationService:
             if isinstance(event, GenerationResult):
                 return event
         raise GenerationFailedError("the request ended without a result")
-
-    def _anonymous_id(self, request: GenerationInput) -> str:
-        if self._cache is None:
-            return "anonymous"
-        return self._cache.anonymous_id(request.namespace, request.prompt_tokens)
 
 
 class GenerationHandle:

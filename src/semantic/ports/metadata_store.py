@@ -74,6 +74,12 @@ class MetadataStore(Protocol):
 
     async def agents(self, namespace: str | None = None) -> list[AgentRecord]: ...
 
+    async def anonymous_agents_ending_at(
+        self, namespace: str, keys: Sequence[str]
+    ) -> list[AgentRecord]:
+        """Anonymous agents of the namespace whose block list ends with one of ``keys``."""
+        ...
+
     async def create_agent(self, agent: AgentRecord) -> None:
         """Raises ``AgentExistsError`` if the id is taken in its namespace."""
         ...

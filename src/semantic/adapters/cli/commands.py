@@ -30,9 +30,9 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     generate.add_argument(
         "--temperature",
-        type=flags.non_negative_float,
+        type=flags.temperature,
         default=0.0,
-        help="0 to 10; 0 = greedy (default: %(default)s)",
+        help="0 to 2; 0 = greedy (default: %(default)s)",
     )
     generate.add_argument(
         "--top-p",

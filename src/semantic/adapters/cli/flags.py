@@ -30,6 +30,14 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+def temperature(text: str) -> float:
+    """0 to 2, as the OpenAI API takes it: the CLI samples like the server's main route."""
+    value = _float(text)
+    if not 0 <= value <= 2:
+        raise argparse.ArgumentTypeError(f"must be from 0 to 2, not {text}")
+    return value
+
+
 def port(text: str) -> int:
     value = _int(text)
     if not 1 <= value <= 65535:

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
-from sqlalchemy import delete, event, func, insert, select, update
+from sqlalchemy import delete, event, exists, func, insert, select, update
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
@@ -170,6 +170,30 @@ class SqliteMetadataStore:
                 keys.setdefault((row.namespace, row.agent_id), []).append(row.block_key)
             rows = await connection.execute(query)
             return [agent_of(row, keys.get((row.namespace, row.agent_id), [])) for row in rows]
+
+    @_unavailable_on_failure
+    async def anonymous_agents_ending_at(
+        self, namespace: str, keys: Sequence[str]
+    ) -> list[AgentRecord]:
+        following = agent_blocks.alias("following")
+        is_last = ~exists().where(
+            following.c.namespace == agent_blocks.c.namespace,
+            following.c.agent_id == agent_blocks.c.agent_id,
+            following.c.position == agent_blocks.c.position + 1,
+        )
+        query = (
+            select(agent_blocks.c.agent_id)
+            .join(agents, _same_agent(agents, agent_blocks))
+            .where(agent_blocks.c.namespace == namespace, agents.c.anonymous, is_last)
+        )
+        found: set[str] = set()
+        async with self._db().connect() as connection:
+            unique = sorted(set(keys))
+            for start in range(0, len(unique), 500):
+                chunk = agent_blocks.c.block_key.in_(unique[start : start + 500])
+                found.update(row.agent_id for row in await connection.execute(query.where(chunk)))
+        records = [await self.agent(namespace, agent_id) for agent_id in sorted(found)]
+        return [record for record in records if record is not None]
 
     @_unavailable_on_failure
     async def create_agent(self, agent: AgentRecord) -> None:
@@ -353,6 +377,10 @@ class SqliteMetadataStore:
 
 def _agent_where(table: Any, namespace: str, agent_id: str) -> Any:
     return (table.c.namespace == namespace) & (table.c.agent_id == agent_id)
+
+
+def _same_agent(left: Any, right: Any) -> Any:
+    return (left.c.namespace == right.c.namespace) & (left.c.agent_id == right.c.agent_id)
 
 
 async def _select_rows(connection: AsyncConnection, keys: Sequence[str]) -> list[BlockRow]:

@@ -17,6 +17,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from semantic.application.cache.anonymous import conversation_id
 from semantic.application.cache.hot_index import HotBlock, HotIndex
 from semantic.application.cache.stats import CacheStats
 from semantic.ports.block_store import BlockStore
@@ -175,13 +176,16 @@ class Saver:
         self._stats.write_seconds += time.perf_counter() - started
         self._stats.blocks_written += len(records)
         self._stats.bytes_written += sum(r.nbytes for r in records)
+        agent_id = job.agent_id
+        if job.anonymous:
+            agent_id = await conversation_id(self._metadata, job.namespace, job.chain)
         agent = AgentRecord(
-            job.namespace, job.agent_id, tuple(keys), job.token_count, anonymous=job.anonymous
+            job.namespace, agent_id, tuple(keys), job.token_count, anonymous=job.anonymous
         )
         orphans = await self._metadata.save_agent_blocks(agent, records)
         self._hot.mark_persisted(keys)
         await self.delete_files(orphans)
-        await self._enforce_quota(job.namespace, job.agent_id)
+        await self._enforce_quota(job.namespace, agent_id)
 
     def _write(self, namespace: str, blocks: list[HotBlock]) -> list[BlockRecord]:
         records = []

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from semantic.application.active_request import StoredPrefix
+from semantic.application.cache.anonymous import ANONYMOUS_AGENT
 from semantic.application.cache.hot_index import CACHE_OWNER, HotBlock, HotIndex
 from semantic.application.cache.loader import BlockLoader, LoadOutcome
 from semantic.application.cache.persistence import SaveJob, Saver
@@ -39,9 +40,6 @@ log = logging.getLogger(__name__)
 
 Fetched = HotBlock | LoadOutcome
 """A block pinned in memory, or why it could not be."""
-
-ANONYMOUS_PREFIX = "~anon-"
-"""Ids of requests without an agent: ``~`` can never start a client's agent id."""
 
 
 @dataclass(frozen=True)
@@ -110,16 +108,6 @@ class AgentCacheStore:
 
     def root(self, namespace: str) -> str:
         return chain_root(self._fingerprint, namespace)
-
-    def anonymous_id(self, namespace: str, prompt: Sequence[int]) -> str:
-        """A stable id for a conversation without an agent: its first two blocks' identity."""
-        keys = chain_keys(
-            self.root(namespace),
-            prompt[: 2 * self._spec.block_tokens],
-            self._spec.block_tokens,
-            include_partial=True,
-        )
-        return ANONYMOUS_PREFIX + keys[-1][:24]
 
     async def prepare(self, namespace: str, prompt: Sequence[int]) -> CachedPrefix:
         """Pin the longest stored prefix of ``prompt`` (loading disk blocks into memory)."""
@@ -281,7 +269,7 @@ class AgentCacheStore:
             chain.append(kept)
             parent = key
         self._pool.release_owner(event.request_id)
-        anonymous = agent_id.startswith(ANONYMOUS_PREFIX)
+        anonymous = agent_id == ANONYMOUS_AGENT
         self._saver.submit(
             SaveJob(event.request_id, event.namespace, agent_id, anonymous, chain, len(tokens))
         )
