@@ -129,6 +129,23 @@ def test_deleting_an_agent_ends_its_running_turn_which_keeps_nothing(
     assert httpx.get(f"{api}/doomed/messages").json()["data"] == []
 
 
+def test_deleting_an_agent_deletes_the_branches_it_left(server: ServerProcess) -> None:
+    """An agent that changed its history keeps the old branch's KV, found by prompt (unit
+    tests show it); once the agent is deleted, nothing of either branch is found."""
+    who = {"X-Agent-Id": "brancher", "X-Namespace": "branches"}
+    talks = [
+        [{"role": "user", "content": "Tell me about owls and their habits at night."}],
+        [{"role": "user", "content": "Tell me about bees and their habits by day."}],
+    ]
+    sent = [chat(server, talk, **who).usage.prompt_tokens for talk in talks]
+    anonymous = {"X-Namespace": "branches"}
+    assert httpx.delete(f"{server.url}/v1/agents/brancher", headers=anonymous).status_code == 204
+    for talk, tokens in zip(talks, sent, strict=True):
+        again = chat(server, [*talk, {"role": "user", "content": "Go on."}], **anonymous)
+        assert again.usage.prompt_tokens_details.cached_tokens < tokens - 8  # the template's
+        # own system prompt, which the first of these saved, is all that can be found
+
+
 def test_stateful_agents_keep_transcripts_across_a_restart_and_fork_cheaply(
     new_server: Start,
 ) -> None:

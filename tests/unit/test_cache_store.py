@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from semantic.application.cache.anonymous import ANONYMOUS_AGENT, ANONYMOUS_PREFIX
+from semantic.application.cache.lineage import ANONYMOUS_AGENT, ANONYMOUS_PREFIX, branch_prefix
 from semantic.application.cache.read_lanes import READERS
 from semantic.application.cache.store import AgentCacheStore, CacheConfig, CachedPrefix
 from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
@@ -430,3 +430,30 @@ async def test_an_anonymous_conversations_next_turn_replaces_its_record() -> Non
     assert len(records) == 2
     assert max(r.token_count for r in records) == len(follow) + len(done.token_ids)
     assert all(r.agent_id.startswith(ANONYMOUS_PREFIX) and r.anonymous for r in records)
+
+
+async def test_an_agent_that_branches_keeps_its_old_branch_across_a_restart() -> None:
+    """QA pass 9: an agent that went A, B, then back to A found only B's blocks stored."""
+    before = await started(Harness())
+    first_a, _ = await before.ask([*SYSTEM, 11, 12])
+    first_b, _ = await before.ask([*SYSTEM, 20, 21])
+    await before.store.close()
+    after = await started(Harness(block_store=before.block_store, metadata=before.metadata))
+    for prompt, reply in (([*SYSTEM, 11, 12], first_a), ([*SYSTEM, 20, 21], first_b)):
+        follow = [*prompt, *reply.token_ids, 13]
+        done, _ = await after.ask(follow)
+        assert done.stats.cached_tokens == len(follow) - 1
+        assert done.token_ids == cold(follow, 5)
+
+
+async def test_a_branch_the_agent_grows_to_cover_again_is_dropped() -> None:
+    h = await started(Harness())
+    first_a, _ = await h.ask([*SYSTEM, 11, 12])
+    await h.ask([*SYSTEM, 20, 21])
+    await h.ask([*SYSTEM, 11, 12, *first_a.token_ids, 13])
+    records = sorted(await h.metadata.agents(), key=lambda a: a.agent_id)
+    assert records[0].agent_id == "a"
+    assert len(records) == 2, "A's branch is covered by the agent again; B's is kept"
+    assert records[1].agent_id.startswith(branch_prefix("a"))
+    assert h.metadata.block_rows[records[1].block_keys[2]].tokens == (6, 5, 20, 21)
+    assert set(h.block_store.files) == set(h.metadata.block_rows)

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from semantic.application.cache.lineage import branch_prefix
 from semantic.application.cache.store import AgentCacheStore
 from semantic.application.generation import (
     GenerationEvent,
@@ -146,6 +147,9 @@ class AgentService:
         async with self._lock(namespace, agent_id):
             await self._record(namespace, agent_id)
             orphans = await self._metadata.delete_agent(namespace, agent_id)
+            for branch in await self._metadata.agents(namespace):
+                if branch.agent_id.startswith(branch_prefix(agent_id)):
+                    orphans += await self._metadata.delete_agent(namespace, branch.agent_id)
         await self._cache.forget(orphans)
 
     async def fork(self, namespace: str, source_id: str, new_id: str) -> AgentInfo:

@@ -12,7 +12,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 
-from semantic.application.cache.anonymous import ANONYMOUS_AGENT
+from semantic.application.cache.lineage import ANONYMOUS_AGENT
 from semantic.application.cache.store import AgentCacheStore
 from semantic.application.engine import NO_ROOM_FAILURE
 from semantic.application.engine_loop import SHUTDOWN_FAILURE, AsyncEventStream, EngineLoop

@@ -17,8 +17,8 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from semantic.application.cache.anonymous import conversation_id
 from semantic.application.cache.hot_index import HotBlock, HotIndex
+from semantic.application.cache.lineage import Lineage, branch_id, lineage
 from semantic.application.cache.stats import CacheStats
 from semantic.ports.block_store import BlockStore
 from semantic.ports.metadata_store import AgentRecord, BlockRecord, MetadataStore
@@ -176,16 +176,30 @@ class Saver:
         self._stats.write_seconds += time.perf_counter() - started
         self._stats.blocks_written += len(records)
         self._stats.bytes_written += sum(r.nbytes for r in records)
-        agent_id = job.agent_id
-        if job.anonymous:
-            agent_id = await conversation_id(self._metadata, job.namespace, job.chain)
+        stored = await lineage(self._metadata, job.namespace, job.chain)
+        agent_id = stored.conversation_id() if job.anonymous else job.agent_id
+        if not job.anonymous:
+            await self._keep_branch(job.namespace, agent_id, stored)
         agent = AgentRecord(
             job.namespace, agent_id, tuple(keys), job.token_count, anonymous=job.anonymous
         )
         orphans = await self._metadata.save_agent_blocks(agent, records)
         self._hot.mark_persisted(keys)
+        for branch in [] if job.anonymous else stored.covered_branches(agent_id):
+            orphans += await self._metadata.delete_agent(job.namespace, branch.agent_id)
         await self.delete_files(orphans)
         await self._enforce_quota(job.namespace, agent_id)
+
+    async def _keep_branch(self, namespace: str, agent_id: str, stored: Lineage) -> None:
+        """An agent whose new turn does not extend its stored one keeps the old block list
+        as a branch record, committed before the new list can orphan its blocks."""
+        old = await self._metadata.agent(namespace, agent_id)
+        if old is None or stored.extends(old):
+            return
+        branch = dataclasses.replace(
+            old, agent_id=branch_id(old), system_prompt=None, anonymous=True
+        )
+        await self._metadata.save_agent_blocks(branch, [])
 
     def _write(self, namespace: str, blocks: list[HotBlock]) -> list[BlockRecord]:
         records = []

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from semantic.application.active_request import StoredPrefix
-from semantic.application.cache.anonymous import ANONYMOUS_AGENT
 from semantic.application.cache.hot_index import CACHE_OWNER, HotBlock, HotIndex
+from semantic.application.cache.lineage import ANONYMOUS_AGENT
 from semantic.application.cache.loader import BlockLoader, LoadOutcome
 from semantic.application.cache.persistence import SaveJob, Saver
 from semantic.application.cache.read_lanes import READERS, in_order, read_lanes, when_all_done

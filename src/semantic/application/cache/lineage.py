@@ -1,0 +1,92 @@
+"""Which stored records a save continues, and which it must keep beside it.
+
+A request without an agent id is still a conversation whose KV is worth keeping. Its record
+is chosen when its blocks are saved, in save order, so a turn always finds the turn before it:
+the longest anonymous record whose tokens are a prefix of what is saved now is that same
+conversation earlier on, and is replaced (the new block list covers every token it had). Any
+other conversation, even one sharing a long system prompt, gets a record of its own, so saving
+one never drops another's blocks.
+
+An agent whose new turn does not extend its stored one (an edited history, a regenerated
+reply) has branched: its old block list is kept as a branch record of that agent, found by
+prompt like an anonymous one, so going back to the old branch is still a hit. A branch the
+agent's record grows to cover again is dropped, and deleting the agent deletes its branches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from semantic.application.cache.hot_index import HotBlock
+from semantic.ports.metadata_store import AgentRecord, MetadataStore
+
+ANONYMOUS_AGENT = "~anon"
+"""The agent of a request without one: ``~`` can never start a client's agent id."""
+
+ANONYMOUS_PREFIX = ANONYMOUS_AGENT + "-"
+"""Stored anonymous conversations' ids start with this."""
+
+
+def branch_prefix(agent_id: str) -> str:
+    """Ids of an agent's branch records start with this (``:`` is never in an agent id)."""
+    return f"~branch:{agent_id}:"
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """What is stored of the chain about to be saved: anonymous and branch records whose
+    tokens are a prefix of it."""
+
+    keys: list[str]
+    ends: dict[str, int]
+    prefixes: list[AgentRecord]
+
+    def conversation_id(self) -> str:
+        """The anonymous conversation this chain continues, or a new one named after its
+        whole chain (two identical conversations are one record)."""
+        earlier = [r for r in self.prefixes if r.agent_id.startswith(ANONYMOUS_PREFIX)]
+        if earlier:
+            return max(earlier, key=lambda r: (r.token_count, r.last_used)).agent_id
+        return ANONYMOUS_PREFIX + self._name()
+
+    def extends(self, record: AgentRecord) -> bool:
+        """Whether the chain covers every token of ``record``."""
+        if not record.block_keys:
+            return True
+        last = len(record.block_keys) - 1
+        whole = list(record.block_keys[:-1]) == self.keys[:last]
+        return whole and self.ends.get(record.block_keys[-1]) == last
+
+    def covered_branches(self, agent_id: str) -> list[AgentRecord]:
+        """The agent's branch records this chain has grown to cover again."""
+        return [r for r in self.prefixes if r.agent_id.startswith(branch_prefix(agent_id))]
+
+    def _name(self) -> str:
+        return self.keys[-1][:24] if self.keys else "empty"
+
+
+def branch_id(record: AgentRecord) -> str:
+    return branch_prefix(record.agent_id) + (
+        record.block_keys[-1][:24] if record.block_keys else ""
+    )
+
+
+async def lineage(metadata: MetadataStore, namespace: str, chain: Sequence[HotBlock]) -> Lineage:
+    keys = [block.key for block in chain]
+    ends = await _prefix_ends(metadata, chain)
+    records = await metadata.anonymous_agents_ending_at(namespace, list(ends))
+    found = Lineage(keys, ends, [])
+    return Lineage(keys, ends, [r for r in records if found.extends(r)])
+
+
+async def _prefix_ends(metadata: MetadataStore, chain: Sequence[HotBlock]) -> dict[str, int]:
+    """Stored blocks a shorter conversation could end with, by their position in ``chain``:
+    each block of the chain, and at each position the stored siblings whose tokens begin
+    that block's (a partial block this chain has since filled further)."""
+    ends: dict[str, int] = {}
+    for index, block in enumerate(chain):
+        for sibling in await metadata.children(block.parent):
+            if block.tokens[: len(sibling.tokens)] == sibling.tokens:
+                ends[sibling.key] = index
+    return ends
