@@ -155,6 +155,27 @@ def test_eight_agents_staggered_or_all_at_once_get_what_each_gets_alone(
     assert [done[i].token_ids for i in together] == alone
 
 
+def test_agents_sharing_a_long_system_prompt_at_once_get_what_each_gets_alone(
+    real_model: RealModel, make_engine: EngineFactory
+) -> None:
+    """Admitted together, the followers copy the leader's prefix instead of computing it."""
+    tokenizer = real_model.tokenizer
+    rules = " ".join(f"Rule {i}: answer in one short sentence." for i in range(45))
+    prompts = [
+        tokenizer.render_chat([ChatMessage("system", rules), ChatMessage("user", question)])
+        for question in ("Name a fruit.", "Name a river.", "Name a bird.")
+    ]
+    engine, _ = make_engine()
+    alone = [generate(engine, prompt, 8) for prompt in prompts]
+    assert all(a.stats.cached_tokens == 0 for a in alone)
+    together = [engine.submit("agent", prompt, max_tokens=8) for prompt in prompts]
+    done = completions(run_until_idle(engine))
+    assert [done[i].token_ids for i in together] == [a.token_ids for a in alone]
+    shared = [done[i].stats.cached_tokens for i in together]
+    assert shared[0] == 0
+    assert min(shared[1:]) > 256
+
+
 def test_a_dry_pool_ends_a_request_gracefully_and_keeps_its_kv(
     real_model: RealModel, make_engine: EngineFactory
 ) -> None:

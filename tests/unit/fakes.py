@@ -130,6 +130,8 @@ class FakeBackend:
     prefill_calls: list[tuple[str, int]] = field(default_factory=list)
     decode_batches: list[int] = field(default_factory=list)
     batched_prefills: list[int] = field(default_factory=list)
+    copies: list[tuple[str, str, int]] = field(default_factory=list)
+    """(source, target, tokens) for each ``copy_prefix``."""
     ride_rows: int = 0
     """Rows a fused decode pass may hold (0: no riding, like a model without fusion)."""
     rides: list[tuple[str, int]] = field(default_factory=list)
@@ -193,6 +195,14 @@ class FakeBackend:
             raise RuntimeError("batched prefill failed on purpose")  # all or nothing, like MLX
         self.batched_prefills.append(len(prompts))
         return [self.prefill_and_sample(seq_id, tokens) for seq_id, tokens in prompts]
+
+    def copy_prefix(self, source_id: str, target_id: str, n_tokens: int, room: int) -> bool:
+        source = self.sequences[source_id].tokens
+        if len(source) < n_tokens:
+            raise ValueError("the source has not prefilled that far")
+        self.copies.append((source_id, target_id, n_tokens))
+        self.sequences[target_id].tokens = list(source[:n_tokens])
+        return True
 
     def start_decoding(self, seq_id: str, first_token: int, max_new_tokens: int) -> None:
         seq = self.sequences[seq_id]

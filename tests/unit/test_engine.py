@@ -580,3 +580,49 @@ def test_a_head_with_nothing_running_is_refused_when_no_memory_comes_free() -> N
     assert engine.waiting == 0
     engine.release_blocks(held)
     assert engine.pool.used_count == 0
+
+
+SHARED = list(range(1, 13))  # three blocks of four tokens
+
+
+def test_prompts_admitted_together_compute_their_shared_prefix_once() -> None:
+    engine, backend = make_engine(prefill_token_budget=64)
+    prompts = [[*SHARED, 20 + i, 30 + i] for i in range(4)]
+    ids = [engine.submit(f"a{i}", p, max_tokens=3) for i, p in enumerate(prompts)]
+    done = completions(run_until_idle(engine))
+    assert [list(done[i].token_ids) for i in ids] == [cold_tokens(p, 3) for p in prompts]
+    computed = {rid: sum(n for seq, n in backend.prefill_calls if seq == rid) for rid in ids}
+    assert computed == {ids[0]: 14, ids[1]: 2, ids[2]: 2, ids[3]: 2}
+    assert [(source, n) for source, _, n in backend.copies] == [(ids[0], 12)] * 3
+    assert [done[i].stats.cached_tokens for i in ids] == [0, 12, 12, 12]
+    for rid in ids:
+        engine.release_blocks(rid)
+    assert engine.pool.used_count == 0
+
+
+def test_followers_of_a_leader_that_fails_first_are_let_go_and_nothing_leaks() -> None:
+    """The leader fails inside the shared prefix: its followers stop waiting and prefill it
+    themselves (here they meet the same failure, as a model would)."""
+    engine, backend = make_engine(
+        backend=FakeBackend(fail_prefill_for={5}), prefill_token_budget=64
+    )
+    ids = [engine.submit(f"a{i}", [*SHARED, 20 + i, 30 + i], max_tokens=3) for i in range(3)]
+    done = completions(run_until_idle(engine))
+    assert [done[i].finish_reason for i in ids] == [FinishReason.ERROR] * 3
+    assert not backend.copies
+    assert engine.pool.used_count == 0
+    engine.pool.check_integrity()
+
+
+def test_a_leader_that_fails_after_the_shared_prefix_fails_alone() -> None:
+    engine, backend = make_engine(
+        backend=FakeBackend(fail_prefill_for={59}), prefill_token_budget=64
+    )
+    leader = engine.submit("leader", [*SHARED, 59, 21], max_tokens=3)
+    follower = engine.submit("follower", [*SHARED, 30, 31], max_tokens=3)
+    done = completions(run_until_idle(engine))
+    assert done[leader].finish_reason is FinishReason.ERROR
+    assert list(done[follower].token_ids) == cold_tokens([*SHARED, 30, 31], 3)
+    assert [(s, t, n) for s, t, n in backend.copies] == [(leader, follower, 12)]
+    engine.release_blocks(follower)
+    assert engine.pool.used_count == 0

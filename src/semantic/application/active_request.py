@@ -69,6 +69,8 @@ class ActiveRequest:
     """Whether the cached blocks are still held under ``pin_owner`` (until admission)."""
     short_of_room_since: float | None = None
     """When the head of the queue first found no room with nothing running."""
+    following: str | None = None
+    """The request whose prefill this one waits for, to copy the prefix they share."""
 
     @property
     def pin_owner(self) -> str:

@@ -26,6 +26,7 @@ from semantic.application.active_request import (
 from semantic.application.completion import CompletionDetector
 from semantic.application.events import CompletionEvent, EngineEvent, TokenEvent
 from semantic.application.prefix_pins import PrefixPins
+from semantic.application.prefix_sharing import PrefixSharing
 from semantic.application.request_validation import validate_request
 from semantic.application.reservation import BlockReservation
 from semantic.application.scheduler.pacer import PacerConfig, PrefillPacer
@@ -92,6 +93,7 @@ class BlockPoolBatchEngine:
         self._clock = clock
         self._reclaim = reclaim
         self._pins = PrefixPins(pool, self._spec, reclaim, clock)
+        self._sharing = PrefixSharing(self._spec.block_tokens)
         self._ids = itertools.count(1)
         self._cancels: dict[str, str | None] = {}  # request id -> why, if it failed
         self._cancel_lock = threading.Lock()
@@ -309,6 +311,9 @@ class BlockPoolBatchEngine:
         active.n_cached = active.prefilled = n_cached
         active.admitted_at = self._clock()
         self._running[active.id] = active
+        leader = self._sharing.follow(active, self._running.values())
+        if leader is not None:
+            self._copy_to_followers(self._running[leader])
         return True
 
     def _make_room(self, active: ActiveRequest) -> bool:
@@ -331,6 +336,7 @@ class BlockPoolBatchEngine:
             self._failed_admissions.append((active, NoRoomCameError(NO_ROOM_FAILURE)))
 
     def _undo(self, active: ActiveRequest) -> None:
+        self._sharing.end(active)
         self._backend.close_sequence(active.id, 0)
         active.reservation.release()
         active.phase = Phase.WAITING
@@ -380,8 +386,22 @@ class BlockPoolBatchEngine:
         self, active: ActiveRequest, n: int, first: SampledToken | None, events: list[EngineEvent]
     ) -> None:
         active.prefilled += n
+        self._copy_to_followers(active)
         if active.prefilled == len(active.prompt) and first is not None:
             self._first_token(active, first, events)
+
+    def _copy_to_followers(self, leader: ActiveRequest) -> None:
+        """Requests waiting for a prefix ``leader`` now holds start from a copy of it
+        (``PrefixSharing``); one whose copy cannot be made prefills it itself."""
+        for follower in self._sharing.ready(leader):
+            active, shared = follower.request, follower.shared
+            room = len(active.prompt) - shared
+            try:
+                copied = self._backend.copy_prefix(leader.id, active.id, shared, room)
+            except Exception:  # noqa: BLE001 - it computes the prefix itself instead
+                copied = False
+            if copied:
+                active.n_cached = active.prefilled = shared
 
     def _prefill_whole_prompts(self, batch: list[ActiveRequest], events: list[EngineEvent]) -> None:
         """Fresh prompts that fit this round whole share one forward pass; if it fails, each
@@ -397,6 +417,7 @@ class BlockPoolBatchEngine:
         self.pacer.observe_prefill(sum(len(a.prompt) for a in batch), 0, self._clock() - started)
         for active, first in zip(batch, firsts, strict=True):
             active.prefilled = len(active.prompt)
+            self._copy_to_followers(active)
             self._first_token(active, first, events)
 
     def _first_token(
@@ -445,6 +466,7 @@ class BlockPoolBatchEngine:
         error: str | None = None,
     ) -> None:
         self._running.pop(active.id, None)
+        self._sharing.end(active)
         kept = active.detector.kept_tokens
         blocks = None
         if active.pinned:

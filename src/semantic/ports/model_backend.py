@@ -136,6 +136,12 @@ class ModelBackend(Protocol):
         prompts then pays a pass's fixed cost once, not once per prompt."""
         ...
 
+    def copy_prefix(self, source_id: str, target_id: str, n_tokens: int, room: int) -> bool:
+        """Make the target's cache a copy of the source's first ``n_tokens`` positions
+        (which the source has prefilled), with room for ``room`` more; False (nothing
+        changed) where the source's cache cannot be copied so."""
+        ...
+
     def start_decoding(self, seq_id: str, first_token: int, max_new_tokens: int) -> None:
         """Join the batched decoder; ``first_token`` is fed next, then up to
         ``max_new_tokens`` more are made."""

@@ -23,6 +23,7 @@ from semantic.adapters.mlx.decode_batch import Caches, DecodeBatch
 from semantic.adapters.mlx.fused_pass import MAX_ROWS, Group, supports_fusion
 from semantic.adapters.mlx.host_pass import HostPass
 from semantic.adapters.mlx.kv_blocks import (
+    clone_prefix,
     cut_into_blocks,
     gather_cache,
     reserve_room,
@@ -237,6 +238,14 @@ class MlxBackend:
         top = top_prob(logits)[0] if sequence.track_top_prob else None
         mx.eval(token, *([top] if top is not None else []))
         return SampledToken(_scalar_int(token), _scalar_float(top) if top is not None else None)
+
+    def copy_prefix(self, source_id: str, target_id: str, n_tokens: int, room: int) -> bool:
+        clones = clone_prefix(self._caches(self._sequences[source_id]), n_tokens, room)
+        if clones is None:
+            return False
+        target = self._sequences[target_id]
+        target.caches, target.prefix, target.room = clones, None, room
+        return True
 
     def start_decoding(self, seq_id: str, first_token: int, max_new_tokens: int) -> None:
         sequence = self._sequences[seq_id]

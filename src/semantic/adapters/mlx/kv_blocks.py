@@ -222,6 +222,31 @@ def size_cache(cache: Any, room: int, spec: ModelCacheSpec) -> None:
     cache.values = mx.zeros((*shape, spec.v_head_dim), dtype=dtype)
 
 
+def clone_prefix(caches: list[Any], n_tokens: int, room: int) -> list[Any] | None:
+    """New plain caches holding the first ``n_tokens`` positions of ``caches``, in buffers
+    of their own with room for ``room`` more: the host pass writes into a cache's buffer in
+    place, so a clone never shares one. None unless every cache is a plain one holding
+    those positions."""
+    if not all(type(c) is KVCache and c.keys is not None and c.offset >= n_tokens for c in caches):
+        return None
+    capacity = -(-(n_tokens + room) // _GROWTH_STEP) * _GROWTH_STEP
+    clones = []
+    for cache in caches:
+        clone = KVCache()  # type: ignore[no-untyped-call]  # mlx-lm: unannotated
+        clone.keys = _copied(cache.keys, n_tokens, capacity)
+        clone.values = _copied(cache.values, n_tokens, capacity)
+        clone.offset = n_tokens
+        clones.append(clone)
+    mx.eval([(c.keys, c.values) for c in clones])
+    return clones
+
+
+def _copied(buffer: mx.array, n_tokens: int, capacity: int) -> mx.array:
+    batch, heads, _, dim = buffer.shape
+    tail = mx.zeros((batch, heads, capacity - n_tokens, dim), dtype=buffer.dtype)
+    return mx.concatenate([buffer[..., :n_tokens, :], tail], axis=2)
+
+
 _GROWTH_STEP = 256
 """mlx-lm's caches grow in steps of this many positions."""
 

@@ -123,6 +123,8 @@ class PrefillAdder:
         return plan
 
     def _chunks(self, request: ActiveRequest, left: _Round) -> Plan:
+        if request.following is not None:  # it copies its leader's prefix first
+            return []
         if request.in_flight:  # a sliced chunk carries on as it began
             left.spend(request.in_flight, 0.0)
             if left.sliced:
