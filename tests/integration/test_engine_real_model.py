@@ -158,7 +158,8 @@ def test_eight_agents_staggered_or_all_at_once_get_what_each_gets_alone(
 def test_agents_sharing_a_long_system_prompt_at_once_get_what_each_gets_alone(
     real_model: RealModel, make_engine: EngineFactory
 ) -> None:
-    """Admitted together, the followers copy the leader's prefix instead of computing it."""
+    """Admitted together, or while the first decodes, the others copy its prefix instead of
+    computing it, and answer as they do alone."""
     tokenizer = real_model.tokenizer
     rules = " ".join(f"Rule {i}: answer in one short sentence." for i in range(45))
     prompts = [
@@ -174,6 +175,14 @@ def test_agents_sharing_a_long_system_prompt_at_once_get_what_each_gets_alone(
     shared = [done[i].stats.cached_tokens for i in together]
     assert shared[0] == 0
     assert min(shared[1:]) > 256
+    leader = engine.submit("agent", prompts[0], max_tokens=8)
+    while engine.step().decoding == 0:  # the leader's KV now lives in the decode batch
+        pass
+    late = engine.submit("agent", prompts[1], max_tokens=8)
+    done = completions(run_until_idle(engine))
+    assert done[late].token_ids == alone[1].token_ids
+    assert done[late].stats.cached_tokens > 256
+    assert done[leader].token_ids == alone[0].token_ids
 
 
 def test_a_dry_pool_ends_a_request_gracefully_and_keeps_its_kv(

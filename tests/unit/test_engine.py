@@ -626,3 +626,29 @@ def test_a_leader_that_fails_after_the_shared_prefix_fails_alone() -> None:
     assert [(s, t, n) for s, t, n in backend.copies] == [(leader, follower, 12)]
     engine.release_blocks(follower)
     assert engine.pool.used_count == 0
+
+
+def test_a_request_arriving_while_its_leader_decodes_copies_the_prefix_at_once() -> None:
+    engine, backend = make_engine(prefill_token_budget=64)
+    leader = engine.submit("leader", [*SHARED, 20, 21], max_tokens=8)
+    engine.step()
+    engine.step()
+    assert backend.decoding_count == 1
+    follower = engine.submit("follower", [*SHARED, 30, 31], max_tokens=3)
+    done = completions(run_until_idle(engine))
+    assert list(done[follower].token_ids) == cold_tokens([*SHARED, 30, 31], 3)
+    assert list(done[leader].token_ids) == cold_tokens([*SHARED, 20, 21], 8)
+    assert backend.copies == [(leader, follower, 12)]
+    assert sum(n for seq, n in backend.prefill_calls if seq == follower) == 2
+
+
+def test_requests_of_other_namespaces_never_copy_each_others_prefix() -> None:
+    engine, backend = make_engine(prefill_token_budget=64)
+    prompts = [[*SHARED, 20, 21], [*SHARED, 30, 31]]
+    ids = [
+        engine.submit("agent", prompt, max_tokens=3, namespace=tenant)
+        for prompt, tenant in zip(prompts, ("tenant-a", "tenant-b"), strict=True)
+    ]
+    done = completions(run_until_idle(engine))
+    assert not backend.copies
+    assert [done[i].stats.cached_tokens for i in ids] == [0, 0]

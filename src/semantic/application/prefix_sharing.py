@@ -1,13 +1,13 @@
-"""Prompts admitted together that share a long prefix compute it once.
+"""A request sharing a long prefix with a running one copies it instead of computing it.
 
 Agents a framework starts together often share a long system prompt, and none of them finds
 it cached: the first has not finished, so nothing of it is stored yet. Each computed it, and
 twelve agents with one 624-token system prompt waited 17-23 s for their first tokens (QA pass
-9). Now a request admitted while an earlier one is still prefilling a prefix they share (at
-least a block more than it restored) follows that leader: it computes nothing until the
-leader's prefill has passed the shared part, then its cache starts as a copy of the leader's
-and it prefills only the rest. A leader that ends first lets its followers go, to prefill on
-their own.
+9). Now a request admitted while an earlier one runs with a prefix they share (at least a
+block more than it restored) follows that leader: it computes nothing until the leader's
+prefill has passed the shared part (at once if the leader already decodes), then its cache
+starts as a copy of the leader's and it prefills only the rest. A leader that ends first
+lets its followers go, to prefill on their own.
 """
 
 from __future__ import annotations
@@ -34,13 +34,16 @@ class PrefixSharing:
         self._followers: dict[str, list[Follower]] = {}  # by leader id
 
     def follow(self, active: ActiveRequest, running: Iterable[ActiveRequest]) -> str | None:
-        """Make ``active`` (admitted now) follow the prefilling request it shares the longest
-        prefix with, if that spares it a block or more; returns the leader's id."""
+        """Make ``active`` (admitted now) follow the running request it shares the longest
+        prefix with, if that spares it a block or more; returns the leader's id. A leader
+        already decoding holds its whole prompt, so its followers copy at once."""
         best: Follower | None = None
         leader: ActiveRequest | None = None
         for other in running:
-            if other is active or other.phase is not Phase.PREFILLING or other.following:
+            if other is active or other.phase is Phase.WAITING or other.following:
                 continue
+            if other.request.namespace != active.request.namespace:
+                continue  # tenants never share KV, as in the cache (ADR 0005)
             shared = min(common_prefix(other.prompt, active.prompt), len(active.prompt) - 1)
             if shared - active.n_cached >= self._min_shared and (
                 best is None or shared > best.shared

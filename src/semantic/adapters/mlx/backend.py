@@ -240,7 +240,11 @@ class MlxBackend:
         return SampledToken(_scalar_int(token), _scalar_float(top) if top is not None else None)
 
     def copy_prefix(self, source_id: str, target_id: str, n_tokens: int, room: int) -> bool:
-        clones = clone_prefix(self._caches(self._sequences[source_id]), n_tokens, room)
+        if source_id in self._decoder:
+            caches = self._decoder.caches_of(source_id)
+        else:
+            caches = self._caches(self._sequences[source_id])
+        clones = clone_prefix(caches, n_tokens, room) if caches is not None else None
         if clones is None:
             return False
         target = self._sequences[target_id]

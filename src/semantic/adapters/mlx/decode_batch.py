@@ -170,6 +170,15 @@ class DecodeBatch:
         """The cache of a row that left the batch by itself, once."""
         return self._finished.pop(seq_id, None)
 
+    def caches_of(self, seq_id: str) -> list[Any] | None:
+        """A copy of a row's caches (its own positions only), or a joining row's own
+        caches; None while a joining row's cache is still to be built."""
+        for row, caches, _ in self._joining:
+            if row.seq_id == seq_id:
+                return None if callable(caches) else caches
+        index = next((i for i, row in enumerate(self._rows) if row.seq_id == seq_id), None)
+        return None if index is None else self._extract(index)
+
     def builds_pending(self, seq_id: str) -> bool:
         """Whether the row joins at the next step with a cache still to be built."""
         return any(row.seq_id == seq_id and callable(c) for row, c, _ in self._joining)
