@@ -173,7 +173,10 @@ async def _start_services(
         fingerprint,
         block_store=blocks,
         metadata=metadata,
-        config=CacheConfig(disk_quota_bytes=settings.disk_quota_bytes),
+        config=CacheConfig(
+            disk_quota_bytes=settings.disk_quota_bytes,
+            disk_reserve_bytes=settings.disk_reserve_bytes,
+        ),
     )
     await cache.start()
     backend, _, loop = _engine(

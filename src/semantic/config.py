@@ -60,6 +60,8 @@ class Settings:
     max_running: int = 32
     max_waiting: int = 256
     disk_quota_bytes: int | None = None
+    disk_reserve_bytes: int = 1 << 30
+    """Free disk to keep: cached KV gives way, oldest first, before the disk fills."""
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None

@@ -19,6 +19,7 @@ class FakeBlockStore:
         self.saves: list[str] = []
         self.loads: list[str] = []
         self.full = False  # a full disk: every save fails
+        self.free: int | None = None  # bytes free on its file system, if known
 
     def save(self, key: str, layers: Sequence[KVBlock]) -> StoredFile:
         if self.full:
@@ -50,6 +51,9 @@ class FakeBlockStore:
 
     def remove_temporaries(self) -> int:
         return 0
+
+    def free_bytes(self) -> int | None:
+        return self.free
 
 
 class FakeMetadataStore:

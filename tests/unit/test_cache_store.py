@@ -27,10 +27,12 @@ class Harness:
     def __init__(
         self,
         capacity: int = 400,
+        *,
         block_store: FakeBlockStore | None = None,
         metadata: FakeMetadataStore | None = None,
         fingerprint: str = "model-a",
         quota: int | None = None,
+        reserve: int = 0,
     ) -> None:
         self.backend = FakeBackend()
         self.pool = BlockPool(capacity)
@@ -42,7 +44,7 @@ class Harness:
             fingerprint,
             block_store=self.block_store,
             metadata=self.metadata,
-            config=CacheConfig(disk_quota_bytes=quota),
+            config=CacheConfig(disk_quota_bytes=quota, disk_reserve_bytes=reserve),
         )
         config = EngineConfig(
             prefill_chunk_tokens=4, pacer=PacerConfig(fixed_tokens=64), max_context=512
@@ -456,4 +458,22 @@ async def test_a_branch_the_agent_grows_to_cover_again_is_dropped() -> None:
     assert len(records) == 2, "A's branch is covered by the agent again; B's is kept"
     assert records[1].agent_id.startswith(branch_prefix("a"))
     assert h.metadata.block_rows[records[1].block_keys[2]].tokens == (6, 5, 20, 21)
+    assert set(h.block_store.files) == set(h.metadata.block_rows)
+
+
+async def test_a_disk_short_of_its_reserve_drops_the_least_recently_used_agents_blocks() -> None:
+    """No quota set, but the disk is filling (by something else): cached KV gives way, so
+    the transcripts and the database can still be written."""
+    h = await started(Harness(reserve=1000))
+    h.block_store.free = 5000
+    for agent in range(3):
+        await h.ask([agent + 1, *SYSTEM[1:], 50 + agent], agent=f"a{agent}")
+    full = await h.metadata.total_block_bytes()
+    h.block_store.free = 1000 - 200  # 200 bytes short of the reserve
+    await h.ask([9, *SYSTEM[1:], 59], agent="a3")
+    newest = h.metadata.agent_rows[("default", "a3")]
+    added = sum(h.metadata.block_rows[k].nbytes for k in newest.block_keys)
+    assert await h.metadata.total_block_bytes() <= full + added - 200
+    oldest = h.metadata.agent_rows[("default", "a0")]
+    assert len(oldest.block_keys) < len(newest.block_keys)
     assert set(h.block_store.files) == set(h.metadata.block_rows)

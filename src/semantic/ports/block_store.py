@@ -51,3 +51,7 @@ class BlockStore(Protocol):
     def remove_temporaries(self) -> int:
         """Delete files an interrupted write left behind; returns how many."""
         ...
+
+    def free_bytes(self) -> int | None:
+        """Bytes free on the store's file system; None where that cannot be known."""
+        ...

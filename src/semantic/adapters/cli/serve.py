@@ -84,6 +84,13 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         "are kept beside it to be written over (default: no quota)",
     )
     serve.add_argument(
+        "--disk-reserve-mb",
+        type=flags.non_negative_int,
+        default=1024,
+        help="free disk to keep, MiB: when less is left, least recently used agents' blocks "
+        "go first, so transcripts can still be saved; 0: none (default: %(default)s)",
+    )
+    serve.add_argument(
         "--max-tokens-cap",
         type=flags.positive_int,
         default=4096,
@@ -155,6 +162,7 @@ def run_server(args: argparse.Namespace) -> int:
         "max_waiting": args.max_waiting,
         "grace_s": args.grace,
         "disk_quota_bytes": None if args.disk_quota_mb is None else args.disk_quota_mb << 20,
+        "disk_reserve_bytes": args.disk_reserve_mb << 20,
     }
     if args.prefill_budget is not None:
         overrides["prefill_fixed_tokens"] = args.prefill_budget

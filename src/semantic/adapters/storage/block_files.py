@@ -20,6 +20,7 @@ import logging
 import math
 import os
 import secrets
+import shutil
 import struct
 import threading
 import time
@@ -78,6 +79,12 @@ class BlockFiles:
 
     def path(self, key: str) -> Path:
         return self.root / key[:2] / f"{key}{SUFFIX}"
+
+    def free_bytes(self) -> int | None:
+        try:
+            return shutil.disk_usage(self.root).free
+        except OSError:
+            return None
 
     def write(
         self, key: str, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str]

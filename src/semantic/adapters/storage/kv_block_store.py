@@ -70,3 +70,6 @@ class KVBlockStore:
 
     def remove_temporaries(self) -> int:
         return self._files.remove_temporaries()
+
+    def free_bytes(self) -> int | None:
+        return self._files.free_bytes()

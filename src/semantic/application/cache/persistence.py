@@ -43,13 +43,16 @@ class Saver:
         metadata: MetadataStore,
         hot: HotIndex,
         stats: CacheStats,
+        *,
         disk_quota_bytes: int | None,
+        disk_reserve_bytes: int = 0,
     ) -> None:
         self._store = store
         self._metadata = metadata
         self._hot = hot
         self._stats = stats
         self._quota = disk_quota_bytes
+        self._reserve = disk_reserve_bytes
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: asyncio.Queue[SaveJob] | None = None
         self._task: asyncio.Task[None] | None = None
@@ -213,11 +216,11 @@ class Saver:
         return records
 
     async def _enforce_quota(self, namespace: str, agent_id: str) -> None:
-        """Over the disk quota: drop least recently used agents' unshared blocks, then, if
-        that is not enough, the end of the agent just saved, which keeps its prefix: the
-        quota is a cap, not a target (the files kept to be written over, ``SPARES`` of them,
-        are outside it)."""
-        quota = self._quota
+        """Over the disk quota, or short of the free space to keep: drop least recently
+        used agents' unshared blocks, then, if that is not enough, the end of the agent just
+        saved, which keeps its prefix: the quota is a cap, not a target (the files kept to
+        be written over, ``SPARES`` of them, are outside it)."""
+        quota = await self._limit()
         if quota is None or await self._metadata.total_block_bytes() <= quota:
             return
         newest: AgentRecord | None = None
@@ -235,6 +238,16 @@ class Saver:
                 return
         if newest is not None:
             await self._cut_end(newest, quota)
+
+    async def _limit(self) -> int | None:
+        """The bytes block files may take now: the quota, and no more than leaves the
+        reserve free on the disk (so transcripts and the database can still be written
+        when something else fills it); None when neither applies."""
+        free = self._store.free_bytes() if self._reserve > 0 else None
+        if free is None or free >= self._reserve:
+            return self._quota
+        room = await self._metadata.total_block_bytes() - (self._reserve - free)
+        return max(0, room if self._quota is None else min(self._quota, room))
 
     async def _cut_end(self, agent: AgentRecord, quota: int) -> None:
         """Drop the agent's unshared blocks from its end until the quota holds."""

@@ -58,6 +58,9 @@ class CachedPrefix:
 @dataclass(frozen=True)
 class CacheConfig:
     disk_quota_bytes: int | None = None
+    disk_reserve_bytes: int = 0
+    """Free space to keep on the data directory's disk: blocks are dropped, least recently
+    used first, when less is left."""
 
 
 @dataclass
@@ -89,8 +92,15 @@ class AgentCacheStore:
         self._loader = BlockLoader(
             pool, spec, block_store, metadata=metadata, hot=self.hot, stats=self.stats
         )
-        quota = (config or CacheConfig()).disk_quota_bytes
-        self._saver = Saver(block_store, metadata, self.hot, self.stats, quota)
+        config = config or CacheConfig()
+        self._saver = Saver(
+            block_store,
+            metadata,
+            self.hot,
+            self.stats,
+            disk_quota_bytes=config.disk_quota_bytes,
+            disk_reserve_bytes=config.disk_reserve_bytes,
+        )
         self._pins = itertools.count(1)
         self._readers = NativeThreadPool(READERS, thread_name_prefix="semantic-read")
 
