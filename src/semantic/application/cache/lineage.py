@@ -52,11 +52,7 @@ class Lineage:
 
     def extends(self, record: AgentRecord) -> bool:
         """Whether the chain covers every token of ``record``."""
-        if not record.block_keys:
-            return True
-        last = len(record.block_keys) - 1
-        whole = list(record.block_keys[:-1]) == self.keys[:last]
-        return whole and self.ends.get(record.block_keys[-1]) == last
+        return _covers(self.keys, self.ends, record)
 
     def covered_branches(self, agent_id: str) -> list[AgentRecord]:
         """The agent's branch records this chain has grown to cover again."""
@@ -67,6 +63,7 @@ class Lineage:
 
 
 def branch_id(record: AgentRecord) -> str:
+    """The id to keep ``record``'s block list under once its agent has moved on."""
     return branch_prefix(record.agent_id) + (
         record.block_keys[-1][:24] if record.block_keys else ""
     )
@@ -76,8 +73,17 @@ async def lineage(metadata: MetadataStore, namespace: str, chain: Sequence[HotBl
     keys = [block.key for block in chain]
     ends = await _prefix_ends(metadata, chain)
     records = await metadata.anonymous_agents_ending_at(namespace, list(ends))
-    found = Lineage(keys, ends, [])
-    return Lineage(keys, ends, [r for r in records if found.extends(r)])
+    return Lineage(keys, ends, [r for r in records if _covers(keys, ends, r)])
+
+
+def _covers(keys: list[str], ends: dict[str, int], record: AgentRecord) -> bool:
+    """Whether a chain of ``keys`` holds every token of ``record``: the same blocks up to
+    its last, which is the chain's block at that place or a stored beginning of it."""
+    if not record.block_keys:
+        return True
+    last = len(record.block_keys) - 1
+    whole = list(record.block_keys[:-1]) == keys[:last]
+    return whole and ends.get(record.block_keys[-1]) == last
 
 
 async def _prefix_ends(metadata: MetadataStore, chain: Sequence[HotBlock]) -> dict[str, int]:
