@@ -477,3 +477,30 @@ async def test_a_disk_short_of_its_reserve_drops_the_least_recently_used_agents_
     oldest = h.metadata.agent_rows[("default", "a0")]
     assert len(oldest.block_keys) < len(newest.block_keys)
     assert set(h.block_store.files) == set(h.metadata.block_rows)
+
+
+async def test_a_deleted_agents_superseded_blocks_are_not_found_again() -> None:
+    """QA pass 10: partial blocks a later turn had replaced stayed in memory, and were found
+    again after the agent was deleted once its system prompt had been computed again."""
+    h = await started(Harness())
+    system = SYSTEM[:8]  # two whole blocks: the first turn ends in a partial third one
+    first, _ = await h.ask([*system, 11], n=2)
+    history = [*system, 11, *first.token_ids, 13]
+    await h.ask(history, n=2)
+    await h.store.forget(await h.metadata.delete_agent("default", "a"))
+    await h.ask([*system, 30], agent=ANONYMOUS_AGENT, n=2)  # the system prompt again
+    done, _ = await h.ask(history, agent=ANONYMOUS_AGENT, n=2)
+    assert done.stats.cached_tokens == len(system)
+
+
+async def test_a_disk_short_of_its_reserve_still_keeps_the_agent_just_saved() -> None:
+    """QA pass 10: with another program's files below the reserve, every save was cut at
+    once, and no agent had anything cached, not even in memory."""
+    h = await started(Harness(reserve=1000))
+    h.block_store.free = 10  # far below the reserve, whatever is dropped
+    await h.ask([*SYSTEM, 11, 12], agent="a0")
+    await h.ask([*SYSTEM, 20], agent="a1")
+    follow = [*SYSTEM, 20, 21]
+    done, _ = await h.ask(follow, agent="a1")
+    assert done.stats.cached_tokens >= len(SYSTEM) + 1
+    assert not h.metadata.agent_rows[("default", "a0")].block_keys[len(SYSTEM) // 4 + 1 :]

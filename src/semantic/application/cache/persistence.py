@@ -190,6 +190,7 @@ class Saver:
         self._hot.mark_persisted(keys)
         for branch in [] if job.anonymous else stored.covered_branches(agent_id):
             orphans += await self._metadata.delete_agent(job.namespace, branch.agent_id)
+        self._hot.remove(orphans)  # superseded: kept, a deleted agent's KV would linger
         await self.delete_files(orphans)
         await self._enforce_quota(job.namespace, agent_id)
 
@@ -217,9 +218,11 @@ class Saver:
 
     async def _enforce_quota(self, namespace: str, agent_id: str) -> None:
         """Over the disk quota, or short of the free space to keep: drop least recently
-        used agents' unshared blocks, then, if that is not enough, the end of the agent just
-        saved, which keeps its prefix: the quota is a cap, not a target (the files kept to
-        be written over, ``SPARES`` of them, are outside it)."""
+        used agents' unshared blocks, then, if the quota still does not hold, the end of the
+        agent just saved, which keeps its prefix: the quota is a cap, not a target (the files
+        kept to be written over, ``SPARES`` of them, are outside it). The reserve never cuts
+        the agent just saved: a disk another program fills would otherwise leave no agent
+        anything cached, not even in memory."""
         quota = await self._limit()
         if quota is None or await self._metadata.total_block_bytes() <= quota:
             return
@@ -236,8 +239,8 @@ class Saver:
                 keep.append(key)
             if await self._cut(agent, keep, records, quota):
                 return
-        if newest is not None:
-            await self._cut_end(newest, quota)
+        if newest is not None and self._quota is not None:
+            await self._cut_end(newest, self._quota)
 
     async def _limit(self) -> int | None:
         """The bytes block files may take now: the quota, and no more than leaves the
