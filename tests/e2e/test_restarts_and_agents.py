@@ -129,6 +129,36 @@ def test_deleting_an_agent_ends_its_running_turn_which_keeps_nothing(
     assert httpx.get(f"{api}/doomed/messages").json()["data"] == []
 
 
+@pytest.mark.parametrize("first_turn", [True, False], ids=["first-turn", "later-turn"])
+def test_deleting_an_agent_ends_its_running_plain_request_which_keeps_nothing(
+    server: ServerProcess, first_turn: bool
+) -> None:
+    """QA pass 10: a plain request naming the agent ran on after the delete and brought the
+    agent back (or, on its first turn, the delete was a 404 and the turn created it)."""
+    agent, namespace = "plain-doomed", f"plain-deletes-{first_turn}"
+    who = {"X-Agent-Id": agent, "X-Namespace": namespace}
+    if not first_turn:
+        chat(server, [{"role": "user", "content": "Hello there."}], **who)
+    body = {
+        "model": "default",
+        "messages": [{"role": "user", "content": "Count from 1 to 1000."}],
+        "max_tokens": 2000,
+        "stream": True,
+    }
+    url, lines = f"{server.url}/v1/chat/completions", []
+    with httpx.stream("POST", url, json=body, headers=who, timeout=120) as stream:
+        for line in stream.iter_lines():
+            lines.append(line)
+            if len(lines) == 3:  # tokens flow: delete the agent under the request
+                deleted = httpx.delete(f"{server.url}/v1/agents/{agent}", headers=who, timeout=60)
+                assert deleted.status_code == 204
+    assert any('"error"' in line for line in lines)
+    assert len(lines) < 2000
+    assert httpx.get(f"{server.url}/v1/agents/{agent}", headers=who).status_code == 404
+    probe = chat(server, body["messages"], **{"X-Namespace": namespace})
+    assert probe.usage.prompt_tokens_details.cached_tokens < probe.usage.prompt_tokens - 8
+
+
 def test_deleting_an_agent_deletes_the_branches_it_left(server: ServerProcess) -> None:
     """An agent that changed its history keeps the old branch's KV, found by prompt (unit
     tests show it); once the agent is deleted, nothing of either branch is found."""

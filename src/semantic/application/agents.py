@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import time
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from semantic.application.cache.lineage import branch_prefix
 from semantic.application.cache.store import AgentCacheStore
 from semantic.application.generation import (
     GenerationEvent,
+    GenerationHandle,
     GenerationInput,
     GenerationResult,
     GenerationService,
@@ -62,12 +64,23 @@ class CommittedReply(GenerationResult):
 
 @dataclass(slots=True, eq=False)
 class _LiveTurn:
-    """A turn between its arrival and its end, so a delete can end it."""
+    """A turn, or a plain request naming the agent, between its arrival and its end, so a
+    delete can end it."""
 
     namespace: str
     agent_id: str
     request_id: str | None = None
     deleted: bool = False
+    ended: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+
+    def check(self) -> None:
+        if self.deleted:
+            raise AgentDeletedError(self.agent_id, self.namespace)
+
+
+END_WAIT_S = 5.0
+"""How long a delete waits for the turns it ended to finish (a stream whose client reads
+nothing may take longer; it keeps nothing anyway)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +128,24 @@ class AgentService:
         counts = await self._metadata.message_counts(namespace)
         return await self._info(record, counts.get(agent_id, 0))
 
+    async def start_plain(self, request: GenerationInput) -> GenerationHandle:
+        """Start a plain (OpenAI or Anthropic) request. One naming an agent is tracked like
+        a turn, so deleting the agent ends it and it keeps nothing."""
+        if request.agent_id is None:
+            return await self._generation.start(request)
+        await self.check_plain_use(request.namespace, request.agent_id)
+        live = _LiveTurn(request.namespace, request.agent_id)
+        self._track(live)
+        try:
+            handle = await self._generation.start(request)
+        except BaseException:
+            self._untrack(live)
+            raise
+        live.request_id = handle.request_id
+        handle.check = live.check
+        handle.on_end = functools.partial(self._untrack, live)
+        return handle
+
     async def check_plain_use(self, namespace: str, agent_id: str) -> None:
         """A plain (OpenAI or Anthropic) request may name any agent but one whose transcript
         this server keeps: its reply's KV would take the place of the transcript's."""
@@ -137,15 +168,29 @@ class AgentService:
         return infos, len(page) < len(records)
 
     async def delete(self, namespace: str, agent_id: str) -> None:
-        """Ends the agent's queued and running turns first (they keep nothing and say the
-        agent was deleted), rather than waiting minutes for a long reply to finish; of
-        deletes that race, only the first finds the agent (the others are a 404)."""
-        for live in self._live.get((namespace, agent_id), set()):
-            live.deleted = True
-            if live.request_id is not None:
-                self._generation.cancel(live.request_id)
+        """Ends the agent's queued and running turns and plain requests first (they keep
+        nothing and say the agent was deleted), rather than waiting minutes for a long reply
+        to finish, and waits for them, so one that finished first has committed what it
+        saves before the agent is deleted. Of deletes that race, only the first finds the
+        agent (the others are a 404); an agent whose first request was still running is
+        found too."""
+        live = list(self._live.get((namespace, agent_id), set()))
+        for turn in live:
+            turn.deleted = True
+            if turn.request_id is not None:
+                self._generation.cancel(turn.request_id)
+        if live:
+            waits = [asyncio.create_task(t.ended.wait()) for t in live]
+            _, late = await asyncio.wait(waits, timeout=END_WAIT_S)
+            for wait in late:
+                wait.cancel()
+            await self._cache.flush()  # what one that finished first queued to save
         async with self._lock(namespace, agent_id):
-            await self._record(namespace, agent_id)
+            record = await self._metadata.agent(namespace, agent_id)
+            if record is None or record.anonymous:
+                if live:  # its first requests were running: they are ended, nothing kept
+                    return
+                raise AgentNotFoundError(agent_id, namespace)
             orphans = await self._metadata.delete_agent(namespace, agent_id)
             for branch in await self._metadata.agents(namespace):
                 if branch.agent_id.startswith(branch_prefix(agent_id)):
@@ -256,15 +301,22 @@ class AgentService:
 
     @contextlib.contextmanager
     def _tracked(self, live: _LiveTurn) -> Iterator[None]:
-        key = (live.namespace, live.agent_id)
-        self._live.setdefault(key, set()).add(live)
+        self._track(live)
         try:
             yield
         finally:
-            turns = self._live[key]
-            turns.discard(live)
-            if not turns:
-                del self._live[key]
+            self._untrack(live)
+
+    def _track(self, live: _LiveTurn) -> None:
+        self._live.setdefault((live.namespace, live.agent_id), set()).add(live)
+
+    def _untrack(self, live: _LiveTurn) -> None:
+        key = (live.namespace, live.agent_id)
+        turns = self._live.get(key, set())
+        turns.discard(live)
+        if not turns:
+            self._live.pop(key, None)
+        live.ended.set()
 
     async def _record(self, namespace: str, agent_id: str) -> AgentRecord:
         record = await self._metadata.agent(namespace, agent_id)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 
 from semantic.application.cache.lineage import ANONYMOUS_AGENT
@@ -206,12 +206,19 @@ class GenerationHandle:
         self._loop = loop
         self._observer = observer
         self._started = time.monotonic()
+        self.check: Callable[[], None] | None = None
+        """Called before each event is passed on: raises to end the request (its agent was
+        deleted, say)."""
+        self.on_end: Callable[[], None] | None = None
+        """Called once ``events()`` ends, however it ends."""
 
     async def events(self) -> AsyncGenerator[GenerationEvent, None]:
         finished = False
         last: float | None = None
         try:
             async for event in self._sink:
+                if self.check is not None:
+                    self.check()
                 now = time.monotonic()
                 if isinstance(event, TokenEvent):
                     self._observe_token(now, last)
@@ -233,6 +240,8 @@ class GenerationHandle:
                 self._loop.cancel(self.request_id)
                 if self._observer is not None:
                     self._observer.on_abandoned()
+            if self.on_end is not None:
+                self.on_end()
 
     def _log(self, event: CompletionEvent) -> None:
         """Where a request's time went (no text: prompts and replies stay out of logs)."""

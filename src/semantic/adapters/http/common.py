@@ -93,9 +93,7 @@ async def _disconnected(request: Request[Any, Any, Any]) -> None:
 
 async def start_plain(found: Services, generation: GenerationInput) -> GenerationHandle:
     """Start a request of the OpenAI or Anthropic routes (not an agent's turn)."""
-    if generation.agent_id is not None:
-        await found.agents.check_plain_use(generation.namespace, generation.agent_id)
-    return await found.generation.start(generation)
+    return await found.agents.start_plain(generation)
 
 
 async def result_of(request: Request[Any, Any, Any], handle: GenerationHandle) -> GenerationResult:
