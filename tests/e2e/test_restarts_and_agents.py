@@ -139,12 +139,8 @@ def test_deleting_an_agent_ends_its_running_plain_request_which_keeps_nothing(
     who = {"X-Agent-Id": agent, "X-Namespace": namespace}
     if not first_turn:
         chat(server, [{"role": "user", "content": "Hello there."}], **who)
-    body = {
-        "model": "default",
-        "messages": [{"role": "user", "content": "Count from 1 to 1000."}],
-        "max_tokens": 2000,
-        "stream": True,
-    }
+    messages = [{"role": "user", "content": "Count from 1 to 1000."}]
+    body = {"model": "default", "messages": messages, "max_tokens": 2000, "stream": True}
     url, lines = f"{server.url}/v1/chat/completions", []
     with httpx.stream("POST", url, json=body, headers=who, timeout=120) as stream:
         for line in stream.iter_lines():
@@ -155,7 +151,7 @@ def test_deleting_an_agent_ends_its_running_plain_request_which_keeps_nothing(
     assert any('"error"' in line for line in lines)
     assert len(lines) < 2000
     assert httpx.get(f"{server.url}/v1/agents/{agent}", headers=who).status_code == 404
-    probe = chat(server, body["messages"], **{"X-Namespace": namespace})
+    probe = chat(server, messages, **{"X-Namespace": namespace})
     assert probe.usage.prompt_tokens_details.cached_tokens < probe.usage.prompt_tokens - 8
 
 
