@@ -287,6 +287,7 @@ def test_metrics_parse_and_move_with_traffic(server: ServerProcess) -> None:
     } <= names
     assert server.metric("semantic_prompt_tokens_total") > before
     hits = server.metric("semantic_prefix_cache_hit_tokens_total")
+    reported = server.metric("semantic_prompt_cached_tokens_total")
     again = oai(server).chat.completions.create(
         model="default",
         messages=[{"role": "user", "content": "Say hi."}],
@@ -297,6 +298,7 @@ def test_metrics_parse_and_move_with_traffic(server: ServerProcess) -> None:
     assert again.usage.prompt_tokens_details is not None
     cached = again.usage.prompt_tokens_details.cached_tokens
     assert server.metric("semantic_prefix_cache_hit_tokens_total") - hits == cached
+    assert server.metric("semantic_prompt_cached_tokens_total") - reported == cached
     refusals = {"status": "400", "code": "invalid_request"}
 
     def refused() -> float:

@@ -47,6 +47,12 @@ class Metrics:
         )
         self.tokens_in = Counter("semantic_prompt_tokens", "Prompt tokens received.", registry=r)
         self.tokens_out = Counter("semantic_generation_tokens", "Tokens generated.", registry=r)
+        self.tokens_cached = Counter(
+            "semantic_prompt_cached_tokens",
+            "Prompt tokens of finished requests not computed for them, as usage reports them: "
+            "restored from the cache or copied from a running request sharing the prefix.",
+            registry=r,
+        )
         self.requests = Counter("semantic_requests", "Requests finished.", registry=r)
         self.abandoned = Counter(
             "semantic_requests_abandoned",
@@ -72,6 +78,7 @@ class Metrics:
         self.queued.observe(stats.queued_s)
         self.tokens_in.inc(prompt_tokens)
         self.tokens_out.inc(stats.generated_tokens)
+        self.tokens_cached.inc(stats.cached_tokens)
         self.requests.inc()
 
     def on_abandoned(self) -> None:
