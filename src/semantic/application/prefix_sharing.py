@@ -39,11 +39,14 @@ class PrefixSharing:
         already decoding holds its whole prompt, so its followers copy at once."""
         best: Follower | None = None
         leader: ActiveRequest | None = None
+        least = active.n_cached + self._min_shared
         for other in running:
             if other is active or other.phase is Phase.WAITING or other.following:
                 continue
             if other.request.namespace != active.request.namespace:
                 continue  # tenants never share KV, as in the cache (ADR 0005)
+            if other.prompt[:least] != active.prompt[:least]:
+                continue  # one comparison in C rules out most requests
             shared = min(common_prefix(other.prompt, active.prompt), len(active.prompt) - 1)
             if shared - active.n_cached >= self._min_shared and (
                 best is None or shared > best.shared
