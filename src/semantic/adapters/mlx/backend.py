@@ -241,7 +241,7 @@ class MlxBackend:
 
     def copy_prefix(self, source_id: str, target_id: str, n_tokens: int, room: int) -> bool:
         if source_id in self._decoder:
-            caches = self._decoder.caches_of(source_id)
+            caches = self._decoder.prefix_of(source_id, n_tokens)
         else:
             caches = self._caches(self._sequences[source_id])
         clones = clone_prefix(caches, n_tokens, room) if caches is not None else None

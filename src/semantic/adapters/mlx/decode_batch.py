@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
+from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from semantic.adapters.mlx.fused_pass import Group, fused_hidden
 from semantic.adapters.mlx.host_pass import HostPass
@@ -170,14 +171,25 @@ class DecodeBatch:
         """The cache of a row that left the batch by itself, once."""
         return self._finished.pop(seq_id, None)
 
-    def caches_of(self, seq_id: str) -> list[Any] | None:
-        """A copy of a row's caches (its own positions only), or a joining row's own
-        caches; None while a joining row's cache is still to be built."""
+    def prefix_of(self, seq_id: str, n_tokens: int) -> list[Any] | None:
+        """A row's first ``n_tokens`` positions as plain caches that view the batch's
+        buffers (copy them before the next step), or a joining row's own caches; None while
+        a joining row's cache is still to be built, or for a batch cache of another kind."""
         for row, caches, _ in self._joining:
             if row.seq_id == seq_id:
                 return None if callable(caches) else caches
         index = next((i for i, row in enumerate(self._rows) if row.seq_id == seq_id), None)
-        return None if index is None else self._extract(index)
+        if index is None or not all(type(layer) is BatchKVCache for layer in self._caches):
+            return None
+        views = []
+        for layer in self._caches:
+            start = int(layer.left_padding[index].item())
+            view = KVCache()  # type: ignore[no-untyped-call]  # mlx-lm: unannotated
+            view.keys = layer.keys[index : index + 1, :, start : start + n_tokens]
+            view.values = layer.values[index : index + 1, :, start : start + n_tokens]
+            view.offset = n_tokens
+            views.append(view)
+        return views
 
     def builds_pending(self, seq_id: str) -> bool:
         """Whether the row joins at the next step with a cache still to be built."""
