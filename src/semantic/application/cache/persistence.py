@@ -188,7 +188,7 @@ class Saver:
         )
         orphans = await self._metadata.save_agent_blocks(agent, records)
         self._hot.mark_persisted(keys)
-        for branch in [] if job.anonymous else stored.covered_branches(agent_id):
+        for branch in stored.covered_branches(agent_id):  # none for a conversation's id
             orphans += await self._metadata.delete_agent(job.namespace, branch.agent_id)
         self._hot.remove(orphans)  # superseded: kept, a deleted agent's KV would linger
         await self.delete_files(orphans)
