@@ -241,3 +241,24 @@ async def test_a_request_the_drain_ends_fails_as_a_shutdown_not_as_a_model_failu
     await asyncio.to_thread(loop.drain, 0.2)
     with pytest.raises(ShuttingDownError, match="shut down before this request finished"):
         await reply
+
+
+async def test_a_handle_closed_before_anyone_read_it_ends_its_request(
+    loop: EngineLoop, backend: FakeBackend
+) -> None:
+    """A client that leaves before its stream's first chunk never starts ``events()``: the
+    response's close must still end the request, or it generates for nobody."""
+    backend.paused.set()  # never finishes on its own
+    service = GenerationService(loop, None, Limits(512, 256, 16))
+    handle = await service.start(GenerationInput((1, 2, 3), max_tokens=100))
+    ended: list[str] = []
+    handle.on_end = lambda: ended.append(handle.request_id)
+    handle.close()
+    handle.close()
+
+    async def until_idle() -> None:
+        while loop.active_requests:
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(until_idle(), 10)
+    assert ended == [handle.request_id]

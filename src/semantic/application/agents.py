@@ -8,7 +8,7 @@ import contextlib
 import dataclasses
 import functools
 import time
-from collections.abc import AsyncIterator, Coroutine, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -218,7 +218,7 @@ class AgentService:
 
     async def send(
         self, namespace: str, agent_id: str, turn: Turn
-    ) -> AsyncIterator[GenerationEvent]:
+    ) -> AsyncGenerator[GenerationEvent, None]:
         """Append the user's message, generate the reply, commit both, then report the
         result. Turns of one agent run one at a time."""
         if not turn.content:

@@ -210,10 +210,26 @@ class GenerationHandle:
         """Called before each event is passed on: raises to end the request (its agent was
         deleted, say)."""
         self.on_end: Callable[[], None] | None = None
-        """Called once ``events()`` ends, however it ends."""
+        """Called once, when the request is over for its reader (``close``)."""
+        self._finished = False
+        self._closed = False
+
+    def close(self) -> None:
+        """Ends the request for its reader: cancels it unless it finished, once. ``events()``
+        calls it as it ends; a streamed response calls it too, since a stream cancelled before
+        its first step never starts ``events()``, and its request would otherwise generate
+        to the end for nobody and keep its agent's turn open."""
+        if self._closed:
+            return
+        self._closed = True
+        if not self._finished:
+            self._loop.cancel(self.request_id)
+            if self._observer is not None:
+                self._observer.on_abandoned()
+        if self.on_end is not None:
+            self.on_end()
 
     async def events(self) -> AsyncGenerator[GenerationEvent, None]:
-        finished = False
         last: float | None = None
         try:
             async for event in self._sink:
@@ -226,7 +242,7 @@ class GenerationHandle:
                     if event.text:
                         yield TextDelta(event.text)
                 elif isinstance(event, CompletionEvent):
-                    finished = True
+                    self._finished = True
                     if self._cache is not None:  # acknowledge only what is on disk
                         await self._cache.saved(self.request_id)
                     self._log(event)
@@ -236,12 +252,7 @@ class GenerationHandle:
                         )
                     yield _result(event)
         finally:
-            if not finished:
-                self._loop.cancel(self.request_id)
-                if self._observer is not None:
-                    self._observer.on_abandoned()
-            if self.on_end is not None:
-                self.on_end()
+            self.close()
 
     def _log(self, event: CompletionEvent) -> None:
         """Where a request's time went (no text: prompts and replies stay out of logs)."""

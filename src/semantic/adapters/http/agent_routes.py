@@ -127,7 +127,7 @@ class AgentController(Controller):
         # after the whole prefill, which a client that leaves meanwhile cancels.
         first = await unless_client_leaves(request, anext(events))
         if data.stream:
-            return sse(_stream(first, events))
+            return sse(_stream(first, events), events.aclose)
         return _reply(await unless_client_leaves(request, _last(first, events)))
 
 

@@ -70,7 +70,7 @@ class AnthropicController(Controller):
         handle = await start_plain(found, generation)
         message_id = f"msg_{uuid.uuid4().hex[:24]}"
         if data.stream:
-            return sse(_events(handle, message_id, found.model_id))
+            return sse(_events(handle, message_id, found.model_id), handle.close)
         return _message(message_id, found.model_id, await result_of(request, handle))
 
     @post("/count_tokens", status_code=200)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from litestar import HttpMethod, Request
+from litestar.background_tasks import BackgroundTask
 from litestar.datastructures import State
 from litestar.response import Stream
 from litestar.response.base import ASGIResponse
@@ -50,11 +51,16 @@ class _EventStream(Stream):
         return super().to_asgi_response(*args, **kwargs)
 
 
-def sse(iterator: AsyncIterator[str]) -> Stream:
+def sse(iterator: AsyncIterator[str], on_close: Callable[[], Any]) -> Stream:
+    """``on_close`` ends the generation behind ``iterator`` once the response is over:
+    Litestar cancels the streaming task when the client disconnects, and if that lands
+    before the task's first step, ``iterator`` is never started and its own cleanup never
+    runs."""
     return _EventStream(
         iterator,
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        background=BackgroundTask(on_close),
     )
 
 

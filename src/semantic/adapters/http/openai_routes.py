@@ -87,7 +87,7 @@ class OpenAIController(Controller):
         reply = _Reply("chatcmpl", "chat.completion", found.model_id)
         if data.stream:
             usage = bool(data.stream_options and data.stream_options.include_usage)
-            return sse(reply.chat_chunks(handle, usage))
+            return sse(reply.chat_chunks(handle, usage), handle.close)
         return reply.chat(await result_of(request, handle))
 
     @post("/completions", status_code=200)
@@ -111,7 +111,7 @@ class OpenAIController(Controller):
         reply = _Reply("cmpl", "text_completion", found.model_id)
         if data.stream:
             usage = bool(data.stream_options and data.stream_options.include_usage)
-            return sse(reply.text_chunks(handle, usage))
+            return sse(reply.text_chunks(handle, usage), handle.close)
         return reply.text(await result_of(request, handle))
 
 
