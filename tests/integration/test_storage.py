@@ -473,3 +473,20 @@ def test_deleted_files_are_written_over_by_later_blocks_and_read_back_exactly(
     assert metadata == {"kind": "small"}
     assert again.path("ab" * 32).stat().st_ino in spare_inodes  # written over, not new
     assert not list((tmp_path / "blocks").rglob("*.tmp"))
+
+
+async def test_a_cut_does_not_bring_back_an_agent_deleted_since_it_was_read(
+    tmp_path: Path,
+) -> None:
+    """The quota pass reads every record, then cuts them one by one; a record deleted in
+    between stays deleted."""
+    db = SqliteMetadataStore(tmp_path / "semantic.db")
+    await db.open()
+    await db.save_agent_blocks(AgentRecord("default", "a", ("k1",), 3), [record("k1")])
+    await db.save_agent_blocks(AgentRecord("default", "a", ("k1", "k2"), 6), [record("k2", "k1")])
+    assert set(await db.delete_agent("default", "a")) == {"k1", "k2"}
+    cut = AgentRecord("default", "a", ("k1",), 3)
+    assert await db.save_agent_blocks(cut, [], create=False) == []
+    assert await db.agent("default", "a") is None
+    assert await db.blocks(["k1", "k2"]) == {}
+    await db.close()

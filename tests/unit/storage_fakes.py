@@ -81,8 +81,10 @@ class FakeMetadataStore:
         return [r for r in self.block_rows.values() if r.parent_key == parent_key]
 
     async def save_agent_blocks(
-        self, agent: AgentRecord, new_blocks: Sequence[BlockRecord]
+        self, agent: AgentRecord, new_blocks: Sequence[BlockRecord], *, create: bool = True
     ) -> list[str]:
+        if not create and (agent.namespace, agent.agent_id) not in self.agent_rows:
+            return []
         for record in new_blocks:
             self.block_rows[record.key] = dataclasses.replace(record, quarantined=False)
         old = self.agent_rows.get((agent.namespace, agent.agent_id))

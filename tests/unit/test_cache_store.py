@@ -434,6 +434,19 @@ async def test_an_anonymous_conversations_next_turn_replaces_its_record() -> Non
     assert all(r.agent_id.startswith(ANONYMOUS_PREFIX) and r.anonymous for r in records)
 
 
+async def test_a_new_conversation_equal_to_anothers_first_turn_leaves_it_whole() -> None:
+    """Review: a record was named after its chain when first saved and kept that name as it
+    grew, so a later conversation equal to its first turn took the name, and its blocks."""
+    h = await started(Harness())
+    first, _ = await h.ask([*SYSTEM, 11, 12], agent=ANONYMOUS_AGENT)
+    follow = [*SYSTEM, 11, 12, *first.token_ids, 13, 14]
+    done, _ = await h.ask(follow, agent=ANONYMOUS_AGENT)
+    await h.ask([*SYSTEM, 11, 12], agent=ANONYMOUS_AGENT)  # the first turn, by someone else
+    counts = sorted(r.token_count for r in await h.metadata.agents())
+    assert counts == [len(follow) - 2, len(follow) + len(done.token_ids)]
+    assert set(h.block_store.files) == set(h.metadata.block_rows)
+
+
 async def test_an_agent_that_branches_keeps_its_old_branch_across_a_restart() -> None:
     """QA pass 9: an agent that went A, B, then back to A found only B's blocks stored."""
     before = await started(Harness())

@@ -184,7 +184,9 @@ class AgentService:
             _, late = await asyncio.wait(waits, timeout=END_WAIT_S)
             for wait in late:
                 wait.cancel()
-            await self._cache.flush()  # what one that finished first queued to save
+        # Saves still queued (of one that finished first, or of a plain request whose
+        # client left while its save waited) would bring the agent back after the delete.
+        await self._cache.flush()
         async with self._lock(namespace, agent_id):
             record = await self._metadata.agent(namespace, agent_id)
             if record is None or record.anonymous:

@@ -63,8 +63,12 @@ class MetadataStore(Protocol):
     async def children(self, parent_key: str) -> list[BlockRecord]: ...
 
     async def save_agent_blocks(
-        self, agent: AgentRecord, new_blocks: Sequence[BlockRecord]
-    ) -> list[str]: ...
+        self, agent: AgentRecord, new_blocks: Sequence[BlockRecord], *, create: bool = True
+    ) -> list[str]:
+        """Record ``new_blocks`` and make ``agent``'s block list its ``block_keys``; returns
+        the keys no record references any more. ``create=False`` changes only a record
+        that exists: a cut must not bring back an agent deleted since it was read."""
+        ...
 
     async def quarantine_block(self, key: str) -> None:
         """Mark a block bad: lookups stop before it until a save replaces it."""

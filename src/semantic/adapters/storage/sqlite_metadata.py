@@ -101,10 +101,12 @@ class SqliteMetadataStore:
 
     @_unavailable_on_failure
     async def save_agent_blocks(
-        self, agent: AgentRecord, new_blocks: Sequence[BlockRecord]
+        self, agent: AgentRecord, new_blocks: Sequence[BlockRecord], *, create: bool = True
     ) -> list[str]:
         now = time.time()
         async with self._changing_blocks() as (connection, changed):
+            if not create and not await self._agent_exists(connection, agent):
+                return []
             for record in new_blocks:
                 row = block_row(record, now)
                 replace = {k: row[k] for k in ("nbytes", "checksum", "tier")}
@@ -342,6 +344,12 @@ class SqliteMetadataStore:
             .order_by(agent_blocks.c.position)
         )
         return [row.block_key for row in rows]
+
+    @staticmethod
+    async def _agent_exists(connection: AsyncConnection, agent: AgentRecord) -> bool:
+        where = _agent_where(agents, agent.namespace, agent.agent_id)
+        found = await connection.execute(select(agents.c.agent_id).where(where).limit(1))
+        return found.first() is not None
 
     @staticmethod
     async def _upsert_agent(connection: AsyncConnection, agent: AgentRecord, now: float) -> None:

@@ -15,6 +15,7 @@ agent's record grows to cover again is dropped, and deleting the agent deletes i
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -43,12 +44,14 @@ class Lineage:
     prefixes: list[AgentRecord]
 
     def conversation_id(self) -> str:
-        """The anonymous conversation this chain continues, or a new one named after its
-        whole chain (two identical conversations are one record)."""
+        """The anonymous conversation this chain continues (an identical one too: two equal
+        conversations are one record), or a new one. A new id is never derived from the
+        chain: a record keeps its id as it grows, so a later conversation equal to its first
+        turn would take that id, and with it the record's blocks."""
         earlier = [r for r in self.prefixes if r.agent_id.startswith(ANONYMOUS_PREFIX)]
         if earlier:
             return max(earlier, key=lambda r: (r.token_count, r.last_used)).agent_id
-        return ANONYMOUS_PREFIX + self._name()
+        return ANONYMOUS_PREFIX + uuid.uuid4().hex
 
     def extends(self, record: AgentRecord) -> bool:
         """Whether the chain covers every token of ``record``."""
@@ -57,9 +60,6 @@ class Lineage:
     def covered_branches(self, agent_id: str) -> list[AgentRecord]:
         """The agent's branch records this chain has grown to cover again."""
         return [r for r in self.prefixes if r.agent_id.startswith(branch_prefix(agent_id))]
-
-    def _name(self) -> str:
-        return self.keys[-1][:24] if self.keys else "empty"
 
 
 def branch_id(record: AgentRecord) -> str:

@@ -165,10 +165,13 @@ class Saver:
                     job.agent_id,
                 )
             finally:
-                future = self._pending.pop(job.request_id, None)
-                if future is not None and not future.done():
-                    future.set_result(None)
+                self._acknowledge(job.request_id)
                 queue.task_done()
+
+    def _acknowledge(self, request_id: str) -> None:
+        future = self._pending.pop(request_id, None)
+        if future is not None and not future.done():
+            future.set_result(None)
 
     async def _save(self, job: SaveJob) -> None:
         keys = [block.key for block in job.chain]
@@ -188,6 +191,7 @@ class Saver:
         )
         orphans = await self._metadata.save_agent_blocks(agent, records)
         self._hot.mark_persisted(keys)
+        self._acknowledge(job.request_id)  # the reply need not wait for the cleanup below
         for branch in stored.covered_branches(agent_id):  # none for a conversation's id
             orphans += await self._metadata.delete_agent(job.namespace, branch.agent_id)
         self._hot.remove(orphans)  # superseded: kept, a deleted agent's KV would linger
@@ -268,7 +272,7 @@ class Saver:
         if len(keep) < len(agent.block_keys):
             tokens = sum(records[k].n_tokens for k in keep)
             shorter = dataclasses.replace(agent, block_keys=tuple(keep), token_count=tokens)
-            orphans = await self._metadata.save_agent_blocks(shorter, [])
+            orphans = await self._metadata.save_agent_blocks(shorter, [], create=False)
             self._hot.remove(orphans)
             await self.delete_files(orphans)
         return await self._metadata.total_block_bytes() <= quota
