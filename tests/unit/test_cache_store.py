@@ -372,6 +372,25 @@ async def test_a_disk_quota_drops_the_least_recently_used_agents_unshared_blocks
     assert set(h.block_store.files) == set(h.metadata.block_rows)
 
 
+async def test_a_disk_quota_frees_blocks_only_older_records_share() -> None:
+    """Review: an agent and its old branch shared their first blocks, so neither was the
+    last to hold them, and the quota cut the agent saved last instead."""
+
+    async def talk(h: Harness) -> tuple[str, ...]:
+        await h.ask([*SYSTEM, 11, 12, 13, 14, 15, 16, 17, 18])
+        await h.ask([*SYSTEM, 20, 21, 22, 23, 24, 25, 26, 27])  # a's branch shares SYSTEM
+        await h.ask([40, 41, 42, 43, 44, 45], agent="b")
+        return h.metadata.agent_rows[("default", "b")].block_keys
+
+    unlimited = await talk(await started(Harness()))
+    h = await started(Harness(quota=80))  # b's blocks fit; not with the two records' SYSTEM
+    assert await talk(h) == unlimited
+    assert await h.metadata.total_block_bytes() <= 80
+    kept = {r.agent_id: r.block_keys for r in await h.metadata.agents()}
+    assert kept == {"a": (), "b": unlimited}, "the branch, with nothing left, is gone"
+    assert set(h.block_store.files) == set(h.metadata.block_rows)
+
+
 async def test_recovery_removes_files_no_row_knows() -> None:
     h = await started(Harness())
     await h.ask([*SYSTEM, 11])

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from semantic.application.cache.hot_index import HotBlock, HotIndex
@@ -221,30 +222,48 @@ class Saver:
         return records
 
     async def _enforce_quota(self, namespace: str, agent_id: str) -> None:
-        """Over the disk quota, or short of the free space to keep: drop least recently
-        used agents' unshared blocks, then, if the quota still does not hold, the end of the
-        agent just saved, which keeps its prefix: the quota is a cap, not a target (the files
-        kept to be written over, ``SPARES`` of them, are outside it). The reserve never cuts
-        the agent just saved: a disk another program fills would otherwise leave no agent
-        anything cached, not even in memory."""
-        quota = await self._limit()
-        if quota is None or await self._metadata.total_block_bytes() <= quota:
+        """Over the disk quota, or short of the free space to keep: drop the least recently
+        used records' blocks, oldest first, keeping only what a record left whole still
+        uses, then, if the quota still does not hold, the end of the agent just saved,
+        which keeps its prefix: the quota is a cap, not a target (the files kept to be
+        written over, ``SPARES`` of them, are outside it). A block shared by old records
+        alone (an agent and its branch, conversations with one system prompt) goes with
+        them. The reserve never cuts the agent just saved: a disk another program fills
+        would otherwise leave no agent anything cached, not even in memory."""
+        limit = await self._limit()
+        if limit is None or await self._metadata.total_block_bytes() <= limit:
             return
-        newest: AgentRecord | None = None
-        for agent in sorted(await self._metadata.agents(), key=lambda a: a.last_used):
-            if (agent.namespace, agent.agent_id) == (namespace, agent_id):
-                newest = agent
-                continue
-            records = await self._metadata.blocks(agent.block_keys)
-            keep: list[str] = []
-            for key in agent.block_keys:
-                if key not in records or records[key].ref_count <= 1:
-                    break
-                keep.append(key)
-            if await self._cut(agent, keep, records, quota):
-                return
-        if newest is not None and self._quota is not None:
+        everyone = await self._metadata.agents()
+        newest = next(
+            (a for a in everyone if (a.namespace, a.agent_id) == (namespace, agent_id)), None
+        )
+        older = sorted((a for a in everyone if a is not newest), key=lambda a: a.last_used)
+        last_user = {
+            key: rank
+            for rank, a in enumerate([*older, *([newest] if newest else [])])
+            for key in a.block_keys
+        }
+        cut = await self._records_to_cut(older, last_user, limit)
+        for agent in older[:cut]:
+            await self._cut(agent, [k for k in agent.block_keys if last_user[k] >= cut])
+        over = await self._metadata.total_block_bytes() > limit
+        if over and newest is not None and self._quota is not None:
             await self._cut_end(newest, self._quota)
+
+    async def _records_to_cut(
+        self, older: list[AgentRecord], last_user: dict[str, int], limit: int
+    ) -> int:
+        """How many of the oldest records to cut to be within ``limit``: a block is freed
+        once every record using it is cut (all of them, if that is not enough)."""
+        excess = await self._metadata.total_block_bytes() - limit
+        for rank, agent in enumerate(older):
+            rows = await self._metadata.blocks(agent.block_keys)
+            excess -= sum(
+                rows[k].nbytes for k in set(agent.block_keys) if k in rows and last_user[k] == rank
+            )
+            if excess <= 0:
+                return rank + 1
+        return len(older)
 
     async def _limit(self) -> int | None:
         """The bytes block files may take now: the quota, and no more than leaves the
@@ -263,16 +282,19 @@ class Saver:
         keep = list(agent.block_keys)
         while keep and excess > 0 and keep[-1] in records and records[keep[-1]].ref_count <= 1:
             excess -= records[keep.pop()].nbytes
-        await self._cut(agent, keep, records, quota)
+        await self._cut(agent, keep)
 
-    async def _cut(
-        self, agent: AgentRecord, keep: list[str], records: Mapping[str, BlockRecord], quota: int
-    ) -> bool:
-        """Keep only ``keep`` of the agent's blocks on disk; True once within the quota."""
-        if len(keep) < len(agent.block_keys):
-            tokens = sum(records[k].n_tokens for k in keep)
-            shorter = dataclasses.replace(agent, block_keys=tuple(keep), token_count=tokens)
+    async def _cut(self, agent: AgentRecord, keep: Sequence[str]) -> None:
+        """Keep only the agent's first blocks while they are in ``keep``."""
+        records, wanted = await self._metadata.blocks(agent.block_keys), set(keep)
+        kept = list(itertools.takewhile(lambda k: k in wanted and k in records, agent.block_keys))
+        if len(kept) == len(agent.block_keys):
+            return
+        if kept or not agent.anonymous:
+            tokens = sum(records[k].n_tokens for k in kept)
+            shorter = dataclasses.replace(agent, block_keys=tuple(kept), token_count=tokens)
             orphans = await self._metadata.save_agent_blocks(shorter, [], create=False)
-            self._hot.remove(orphans)
-            await self.delete_files(orphans)
-        return await self._metadata.total_block_bytes() <= quota
+        else:  # a conversation or branch with nothing left is nothing
+            orphans = await self._metadata.delete_agent(agent.namespace, agent.agent_id)
+        self._hot.remove(orphans)
+        await self.delete_files(orphans)
