@@ -511,6 +511,22 @@ async def test_a_disk_short_of_its_reserve_drops_the_least_recently_used_agents_
     assert set(h.block_store.files) == set(h.metadata.block_rows)
 
 
+async def test_a_full_disk_frees_room_even_though_the_save_that_found_it_failed() -> None:
+    """Review: a save that failed for want of space never reached the quota pass, so a disk
+    another program filled stayed full and every later save failed too."""
+    h = await started(Harness(reserve=1000))
+    h.block_store.free = 5000
+    for agent in range(3):
+        await h.ask([agent + 1, *SYSTEM[1:], 50 + agent], agent=f"a{agent}")
+    stored = await h.metadata.total_block_bytes()
+    h.block_store.full, h.block_store.free = True, 0
+    await h.ask([9, *SYSTEM[1:], 59], agent="a3")
+    assert h.store.stats.saves_failed == 1
+    assert await h.metadata.total_block_bytes() < stored
+    assert not h.metadata.agent_rows[("default", "a0")].block_keys
+    assert set(h.block_store.files) == set(h.metadata.block_rows)
+
+
 async def test_a_deleted_agents_superseded_blocks_are_not_found_again() -> None:
     """QA pass 10: partial blocks a later turn had replaced stayed in memory, and were found
     again after the agent was deleted once its system prompt had been computed again."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import itertools
 import logging
 import time
@@ -179,7 +180,12 @@ class Saver:
         known = await self._metadata.blocks(keys)
         todo = [b for b in job.chain if b.key not in known or known[b.key].quarantined]
         started = time.perf_counter()
-        records = await asyncio.to_thread(self._write, job.namespace, todo)
+        try:
+            records = await asyncio.to_thread(self._write, job.namespace, todo)
+        except OSError as error:
+            if error.errno == errno.ENOSPC:  # room for the next save, if not for this one
+                await self._enforce_quota(job.namespace, job.agent_id)
+            raise
         self._stats.write_seconds += time.perf_counter() - started
         self._stats.blocks_written += len(records)
         self._stats.bytes_written += sum(r.nbytes for r in records)
