@@ -9,6 +9,7 @@ import dataclasses
 import functools
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Coroutine, Iterator
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,7 @@ from semantic.application.generation import (
     GenerationResult,
     GenerationService,
 )
+from semantic.application.keyed_locks import KeyedLocks
 from semantic.domain.chat import ChatMessage
 from semantic.domain.errors import (
     AgentDeletedError,
@@ -104,7 +106,7 @@ class AgentService:
         self._metadata = metadata
         self._cache = cache
         self._tokenizer = tokenizer
-        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._locks = KeyedLocks()
         self._live: dict[tuple[str, str], set[_LiveTurn]] = {}
 
     async def create(self, namespace: str, agent_id: str, system_prompt: str | None) -> AgentInfo:
@@ -346,8 +348,8 @@ class AgentService:
             state,
         )
 
-    def _lock(self, namespace: str, agent_id: str) -> asyncio.Lock:
-        return self._locks.setdefault((namespace, agent_id), asyncio.Lock())
+    def _lock(self, namespace: str, agent_id: str) -> AbstractAsyncContextManager[None]:
+        return self._locks.hold((namespace, agent_id))
 
 
 async def _whole(commit: Coroutine[Any, Any, None]) -> None:
