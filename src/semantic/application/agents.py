@@ -108,6 +108,8 @@ class AgentService:
         self._tokenizer = tokenizer
         self._locks = KeyedLocks()
         self._live: dict[tuple[str, str], set[_LiveTurn]] = {}
+        self._deleting: set[tuple[str, str]] = set()
+        """Agents a delete is ending: what arrives meanwhile is refused, not waited for."""
 
     async def create(self, namespace: str, agent_id: str, system_prompt: str | None) -> AgentInfo:
         if system_prompt:  # an agent no turn could ever fit is refused now, not at each turn
@@ -138,6 +140,9 @@ class AgentService:
         await self.check_plain_use(request.namespace, request.agent_id)
         live = _LiveTurn(request.namespace, request.agent_id)
         self._track(live)
+        if live.deleted:
+            self._untrack(live)
+            raise AgentDeletedError(request.agent_id, request.namespace)
         try:
             handle = await self._generation.start(request)
         except BaseException:
@@ -176,6 +181,16 @@ class AgentService:
         saves before the agent is deleted. Of deletes that race, only the first finds the
         agent (the others are a 404); an agent whose first request was still running is
         found too."""
+        key = (namespace, agent_id)
+        if key in self._deleting:  # another delete is ending it: that one found it
+            raise AgentNotFoundError(agent_id, namespace)
+        self._deleting.add(key)
+        try:
+            await self._delete(namespace, agent_id)
+        finally:
+            self._deleting.discard(key)
+
+    async def _delete(self, namespace: str, agent_id: str) -> None:
         live = list(self._live.get((namespace, agent_id), set()))
         for turn in live:
             turn.deleted = True
@@ -312,7 +327,9 @@ class AgentService:
             self._untrack(live)
 
     def _track(self, live: _LiveTurn) -> None:
-        self._live.setdefault((live.namespace, live.agent_id), set()).add(live)
+        key = (live.namespace, live.agent_id)
+        live.deleted = key in self._deleting
+        self._live.setdefault(key, set()).add(live)
 
     def _untrack(self, live: _LiveTurn) -> None:
         key = (live.namespace, live.agent_id)
