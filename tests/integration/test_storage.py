@@ -490,3 +490,18 @@ async def test_a_cut_does_not_bring_back_an_agent_deleted_since_it_was_read(
     assert await db.agent("default", "a") is None
     assert await db.blocks(["k1", "k2"]) == {}
     await db.close()
+
+
+async def test_a_block_list_naming_a_block_cut_meanwhile_is_refused_as_unavailable(
+    tmp_path: Path,
+) -> None:
+    """A fork copies a block list read earlier; if the disk quota cut one of those blocks in
+    between, the change is refused as the storage's (503, try again), not a 500."""
+    db = SqliteMetadataStore(tmp_path / "semantic.db")
+    await db.open()
+    await db.save_agent_blocks(AgentRecord("default", "a", ("k1",), 3), [record("k1")])
+    with pytest.raises(StorageUnavailableError, match="raced another"):
+        await db.save_agent_blocks(AgentRecord("default", "fork", ("k1", "gone"), 6), [])
+    assert await db.agent("default", "fork") is None
+    assert (await db.blocks(["k1"]))["k1"].ref_count == 1
+    await db.close()

@@ -225,10 +225,14 @@ class AgentService:
                 AgentRecord(namespace, new_id, system_prompt=source.system_prompt)
             )
             fork = dataclasses.replace(source, agent_id=new_id, anonymous=False, last_used=0.0)
-            await self._metadata.save_agent_blocks(fork, [])
-            await self._metadata.append_messages(
-                namespace, new_id, await self._metadata.messages(namespace, source_id)
-            )
+            try:
+                await self._metadata.save_agent_blocks(fork, [])
+                await self._metadata.append_messages(
+                    namespace, new_id, await self._metadata.messages(namespace, source_id)
+                )
+            except BaseException:  # no half-made fork (the disk quota cut the source, say)
+                await self._cache.forget(await self._metadata.delete_agent(namespace, new_id))
+                raise
         return await self.get(namespace, new_id)
 
     async def messages(self, namespace: str, agent_id: str) -> list[MessageRecord]:

@@ -49,6 +49,10 @@ def _unavailable_on_failure(
             return await method(*args, **kwargs)
         except OperationalError as error:
             raise StorageUnavailableError(f"the metadata store failed: {error.orig}") from error
+        except IntegrityError as error:  # a change that raced another (a cut block), undone
+            raise StorageUnavailableError(
+                f"the metadata store refused a change that raced another ({error.orig}); try again"
+            ) from error
 
     return guarded
 
