@@ -124,6 +124,37 @@ def test_the_pacer_gives_idle_rounds_big_chunks_and_busy_rounds_a_time_budget() 
     assert late < early
 
 
+def test_a_short_prompt_goes_before_a_long_prompts_next_chunk() -> None:
+    """QA pass 11: a 33-token request, 32 of them cached, waited 9-21 s for the whole
+    prefill of long prompts admitted before it, at high priority too."""
+    e = engine(pacer=PacerConfig(fixed_tokens=8))
+    long_id = e.submit("long", list(range(1, 61)), max_tokens=2)
+    e.step()
+    e.step()  # 16 of its 60 tokens in
+    short_id = e.submit("short", [7, 3, 9], max_tokens=2)
+    first: list[str] = []
+    while e.has_work():
+        for event in e.step().events:
+            if event.request_id not in first and not isinstance(event, CompletionEvent):
+                first.append(event.request_id)
+            if isinstance(event, CompletionEvent):
+                e.release_blocks(event.request_id)
+    assert first == [short_id, long_id]
+
+
+def test_short_prompts_arriving_every_round_do_not_starve_a_long_one() -> None:
+    e = engine(pacer=PacerConfig(fixed_tokens=8))
+    long_id = e.submit("long", list(range(1, 61)), max_tokens=2)
+    firsts: list[str] = []
+    for n in range(40):
+        e.submit(f"short-{n}", [7, 3, n + 1], max_tokens=1)
+        for event in e.step().events:
+            if isinstance(event, CompletionEvent):
+                firsts.append(event.request_id)
+                e.release_blocks(event.request_id)
+    assert long_id in firsts, "the long prompt still gets every other round"
+
+
 def test_the_busy_budget_gives_each_newcomer_its_share() -> None:
     pacer = PrefillPacer(PacerConfig(idle_tokens=1024, busy_tokens=64))
     assert pacer.round_budget(decoding=4, waiting=1).tokens == 64  # one long prompt, 4 streams

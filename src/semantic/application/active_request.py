@@ -84,6 +84,16 @@ class ActiveRequest:
     def remaining_prompt(self) -> int:
         return len(self.request.prompt) - self.prefilled
 
+    @property
+    def new_tokens(self) -> int:
+        """Prompt tokens its prefill will compute, as far as is known before admission."""
+        request = self.request
+        if request.cached is not None:
+            known = len(request.cached.token_ids)
+        else:
+            known = request.stored.tokens if request.stored is not None else 0
+        return len(request.prompt) - min(known, len(request.prompt) - 1)
+
     def positions_after(self, generated: int) -> int:
         """Cache positions once ``generated`` tokens have been made (each is fed back)."""
         return len(self.request.prompt) + generated

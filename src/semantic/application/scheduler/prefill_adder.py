@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from semantic.application.active_request import ActiveRequest
-from semantic.application.scheduler.pacer import PrefillPacer
+from semantic.application.scheduler.pacer import PrefillPacer, RoundBudget
 from semantic.application.scheduler.request_queue import RequestQueue
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.cache_spec import ModelCacheSpec
@@ -26,6 +26,15 @@ Undo = Callable[[ActiveRequest], None]
 """Give back what ``Admit`` took; the request stays queued."""
 
 Plan = list[tuple[ActiveRequest, int]]
+
+
+@dataclass
+class _Entry:
+    """What admissions in one round may still take: requests, and blocks promised."""
+
+    room: int
+    promised: int
+    busy: bool = False
 
 
 @dataclass
@@ -68,6 +77,8 @@ class PrefillAdder:
         """Whether the last plan is one chunk to compute inside the decode step's pass."""
         self.slice_seconds: float | None = None
         """When the last plan is one chunk to compute layer by layer: for how long."""
+        self._held_back = False
+        """Whether the last round was short prompts' alone, long prefills waiting."""
 
     def plan(
         self,
@@ -81,35 +92,36 @@ class PrefillAdder:
         can_slice: bool = False,
     ) -> Plan:
         """This round's chunks: running prefills first, then admissions while budget and
-        memory last. ``running`` are the admitted requests, prefilling ones in order.
-        ``ride_capacity``: prompt tokens the decode step's forward pass could carry."""
-        waiting = len(self._queue) + sum(1 for r in running if r.remaining_prompt > 0)
+        memory last; but a round with short prompts to prefill (new tokens within a chunk,
+        queued or running) is theirs alone, so a long prompt part way through its prefill
+        costs them a round, not its whole prefill (its next rounds are then paced beside
+        their streams). Never two such rounds in a row: short arrivals cannot starve it.
+        ``running`` are the admitted requests, prefilling ones in order. ``ride_capacity``:
+        prompt tokens the decode step's forward pass could carry."""
+        prefilling = [r for r in running if r.remaining_prompt > 0]
+        waiting = len(self._queue) + len(prefilling)
         budget = self._pacer.round_budget(decoding, waiting, ride_capacity, can_slice=can_slice)
         left = _Round(budget.tokens, budget.seconds, budget.ride, budget.sliced)
-        plan: Plan = []
-        for request in running:
-            if request.remaining_prompt > 0 and not left.exhausted:
-                plan += self._chunks(request, left)
         promised = sum(self._still_needs(r, r.reservation.block_count) for r in running)
-        busy = bool(running)
-        while room > 0 and not left.exhausted:
-            candidate = self._queue.peek()
-            if candidate is None:
-                break
-            prompt_blocks = self._spec.blocks_for_tokens(len(candidate.prompt))
-            output_blocks = self._still_needs(candidate, prompt_blocks)
-            if busy and not self._fits(promised + output_blocks + prompt_blocks):
-                break  # wait: memory promised to running requests is not handed out
-            if not admit(candidate):
-                break
-            if busy and not self._fits(promised + output_blocks):
-                undo(candidate)  # pinning changed what is free; try again next round
-                break
-            self._queue.cancel(candidate.id)
-            promised += output_blocks
-            busy = True
-            room -= 1
-            plan += self._chunks(candidate, left)
+        entry = _Entry(room, promised, busy=bool(running))
+        plan: Plan = []
+        if prefilling and not self._held_back:
+            plan = self._admit(entry, left, admit, undo, short_only=True)
+            for request in prefilling:
+                if self._short(request.remaining_prompt) and not left.exhausted:
+                    plan += self._chunks(request, left)
+            if plan:  # long prompts wait: this round's prefill comes before the first tokens
+                self._held_back = True
+                return self._settle(plan, budget, ride_capacity)
+        self._held_back = False
+        for request in prefilling:
+            if not left.exhausted:
+                plan += self._chunks(request, left)
+        plan += self._admit(entry, left, admit, undo, short_only=False)
+        return self._settle(plan, budget, ride_capacity)
+
+    def _settle(self, plan: Plan, budget: RoundBudget, ride_capacity: int) -> Plan:
+        """Whether the plan's one chunk rides the decode step or is sliced."""
         one = plan[0] if len(plan) == 1 else None
         fits = one is not None and not one[0].in_flight and one[1] <= ride_capacity
         # in a sliced round, a chunk that rides cheaply does: one shared pass beats steps
@@ -121,6 +133,38 @@ class PrefillAdder:
         sliced = budget.sliced and one is not None and not self.rides
         self.slice_seconds = budget.seconds if sliced else None
         return plan
+
+    def _admit(
+        self, entry: _Entry, left: _Round, admit: Admit, undo: Undo, *, short_only: bool
+    ) -> Plan:
+        """Admit queued requests in priority order while budget and memory last (with
+        ``short_only``, while the next one's new tokens fit in a chunk)."""
+        plan: Plan = []
+        while entry.room > 0 and not left.exhausted:
+            candidate = self._queue.peek()
+            if candidate is None or (short_only and not self._short(candidate.new_tokens)):
+                break
+            prompt_blocks = self._spec.blocks_for_tokens(len(candidate.prompt))
+            output_blocks = self._still_needs(candidate, prompt_blocks)
+            if entry.busy and not self._fits(entry.promised + output_blocks + prompt_blocks):
+                break  # wait: memory promised to running requests is not handed out
+            if not admit(candidate):
+                break
+            if entry.busy and not self._fits(entry.promised + output_blocks):
+                undo(candidate)  # pinning changed what is free; try again next round
+                break
+            self._queue.cancel(candidate.id)
+            entry.promised += output_blocks
+            entry.busy = True
+            entry.room -= 1
+            plan += self._chunks(candidate, left)
+        return plan
+
+    def _short(self, new_tokens: int) -> bool:
+        """A prompt whose new tokens fit one chunk: a returning agent's turn, a short
+        question. It goes before a long prompt's next chunk, which it delays by at most a
+        chunk, where waiting behind that prompt could cost its whole prefill."""
+        return new_tokens <= self._chunk
 
     def _chunks(self, request: ActiveRequest, left: _Round) -> Plan:
         if request.following is not None:  # it copies its leader's prefix first
