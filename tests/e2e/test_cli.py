@@ -34,6 +34,26 @@ def test_generate_answers_the_capital_of_france() -> None:
     assert "Paris" in result.stdout
 
 
+@pytest.mark.model
+def test_generate_into_a_reader_that_stops_early_exits_quietly() -> None:
+    """`semantic generate ... | head -c 5`: the closed pipe is not an error to print."""
+    command = [sys.executable, "-m", "semantic.adapters.cli.main", "generate", "Count to 50."]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as process:
+        assert process.stdout is not None
+        assert process.stdout.read(5)
+        process.stdout.close()
+        _, errors = process.communicate(timeout=300)
+    assert process.returncode == 141
+    assert "error" not in errors.decode().lower()  # progress lines may come first, no error
+
+
+def test_model_pull_of_a_model_it_cannot_pull_says_what_it_pulls() -> None:
+    result = semantic("model", "pull", "--model", "org/not-embedded")
+    assert result.returncode == 2
+    assert "fetches the embedded models" in result.stderr
+    assert "needs no pull" in result.stderr
+
+
 def test_an_unknown_model_name_is_one_clear_error() -> None:
     result = semantic("generate", "hi", "--model", "no-such-model")
     assert result.returncode == 2

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import queue
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from semantic.adapters.cli import flags
 from semantic.adapters.cli.main import settings_from
 from semantic.adapters.cli.progress import ProgressPrinter
+
+if TYPE_CHECKING:
+    from semantic.bootstrap import EngineRuntime
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -69,10 +74,17 @@ def _check_sampling(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 
 
 def pull_model(args: argparse.Namespace) -> int:
-    from semantic.adapters.mlx.model_cache import ModelCache
+    from semantic.adapters.mlx.errors import UnknownModelError
+    from semantic.adapters.mlx.model_cache import EMBEDDED_MODELS, ModelCache
     from semantic.bootstrap import weight_format
 
     settings = settings_from(args)
+    if settings.model not in EMBEDDED_MODELS:
+        raise UnknownModelError(
+            f"`model pull` fetches the embedded models ({', '.join(sorted(EMBEDDED_MODELS))}), "
+            f"not {settings.model!r}: a local mlx-lm model directory needs no pull, and a "
+            "Hugging Face hub id is fetched by `serve` or `generate --model` when first loaded"
+        )
     cache = ModelCache(settings.model_cache_dir)
     path = cache.ensure(
         settings.model, weight_format(settings), ProgressPrinter(), force=args.force
@@ -82,35 +94,57 @@ def pull_model(args: argparse.Namespace) -> int:
 
 
 def generate_text(args: argparse.Namespace) -> int:
-    from semantic.application.events import CompletionEvent, EngineEvent, TokenEvent
     from semantic.bootstrap import build_engine
-    from semantic.domain.chat import ChatMessage
 
     settings = settings_from(args)
     runtime = build_engine(settings, ProgressPrinter(), warm_up=False)
     try:
-        messages = [ChatMessage("system", args.system)] if args.system else []
-        messages.append(ChatMessage("user", args.prompt))
-        prompt = runtime.tokenizer.render_chat(messages)
-        events: queue.Queue[EngineEvent] = queue.Queue()
-        runtime.loop.submit(
-            events.put,
-            agent_id="cli",
-            prompt_tokens=prompt,
-            max_tokens=args.max_tokens,
-            sampling=args.sampling,
-            stop=args.stop,
-        )
-        while True:
-            event = events.get()
-            if isinstance(event, TokenEvent) and event.text:
-                sys.stdout.write(event.text)
-                sys.stdout.flush()
-            elif isinstance(event, CompletionEvent):
-                sys.stdout.write("\n")
-                if event.error:
-                    print(f"error: {event.error}", file=sys.stderr)
-                    return 1
-                return 0
+        return _print_reply(runtime, args)
+    except KeyboardInterrupt:
+        runtime.close()
+        _exit_at_once(130)
+    except BrokenPipeError:  # the reader (`| head`) has what it wanted: nothing to say
+        runtime.close()
+        _exit_at_once(141)
     finally:
         runtime.close()
+
+
+def _print_reply(runtime: EngineRuntime, args: argparse.Namespace) -> int:
+    from semantic.application.events import CompletionEvent, EngineEvent, TokenEvent
+    from semantic.domain.chat import ChatMessage
+
+    messages = [ChatMessage("system", args.system)] if args.system else []
+    messages.append(ChatMessage("user", args.prompt))
+    prompt = runtime.tokenizer.render_chat(messages)
+    events: queue.Queue[EngineEvent] = queue.Queue()
+    runtime.loop.submit(
+        events.put,
+        agent_id="cli",
+        prompt_tokens=prompt,
+        max_tokens=args.max_tokens,
+        sampling=args.sampling,
+        stop=args.stop,
+    )
+    while True:
+        event = events.get()
+        if isinstance(event, TokenEvent) and event.text:
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+        elif isinstance(event, CompletionEvent):
+            sys.stdout.write("\n")
+            if event.error:
+                print(f"error: {event.error}", file=sys.stderr)
+                return 1
+            return 0
+
+
+def _exit_at_once(code: int) -> NoReturn:
+    """Exit without the interpreter's teardown. After an interrupted generation, MLX's
+    C++ teardown sometimes met a thread still joinable and aborted the process
+    (``terminate called without an active exception``, exit 134, QA pass 11: 2 of 7
+    Ctrl-Cs); ``generate`` keeps no data, so there is nothing to finish."""
+    with contextlib.suppress(OSError):  # a closed pipe
+        sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -75,7 +75,9 @@ class OpenAIController(Controller):
         _check_common(data, found)
         _check_chat_only(data)
         if data.max_tokens is not None and data.max_completion_tokens is not None:
-            raise InvalidRequestError("give max_tokens or max_completion_tokens, not both")
+            raise InvalidRequestError(
+                "give max_tokens or max_completion_tokens, not both", param="max_tokens"
+            )
         messages = [_chat_message(message) for message in data.messages]
         if not messages:
             raise InvalidRequestError("messages must not be empty", param="messages")
