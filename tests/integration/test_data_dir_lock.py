@@ -79,3 +79,8 @@ def test_a_data_directory_that_is_a_file_is_named_so(tmp_path: Path) -> None:
     (tmp_path / "data").write_text("a file")
     with pytest.raises(DataDirectoryUnusableError, match="is a file, not a directory"):
         acquire_data_directory(tmp_path / "data")
+
+
+def test_a_data_directory_that_cannot_be_created_says_how_to_fix_it() -> None:
+    with pytest.raises(DataDirectoryUnusableError, match=r"cannot be created .* Fix: pass"):
+        acquire_data_directory(Path("/proc/no-such-data-dir/inside"))

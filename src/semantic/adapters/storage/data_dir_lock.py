@@ -33,6 +33,11 @@ def acquire_data_directory(directory: Path) -> Path:
         raise DataDirectoryUnusableError(
             f"the data directory {directory} is a file, not a directory (or lies under one)"
         ) from None
+    except OSError as error:  # no such parent on a read-only tree, no permission, ...
+        raise DataDirectoryUnusableError(
+            f"the data directory {directory} cannot be created ({error.strerror}); "
+            "Fix: pass --data-dir a directory this user may write"
+        ) from None
     key = directory.resolve()
     with _guard:
         if key in _held:
