@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from semantic.domain.tokens import common_prefix
+from semantic.domain.tokens import common_prefix, reusable_prefix
 
 
 @pytest.mark.parametrize("differs_at", [0, 1, 255, 256, 257, 511, 512, 600, 999])
@@ -22,3 +22,9 @@ def test_a_sequence_shares_all_of_itself_with_anything_it_begins() -> None:
     assert common_prefix(list(range(900)), a) == 700
     assert common_prefix(a, a) == 700
     assert common_prefix((), a) == 0
+
+
+def test_the_last_prompt_token_is_never_counted_as_reusable() -> None:
+    assert reusable_prefix(10, 10) == 9  # a whole prompt cached: its last token is still fed
+    assert reusable_prefix(4, 10) == 4
+    assert reusable_prefix(0, 1) == 0

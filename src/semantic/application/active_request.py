@@ -10,6 +10,7 @@ from semantic.application.completion import CompletionDetector
 from semantic.application.reservation import BlockReservation
 from semantic.domain.blocks import AgentBlocks
 from semantic.domain.generation import CompletionCriteria, Priority, RequestStats, SamplingParams
+from semantic.domain.tokens import reusable_prefix
 
 
 class Phase(Enum):
@@ -92,7 +93,7 @@ class ActiveRequest:
             known = len(request.cached.token_ids)
         else:
             known = request.stored.tokens if request.stored is not None else 0
-        return len(request.prompt) - min(known, len(request.prompt) - 1)
+        return len(request.prompt) - reusable_prefix(known, len(request.prompt))
 
     def positions_after(self, generated: int) -> int:
         """Cache positions once ``generated`` tokens have been made (each is fed back)."""

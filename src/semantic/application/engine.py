@@ -42,7 +42,7 @@ from semantic.domain.generation import (
     Priority,
     SamplingParams,
 )
-from semantic.domain.tokens import common_prefix
+from semantic.domain.tokens import common_prefix, reusable_prefix
 from semantic.ports.model_backend import ModelBackend, PromptChunk, SampledToken
 from semantic.ports.tokenizer import Tokenizer
 
@@ -291,8 +291,8 @@ class BlockPoolBatchEngine:
         if not self._grow(active, len(prompt)) and not self._make_room(active):
             return False
         cached = active.request.cached
-        n_cached = common_prefix(cached.token_ids, prompt) if cached is not None else 0
-        n_cached = min(n_cached, len(prompt) - 1)  # the last prompt token is always fed
+        matched = common_prefix(cached.token_ids, prompt) if cached is not None else 0
+        n_cached = reusable_prefix(matched, len(prompt))
         try:
             self._backend.open_sequence(
                 active.id,

@@ -25,6 +25,7 @@ from semantic.domain.errors import (
     ShuttingDownError,
 )
 from semantic.domain.generation import GREEDY, FinishReason, Priority, RequestStats, SamplingParams
+from semantic.domain.tokens import reusable_prefix
 from semantic.ports.observer import GenerationObserver
 
 log = logging.getLogger(__name__)
@@ -160,7 +161,7 @@ class GenerationService:
             observer=self._observer,
             cache=self._cache,
             restore_s=restore_s,
-            cached_tokens=min(prefix.matched_tokens, len(prompt) - 1) if prefix else 0,
+            cached_tokens=reusable_prefix(prefix.matched_tokens, len(prompt)) if prefix else 0,
         )
 
     def cancel(self, request_id: str) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from semantic.application.active_request import ActiveRequest, Phase
-from semantic.domain.tokens import common_prefix
+from semantic.domain.tokens import common_prefix, reusable_prefix
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +47,7 @@ class PrefixSharing:
                 continue  # tenants never share KV, as in the cache (ADR 0005)
             if other.prompt[:least] != active.prompt[:least]:
                 continue  # one comparison in C rules out most requests
-            shared = min(common_prefix(other.prompt, active.prompt), len(active.prompt) - 1)
+            shared = reusable_prefix(common_prefix(other.prompt, active.prompt), len(active.prompt))
             if shared - active.n_cached >= self._min_shared and (
                 best is None or shared > best.shared
             ):

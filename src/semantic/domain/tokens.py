@@ -19,3 +19,10 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
         if tuple(a[start:end]) != tuple(b[start:end]):
             return next(i for i in range(start, end) if a[i] != b[i])
     return n
+
+
+def reusable_prefix(matched: int, prompt_length: int) -> int:
+    """Of ``matched`` cached tokens of a prompt, how many are used (and reported) as
+    cached: all but the prompt's last, which is always fed, since its logits give the
+    first new token."""
+    return max(0, min(matched, prompt_length - 1))

@@ -32,7 +32,7 @@ from semantic.domain.block_pool import BlockPool
 from semantic.domain.blocks import AgentBlocks, KVBlock
 from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.generation import FinishReason
-from semantic.domain.tokens import common_prefix
+from semantic.domain.tokens import common_prefix, reusable_prefix
 from semantic.ports.block_store import BlockStore
 from semantic.ports.metadata_store import BlockRecord, MetadataStore
 
@@ -146,7 +146,7 @@ class AgentCacheStore:
         disk_tokens = sum(len(b.tokens) for b, from_disk in chain if from_disk)
         blocks = self._agent_blocks([block for block, _ in chain])
         matched = common_prefix(blocks.token_ids, prompt) if blocks else 0
-        self.stats.hit_tokens += min(matched, len(prompt) - 1)  # as usage: the last is fed
+        self.stats.hit_tokens += reusable_prefix(matched, len(prompt))  # as usage reports
         share = matched / max(1, hot_tokens + disk_tokens)
         self.stats.hot_restored_tokens += round(hot_tokens * share)
         self.stats.disk_restored_tokens += round(disk_tokens * share)
