@@ -130,7 +130,8 @@ def test_a_short_prompt_goes_before_a_long_prompts_next_chunk() -> None:
     e = engine(pacer=PacerConfig(fixed_tokens=8))
     long_id = e.submit("long", list(range(1, 61)), max_tokens=2)
     e.step()
-    e.step()  # 16 of its 60 tokens in
+    queued_id = e.submit("queued", list(range(2, 62)), max_tokens=2)  # QA pass 12
+    e.step()  # 16 of the first one's 60 tokens in; the second waits its turn
     short_id = e.submit("short", [7, 3, 9], max_tokens=2)
     first: list[str] = []
     while e.has_work():
@@ -139,7 +140,7 @@ def test_a_short_prompt_goes_before_a_long_prompts_next_chunk() -> None:
                 first.append(event.request_id)
             if isinstance(event, CompletionEvent):
                 e.release_blocks(event.request_id)
-    assert first == [short_id, long_id]
+    assert first == [short_id, long_id, queued_id]
 
 
 def test_short_prompts_arriving_every_round_do_not_starve_a_long_one() -> None:

@@ -137,12 +137,15 @@ class PrefillAdder:
     def _admit(
         self, entry: _Entry, left: _Round, admit: Admit, undo: Undo, *, short_only: bool
     ) -> Plan:
-        """Admit queued requests in priority order while budget and memory last (with
-        ``short_only``, while the next one's new tokens fit in a chunk)."""
+        """Admit queued requests in priority order while budget and memory last; with
+        ``short_only``, those whose new tokens fit in a chunk, past long ones queued ahead
+        (which this round would not have admitted: the long prompt prefilling takes it)."""
         plan: Plan = []
+        queued = self._queue.items() if short_only else []
+        shorts = iter([c for c in queued if self._short(c.new_tokens)])
         while entry.room > 0 and not left.exhausted:
-            candidate = self._queue.peek()
-            if candidate is None or (short_only and not self._short(candidate.new_tokens)):
+            candidate = next(shorts, None) if short_only else self._queue.peek()
+            if candidate is None:
                 break
             prompt_blocks = self._spec.blocks_for_tokens(len(candidate.prompt))
             output_blocks = self._still_needs(candidate, prompt_blocks)
