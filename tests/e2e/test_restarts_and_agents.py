@@ -151,7 +151,9 @@ def test_deleting_an_agent_ends_its_running_plain_request_which_keeps_nothing(
             if len(lines) == 3:  # tokens flow: delete the agent under the request
                 deleted = httpx.delete(f"{server.url}/v1/agents/{agent}", headers=who, timeout=60)
                 assert deleted.status_code == 204
-    assert any('"error"' in line for line in lines)
+    errors = [line for line in lines if '"error"' in line]
+    assert errors, "the stream ends with an error event"
+    assert '"code": "not_found"' in errors[0], "typed as a 404 would be (QA pass 12)"
     assert len(lines) < 2000
     assert httpx.get(f"{server.url}/v1/agents/{agent}", headers=who).status_code == 404
     probe = chat(server, messages, **{"X-Namespace": namespace})

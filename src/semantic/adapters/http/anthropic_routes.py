@@ -17,6 +17,7 @@ from semantic.adapters.http.anthropic_schemas import (
     TextBlock,
 )
 from semantic.adapters.http.common import result_of, services, sse, sse_data, start_plain
+from semantic.adapters.http.errors import body_for, problem_for
 from semantic.adapters.http.identity import identity
 from semantic.adapters.http.state import Services
 from semantic.adapters.http.translate import (
@@ -195,7 +196,5 @@ async def _events(handle: GenerationHandle, message_id: str, model: str) -> Asyn
                 }
                 yield sse_data(done, "message_delta")
                 yield sse_data({"type": "message_stop"}, "message_stop")
-    except SemanticError as error:
-        yield sse_data(
-            {"type": "error", "error": {"type": "api_error", "message": str(error)}}, "error"
-        )
+    except SemanticError as error:  # typed as the same error outside a stream would be
+        yield sse_data(body_for("/v1/messages", problem_for(error)), "error")

@@ -18,6 +18,7 @@ from semantic.adapters.http.common import (
     sse_data,
     start_plain,
 )
+from semantic.adapters.http.errors import body_for, problem_for
 from semantic.adapters.http.identity import identity
 from semantic.adapters.http.openai_schemas import (
     ChatCompletionRequest,
@@ -179,17 +180,8 @@ class _Reply:
                     yield self._chunk([chunk(None, OPENAI_FINISH[event.finish_reason])])
                     if usage:
                         yield self._chunk([], _usage(event))
-        except SemanticError as error:
-            yield sse_data(
-                {
-                    "error": {
-                        "message": str(error),
-                        "type": "server_error",
-                        "param": None,
-                        "code": "generation_failed",
-                    }
-                }
-            )
+        except SemanticError as error:  # typed as the same error outside a stream would be
+            yield sse_data(body_for("/v1/chat/completions", problem_for(error)))
         yield "data: [DONE]\n\n"
 
     def _chunk(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> str:
