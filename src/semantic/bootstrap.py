@@ -257,6 +257,7 @@ def _engine(
             fixed_tokens=settings.prefill_fixed_tokens,
             ride_ratio=settings.prefill_ride_ratio,
             slice_ratio=settings.prefill_slice_ratio,
+            idle_slice_seconds=settings.prefill_idle_slice_s,
         ),
         max_running=settings.max_running,
         max_waiting=settings.max_waiting,

@@ -57,6 +57,10 @@ class Settings:
     prefill_slice_ratio: float | None = 2.0
     """A lone waiting prompt too long to ride is computed a few layers at a time, for this
     many decode steps' time a round; None: it rides in smaller chunks (ADR 0009)."""
+    prefill_idle_slice_s: float | None = 0.25
+    """With nothing decoding, a lone prompt is computed a few layers at a time for this
+    many seconds a round, so a request arriving meanwhile is admitted within about that
+    long, not after a 1,024-token pass (~3 s here); None: whole passes (ADR 0009)."""
     max_running: int = 32
     max_waiting: int = 256
     disk_quota_bytes: int | None = None
@@ -92,6 +96,8 @@ class Settings:
             raise ValueError("prefill_ride_ratio must be positive")
         if self.prefill_slice_ratio is not None and not self.prefill_slice_ratio > 0:
             raise ValueError("prefill_slice_ratio must be positive")
+        if self.prefill_idle_slice_s is not None and not self.prefill_idle_slice_s > 0:
+            raise ValueError("prefill_idle_slice_s must be positive")
 
 
 WEIGHT_CHOICES = ("auto", "float32", "float16", "quantized")

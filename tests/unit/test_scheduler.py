@@ -156,6 +156,27 @@ def test_short_prompts_arriving_every_round_do_not_starve_a_long_one() -> None:
     assert long_id in firsts, "the long prompt still gets every other round"
 
 
+def test_an_idle_engine_slices_a_lone_prompt_so_an_arrival_starts_within_a_round() -> None:
+    """With nothing decoding, a 1,024-token pass made a request arriving meanwhile wait
+    ~3 s here; sliced rounds let it in after one of them."""
+    pacer = PrefillPacer(PacerConfig(idle_slice_seconds=0.25))
+    assert pacer.round_budget(decoding=0, waiting=1, can_slice=True).sliced
+    assert not pacer.round_budget(decoding=0, waiting=1, can_slice=False).sliced
+    assert not pacer.round_budget(decoding=0, waiting=2, can_slice=True).sliced
+    e = engine(pacer=PacerConfig(idle_slice_seconds=0.25))
+    long_id = e.submit("long", list(range(1, 61)), max_tokens=2)
+    e.step()
+    short_id = e.submit("short", [7, 3, 9], max_tokens=2)
+    first: list[str] = []
+    while e.has_work():
+        for event in e.step().events:
+            if event.request_id not in first and not isinstance(event, CompletionEvent):
+                first.append(event.request_id)
+            if isinstance(event, CompletionEvent):
+                e.release_blocks(event.request_id)
+    assert first == [short_id, long_id]
+
+
 def test_the_busy_budget_gives_each_newcomer_its_share() -> None:
     pacer = PrefillPacer(PacerConfig(idle_tokens=1024, busy_tokens=64))
     assert pacer.round_budget(decoding=4, waiting=1).tokens == 64  # one long prompt, 4 streams

@@ -45,6 +45,10 @@ class PacerConfig:
     Where both are on, a chunk predicted to ride within ``ride_ratio`` rides instead."""
     slice_tokens: int = 256
     """The chunk a sliced prompt computes layer by layer."""
+    idle_slice_seconds: float | None = None
+    """With nothing decoding, a lone prompt's round in seconds of sliced layers (None: one
+    ``idle_tokens`` pass): the engine looks at the queue between rounds, so a request
+    arriving during a long prefill waits at most this long to be admitted."""
     fixed_tokens: int | None = None
     """One budget for every round, busy or idle (tests and comparisons)."""
 
@@ -52,6 +56,8 @@ class PacerConfig:
         if self.idle_tokens <= 0 or self.min_tokens <= 0 or self.gap_ratio <= 0:
             raise InvalidRequestError("pacer settings must be positive")
         if (self.ride_ratio is not None and self.ride_ratio <= 0) or self.ride_min_tokens <= 0:
+            raise InvalidRequestError("pacer settings must be positive")
+        if self.idle_slice_seconds is not None and self.idle_slice_seconds <= 0:
             raise InvalidRequestError("pacer settings must be positive")
         if (self.slice_ratio is not None and self.slice_ratio <= 0) or self.slice_tokens <= 0:
             raise InvalidRequestError("pacer settings must be positive")
@@ -127,6 +133,9 @@ class PrefillPacer:
         if self.config.fixed_tokens is not None:
             return RoundBudget(self.config.fixed_tokens, None)
         if decoding == 0:
+            idle = self.config.idle_slice_seconds
+            if idle is not None and can_slice and waiting == 1:
+                return RoundBudget(self.config.slice_tokens, idle, sliced=True)
             return RoundBudget(self.config.idle_tokens, None)
         seconds = self.slice_seconds()
         if seconds is not None and can_slice and waiting == 1:
