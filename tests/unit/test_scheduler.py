@@ -43,6 +43,15 @@ def finish_order(events: list[EngineEvent]) -> list[str]:
     return [e.request_id for e in events if isinstance(e, CompletionEvent)]
 
 
+def first_token_order(e: BlockPoolBatchEngine) -> list[str]:
+    """Run to the end; the requests in the order of their first tokens."""
+    first = []
+    for event in drain(e):
+        if event.request_id not in first and not isinstance(event, CompletionEvent):
+            first.append(event.request_id)
+    return first
+
+
 def test_a_high_priority_request_overtakes_queued_normal_ones() -> None:
     e = engine(max_running=1)
     first = e.submit("a", [1, 2, 3], max_tokens=3)
@@ -133,14 +142,7 @@ def test_a_short_prompt_goes_before_a_long_prompts_next_chunk() -> None:
     queued_id = e.submit("queued", list(range(2, 62)), max_tokens=2)  # QA pass 12
     e.step()  # 16 of the first one's 60 tokens in; the second waits its turn
     short_id = e.submit("short", [7, 3, 9], max_tokens=2)
-    first: list[str] = []
-    while e.has_work():
-        for event in e.step().events:
-            if event.request_id not in first and not isinstance(event, CompletionEvent):
-                first.append(event.request_id)
-            if isinstance(event, CompletionEvent):
-                e.release_blocks(event.request_id)
-    assert first == [short_id, long_id, queued_id]
+    assert first_token_order(e) == [short_id, long_id, queued_id]
 
 
 def test_short_prompts_arriving_every_round_do_not_starve_a_long_one() -> None:
@@ -167,14 +169,7 @@ def test_an_idle_engine_slices_a_lone_prompt_so_an_arrival_starts_within_a_round
     long_id = e.submit("long", list(range(1, 61)), max_tokens=2)
     e.step()
     short_id = e.submit("short", [7, 3, 9], max_tokens=2)
-    first: list[str] = []
-    while e.has_work():
-        for event in e.step().events:
-            if event.request_id not in first and not isinstance(event, CompletionEvent):
-                first.append(event.request_id)
-            if isinstance(event, CompletionEvent):
-                e.release_blocks(event.request_id)
-    assert first == [short_id, long_id]
+    assert first_token_order(e) == [short_id, long_id]
 
 
 def test_the_busy_budget_gives_each_newcomer_its_share() -> None:
