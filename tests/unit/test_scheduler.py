@@ -172,6 +172,22 @@ def test_an_idle_engine_slices_a_lone_prompt_so_an_arrival_starts_within_a_round
     assert first_token_order(e) == [short_id, long_id]
 
 
+def test_an_idle_engine_slices_a_long_prompt_with_others_queued_behind_it() -> None:
+    """QA pass 12's shape: a second long prompt queued kept the rounds whole passes, and a
+    short arrival waited for the pass in progress."""
+    backend = FakeBackend()
+    pacer = PacerConfig(idle_slice_seconds=0.25, idle_tokens=8)
+    config = EngineConfig(prefill_chunk_tokens=4, max_context=512, pacer=pacer)
+    e = BlockPoolBatchEngine(backend, FakeTokenizer(), BlockPool(200), config)
+    long_id = e.submit("long", list(range(1, 61)), max_tokens=2)
+    queued_id = e.submit("queued", list(range(2, 62)), max_tokens=2)
+    e.step()
+    assert [call[0] for call in backend.slices] == [long_id], "one sliced chunk, no pass"
+    assert not backend.prefill_calls
+    short_id = e.submit("short", [7, 3, 9], max_tokens=2)
+    assert first_token_order(e) == [short_id, long_id, queued_id]
+
+
 def test_the_busy_budget_gives_each_newcomer_its_share() -> None:
     pacer = PrefillPacer(PacerConfig(idle_tokens=1024, busy_tokens=64))
     assert pacer.round_budget(decoding=4, waiting=1).tokens == 64  # one long prompt, 4 streams

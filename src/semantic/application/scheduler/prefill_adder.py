@@ -117,8 +117,23 @@ class PrefillAdder:
         for request in prefilling:
             if not left.exhausted:
                 plan += self._chunks(request, left)
-        plan += self._admit(entry, left, admit, undo, short_only=False)
+        idle = decoding == 0 and can_slice and self._pacer.config.idle_slice_seconds is not None
+        if not (idle and self._one_long_prompt(plan)):
+            plan += self._admit(entry, left, admit, undo, short_only=False)
+        if idle and self._one_long_prompt(plan):
+            # the others wait behind it anyway: sliced, the round ends within its time and
+            # a short arrival is let in then, not after a whole pass
+            self.rides, self.slice_seconds = False, self._pacer.config.idle_slice_seconds
+            return plan[:1]
         return self._settle(plan, budget, ride_capacity)
+
+    def _one_long_prompt(self, plan: Plan) -> bool:
+        """Whether the plan is chunks of one prompt with more than a chunk still to go."""
+        return (
+            bool(plan)
+            and all(request is plan[0][0] for request, _ in plan)
+            and plan[0][0].remaining_prompt > self._chunk
+        )
 
     def _settle(self, plan: Plan, budget: RoundBudget, ride_capacity: int) -> Plan:
         """Whether the plan's one chunk rides the decode step or is sliced."""
