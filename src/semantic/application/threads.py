@@ -22,7 +22,7 @@ import atexit
 import threading
 import time
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -37,10 +37,18 @@ def wait_until_gone(native_ids: Iterable[int | None], timeout_s: float = 5.0) ->
 
 
 class NativeThreadPool(ThreadPoolExecutor):
-    """A thread pool whose workers are waited for at exit until the OS has let them go."""
+    """A thread pool whose workers are waited for at exit until the OS has let them go.
+    ``on_start`` runs first in each worker."""
 
-    def __init__(self, max_workers: int | None = None, thread_name_prefix: str = "") -> None:
-        super().__init__(max_workers, thread_name_prefix, initializer=_note_this_thread)
+    def __init__(
+        self,
+        max_workers: int | None = None,
+        thread_name_prefix: str = "",
+        on_start: Callable[[], None] | None = None,
+    ) -> None:
+        super().__init__(
+            max_workers, thread_name_prefix, initializer=_note_this_thread, initargs=(on_start,)
+        )
 
 
 def install_default_executor(loop: asyncio.AbstractEventLoop) -> None:
@@ -54,7 +62,9 @@ def install_default_executor(loop: asyncio.AbstractEventLoop) -> None:
 _installed: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
 
 
-def _note_this_thread() -> None:
+def _note_this_thread(on_start: Callable[[], None] | None = None) -> None:
+    if on_start is not None:
+        on_start()
     native_id = threading.get_native_id()
     with _noted_lock:
         if not _noted:

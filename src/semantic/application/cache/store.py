@@ -23,10 +23,9 @@ from semantic.application.cache.hot_index import CACHE_OWNER, HotBlock, HotIndex
 from semantic.application.cache.lineage import ANONYMOUS_AGENT
 from semantic.application.cache.loader import BlockLoader, LoadOutcome
 from semantic.application.cache.persistence import SaveJob, Saver
-from semantic.application.cache.read_lanes import READERS, in_order, read_lanes, when_all_done
+from semantic.application.cache.read_lanes import LaneReaders, in_order, read_lanes, when_all_done
 from semantic.application.cache.stats import CacheStats
 from semantic.application.events import CompletionEvent
-from semantic.application.threads import NativeThreadPool
 from semantic.domain.block_identity import chain_keys, chain_root
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.blocks import AgentBlocks, KVBlock
@@ -102,7 +101,7 @@ class AgentCacheStore:
             disk_reserve_bytes=config.disk_reserve_bytes,
         )
         self._pins = itertools.count(1)
-        self._readers = NativeThreadPool(READERS, thread_name_prefix="semantic-read")
+        self._readers = LaneReaders()
 
     async def start(self) -> None:
         """Clean up after a crash, then start the writer."""
@@ -111,7 +110,7 @@ class AgentCacheStore:
     async def close(self) -> None:
         """Flush every pending save, then stop the writer."""
         await self._saver.close()
-        self._readers.shutdown(wait=True)
+        self._readers.shutdown()
 
     async def flush(self) -> None:
         await self._saver.flush()
@@ -125,7 +124,10 @@ class AgentCacheStore:
         self.stats.queried_tokens += len(prompt)
         candidates = await self._walk(namespace, prompt)
         lanes = read_lanes(len(candidates))
-        fetches = [self._readers.submit(self._fetch_lane, candidates, lane, pin) for lane in lanes]
+        fetches = [
+            self._readers.submit(index, self._fetch_lane, candidates, lane, pin)
+            for index, lane in enumerate(lanes)
+        ]
         fetched = asyncio.wrap_future(when_all_done(fetches))
         try:
             await asyncio.shield(fetched)
