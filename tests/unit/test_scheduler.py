@@ -161,15 +161,30 @@ def test_short_prompts_arriving_every_round_do_not_starve_a_long_one() -> None:
 def test_an_idle_engine_slices_a_lone_prompt_so_an_arrival_starts_within_a_round() -> None:
     """With nothing decoding, a 1,024-token pass made a request arriving meanwhile wait
     ~3 s here; sliced rounds let it in after one of them."""
-    pacer = PrefillPacer(PacerConfig(idle_slice_seconds=0.25))
-    assert pacer.round_budget(decoding=0, waiting=1, can_slice=True).sliced
-    assert not pacer.round_budget(decoding=0, waiting=1, can_slice=False).sliced
-    assert not pacer.round_budget(decoding=0, waiting=2, can_slice=True).sliced
-    e = engine(pacer=PacerConfig(idle_slice_seconds=0.25))
+    backend = FakeBackend()
+    pacer = PacerConfig(idle_slice_seconds=0.25, idle_tokens=8)
+    config = EngineConfig(prefill_chunk_tokens=4, max_context=512, pacer=pacer)
+    e = BlockPoolBatchEngine(backend, FakeTokenizer(), BlockPool(200), config)
     long_id = e.submit("long", list(range(1, 61)), max_tokens=2)
     e.step()
+    assert [call[0] for call in backend.slices] == [long_id], "one sliced chunk, no pass"
     short_id = e.submit("short", [7, 3, 9], max_tokens=2)
     assert first_token_order(e) == [short_id, long_id]
+
+
+def test_an_idle_engine_slices_a_long_prompt_to_its_last_chunk_but_not_a_short_one() -> None:
+    backend = FakeBackend()
+    pacer = PacerConfig(idle_slice_seconds=0.25, idle_tokens=8)
+    config = EngineConfig(prefill_chunk_tokens=4, max_context=512, pacer=pacer)
+    e = BlockPoolBatchEngine(backend, FakeTokenizer(), BlockPool(200), config)
+    long_id = e.submit("long", list(range(1, 11)), max_tokens=2)
+    drain(e)
+    finished_slices = [n for seq, n, done in backend.slices if seq == long_id and done]
+    assert finished_slices == [4, 4, 2], "every chunk sliced, the last too"
+    short_id = e.submit("short", [7, 3, 9], max_tokens=2)
+    drain(e)
+    assert all(seq != short_id for seq, _, _ in backend.slices), "a short prompt alone: a pass"
+    assert (short_id, 3) in backend.prefill_calls
 
 
 def test_an_idle_engine_slices_a_long_prompt_with_others_queued_behind_it() -> None:

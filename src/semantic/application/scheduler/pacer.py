@@ -46,9 +46,10 @@ class PacerConfig:
     slice_tokens: int = 256
     """The chunk a sliced prompt computes layer by layer."""
     idle_slice_seconds: float | None = None
-    """With nothing decoding, a lone prompt's round in seconds of sliced layers (None: one
-    ``idle_tokens`` pass): the engine looks at the queue between rounds, so a request
-    arriving during a long prefill waits at most this long to be admitted."""
+    """With nothing decoding, the round of a prompt with more than a chunk still to go, in
+    seconds of sliced layers (None: one ``idle_tokens`` pass): the engine looks at the
+    queue between rounds, so a request arriving during a long prefill waits at most this
+    long to be admitted (``PrefillAdder.plan``)."""
     fixed_tokens: int | None = None
     """One budget for every round, busy or idle (tests and comparisons)."""
 
@@ -132,10 +133,7 @@ class PrefillPacer:
         instead of 64 tokens at a time; ``idle_tokens`` caps the round either way."""
         if self.config.fixed_tokens is not None:
             return RoundBudget(self.config.fixed_tokens, None)
-        if decoding == 0:
-            idle = self.config.idle_slice_seconds
-            if idle is not None and can_slice and waiting == 1:
-                return RoundBudget(self.config.slice_tokens, idle, sliced=True)
+        if decoding == 0:  # slicing an idle round is the adder's call (a long prompt's plan)
             return RoundBudget(self.config.idle_tokens, None)
         seconds = self.slice_seconds()
         if seconds is not None and can_slice and waiting == 1:

@@ -105,6 +105,7 @@ class PrefillAdder:
         promised = sum(self._still_needs(r, r.reservation.block_count) for r in running)
         entry = _Entry(room, promised, busy=bool(running))
         plan: Plan = []
+        idle = decoding == 0 and can_slice and self._pacer.config.idle_slice_seconds is not None
         if prefilling and not self._held_back:
             plan = self._admit(entry, left, admit, undo, short_only=True)
             for request in prefilling:
@@ -112,31 +113,32 @@ class PrefillAdder:
                     plan += self._chunks(request, left)
             if plan:  # long prompts wait: this round's prefill comes before the first tokens
                 self._held_back = True
-                return self._settle(plan, budget, ride_capacity)
+                return self._settle(plan, budget, ride_capacity, idle)
         self._held_back = False
         for request in prefilling:
             if not left.exhausted:
                 plan += self._chunks(request, left)
-        idle = decoding == 0 and can_slice and self._pacer.config.idle_slice_seconds is not None
         if not (idle and self._one_long_prompt(plan)):
             plan += self._admit(entry, left, admit, undo, short_only=False)
+        return self._settle(plan, budget, ride_capacity, idle)
+
+    def _one_long_prompt(self, plan: Plan) -> bool:
+        """Whether the plan is chunks of one prompt of more than a chunk of new tokens (its
+        last chunk included: at 4,000 tokens of context one takes ~1 s)."""
+        return (
+            bool(plan)
+            and all(request is plan[0][0] for request, _ in plan)
+            and not self._short(plan[0][0].new_tokens)
+        )
+
+    def _settle(self, plan: Plan, budget: RoundBudget, ride_capacity: int, idle: bool) -> Plan:
+        """Whether the plan's one chunk rides the decode step or is sliced. ``idle``: nothing
+        decodes and idle rounds may be sliced."""
         if idle and self._one_long_prompt(plan):
             # the others wait behind it anyway: sliced, the round ends within its time and
             # a short arrival is let in then, not after a whole pass
             self.rides, self.slice_seconds = False, self._pacer.config.idle_slice_seconds
             return plan[:1]
-        return self._settle(plan, budget, ride_capacity)
-
-    def _one_long_prompt(self, plan: Plan) -> bool:
-        """Whether the plan is chunks of one prompt with more than a chunk still to go."""
-        return (
-            bool(plan)
-            and all(request is plan[0][0] for request, _ in plan)
-            and plan[0][0].remaining_prompt > self._chunk
-        )
-
-    def _settle(self, plan: Plan, budget: RoundBudget, ride_capacity: int) -> Plan:
-        """Whether the plan's one chunk rides the decode step or is sliced."""
         one = plan[0] if len(plan) == 1 else None
         fits = one is not None and not one[0].in_flight and one[1] <= ride_capacity
         # in a sliced round, a chunk that rides cheaply does: one shared pass beats steps
