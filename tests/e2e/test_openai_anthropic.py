@@ -548,16 +548,24 @@ def test_an_agent_that_cannot_fit_the_context_is_told_so_by_field(server: Server
 def test_a_plain_request_may_not_take_over_an_agent_that_keeps_its_transcript(
     server: ServerProcess,
 ) -> None:
-    """Its KV would replace the transcript's, to be computed again after a restart."""
+    """Its KV would replace the transcript's, to be computed again after a restart. Refused
+    from the agent's creation on (QA pass 13: before its first turn a plain request was
+    served and left its own conversation as the agent's cache)."""
     agents = f"{server.url}/v1/agents"
-    httpx.post(agents, json={"id": "keeper"}).raise_for_status()
+    httpx.post(agents, json={"id": "keeper", "system_prompt": "You are a cat."}).raise_for_status()
     chat = {"model": "default", "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}]}
     header = {"X-Agent-Id": "keeper"}
     before_any_turn = httpx.post(f"{server.url}/v1/chat/completions", json=chat, headers=header)
-    assert before_any_turn.status_code == 200, "nothing to lose yet"
+    assert before_any_turn.status_code == 409
+    assert httpx.get(f"{agents}/keeper/cache").json()["tokens"] == 0, "nothing of it kept"
     turn = httpx.post(f"{agents}/keeper/messages", json={"content": "Hi", "max_tokens": 1})
     turn.raise_for_status()
     for path in ("/v1/chat/completions", "/v1/messages"):
         refused = httpx.post(f"{server.url}{path}", json=chat, headers=header)
         assert refused.status_code == 409, path
         assert "/v1/agents/keeper/messages" in refused.text, path
+    httpx.post(f"{agents}/keeper/fork", json={"id": "keeper-2"}).raise_for_status()
+    forked = httpx.post(
+        f"{server.url}/v1/chat/completions", json=chat, headers={"X-Agent-Id": "keeper-2"}
+    )
+    assert forked.status_code == 409, "a fork keeps its transcript too"

@@ -18,6 +18,7 @@ from semantic.adapters.mlx.kv_payloads import MlxKV, StackedKV, kv_arrays
 from semantic.adapters.mlx.restore_buffers import RestoreBuffers
 from semantic.adapters.storage.block_files import SPARES, BlockFiles, safetensors_parts
 from semantic.adapters.storage.kv_block_store import KVBlockStore
+from semantic.adapters.storage.schema import MIGRATIONS
 from semantic.adapters.storage.sqlite_metadata import SqliteMetadataStore
 from semantic.domain.blocks import KVBlock
 from semantic.domain.errors import (
@@ -283,7 +284,8 @@ async def test_the_metadata_schema_is_created_in_wal_mode_and_reopens(tmp_path: 
     await db.close()
     with sqlite3.connect(tmp_path / "semantic.db") as raw:
         assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert raw.execute("SELECT max(version) FROM schema_version").fetchone()[0] == 1
+        version = raw.execute("SELECT max(version) FROM schema_version").fetchone()[0]
+        assert version == len(MIGRATIONS)
 
 
 async def test_a_data_directory_with_files_where_its_parts_belong_is_named(
@@ -317,7 +319,9 @@ async def test_reference_counts_follow_agents_and_orphans_are_returned(tmp_path:
 async def test_transcripts_and_agents_persist(tmp_path: Path) -> None:
     db = SqliteMetadataStore(tmp_path / "semantic.db")
     await db.open()
-    await db.create_agent(AgentRecord("ns", "helper", system_prompt="Be brief."))
+    await db.create_agent(
+        AgentRecord("ns", "helper", system_prompt="Be brief.", keeps_transcript=True)
+    )
     with pytest.raises(AgentExistsError):
         await db.create_agent(AgentRecord("ns", "helper"))
     await db.append_messages(
@@ -334,9 +338,41 @@ async def test_transcripts_and_agents_persist(tmp_path: Path) -> None:
         ("assistant", "hello"),
     ]
     assert await again.message_counts("ns") == {"helper": 2}
-    assert await again.has_messages("ns", "helper")
-    assert not await again.has_messages("other", "helper")
+    assert agent.keeps_transcript
+    await again.save_agent_blocks(AgentRecord("ns", "plain", token_count=3), [])
+    plain = await again.agent("ns", "plain")
+    assert plain is not None
+    assert not plain.keeps_transcript
+    await again.save_agent_blocks(AgentRecord("ns", "helper", token_count=3), [])
+    helper = await again.agent("ns", "helper")
+    assert helper is not None
+    assert helper.keeps_transcript, "a save keeps what the agent is"
     await again.close()
+
+
+async def test_a_version_1_database_learns_which_agents_keep_transcripts(tmp_path: Path) -> None:
+    """Before version 2 an agents-API agent was known by its messages or system prompt."""
+    with sqlite3.connect(tmp_path / "semantic.db") as raw:
+        raw.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+        raw.execute("INSERT INTO schema_version (version) VALUES (1)")
+        for statement in MIGRATIONS[0]:
+            raw.execute(statement)
+        rows = [("talked", None), ("prompted", "Be brief."), ("plain", None)]
+        for agent_id, prompt in rows:
+            raw.execute(
+                "INSERT INTO agents (namespace, agent_id, system_prompt, created_at, last_used)"
+                " VALUES ('ns', ?, ?, 0, 0)",
+                (agent_id, prompt),
+            )
+        raw.execute(
+            "INSERT INTO messages (namespace, agent_id, role, content, created_at)"
+            " VALUES ('ns', 'talked', 'user', 'hi', 0)"
+        )
+    db = SqliteMetadataStore(tmp_path / "semantic.db")
+    await db.open()
+    kept = {a.agent_id: a.keeps_transcript for a in await db.agents("ns")}
+    await db.close()
+    assert kept == {"talked": True, "prompted": True, "plain": False}
 
 
 async def test_a_full_disk_is_storage_unavailable_and_keeps_nothing_half_done(

@@ -92,6 +92,7 @@ class FakeMetadataStore:
         self.agent_rows[(agent.namespace, agent.agent_id)] = dataclasses.replace(
             agent,
             system_prompt=old.system_prompt if old else agent.system_prompt,
+            keeps_transcript=old.keeps_transcript if old else agent.keeps_transcript,
             last_used=agent.last_used or self.clock,
         )
         return self._recount(set(old.block_keys if old else ()) | set(agent.block_keys))
@@ -155,9 +156,6 @@ class FakeMetadataStore:
 
     async def messages(self, namespace: str, agent_id: str) -> list[MessageRecord]:
         return list(self.transcripts.get((namespace, agent_id), []))
-
-    async def has_messages(self, namespace: str, agent_id: str) -> bool:
-        return bool(self.transcripts.get((namespace, agent_id)))
 
     async def message_counts(self, namespace: str) -> dict[str, int]:
         return {a: len(m) for (ns, a), m in self.transcripts.items() if ns == namespace and m}

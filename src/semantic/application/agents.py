@@ -123,7 +123,7 @@ class AgentService:
                     param="system_prompt",
                 ) from None
         await self._metadata.create_agent(
-            AgentRecord(namespace, agent_id, system_prompt=system_prompt)
+            AgentRecord(namespace, agent_id, system_prompt=system_prompt, keeps_transcript=True)
         )
         return await self.get(namespace, agent_id)
 
@@ -155,8 +155,10 @@ class AgentService:
 
     async def check_plain_use(self, namespace: str, agent_id: str) -> None:
         """A plain (OpenAI or Anthropic) request may name any agent but one whose transcript
-        this server keeps: its reply's KV would take the place of the transcript's."""
-        if await self._metadata.has_messages(namespace, agent_id):
+        this server keeps, from its creation on: its reply's KV would take the place of the
+        transcript's."""
+        record = await self._metadata.agent(namespace, agent_id)
+        if record is not None and record.keeps_transcript:
             raise AgentKeepsTranscriptError(agent_id)
 
     async def list_agents(
@@ -222,7 +224,9 @@ class AgentService:
         async with self._lock(namespace, source_id):
             source = await self._record(namespace, source_id)
             await self._metadata.create_agent(
-                AgentRecord(namespace, new_id, system_prompt=source.system_prompt)
+                AgentRecord(
+                    namespace, new_id, system_prompt=source.system_prompt, keeps_transcript=True
+                )
             )
             fork = dataclasses.replace(source, agent_id=new_id, anonymous=False, last_used=0.0)
             try:

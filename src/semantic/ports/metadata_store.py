@@ -33,6 +33,8 @@ class AgentRecord:
     anonymous: bool = False
     created_at: float = 0.0
     last_used: float = 0.0
+    keeps_transcript: bool = False
+    """Made by the agents API (created or forked): plain requests may not name it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,8 +109,6 @@ class MetadataStore(Protocol):
     ) -> None: ...
 
     async def messages(self, namespace: str, agent_id: str) -> list[MessageRecord]: ...
-
-    async def has_messages(self, namespace: str, agent_id: str) -> bool: ...
 
     async def message_counts(self, namespace: str) -> dict[str, int]:
         """Each agent's transcript length in the namespace (agents with none are absent)."""

@@ -34,6 +34,7 @@ agents = Table(
     Column("token_count", Integer, nullable=False),
     Column("created_at", Float, nullable=False),
     Column("last_used", Float, nullable=False),
+    Column("keeps_transcript", Boolean, nullable=False),
 )
 
 blocks = Table(
@@ -94,6 +95,13 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             agent_id TEXT NOT NULL, role TEXT NOT NULL, content TEXT NOT NULL,
             created_at REAL NOT NULL)""",
         "CREATE INDEX messages_agent ON messages (namespace, agent_id, id)",
+    ),
+    (  # the agents API's agents are marked at creation, not known by their first message
+        "ALTER TABLE agents ADD COLUMN keeps_transcript BOOLEAN NOT NULL DEFAULT 0",
+        """UPDATE agents SET keeps_transcript = 1
+            WHERE system_prompt IS NOT NULL OR EXISTS (SELECT 1 FROM messages
+                WHERE messages.namespace = agents.namespace
+                AND messages.agent_id = agents.agent_id)""",
     ),
 )
 """MIGRATIONS[n] takes a database from schema version n to n + 1. Never edit one; append."""

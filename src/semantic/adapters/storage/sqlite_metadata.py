@@ -303,13 +303,6 @@ class SqliteMetadataStore:
             )
             return {row.agent_id: row.n for row in rows}
 
-    @_unavailable_on_failure
-    async def has_messages(self, namespace: str, agent_id: str) -> bool:
-        async with self._db().connect() as connection:
-            where = _agent_where(messages, namespace, agent_id)
-            found = await connection.execute(select(messages.c.id).where(where).limit(1))
-            return found.first() is not None
-
     @contextlib.asynccontextmanager
     async def _changing_blocks(self) -> AsyncIterator[tuple[AsyncConnection, list[BlockRow]]]:
         """A transaction that may change the blocks table, under the lock that keeps the

@@ -34,6 +34,7 @@ def agent_row(agent: AgentRecord, now: float) -> dict[str, Any]:
         "token_count": agent.token_count,
         "created_at": now,
         "last_used": agent.last_used or now,
+        "keeps_transcript": agent.keeps_transcript,
     }
 
 
@@ -75,4 +76,5 @@ def agent_of(row: Row[Any], keys: list[str]) -> AgentRecord:
         bool(row.anonymous),
         row.created_at,
         row.last_used,
+        bool(row.keeps_transcript),
     )
