@@ -284,6 +284,30 @@ async def test_a_stored_prefix_is_pinned_again_from_disk_once_evicted() -> None:
     assert not pinned(h)
 
 
+async def test_a_prefix_pinned_again_is_counted_once_in_the_metrics() -> None:
+    """QA pass 13: with a small pool, restores that found no room at arrival and were read
+    at admission were missing from the metrics (805 of 6,825 tokens)."""
+    h, _ = await restarted_after_a_long_prompt()
+    filler = h.pool.allocate("filler", 0, h.pool.free_count)  # no room for any block now
+    prefix = await h.store.prepare("default", LONG_PROMPT)
+    assert prefix.stored is not None
+    assert prefix.matched_tokens == 0
+    assert (h.store.stats.hit_tokens, h.store.stats.disk_restored_tokens) == (0, 0)
+    h.pool.release("filler", filler)
+    again = await asyncio.to_thread(prefix.stored.pin, "again")
+    assert again is not None
+    stats = h.store.stats
+    whole = (len(LONG_PROMPT) - 1, len(LONG_PROMPT), 0)  # the prompt's last token is fed
+    assert (stats.hit_tokens, stats.disk_restored_tokens, stats.hot_restored_tokens) == whole
+    h.pool.release_owner("again")
+    second = await asyncio.to_thread(prefix.stored.pin, "twice")  # hot now: nothing more
+    assert second is not None
+    assert (stats.hit_tokens, stats.disk_restored_tokens, stats.hot_restored_tokens) == whole
+    h.pool.release_owner("twice")
+    h.store.release(prefix)
+    assert not pinned(h)
+
+
 async def test_a_hot_prefix_evicted_while_its_request_waits_comes_back_from_disk() -> None:
     h = await started(Harness())
     first, _ = await h.ask([*SYSTEM, 11, 12])

@@ -2,7 +2,23 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Restored:
+    """What one restore gave a prompt: its reusable tokens (as usage reports them), and the
+    matched tokens by the tier they came from."""
+
+    hit: int = 0
+    hot: int = 0
+    disk: int = 0
+
+    def at_least(self, other: Restored) -> Restored:
+        """What has been counted once both this and ``other`` were."""
+        tiers = self if self.hot + self.disk >= other.hot + other.disk else other
+        return Restored(max(self.hit, other.hit), tiers.hot, tiers.disk)
 
 
 @dataclass
@@ -16,3 +32,17 @@ class CacheStats:
     bytes_written: int = 0
     write_seconds: float = 0.0
     saves_failed: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def count_restore(self, restored: Restored, before: Restored = Restored()) -> None:
+        """Count what ``restored`` gave beyond ``before``, what the same request counted
+        already: a prefix pinned at arrival, let go under memory pressure and pinned again
+        at admission is counted once, in full (QA pass 13: with a small pool the metrics
+        showed 805 of 6,825 restored tokens). Restores are counted from the event loop and
+        the engine thread."""
+        more = max(0, restored.hot + restored.disk - before.hot - before.disk)
+        from_disk = min(more, restored.disk)
+        with self._lock:
+            self.hit_tokens += max(0, restored.hit - before.hit)
+            self.disk_restored_tokens += from_disk
+            self.hot_restored_tokens += more - from_disk

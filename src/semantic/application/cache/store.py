@@ -24,7 +24,7 @@ from semantic.application.cache.lineage import ANONYMOUS_AGENT
 from semantic.application.cache.loader import BlockLoader, LoadOutcome
 from semantic.application.cache.persistence import SaveJob, Saver
 from semantic.application.cache.read_lanes import LaneReaders, in_order, read_lanes, when_all_done
-from semantic.application.cache.stats import CacheStats
+from semantic.application.cache.stats import CacheStats, Restored
 from semantic.application.events import CompletionEvent
 from semantic.domain.block_identity import chain_keys, chain_root
 from semantic.domain.block_pool import BlockPool
@@ -148,12 +148,10 @@ class AgentCacheStore:
         disk_tokens = sum(len(b.tokens) for b, from_disk in chain if from_disk)
         blocks = self._agent_blocks([block for block, _ in chain])
         matched = common_prefix(blocks.token_ids, prompt) if blocks else 0
-        self.stats.hit_tokens += reusable_prefix(matched, len(prompt))  # as usage reports
-        share = matched / max(1, hot_tokens + disk_tokens)
-        self.stats.hot_restored_tokens += round(hot_tokens * share)
-        self.stats.disk_restored_tokens += round(disk_tokens * share)
+        counted = _restored(chain, matched, len(prompt))
+        self.stats.count_restore(counted)
         good = list(itertools.takewhile(lambda c: c.key != corrupt, candidates))
-        stored = self._stored(good, prompt, asyncio.get_running_loop())
+        stored = self._stored(good, prompt, asyncio.get_running_loop(), counted)
         return CachedPrefix(blocks, pin, hot_tokens, disk_tokens, matched, stored)
 
     def _stored(
@@ -161,6 +159,7 @@ class AgentCacheStore:
         candidates: list[_Candidate],
         prompt: Sequence[int],
         loop: asyncio.AbstractEventLoop,
+        counted: Restored,
     ) -> StoredPrefix | None:
         """How to pin this prefix again from the engine thread, once the pool has room for
         it. Keeps keys and disk records only: holding the hot blocks themselves would keep
@@ -171,15 +170,21 @@ class AgentCacheStore:
         stored = tuple(itertools.chain.from_iterable(c.tokens for c in plan))
         return StoredPrefix(
             common_prefix(stored, prompt),
-            functools.partial(self._pin_plan, plan, loop),
+            functools.partial(self._pin_plan, plan, loop, tuple(prompt), [counted]),
             functools.partial(self._blocks_to_read, plan),
         )
 
     def _pin_plan(
-        self, plan: list[_Candidate], loop: asyncio.AbstractEventLoop, owner: str
+        self,
+        plan: list[_Candidate],
+        loop: asyncio.AbstractEventLoop,
+        prompt: tuple[int, ...],
+        counted: list[Restored],
+        owner: str,
     ) -> AgentBlocks | None:
         """The blocks still hot are pinned first, so reading the others (which may evict
-        idle blocks to make room) cannot evict them."""
+        idle blocks to make room) cannot evict them. ``counted``: what the request's
+        restores have counted in the metrics so far (a cell: pinned again, updated)."""
         taken = [self.hot.take(c.key, owner) for c in plan]
         outcomes: list[Fetched] = []
         for index, (candidate, hot) in enumerate(zip(plan, taken, strict=True)):
@@ -193,7 +198,12 @@ class AgentCacheStore:
         if corrupt is not None:
             quarantined = asyncio.run_coroutine_threadsafe(self._loader.quarantine(corrupt), loop)
             quarantined.add_done_callback(_log_failure)
-        return self._agent_blocks([block for block, _ in chain])
+        blocks = self._agent_blocks([block for block, _ in chain])
+        matched = common_prefix(blocks.token_ids, prompt) if blocks else 0
+        restored = _restored(chain, matched, len(prompt))
+        self.stats.count_restore(restored, counted[0])  # the request's restores so far
+        counted[0] = counted[0].at_least(restored)
+        return blocks
 
     def _blocks_to_read(self, plan: list[_Candidate]) -> int:
         """Pool blocks pinning ``plan`` again would read from disk; looking the others up
@@ -349,6 +359,15 @@ class AgentCacheStore:
             held = (block.layers[layer] for block in chain)
             layers.append(tuple(b for b in held if b is not None))
         return AgentBlocks("", tokens, tuple(layers))
+
+
+def _restored(chain: list[tuple[HotBlock, bool]], matched: int, prompt_tokens: int) -> Restored:
+    """The matched tokens of a pinned chain, shared between the tiers its blocks came from."""
+    hot = sum(len(b.tokens) for b, from_disk in chain if not from_disk)
+    disk = sum(len(b.tokens) for b, from_disk in chain if from_disk)
+    share = matched / max(1, hot + disk)
+    hit = reusable_prefix(matched, prompt_tokens)
+    return Restored(hit, round(hot * share), round(disk * share))
 
 
 def _block_at(layer_blocks: Sequence[KVBlock], index: int) -> KVBlock | None:
