@@ -432,6 +432,10 @@ def test_streams_are_event_streams_and_bad_bodies_are_client_errors(server: Serv
     assert truncated.status_code == 400
     assert truncated.json()["error"]["code"] == "invalid_request"
     assert "not valid JSON" in truncated.json()["error"]["message"]
+    lone = b'{"model": "default", "messages": [{"role": "user", "content": "\\ud800x"}]}'
+    surrogate = httpx.post(f"{server.url}/v1/chat/completions", content=lone)
+    assert surrogate.status_code == 400
+    assert "unpaired surrogate" in surrogate.json()["error"]["message"], "not just 'truncated'"
     twice = [("X-Namespace", "team-a"), ("X-Namespace", "team-b")]
     ambiguous = httpx.post(f"{server.url}/v1/chat/completions", json=chat_body, headers=twice)
     assert ambiguous.status_code == 400

@@ -121,8 +121,7 @@ def problem_for(error: Exception) -> Problem:
         case UnicodeError():
             return Problem(400, "invalid_request", f"the request body is not valid UTF-8: {error}")
         case ClientException() if isinstance(error.__cause__, SerializationException):
-            message = f"the request body is not valid JSON: {error.detail}"
-            return Problem(400, "invalid_request", message)
+            return Problem(400, "invalid_request", _not_json_message(str(error.detail)))
         case HTTPException():
             kind = _HTTP_KINDS.get(error.status_code, "http_error")
             return Problem(error.status_code, kind, str(error.detail))
@@ -131,6 +130,13 @@ def problem_for(error: Exception) -> Problem:
             return Problem(status, code, str(error))
     log.exception("unexpected error", exc_info=error)
     return Problem(500, "internal_error", "internal server error")
+
+
+def _not_json_message(detail: str) -> str:
+    message = f"the request body is not valid JSON: {detail}"
+    if "truncated" in detail:  # msgspec says so of an unpaired surrogate escape too
+        message += " (cut short, or an unpaired surrogate escape such as \\ud800)"
+    return message
 
 
 def handle(request: Request[Any, Any, Any], error: Exception) -> Response[Any]:
