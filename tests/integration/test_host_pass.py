@@ -82,6 +82,37 @@ def test_left_padded_batches_match_mlx_on_every_real_row(
     assert ours[0].offset.tolist() == theirs[0].offset.tolist() == [8, 11, 4]
 
 
+def test_a_batch_whose_buffers_grow_ahead_gives_the_bits_of_growing_when_full(
+    real_model: RealModel, host: HostPass
+) -> None:
+    """The next buffers are made a layer a step while the old ones are still written; the
+    positions written meanwhile must reach them before the switch."""
+    model = real_model.loaded.model
+    at_once = HostPass.of(model, grow_lead=0)
+    assert at_once is not None
+    padding = [0, 5]
+    prompt = mx.array([[0] * pad + tokens(pad + 7, 200 - pad) for pad in padding])
+    ahead_caches = [BatchKVCache(padding) for _ in model.model.layers]
+    full_caches = [BatchKVCache(padding) for _ in model.model.layers]
+    model.model(prompt, cache=ahead_caches)
+    model.model(prompt, cache=full_caches)
+    widths = []
+    for step in range(80):  # 200 -> 280 positions: past the first buffers' 256
+        token = mx.array([[100 + step], [200 + step]])
+        ahead = host.hidden([Group(token, ahead_caches)])
+        full = at_once.hidden([Group(token, full_caches)])
+        assert ahead is not None
+        assert full is not None
+        assert np.array_equal(np.asarray(ahead[0]), np.asarray(full[0])), step
+        widths.append(np.asarray(ahead_caches[0].keys).shape[2])
+    assert widths[0] == 256
+    assert widths[-1] == 512
+    assert widths.index(512) < 55, "switched before the old buffers were full"
+    for ours, theirs in zip(ahead_caches, full_caches, strict=True):
+        ours_written, theirs_written = (np.asarray(c.keys)[..., :280, :] for c in (ours, theirs))
+        assert np.array_equal(ours_written, theirs_written)
+
+
 def test_a_row_gets_the_same_bits_alone_and_beside_others(
     real_model: RealModel, host: HostPass
 ) -> None:

@@ -24,6 +24,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
+from semantic.adapters.mlx.cache_growth import LEAD, GrowAhead
 from semantic.adapters.mlx.fused_pass import MAX_ROWS, Group
 from semantic.adapters.mlx.host_model import HostModel
 from semantic.adapters.mlx.native_build import NATIVE_DIR, build_library
@@ -81,7 +82,7 @@ class _Plan:
 class HostPass:
     """The body of one llama model, ready to run a small pass on the host."""
 
-    def __init__(self, weights: HostModel, function: Any) -> None:
+    def __init__(self, weights: HostModel, function: Any, grow_lead: int = LEAD) -> None:
         self._function = function
         self._weights = weights
         self._embed = weights.embed
@@ -90,18 +91,20 @@ class HostPass:
             weights.head_dim,
             weights.hidden,
         )
+        self._growth = GrowAhead(_CACHE_STEP, grow_lead)
 
     @classmethod
-    def of(cls, model: Any) -> HostPass | None:
+    def of(cls, model: Any, grow_lead: int = LEAD) -> HostPass | None:
         """None unless the model is a float32 llama with our attention, on a machine where
-        our kernels built (and ``SEMANTIC_HOST_PASS`` is not ``0``)."""
+        our kernels built (and ``SEMANTIC_HOST_PASS`` is not ``0``). ``grow_lead``: see
+        ``cache_growth.LEAD``."""
         if not _wanted():
             return None
         function = _library()
         weights = HostModel.of(model) if function is not None else None
         if weights is None:
             return None
-        return cls(weights, function)
+        return cls(weights, function, grow_lead)
 
     def hidden(self, groups: Sequence[Group]) -> list[mx.array] | None:
         """Each group's final hidden states ``(batch, length, dim)``, after the model's
@@ -142,6 +145,7 @@ class HostPass:
             plan = _Plan(write_at, np.zeros(batch, np.int32), np.full(batch, position, np.int32))
         else:
             write_at = first._idx  # noqa: SLF001 - BatchKVCache keeps its write index here
+            self._growth.before_step(group.caches, write_at, length)
             lo = np.asarray(first.left_padding, dtype=np.int32).reshape(batch)
             pos = np.asarray(first.offset, dtype=np.int32).reshape(batch)
             plan = _Plan(write_at, np.ascontiguousarray(lo), np.ascontiguousarray(pos))
