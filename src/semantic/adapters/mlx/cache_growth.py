@@ -6,8 +6,9 @@ step, that is the whole batch's KV copied into fresh memory at once: four stream
 165-290 ms every 256 tokens here, and the stall grows with the batch and its context. So
 once a batch has ``LEAD`` positions of room left, each step makes the bigger buffers of a
 few layers and copies in what they hold; when all are made, the few positions written since
-are copied too and every layer switches in the same step. The stall is spread over ~15
-steps, where a round's prefill slice makes up for it (ADR 0009).
+are copied too and every layer switches in the same step. The stall is spread over
+``LEAD / 2`` steps (a layer each for this model), where a round's prefill slice makes up
+for it (ADR 0009, ADR 0013).
 """
 
 from __future__ import annotations
