@@ -144,8 +144,7 @@ class AgentCacheStore:
             except BaseException:  # the caller went away meanwhile: nobody will release it
                 self._pool.release_owner(pin)
                 raise
-        hot_tokens = sum(len(b.tokens) for b, from_disk in chain if not from_disk)
-        disk_tokens = sum(len(b.tokens) for b, from_disk in chain if from_disk)
+        hot_tokens, disk_tokens = _by_tier(chain)
         blocks = self._agent_blocks([block for block, _ in chain])
         matched = common_prefix(blocks.token_ids, prompt) if blocks else 0
         counted = _restored(chain, matched, len(prompt))
@@ -361,10 +360,15 @@ class AgentCacheStore:
         return AgentBlocks("", tokens, tuple(layers))
 
 
+def _by_tier(chain: list[tuple[HotBlock, bool]]) -> tuple[int, int]:
+    """Tokens of a pinned chain that were hot, and that came from disk."""
+    hot = sum(len(b.tokens) for b, from_disk in chain if not from_disk)
+    return hot, sum(len(b.tokens) for b, _ in chain) - hot
+
+
 def _restored(chain: list[tuple[HotBlock, bool]], matched: int, prompt_tokens: int) -> Restored:
     """The matched tokens of a pinned chain, shared between the tiers its blocks came from."""
-    hot = sum(len(b.tokens) for b, from_disk in chain if not from_disk)
-    disk = sum(len(b.tokens) for b, from_disk in chain if from_disk)
+    hot, disk = _by_tier(chain)
     share = matched / max(1, hot + disk)
     hit = reusable_prefix(matched, prompt_tokens)
     return Restored(hit, round(hot * share), round(disk * share))
