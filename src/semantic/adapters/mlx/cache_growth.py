@@ -79,13 +79,18 @@ class GrowAhead:
             self._growing = None
 
 
-def _plain_batch(caches: list[Any]) -> bool:
-    if not caches or any(type(c) is not BatchKVCache or c.keys is None for c in caches):
-        return False
+def alike(caches: list[Any]) -> bool:
+    """Every layer's buffers of one shape (the host pass takes layer 0's layout for all)."""
     first = caches[0]
     return all(
         c.keys.shape == first.keys.shape and c.values.shape == first.values.shape for c in caches
     )
+
+
+def _plain_batch(caches: list[Any]) -> bool:
+    if not caches or any(type(c) is not BatchKVCache or c.keys is None for c in caches):
+        return False
+    return alike(caches)
 
 
 def _addresses(caches: list[Any]) -> list[tuple[int, int]]:

@@ -24,7 +24,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
-from semantic.adapters.mlx.cache_growth import LEAD, GrowAhead
+from semantic.adapters.mlx.cache_growth import LEAD, GrowAhead, alike
 from semantic.adapters.mlx.fused_pass import MAX_ROWS, Group
 from semantic.adapters.mlx.host_model import HostModel
 from semantic.adapters.mlx.native_build import NATIVE_DIR, build_library
@@ -149,7 +149,7 @@ class HostPass:
             lo = np.asarray(first.left_padding, dtype=np.int32).reshape(batch)
             pos = np.asarray(first.offset, dtype=np.int32).reshape(batch)
             plan = _Plan(write_at, np.ascontiguousarray(lo), np.ascontiguousarray(pos))
-        if not all(_has_room(c, write_at + length) for c in group.caches) or not _alike(
+        if not all(_has_room(c, write_at + length) for c in group.caches) or not alike(
             group.caches
         ):  # every layer gets a buffer of one shape: the C side takes layer 0's strides
             for cache in group.caches:
@@ -204,13 +204,6 @@ def _plain_caches(caches: list[Any]) -> bool:
     if kinds not in ({KVCache}, {BatchKVCache}):
         return False
     return all(c.keys is None or c.keys.dtype == mx.float32 for c in caches)
-
-
-def _alike(caches: list[Any]) -> bool:
-    first = caches[0]
-    return all(
-        c.keys.shape == first.keys.shape and c.values.shape == first.values.shape for c in caches
-    )
 
 
 def _has_room(cache: Any, needed: int) -> bool:
