@@ -253,12 +253,7 @@ def _engine(
         default_max_tokens=settings.default_max_tokens,
         max_context=_max_context(loaded),
         prefill_chunk_tokens=settings.prefill_chunk_tokens,
-        pacer=PacerConfig(
-            fixed_tokens=settings.prefill_fixed_tokens,
-            ride_ratio=settings.prefill_ride_ratio,
-            slice_ratio=settings.prefill_slice_ratio,
-            idle_slice_seconds=settings.prefill_idle_slice_s,
-        ),
+        pacer=pacer_config(settings),
         max_running=settings.max_running,
         max_waiting=settings.max_waiting,
     )
@@ -266,6 +261,16 @@ def _engine(
     engine = BlockPoolBatchEngine(backend, tokenizer, pool, config, reclaim=reclaim)
     adopt = (lambda event: cache.adopt(event, event.agent_id)) if cache is not None else None
     return backend, engine, EngineLoop(engine, on_completion=adopt)
+
+
+def pacer_config(settings: Settings) -> PacerConfig:
+    """The server's prefill pacing (benchmarks measure this very policy)."""
+    return PacerConfig(
+        fixed_tokens=settings.prefill_fixed_tokens,
+        ride_ratio=settings.prefill_ride_ratio,
+        slice_ratio=settings.prefill_slice_ratio,
+        idle_slice_seconds=settings.prefill_idle_slice_s,
+    )
 
 
 def _max_context(loaded: LoadedModel) -> int:

@@ -348,8 +348,9 @@ def test_a_prompt_sliced_between_layers_gets_what_it_gets_in_whole_passes(
 def test_attention_a_run_of_heads_at_a_time_leaves_a_whole_steps_bits(
     real_model: RealModel, make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Slices stop between runs of KV heads; the KV they leave must be bit for bit what
-    one attention step per layer leaves, or sliced and whole prompts would differ."""
+    """Slices stop between runs of KV heads and between the MLP's two products; the KV they
+    leave must be bit for bit what one step each per layer leaves (every later layer's KV
+    depends on the MLPs before it), or sliced and whole prompts would differ."""
     _, backend = make_engine()
     prompt = real_model.tokenizer.render_chat(conversation(4, 300, counter(real_model)))
     greedy = SamplingParams(temperature=0.0)

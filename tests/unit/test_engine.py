@@ -1,7 +1,8 @@
 from __future__ import annotations
 
 import random
-from dataclasses import replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from semantic.domain.block_pool import BlockPool
 from semantic.domain.blocks import AgentBlocks
 from semantic.domain.errors import InvalidRequestError, PromptTooLongError
 from semantic.domain.generation import FinishReason
+from semantic.ports.model_backend import PromptChunk, SliceProgress, StepOutput
 from tests.helpers import completions, run_until_idle
 from tests.unit.fakes import EOS, FakeBackend, FakeTokenizer, next_token
 
@@ -297,6 +299,45 @@ def test_a_sliced_chunk_spans_rounds_while_every_stream_gets_a_token_each_round(
     done = completions(events + run_until_idle(engine))
     assert list(done[late].token_ids) == cold_tokens(long_prompt, 3)
     assert done[stream].finish_reason is FinishReason.MAX_TOKENS
+
+
+@dataclass
+class _TimedBackend(FakeBackend):
+    """Decode steps take ``step_s`` of a clock of its own; slices note the time given."""
+
+    now: float = 0.0
+    step_s: float = 0.010
+    budgets: list[float] = field(default_factory=list)
+
+    def decode_step(self, ride: PromptChunk | None = None) -> StepOutput:
+        self.now += self.step_s
+        return super().decode_step(ride)
+
+    def prefill_slice(
+        self, seq_id: str, tokens: Sequence[int], seconds: float, *, last: bool
+    ) -> SliceProgress:
+        self.budgets.append(seconds)
+        return super().prefill_slice(seq_id, tokens, seconds, last=last)
+
+
+def test_a_sliced_prompts_rounds_are_held_to_the_streams_pace_before_it_came() -> None:
+    backend = _TimedBackend()
+    pacer = PacerConfig(idle_tokens=4, slice_ratio=2.0, slice_tokens=4, ride_ratio=None)
+    config = EngineConfig(prefill_chunk_tokens=4, max_context=512, pacer=pacer)
+    engine = BlockPoolBatchEngine(
+        backend, FakeTokenizer(), BlockPool(200), config, clock=lambda: backend.now
+    )
+    engine.submit("stream", [3, 1, 4], max_tokens=200)
+    for _ in range(20):  # 10 ms steps, nothing beside them
+        engine.step()
+    backend.step_s = 0.014  # beside the prompt the streams' steps run slower
+    late = engine.submit("late", PROMPT * 4, max_tokens=1)
+    while late not in completions(engine.step().events):
+        pass
+    # every round is three of the steps before the prompt came (10 + 20 ms of slice), not
+    # three of the slower ones it sees: 30 - 14 ms is left for each slice
+    assert len(backend.budgets) == 30
+    assert backend.budgets == pytest.approx([0.016] * 30)
 
 
 def test_cancelling_a_prompt_in_the_middle_of_a_slice_frees_its_blocks() -> None:

@@ -109,6 +109,29 @@ def test_one_slow_decode_step_does_not_widen_the_slices_but_a_slower_batch_does(
     assert pacer.slice_seconds() == pytest.approx(0.080)
 
 
+def test_a_slice_gets_what_is_left_of_a_round_of_the_steps_before_the_prompt() -> None:
+    pacer = PrefillPacer(PacerConfig(slice_ratio=2.0))
+    for _ in range(15):
+        pacer.observe_decode(0.025, batch=4)
+    for _ in range(10):  # beside the prompt: slower, and not the streams' own pace
+        pacer.observe_decode(0.035, batch=4, plain=False)
+    assert pacer.slice_seconds(4) == pytest.approx(0.050)
+    assert pacer.slice_in_round(0.050, elapsed=0.036, batch=4) == pytest.approx(0.039)
+    assert pacer.slice_in_round(0.050, elapsed=0.090, batch=4) == 0.0  # one step, no more
+    pacer.observe_decode(0.030, batch=5, plain=False)  # another batch: its own pace, unknown
+    assert pacer.slice_seconds(5) == pytest.approx(2 * 0.035)
+
+
+def test_streams_that_outgrow_their_pace_leave_a_prompt_half_its_slice() -> None:
+    pacer = PrefillPacer(PacerConfig(slice_ratio=2.0))
+    for _ in range(15):
+        pacer.observe_decode(0.010, batch=4)
+    for _ in range(15):
+        pacer.observe_decode(0.030, batch=4, plain=False)
+    assert pacer.slice_seconds(4) == pytest.approx(0.020)
+    assert pacer.slice_in_round(0.020, elapsed=0.030, batch=4) == pytest.approx(0.010)
+
+
 def test_the_pacer_gives_idle_rounds_big_chunks_and_busy_rounds_a_time_budget() -> None:
     pacer = PrefillPacer(
         PacerConfig(idle_tokens=1024, busy_tokens=None, gap_ratio=2.0, min_tokens=8)

@@ -100,8 +100,9 @@ class BlockPoolBatchEngine:
         self._queue: RequestQueue[ActiveRequest] = RequestQueue(self._config.max_waiting)
         self._running: dict[str, ActiveRequest] = {}
         self._failed_admissions: list[tuple[ActiveRequest, Exception]] = []
-        self._step_seconds: float | None = None
-        """This round's plain decode step's time, if one ran: a slice makes up for it."""
+        self._round_started = 0.0
+        self._stepped = False
+        """Whether this round ran a plain decode step: its slice has what is left of it."""
         self.pacer = PrefillPacer(self._config.pacer)
         self._adder = PrefillAdder(
             self._queue,
@@ -196,11 +197,12 @@ class BlockPoolBatchEngine:
 
     def step(self) -> StepResult:
         events: list[EngineEvent] = []
-        self._step_seconds = None
+        self._round_started = self._clock()
+        self._stepped = False
         self._apply_cancellations(events)
         plan = self._plan()
         ride = plan.pop() if self._adder.rides else None
-        self._decode(events, ride)
+        self._decode(events, ride, plain=not plan and ride is None)
         self._prefill(plan, events)
         prefilling = sum(1 for r in self._running.values() if r.phase is Phase.PREFILLING)
         return StepResult(events, self._backend.decoding_count, prefilling, len(self._queue))
@@ -234,8 +236,11 @@ class BlockPoolBatchEngine:
                 self._pins.copied(active)
         return plan
 
-    def _decode(self, events: list[EngineEvent], ride: tuple[ActiveRequest, int] | None) -> None:
-        if self._backend.decoding_count == 0:
+    def _decode(
+        self, events: list[EngineEvent], ride: tuple[ActiveRequest, int] | None, plain: bool
+    ) -> None:
+        batch = self._backend.decoding_count
+        if batch == 0:
             return
         chunk = None
         if ride is not None:
@@ -257,8 +262,8 @@ class BlockPoolBatchEngine:
             if joining is not None:
                 self._fail(joining, join_error, events)
         if ride is None:
-            self.pacer.observe_decode(elapsed)
-            self._step_seconds = elapsed
+            self.pacer.observe_decode(elapsed, batch=batch, plain=plain)
+            self._stepped = True
         else:
             added = elapsed - self.pacer.decode_seconds
             self.pacer.observe_prefill(ride[1], ride[0].prefilled, added, ride=True)
@@ -345,12 +350,13 @@ class BlockPoolBatchEngine:
 
     def _prefill_chunk(self, active: ActiveRequest, n: int, events: list[EngineEvent]) -> None:
         seconds = self._adder.slice_seconds
+        batch = self._backend.decoding_count
         if active.in_flight and seconds is None:  # carries on at a slice's pace while
-            busy = self._backend.decoding_count > 0  # streams decode, else at once
-            seconds = (self.pacer.slice_seconds() if busy else None) or math.inf
-        if seconds is not None:
-            if self._step_seconds is not None and math.isfinite(seconds):
-                seconds = self.pacer.slice_after_step(seconds, self._step_seconds)
+            seconds = (self.pacer.slice_seconds(batch) if batch else None) or math.inf  # streams
+        if seconds is not None:  # decode, else at once
+            if self._stepped and math.isfinite(seconds):
+                elapsed = self._clock() - self._round_started
+                seconds = self.pacer.slice_in_round(seconds, elapsed, batch)
             self._prefill_slice(active, n, seconds, events)
             return
         chunk = active.prompt[active.prefilled : active.prefilled + n]

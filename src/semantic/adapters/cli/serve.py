@@ -118,9 +118,10 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         type=flags.non_negative_float,
         default=None,
         metavar="STEPS",
-        help="a lone waiting prompt too long to ride is computed a few layers at a time, for "
-        "STEPS decode steps' time a round between the streams' steps; 0: it rides in smaller "
-        "chunks instead (default: 2; docs/adr/0009 shows the curve)",
+        help="a lone waiting prompt too long to ride is computed a few layers at a time "
+        "between the streams' decode steps, each round held to 1 + STEPS of their steps as "
+        "they were before it came; 0: it rides in smaller chunks instead (default: 1.9; "
+        "docs/adr/0009 shows the curve)",
     )
     serve.add_argument(
         "--prefill-idle-slice",

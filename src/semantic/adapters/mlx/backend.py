@@ -30,7 +30,7 @@ from semantic.adapters.mlx.kv_blocks import (
     room_to_reserve,
     size_cache,
 )
-from semantic.adapters.mlx.layer_slice import LayerSlice
+from semantic.adapters.mlx.layer_slice import LayerSlice, StepTimes
 from semantic.adapters.mlx.model_parts import BodyAndHead
 from semantic.adapters.mlx.restore_buffers import RestoreBuffers
 from semantic.adapters.mlx.restored_prefix import RestoredPrefix
@@ -84,7 +84,7 @@ class MlxBackend:
         self._split = BodyAndHead.of(model)
         self._fusion = supports_fusion(model)
         self._sequences: dict[str, _Sequence] = {}
-        self._step_seconds: list[float] = []  # a slice's last time for each step of a layer
+        self._step_times = StepTimes()  # a slice's last time for each step of a layer
 
     @property
     def spec(self) -> ModelCacheSpec:
@@ -193,10 +193,10 @@ class MlxBackend:
             caches = self._caches(sequence)
             room = 0 if last else room_to_reserve(caches, sequence.room)
             size = functools.partial(size_cache, room=room, spec=self._spec) if room else None
-            sequence.slice = LayerSlice.start(body, tokens, caches, self._step_seconds, size)
+            sequence.slice = LayerSlice.start(body, tokens, caches, self._step_times, size)
         left = seconds - (time.perf_counter() - started)
         done = sequence.slice.advance(body, sequence.caches, left)
-        self._step_seconds = list(sequence.slice.last_seconds)
+        self._step_times = sequence.slice.times
         if not done:
             return SliceProgress(False)
         hidden, sequence.slice = sequence.slice.hidden, None

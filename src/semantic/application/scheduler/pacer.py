@@ -12,7 +12,10 @@ When exactly one prompt waits beside the streams and the backend can compute a c
 the decode step's own forward pass, the chunk *rides* the step: it adds only its marginal
 cost (no second weight stream), sized by time (``ride_ratio`` decode steps) with its own
 cost model, so late chunks at long contexts shrink and every round stays close to a plain
-decode step. ADR 0009 has the measured curve.
+decode step. A longer lone prompt is sliced between layers instead, each round held to
+``1 + slice_ratio`` of the streams' steps as they were before it came (``anchor``): what a
+stream's reader sees is its pace slowed by that factor, however its own steps grow
+meanwhile. ADR 0009 has the measured curve.
 """
 
 from __future__ import annotations
@@ -83,6 +86,8 @@ class PrefillPacer:
         self.config = config or PacerConfig()
         self._decode_s = 0.1
         self._recent_decodes: deque[float] = deque(maxlen=DECODE_WINDOW)
+        self._plain: deque[float] = deque(maxlen=DECODE_WINDOW)
+        self._plain_batch = 0
         self._fit = _LeastSquares(prior=(0.07, 2e-3, 1.4e-6))
         self._ride_fit = _LeastSquares(prior=(0.005, 2e-3, 0.4e-6))
 
@@ -93,9 +98,43 @@ class PrefillPacer:
         raise the next slices' time by a third, and with it the streams' worst gaps."""
         return self._decode_s
 
-    def observe_decode(self, seconds: float) -> None:
+    def observe_decode(self, seconds: float, *, batch: int = 0, plain: bool = True) -> None:
+        """``plain``: no prompt was prefilled in the step's round. Plain steps of the batch
+        decoding now are the streams' own pace, which a sliced prompt's rounds are held to
+        (``anchor``); any step of another batch size forgets them."""
         self._recent_decodes.append(seconds)
         self._decode_s = statistics.median(self._recent_decodes)
+        if batch != self._plain_batch:
+            self._plain.clear()
+            self._plain_batch = batch
+        if plain:
+            self._plain.append(seconds)
+
+    def anchor(self, batch: int) -> float:
+        """The streams' step before a prompt came beside them: the median of the last plain
+        steps of this batch, else the recent typical step. Rounds were once held to the
+        recent steps, and those grow while a prompt prefills (each stream's context grows
+        by a token a round, and its KV is read every step): the late rounds of a
+        4,000-token prompt were 15-20% longer than the same ratio of the steps before it
+        came, and the streams' worst gaps with them (ADR 0009)."""
+        if self._plain and batch == self._plain_batch:
+            return statistics.median(self._plain)
+        return self._decode_s
+
+    def slice_seconds(self, batch: int = 0) -> float | None:
+        """A slice's time while ``batch`` streams decode; None when slicing is off."""
+        ratio = self.config.slice_ratio
+        return None if ratio is None else ratio * self.anchor(batch)
+
+    def slice_in_round(self, seconds: float, elapsed: float, batch: int) -> float:
+        """What is left of a round for its slice once ``elapsed`` of it has gone (the decode
+        step, planning): a round is held to ``anchor + seconds``, so a slow step takes its
+        overrun out of the slice and a quick one gives the slice what it left. Should the
+        streams' typical step outgrow the anchor by more than half a slice (a prompt long
+        enough to see their contexts grow by thousands), the round grows with it: the
+        prompt keeps at least half its share."""
+        anchor = max(self.anchor(batch), self._decode_s - seconds / 2)
+        return max(0.0, anchor + seconds - elapsed)
 
     def observe_prefill(
         self, tokens: int, position: int, seconds: float, *, ride: bool = False
@@ -103,18 +142,6 @@ class PrefillPacer:
         """``ride``: ``seconds`` is what riding a decode step added to it."""
         fit = self._ride_fit if ride else self._fit
         fit.add((1.0, float(tokens), tokens * (position + tokens / 2)), seconds)
-
-    def slice_seconds(self) -> float | None:
-        """A slice's time while streams decode; None when slicing is off."""
-        ratio = self.config.slice_ratio
-        return None if ratio is None else ratio * self._decode_s
-
-    def slice_after_step(self, seconds: float, step_seconds: float) -> float:
-        """A slice's time once this round's decode step took ``step_seconds``: what the
-        typical step left unused goes to the slice, what it overran comes out of it, so the
-        round (the streams' gap) stays near ``1 + slice_ratio`` typical steps whichever way
-        the step went. The streams' worst gaps are what the ratio bounds."""
-        return max(0.0, seconds + self._decode_s - step_seconds)
 
     def ride_fits(self, tokens: int, position: int) -> bool:
         """Whether riding ``tokens`` is predicted to add at most ``ride_ratio`` steps."""
@@ -135,7 +162,7 @@ class PrefillPacer:
             return RoundBudget(self.config.fixed_tokens, None)
         if decoding == 0:  # slicing an idle round is the adder's call (a long prompt's plan)
             return RoundBudget(self.config.idle_tokens, None)
-        seconds = self.slice_seconds()
+        seconds = self.slice_seconds(decoding)
         if seconds is not None and can_slice and waiting == 1:
             return RoundBudget(self.config.slice_tokens, seconds, sliced=True)
         ratio = self.config.ride_ratio
