@@ -122,6 +122,16 @@ def test_a_slice_gets_what_is_left_of_a_round_of_the_steps_before_the_prompt() -
     assert pacer.slice_seconds(5) == pytest.approx(2 * 0.035)
 
 
+def test_streams_after_an_idle_engine_are_not_held_to_the_pace_of_earlier_ones() -> None:
+    pacer = PrefillPacer(PacerConfig(slice_ratio=2.0))
+    for _ in range(15):
+        pacer.observe_decode(0.020, batch=4)
+    pacer.observe_idle()  # then four other streams, with a long prompt beside them at once
+    for _ in range(15):
+        pacer.observe_decode(0.035, batch=4, plain=False)
+    assert pacer.slice_seconds(4) == pytest.approx(2 * 0.035)
+
+
 def test_streams_that_outgrow_their_pace_leave_a_prompt_half_its_slice() -> None:
     pacer = PrefillPacer(PacerConfig(slice_ratio=2.0))
     for _ in range(15):

@@ -241,6 +241,7 @@ class BlockPoolBatchEngine:
     ) -> None:
         batch = self._backend.decoding_count
         if batch == 0:
+            self.pacer.observe_idle()
             return
         chunk = None
         if ride is not None:
@@ -351,9 +352,11 @@ class BlockPoolBatchEngine:
     def _prefill_chunk(self, active: ActiveRequest, n: int, events: list[EngineEvent]) -> None:
         seconds = self._adder.slice_seconds
         batch = self._backend.decoding_count
-        if active.in_flight and seconds is None:  # carries on at a slice's pace while
-            seconds = (self.pacer.slice_seconds(batch) if batch else None) or math.inf  # streams
-        if seconds is not None:  # decode, else at once
+        if active.in_flight and seconds is None:
+            # a chunk part way through goes on at a slice's pace while streams decode,
+            # else at once
+            seconds = (self.pacer.slice_seconds(batch) if batch else None) or math.inf
+        if seconds is not None:
             if self._stepped and math.isfinite(seconds):
                 elapsed = self._clock() - self._round_started
                 seconds = self.pacer.slice_in_round(seconds, elapsed, batch)

@@ -110,6 +110,12 @@ class PrefillPacer:
         if plain:
             self._plain.append(seconds)
 
+    def observe_idle(self) -> None:
+        """Nothing decodes: streams that come next have a pace of their own to show, even
+        as many as the last ones."""
+        self._plain.clear()
+        self._plain_batch = 0
+
     def anchor(self, batch: int) -> float:
         """The streams' step before a prompt came beside them: the median of the last plain
         steps of this batch, else the recent typical step. Rounds were once held to the
