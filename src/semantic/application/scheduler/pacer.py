@@ -93,9 +93,10 @@ class PrefillPacer:
 
     @property
     def decode_seconds(self) -> float:
-        """The plain decode step's recent typical duration: the median of the last
-        ``DECODE_WINDOW``. A moving average let one slow step (76 ms among 27 ms ones)
-        raise the next slices' time by a third, and with it the streams' worst gaps."""
+        """A decode step's recent typical duration, with or without a prompt beside it
+        (not ridden): the median of the last ``DECODE_WINDOW``. A moving average let one
+        slow step (76 ms among 27 ms ones) raise the next slices' time by a third, and with
+        it the streams' worst gaps."""
         return self._decode_s
 
     def observe_decode(self, seconds: float, *, batch: int = 0, plain: bool = True) -> None:
