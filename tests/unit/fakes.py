@@ -174,7 +174,13 @@ class FakeBackend:
         return SampledToken(self._next(self.sequences[seq_id]), 0.5)
 
     def prefill_slice(
-        self, seq_id: str, tokens: Sequence[int], seconds: float, *, last: bool
+        self,
+        seq_id: str,
+        tokens: Sequence[int],
+        seconds: float,
+        *,
+        last: bool,
+        must_progress: bool = True,
     ) -> SliceProgress:
         calls = self._slice_progress.get(seq_id, 0) + 1
         done = calls >= self.slice_calls or math.isinf(seconds)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -314,10 +315,18 @@ class _TimedBackend(FakeBackend):
         return super().decode_step(ride)
 
     def prefill_slice(
-        self, seq_id: str, tokens: Sequence[int], seconds: float, *, last: bool
+        self,
+        seq_id: str,
+        tokens: Sequence[int],
+        seconds: float,
+        *,
+        last: bool,
+        must_progress: bool = True,
     ) -> SliceProgress:
         self.budgets.append(seconds)
-        return super().prefill_slice(seq_id, tokens, seconds, last=last)
+        return super().prefill_slice(
+            seq_id, tokens, seconds, last=last, must_progress=must_progress
+        )
 
 
 def test_a_sliced_prompts_rounds_are_held_to_the_streams_pace_before_it_came() -> None:
@@ -338,6 +347,64 @@ def test_a_sliced_prompts_rounds_are_held_to_the_streams_pace_before_it_came() -
     # three of the slower ones it sees: 30 - 14 ms is left for each slice
     assert len(backend.budgets) == 30
     assert backend.budgets == pytest.approx([0.016] * 30)
+
+
+@dataclass
+class _SteppedSlices(_TimedBackend):
+    """A chunk is ``chunk_steps`` steps of ``slice_step_s``, run while they fit the time
+    given; ``rounds`` holds each round's slice time, a round starting at its decode step."""
+
+    slice_step_s: float = 0.005
+    chunk_steps: int = 6
+    done_steps: dict[str, int] = field(default_factory=dict)
+    rounds: list[float] = field(default_factory=list)
+
+    def decode_step(self, ride: PromptChunk | None = None) -> StepOutput:
+        self.rounds.append(0.0)
+        return super().decode_step(ride)
+
+    def prefill_slice(
+        self,
+        seq_id: str,
+        tokens: Sequence[int],
+        seconds: float,
+        *,
+        last: bool,
+        must_progress: bool = True,
+    ) -> SliceProgress:
+        self.budgets.append(seconds)
+        done, used = self.done_steps.pop(seq_id, 0), 0.0
+        while done < self.chunk_steps and (
+            used + self.slice_step_s <= seconds + 1e-9 or (must_progress and not used)
+        ):
+            done, used = done + 1, used + self.slice_step_s
+        self.now += used
+        self.rounds[-1] += used
+        if done < self.chunk_steps:
+            self.done_steps[seq_id] = done
+            return SliceProgress(False)
+        return FakeBackend.prefill_slice(self, seq_id, tokens, math.inf, last=last)
+
+
+def test_a_chunk_that_ends_early_hands_the_rest_of_its_round_to_the_next_chunk() -> None:
+    backend = _SteppedSlices()
+    pacer = PacerConfig(idle_tokens=4, slice_ratio=2.0, slice_tokens=4, ride_ratio=None)
+    config = EngineConfig(prefill_chunk_tokens=4, max_context=512, pacer=pacer)
+    engine = BlockPoolBatchEngine(
+        backend, FakeTokenizer(), BlockPool(200), config, clock=lambda: backend.now
+    )
+    engine.submit("stream", [3, 1, 4], max_tokens=200)
+    for _ in range(20):
+        engine.step()
+    late = engine.submit("late", PROMPT * 4, max_tokens=1)
+    while (done := completions(engine.step().events).get(late)) is None:
+        pass
+    sliced = [seconds for seconds in backend.rounds if seconds]
+    # ten chunks of six 5 ms steps in rounds of 20 ms of slice: four steps a round, so 15
+    # rounds, where stopping at each chunk's end took 20; and no round over its 20 ms
+    assert len(sliced) == 15
+    assert max(sliced) == pytest.approx(0.020)
+    assert list(done.token_ids) == cold_tokens(PROMPT * 4, 1)
 
 
 def test_cancelling_a_prompt_in_the_middle_of_a_slice_frees_its_blocks() -> None:

@@ -379,17 +379,41 @@ class BlockPoolBatchEngine:
     def _prefill_slice(
         self, active: ActiveRequest, n: int, seconds: float, events: list[EngineEvent]
     ) -> None:
-        """Some of a chunk's layers; the chunk counts as prefilled once all have it."""
+        """Some of a chunk's layers; the chunk counts as prefilled once all have it. A chunk
+        that ends before the slice's time does goes on into the next chunk, whose first
+        steps may wait for the next round: an ended chunk left ~0.4 s of a 4,000-token
+        prompt's slices unused beside four streams."""
+        deadline = self._clock() + seconds
+        first = True
+        while self._slice_chunk(active, n, seconds, events, first=first):
+            seconds = deadline - self._clock()
+            if not (math.isfinite(seconds) and seconds > 0 and active.remaining_prompt > 0):
+                return
+            n, first = self._adder.next_slice(active), False
+
+    def _slice_chunk(
+        self,
+        active: ActiveRequest,
+        n: int,
+        seconds: float,
+        events: list[EngineEvent],
+        *,
+        first: bool,
+    ) -> bool:
+        """Whether the chunk was finished (and the request still runs)."""
         chunk = active.prompt[active.prefilled : active.prefilled + n]
         last = active.prefilled + n == len(active.prompt)
         try:
-            progress = self._backend.prefill_slice(active.id, chunk, seconds, last=last)
+            progress = self._backend.prefill_slice(
+                active.id, chunk, seconds, last=last, must_progress=first
+            )
         except Exception as error:  # noqa: BLE001 - one failed prompt must not fail the others
             self._fail(active, error, events)
-            return
+            return False
         active.in_flight = 0 if progress.done else n
         if progress.done:
             self._chunk_done(active, n, progress.first_token, events)
+        return progress.done and active.id in self._running
 
     def _chunk_done(
         self, active: ActiveRequest, n: int, first: SampledToken | None, events: list[EngineEvent]

@@ -120,12 +120,19 @@ class ModelBackend(Protocol):
         ...
 
     def prefill_slice(
-        self, seq_id: str, tokens: Sequence[int], seconds: float, *, last: bool
+        self,
+        seq_id: str,
+        tokens: Sequence[int],
+        seconds: float,
+        *,
+        last: bool,
+        must_progress: bool = True,
     ) -> SliceProgress:
-        """Compute ``tokens`` a part of the model at a time (at least one part) while the
-        next part is expected to end within ``seconds``, then stop; called again with the
-        same tokens, continue where it stopped. ``last``: the prompt's final chunk, whose
-        first token is sampled when the chunk is done."""
+        """Compute ``tokens`` a part of the model at a time while the next part is expected
+        to end within ``seconds``, then stop; called again with the same tokens, continue
+        where it stopped. At least one part runs, unless not ``must_progress`` (time left
+        over from another chunk). ``last``: the prompt's final chunk, whose first token is
+        sampled when the chunk is done."""
         ...
 
     def prefill_many_and_sample(

@@ -179,7 +179,13 @@ class MlxBackend:
         return sampled
 
     def prefill_slice(
-        self, seq_id: str, tokens: Sequence[int], seconds: float, *, last: bool
+        self,
+        seq_id: str,
+        tokens: Sequence[int],
+        seconds: float,
+        *,
+        last: bool,
+        must_progress: bool = True,
     ) -> SliceProgress:
         sequence = self._sequences[seq_id]
         if self._split is None:  # no llama body to pause inside: the whole chunk now
@@ -195,7 +201,7 @@ class MlxBackend:
             size = functools.partial(size_cache, room=room, spec=self._spec) if room else None
             sequence.slice = LayerSlice.start(body, tokens, caches, self._step_times, size)
         left = seconds - (time.perf_counter() - started)
-        done = sequence.slice.advance(body, sequence.caches, left)
+        done = sequence.slice.advance(body, sequence.caches, left, must_progress=must_progress)
         self._step_times = sequence.slice.times
         if not done:
             return SliceProgress(False)

@@ -5,10 +5,11 @@ inefficient: every one reads all the weights again, and a ride holds at most 28 
 slice keeps an efficient chunk (256 tokens) and pauses inside the model instead: each round
 runs the streams' decode step, then the chunk's next steps for a set time, and the chunk's
 hidden states wait in memory for the next round. A step is a part of a llama layer (its
-attention over a run of KV heads, or its MLP), so a round can end close to its time:
-attention grows with the context, and for a 256-token chunk at ~4,000 tokens a whole
-attention step took 27-35 ms against the MLP's 9-10; a round whose next step did not fit
-left that much of its time unused. Each KV head's scores are their own product in MLX's
+projections, its attention over a run of KV heads, or one of its MLP's products), so a
+round can end close to its time: attention grows with the context, and for a 256-token
+chunk at ~4,000 tokens a whole attention step took 27-35 ms against the MLP's 9-12; a round
+whose next step did not fit left that much of its time unused. Split so, a layer's steps
+took 4-14 ms at that context. Each KV head's scores are their own product in MLX's
 batched matmul either way, so a step per head gives the whole step's bits. Evaluated layer
 by layer, a 4,043-token prompt in 256-token chunks took 10.3 s here, against 11.0 s
 in whole 512-token passes. ADR 0009 has the measured curve.
@@ -49,9 +50,9 @@ class _Attending:
 @dataclass(slots=True)
 class LayerSlice:
     """A chunk's hidden states between steps, and the masks its layers use. A layer's steps
-    are its attention (with the cache update), or one step per run of KV heads in
-    ``head_runs`` (the first with the projections and the cache update, the last with the
-    output projection), then its MLP. The sums are mlx-lm's ``TransformerBlock`` written
+    are its attention (with the cache update), or the projections and the cache update then
+    one step per run of KV heads in ``head_runs`` (the last with the output projection);
+    then its MLP, whole or in three products. The sums are mlx-lm's ``TransformerBlock`` written
     out, so the bits are a whole layer's."""
 
     hidden: mx.array
@@ -67,8 +68,9 @@ class LayerSlice:
     """Each step of a layer's last time, which predicts the next of its place (the backend
     hands them from one chunk to the next)."""
     split_mlp: bool = False
-    """Whether a layer's MLP is two steps: the gated product, then the down projection."""
+    """Whether a layer's MLP is three steps: the gate, the up and gated product, the down."""
     _attending: _Attending | None = None
+    _gating: tuple[mx.array, mx.array] | None = None
     _gated: mx.array | None = None
 
     @classmethod
@@ -102,11 +104,11 @@ class LayerSlice:
 
     @property
     def attention_steps(self) -> int:
-        return max(1, len(self.head_runs))
+        return 1 + len(self.head_runs)  # the projections, then each run of heads
 
     @property
     def mlp_steps(self) -> int:
-        return 2 if self.split_mlp else 1
+        return 3 if self.split_mlp else 1
 
     @property
     def steps_per_layer(self) -> int:
@@ -118,23 +120,27 @@ class LayerSlice:
         caches: list[Any],
         seconds: float,
         clock: Callable[[], float] = time.perf_counter,
+        *,
+        must_progress: bool = True,
     ) -> bool:
-        """Run steps while the next is expected to end within ``seconds`` (at least one
-        step): a round's time is a ceiling, since the streams' worst gap is what suffers.
-        True once every layer has run, with ``hidden`` then the body's final (normed)
-        output."""
+        """Run steps while the next is expected to end within ``seconds`` (the first one
+        regardless, if ``must_progress``): a round's time is a ceiling, since the streams'
+        worst gap is what suffers. True once every layer has run, with ``hidden`` then the
+        body's final (normed) output."""
         started = clock()
         per_layer = self.steps_per_layer
         steps = per_layer * len(body.layers)
+        ran = not must_progress
         while self.next_step < steps:
+            coming = self.last_seconds[self.next_step % per_layer]
+            if ran and clock() - started + coming > seconds:
+                break
             began = clock()
             layer = self.next_step // per_layer
             self._step(body.layers[layer], caches[layer], self.masks[layer])
             self.last_seconds[self.next_step % per_layer] = clock() - began
             self.next_step += 1
-            coming = self.last_seconds[self.next_step % per_layer]
-            if clock() - started + coming > seconds:
-                break
+            ran = True
         if self.next_step < steps:
             return False
         self.hidden = body.norm(self.hidden)
@@ -154,19 +160,24 @@ class LayerSlice:
             mx.eval(self.hidden, cache.keys, cache.values)
 
     def _mlp_step(self, mlp: Any, norm: Any, part: int) -> None:
-        """mlx-lm's MLP, whole or in its two products: the gated one (gate and up, two
-        thirds of the work), then the down projection. The ops are the MLP's own, so the
-        bits are too; a step of ~3 and one of ~6 ms, where the whole MLP's ~9 ms often did
-        not fit what was left of a round."""
+        """mlx-lm's MLP, whole or in its three products: the gate, the up projection with
+        the gated product, then the down projection. The ops are the MLP's own, so the bits
+        are too; steps of ~3-5 ms, where the whole MLP's ~9-12 ms (or its gate and up
+        together, ~10) often did not fit what was left of a round."""
         if not self.split_mlp:
             self.hidden = self.hidden + mlp(norm(self.hidden))
             mx.eval(self.hidden)
         elif part == 0:
             normed = norm(self.hidden)
-            self._gated = swiglu(mlp.gate_proj(normed), mlp.up_proj(normed))
+            self._gating = (normed, mlp.gate_proj(normed))
+            mx.eval(self._gating)
+        elif part == 1:
+            assert self._gating is not None  # the MLP's first step made it
+            normed, gate = self._gating
+            self._gating, self._gated = None, swiglu(gate, mlp.up_proj(normed))
             mx.eval(self._gated)
         else:
-            assert self._gated is not None  # the MLP's first step made it
+            assert self._gated is not None  # the MLP's second step made it
             self.hidden = self.hidden + mlp.down_proj(self._gated)
             self._gated = None
             mx.eval(self.hidden)
@@ -179,9 +190,10 @@ class LayerSlice:
             queries, keys, values = attention.heads(projected, (batch, length), cache)
             mx.eval(queries, cache.keys, cache.values)
             self._attending = _Attending(queries, keys, values)
+            return
         state = self._attending
         assert state is not None  # the layer's first attention step made it
-        heads = self.head_runs[part]
+        heads = self.head_runs[part - 1]
         group = state.queries.shape[1] // state.keys.shape[1]
         pending = PendingAttention.start(
             state.queries[:, heads.start * group : heads.stop * group],
@@ -192,7 +204,7 @@ class LayerSlice:
         )
         mx.eval(pending.needed)
         state.mixed.append(pending.finish())
-        if part < len(self.head_runs) - 1:
+        if part < len(self.head_runs):
             mx.eval(state.mixed[-1])
             return
         self._attending = None

@@ -197,8 +197,7 @@ class PrefillAdder:
         out: Plan = []
         position, end = request.prefilled, len(request.prompt)
         while position < end and not left.exhausted:
-            boundary = (position // self._chunk + 1) * self._chunk
-            n = min(boundary - position, end - position, left.tokens)
+            n = self._chunk_at(position, end, left.tokens)
             if left.seconds is not None and not left.sliced:
                 paced = self._pacer.tokens_within(left.seconds, position, ride=left.ride)
                 config = self._pacer.config
@@ -211,6 +210,18 @@ class PrefillAdder:
             if left.ride or left.sliced:
                 left.tokens = 0  # the round's one chunk
         return out
+
+    def next_slice(self, request: ActiveRequest) -> int:
+        """The chunk a sliced prompt takes next, as its next sliced round would plan it: a
+        round whose chunk ended early goes on with it in the time it has left."""
+        end = len(request.prompt)
+        return self._chunk_at(request.prefilled, end, self._pacer.config.slice_tokens)
+
+    def _chunk_at(self, position: int, end: int, limit: int) -> int:
+        """Tokens from ``position`` up to the next chunk boundary, the prompt's end or
+        ``limit``: the boundaries depend on the prompt alone, so its KV's bits do too."""
+        boundary = (position // self._chunk + 1) * self._chunk
+        return min(boundary - position, end - position, limit)
 
     def _still_needs(self, request: ActiveRequest, held: int) -> int:
         """Blocks ``request`` may still claim, up to its prompt plus its max tokens."""
