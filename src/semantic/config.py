@@ -54,10 +54,11 @@ class Settings:
     """A lone waiting prompt's chunk rides the decode step when that is predicted to add
     at most this many decode steps' time (with slicing off, every chunk rides, sized so);
     None: passes of its own (ADR 0009 has the trade-off)."""
-    prefill_slice_ratio: float | None = 1.9
+    prefill_slice_ratio: float | None = 1.8
     """A lone waiting prompt too long to ride is computed a few layers at a time between the
-    streams' decode steps, each round held to 1 + this many of their steps as they were
-    before it came; None: it rides in smaller chunks (ADR 0009)."""
+    streams' decode steps (beside them, on a core of its own while their step's body runs),
+    each round held to 1 + this many of their steps as they were before it came; None: it
+    rides in smaller chunks (ADR 0009, 0015)."""
     prefill_idle_slice_s: float | None = 0.25
     """With nothing decoding, a lone prompt is computed a few layers at a time for this
     many seconds a round, so a request arriving meanwhile is admitted within about that

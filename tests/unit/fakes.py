@@ -141,6 +141,13 @@ class FakeBackend:
     slices: list[tuple[str, int, bool]] = field(default_factory=list)
     """(sequence, chunk tokens, done) for each ``prefill_slice`` call."""
     _slice_progress: dict[str, int] = field(default_factory=dict)
+    side_by_side: bool = False
+    """Whether a sliced round's decode step may be begun beside its slice."""
+    fail_beside: bool = False
+    """A step begun beside a slice fails as it ends."""
+    beside: list[StepOutput] = field(default_factory=list)
+    """The output of each step begun beside a slice, in order."""
+    _begun: StepOutput | None = None
     reading_restored: set[str] = field(default_factory=set)
     """Sequences that still read their restored blocks in place (the MLX backend's first
     pass over a returning agent's blocks)."""
@@ -234,6 +241,21 @@ class FakeBackend:
             else:
                 self.prefill(ride.seq_id, ride.tokens)
         return StepOutput(tokens, first, failed)
+
+    def begin_decode_step(self) -> bool:
+        if not self.side_by_side or self._begun is not None:
+            return False
+        self._begun = self.decode_step()  # the work is done at once; only its report waits
+        return True
+
+    def end_decode_step(self) -> StepOutput:
+        output, self._begun = self._begun, None
+        if output is None:
+            raise RuntimeError("no decode step was begun beside a slice")
+        if self.fail_beside:
+            raise RuntimeError("the step beside the slice failed on purpose")
+        self.beside.append(output)
+        return output
 
     def _failed_joins(self) -> dict[str, Exception]:
         """Like the MLX decode batch: a joining sequence whose cache fails to build leaves

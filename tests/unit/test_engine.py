@@ -407,6 +407,62 @@ def test_a_chunk_that_ends_early_hands_the_rest_of_its_round_to_the_next_chunk()
     assert list(done.token_ids) == cold_tokens(PROMPT * 4, 1)
 
 
+def test_a_sliced_rounds_decode_step_runs_beside_its_slice_and_changes_no_token() -> None:
+    def run(side_by_side: bool) -> tuple[dict[str, Any], FakeBackend]:
+        engine, backend = sliced_engine()
+        backend.side_by_side = side_by_side
+        stream = engine.submit("stream", [3, 1, 4], max_tokens=40)
+        engine.step()
+        late = engine.submit("late", [5, 9, 2, 7, 11, 3, 8, 1, 4, 6, 2, 9], max_tokens=3)
+        done = completions(run_until_idle(engine))
+        return {"stream": done[stream].token_ids, "late": done[late].token_ids}, backend
+
+    beside, backend = run(side_by_side=True)
+    apart, _ = run(side_by_side=False)
+    assert beside == apart
+    # the late prompt's rounds ran the stream's step beside their slices, and after the
+    # stream's first step (which only feeds its first token) each made it a token
+    assert len(backend.beside) >= 7
+    assert [len(output.tokens) for output in backend.beside[1:]] == [1] * (len(backend.beside) - 1)
+
+
+def test_a_step_that_fails_beside_a_slice_fails_the_streams_not_the_prompt() -> None:
+    engine, backend = sliced_engine()
+    stream = engine.submit("stream", [3, 1, 4], max_tokens=40)
+    engine.step()
+    engine.step()
+    backend.side_by_side = backend.fail_beside = True
+    late = engine.submit("late", [5, 9, 2, 7, 11, 3, 8, 1], max_tokens=3)
+    done = completions(run_until_idle(engine))
+    assert done[stream].finish_reason is FinishReason.ERROR
+    assert "failed on purpose" in (done[stream].error or "")
+    assert list(done[late].token_ids) == cold_tokens([5, 9, 2, 7, 11, 3, 8, 1], 3)
+
+
+def test_a_step_beside_a_slice_leaves_the_slice_the_whole_round_and_the_pace_alone() -> None:
+    backend = _SteppedSlices(side_by_side=True)
+    pacer = PacerConfig(idle_tokens=4, slice_ratio=2.0, slice_tokens=4, ride_ratio=None)
+    config = EngineConfig(prefill_chunk_tokens=4, max_context=512, pacer=pacer)
+    engine = BlockPoolBatchEngine(
+        backend, FakeTokenizer(), BlockPool(200), config, clock=lambda: backend.now
+    )
+    engine.submit("stream", [3, 1, 4], max_tokens=200)
+    for _ in range(20):  # 10 ms steps
+        engine.step()
+    backend.step_s = 0.0  # begun beside the slice, the step takes none of this thread's time
+    late = engine.submit("late", PROMPT * 4, max_tokens=1)
+    while late not in completions(engine.step().events):
+        pass
+    sliced = [seconds for seconds in backend.rounds if seconds]
+    # rounds of three 10 ms steps, all of them slice: 300 ms of steps in ten rounds, where
+    # a step before each slice left it 20 ms, and 15 rounds
+    assert sliced == pytest.approx([0.030] * 10)
+    assert len(backend.beside) == 10
+    # nor does a step begun beside a slice (begin to end: the whole round) teach the pacer
+    assert engine.pacer.decode_seconds == pytest.approx(0.010)
+    assert engine.pacer.anchor(1) == pytest.approx(0.010)
+
+
 def test_cancelling_a_prompt_in_the_middle_of_a_slice_frees_its_blocks() -> None:
     engine, backend = sliced_engine()
     stream = engine.submit("stream", [3, 1, 4], max_tokens=40)

@@ -43,7 +43,7 @@ from semantic.domain.generation import (
     SamplingParams,
 )
 from semantic.domain.tokens import common_prefix, reusable_prefix
-from semantic.ports.model_backend import ModelBackend, PromptChunk, SampledToken
+from semantic.ports.model_backend import ModelBackend, PromptChunk, SampledToken, StepOutput
 from semantic.ports.tokenizer import Tokenizer
 
 
@@ -102,7 +102,10 @@ class BlockPoolBatchEngine:
         self._failed_admissions: list[tuple[ActiveRequest, Exception]] = []
         self._round_started = 0.0
         self._stepped = False
-        """Whether this round ran a plain decode step: its slice has what is left of it."""
+        """Whether this round's decode step ran (or was begun beside its slice): its slice
+        has what is left of the round."""
+        self._beside: list[ActiveRequest] = []
+        """The requests a decode step begun beside the slice is stepping."""
         self.pacer = PrefillPacer(self._config.pacer)
         self._adder = PrefillAdder(
             self._queue,
@@ -202,8 +205,14 @@ class BlockPoolBatchEngine:
         self._apply_cancellations(events)
         plan = self._plan()
         ride = plan.pop() if self._adder.rides else None
-        self._decode(events, ride, plain=not plan and ride is None)
-        self._prefill(plan, events)
+        beside = ride is None and self._begin_decode_beside_slice(events)
+        if not beside:
+            self._decode(events, ride, plain=not plan and ride is None)
+        try:
+            self._prefill(plan, events)
+        finally:
+            if beside:
+                self._end_decode_beside_slice(events)
         prefilling = sum(1 for r in self._running.values() if r.phase is Phase.PREFILLING)
         return StepResult(events, self._backend.decoding_count, prefilling, len(self._queue))
 
@@ -252,28 +261,69 @@ class BlockPoolBatchEngine:
         try:
             output = self._backend.decode_step(chunk)
         except Exception as error:  # noqa: BLE001 - a failed step fails its requests, not the server
-            for active in [r for r in self._running.values() if r.phase is Phase.DECODING]:
-                self._fail(active, error, events)
+            self._fail_decoding(error, events)
             if ride is not None:
                 self._fail(ride[0], error, events)
             return
         elapsed = self._clock() - started
-        for seq_id, join_error in output.failed.items():
-            joining = self._running.get(seq_id)
-            if joining is not None:
-                self._fail(joining, join_error, events)
         if ride is None:
             self.pacer.observe_decode(elapsed, batch=batch, plain=plain)
             self._stepped = True
         else:
             added = elapsed - self.pacer.decode_seconds
             self.pacer.observe_prefill(ride[1], ride[0].prefilled, added, ride=True)
+        self._take_output(output, events)
+        if ride is not None:
+            self._chunk_done(ride[0], ride[1], output.first_token, events)
+
+    def _begin_decode_beside_slice(self, events: list[EngineEvent]) -> bool:
+        """Whether this round's decode step is taken care of: begun beside its slice (the
+        backend runs it on another core while the slice goes on), or failed trying. Its
+        time is not the streams' pace, so the pacer does not see it; the slice has the
+        whole round."""
+        if self._adder.slice_seconds is None or not self._backend.decoding_count:
+            return False
+        stepping = self._decoding()
+        try:
+            begun = self._backend.begin_decode_step()
+        except Exception as error:  # noqa: BLE001 - a failed step fails its requests, not the server
+            self._fail_decoding(error, events)
+            return False
+        self._stepped, self._beside = begun, stepping
+        return begun
+
+    def _end_decode_beside_slice(self, events: list[EngineEvent]) -> None:
+        """The step's tokens; should it fail, it fails the requests it was stepping (not a
+        prompt that got its first token beside it)."""
+        try:
+            output = self._backend.end_decode_step()
+        except Exception as error:  # noqa: BLE001 - a failed step fails its requests, not the server
+            self._fail_decoding(error, events, self._beside)
+            return
+        self._take_output(output, events)
+
+    def _decoding(self) -> list[ActiveRequest]:
+        return [r for r in self._running.values() if r.phase is Phase.DECODING]
+
+    def _fail_decoding(
+        self,
+        error: Exception,
+        events: list[EngineEvent],
+        stepping: list[ActiveRequest] | None = None,
+    ) -> None:
+        for active in self._decoding() if stepping is None else stepping:
+            if active.id in self._running:
+                self._fail(active, error, events)
+
+    def _take_output(self, output: StepOutput, events: list[EngineEvent]) -> None:
+        for seq_id, join_error in output.failed.items():
+            joining = self._running.get(seq_id)
+            if joining is not None:
+                self._fail(joining, join_error, events)
         for token in output.tokens:
             owner = self._running.get(token.seq_id)
             if owner is not None:
                 self._accept_token(owner, token.token, token.top_prob, events)
-        if ride is not None:
-            self._chunk_done(ride[0], ride[1], output.first_token, events)
 
     def _prefill(self, plan: Plan, events: list[EngineEvent]) -> None:
         whole = [

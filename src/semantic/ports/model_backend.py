@@ -159,6 +159,16 @@ class ModelBackend(Protocol):
         ``ride_capacity()`` tokens) is prefilled in the same forward pass."""
         ...
 
+    def begin_decode_step(self) -> bool:
+        """Begin the decode step to run beside the prompt slices that follow in this round
+        (on another core, where the backend can); ``end_decode_step`` then gives its
+        output. False: nothing begun, call ``decode_step`` instead."""
+        ...
+
+    def end_decode_step(self) -> StepOutput:
+        """The output of the step ``begin_decode_step`` began, once it is done."""
+        ...
+
     @property
     def can_slice(self) -> bool:
         """Whether ``prefill_slice`` can stop inside the model (else it runs whole chunks)."""

@@ -119,9 +119,9 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         default=None,
         metavar="STEPS",
         help="a lone waiting prompt too long to ride is computed a few layers at a time "
-        "between the streams' decode steps, each round held to 1 + STEPS of their steps as "
-        "they were before it came; 0: it rides in smaller chunks instead (default: 1.9; "
-        "docs/adr/0009 shows the curve)",
+        "between and beside the streams' decode steps, each round held to 1 + STEPS of their "
+        "steps as they were before it came; 0: it rides in smaller chunks instead (default: "
+        "1.8; docs/adr/0009 shows the curve)",
     )
     serve.add_argument(
         "--prefill-idle-slice",

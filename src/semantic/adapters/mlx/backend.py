@@ -19,7 +19,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 
-from semantic.adapters.mlx.decode_batch import Caches, DecodeBatch
+from semantic.adapters.mlx.decode_batch import Caches, DecodeBatch, PendingStep
 from semantic.adapters.mlx.fused_pass import MAX_ROWS, Group, supports_fusion
 from semantic.adapters.mlx.host_pass import HostPass
 from semantic.adapters.mlx.kv_blocks import (
@@ -35,11 +35,13 @@ from semantic.adapters.mlx.model_parts import BodyAndHead
 from semantic.adapters.mlx.restore_buffers import RestoreBuffers
 from semantic.adapters.mlx.restored_prefix import RestoredPrefix
 from semantic.adapters.mlx.sampling import Sampler, log_softmax, make_sampler, top_prob
+from semantic.adapters.mlx.side_by_side import side_by_side
 from semantic.domain.blocks import AgentBlocks
 from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.errors import InvalidRequestError
 from semantic.domain.generation import SamplingParams
 from semantic.ports.model_backend import (
+    DecodedToken,
     ExportedKV,
     PromptChunk,
     SampledToken,
@@ -85,6 +87,9 @@ class MlxBackend:
         self._fusion = supports_fusion(model)
         self._sequences: dict[str, _Sequence] = {}
         self._step_times = StepTimes()  # a slice's last time for each step of a layer
+        self._side = side_by_side() if self._host is not None else None
+        self._beside: PendingStep | None = None  # a step begun beside a slice
+        self._beside_outcome: StepOutput | Exception | None = None
 
     @property
     def spec(self) -> ModelCacheSpec:
@@ -201,7 +206,9 @@ class MlxBackend:
             size = functools.partial(size_cache, room=room, spec=self._spec) if room else None
             sequence.slice = LayerSlice.start(body, tokens, caches, self._step_times, size)
         left = seconds - (time.perf_counter() - started)
-        done = sequence.slice.advance(body, sequence.caches, left, must_progress=must_progress)
+        done = sequence.slice.advance(
+            body, sequence.caches, left, must_progress=must_progress, between=self._catch_up
+        )
         self._step_times = sequence.slice.times
         if not done:
             return SliceProgress(False)
@@ -284,14 +291,53 @@ class MlxBackend:
                 self._caches(riding)  # a pass on MLX needs the prefix copied in first
             group = Group(mx.array([list(ride.tokens)]), riding.caches, riding.prefix)
         produced, ridden = self._decoder.step(group)
+        first = self._finish_ride(ride, group, ridden) if ride is not None else None
+        return self._step_output(produced, first)
+
+    def _step_output(
+        self, produced: list[DecodedToken], first: SampledToken | None = None
+    ) -> StepOutput:
         for token in produced:
             if token.finished:
                 caches = self._decoder.take_finished(token.seq_id)
                 if caches is not None and token.seq_id in self._sequences:
                     self._sequences[token.seq_id].caches = caches
-        failed = self._decoder.take_failed()
-        first = self._finish_ride(ride, group, ridden) if ride is not None else None
-        return StepOutput(produced, first, failed)
+        return StepOutput(produced, first, self._decoder.take_failed())
+
+    def begin_decode_step(self) -> bool:
+        if self._side is None or self._beside is not None:
+            return False
+        pending = self._decoder.begin_step()
+        if pending is None:
+            return False
+        self._side.start(pending.body.run)
+        self._beside = pending
+        return True
+
+    def end_decode_step(self) -> StepOutput:
+        self._catch_up(wait=True)
+        outcome, self._beside_outcome = self._beside_outcome, None
+        if isinstance(outcome, Exception):
+            raise outcome
+        if outcome is None:
+            raise RuntimeError("no decode step was begun beside a slice")
+        return outcome
+
+    def _catch_up(self, *, wait: bool = False) -> bool:
+        """Finish a step begun beside a slice (its head and sampling, here) once its body
+        is done, or at once with ``wait``; called between the slice's steps. Whether the
+        body still runs, and the products with it one thread each."""
+        if self._beside is None or self._side is None:
+            return False
+        if not wait and not self._side.done():
+            return True
+        pending, self._beside = self._beside, None
+        try:
+            self._side.wait()
+            self._beside_outcome = self._step_output(self._decoder.finish_step(pending))
+        except Exception as error:  # noqa: BLE001 - end_decode_step raises it, for the streams
+            self._beside_outcome = error
+        return False
 
     def _finish_ride(
         self, ride: PromptChunk, group: Group | None, ridden: mx.array | None

@@ -20,13 +20,22 @@ import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from semantic.adapters.mlx.fused_pass import Group, fused_hidden
-from semantic.adapters.mlx.host_pass import HostPass
+from semantic.adapters.mlx.host_pass import HostPass, PreparedPass
 from semantic.adapters.mlx.model_parts import BodyAndHead
 from semantic.adapters.mlx.sampling import Sampler, top_prob
 from semantic.ports.model_backend import DecodedToken
 
 Caches = list[Any] | Callable[[], list[Any]]
 """A sequence's per-layer caches (mlx-lm leaves them untyped), or what builds them."""
+
+
+@dataclass(frozen=True, slots=True)
+class PendingStep:
+    """A step begun by ``DecodeBatch.begin_step``: its body, and the tokens it feeds."""
+
+    body: PreparedPass
+    fed: mx.array
+    fed_tops: mx.array
 
 
 @dataclass(slots=True)
@@ -132,6 +141,30 @@ class DecodeBatch:
             return [], None
         fed, fed_tops = self._inputs, self._tops
         logits, ridden = self._forward(Group(fed[:, None], self._caches), ride)
+        return self._sampled(logits, fed, fed_tops), ridden
+
+    def begin_step(self) -> PendingStep | None:
+        """A step whose body is to run elsewhere (``PendingStep.body.run``, on another
+        thread while this one slices a prompt); ``finish_step`` after it ran. None: no rows,
+        or a body the host pass cannot take, and nothing started (``step`` then)."""
+        self._admit_joining()
+        if not self._rows or self._inputs is None or self._tops is None or self._host is None:
+            return None
+        if self._parts is None:
+            return None
+        fed, fed_tops = self._inputs, self._tops
+        body = self._host.prepare([Group(fed[:, None], self._caches)])
+        return None if body is None else PendingStep(body, fed, fed_tops)
+
+    def finish_step(self, pending: PendingStep) -> list[DecodedToken]:
+        assert self._parts is not None  # begin_step started none without
+        hidden = pending.body.finish()[0]
+        logits = self._parts.head(hidden)[:, -1, :]
+        return self._sampled(logits, pending.fed, pending.fed_tops)
+
+    def _sampled(self, logits: mx.array, fed: mx.array, fed_tops: mx.array) -> list[DecodedToken]:
+        """The tokens ``fed`` to this step, reported; the next ones sampled from
+        ``logits`` (evaluated in the background while the caller goes on)."""
         self._inputs = self._sample(logits)
         self._tops = self._top_probs(logits)
         mx.async_eval(self._inputs, self._tops)  # type: ignore[no-untyped-call]  # mlx: unannotated
@@ -153,7 +186,7 @@ class DecodeBatch:
         for index in done:
             self._finished[self._rows[index].seq_id] = self._extract(index)
         self._drop(done)
-        return out, ridden
+        return out
 
     def _forward(self, mine: Group, ride: Group | None) -> tuple[mx.array, mx.array | None]:
         """The batch's next-token logits, and the ride's final hidden states (lazily)."""

@@ -110,6 +110,16 @@ class HostPass:
         """Each group's final hidden states ``(batch, length, dim)``, after the model's
         last norm, with the groups' caches advanced; None (nothing done) when the pass is
         too big or a cache is not one this pass writes."""
+        pass_ = self.prepare(groups)
+        if pass_ is None:
+            return None
+        pass_.run()
+        return pass_.finish()
+
+    def prepare(self, groups: Sequence[Group]) -> PreparedPass | None:
+        """Everything a pass needs from MLX, done on this thread: ``run`` then touches no
+        MLX object, so another thread may run it while this one goes on with MLX work on
+        other arrays."""
         rows = sum(g.tokens.shape[0] * g.tokens.shape[1] for g in groups)
         if rows > MAX_ROWS or not all(_plain_caches(g.caches) for g in groups):
             return None
@@ -121,19 +131,10 @@ class HostPass:
         plans = [self._make_room(g) for g in groups]
         described = [self._describe(g, plan) for g, plan in zip(groups, plans, strict=True)]
         structs = (_Group * len(groups))(*(d[0] for d in described))
-        model = ctypes.byref(self._weights.struct)
-        status = self._function(model, len(groups), structs, rows, x.ctypes.data)
-        del described  # the buffers' views and pointer arrays lived through the call
-        if status != 0:
-            raise MemoryError("the host pass could not allocate its scratch memory")
-        out, start = [], 0
-        for group in groups:
-            batch, length = group.tokens.shape
-            _advance(group.caches, length)
-            part = x[start : start + batch * length].reshape(batch, length, self._hidden)
-            out.append(mx.array(part))
-            start += batch * length
-        return out
+        call = functools.partial(
+            self._function, ctypes.byref(self._weights.struct), len(groups), structs, rows
+        )
+        return PreparedPass(call, x, list(groups), self._hidden, [structs, described])
 
     def _make_room(self, group: Group) -> _Plan:
         """Room for the group's new rows in every layer's buffers, as writable memory."""
@@ -191,6 +192,40 @@ class HostPass:
             *_prefix_fields(group.prefix),
         )
         return described, [keys, values, key_pointers, value_pointers]
+
+
+@dataclass(slots=True)
+class PreparedPass:
+    """A host pass between ``HostPass.prepare`` and ``finish``."""
+
+    _call: Any
+    _x: np.ndarray
+    _groups: list[Group]
+    _hidden: int
+    _held: list[Any]
+    """The buffers' views and pointer arrays the C side reads: they live through the call."""
+    _status: int | None = None
+
+    def run(self) -> None:
+        """The C pass (the GIL is released for it): the caches' buffers get the new keys
+        and values, ``x`` becomes the final hidden states."""
+        self._status = self._call(self._x.ctypes.data)
+
+    def finish(self) -> list[mx.array]:
+        """Each group's hidden states; the caches advanced as their own update would."""
+        self._held.clear()
+        if self._status is None:
+            raise RuntimeError("a host pass was finished before it ran")
+        if self._status != 0:
+            raise MemoryError("the host pass could not allocate its scratch memory")
+        out, start = [], 0
+        for group in self._groups:
+            batch, length = group.tokens.shape
+            _advance(group.caches, length)
+            part = self._x[start : start + batch * length].reshape(batch, length, self._hidden)
+            out.append(mx.array(part))
+            start += batch * length
+        return out
 
 
 def _prefix_fields(prefix: RestoredPrefix | None) -> tuple[int, int, int | None]:

@@ -295,11 +295,18 @@ void semantic_set_helper_cpu(int cpu) {
     apply_helper_cpu();
 }
 
+/* Whether callers may use the helper: off while two threads of work run side by side
+ * (a decode step beside a prompt's slice), each then on a core of its own. */
+static atomic_int helper_enabled = 1;
+
+void semantic_set_helper_enabled(int enabled) { atomic_store(&helper_enabled, enabled); }
+
 /* Units [0, total) in chunks on the calling thread and the helper, if the helper is free
  * (MLX may call from more than one stream thread); otherwise on the calling thread alone. */
 static void share(work_fn work, const void *context, int total, int chunk) {
     pthread_once(&helper.once, start_helper);
-    if (!helper.running || atomic_flag_test_and_set(&helper.busy)) {
+    if (!atomic_load_explicit(&helper_enabled, memory_order_relaxed) || !helper.running ||
+        atomic_flag_test_and_set(&helper.busy)) {
         work(context, 0, total);
         return;
     }
@@ -343,6 +350,7 @@ void semantic_parallel_for(work_fn work, const void *context, int total, int chu
 #else
 #define HAVE_KERNELS 0
 void semantic_set_helper_cpu(int cpu) { (void)cpu; } /* no helper without the kernels */
+void semantic_set_helper_enabled(int enabled) { (void)enabled; }
 #endif
 
 /* Python reads this to say which products run here. */
