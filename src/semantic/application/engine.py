@@ -277,10 +277,10 @@ class BlockPoolBatchEngine:
             self._chunk_done(ride[0], ride[1], output.first_token, events)
 
     def _begin_decode_beside_slice(self, events: list[EngineEvent]) -> bool:
-        """Whether this round's decode step is taken care of: begun beside its slice (the
-        backend runs it on another core while the slice goes on), or failed trying. Its
-        time is not the streams' pace, so the pacer does not see it; the slice has the
-        whole round."""
+        """Whether this round's decode step was begun beside its slice (the backend runs it
+        on another core while the slice goes on). Its time is not the streams' pace, so
+        the pacer does not see it; the slice has the whole round. Should beginning it
+        fail, the requests it would step fail, and the round goes on without them."""
         if self._adder.slice_seconds is None or not self._backend.decoding_count:
             return False
         stepping = self._decoding()
@@ -295,10 +295,11 @@ class BlockPoolBatchEngine:
     def _end_decode_beside_slice(self, events: list[EngineEvent]) -> None:
         """The step's tokens; should it fail, it fails the requests it was stepping (not a
         prompt that got its first token beside it)."""
+        stepping, self._beside = self._beside, []
         try:
             output = self._backend.end_decode_step()
         except Exception as error:  # noqa: BLE001 - a failed step fails its requests, not the server
-            self._fail_decoding(error, events, self._beside)
+            self._fail_decoding(error, events, stepping)
             return
         self._take_output(output, events)
 
