@@ -329,14 +329,20 @@ class _TimedBackend(FakeBackend):
         )
 
 
-def test_a_sliced_prompts_rounds_are_held_to_the_streams_pace_before_it_came() -> None:
-    backend = _TimedBackend()
+def _paced_engine(backend: _TimedBackend) -> BlockPoolBatchEngine:
+    """An engine on ``backend``'s clock, sliced at 2 steps a round, with one stream."""
     pacer = PacerConfig(idle_tokens=4, slice_ratio=2.0, slice_tokens=4, ride_ratio=None)
     config = EngineConfig(prefill_chunk_tokens=4, max_context=512, pacer=pacer)
     engine = BlockPoolBatchEngine(
         backend, FakeTokenizer(), BlockPool(200), config, clock=lambda: backend.now
     )
     engine.submit("stream", [3, 1, 4], max_tokens=200)
+    return engine
+
+
+def test_a_sliced_prompts_rounds_are_held_to_the_streams_pace_before_it_came() -> None:
+    backend = _TimedBackend()
+    engine = _paced_engine(backend)
     for _ in range(20):  # 10 ms steps, nothing beside them
         engine.step()
     backend.step_s = 0.014  # beside the prompt the streams' steps run slower
@@ -388,12 +394,7 @@ class _SteppedSlices(_TimedBackend):
 
 def test_a_chunk_that_ends_early_hands_the_rest_of_its_round_to_the_next_chunk() -> None:
     backend = _SteppedSlices()
-    pacer = PacerConfig(idle_tokens=4, slice_ratio=2.0, slice_tokens=4, ride_ratio=None)
-    config = EngineConfig(prefill_chunk_tokens=4, max_context=512, pacer=pacer)
-    engine = BlockPoolBatchEngine(
-        backend, FakeTokenizer(), BlockPool(200), config, clock=lambda: backend.now
-    )
-    engine.submit("stream", [3, 1, 4], max_tokens=200)
+    engine = _paced_engine(backend)
     for _ in range(20):
         engine.step()
     late = engine.submit("late", PROMPT * 4, max_tokens=1)
@@ -441,12 +442,7 @@ def test_a_step_that_fails_beside_a_slice_fails_the_streams_not_the_prompt() -> 
 
 def test_a_step_beside_a_slice_leaves_the_slice_the_whole_round_and_the_pace_alone() -> None:
     backend = _SteppedSlices(side_by_side=True)
-    pacer = PacerConfig(idle_tokens=4, slice_ratio=2.0, slice_tokens=4, ride_ratio=None)
-    config = EngineConfig(prefill_chunk_tokens=4, max_context=512, pacer=pacer)
-    engine = BlockPoolBatchEngine(
-        backend, FakeTokenizer(), BlockPool(200), config, clock=lambda: backend.now
-    )
-    engine.submit("stream", [3, 1, 4], max_tokens=200)
+    engine = _paced_engine(backend)
     for _ in range(20):  # 10 ms steps
         engine.step()
     backend.step_s = 0.0  # begun beside the slice, the step takes none of this thread's time
