@@ -350,7 +350,7 @@ def test_a_prompt_sliced_between_layers_gets_what_it_gets_in_whole_passes(
     assert any(paused)  # some chunks stopped between layers and went on in later rounds
     # where this machine has OpenBLAS and our kernels, the stream's steps ran beside the
     # slices (a core each): neither side's tokens changed
-    assert any(beside) == (backend._side is not None)  # noqa: SLF001 - whether it can
+    assert any(beside) == (backend._beside is not None)  # noqa: SLF001 - whether it can
     assert done[late].token_ids == alone
     assert done[stream].token_ids == stream_alone
 

@@ -19,7 +19,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 
-from semantic.adapters.mlx.decode_batch import Caches, DecodeBatch, PendingStep
+from semantic.adapters.mlx.decode_batch import Caches, DecodeBatch
 from semantic.adapters.mlx.fused_pass import MAX_ROWS, Group, supports_fusion
 from semantic.adapters.mlx.host_pass import HostPass
 from semantic.adapters.mlx.kv_blocks import (
@@ -35,7 +35,7 @@ from semantic.adapters.mlx.model_parts import BodyAndHead
 from semantic.adapters.mlx.restore_buffers import RestoreBuffers
 from semantic.adapters.mlx.restored_prefix import RestoredPrefix
 from semantic.adapters.mlx.sampling import Sampler, log_softmax, make_sampler, top_prob
-from semantic.adapters.mlx.side_by_side import side_by_side
+from semantic.adapters.mlx.side_by_side import step_beside_slice
 from semantic.domain.blocks import AgentBlocks
 from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.errors import InvalidRequestError
@@ -87,9 +87,7 @@ class MlxBackend:
         self._fusion = supports_fusion(model)
         self._sequences: dict[str, _Sequence] = {}
         self._step_times = StepTimes()  # a slice's last time for each step of a layer
-        self._side = side_by_side() if self._host is not None else None
-        self._beside: PendingStep | None = None  # a step begun beside a slice
-        self._beside_outcome: StepOutput | Exception | None = None
+        self._beside = step_beside_slice(self._decoder, self._step_output) if self._host else None
 
     @property
     def spec(self) -> ModelCacheSpec:
@@ -305,39 +303,16 @@ class MlxBackend:
         return StepOutput(produced, first, self._decoder.take_failed())
 
     def begin_decode_step(self) -> bool:
-        if self._side is None or self._beside is not None:
-            return False
-        pending = self._decoder.begin_step()
-        if pending is None:
-            return False
-        self._side.start(pending.body.run)
-        self._beside = pending
-        return True
+        return self._beside is not None and self._beside.begin()
 
     def end_decode_step(self) -> StepOutput:
-        self._catch_up(wait=True)
-        outcome, self._beside_outcome = self._beside_outcome, None
-        if isinstance(outcome, Exception):
-            raise outcome
-        if outcome is None:
+        if self._beside is None:
             raise RuntimeError("no decode step was begun beside a slice")
-        return outcome
+        return self._beside.end()
 
-    def _catch_up(self, *, wait: bool = False) -> bool:
-        """Finish a step begun beside a slice (its head and sampling, here) once its body
-        is done, or at once with ``wait``; called between the slice's steps. Whether the
-        body still runs, and the products with it one thread each."""
-        if self._beside is None or self._side is None:
-            return False
-        if not wait and not self._side.done():
-            return True
-        pending, self._beside = self._beside, None
-        try:
-            self._side.wait()
-            self._beside_outcome = self._step_output(self._decoder.finish_step(pending))
-        except Exception as error:  # noqa: BLE001 - end_decode_step raises it, for the streams
-            self._beside_outcome = error
-        return False
+    def _catch_up(self) -> bool:
+        """Between a slice's steps: whether a step begun beside it still runs its body."""
+        return self._beside is not None and self._beside.catch_up()
 
     def _finish_ride(
         self, ride: PromptChunk, group: Group | None, ridden: mx.array | None

@@ -16,15 +16,19 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from semantic.adapters.mlx.blas import ComputeThreads, compute_threads
+from semantic.adapters.mlx.decode_batch import DecodeBatch, PendingStep
+from semantic.ports.model_backend import DecodedToken, StepOutput
 
 SIDE_BY_SIDE_ENV = "SEMANTIC_SIDE_BY_SIDE"
 """``0``: a round's decode step runs before its slice, both on every core."""
 
 
-def side_by_side() -> SideBySide | None:
+def step_beside_slice(
+    decoder: DecodeBatch, report: Callable[[list[DecodedToken]], StepOutput]
+) -> StepBesideSlice | None:
     """None where the products' threads cannot be switched (or ``SEMANTIC_SIDE_BY_SIDE=0``)."""
     threads = compute_threads() if os.environ.get(SIDE_BY_SIDE_ENV) != "0" else None
-    return None if threads is None else SideBySide(threads)
+    return None if threads is None else StepBesideSlice(decoder, SideBySide(threads), report)
 
 
 class SideBySide:
@@ -61,3 +65,55 @@ class SideBySide:
             running.result()
         finally:
             self._threads.restore()
+
+
+class StepBesideSlice:
+    """A decode batch's step begun beside a slice: ``begin``, then ``catch_up`` between
+    the slice's steps (the head and sampling run here once the body is done), then
+    ``end``. ``report`` turns the step's tokens into the backend's output."""
+
+    def __init__(
+        self,
+        decoder: DecodeBatch,
+        side: SideBySide,
+        report: Callable[[list[DecodedToken]], StepOutput],
+    ) -> None:
+        self._decoder = decoder
+        self._side = side
+        self._report = report
+        self._pending: PendingStep | None = None
+        self._outcome: StepOutput | Exception | None = None
+
+    def begin(self) -> bool:
+        if self._pending is not None:
+            return False
+        pending = self._decoder.begin_step()
+        if pending is None:
+            return False
+        self._side.start(pending.body.run)
+        self._pending = pending
+        return True
+
+    def catch_up(self, *, wait: bool = False) -> bool:
+        """Finish the step once its body is done, or at once with ``wait``. Whether the
+        body still runs, and the products with it one thread each."""
+        if self._pending is None:
+            return False
+        if not wait and not self._side.done():
+            return True
+        pending, self._pending = self._pending, None
+        try:
+            self._side.wait()
+            self._outcome = self._report(self._decoder.finish_step(pending))
+        except Exception as error:  # noqa: BLE001 - end raises it, for the streams
+            self._outcome = error
+        return False
+
+    def end(self) -> StepOutput:
+        self.catch_up(wait=True)
+        outcome, self._outcome = self._outcome, None
+        if isinstance(outcome, Exception):
+            raise outcome
+        if outcome is None:
+            raise RuntimeError("no decode step was begun beside a slice")
+        return outcome
