@@ -47,11 +47,6 @@ class SideBySide:
         self._threads.one_each()
         self._running = self._worker.submit(work)
 
-    @property
-    def busy(self) -> bool:
-        """Whether work runs beside this thread (the products are still one thread each)."""
-        return self._running is not None
-
     def done(self) -> bool:
         return self._running is None or self._running.done()
 
