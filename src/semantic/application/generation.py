@@ -17,6 +17,7 @@ from semantic.application.cache.store import AgentCacheStore
 from semantic.application.engine import NO_ROOM_FAILURE
 from semantic.application.engine_loop import SHUTDOWN_FAILURE, AsyncEventStream, EngineLoop
 from semantic.application.events import CompletionEvent, TokenEvent
+from semantic.domain.constraints import OutputConstraint
 from semantic.domain.errors import (
     InvalidRequestError,
     NoRoomCameError,
@@ -47,6 +48,8 @@ class GenerationInput:
     sampling: SamplingParams = GREEDY
     stop: tuple[str, ...] = ()
     priority: Priority = Priority.NORMAL
+    constraint: OutputConstraint | None = None
+    """What the reply must look like (JSON of a schema, tool calls); None leaves it free."""
 
 
 @dataclass(frozen=True, slots=True)
