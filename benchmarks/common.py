@@ -11,7 +11,8 @@ from typing import Any, TypeVar
 
 import httpx
 
-import semantic.adapters.mlx  # noqa: F401 - OpenBLAS before MLX
+import benchmarks  # noqa: F401 - readies the process (OpenBLAS) before MLX loads
+from benchmarks.machine import print_machine
 from semantic.adapters.cli.progress import ProgressPrinter
 from semantic.adapters.mlx.backend import MlxBackend
 from semantic.adapters.mlx.blas import report_blas
@@ -45,8 +46,8 @@ class Bench:
 
 
 def load_bench(settings: Settings | None = None) -> Bench:
-    status = report_blas()
-    print(f"BLAS: {status.name}" + (" + our small-product kernels" if status.small_kernels else ""))
+    report_blas()
+    print_machine()
     path, model_id = prepare_model(settings or Settings(), ProgressPrinter())
     loaded = load_model(path, model_id)
     bench = Bench(loaded, MlxTokenizer(loaded.tokenizer), spec_from_model(loaded.model))

@@ -9,12 +9,12 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from semantic.adapters.mlx import attention, host_pass, jit
 from semantic.adapters.mlx.backend import MlxBackend
-from semantic.adapters.mlx.blas import report_blas
+from semantic.adapters.mlx.blas import preload_fast_blas, report_blas
 from semantic.adapters.mlx.fingerprint import model_fingerprint
 from semantic.adapters.mlx.gguf import WeightFormat
 from semantic.adapters.mlx.host_codec import MlxHostCodec, storage_format
@@ -80,6 +80,8 @@ class Services:
     agents: AgentService
     data_dir: Path
     """The held data directory (``data_dir_lock``), given back when the services stop."""
+    runtime: dict[str, str] = field(default_factory=dict)
+    """What the model runs on (BLAS and its core, kernels), served by ``/v1/models/{id}``."""
 
 
 def weight_format(settings: Settings) -> WeightFormat:
@@ -208,8 +210,19 @@ async def _start_services(
         pool.capacity * spec.block_bytes >> 20,
         settings.data_dir,
     )
+    runtime = {"blas": preload_fast_blas().describe(), "kernels": kernel}
     return Services(
-        loaded.model_id, tokenizer, spec, pool, loop, cache, metadata, generation, agents, data_dir
+        loaded.model_id,
+        tokenizer,
+        spec,
+        pool,
+        loop,
+        cache,
+        metadata,
+        generation,
+        agents,
+        data_dir,
+        runtime,
     )
 
 

@@ -53,6 +53,8 @@ def test_openai_chat_answers_without_and_with_streaming(server: ServerProcess) -
 def test_openai_completions_and_models(server: ServerProcess) -> None:
     client = oai(server)
     assert [m.id for m in client.models.list().data] == ["smollm2-135m-instruct"]
+    runtime = (client.models.retrieve("smollm2-135m-instruct").model_extra or {})["runtime"]
+    assert "core " in runtime["blas"] or not runtime["blas"].startswith("OpenBLAS")
     done = client.completions.create(
         model="default", prompt="The capital of France is", max_tokens=4, temperature=0
     )

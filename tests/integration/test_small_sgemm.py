@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-import semantic.adapters.mlx  # noqa: F401 - OpenBLAS and the shim before MLX
 from semantic.adapters.mlx.blas import PIN_ENV, blas_in_use
 
 import mlx.core as mx  # isort: skip
@@ -138,5 +137,5 @@ def test_importing_mlx_first_is_named_as_the_cause_of_a_slow_blas() -> None:
     assert done.returncode == 0, done.stderr
     if done.stdout.strip() == "True":
         pytest.skip("MLX found a fast BLAS on its own here")
-    assert "Import semantic before mlx.core" in done.stderr
+    assert "prepare_process() before importing mlx.core" in done.stderr
     assert "Install OpenBLAS" not in done.stderr

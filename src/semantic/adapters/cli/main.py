@@ -31,6 +31,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
     )
     try:
+        _prepare_process()
         return int(args.handler(args))
     except SemanticError as error:
         print(f"error: {error}", file=sys.stderr)
@@ -41,6 +42,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _prepare_process() -> None:
+    """The one step that readies this process for MLX (BLAS, malloc, JIT), before any
+    command imports it: importing semantic's modules changes nothing by itself."""
+    from semantic.adapters.mlx.process import prepare_process
+
+    prepare_process()
 
 
 def settings_from(args: argparse.Namespace, **overrides: object) -> Settings:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol
 
 from semantic.application.agents import AgentService
@@ -31,6 +32,8 @@ class Services(Protocol):
     def pool(self) -> BlockPool: ...
     @property
     def spec(self) -> ModelCacheSpec: ...
+    @property
+    def runtime(self) -> Mapping[str, str]: ...
 
 
 class ServerState:
