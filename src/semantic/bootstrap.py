@@ -15,6 +15,7 @@ from pathlib import Path
 from semantic.adapters.mlx import attention, host_pass, jit
 from semantic.adapters.mlx.backend import MlxBackend
 from semantic.adapters.mlx.blas import preload_fast_blas, report_blas
+from semantic.adapters.mlx.devices import device_name, on_cpu, use_device
 from semantic.adapters.mlx.fingerprint import model_fingerprint
 from semantic.adapters.mlx.gguf import WeightFormat
 from semantic.adapters.mlx.host_codec import MlxHostCodec, storage_format
@@ -157,6 +158,8 @@ async def _start_services(
         kernel += f"+{jit.NAME}"
     if host_pass.supported(loaded.model):
         kernel += f"+{host_pass.NAME}"
+    if not on_cpu():  # another device's KV differs in its last bits: never mixed with the CPU's
+        kernel = f"{device_name()}+{kernel}"
     storage = storage_format(settings.kv_at_rest)
     fingerprint = await asyncio.to_thread(model_fingerprint, loaded.path, spec, storage, kernel)
     pool = BlockPool.from_budget(spec, settings.kv_budget_bytes)
@@ -210,7 +213,7 @@ async def _start_services(
         pool.capacity * spec.block_bytes >> 20,
         settings.data_dir,
     )
-    runtime = {"blas": preload_fast_blas().describe(), "kernels": kernel}
+    runtime = {"device": device_name(), "blas": preload_fast_blas().describe(), "kernels": kernel}
     return Services(
         loaded.model_id,
         tokenizer,
@@ -239,6 +242,7 @@ def _load(
     settings: Settings, progress: Progress
 ) -> tuple[LoadedModel, MlxTokenizer, ModelCacheSpec]:
     report_blas()
+    log.info("device: %s", use_device(settings.device))
     path, model_id = prepare_model(settings, progress)
     loaded = load_model(path, model_id)
     tokenizer = MlxTokenizer(loaded.tokenizer, _max_context(loaded))

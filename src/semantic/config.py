@@ -39,6 +39,9 @@ class Settings:
     model_cache_dir: Path = field(default_factory=default_model_cache_dir)
     model: str = DEFAULT_MODEL
     weights: str = "auto"
+    device: str = "auto"
+    """MLX device for the model: ``auto`` (MLX's default, a GPU where it has one), ``cpu``,
+    ``gpu``."""
     kv_budget_bytes: int = 2 << 30
     prefault_bytes: int = 1 << 30
     """Heap touched once at start so the first restores after a restart do not page-fault."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -50,6 +51,13 @@ def _prepare_process() -> None:
     from semantic.adapters.mlx.process import prepare_process
 
     prepare_process()
+    try:
+        import mlx.core  # noqa: F401 - only to say clearly when MLX has no backend here
+    except ImportError as error:
+        raise SemanticError(
+            f"MLX cannot load its backend ({error}). On Linux install it with the package: "
+            'pip install "semantic[cpu]" (or "semantic[cuda]" on an NVIDIA GPU machine)'
+        ) from None
 
 
 def settings_from(args: argparse.Namespace, **overrides: object) -> Settings:
@@ -60,6 +68,8 @@ def settings_from(args: argparse.Namespace, **overrides: object) -> Settings:
         values["model_cache_dir"] = args.model_cache
     if getattr(args, "weights", None):
         values["weights"] = args.weights
+    if device := getattr(args, "device", None) or os.environ.get("SEMANTIC_DEVICE"):
+        values["device"] = device
     values.update(overrides)
     return Settings(**values)  # type: ignore[arg-type]  # argparse values are untyped by nature
 
@@ -86,6 +96,13 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="weight format of the embedded model (auto: float32 on a Linux "
         "CPU, 4-bit on Apple silicon)",
+    )
+    common.add_argument(
+        "--device",
+        choices=("auto", "cpu", "gpu"),
+        default=None,
+        help="MLX device for the model (auto: a GPU where MLX has one; default: "
+        "$SEMANTIC_DEVICE or auto)",
     )
     common.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     common.add_argument("--log-info", action="store_true", help="info logging")
