@@ -11,8 +11,10 @@ import gc
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from semantic.adapters.mlx import attention, host_pass, jit
+from semantic.adapters.mlx.accelerations import accelerations
 from semantic.adapters.mlx.backend import MlxBackend
 from semantic.adapters.mlx.blas import preload_fast_blas, report_blas
 from semantic.adapters.mlx.devices import device_name, on_cpu, use_device
@@ -81,7 +83,7 @@ class Services:
     agents: AgentService
     data_dir: Path
     """The held data directory (``data_dir_lock``), given back when the services stop."""
-    runtime: dict[str, str] = field(default_factory=dict)
+    runtime: dict[str, Any] = field(default_factory=dict)
     """What the model runs on (BLAS and its core, kernels), served by ``/v1/models/{id}``."""
 
 
@@ -213,7 +215,7 @@ async def _start_services(
         pool.capacity * spec.block_bytes >> 20,
         settings.data_dir,
     )
-    runtime = {"device": device_name(), "blas": preload_fast_blas().describe(), "kernels": kernel}
+    runtime = _runtime(loaded, kernel)
     return Services(
         loaded.model_id,
         tokenizer,
@@ -227,6 +229,20 @@ async def _start_services(
         data_dir,
         runtime,
     )
+
+
+def _runtime(loaded: LoadedModel, kernel: str) -> dict[str, Any]:
+    """What the model runs on, logged once and served by ``/v1/models/{id}``."""
+    blas = preload_fast_blas()
+    found = accelerations(loaded.model, blas)
+    for acceleration in found:
+        log.info("acceleration %s: %s", acceleration.name, acceleration.describe())
+    return {
+        "device": device_name(),
+        "blas": blas.describe(),
+        "kernels": kernel,
+        "accelerations": {a.name: a.describe() for a in found},
+    }
 
 
 async def stop_services(services: Services, grace_s: float) -> None:

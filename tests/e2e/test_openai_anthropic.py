@@ -55,6 +55,10 @@ def test_openai_completions_and_models(server: ServerProcess) -> None:
     assert [m.id for m in client.models.list().data] == ["smollm2-135m-instruct"]
     runtime = (client.models.retrieve("smollm2-135m-instruct").model_extra or {})["runtime"]
     assert "core " in runtime["blas"] or not runtime["blas"].startswith("OpenBLAS")
+    assert runtime["device"] == "cpu"
+    said = runtime["accelerations"]
+    assert said["host softmax attention (ADR 0008)"] == "on"
+    assert all(value == "on" or value.startswith("off: ") for value in said.values())
     done = client.completions.create(
         model="default", prompt="The capital of France is", max_tokens=4, temperature=0
     )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
 from semantic.application.agents import AgentService
 from semantic.application.cache.store import AgentCacheStore
@@ -33,7 +33,7 @@ class Services(Protocol):
     @property
     def spec(self) -> ModelCacheSpec: ...
     @property
-    def runtime(self) -> Mapping[str, str]: ...
+    def runtime(self) -> Mapping[str, Any]: ...
 
 
 class ServerState:
