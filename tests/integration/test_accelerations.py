@@ -4,6 +4,7 @@ one that is off says why."""
 from __future__ import annotations
 
 import mlx.core as mx
+from mlx import nn
 from mlx_lm.models import gemma3_text, llama
 
 from semantic.adapters.mlx import host_pass
@@ -68,9 +69,7 @@ def test_a_quantized_llama_says_the_host_pass_reads_float32_only() -> None:
         head_dim=64,
     )
     model = llama.Model(args)
-    from mlx import nn
-
-    nn.quantize(model, group_size=64, bits=4)
+    nn.quantize(model, group_size=64, bits=4)  # type: ignore[attr-defined]  # mlx.nn's stubs omit it
     assert install(model)
     why = _by_name(model)["host pass for small passes (ADR 0013)"] or ""
     if blas_in_use().small_kernels:
