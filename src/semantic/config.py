@@ -78,6 +78,11 @@ class Settings:
     """Web origins whose pages may call the server from a browser ("*": any); none by
     default, so a page on another site cannot drive a local server through its user's
     browser."""
+    allowed_hosts: tuple[str, ...] = ()
+    """Host names a request's ``Host`` may give besides loopback names, addresses and the
+    bound host: a name the server is reached by, else 421 (a DNS rebinding page's name)."""
+    api_keys_file: Path | None = None
+    """Hashed API keys, each bound to a namespace or to all (``semantic keys add``)."""
     grace_s: float = 30.0
     max_body_bytes: int = 4 << 20
 

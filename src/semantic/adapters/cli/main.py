@@ -1,4 +1,4 @@
-"""The ``semantic`` command line: ``model pull``, ``generate``, ``serve``.
+"""The ``semantic`` command line: ``model pull``, ``generate``, ``serve``, ``keys``.
 
 The benchmarks run from a checkout: ``python -m benchmarks`` (``--help`` lists them)."""
 
@@ -75,7 +75,7 @@ def settings_from(args: argparse.Namespace, **overrides: object) -> Settings:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from semantic.adapters.cli import commands, serve
+    from semantic.adapters.cli import commands, keys, serve
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -116,6 +116,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     commands.register(sub, common)
     serve.register(sub, common)
+    keys.register(sub)
     return parser
 
 

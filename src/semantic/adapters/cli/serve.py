@@ -12,17 +12,23 @@ import socket
 import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from types import FrameType
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from semantic.adapters.cli import flags
 from semantic.adapters.cli.progress import ProgressPrinter
 from semantic.config import default_data_dir
 from semantic.domain.errors import SemanticError
 
+if TYPE_CHECKING:
+    from semantic.adapters.http.keys import KeyRing
+    from semantic.config import Settings
+
 log = logging.getLogger(__name__)
 
 PREFAULT_MB = 1024
+ALLOWED_HOSTS_ENV = "SEMANTIC_ALLOWED_HOSTS"
 LAST_EVENTS_S = 10
 """How long after ``--grace`` uvicorn still waits for streams to carry their last event."""
 
@@ -42,7 +48,27 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         type=flags.non_empty,
         default=None,
         help="require this key (Authorization: Bearer, or x-api-key) on every "
-        "route but /health; default: $SEMANTIC_API_KEY, else none",
+        "route but /health, an admin key: any namespace; default: $SEMANTIC_API_KEY (which "
+        "keeps it out of the process list), else none",
+    )
+    serve.add_argument(
+        "--api-keys-file",
+        type=flags.path,
+        default=None,
+        metavar="PATH",
+        help="API keys, hashed, each bound to a namespace (`semantic keys add NAMESPACE "
+        "--file PATH` makes one); a key works in its namespace only (default: "
+        "$SEMANTIC_API_KEYS_FILE, else none)",
+    )
+    serve.add_argument(
+        "--allowed-host",
+        type=flags.non_empty,
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a host name clients reach the server by, besides loopback names, IP addresses "
+        "and --host; other Host headers get 421 (DNS rebinding); repeatable; '*': any "
+        "(default: $SEMANTIC_ALLOWED_HOSTS, comma-separated, else none)",
     )
     serve.add_argument(
         "--cors-origin",
@@ -157,7 +183,6 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 def run_server(args: argparse.Namespace) -> int:
     from semantic.adapters.cli.main import settings_from
-    from semantic.adapters.storage.data_dir_lock import acquire_data_directory
 
     prefault_mb = args.prefault_mb if args.prefault_mb is not None else PREFAULT_MB
     overrides: dict[str, object] = {
@@ -165,6 +190,8 @@ def run_server(args: argparse.Namespace) -> int:
         "port": args.port,
         "api_key": args.api_key or os.environ.get("SEMANTIC_API_KEY") or None,
         "cors_origins": tuple(args.cors_origin),
+        "allowed_hosts": _allowed_hosts(args.allowed_host),
+        "api_keys_file": args.api_keys_file or _env_path("SEMANTIC_API_KEYS_FILE"),
         "kv_budget_bytes": args.kv_budget_mb << 20,
         "prefault_bytes": min(prefault_mb, args.kv_budget_mb) << 20,
         "kv_at_rest": args.kv_at_rest,
@@ -187,7 +214,7 @@ def run_server(args: argparse.Namespace) -> int:
     # server holds (its pid is the better message when both use the same port); a port in
     # use. The hold and the sockets last as long as this process; the model loads after.
     addresses = _resolve(settings.host, settings.port)
-    acquire_data_directory(settings.data_dir)
+    keys = _keys_and_data_directory(settings)
     sockets = _listen(addresses, settings.host, settings.port)
     log.info("listening on http://%s:%d", settings.host, settings.port)
 
@@ -223,6 +250,8 @@ def run_server(args: argparse.Namespace) -> int:
         api_key=settings.api_key,
         max_body_bytes=settings.max_body_bytes,
         cors_origins=settings.cors_origins,
+        keys=keys,
+        allowed_hosts=(settings.host, *settings.allowed_hosts),
     )
     config = uvicorn.Config(
         app,
@@ -251,6 +280,30 @@ def run_server(args: argparse.Namespace) -> int:
         print(f"error: startup failed: {type(error).__name__}: {error}", file=sys.stderr)
         _exit(1)
     return 0
+
+
+def _keys_and_data_directory(settings: Settings) -> KeyRing:
+    """The keys (a bad keys file is said before anything is created), then the data
+    directory, private from here on, held by this process."""
+    from semantic.adapters.cli.privacy import keep_private
+    from semantic.adapters.http.keys import keyring
+    from semantic.adapters.storage.data_dir_lock import acquire_data_directory
+
+    keys = keyring(settings.api_key, settings.api_keys_file)
+    keep_private(settings.data_dir)
+    acquire_data_directory(settings.data_dir)
+    return keys
+
+
+def _allowed_hosts(given: list[str]) -> tuple[str, ...]:
+    """``--allowed-host`` names, else ``$SEMANTIC_ALLOWED_HOSTS``'s."""
+    listed = given or os.environ.get(ALLOWED_HOSTS_ENV, "").split(",")
+    return tuple(name.strip() for name in listed if name.strip())
+
+
+def _env_path(name: str) -> Path | None:
+    value = os.environ.get(name)
+    return Path(value).expanduser() if value else None
 
 
 def _draining_server(config: Any, drain: Callable[[], None]) -> Any:
