@@ -61,7 +61,8 @@ def obstacle(model: Any) -> str | None:
         return None
     if mx.default_device() != mx.cpu:
         return "the model runs on a GPU"
-    if (kind := getattr(model, "model_type", None)) != "llama":
+    if not isinstance(model, llama.Model):
+        kind = getattr(model, "model_type", None)
         return f"model type {kind}: the host softmax replaces mlx-lm's llama attention only"
     kinds = {type(layer.self_attn).__name__ for layer in model.model.layers}
     if kinds != {llama.Attention.__name__}:
