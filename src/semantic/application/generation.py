@@ -152,6 +152,7 @@ class GenerationService:
                     stop=request.stop,
                     priority=request.priority,
                     namespace=request.namespace,
+                    constraint=request.constraint,
                 )
         finally:
             if prefix is not None and self._cache is not None:

@@ -51,22 +51,30 @@ class LlguidanceGrammar:
 
 class LlguidanceCompiler:
     """``tokenizer_json``: the model's ``tokenizers`` JSON (byte-level BPE); its
-    ``vocab_size`` ids, of which ``end_ids`` end a turn (the model's stop tokens). Building
-    llguidance's token trie costs about 160 ms, once, here."""
+    ``vocab_size`` ids, of which ``end_ids`` end a turn (the model's stop tokens).
+    llguidance's token trie is built at the first compile (about 160 ms, once), not at
+    start: most runs of the server never constrain anything."""
 
-    def __init__(
-        self, tokenizer_json: str, vocab_size: int, end_ids: Iterable[int]
-    ) -> None:
-        ends = sorted(end_ids)
-        self._tokenizer = llguidance.LLTokenizer(
-            tokenizer_json, n_vocab=vocab_size, eos_token=ends
-        )
+    def __init__(self, tokenizer_json: str, vocab_size: int, end_ids: Iterable[int]) -> None:
+        self._json = tokenizer_json
+        self._vocab_size = vocab_size
+        self._ends = sorted(end_ids)
         mask = bytearray((vocab_size + 31) // 32 * 4)
-        for token in ends:
+        for token in self._ends:
             mask[token // 8] |= 1 << (token % 8)
         self._end_only = bytes(mask)
+        self._tokenizer: llguidance.LLTokenizer | None = None
         self._cache: OrderedDict[tuple[object, ...], LlguidanceGrammar] = OrderedDict()
         self._lock = threading.Lock()
+
+    def prepare(self) -> llguidance.LLTokenizer:
+        """The token trie, built now if it was not yet."""
+        with self._lock:
+            if self._tokenizer is None:
+                self._tokenizer = llguidance.LLTokenizer(
+                    self._json, n_vocab=self._vocab_size, eos_token=self._ends
+                )
+            return self._tokenizer
 
     def compile(self, constraint: OutputConstraint) -> LlguidanceGrammar:
         key = constraint.cache_key
@@ -82,7 +90,7 @@ class LlguidanceCompiler:
         return grammar
 
     def _compiled(self, constraint: OutputConstraint) -> llguidance.LLMatcher:
-        matcher = llguidance.LLMatcher(self._tokenizer, lark_for(constraint), log_level=0)
+        matcher = llguidance.LLMatcher(self.prepare(), lark_for(constraint), log_level=0)
         if matcher.is_error():
             raise _refusal(matcher.get_error(), constraint)
         return matcher
