@@ -23,9 +23,13 @@ _UNIMPLEMENTED = re.compile(r"Unimplemented keys: (\[[^\]]*\])")
 
 
 class LlguidanceMatcher:
+    """llguidance's own ``is_stopped`` means "only the end token may follow" (its mask
+    then holds just that); this matcher is done once the end token was accepted."""
+
     def __init__(self, matcher: llguidance.LLMatcher, end_only: bytes) -> None:
         self._matcher = matcher
         self._end_only = end_only
+        self._ended = False
 
     def allowed(self) -> bytes:
         if self._matcher.is_error():  # a refused token: end the turn rather than go on
@@ -33,11 +37,13 @@ class LlguidanceMatcher:
         return self._matcher.compute_bitmask()
 
     def accept(self, token: int) -> bool:
+        byte = token // 8
+        self._ended = byte < len(self._end_only) and bool(self._end_only[byte] >> (token % 8) & 1)
         return self._matcher.consume_token(token)
 
     @property
     def done(self) -> bool:
-        return self._matcher.is_stopped() or self._matcher.is_error()
+        return self._ended
 
 
 class LlguidanceGrammar:
