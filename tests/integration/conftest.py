@@ -17,10 +17,10 @@ from semantic.adapters.mlx.restore_buffers import RestoreBuffers
 from semantic.adapters.mlx.tokenizer import MlxTokenizer
 from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
 from semantic.bootstrap import grammar_compiler, prepare_model
-from semantic.ports.grammar import GrammarCompiler
 from semantic.config import Settings
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.cache_spec import ModelCacheSpec
+from semantic.ports.grammar import GrammarCompiler
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import jsonschema
 import pytest
 
 from semantic.application.engine import BlockPoolBatchEngine
+from semantic.application.events import CompletionEvent
 from semantic.domain.chat import ChatMessage
 from semantic.domain.constraints import OutputConstraint, TaggedSchema
 from semantic.domain.generation import FinishReason, SamplingParams
@@ -70,7 +71,7 @@ def calls(*, require_call: bool) -> OutputConstraint:
 
 def run_all(
     engine: BlockPoolBatchEngine, requests: list[tuple[list[int], dict[str, object]]]
-) -> list[object]:
+) -> list[CompletionEvent]:
     ids = [engine.submit(f"agent-{i}", p, **kw) for i, (p, kw) in enumerate(requests)]  # type: ignore[arg-type]  # test passthrough
     done = completions(run_until_idle(engine))
     return [done[rid] for rid in ids]
@@ -95,8 +96,8 @@ def test_json_schema_output_validates_in_20_of_20_varied_prompts(
         for i, subject in enumerate(SUBJECTS)
     ]
     for done in run_all(engine, requests):
-        assert done.finish_reason is FinishReason.END_OF_TURN, done.text  # type: ignore[attr-defined]  # CompletionEvent
-        jsonschema.validate(json.loads(done.text), PERSON)  # type: ignore[attr-defined]  # CompletionEvent
+        assert done.finish_reason is FinishReason.END_OF_TURN, done.text
+        jsonschema.validate(json.loads(done.text), PERSON)
 
 
 def test_a_required_call_comes_in_its_format_with_arguments_of_its_schema(
@@ -109,8 +110,8 @@ def test_a_required_call_comes_in_its_format_with_arguments_of_its_schema(
         for text in prompts
     ]
     for done in run_all(engine, requests):
-        text = done.text  # type: ignore[attr-defined]  # CompletionEvent
-        assert done.finish_reason is FinishReason.END_OF_TURN, text  # type: ignore[attr-defined]  # CompletionEvent
+        text = done.text
+        assert done.finish_reason is FinishReason.END_OF_TURN, text
         assert text.startswith(f'{TRIGGER}{{"name": "')
         assert text.endswith("}</tool_call>")
         call = json.loads(text[len(TRIGGER) : -len("</tool_call>")])
@@ -147,6 +148,6 @@ def test_free_sequences_beside_constrained_ones_decode_exactly_as_alone(
             (story, {"max_tokens": 24, "sampling": seeded}),
         ],
     )
-    assert [d.token_ids for d in (together[1], together[3])] == [a.token_ids for a in alone]  # type: ignore[attr-defined]  # CompletionEvent
-    jsonschema.validate(json.loads(together[0].text), PERSON)  # type: ignore[attr-defined]  # CompletionEvent
-    assert together[2].finish_reason is FinishReason.MAX_TOKENS  # type: ignore[attr-defined]  # CompletionEvent
+    assert [d.token_ids for d in (together[1], together[3])] == [a.token_ids for a in alone]
+    jsonschema.validate(json.loads(together[0].text), PERSON)
+    assert together[2].finish_reason is FinishReason.MAX_TOKENS
