@@ -19,7 +19,7 @@ import time
 import mlx.core as mx
 
 from benchmarks.common import Bench, load_bench, median, timed
-from semantic.adapters.grammar.llguidance_grammar import LlguidanceCompiler
+from semantic.adapters.grammar.llguidance_grammar import LlguidanceCompiler, LlguidanceMatcher
 from semantic.adapters.mlx.backend import MlxBackend
 from semantic.adapters.mlx.token_mask import masked
 from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
@@ -105,20 +105,23 @@ def mask_costs(bench: Bench, compiler: LlguidanceCompiler) -> None:
     the same logits without them. Less noisy than whole steps on a shared machine."""
     opening = bench.tokenizer.encode('{"title": "The river", "story": "Once upon')
     for n in STREAMS:
-        logits = mx.random.normal((n, bench.tokenizer.vocab_size))
-        mx.eval(logits)
         matchers = []
         for _ in range(n):
             matcher = compiler.compile(STORY).matcher()
             for token in opening:
                 matcher.accept(token)
             matchers.append(matcher)
-        free, held = [], []
-        for _ in range(30):
-            free.append(timed(lambda: mx.eval(mx.argmax(logits, axis=-1)))[1])
-            held.append(timed(lambda: mx.eval(mx.argmax(masked(logits, matchers), axis=-1)))[1])
-        extra = (median(held) - median(free)) * 1e3
+        extra = _mask_ms(mx.random.normal((n, bench.tokenizer.vocab_size)), matchers)
         print(f"{n:>2} constrained rows: masks add {extra:.2f} ms to a step")
+
+
+def _mask_ms(logits: mx.array, matchers: list[LlguidanceMatcher]) -> float:
+    mx.eval(logits)
+    free, held = [], []
+    for _ in range(30):
+        free.append(timed(lambda: mx.eval(mx.argmax(logits, axis=-1)))[1])
+        held.append(timed(lambda: mx.eval(mx.argmax(masked(logits, matchers), axis=-1)))[1])
+    return (median(held) - median(free)) * 1e3
 
 
 def tools(n: int) -> OutputConstraint:
