@@ -7,7 +7,9 @@ from __future__ import annotations
 import pytest
 
 from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
+from semantic.application.engine_loop import EngineLoop
 from semantic.application.events import TokenEvent
+from semantic.application.generation import GenerationInput, GenerationService, Limits
 from semantic.application.scheduler.pacer import PacerConfig
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.constraints import OutputConstraint, UnsupportedSchemaError
@@ -90,3 +92,22 @@ def test_without_a_grammar_engine_a_constraint_is_refused() -> None:
     engine, _ = make_engine(None)
     with pytest.raises(InvalidRequestError, match="constrained decoding"):
         engine.submit("a", PROMPT, max_tokens=5, constraint=CONSTRAINT)
+
+
+async def test_the_use_case_refuses_a_schema_before_queueing_and_completes_a_valid_one() -> None:
+    engine, _ = make_engine(FakeGrammars())
+    loop = EngineLoop(engine)
+    loop.start()
+    try:
+        service = GenerationService(loop, None, Limits(512, 256, 16))
+        refused = OutputConstraint(json_schema='{"not": {}}')
+        with pytest.raises(UnsupportedSchemaError):
+            await service.start(GenerationInput(tuple(PROMPT), max_tokens=9, constraint=refused))
+        assert not loop.active_requests
+        reply = await service.complete(
+            GenerationInput(tuple(PROMPT), max_tokens=9, constraint=CONSTRAINT)
+        )
+    finally:
+        loop.stop()
+    assert reply.finish_reason is FinishReason.END_OF_TURN
+    assert reply.text == FakeTokenizer().decode(LITERAL)

@@ -164,7 +164,7 @@ class BlockPoolBatchEngine:
             constraint,
         )
         validate_request(request, self._spec, self._pool, self._tokenizer, self._config.max_context)
-        grammar = self._compile(constraint)
+        grammar = self.grammar_for(constraint)
         request_id = f"req-{next(self._ids)}"
         active = ActiveRequest(
             request_id,
@@ -183,7 +183,10 @@ class BlockPoolBatchEngine:
             raise
         return request_id
 
-    def _compile(self, constraint: OutputConstraint | None) -> Grammar | None:
+    def grammar_for(self, constraint: OutputConstraint | None) -> Grammar | None:
+        """The constraint compiled (None for none); any thread. Compiled grammars are
+        cached, so a caller that compiles first, off the event loop and outside the engine
+        loop's lock, makes ``submit``'s own compile a cache hit."""
         if constraint is None:
             return None
         if self._grammars is None:
