@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from semantic.adapters.grammar.llguidance_grammar import LlguidanceCompiler
 from semantic.adapters.mlx import attention, host_pass, jit
 from semantic.adapters.mlx.accelerations import accelerations
 from semantic.adapters.mlx.backend import MlxBackend
@@ -291,9 +292,20 @@ def _engine(
         max_waiting=settings.max_waiting,
     )
     reclaim = cache.reclaim if cache is not None else None
-    engine = BlockPoolBatchEngine(backend, tokenizer, pool, config, reclaim=reclaim)
+    engine = BlockPoolBatchEngine(
+        backend, tokenizer, pool, config, reclaim=reclaim, grammars=grammar_compiler(tokenizer)
+    )
     adopt = (lambda event: cache.adopt(event, event.agent_id)) if cache is not None else None
     return backend, engine, EngineLoop(engine, on_completion=adopt)
+
+
+def grammar_compiler(tokenizer: MlxTokenizer) -> LlguidanceCompiler | None:
+    """Constrained decoding over the model's own vocabulary (none for a tokenizer the
+    grammar engine cannot read: constrained requests are then refused)."""
+    tokenizer_json = tokenizer.tokenizers_json()
+    if tokenizer_json is None:
+        return None
+    return LlguidanceCompiler(tokenizer_json, tokenizer.vocab_size, tokenizer.eos_token_ids)
 
 
 def pacer_config(settings: Settings) -> PacerConfig:

@@ -34,7 +34,8 @@ from semantic.application.scheduler.prefill_adder import Plan, PrefillAdder
 from semantic.application.scheduler.request_queue import RequestQueue
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.blocks import AgentBlocks
-from semantic.domain.errors import NoRoomCameError
+from semantic.domain.constraints import OutputConstraint
+from semantic.domain.errors import InvalidRequestError, NoRoomCameError
 from semantic.domain.generation import (
     GREEDY,
     CompletionCriteria,
@@ -43,6 +44,7 @@ from semantic.domain.generation import (
     SamplingParams,
 )
 from semantic.domain.tokens import common_prefix, reusable_prefix
+from semantic.ports.grammar import Grammar, GrammarCompiler
 from semantic.ports.model_backend import ModelBackend, PromptChunk, SampledToken, StepOutput
 from semantic.ports.tokenizer import Tokenizer
 
@@ -82,10 +84,13 @@ class BlockPoolBatchEngine:
         *,
         reclaim: Callable[[int], int] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        grammars: GrammarCompiler | None = None,
     ) -> None:
         """``reclaim(n)`` is asked to free ``n`` pool blocks (by evicting idle cached KV)
-        before a request is made to wait or ends for lack of memory."""
+        before a request is made to wait or ends for lack of memory. ``grammars`` compiles
+        requests' output constraints (none: a constrained request is refused)."""
         self._backend = backend
+        self._grammars = grammars
         self._tokenizer = tokenizer
         self._pool = pool
         self._spec = backend.spec
@@ -137,11 +142,13 @@ class BlockPoolBatchEngine:
         priority: Priority = Priority.NORMAL,
         namespace: str = "default",
         stored: StoredPrefix | None = None,
+        constraint: OutputConstraint | None = None,
     ) -> str:
         """Queue a request; returns its id. Raises domain errors for bad input and
         ``QueueFullError`` when the queue is at its bound. ``cached_blocks`` are pinned
         until admission; ``stored`` pins the stored prefix again if they were let go or
-        fell short of it."""
+        fell short of it. ``constraint`` is compiled here, so a schema the grammar engine
+        cannot honour is refused (``UnsupportedSchemaError``) before any work."""
         criteria = criteria or CompletionCriteria(
             max_tokens=max_tokens or self._config.default_max_tokens, stop_strings=tuple(stop)
         )
@@ -154,8 +161,10 @@ class BlockPoolBatchEngine:
             priority,
             namespace,
             stored,
+            constraint,
         )
         validate_request(request, self._spec, self._pool, self._tokenizer, self._config.max_context)
+        grammar = self.grammar_for(constraint)
         request_id = f"req-{next(self._ids)}"
         active = ActiveRequest(
             request_id,
@@ -163,6 +172,7 @@ class BlockPoolBatchEngine:
             CompletionDetector(self._tokenizer, criteria, self._tokenizer.eos_token_ids),
             BlockReservation(self._pool, self._spec, request_id),
             submitted_at=self._clock(),
+            grammar=grammar,
         )
         if cached_blocks is not None:  # pin: hot blocks stay put until admission copies them
             self._pins.pin(active, cached_blocks)
@@ -172,6 +182,16 @@ class BlockPoolBatchEngine:
             self._pool.release_owner(active.pin_owner)
             raise
         return request_id
+
+    def grammar_for(self, constraint: OutputConstraint | None) -> Grammar | None:
+        """The constraint compiled (None for none); any thread. Compiled grammars are
+        cached, so a caller that compiles first, off the event loop and outside the engine
+        loop's lock, makes ``submit``'s own compile a cache hit."""
+        if constraint is None:
+            return None
+        if self._grammars is None:
+            raise InvalidRequestError("this server was started without constrained decoding")
+        return self._grammars.compile(constraint)
 
     def cancel(self, request_id: str, failure: str | None = None) -> None:
         """Ask for a request to end at the next step; unknown ids are ignored. With a
@@ -350,6 +370,8 @@ class BlockPoolBatchEngine:
         cached = active.request.cached
         matched = common_prefix(cached.token_ids, prompt) if cached is not None else 0
         n_cached = reusable_prefix(matched, len(prompt))
+        grammar = active.grammar
+        constrained = {"matcher": grammar.matcher()} if grammar is not None else {}
         try:
             self._backend.open_sequence(
                 active.id,
@@ -358,6 +380,7 @@ class BlockPoolBatchEngine:
                 n_new=len(prompt) - n_cached,
                 sampling=active.request.sampling,
                 track_top_prob=active.request.criteria.min_top_prob is not None,
+                **constrained,
             )
         except Exception as error:  # noqa: BLE001 - this request fails; the queue moves on
             active.reservation.release()

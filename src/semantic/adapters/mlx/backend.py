@@ -36,10 +36,12 @@ from semantic.adapters.mlx.restore_buffers import RestoreBuffers
 from semantic.adapters.mlx.restored_prefix import RestoredPrefix
 from semantic.adapters.mlx.sampling import Sampler, log_softmax, make_sampler, top_prob
 from semantic.adapters.mlx.side_by_side import step_beside_slice
+from semantic.adapters.mlx.token_mask import masked
 from semantic.domain.blocks import AgentBlocks
 from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.errors import InvalidRequestError
 from semantic.domain.generation import SamplingParams
+from semantic.ports.grammar import GrammarMatcher
 from semantic.ports.model_backend import (
     DecodedToken,
     ExportedKV,
@@ -62,6 +64,8 @@ class _Sequence:
     """Restored positions not yet copied into ``caches``, which hold what follows them."""
     slice: LayerSlice | None = None
     """A chunk part way through the layers (``prefill_slice``)."""
+    matcher: GrammarMatcher | None = None
+    """The grammar every token of a constrained sequence is drawn within."""
 
 
 class MlxBackend:
@@ -110,6 +114,7 @@ class MlxBackend:
         n_new: int,
         sampling: SamplingParams,
         track_top_prob: bool = False,
+        matcher: GrammarMatcher | None = None,
     ) -> None:
         if seq_id in self._sequences:
             raise InvalidRequestError(f"sequence {seq_id} is already open")
@@ -121,7 +126,9 @@ class MlxBackend:
                 self._model, restored, n_restored, n_new, self._spec, streams=self._copy_streams()
             )
         sampler = make_sampler(sampling)
-        self._sequences[seq_id] = _Sequence(caches, sampler, track_top_prob, n_new, prefix)
+        self._sequences[seq_id] = _Sequence(
+            caches, sampler, track_top_prob, n_new, prefix, matcher=matcher
+        )
 
     def _prefix_in_place(
         self, restored: AgentBlocks | None, n_restored: int, n_new: int
@@ -245,10 +252,16 @@ class MlxBackend:
 
     @staticmethod
     def _sample(sequence: _Sequence, logits: mx.array) -> SampledToken:
+        """A prompt's first token; a constrained sequence's grammar allows it and is told."""
+        if sequence.matcher is not None:
+            logits = masked(logits, [sequence.matcher])
         token = sequence.sampler(logits)
         top = top_prob(logits)[0] if sequence.track_top_prob else None
         mx.eval(token, *([top] if top is not None else []))
-        return SampledToken(_scalar_int(token), _scalar_float(top) if top is not None else None)
+        sampled = SampledToken(_scalar_int(token), _scalar_float(top) if top is not None else None)
+        if sequence.matcher is not None:
+            sequence.matcher.accept(sampled.token)
+        return sampled
 
     def copy_prefix(self, source_id: str, target_id: str, n_tokens: int, room: int) -> bool:
         if source_id in self._decoder:
@@ -274,6 +287,7 @@ class MlxBackend:
             max_new_tokens,
             sequence.sampler,
             track_top_prob=sequence.track_top_prob,
+            matcher=sequence.matcher,
         )
         sequence.caches, sequence.prefix = [], None  # the batch holds the KV now
 
