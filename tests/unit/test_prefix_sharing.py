@@ -52,7 +52,10 @@ def test_queued_requests_of_the_namespace_sharing_a_block_more_than_they_hold_in
     holds_less = request((*LEADER[:17], 50), cached=AgentBlocks("x", LEADER[:4], ((),)))
     queued = [shares, other_tenant, too_little, holds_it, holds_less]
     heirs = PrefixSharing(GLOBAL).heirs(leader, blocks(GLOBAL), queued)
-    assert heirs == [shares, holds_less]
+    assert [heir for heir, _ in heirs] == [shares, holds_less]
+    first = heirs[0][1]  # it pins the blocks it shares, not the leader's rest
+    assert (first.token_ids, first.pool_ids()) == (LEADER[:12], [0, 1, 2])
+    assert heirs[1][1].token_ids == LEADER  # 17 tokens: the fifth block too
 
 
 def test_a_sliding_layer_that_dropped_the_blocks_a_prefix_reads_leaves_it_to_be_computed() -> None:
@@ -60,5 +63,7 @@ def test_a_sliding_layer_that_dropped_the_blocks_a_prefix_reads_leaves_it_to_be_
     late = request((*LEADER[:18], 50))  # its window reads positions 10..17
     early = request((*LEADER[:14], 50))  # 6..13
     sharing = PrefixSharing(SLIDING)
-    assert sharing.heirs(leader, blocks(SLIDING, first_sliding=2), [late, early]) == [late]
-    assert sharing.heirs(leader, blocks(SLIDING, first_sliding=1), [late, early]) == [late, early]
+    heirs = sharing.heirs(leader, blocks(SLIDING, first_sliding=2), [late, early])
+    assert [heir for heir, _ in heirs] == [late]
+    heirs = sharing.heirs(leader, blocks(SLIDING, first_sliding=1), [late, early])
+    assert [heir for heir, _ in heirs] == [late, early]

@@ -577,8 +577,8 @@ class BlockPoolBatchEngine:
         trace of those either)."""
         if active.detector.reason in (FinishReason.CANCELLED, FinishReason.ERROR):
             return
-        for heir in self._sharing.heirs(active, blocks, self._queue.items()):
-            self._pins.pin_instead(heir, blocks)
+        for heir, shared in self._sharing.heirs(active, blocks, self._queue.items()):
+            self._pins.pin_instead(heir, shared)
 
     def _completion(
         self,

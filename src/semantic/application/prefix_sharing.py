@@ -93,27 +93,37 @@ class PrefixSharing:
 
     def heirs(
         self, leader: ActiveRequest, blocks: AgentBlocks, queued: Iterable[ActiveRequest]
-    ) -> list[ActiveRequest]:
+    ) -> list[tuple[ActiveRequest, AgentBlocks]]:
         """The ``queued`` requests of ``leader``'s namespace (it ends, leaving ``blocks``)
-        that would restore at least a block more from them than from the prefix they hold.
-        One that let its pin go to make room for others is left as it is."""
-        heirs: list[ActiveRequest] = []
+        that would restore at least a block more from them than from the prefix they hold,
+        each with the blocks of the part it shares. One that let its pin go to make room
+        for others is left as it is."""
+        heirs: list[tuple[ActiveRequest, AgentBlocks]] = []
+        first = self._min_shared
         for waiting in queued:
             if waiting.request.namespace != leader.request.namespace:
                 continue  # tenants never share KV, as in the cache (ADR 0005)
+            if blocks.token_ids[:first] != waiting.prompt[:first]:
+                continue  # one comparison in C rules out most requests
             cached = waiting.request.cached
             if cached is not None and not waiting.pinned:
                 continue
             held = common_prefix(cached.token_ids, waiting.prompt) if cached is not None else 0
             held = reusable_prefix(held, len(waiting.prompt))
-            least = held + self._min_shared
-            if blocks.token_ids[:least] != waiting.prompt[:least]:
-                continue
             shared = common_prefix(blocks.token_ids, waiting.prompt)
             shared = reusable_prefix(shared, len(waiting.prompt))
             if shared - held >= self._min_shared and _covers(blocks, shared, self._spec):
-                heirs.append(waiting)
+                heirs.append((waiting, _first_blocks(blocks, shared, self._spec)))
         return heirs
+
+
+def _first_blocks(blocks: AgentBlocks, n_tokens: int, spec: ModelCacheSpec) -> AgentBlocks:
+    """The blocks holding ``blocks``' first ``n_tokens`` positions: an heir pins those
+    only, not the leader's own rest (its prompt's tail, its reply)."""
+    size = spec.block_tokens
+    count = -(-n_tokens // size)
+    layers = tuple(tuple(b for b in layer if b.index < count) for layer in blocks.layers)
+    return AgentBlocks(blocks.agent_id, blocks.token_ids[: count * size], layers)
 
 
 def _covers(blocks: AgentBlocks, n_tokens: int, spec: ModelCacheSpec) -> bool:
