@@ -15,7 +15,7 @@ from semantic.application.engine import (
     BlockPoolBatchEngine,
     EngineConfig,
 )
-from semantic.application.events import CompletionEvent, TokenEvent
+from semantic.application.events import CompletionEvent, EngineEvent, TokenEvent
 from semantic.application.prefix_pins import HEAD_PIN_PATIENCE_S
 from semantic.application.scheduler.pacer import PacerConfig
 from semantic.domain.block_pool import BlockPool
@@ -812,3 +812,30 @@ def test_requests_of_other_namespaces_never_copy_each_others_prefix() -> None:
     done = completions(run_until_idle(engine))
     assert not backend.copies
     assert [done[i].stats.cached_tokens for i in ids] == [0, 0]
+
+
+def test_a_request_queued_behind_another_tenant_restores_the_prefix_its_leader_left() -> None:
+    """Issue 32: r1 in A, then a long request of namespace V (with the same system prompt),
+    then r2 in A. r2 waits behind V's prefill until r1 has ended, so no leader runs when it
+    is admitted; it restores the KV r1 left instead of computing the shared prefix, and V,
+    another tenant, gets none of it."""
+    engine, backend = make_engine(prefill_token_budget=8)
+    first = engine.submit("a1", [*SHARED, 20, 21], max_tokens=2, namespace="A")
+    engine.step()
+    other = engine.submit("v", [*SHARED, *range(33, 61)], max_tokens=2, namespace="V")
+    engine.step()
+    second = engine.submit("a2", [*SHARED, 30, 31], max_tokens=3, namespace="A")
+    assert engine.waiting == 1  # r2 only: V was admitted beside r1
+    events: list[EngineEvent] = []
+    while engine.waiting:
+        events += engine.step().events
+    done = completions(events + run_until_idle(engine))
+    assert list(completions(events)) == [first]  # r1 ended before r2 was admitted
+    assert list(done[second].token_ids) == cold_tokens([*SHARED, 30, 31], 3)
+    assert backend.restored_tokens[second] == SHARED
+    assert sum(n for seq, n in backend.prefill_calls if seq == second) == 2
+    assert [done[i].stats.cached_tokens for i in (first, other, second)] == [0, 0, 12]
+    for rid in (first, other, second):
+        engine.release_blocks(rid)
+    assert engine.pool.used_count == 0
+    engine.pool.check_integrity()

@@ -98,7 +98,7 @@ class BlockPoolBatchEngine:
         self._clock = clock
         self._reclaim = reclaim
         self._pins = PrefixPins(pool, self._spec, reclaim, clock)
-        self._sharing = PrefixSharing(self._spec.block_tokens)
+        self._sharing = PrefixSharing(self._spec)
         self._ids = itertools.count(1)
         self._cancels: dict[str, str | None] = {}  # request id -> why, if it failed
         self._cancel_lock = threading.Lock()
@@ -589,9 +589,19 @@ class BlockPoolBatchEngine:
                 token_ids = (active.prompt + tuple(kept))[: exported.n_tokens]
                 layers = active.reservation.bind(exported)
                 blocks = AgentBlocks(active.request.agent_id, token_ids, layers)
+                self._hand_on(active, blocks)
             else:
                 active.reservation.release()
         events.append(self._completion(active, kept, blocks, error))
+
+    def _hand_on(self, active: ActiveRequest, blocks: AgentBlocks) -> None:
+        """Queued requests that share a prefix with ``active`` pin the KV it leaves
+        (``PrefixSharing.heirs``), unless it ended cancelled or failed (the cache keeps no
+        trace of those either)."""
+        if active.detector.reason in (FinishReason.CANCELLED, FinishReason.ERROR):
+            return
+        for heir, shared in self._sharing.heirs(active, blocks, self._queue.items()):
+            self._pins.pin_instead(heir, shared)
 
     def _completion(
         self,
