@@ -16,8 +16,9 @@ from types import FrameType
 from typing import Any, NoReturn
 
 from semantic.adapters.cli import flags
+from semantic.adapters.cli.descriptors import ACCEPT_BATCH, RESERVED, raise_descriptor_limit
 from semantic.adapters.cli.progress import ProgressPrinter
-from semantic.config import default_data_dir
+from semantic.config import Settings, default_data_dir
 from semantic.domain.errors import SemanticError
 
 log = logging.getLogger(__name__)
@@ -25,6 +26,11 @@ log = logging.getLogger(__name__)
 PREFAULT_MB = 1024
 LAST_EVENTS_S = 10
 """How long after ``--grace`` uvicorn still waits for streams to carry their last event."""
+DEFAULT_MAX_CONNECTIONS = 4096
+LISTEN_QUEUE = 4096
+"""Connections the kernel holds for the server to accept (it caps this at somaxconn): at the
+connection limit, a new client waits in it while slow ones are closed for it, rather than
+having its connection dropped and retried a second later."""
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -139,6 +145,31 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         help="queued requests before new ones get 429 (default: %(default)s)",
     )
     serve.add_argument(
+        "--max-connections",
+        type=flags.positive_int,
+        default=None,
+        help="connections held at once; past it, the one slowest to send its request is "
+        "closed for the new one, or, when all hold requests being answered, the new one gets "
+        f"503 (default: what the descriptor limit allows, {RESERVED} kept for the server's "
+        f"own files, up to {DEFAULT_MAX_CONNECTIONS})",
+    )
+    serve.add_argument(
+        "--header-timeout",
+        type=flags.positive_float,
+        default=10.0,
+        metavar="SECONDS",
+        help="a request's headers must arrive within this long, or its connection is closed "
+        "with 408 (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--body-timeout",
+        type=flags.positive_float,
+        default=30.0,
+        metavar="SECONDS",
+        help="a request's body must arrive within this long of its headers, or its connection "
+        "is closed with 408 (default: %(default)s)",
+    )
+    serve.add_argument(
         "--grace",
         type=flags.non_negative_float,
         default=30.0,
@@ -173,6 +204,9 @@ def run_server(args: argparse.Namespace) -> int:
         "grace_s": args.grace,
         "disk_quota_bytes": None if args.disk_quota_mb is None else args.disk_quota_mb << 20,
         "disk_reserve_bytes": args.disk_reserve_mb << 20,
+        "max_connections": args.max_connections,
+        "header_timeout_s": args.header_timeout,
+        "body_timeout_s": args.body_timeout,
     }
     if args.prefill_budget is not None:
         overrides["prefill_fixed_tokens"] = args.prefill_budget
@@ -226,6 +260,9 @@ def run_server(args: argparse.Namespace) -> int:
     )
     config = uvicorn.Config(
         app,
+        http=_guarded_protocol(settings),
+        backlog=ACCEPT_BATCH,
+        log_config=None,  # its lines go through the root handler: one format, repeats filtered
         log_level="info" if args.log_info else "warning",
         # Past the grace, the engine fails what is left at its next step (a long prefill
         # step takes seconds): connections get that long to carry the error event out.
@@ -253,6 +290,35 @@ def run_server(args: argparse.Namespace) -> int:
     return 0
 
 
+def _guarded_protocol(settings: Settings) -> type[asyncio.Protocol]:
+    """uvicorn's protocol held to the request deadlines and to as many connections as the
+    descriptor limit (raised here to the hard limit) leaves room for, at most what
+    ``--max-connections`` says."""
+    from semantic.adapters.http.guarded_protocol import (
+        ConnectionLimits,
+        ConnectionTable,
+        protocol_for,
+    )
+
+    allowed = raise_descriptor_limit().connections_allowed
+    wanted = settings.max_connections
+    if wanted is not None and wanted > allowed:
+        log.warning(
+            "--max-connections %d needs more descriptors than the limit leaves: using %d",
+            wanted,
+            allowed,
+        )
+    count = min(wanted or DEFAULT_MAX_CONNECTIONS, allowed)
+    log.info(
+        "up to %d connections; request headers within %g s, bodies within %g s",
+        count,
+        settings.header_timeout_s,
+        settings.body_timeout_s,
+    )
+    limits = ConnectionLimits(count, settings.header_timeout_s, settings.body_timeout_s)
+    return protocol_for(limits, ConnectionTable(count))
+
+
 def _draining_server(config: Any, drain: Callable[[], None]) -> Any:
     """A uvicorn server whose first SIGTERM (or SIGINT) also starts draining the engine.
 
@@ -264,6 +330,11 @@ def _draining_server(config: Any, drain: Callable[[], None]) -> Any:
     import uvicorn
 
     class DrainingServer(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            for sock in sockets or ():  # asyncio listened with the accept batch as backlog
+                sock.listen(LISTEN_QUEUE)
+
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
             if not self.should_exit:
                 threading.Thread(target=drain, name="semantic-drain", daemon=True).start()
