@@ -12,7 +12,6 @@ from contextlib import contextmanager
 from typing import Any
 
 import httpx
-import pytest
 import uvicorn
 
 from semantic.adapters.http.guarded_protocol import (
@@ -135,14 +134,17 @@ def test_at_the_limit_the_slowest_request_makes_room_for_a_new_one() -> None:
 
 
 def test_when_every_connection_is_answering_a_new_one_is_refused_with_503() -> None:
-    with serving(ConnectionLimits(2, header_timeout_s=30, body_timeout_s=30)) as (url, app, _):
+    limits = ConnectionLimits(2, header_timeout_s=30, body_timeout_s=30)
+    with serving(limits) as (url, app, table):
         held = [
             threading.Thread(target=httpx.get, args=(f"{url}/hold",), kwargs={"timeout": 10})
             for _ in range(2)
         ]
         for thread in held:
             thread.start()
-        refused = _wait_for_refusal(url)
+        while len(table) < 2 or table.arriving:  # both requests taken, neither to be given up
+            threading.Event().wait(0.01)
+        refused = httpx.get(url, timeout=5)
         assert refused.status_code == 503
         assert refused.headers["retry-after"] == "1"
         assert refused.json()["error"]["code"] == "too_many_connections"
@@ -151,13 +153,3 @@ def test_when_every_connection_is_answering_a_new_one_is_refused_with_503() -> N
         for thread in held:
             thread.join()
         assert httpx.get(url).text == "ok 0"
-
-
-def _wait_for_refusal(url: str) -> httpx.Response:
-    """The held requests are on their way: ask until both are taken (bounded)."""
-    for _ in range(500):
-        response = httpx.get(url, timeout=5)
-        if response.status_code == 503:
-            return response
-        threading.Event().wait(0.01)
-    pytest.fail("never refused")

@@ -87,6 +87,11 @@ class ConnectionTable:
     def __len__(self) -> int:
         return len(self._open)
 
+    @property
+    def arriving(self) -> int:
+        """Connections whose request is still arriving (or whose next one has not begun)."""
+        return sum(len(arriving) for arriving in self._arriving.values())
+
     def admit(self, connection: GuardedH11Protocol) -> bool:
         """Whether ``connection`` may stay; at the limit, the longest-arriving request's
         connection is given up for it, if there is one."""
