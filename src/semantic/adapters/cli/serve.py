@@ -16,7 +16,12 @@ from types import FrameType
 from typing import Any, NoReturn
 
 from semantic.adapters.cli import flags
-from semantic.adapters.cli.descriptors import ACCEPT_BATCH, RESERVED, raise_descriptor_limit
+from semantic.adapters.cli.descriptors import (
+    ACCEPT_BATCH,
+    RESERVED,
+    DescriptorLimit,
+    raise_descriptor_limit,
+)
 from semantic.adapters.cli.progress import ProgressPrinter
 from semantic.config import Settings, default_data_dir
 from semantic.domain.errors import SemanticError
@@ -186,6 +191,19 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         )
 
 
+def _prefill_overrides(args: argparse.Namespace) -> dict[str, object]:
+    overrides: dict[str, object] = {}
+    if args.prefill_budget is not None:
+        overrides["prefill_fixed_tokens"] = args.prefill_budget
+    if args.prefill_ride is not None:
+        overrides["prefill_ride_ratio"] = args.prefill_ride or None
+    if args.prefill_slice is not None:
+        overrides["prefill_slice_ratio"] = args.prefill_slice or None
+    if args.prefill_idle_slice is not None:
+        overrides["prefill_idle_slice_s"] = args.prefill_idle_slice or None
+    return overrides
+
+
 def run_server(args: argparse.Namespace) -> int:
     from semantic.adapters.cli.main import settings_from
     from semantic.adapters.storage.data_dir_lock import acquire_data_directory
@@ -208,14 +226,7 @@ def run_server(args: argparse.Namespace) -> int:
         "header_timeout_s": args.header_timeout,
         "body_timeout_s": args.body_timeout,
     }
-    if args.prefill_budget is not None:
-        overrides["prefill_fixed_tokens"] = args.prefill_budget
-    if args.prefill_ride is not None:
-        overrides["prefill_ride_ratio"] = args.prefill_ride or None
-    if args.prefill_slice is not None:
-        overrides["prefill_slice_ratio"] = args.prefill_slice or None
-    if args.prefill_idle_slice is not None:
-        overrides["prefill_idle_slice_s"] = args.prefill_idle_slice or None
+    overrides.update(_prefill_overrides(args))
     settings = settings_from(args, **overrides)
     # Fail fast, in this order: a bad host before anything is created; a directory another
     # server holds (its pid is the better message when both use the same port); a port in
@@ -224,6 +235,7 @@ def run_server(args: argparse.Namespace) -> int:
     acquire_data_directory(settings.data_dir)
     sockets = _listen(addresses, settings.host, settings.port)
     log.info("listening on http://%s:%d", settings.host, settings.port)
+    descriptors = _raise_descriptor_limit()
 
     import uvicorn  # these imports take a second or two: after the checks above
 
@@ -260,7 +272,7 @@ def run_server(args: argparse.Namespace) -> int:
     )
     config = uvicorn.Config(
         app,
-        http=_guarded_protocol(settings),
+        http=_guarded_protocol(settings, descriptors),
         backlog=ACCEPT_BATCH,
         log_config=None,  # its lines go through the root handler: one format, repeats filtered
         log_level="info" if args.log_info else "warning",
@@ -290,17 +302,25 @@ def run_server(args: argparse.Namespace) -> int:
     return 0
 
 
-def _guarded_protocol(settings: Settings) -> type[asyncio.Protocol]:
+def _raise_descriptor_limit() -> DescriptorLimit:
+    """The descriptor limit raised to the hard limit, before mlx-lm's import would lower it."""
+    from semantic.adapters.mlx.descriptor_limit import import_mlx_lm_keeping_descriptor_limit
+
+    limit = raise_descriptor_limit()
+    import_mlx_lm_keeping_descriptor_limit()
+    return limit
+
+
+def _guarded_protocol(settings: Settings, descriptors: DescriptorLimit) -> type[asyncio.Protocol]:
     """uvicorn's protocol held to the request deadlines and to as many connections as the
-    descriptor limit (raised here to the hard limit) leaves room for, at most what
-    ``--max-connections`` says."""
+    descriptor limit leaves room for, at most what ``--max-connections`` says."""
     from semantic.adapters.http.guarded_protocol import (
         ConnectionLimits,
         ConnectionTable,
         protocol_for,
     )
 
-    allowed = raise_descriptor_limit().connections_allowed
+    allowed = descriptors.connections_allowed
     wanted = settings.max_connections
     if wanted is not None and wanted > allowed:
         log.warning(
