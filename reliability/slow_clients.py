@@ -63,6 +63,8 @@ class SlowClientResult:
     log_bytes: int = 0
     too_many_open_files: int = 0
     descriptor_limit_line: str = ""
+    descriptor_limit_serving: int = 0
+    """The server's soft RLIMIT_NOFILE once it serves (after the model code has loaded)."""
     failures: list[str] = field(default_factory=list)
 
 
@@ -148,6 +150,13 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def open_files_limit(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+        if line.startswith("Max open files"):
+            return int(line.split()[3])
+    return 0
+
+
 def descriptors(pid: int) -> int:
     try:
         return len(os.listdir(f"/proc/{pid}/fd"))
@@ -179,6 +188,7 @@ def run(
     )
     try:
         ask_ordinary(server, client, SlowClientResult())  # warm: the first request compiles
+        result.descriptor_limit_serving = open_files_limit(server.process.pid)
         thread = threading.Thread(target=flood.run, name="slow-clients")
         cpu_before = cpu_seconds(server.process.pid)
         started = time.monotonic()
@@ -249,7 +259,8 @@ def summary(result: SlowClientResult) -> list[str]:
     return [
         f"slow sockets: {result.sockets} for {result.seconds:.0f} s, {result.connections} "
         f"connections opened, {result.connect_failures} connect failures",
-        f"server: {result.descriptor_limit_line}; peak {result.peak_server_descriptors} open",
+        f"server: {result.descriptor_limit_line}; {result.descriptor_limit_serving} while "
+        f"serving; peak {result.peak_server_descriptors} open",
         "how the server ended them: "
         + ", ".join(f"{how} {count}" for how, count in sorted(result.answered.items())),
         "longest held: "

@@ -24,6 +24,7 @@ def test_a_slow_client_flood_leaves_ordinary_requests_answered_and_the_log_small
     assert result.failures == []
     assert len(result.ordinary_s) >= 4
     assert result.descriptor_limit_line.endswith("raised from 1024 to 2048")
+    assert result.descriptor_limit_serving == 2048, "loading the model code kept it"
     assert result.answered.get("408", 0) > 0
     assert result.log_bytes < 1 << 20
     assert result.too_many_open_files == 0
