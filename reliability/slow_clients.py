@@ -34,6 +34,7 @@ from reliability.server import ServerProcess
 SERVER_DESCRIPTORS = (1024, 2048)
 """The server's RLIMIT_NOFILE at its start (soft, hard): below the flood, as in the issue."""
 ORDINARY_TIMEOUT_S = 2.0
+BEFORE_ROUNDS = 4
 BODY_EVERY = 20
 """One socket in this many stops in the body rather than in the headers."""
 HEADERS = b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: slow\r\n"
@@ -56,6 +57,9 @@ class SlowClientResult:
     """The longest the server kept a slow socket open, by where it stopped."""
     ordinary_s: list[float] = field(default_factory=list)
     health_s: list[float] = field(default_factory=list)
+    before_s: list[float] = field(default_factory=list)
+    """The same ordinary requests before the flood: what this machine gives without it."""
+    connect_errors: dict[str, int] = field(default_factory=dict)
     server_cpu_s: float = 0.0
     """CPU time the server spent during the flood."""
     ordinary_failures: list[str] = field(default_factory=list)
@@ -92,8 +96,10 @@ class Flood:
                 reader, writer = await asyncio.wait_for(
                     asyncio.open_connection("127.0.0.1", self.port), left
                 )
-            except (OSError, TimeoutError):
+            except (OSError, TimeoutError) as error:
                 self.result.connect_failures += 1
+                name = type(error).__name__
+                self.result.connect_errors[name] = self.result.connect_errors.get(name, 0) + 1
                 await asyncio.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
                 continue
             self.result.connections += 1
@@ -188,6 +194,10 @@ def run(
     )
     try:
         ask_ordinary(server, client, SlowClientResult())  # warm: the first request compiles
+        before = SlowClientResult()
+        for _ in range(BEFORE_ROUNDS):
+            ask_ordinary(server, client, before)
+        result.before_s = before.ordinary_s
         result.descriptor_limit_serving = open_files_limit(server.process.pid)
         thread = threading.Thread(target=flood.run, name="slow-clients")
         cpu_before = cpu_seconds(server.process.pid)
@@ -255,10 +265,11 @@ def main() -> None:
 
 def summary(result: SlowClientResult) -> list[str]:
     ordinary = sorted(result.ordinary_s)
-    median = ordinary[len(ordinary) // 2] if ordinary else 0.0
+    median = _median(ordinary)
     return [
         f"slow sockets: {result.sockets} for {result.seconds:.0f} s, {result.connections} "
-        f"connections opened, {result.connect_failures} connect failures",
+        f"connections opened, {result.connect_failures} connect failures "
+        f"{dict(sorted(result.connect_errors.items()))}",
         f"server: {result.descriptor_limit_line}; {result.descriptor_limit_serving} while "
         f"serving; peak {result.peak_server_descriptors} open",
         "how the server ended them: "
@@ -268,11 +279,17 @@ def summary(result: SlowClientResult) -> list[str]:
         f"ordinary requests during the flood: {len(ordinary)}, median {median:.2f} s, "
         f"slowest {ordinary[-1] if ordinary else 0:.2f} s (/health slowest "
         f"{max(result.health_s, default=0):.2f} s), failed {len(result.ordinary_failures)}",
+        f"the same requests before the flood: {len(result.before_s)}, median "
+        f"{_median(result.before_s):.2f} s, slowest {max(result.before_s, default=0):.2f} s",
         f"server CPU during the flood: {result.server_cpu_s:.1f} s",
         f"server log: {result.log_bytes} bytes, 'Too many open files' {result.too_many_open_files}"
         " times",
         *(f"  {failure}" for failure in result.failures[:20]),
     ]
+
+
+def _median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2] if values else 0.0
 
 
 if __name__ == "__main__":
