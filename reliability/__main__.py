@@ -73,8 +73,9 @@ def main() -> None:
                 ", ".join(f"{kind} {s:.1f} s" for kind, s in sorted(slow.longest_held_s.items())),
             ),
             (
-                "ordinary requests during the flood: slowest (s), failed",
-                f"{max(slow.ordinary_s, default=0):.2f}, {len(slow.ordinary_failures)}",
+                "ordinary requests during the flood: slowest (s), failed; slowest before it",
+                f"{max(slow.ordinary_s, default=0):.2f}, {len(slow.ordinary_failures)}; "
+                f"{max(slow.before_s, default=0):.2f}",
             ),
             ("server log during the flood (bytes)", str(slow.log_bytes)),
         ]

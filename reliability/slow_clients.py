@@ -51,15 +51,21 @@ class SlowClientResult:
     connections: int = 0
     """Connections the flood opened, reopenings included."""
     answered: dict[str, int] = field(default_factory=dict)
-    """How the server ended the flood's connections: by status line, or "closed"."""
+    """How the flood's connections ended: the server's status line, "closed" (with no
+    answer), "reset", or "open at the end" of the run."""
     connect_failures: int = 0
     longest_held_s: dict[str, float] = field(default_factory=dict)
-    """The longest the server kept a slow socket open, by where it stopped."""
+    """The longest the server kept a slow socket open, by where it stopped (those open at
+    the end of the run included)."""
     ordinary_s: list[float] = field(default_factory=list)
     health_s: list[float] = field(default_factory=list)
     before_s: list[float] = field(default_factory=list)
     """The same ordinary requests before the flood: what this machine gives without it."""
     connect_errors: dict[str, int] = field(default_factory=dict)
+    all_open_after_s: float = 0.0
+    """How long the flood took to open its sockets once each; ordinary requests start then."""
+    during_flood: int = 0
+    """Ordinary requests made while the flood ran (the rest came after it)."""
     server_cpu_s: float = 0.0
     """CPU time the server spent during the flood."""
     ordinary_failures: list[str] = field(default_factory=list)
@@ -117,11 +123,19 @@ class Flood:
                 writer.close()
                 with contextlib.suppress(OSError):
                     await writer.wait_closed()
-            if answer is not None:
-                self._ended(kind, answer, time.monotonic() - started)
+            self._ended(kind, answer, time.monotonic() - started)
 
-    def _ended(self, kind: str, answer: bytes, held_s: float) -> None:
-        how = "closed" if not answer else "reset" if answer == b"reset" else answer[9:12].decode()
+    def _ended(self, kind: str, answer: bytes | None, held_s: float) -> None:
+        """How one slow connection ended; ``None``: still open when the run ended."""
+        how = (
+            "open at the end"
+            if answer is None
+            else "closed"
+            if not answer
+            else "reset"
+            if answer == b"reset"
+            else answer[9:12].decode()
+        )
         self.result.answered[how] = self.result.answered.get(how, 0) + 1
         longest = self.result.longest_held_s
         longest[kind] = max(longest.get(kind, 0.0), held_s)
@@ -204,8 +218,10 @@ def run(
         started = time.monotonic()
         thread.start()
         flood.opened.wait(seconds)  # the ordinary client asks once the flood is all in
+        result.all_open_after_s = time.monotonic() - started
         while thread.is_alive():
             ask_ordinary(server, client, result)
+            result.during_flood = len(result.ordinary_s)
             result.peak_server_descriptors = max(
                 result.peak_server_descriptors, descriptors(server.process.pid)
             )
@@ -276,7 +292,9 @@ def summary(result: SlowClientResult) -> list[str]:
         + ", ".join(f"{how} {count}" for how, count in sorted(result.answered.items())),
         "longest held: "
         + ", ".join(f"{kind} {s:.1f} s" for kind, s in sorted(result.longest_held_s.items())),
-        f"ordinary requests during the flood: {len(ordinary)}, median {median:.2f} s, "
+        f"flood all open after {result.all_open_after_s:.1f} s; ordinary requests: "
+        f"{result.during_flood} during the flood and {len(ordinary) - result.during_flood} "
+        f"after it, median {median:.2f} s, "
         f"slowest {ordinary[-1] if ordinary else 0:.2f} s (/health slowest "
         f"{max(result.health_s, default=0):.2f} s), failed {len(result.ordinary_failures)}",
         f"the same requests before the flood: {len(result.before_s)}, median "
