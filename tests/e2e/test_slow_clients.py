@@ -18,7 +18,12 @@ def test_a_slow_client_flood_leaves_ordinary_requests_answered_and_the_log_small
     the slow sockets are closed (408, at their deadline or to make room), and the log stays
     under 1 MB with no "Too many open files"."""
     result = slow_clients.run(
-        sockets=2500, seconds=8, workdir=tmp_path, header_timeout_s=3, body_timeout_s=5
+        sockets=2500,
+        seconds=8,
+        workdir=tmp_path,
+        header_timeout_s=3,
+        body_timeout_s=5,
+        before_rounds=2,
     )
     print("\n".join(slow_clients.summary(result)))
     assert result.failures == []
