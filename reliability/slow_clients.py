@@ -189,6 +189,7 @@ def run(
     sockets: int,
     seconds: float,
     workdir: Path,
+    *,
     header_timeout_s: float = 10.0,
     body_timeout_s: float = 30.0,
     before_rounds: int = 4,
