@@ -62,10 +62,7 @@ class ServerProcess:
             command[1:1] = ["-c", _LIMIT_THEN_EXEC, *map(str, self.nofile)]
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(
-                command,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=self.env,
+                command, stdout=log, stderr=subprocess.STDOUT, env=self.env
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
