@@ -15,8 +15,10 @@ class Clock:
         return self.now
 
 
-def record(message: str, *args: object, name: str = "asyncio") -> logging.LogRecord:
-    return logging.LogRecord(name, logging.ERROR, __file__, 1, message, args, None)
+def record(
+    message: str, *args: object, name: str = "asyncio", level: int = logging.ERROR
+) -> logging.LogRecord:
+    return logging.LogRecord(name, level, __file__, 1, message, args, None)
 
 
 def test_a_repeated_line_passes_a_burst_then_is_counted_and_the_count_is_said() -> None:
@@ -44,3 +46,9 @@ def test_numbers_in_an_already_formatted_message_do_not_make_it_new() -> None:
     repeats = RepeatFilter(burst=2, window_s=10, clock=Clock())
     results = [repeats.filter(record(f"socket fd={fd}: Too many open files")) for fd in range(50)]
     assert results.count(True) == 2
+
+
+def test_lines_below_warning_always_pass() -> None:
+    repeats = RepeatFilter(burst=1, window_s=10, clock=Clock())
+    lines = [record("req-%d: total %d ms", n, 9, level=logging.INFO) for n in range(20)]
+    assert all(repeats.filter(line) for line in lines)

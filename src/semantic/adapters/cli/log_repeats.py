@@ -3,8 +3,9 @@
 A server in trouble tends to say the same thing in a loop: asyncio logged "Too many open
 files" 277,231 times in 40 s once, 128 MB of log (issue 32), which hides everything else
 and can fill the disk. Lines that look alike (same logger, level and message with its
-numbers masked) get ``burst`` lines per ``window_s``; the rest are dropped and counted, and
-the next line of that kind let through says how many were dropped.
+numbers masked), warnings and errors only, get ``burst`` lines per ``window_s``; the rest
+are dropped and counted, and the next line of that kind let through says how many were
+dropped. Lines below ``level`` (a line for each request at INFO, say) always pass.
 """
 
 from __future__ import annotations
@@ -35,14 +36,18 @@ class RepeatFilter(logging.Filter):
         burst: int = 5,
         window_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        level: int = logging.WARNING,
     ) -> None:
         super().__init__()
+        self._level = level
         self._burst = burst
         self._window_s = window_s
         self._clock = clock
         self._windows: dict[tuple[str, int, str], _Window] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < self._level:
+            return True  # one line a request, say, that a reader counts on
         key = (record.name, record.levelno, _kind(record))
         now = self._clock()
         window = self._windows.get(key)
