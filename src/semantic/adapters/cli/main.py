@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from semantic.adapters.cli import flags
+from semantic.adapters.cli.log_repeats import RepeatFilter
 from semantic.config import DEFAULT_MODEL, WEIGHT_CHOICES, Settings
 from semantic.domain.errors import SemanticError
 
@@ -26,10 +27,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         getattr(args, "parser", parser).error(said)
     if check := getattr(args, "check", None):
         check(args)  # what no single option's type can see; a usage error (exit 2) if wrong
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(RepeatFilter())  # a line repeated in a loop is counted, not written
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO if args.log_info else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
+        handlers=[handler],
     )
     try:
         _prepare_process()

@@ -17,8 +17,14 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from semantic.adapters.cli import flags
+from semantic.adapters.cli.descriptors import (
+    ACCEPT_BATCH,
+    RESERVED,
+    DescriptorLimit,
+    raise_descriptor_limit,
+)
 from semantic.adapters.cli.progress import ProgressPrinter
-from semantic.config import default_data_dir
+from semantic.config import Settings, default_data_dir
 from semantic.domain.errors import SemanticError
 
 if TYPE_CHECKING:
@@ -31,6 +37,11 @@ PREFAULT_MB = 1024
 ALLOWED_HOSTS_ENV = "SEMANTIC_ALLOWED_HOSTS"
 LAST_EVENTS_S = 10
 """How long after ``--grace`` uvicorn still waits for streams to carry their last event."""
+DEFAULT_MAX_CONNECTIONS = 4096
+LISTEN_QUEUE = 4096
+"""Connections the kernel holds for the server to accept (it caps this at somaxconn): at the
+connection limit, a new client waits in it while slow ones are closed for it, rather than
+having its connection dropped and retried a second later."""
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -165,6 +176,31 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         help="queued requests before new ones get 429 (default: %(default)s)",
     )
     serve.add_argument(
+        "--max-connections",
+        type=flags.positive_int,
+        default=None,
+        help="connections held at once; past it, the one slowest to send its request is "
+        "closed for the new one, or, when all hold requests being answered, the new one gets "
+        f"503 (default: what the descriptor limit allows, {RESERVED} kept for the server's "
+        f"own files, up to {DEFAULT_MAX_CONNECTIONS})",
+    )
+    serve.add_argument(
+        "--header-timeout",
+        type=flags.positive_float,
+        default=10.0,
+        metavar="SECONDS",
+        help="a request's headers must arrive within this long, or its connection is closed "
+        "with 408 (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--body-timeout",
+        type=flags.positive_float,
+        default=30.0,
+        metavar="SECONDS",
+        help="a request's body must arrive within this long of its headers, or its connection "
+        "is closed with 408 (default: %(default)s)",
+    )
+    serve.add_argument(
         "--grace",
         type=flags.non_negative_float,
         default=30.0,
@@ -179,6 +215,19 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             f"argument --prefault-mb: must be at most the KV budget (--kv-budget-mb "
             f"{args.kv_budget_mb}), not {args.prefault_mb}"
         )
+
+
+def _prefill_overrides(args: argparse.Namespace) -> dict[str, object]:
+    overrides: dict[str, object] = {}
+    if args.prefill_budget is not None:
+        overrides["prefill_fixed_tokens"] = args.prefill_budget
+    if args.prefill_ride is not None:
+        overrides["prefill_ride_ratio"] = args.prefill_ride or None
+    if args.prefill_slice is not None:
+        overrides["prefill_slice_ratio"] = args.prefill_slice or None
+    if args.prefill_idle_slice is not None:
+        overrides["prefill_idle_slice_s"] = args.prefill_idle_slice or None
+    return overrides
 
 
 def run_server(args: argparse.Namespace) -> int:
@@ -200,15 +249,11 @@ def run_server(args: argparse.Namespace) -> int:
         "grace_s": args.grace,
         "disk_quota_bytes": None if args.disk_quota_mb is None else args.disk_quota_mb << 20,
         "disk_reserve_bytes": args.disk_reserve_mb << 20,
+        "max_connections": args.max_connections,
+        "header_timeout_s": args.header_timeout,
+        "body_timeout_s": args.body_timeout,
     }
-    if args.prefill_budget is not None:
-        overrides["prefill_fixed_tokens"] = args.prefill_budget
-    if args.prefill_ride is not None:
-        overrides["prefill_ride_ratio"] = args.prefill_ride or None
-    if args.prefill_slice is not None:
-        overrides["prefill_slice_ratio"] = args.prefill_slice or None
-    if args.prefill_idle_slice is not None:
-        overrides["prefill_idle_slice_s"] = args.prefill_idle_slice or None
+    overrides.update(_prefill_overrides(args))
     settings = settings_from(args, **overrides)
     # Fail fast, in this order: a bad host before anything is created; a directory another
     # server holds (its pid is the better message when both use the same port); a port in
@@ -217,6 +262,7 @@ def run_server(args: argparse.Namespace) -> int:
     keys = _keys_and_data_directory(settings)
     sockets = _listen(addresses, settings.host, settings.port)
     log.info("listening on http://%s:%d", settings.host, settings.port)
+    descriptors = _raise_descriptor_limit()
 
     import uvicorn  # these imports take a second or two: after the checks above
 
@@ -255,6 +301,9 @@ def run_server(args: argparse.Namespace) -> int:
     )
     config = uvicorn.Config(
         app,
+        http=_guarded_protocol(settings, descriptors),
+        backlog=ACCEPT_BATCH,
+        log_config=None,  # its lines go through the root handler: one format, repeats filtered
         log_level="info" if args.log_info else "warning",
         # Past the grace, the engine fails what is left at its next step (a long prefill
         # step takes seconds): connections get that long to carry the error event out.
@@ -306,6 +355,43 @@ def _env_path(name: str) -> Path | None:
     return Path(value).expanduser() if value else None
 
 
+def _raise_descriptor_limit() -> DescriptorLimit:
+    """The descriptor limit raised to the hard limit, before mlx-lm's import would lower it."""
+    from semantic.adapters.mlx.descriptor_limit import import_mlx_lm_keeping_descriptor_limit
+
+    limit = raise_descriptor_limit()
+    import_mlx_lm_keeping_descriptor_limit()
+    return limit
+
+
+def _guarded_protocol(settings: Settings, descriptors: DescriptorLimit) -> type[asyncio.Protocol]:
+    """uvicorn's protocol held to the request deadlines and to as many connections as the
+    descriptor limit leaves room for, at most what ``--max-connections`` says."""
+    from semantic.adapters.http.guarded_protocol import (
+        ConnectionLimits,
+        ConnectionTable,
+        protocol_for,
+    )
+
+    allowed = descriptors.connections_allowed
+    wanted = settings.max_connections
+    if wanted is not None and wanted > allowed:
+        log.warning(
+            "--max-connections %d needs more descriptors than the limit leaves: using %d",
+            wanted,
+            allowed,
+        )
+    count = min(wanted or DEFAULT_MAX_CONNECTIONS, allowed)
+    log.info(
+        "up to %d connections; request headers within %g s, bodies within %g s",
+        count,
+        settings.header_timeout_s,
+        settings.body_timeout_s,
+    )
+    limits = ConnectionLimits(count, settings.header_timeout_s, settings.body_timeout_s)
+    return protocol_for(limits, ConnectionTable(count))
+
+
 def _draining_server(config: Any, drain: Callable[[], None]) -> Any:
     """A uvicorn server whose first SIGTERM (or SIGINT) also starts draining the engine.
 
@@ -317,6 +403,11 @@ def _draining_server(config: Any, drain: Callable[[], None]) -> Any:
     import uvicorn
 
     class DrainingServer(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            for sock in sockets or ():  # asyncio listened with the accept batch as backlog
+                sock.listen(LISTEN_QUEUE)
+
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
             if not self.should_exit:
                 threading.Thread(target=drain, name="semantic-drain", daemon=True).start()

@@ -88,6 +88,7 @@ def app_for(
         state=_app_state(state, observer),
         openapi_config=OpenAPIConfig(title="semantic", version=__version__),
         debug=False,
+        logging_config=None,  # the CLI's handler stays: one format, repeated lines counted
     )
 
 
