@@ -151,9 +151,8 @@ def summary(results: dict[str, Any]) -> str:
 def markdown(results: dict[str, Any]) -> str:
     parts = [f"# Benchmark results ({results['mode']} mode)\n"]
     if "machine" in results:
-        parts.append(
-            f"Measured on this machine, and true only for it: {machine_line(results['machine'])}\n"
-        )
+        said = machine_line(results["machine"]).removeprefix("machine: ")
+        parts.append(f"Measured on this machine, and true only for it: {said}\n")
     if "resume" in results:
         parts += [
             "## Time to first token when a conversation resumes\n",
