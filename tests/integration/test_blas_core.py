@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 
 from semantic.adapters.mlx.blas import blas_in_use
 from semantic.adapters.mlx.blas_core import CORETYPE_ENV
 from semantic.adapters.mlx.blas_probe import probe
+from tests.helpers import run_python
 
 
 def _openblas() -> str:
@@ -47,15 +46,7 @@ def test_the_startup_line_names_library_version_core_and_reason() -> None:
         "prepare_process()\n"
         "report_blas()\n"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=False,
-    )
+    done = run_python(code)
     assert done.returncode == 0, done.stderr
     line = next(x for x in done.stdout.splitlines() if x.startswith("BLAS: "))
     assert "OpenBLAS 0." in line

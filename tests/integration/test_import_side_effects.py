@@ -8,10 +8,9 @@ The third-party packages are imported first: mlx-lm's own ``__init__`` sets
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
+
+from tests.helpers import run_python
 
 CHILD = """
 import ctypes, importlib, json, os, pkgutil, sys
@@ -34,19 +33,7 @@ print(json.dumps({"modules": len(names), "changed": changed, "global_blas": glob
 
 def test_importing_every_module_changes_nothing_in_the_process(tmp_path: Path) -> None:
     native = tmp_path / "native"
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(sys.path),
-        "SEMANTIC_NATIVE_CACHE": str(native),
-    }
-    done = subprocess.run(
-        [sys.executable, "-c", CHILD],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        check=False,
-    )
+    done = run_python(CHILD, SEMANTIC_NATIVE_CACHE=str(native))
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout.strip().splitlines()[-1])
     assert found["modules"] > 50
