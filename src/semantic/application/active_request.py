@@ -72,6 +72,8 @@ class ActiveRequest:
     """When the head of the queue first found no room with nothing running."""
     following: str | None = None
     """The request whose prefill this one waits for, to copy the prefix they share."""
+    dropped_tokens: int = 0
+    """Cached prompt tokens its restore could not use (computed instead)."""
 
     @property
     def pin_owner(self) -> str:
@@ -109,4 +111,5 @@ class ActiveRequest:
             cached_tokens=self.n_cached,
             computed_tokens=max(0, self.prefilled - self.n_cached),
             generated_tokens=self.detector.generated_count,
+            dropped_tokens=self.dropped_tokens,
         )

@@ -28,7 +28,7 @@ from semantic.application.cache.stats import CacheStats, Restored
 from semantic.application.events import CompletionEvent
 from semantic.domain.block_identity import chain_keys, chain_root
 from semantic.domain.block_pool import BlockPool
-from semantic.domain.blocks import AgentBlocks, KVBlock
+from semantic.domain.blocks import AgentBlocks, KVBlock, restorable_prefix
 from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.generation import FinishReason
 from semantic.domain.tokens import common_prefix, reusable_prefix
@@ -146,7 +146,7 @@ class AgentCacheStore:
                 raise
         hot_tokens, disk_tokens = _by_tier(chain)
         blocks = self._agent_blocks([block for block, _ in chain])
-        matched = common_prefix(blocks.token_ids, prompt) if blocks else 0
+        matched = self._usable(blocks, prompt)
         counted = _restored(chain, matched, len(prompt))
         self.stats.count_restore(counted)
         good = list(itertools.takewhile(lambda c: c.key != corrupt, candidates))
@@ -198,7 +198,7 @@ class AgentCacheStore:
             quarantined = asyncio.run_coroutine_threadsafe(self._loader.quarantine(corrupt), loop)
             quarantined.add_done_callback(_log_failure)
         blocks = self._agent_blocks([block for block, _ in chain])
-        matched = common_prefix(blocks.token_ids, prompt) if blocks else 0
+        matched = self._usable(blocks, prompt)
         restored = _restored(chain, matched, len(prompt))
         self.stats.count_restore(restored, counted[0])  # the request's restores so far
         counted[0] = counted[0].at_least(restored)
@@ -348,6 +348,16 @@ class AgentCacheStore:
             options, key=lambda c: (common_prefix(c.tokens, rest), c.hot is not None), default=None
         )
         return best if best is not None and common_prefix(best.tokens, rest) > 0 else None
+
+    def _usable(self, blocks: AgentBlocks | None, prompt: Sequence[int]) -> int:
+        """The prompt's tokens ``blocks`` match, cut to the prefix they can restore
+        (``restorable_prefix``), which is all the engine restores."""
+        if blocks is None:
+            return 0
+        matched = common_prefix(blocks.token_ids, prompt)
+        reusable = reusable_prefix(matched, len(prompt))
+        usable = restorable_prefix(blocks, reusable, self._spec)
+        return matched if usable == reusable else usable
 
     def _agent_blocks(self, chain: list[HotBlock]) -> AgentBlocks | None:
         if not chain:
