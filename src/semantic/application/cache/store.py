@@ -41,6 +41,12 @@ Fetched = HotBlock | LoadOutcome
 """A block pinned in memory, or why it could not be."""
 
 
+OTHER_TAILS = 3
+"""Tails, beyond the best match, that a prompt may try when the best cannot restore its
+prefix (``AgentCacheStore._restorable_tail``): siblings are many where conversations share
+a long system prompt, and each one tried may be a read from disk."""
+
+
 @dataclass(frozen=True)
 class CachedPrefix:
     """What a prompt can restore. ``blocks`` are pinned under ``pin`` until released;
@@ -122,7 +128,7 @@ class AgentCacheStore:
         """Pin the longest stored prefix of ``prompt`` (loading disk blocks into memory)."""
         pin = f"pin-{next(self._pins)}"
         self.stats.queried_tokens += len(prompt)
-        candidates = await self._walk(namespace, prompt)
+        candidates, other_tails = await self._walk(namespace, prompt)
         lanes = read_lanes(len(candidates))
         fetches = [
             self._readers.submit(index, self._fetch_lane, candidates, lane, pin)
@@ -144,6 +150,10 @@ class AgentCacheStore:
             except BaseException:  # the caller went away meanwhile: nobody will release it
                 self._pool.release_owner(pin)
                 raise
+        if other_tails and len(chain) == len(candidates):
+            chain, candidates = await self._restorable_tail(
+                chain, candidates, other_tails, prompt, pin
+            )
         hot_tokens, disk_tokens = _by_tier(chain)
         blocks = self._agent_blocks([block for block, _ in chain])
         matched = self._usable(blocks, prompt)
@@ -309,7 +319,45 @@ class AgentCacheStore:
         self.hot.remove(keys)
         await self._saver.delete_files(keys)
 
-    async def _walk(self, namespace: str, prompt: Sequence[int]) -> list[_Candidate]:
+    async def _restorable_tail(
+        self,
+        chain: list[tuple[HotBlock, bool]],
+        candidates: list[_Candidate],
+        other_tails: list[_Candidate],
+        prompt: Sequence[int],
+        pin: str,
+    ) -> tuple[list[tuple[HotBlock, bool]], list[_Candidate]]:
+        """The chain with the tail that restores the most of the prompt. The tail matching
+        the most tokens may be another conversation's, which went on past this one's point
+        of departure and kept no sliding-window positions from before it, where a sibling
+        tail matching a few tokens less (this conversation's own last turn) holds them."""
+        blocks = self._agent_blocks([block for block, _ in chain])
+        best = self._usable(blocks, prompt)
+        if blocks is None or best >= reusable_prefix(
+            common_prefix(blocks.token_ids, prompt), len(prompt)
+        ):
+            return chain, candidates
+        try:
+            for other in other_tails:
+                fetched = await asyncio.to_thread(self._fetch, other, len(chain) - 1, pin)
+                if not isinstance(fetched, HotBlock):
+                    continue
+                trial = [*chain[:-1], (fetched, other.hot is None)]
+                usable = self._usable(self._agent_blocks([b for b, _ in trial]), prompt)
+                dropped = chain if usable > best else trial
+                self._pool.release(pin, dropped[-1][0].pool_ids())
+                if usable > best:
+                    chain, candidates, best = trial, [*candidates[:-1], other], usable
+        except BaseException:  # the caller went away: nobody else will release the pins
+            self._pool.release_owner(pin)
+            raise
+        return chain, candidates
+
+    async def _walk(
+        self, namespace: str, prompt: Sequence[int]
+    ) -> tuple[list[_Candidate], list[_Candidate]]:
+        """The stored blocks along ``prompt``, the last maybe a partial match; and the other
+        stored blocks that could end it, best match first."""
         size = self._spec.block_tokens
         root = self.root(namespace)
         keys = chain_keys(root, prompt, size)
@@ -331,23 +379,22 @@ class AgentCacheStore:
                 break
             parent = key
         rest = tuple(prompt[len(out) * size :])
-        if rest:
-            tail = await self._best_child(parent, rest)
-            if tail is not None:
-                out.append(tail)
-        return out
+        tails = await self._children_by_match(parent, rest) if rest else []
+        return out + tails[:1], tails[1:]
 
-    async def _best_child(self, parent: str, rest: tuple[int, ...]) -> _Candidate | None:
+    async def _children_by_match(self, parent: str, rest: tuple[int, ...]) -> list[_Candidate]:
         stored = {r.key: r for r in await self._metadata.children(parent) if not r.quarantined}
         hot = self.hot.children(parent)
         options = [
             _Candidate(h.key, hot=h, record=stored.pop(h.key, None), tokens=h.tokens) for h in hot
         ]
         options += [_Candidate(r.key, record=r, tokens=r.tokens) for r in stored.values()]
-        best = max(
-            options, key=lambda c: (common_prefix(c.tokens, rest), c.hot is not None), default=None
+        ranked = sorted(
+            ((common_prefix(c.tokens, rest), c.hot is not None, c) for c in options),
+            key=lambda ranking: ranking[:2],
+            reverse=True,
         )
-        return best if best is not None and common_prefix(best.tokens, rest) > 0 else None
+        return [c for shared, _, c in ranked[: 1 + OTHER_TAILS] if shared > 0]
 
     def _usable(self, blocks: AgentBlocks | None, prompt: Sequence[int]) -> int:
         """The prompt's tokens ``blocks`` match, cut to the prefix they can restore
