@@ -591,7 +591,8 @@ class BlockPoolBatchEngine:
             keep = active.positions_after(len(kept)) if keep_kv else 0
             try:
                 exported = self._backend.close_sequence(active.id, keep)
-            except Exception as close_error:  # noqa: BLE001 - the request is over either way
+            except Exception as close_error:  # the request is over either way
+                log.error("%s: its cache could not be kept", active.id, exc_info=close_error)
                 error = error or f"{type(close_error).__name__}: {close_error}"
                 exported = None
             if exported is not None and exported.n_tokens > 0:

@@ -42,9 +42,10 @@ Fetched = HotBlock | LoadOutcome
 
 
 OTHER_TAILS = 3
-"""Tails, beyond the best match, that a prompt may try when the best cannot restore its
-prefix (``AgentCacheStore._restorable_tail``): siblings are many where conversations share
-a long system prompt, and each one tried may be a read from disk."""
+"""Siblings, beyond the best match, that a prompt may try in place of a block of its chain
+when the chain cannot restore its prefix (``AgentCacheStore._restorable_tail``): siblings
+are many where conversations share a long system prompt, and each one tried may be a read
+from disk."""
 
 
 @dataclass(frozen=True)
@@ -128,7 +129,7 @@ class AgentCacheStore:
         """Pin the longest stored prefix of ``prompt`` (loading disk blocks into memory)."""
         pin = f"pin-{next(self._pins)}"
         self.stats.queried_tokens += len(prompt)
-        candidates, other_tails = await self._walk(namespace, prompt)
+        candidates = await self._walk(namespace, prompt)
         lanes = read_lanes(len(candidates))
         fetches = [
             self._readers.submit(index, self._fetch_lane, candidates, lane, pin)
@@ -150,9 +151,9 @@ class AgentCacheStore:
             except BaseException:  # the caller went away meanwhile: nobody will release it
                 self._pool.release_owner(pin)
                 raise
-        if other_tails and len(chain) == len(candidates):
+        if len(chain) == len(candidates):
             chain, candidates = await self._restorable_tail(
-                chain, candidates, other_tails, prompt, pin
+                chain, candidates, prompt, self.root(namespace), pin
             )
         hot_tokens, disk_tokens = _by_tier(chain)
         blocks = self._agent_blocks([block for block, _ in chain])
@@ -323,41 +324,42 @@ class AgentCacheStore:
         self,
         chain: list[tuple[HotBlock, bool]],
         candidates: list[_Candidate],
-        other_tails: list[_Candidate],
         prompt: Sequence[int],
+        root: str,
         pin: str,
     ) -> tuple[list[tuple[HotBlock, bool]], list[_Candidate]]:
-        """The chain with the tail that restores the most of the prompt. The tail matching
-        the most tokens may be another conversation's, which went on past this one's point
-        of departure and kept no sliding-window positions from before it, where a sibling
-        tail matching a few tokens less (this conversation's own last turn) holds them."""
+        """The chain, its last block or two swapped for the siblings that restore the most
+        of the prompt. The blocks matching the most tokens may be another conversation's,
+        which went on past this one's point of departure and kept no sliding-window
+        positions before it, where a sibling matching a few tokens less (this
+        conversation's own last turn, ending in a partial block) holds them."""
         blocks = self._agent_blocks([block for block, _ in chain])
         best = self._usable(blocks, prompt)
         if blocks is None or best >= reusable_prefix(
             common_prefix(blocks.token_ids, prompt), len(prompt)
         ):
             return chain, candidates
+        size = self._spec.block_tokens
         try:
-            for other in other_tails:
-                fetched = await asyncio.to_thread(self._fetch, other, len(chain) - 1, pin)
-                if not isinstance(fetched, HotBlock):
-                    continue
-                trial = [*chain[:-1], (fetched, other.hot is None)]
-                usable = self._usable(self._agent_blocks([b for b, _ in trial]), prompt)
-                dropped = chain if usable > best else trial
-                self._pool.release(pin, dropped[-1][0].pool_ids())
-                if usable > best:
-                    chain, candidates, best = trial, [*candidates[:-1], other], usable
+            for cut in range(len(chain) - 1, max(-1, len(chain) - 3), -1):
+                parent = candidates[cut - 1].key if cut else root
+                siblings = await self._children_by_match(parent, tuple(prompt[cut * size :]))
+                for other in (c for c in siblings if c.key != candidates[cut].key):
+                    fetched = await asyncio.to_thread(self._fetch, other, cut, pin)
+                    if not isinstance(fetched, HotBlock):
+                        continue
+                    trial = [*chain[:cut], (fetched, other.hot is None)]
+                    usable = self._usable(self._agent_blocks([b for b, _ in trial]), prompt)
+                    dropped = chain[cut:] if usable > best else trial[cut:]
+                    self._pool.release(pin, [i for b, _ in dropped for i in b.pool_ids()])
+                    if usable > best:
+                        chain, candidates, best = trial, [*candidates[:cut], other], usable
         except BaseException:  # the caller went away: nobody else will release the pins
             self._pool.release_owner(pin)
             raise
         return chain, candidates
 
-    async def _walk(
-        self, namespace: str, prompt: Sequence[int]
-    ) -> tuple[list[_Candidate], list[_Candidate]]:
-        """The stored blocks along ``prompt``, the last maybe a partial match; and the other
-        stored blocks that could end it, best match first."""
+    async def _walk(self, namespace: str, prompt: Sequence[int]) -> list[_Candidate]:
         size = self._spec.block_tokens
         root = self.root(namespace)
         keys = chain_keys(root, prompt, size)
@@ -380,7 +382,7 @@ class AgentCacheStore:
             parent = key
         rest = tuple(prompt[len(out) * size :])
         tails = await self._children_by_match(parent, rest) if rest else []
-        return out + tails[:1], tails[1:]
+        return out + tails[:1]
 
     async def _children_by_match(self, parent: str, rest: tuple[int, ...]) -> list[_Candidate]:
         stored = {r.key: r for r in await self._metadata.children(parent) if not r.quarantined}
