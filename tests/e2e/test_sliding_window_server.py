@@ -103,3 +103,6 @@ def test_a_gemma_chat_continues_after_a_restart_and_a_fork_like_a_cold_run(
         cold = chat(server, messages, **{"X-Namespace": "elsewhere"})
         assert cold.usage.prompt_tokens_details.cached_tokens == 0
         assert continued.choices[0].message.content == cold.choices[0].message.content
+    # the second cold prompt found the first one's blocks, which kept their sliding windows
+    # near their own end only: dropped, and the prompt computed (not a 500)
+    assert server.metric("semantic_prefix_cache_dropped_total") == 1
