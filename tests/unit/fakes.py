@@ -359,15 +359,22 @@ class FakeBackend:
         seq = self.sequences.pop(seq_id)
         keep = min(keep_tokens, len(seq.tokens))
         size = self.spec.block_tokens
-        layers = [
-            [
-                BlockPayload(
-                    i // size, 0, min(size, keep - i), tuple(seq.tokens[i : min(i + size, keep)])
-                )
-                for i in range(0, keep, size)
-            ]
-            for _ in range(self.spec.n_layers)
-        ]
+        layers = []
+        for layer in range(self.spec.n_layers):  # a sliding layer keeps its last window only
+            window = self.spec.window(layer)
+            first = 0 if window is None else max(0, keep - window)
+            layers.append(
+                [
+                    BlockPayload(
+                        i // size,
+                        max(first, i) - i,
+                        min(size, keep - i),
+                        tuple(seq.tokens[max(first, i) : min(i + size, keep)]),
+                    )
+                    for i in range(0, keep, size)
+                    if i + size > first
+                ]
+            )
         return ExportedKV(keep, layers)
 
     def warm_up(self) -> None:
@@ -387,15 +394,26 @@ class FakeBackend:
 
 
 def _gather(blocks: AgentBlocks, n: int, spec: ModelCacheSpec) -> list[int]:
+    """The first ``n`` tokens, read back from the layers: every position from a global
+    layer, the last window from a sliding one (which must agree)."""
     per_layer = []
-    for layer_blocks in blocks.layers:
-        tokens: list[int] = []
+    for layer, layer_blocks in enumerate(blocks.layers):
+        held: dict[int, int] = {}
         for block in layer_blocks:
             payload = block.payload
             if not isinstance(payload, tuple):
                 raise IncompatibleCacheError("fake payload must be a tuple of token ids")
-            tokens.extend(payload)
-        per_layer.append(tokens[:n])
-    if any(layer != per_layer[0] for layer in per_layer):
+            base = block.index * spec.block_tokens + block.start
+            held.update((base + offset, token) for offset, token in enumerate(payload))
+        window = spec.window(layer)
+        first = 0 if window is None else max(0, n - window)
+        missing = [p for p in range(first, n) if p not in held]
+        if missing:
+            raise IncompatibleCacheError(f"layer {layer} is missing positions {missing}")
+        per_layer.append([held[p] for p in range(first, n)])
+    tokens = max(per_layer, key=len)
+    if any(layer != tokens[len(tokens) - len(layer) :] for layer in per_layer):
         raise IncompatibleCacheError("layers disagree")
-    return per_layer[0]
+    if len(tokens) != n:
+        raise IncompatibleCacheError("no global layer holds every position")
+    return tokens

@@ -77,6 +77,8 @@ class ActiveRequest:
     """The request whose prefill this one waits for, to copy the prefix they share."""
     grammar: Grammar | None = None
     """Its compiled output constraint: each admission starts a matcher from it."""
+    dropped_tokens: int = 0
+    """Cached prompt tokens its restore could not use (computed instead)."""
 
     @property
     def pin_owner(self) -> str:
@@ -114,4 +116,5 @@ class ActiveRequest:
             cached_tokens=self.n_cached,
             computed_tokens=max(0, self.prefilled - self.n_cached),
             generated_tokens=self.detector.generated_count,
+            dropped_tokens=self.dropped_tokens,
         )

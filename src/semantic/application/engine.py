@@ -11,6 +11,7 @@ the backend's; this class decides what runs, keeps the block books, and reports 
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import threading
 import time
@@ -33,7 +34,7 @@ from semantic.application.scheduler.pacer import PacerConfig, PrefillPacer
 from semantic.application.scheduler.prefill_adder import Plan, PrefillAdder
 from semantic.application.scheduler.request_queue import RequestQueue
 from semantic.domain.block_pool import BlockPool
-from semantic.domain.blocks import AgentBlocks
+from semantic.domain.blocks import AgentBlocks, restorable_prefix
 from semantic.domain.constraints import OutputConstraint
 from semantic.domain.errors import InvalidRequestError, NoRoomCameError
 from semantic.domain.generation import (
@@ -47,6 +48,8 @@ from semantic.domain.tokens import common_prefix, reusable_prefix
 from semantic.ports.grammar import Grammar, GrammarCompiler
 from semantic.ports.model_backend import ModelBackend, PromptChunk, SampledToken, StepOutput
 from semantic.ports.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -370,18 +373,8 @@ class BlockPoolBatchEngine:
         cached = active.request.cached
         matched = common_prefix(cached.token_ids, prompt) if cached is not None else 0
         n_cached = reusable_prefix(matched, len(prompt))
-        grammar = active.grammar
-        constrained = {"matcher": grammar.matcher()} if grammar is not None else {}
         try:
-            self._backend.open_sequence(
-                active.id,
-                restored=cached,
-                n_restored=n_cached,
-                n_new=len(prompt) - n_cached,
-                sampling=active.request.sampling,
-                track_top_prob=active.request.criteria.min_top_prob is not None,
-                **constrained,
-            )
+            n_cached = self._open(active, cached, n_cached)
         except Exception as error:  # noqa: BLE001 - this request fails; the queue moves on
             active.reservation.release()
             self._queue.cancel(active.id)
@@ -395,6 +388,41 @@ class BlockPoolBatchEngine:
         if leader is not None:
             self._copy_to_followers(self._running[leader])
         return True
+
+    def _open(self, active: ActiveRequest, cached: AgentBlocks | None, n_cached: int) -> int:
+        """Open the request's sequence on the longest prefix of ``n_cached`` its blocks can
+        restore; returns that length. A restore the backend cannot build is dropped and the
+        prompt computed instead (``dropped_tokens``): a stored prefix that cannot serve
+        this prompt must not fail it, nor every later prompt that finds it."""
+        usable = restorable_prefix(cached, n_cached, self._spec) if cached is not None else 0
+        if usable:
+            try:
+                self._open_sequence(active, cached, usable)
+            except Exception:  # computed instead, below
+                log.warning(
+                    "%s: its %d cached tokens could not be restored; computing them",
+                    active.id,
+                    usable,
+                    exc_info=True,
+                )
+                usable = 0
+        if not usable:
+            self._open_sequence(active, None, 0)
+        active.dropped_tokens = n_cached - usable
+        return usable
+
+    def _open_sequence(self, active: ActiveRequest, cached: AgentBlocks | None, n: int) -> None:
+        grammar = active.grammar  # a fresh matcher for each try: a failed one may have begun
+        constrained = {"matcher": grammar.matcher()} if grammar is not None else {}
+        self._backend.open_sequence(
+            active.id,
+            restored=cached,
+            n_restored=n,
+            n_new=len(active.prompt) - n,
+            sampling=active.request.sampling,
+            track_top_prob=active.request.criteria.min_top_prob is not None,
+            **constrained,
+        )
 
     def _make_room(self, active: ActiveRequest) -> bool:
         if self._running:  # a request that ends will free memory: wait for it
@@ -559,8 +587,12 @@ class BlockPoolBatchEngine:
         return active.reservation.grow_to(n_positions)
 
     def _fail(self, active: ActiveRequest, error: Exception, events: list[EngineEvent]) -> None:
+        """The request ends as failed; an error from inside the engine (not a refusal for
+        want of memory) is logged with its traceback, under the request's id."""
         active.detector.end(FinishReason.ERROR)
         reason = str(error) if isinstance(error, NoRoomCameError) else None
+        if reason is None:
+            log.error("%s failed: %s", active.id, error, exc_info=error)
         reason = reason or f"{type(error).__name__}: {error}"
         self._complete(active, events, keep_kv=False, error=reason)
 
@@ -582,7 +614,8 @@ class BlockPoolBatchEngine:
             keep = active.positions_after(len(kept)) if keep_kv else 0
             try:
                 exported = self._backend.close_sequence(active.id, keep)
-            except Exception as close_error:  # noqa: BLE001 - the request is over either way
+            except Exception as close_error:  # the request is over either way
+                log.error("%s: its cache could not be kept", active.id, exc_info=close_error)
                 error = error or f"{type(close_error).__name__}: {close_error}"
                 exported = None
             if exported is not None and exported.n_tokens > 0:

@@ -23,12 +23,14 @@ from semantic.adapters.mlx.decode_batch import Caches, DecodeBatch
 from semantic.adapters.mlx.fused_pass import MAX_ROWS, Group, supports_fusion
 from semantic.adapters.mlx.host_pass import HostPass
 from semantic.adapters.mlx.kv_blocks import (
+    History,
     clone_prefix,
     cut_into_blocks,
     gather_cache,
     reserve_room,
     room_to_reserve,
     size_cache,
+    window_history,
 )
 from semantic.adapters.mlx.layer_slice import LayerSlice, StepTimes
 from semantic.adapters.mlx.model_parts import BodyAndHead
@@ -66,6 +68,8 @@ class _Sequence:
     """A chunk part way through the layers (``prefill_slice``)."""
     matcher: GrammarMatcher | None = None
     """The grammar every token of a constrained sequence is drawn within."""
+    history: History | None = None
+    """Its sliding layers' windows as its prompt ended (``window_history``)."""
 
 
 class MlxBackend:
@@ -278,6 +282,8 @@ class MlxBackend:
     def start_decoding(self, seq_id: str, first_token: int, max_new_tokens: int) -> None:
         sequence = self._sequences[seq_id]
         caches: Caches = sequence.caches
+        if self._spec.has_sliding_layers and sequence.prefix is None:
+            sequence.history = window_history(sequence.caches, self._spec)
         if sequence.prefix is not None:  # built at the next step, after the first token is out
             caches = functools.partial(self._gathered, sequence.prefix, sequence.caches)
         self._decoder.add(
@@ -370,7 +376,8 @@ class MlxBackend:
         keep = min(keep_tokens, held)
         if keep <= 0:
             return ExportedKV(0, [[] for _ in range(self._spec.n_layers)])
-        return ExportedKV(keep, cut_into_blocks(caches, keep, self._spec, self._buffers))
+        blocks = cut_into_blocks(caches, keep, self._spec, self._buffers, sequence.history)
+        return ExportedKV(keep, blocks)
 
     def warm_up(self) -> None:
         """Prefill and decode a few tokens so MLX has compiled and allocated what it needs."""
