@@ -20,6 +20,7 @@ class FakeBlockStore:
         self.loads: list[str] = []
         self.full = False  # a full disk: every save fails
         self.free: int | None = None  # bytes free on its file system, if known
+        self.released = 0  # calls of release_space
 
     def save(self, key: str, layers: Sequence[KVBlock]) -> StoredFile:
         if self.full:
@@ -54,6 +55,13 @@ class FakeBlockStore:
 
     def free_bytes(self) -> int | None:
         return self.free
+
+    def release_space(self, *, headroom: bool) -> int:
+        self.released += 1
+        return 0
+
+    def keep_headroom(self, *, leaving: int) -> bool:
+        return False
 
 
 class FakeMetadataStore:

@@ -58,6 +58,9 @@ _PIECE = 512 << 10
 SUFFIX = ".safetensors"
 SPARES = 4
 """Unneeded block files kept to be written over: at most this many (~12 MB each here)."""
+HEADROOM = 2 << 20
+"""Bytes of the headroom file: room for the transactions that record evictions (a few
+pages each) when the disk is full."""
 SPARE_AGE_S = 0.25
 """A spare is written over only this long after its block was collected, so a restore that
 opened the block's file just before (a file's read takes milliseconds, a whole restore well
@@ -76,6 +79,7 @@ class BlockFiles:
             (path, 0.0) for path in sorted(self.spare_dir.glob("*.spare"))
         ]  # (file, when it was collected); a previous run's are old enough
         self._spare_lock = threading.Lock()
+        self.headroom_path = root.parent / "headroom"
 
     def path(self, key: str) -> Path:
         return self.root / key[:2] / f"{key}{SUFFIX}"
@@ -103,12 +107,16 @@ class BlockFiles:
         target.parent.mkdir(parents=True, exist_ok=True)
         temporary = target.with_name(f"{target.name}.{os.getpid()}.tmp")
         n_bytes = sum(len(part) for part in parts)
-        with self._open_for_writing(temporary) as handle:
-            for part in parts:
-                _write_all(handle, part)
-            handle.truncate(n_bytes)  # a spare may have been longer
-            os.fsync(handle.fileno())
-        os.replace(temporary, target)
+        try:
+            with self._open_for_writing(temporary) as handle:
+                for part in parts:
+                    _write_all(handle, part)
+                handle.truncate(n_bytes)  # a spare may have been longer
+                os.fsync(handle.fileno())
+            os.replace(temporary, target)
+        except BaseException:  # a full disk, say: the partial file goes now, not at a restart
+            temporary.unlink(missing_ok=True)
+            raise
         fsync_directory(target.parent)
         return n_bytes, digest.hexdigest()
 
@@ -202,12 +210,55 @@ class BlockFiles:
     def keys(self) -> set[str]:
         return {p.name[: -len(SUFFIX)] for p in self.root.glob(f"*/*{SUFFIX}")}
 
+    def release_space(self, *, headroom: bool) -> int:
+        """Free the disk this store holds only to reuse: the spare files, and with
+        ``headroom`` the headroom file too; returns the bytes freed."""
+        with self._spare_lock:
+            spares, self._spares = self._spares, []
+        freed = sum(_remove(path) for path, _ in spares)
+        if headroom:
+            freed += _remove(self.headroom_path)
+        return freed
+
+    def keep_headroom(self, *, leaving: int) -> bool:
+        """Make the headroom file (``HEADROOM`` bytes) if it is missing and the disk has
+        room for it and ``leaving`` bytes more; returns whether it is there.
+
+        On a disk another program filled, the transaction that records an eviction needs
+        room of its own before the eviction frees any: deleting this file gives it that."""
+        if self.headroom_path.exists():
+            return True
+        free = self.free_bytes()
+        if free is None or free < HEADROOM + leaving:
+            return False
+        temporary = self.headroom_path.with_name(f"headroom.{os.getpid()}.tmp")
+        try:
+            with open(temporary, "wb", buffering=0) as handle:
+                os.posix_fallocate(handle.fileno(), 0, HEADROOM)
+                os.fsync(handle.fileno())
+            os.replace(temporary, self.headroom_path)
+        except OSError as error:
+            temporary.unlink(missing_ok=True)
+            log.warning("cannot keep the headroom file %s (%s)", self.headroom_path, error)
+            return False
+        return True
+
     def remove_temporaries(self) -> int:
         """Delete ``*.tmp`` files a crash left behind; returns how many."""
         stray = list(self.root.glob("*/*.tmp"))
         for path in stray:
             path.unlink(missing_ok=True)
         return len(stray)
+
+
+def _remove(path: Path) -> int:
+    """Delete a file; returns the bytes it held (0 if it was gone already)."""
+    try:
+        size = path.stat().st_blocks * 512
+        path.unlink()
+    except FileNotFoundError:
+        return 0
+    return size
 
 
 def safetensors_parts(
