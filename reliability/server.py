@@ -21,14 +21,20 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, data_dir: Path, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        *args: str,
+        env: dict[str, str] | None = None,
+        log: Path | None = None,
+    ) -> None:
         self.data_dir = data_dir
         self.args = args
         self.env = {**os.environ, **(env or {})}
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen[bytes] | None = None
-        self.log = data_dir / f"server-{self.port}.log"
+        self.log = log or data_dir / f"server-{self.port}.log"  # elsewhere for a disk to fill
 
     def start(self, timeout: float = 180.0) -> ServerProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)

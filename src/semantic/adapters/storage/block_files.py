@@ -195,6 +195,8 @@ class BlockFiles:
         since an existing file's checksum is trusted when the same key is written again."""
         path = self.path(key)
         with self._spare_lock:
+            if self._adopt_as_headroom(path):
+                return
             if len(self._spares) >= SPARES:
                 path.unlink(missing_ok=True)
                 return
@@ -206,6 +208,27 @@ class BlockFiles:
                 return
             fsync_directory(path.parent)
             self._spares.append((spare, time.monotonic()))
+
+    def _adopt_as_headroom(self, path: Path) -> bool:
+        """Where the headroom file was given up (a full disk), a collected block's file
+        becomes it, cut to size: deleting the file and making a new one would let another
+        program take the room in between. Its old name goes durably first, as a spare's."""
+        if self.headroom_path.exists():
+            return False
+        temporary = self.headroom_path.with_name(f"headroom.{os.getpid()}.tmp")
+        try:
+            if path.stat().st_size < HEADROOM:
+                return False
+            os.replace(path, temporary)
+        except OSError:
+            return False
+        try:
+            fsync_directory(path.parent)
+            os.truncate(temporary, HEADROOM)
+            os.replace(temporary, self.headroom_path)
+        except OSError:
+            temporary.unlink(missing_ok=True)  # the block's name is gone either way
+        return True
 
     def keys(self) -> set[str]:
         return {p.name[: -len(SUFFIX)] for p in self.root.glob(f"*/*{SUFFIX}")}
@@ -245,7 +268,7 @@ class BlockFiles:
 
     def remove_temporaries(self) -> int:
         """Delete ``*.tmp`` files a crash left behind; returns how many."""
-        stray = list(self.root.glob("*/*.tmp"))
+        stray = [*self.root.glob("*/*.tmp"), *self.root.parent.glob("headroom.*.tmp")]
         for path in stray:
             path.unlink(missing_ok=True)
         return len(stray)

@@ -18,6 +18,7 @@ a transcript write never cuts blocks a save in flight is about to list.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import logging
@@ -82,25 +83,30 @@ class DiskRoom:
         """Run a metadata write for ``agent_id`` (a transcript, an agent made or deleted)
         with room made for it first; one that finds the disk full anyway is tried again
         once everything of ours that can go is gone, then refused."""
+        try:
+            result = await self._keeping(namespace, agent_id, write)
+        except DiskFullError as error:
+            self._refused = (
+                f"{error}; nothing cached is left to evict there, so this was not kept: "
+                "free space on that disk and retry"
+            )
+            raise DiskFullError(self._refused) from error
+        self._refused = None
+        return result
+
+    async def _keeping(self, namespace: str, agent_id: str, write: Callable[[], Awaitable[T]]) -> T:
         free = self._store.free_bytes()
         if free is not None and free < max(self._reserve, self._floor):
             async with self.lock:
-                await self.for_metadata(namespace, agent_id)
+                with contextlib.suppress(DiskFullError):  # the write may fit all the same
+                    await self.for_metadata(namespace, agent_id)
         try:
-            result = await write()
+            return await write()
         except DiskFullError:
             async with self.lock:
-                await self.after_full(namespace, agent_id)
-            try:
-                result = await write()
-            except DiskFullError as error:
-                self._refused = (
-                    f"{error}; nothing cached is left to evict there, so this was not kept: "
-                    "free space on that disk and retry"
-                )
-                raise DiskFullError(self._refused) from error
-        self._refused = None
-        return result
+                with contextlib.suppress(DiskFullError):
+                    await self.after_full(namespace, agent_id)
+            return await write()
 
     async def for_metadata(self, namespace: str, agent_id: str) -> None:
         """Under ``lock``: keep the reserve by cutting other records, and the floor by
