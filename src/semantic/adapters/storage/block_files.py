@@ -85,10 +85,12 @@ class BlockFiles:
         return self.root / key[:2] / f"{key}{SUFFIX}"
 
     def free_bytes(self) -> int | None:
-        try:
-            return shutil.disk_usage(self.root).free
-        except OSError:
-            return None
+        for where in (self.root, self.root.parent):  # ``blocks/`` comes with the first block
+            try:
+                return shutil.disk_usage(where).free
+            except OSError:
+                continue
+        return None
 
     def write(
         self, key: str, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str]
