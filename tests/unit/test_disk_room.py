@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import functools
 
+import pytest
+
 from semantic.domain.errors import DiskFullError
 from semantic.ports.metadata_store import MessageRecord
 from tests.unit.storage_fakes import FakeBlockStore, FakeMetadataStore
@@ -57,8 +59,12 @@ async def test_with_nothing_of_ours_left_a_write_is_refused_then_kept_once_space
     assert "nothing cached is left" in refusal
     assert [m.content for m in await h.metadata.messages("default", "a0")] == kept
     assert not h.metadata.block_rows  # every block of ours gave way first
+    with pytest.raises(DiskFullError, match="/fake is full"):
+        h.store.check_room()  # nothing freed since: refused before a reply is computed
     during = h.store.disk
-    h.block_store.taken = 0  # the other program lets go: no restart needed
+    h.block_store.taken -= 1  # the other program lets go of a byte: worth a try
+    h.store.check_room()
+    h.block_store.taken = 0  # and of the rest: no restart needed
     after = h.store.disk
     assert during.refused is not None
     assert after.refused is None

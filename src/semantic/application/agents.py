@@ -268,6 +268,7 @@ class AgentService:
             async with self._lock(namespace, agent_id):
                 if live.deleted:
                     raise AgentDeletedError(agent_id, namespace)
+                self._cache.check_room()
                 request, earlier = await self._request(namespace, agent_id, turn)
                 async for event in self._run(request, live, turn.content, earlier):
                     yield event

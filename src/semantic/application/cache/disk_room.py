@@ -71,6 +71,8 @@ class DiskRoom:
         self._floor = floor
         self.lock = asyncio.Lock()
         self._refused: str | None = None
+        self._refused_free = 0
+        """Free bytes when a write was last refused: while no more is free, so is the next."""
 
     @property
     def state(self) -> DiskState:
@@ -79,6 +81,13 @@ class DiskRoom:
             self._refused = None  # space came back: the next write will find it
         return DiskState(free, self._refused)
 
+    def check(self) -> None:
+        """Refuse at once what would write nothing but find the disk as full as when the
+        last write was refused (no byte freed since), before a reply is computed for it."""
+        free = self._store.free_bytes()
+        if self._refused is not None and free is not None and free <= self._refused_free:
+            raise DiskFullError(self._refused)
+
     async def keeping(self, namespace: str, agent_id: str, write: Callable[[], Awaitable[T]]) -> T:
         """Run a metadata write for ``agent_id`` (a transcript, an agent made or deleted)
         with room made for it first; one that finds the disk full anyway is tried again
@@ -86,6 +95,7 @@ class DiskRoom:
         try:
             result = await self._keeping(namespace, agent_id, write)
         except DiskFullError as error:
+            self._refused_free = self._store.free_bytes() or 0
             self._refused = (
                 f"{error}; nothing cached is left to evict there, so this was not kept: "
                 "free space on that disk and retry"

@@ -128,6 +128,11 @@ class AgentCacheStore:
         """Free space on the data directory's disk, and whether writes are being refused."""
         return self._room.state
 
+    def check_room(self) -> None:
+        """Raises ``DiskFullError`` while the disk is as full as when a write was last
+        refused: a turn that could not be kept is refused before its reply is computed."""
+        self._room.check()
+
     async def keeping(self, namespace: str, agent_id: str, write: Callable[[], Awaitable[T]]) -> T:
         """A metadata write with room made for it on the disk, cached KV giving way first
         (``DiskRoom.keeping``); raises ``DiskFullError`` when nothing of ours is left."""
