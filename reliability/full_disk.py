@@ -66,7 +66,10 @@ class Result:
 def tmpfs(path: Path, size_mb: int) -> Iterator[Path]:
     path.mkdir(parents=True, exist_ok=True)
     command = ["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(path)]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+    except OSError as error:  # no mount command at all
+        raise MountRefusedError(str(error)) from error
     if done.returncode != 0:
         raise MountRefusedError(done.stderr.strip() or f"mount exited with {done.returncode}")
     try:
