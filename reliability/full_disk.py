@@ -35,9 +35,9 @@ import httpx
 
 from reliability.server import ServerProcess
 
-LONG = " ".join(f"item{i} is a thing that matters," for i in range(40))
+LONG = " ".join(f"item{i} is a thing that matters," for i in range(44))
 """With its question, a turn of ~420 tokens: one whole block and a partial one."""
-LONGER = " ".join(f"item{i} is a thing that matters," for i in range(72))
+LONGER = " ".join(f"item{i} is a thing that matters," for i in range(78))
 """~750 tokens: two whole blocks and a partial one."""
 RULES = "Rules: be brief, be kind, be exact. " * 400
 """A system prompt of ~14 KB that still fits the context: agents made with it fill the
