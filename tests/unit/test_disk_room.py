@@ -4,6 +4,7 @@ free space follows their files: blocks are 20 bytes, the headroom file 10."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -21,7 +22,7 @@ async def on_a_disk(capacity: int, *, floor: int = 5, reserve: int = 0) -> Harne
     )
 
 
-def transcript_write(h: Harness, agent: str, text: str):  # type: ignore[no-untyped-def]  # a partial
+def transcript_write(h: Harness, agent: str, text: str) -> Callable[[], Awaitable[None]]:
     records = [MessageRecord("user", text)]
     return functools.partial(h.metadata.append_messages, "default", agent, records)
 
