@@ -236,6 +236,7 @@ class AgentService:
             await self._cache.keeping(
                 namespace, new_id, functools.partial(self._metadata.create_agent, record)
             )
+            source = await self._record(namespace, source_id)  # room made may have cut it
             fork = dataclasses.replace(source, agent_id=new_id, anonymous=False, last_used=0.0)
             try:
                 await self._metadata.save_agent_blocks(fork, [])
