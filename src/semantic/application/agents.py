@@ -122,8 +122,11 @@ class AgentService:
                     f"the system prompt leaves no room for a conversation: {error}",
                     param="system_prompt",
                 ) from None
-        await self._metadata.create_agent(
-            AgentRecord(namespace, agent_id, system_prompt=system_prompt, keeps_transcript=True)
+        record = AgentRecord(
+            namespace, agent_id, system_prompt=system_prompt, keeps_transcript=True
+        )
+        await self._cache.keeping(
+            namespace, agent_id, functools.partial(self._metadata.create_agent, record)
         )
         return await self.get(namespace, agent_id)
 
@@ -212,7 +215,11 @@ class AgentService:
                 if live:  # its first requests were running: they are ended, nothing kept
                     return
                 raise AgentNotFoundError(agent_id, namespace)
-            orphans = await self._metadata.delete_agent(namespace, agent_id)
+            orphans = await self._cache.keeping(
+                namespace,
+                agent_id,
+                functools.partial(self._metadata.delete_agent, namespace, agent_id),
+            )
             for branch in await self._metadata.agents(namespace):
                 if branch.agent_id.startswith(branch_prefix(agent_id)):
                     orphans += await self._metadata.delete_agent(namespace, branch.agent_id)
@@ -223,16 +230,21 @@ class AgentService:
         ids, and the two diverge from their next turn on."""
         async with self._lock(namespace, source_id):
             source = await self._record(namespace, source_id)
-            await self._metadata.create_agent(
-                AgentRecord(
-                    namespace, new_id, system_prompt=source.system_prompt, keeps_transcript=True
-                )
+            record = AgentRecord(
+                namespace, new_id, system_prompt=source.system_prompt, keeps_transcript=True
             )
+            await self._cache.keeping(
+                namespace, new_id, functools.partial(self._metadata.create_agent, record)
+            )
+            source = await self._record(namespace, source_id)  # room made may have cut it
             fork = dataclasses.replace(source, agent_id=new_id, anonymous=False, last_used=0.0)
             try:
                 await self._metadata.save_agent_blocks(fork, [])
-                await self._metadata.append_messages(
-                    namespace, new_id, await self._metadata.messages(namespace, source_id)
+                history = await self._metadata.messages(namespace, source_id)
+                await self._cache.keeping(
+                    namespace,
+                    new_id,
+                    functools.partial(self._metadata.append_messages, namespace, new_id, history),
                 )
             except BaseException:  # no half-made fork (the disk quota cut the source, say)
                 await self._cache.forget(await self._metadata.delete_agent(namespace, new_id))
@@ -247,7 +259,9 @@ class AgentService:
         self, namespace: str, agent_id: str, turn: Turn
     ) -> AsyncGenerator[GenerationEvent, None]:
         """Append the user's message, generate the reply, commit both, then report the
-        result. Turns of one agent run one at a time."""
+        result. Turns of one agent run one at a time. On a full disk, cached KV makes room
+        for the transcript; a turn that cannot be kept is refused (``DiskFullError``),
+        never answered."""
         if not turn.content:
             raise InvalidRequestError("the message is empty", param="content")
         live = _LiveTurn(namespace, agent_id)
@@ -255,6 +269,7 @@ class AgentService:
             async with self._lock(namespace, agent_id):
                 if live.deleted:
                     raise AgentDeletedError(agent_id, namespace)
+                self._cache.check_room()
                 request, earlier = await self._request(namespace, agent_id, turn)
                 async for event in self._run(request, live, turn.content, earlier):
                     yield event
@@ -276,9 +291,10 @@ class AgentService:
                         MessageRecord("user", question, asked),
                         MessageRecord("assistant", event.text, time.time()),
                     ]
-                    await _whole(
-                        self._metadata.append_messages(live.namespace, live.agent_id, records)
+                    keep = functools.partial(
+                        self._metadata.append_messages, live.namespace, live.agent_id, records
                     )
+                    await _whole(self._cache.keeping(live.namespace, live.agent_id, keep))
                     yield CommittedReply(
                         event.request_id,
                         event.text,

@@ -28,6 +28,7 @@ from semantic.adapters.storage.sqlite_rows import (
 from semantic.domain.errors import (
     AgentExistsError,
     DataDirectoryUnusableError,
+    DiskFullError,
     StorageUnavailableError,
 )
 from semantic.ports.metadata_store import AgentRecord, BlockRecord, MessageRecord
@@ -41,13 +42,20 @@ def _unavailable_on_failure(
 ) -> Callable[P, Coroutine[Any, Any, R]]:
     """SQLite's own failures (a read-only or full disk, a database locked past its busy
     timeout) become ``StorageUnavailableError``: the edge answers 503 naming the storage,
-    not 500. The transaction was rolled back, so nothing half-done is kept."""
+    not 500; a full disk becomes ``DiskFullError``, naming the directory, so the caller can
+    free room and try again. The transaction was rolled back, so nothing half-done is kept."""
 
     @functools.wraps(method)
     async def guarded(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return await method(*args, **kwargs)
         except OperationalError as error:
+            if _disk_full(error):
+                store = args[0]
+                where = store.path.parent if isinstance(store, SqliteMetadataStore) else "?"
+                raise DiskFullError(
+                    f"the disk holding the data directory {where} is full ({error.orig})"
+                ) from error
             raise StorageUnavailableError(f"the metadata store failed: {error.orig}") from error
         except IntegrityError as error:  # a change that raced another (a cut block), undone
             raise StorageUnavailableError(
@@ -55,6 +63,17 @@ def _unavailable_on_failure(
             ) from error
 
     return guarded
+
+
+_SQLITE_FULL = 13
+
+
+def _disk_full(error: OperationalError) -> bool:
+    """SQLite's own code for a write that found no room (``SQLITE_FULL``, any variant)."""
+    code = getattr(error.orig, "sqlite_errorcode", None)
+    return (isinstance(code, int) and code & 0xFF == _SQLITE_FULL) or "disk is full" in str(
+        error.orig
+    )
 
 
 class SqliteMetadataStore:
