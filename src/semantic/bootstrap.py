@@ -30,6 +30,7 @@ from semantic.adapters.storage.kv_block_store import KVBlockStore
 from semantic.adapters.storage.sqlite_metadata import SqliteMetadataStore
 from semantic.application.agents import AgentService
 from semantic.application.cache.store import AgentCacheStore, CacheConfig
+from semantic.application.call_memory import CallMemory
 from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
 from semantic.application.engine_loop import EngineLoop
 from semantic.application.generation import GenerationService, Limits
@@ -80,6 +81,8 @@ class Services:
     agents: AgentService
     data_dir: Path
     """The held data directory (``data_dir_lock``), given back when the services stop."""
+    calls: CallMemory
+    """Generated tool calls, rendered again as written on their round trip (ADR 0018)."""
 
 
 def weight_format(settings: Settings) -> WeightFormat:
@@ -209,7 +212,17 @@ async def _start_services(
         settings.data_dir,
     )
     return Services(
-        loaded.model_id, tokenizer, spec, pool, loop, cache, metadata, generation, agents, data_dir
+        loaded.model_id,
+        tokenizer,
+        spec,
+        pool,
+        loop,
+        cache,
+        metadata,
+        generation,
+        agents,
+        data_dir,
+        calls=CallMemory(metadata),
     )
 
 

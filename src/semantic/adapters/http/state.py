@@ -6,6 +6,7 @@ from typing import Protocol
 
 from semantic.application.agents import AgentService
 from semantic.application.cache.store import AgentCacheStore
+from semantic.application.call_memory import CallMemory
 from semantic.application.engine_loop import EngineLoop
 from semantic.application.generation import GenerationService
 from semantic.domain.block_pool import BlockPool
@@ -31,6 +32,8 @@ class Services(Protocol):
     def pool(self) -> BlockPool: ...
     @property
     def spec(self) -> ModelCacheSpec: ...
+    @property
+    def calls(self) -> CallMemory: ...
 
 
 class ServerState:
