@@ -45,6 +45,10 @@ class ReplyReader:
         self._shown = 0
         self._call_at: int | None = None
 
+    @property
+    def reads_calls(self) -> bool:
+        return self._fmt is not None
+
     def feed(self, text: str) -> str:
         """The text to pass on now."""
         self._raw += text
