@@ -90,13 +90,13 @@ class AnthropicController(Controller):
         reader = ReplyReader(None if prefill else shape.calls_in, new_tool_use_id)
         keep = functools.partial(found.calls.remember, who.namespace)
         if data.stream:
-            events = _events(handle, message_id, found.model_id, reader, keep)
+            events = message_events(handle, message_id, found.model_id, reader, keep)
             return sse(events, handle.close)
         result = await result_of(request, handle)
         reader.feed(result.text)
         _, answer = reader.finish()
         await keep(answer)
-        return _message(message_id, found.model_id, result, answer)
+        return message_body(message_id, found.model_id, result, answer)
 
     @post("/count_tokens", status_code=200)
     async def count_tokens(
@@ -197,7 +197,7 @@ def _stop(result: GenerationResult, answer: Reply) -> str:
     return "tool_use" if answer.calls else ANTHROPIC_STOP[result.finish_reason]
 
 
-def _message(
+def message_body(
     message_id: str, model: str, result: GenerationResult, answer: Reply
 ) -> dict[str, Any]:
     content: list[dict[str, Any]] = []
@@ -260,7 +260,7 @@ class _Blocks:
 _EMPTY_TEXT = {"type": "text", "text": ""}
 
 
-async def _events(
+async def message_events(
     handle: GenerationHandle,
     message_id: str,
     model: str,

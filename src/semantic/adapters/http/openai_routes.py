@@ -106,7 +106,7 @@ class OpenAIController(Controller):
         limit = data.max_tokens if newer is None else newer
         generation = _input(request, data, prompt, limit, shape.constraint)
         handle = await _start_chat(found, generation, messages, use)
-        reply = _Reply("chatcmpl", "chat.completion", found.model_id)
+        reply = ReplyBodies("chatcmpl", "chat.completion", found.model_id)
         reader = ReplyReader(shape.calls_in, new_call_id)
         kept = _Keep(found.calls, namespace)
         if data.stream:
@@ -136,14 +136,14 @@ class OpenAIController(Controller):
             if error.param == "messages":  # the use case names the chat field
                 error.param = "prompt"
             raise
-        reply = _Reply("cmpl", "text_completion", found.model_id)
+        reply = ReplyBodies("cmpl", "text_completion", found.model_id)
         if data.stream:
             usage = bool(data.stream_options and data.stream_options.include_usage)
             return sse(reply.text_chunks(handle, usage), handle.close)
         return reply.text(await result_of(request, handle))
 
 
-class _Reply:
+class ReplyBodies:
     """Response bodies of one request, in OpenAI's shapes."""
 
     def __init__(self, prefix: str, kind: str, model: str) -> None:
