@@ -17,7 +17,7 @@ from reliability.server import ServerProcess
 pytestmark = pytest.mark.model
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
-TOOL = {
+TOOL: dict[str, Any] = {
     "type": "function",
     "function": {"name": "get_weather", "description": "Weather in a city", "parameters": WEATHER},
 }
@@ -76,18 +76,14 @@ def test_anthropic_history_with_tool_use_and_results_is_read(server: ServerProce
                 "content": content,
                 "is_error": is_error,
             }
+            history: list[Any] = [  # dicts as clients send them
+                {"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": [{"type": "text", "text": "Look."}, used]},
+                {"role": "user", "content": [result, {"type": "text", "text": "Thanks"}]},
+            ]
+            tools: list[Any] = [ANTHROPIC_TOOL]
             reply = client.messages.create(
-                model="default",
-                max_tokens=3,
-                messages=[
-                    {"role": "user", "content": "Weather in Paris?"},
-                    {
-                        "role": "assistant",
-                        "content": [{"type": "text", "text": "Let me look."}, used],
-                    },  # type: ignore[list-item]  # dicts as clients send them
-                    {"role": "user", "content": [result, {"type": "text", "text": "Thanks"}]},  # type: ignore[list-item]  # dicts as clients send them
-                ],
-                tools=[ANTHROPIC_TOOL],  # type: ignore[list-item]  # a dict as clients send it
+                model="default", max_tokens=3, messages=history, tools=tools
             )
             assert reply.stop_reason in ("end_turn", "max_tokens", "tool_use")
     asked = [{"role": "user", "content": "Weather in Paris?"}]
