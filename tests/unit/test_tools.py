@@ -8,12 +8,13 @@ import json
 
 import pytest
 
-from semantic.adapters.http.tool_translate import response_schema
+from semantic.adapters.http.tool_translate import named_refusal, response_schema
 from semantic.adapters.tool_formats import DefaultFormat, format_for
 from semantic.application.call_memory import CallMemory
 from semantic.application.tool_replies import ReplyReader
 from semantic.domain.chat import ChatMessage, check_tool_answers
-from semantic.domain.errors import InvalidRequestError, UnsupportedSchemaError
+from semantic.domain.constraints import UnsupportedSchemaError
+from semantic.domain.errors import InvalidRequestError
 from semantic.domain.tools import (
     Tool,
     ToolCall,
@@ -63,7 +64,7 @@ def test_malformed_tools_are_refused_naming_the_field(tools: list, says: str) ->
 def test_unsupported_keywords_are_their_own_error_and_local_refs_pass() -> None:
     with pytest.raises(UnsupportedSchemaError) as refused:
         checked_tools([("a", None, {"type": "object", "if": {}})])
-    assert refused.value.keyword == "if"
+    assert refused.value.keywords == ("if",)
     schema = {"type": "object", "properties": {"n": {"$ref": "#/$defs/n"}}, "$defs": {"n": {}}}
     assert checked_tools([("a", None, schema)])[0].schema == schema
     named_not = {"type": "object", "properties": {"not": {"type": "string"}}}
@@ -246,3 +247,16 @@ def test_response_formats_become_schemas() -> None:
         response_schema({"type": "json_schema", "json_schema": {**strict, "schema": unsupported}})
     loose = {"name": "a", "strict": False, "schema": unsupported}
     assert response_schema({"type": "json_schema", "json_schema": loose}) == "{}"
+
+
+def test_a_schema_the_engine_refuses_is_named_by_the_requests_field() -> None:
+    tools = checked_tools([("get_weather", None, WEATHER), ("get_time", None, None)])
+    compiled = UnsupportedSchemaError("keyword 'format' refused", keywords=("format",))
+    named = named_refusal(
+        UnsupportedSchemaError("x", keywords=("format",), call_index=1),
+        use(tools, ToolChoice.AUTO, None, True),
+    )
+    assert named.param == "tools"
+    assert "get_time" in str(named)
+    assert named.keywords == ("format",)
+    assert named_refusal(compiled, None).param == "response_format"

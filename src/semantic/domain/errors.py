@@ -136,19 +136,3 @@ class DataDirectoryInUseError(SemanticError):
             f"(pid {holder}); stop it, or give this one another --data-dir"
         )
         self.directory = directory
-
-
-class UnsupportedSchemaError(InvalidRequestError):
-    """A JSON Schema uses a keyword that output constrained to it cannot honour (the edge
-    checks the known ones; a grammar engine may raise it when it compiles a schema)."""
-
-    def __init__(
-        self, keyword: str, what: str, field: str | None = None, *, detail: str = ""
-    ) -> None:
-        extra = f" {detail}" if detail else ""
-        super().__init__(
-            f"{what}: the JSON Schema keyword {keyword!r}{extra} is not supported in "
-            "constrained output",
-            param=field,
-        )
-        self.keyword = keyword

@@ -14,7 +14,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from semantic.domain.errors import InvalidRequestError, UnsupportedSchemaError
+from semantic.domain.constraints import UnsupportedSchemaError
+from semantic.domain.errors import InvalidRequestError
 
 TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 """OpenAI's and Anthropic's rule for a function's name."""
@@ -159,10 +160,10 @@ def check_schema(schema: object, what: str, field: str) -> None:
         raise InvalidRequestError(f"{what}: a JSON Schema must be an object", param=field)
     for keyword in schema:
         if keyword in UNSUPPORTED_KEYWORDS:
-            raise UnsupportedSchemaError(keyword, what, field)
+            raise _unsupported(keyword, what, field)
     ref = schema.get("$ref")
     if ref is not None and (not isinstance(ref, str) or not ref.startswith("#")):
-        raise UnsupportedSchemaError("$ref", what, field, detail=f"to {ref!r} (only '#...')")
+        raise _unsupported("$ref", what, field, f" to {ref!r} (only '#...' within the schema)")
     for name in _SCHEMA_MAPS:
         for sub in _mapping(schema.get(name), what, name, field).values():
             check_schema(sub, what, field)
@@ -173,6 +174,15 @@ def check_schema(schema: object, what: str, field: str) -> None:
         if isinstance(schema.get(name), list):
             for sub in schema[name]:
                 check_schema(sub, what, field)
+
+
+def _unsupported(keyword: str, what: str, field: str, detail: str = "") -> UnsupportedSchemaError:
+    return UnsupportedSchemaError(
+        f"{what}: the JSON Schema keyword {keyword!r}{detail} is not supported in "
+        "constrained output",
+        keywords=(keyword,),
+        param=field,
+    )
 
 
 def _mapping(value: object, what: str, name: str, field: str) -> dict[str, Any]:

@@ -12,9 +12,11 @@ from semantic.adapters.http.agent_schemas import CreateAgent, ForkAgent, SendMes
 from semantic.adapters.http.common import services, sse, sse_data, unless_client_leaves
 from semantic.adapters.http.identity import NAMESPACE_HEADER, checked_id, identity
 from semantic.adapters.http.openai_tools import call_entry, openai_tool_use
+from semantic.adapters.http.tool_translate import named_refusal
 from semantic.adapters.http.translate import OPENAI_FINISH, sampling, stop_strings
 from semantic.application.agents import AgentInfo, CommittedReply, Turn, record_calls
 from semantic.application.generation import GenerationEvent, GenerationResult, TextDelta
+from semantic.domain.constraints import UnsupportedSchemaError
 from semantic.domain.errors import InvalidRequestError, SemanticError
 from semantic.ports.metadata_store import MessageRecord
 
@@ -133,7 +135,10 @@ class AgentController(Controller):
         events = services(state).agents.send(who.namespace, checked_id(agent_id, "agent_id"), turn)
         # The first event surfaces errors (unknown agent, bad input) as HTTP codes; it comes
         # after the whole prefill, which a client that leaves meanwhile cancels.
-        first = await unless_client_leaves(request, anext(events))
+        try:
+            first = await unless_client_leaves(request, anext(events))
+        except UnsupportedSchemaError as error:  # the grammar engine's, naming no field
+            raise named_refusal(error, turn.tools) from None
         if data.stream:
             return sse(_stream(first, events), events.aclose)
         return _reply(await unless_client_leaves(request, _last(first, events)))

@@ -27,7 +27,11 @@ from semantic.adapters.http.common import result_of, services, sse, sse_data, st
 from semantic.adapters.http.errors import body_for, problem_for
 from semantic.adapters.http.identity import identity
 from semantic.adapters.http.state import Services
-from semantic.adapters.http.tool_translate import no_room_for_tools, reply_shape
+from semantic.adapters.http.tool_translate import (
+    named_refusal,
+    no_room_for_tools,
+    reply_shape,
+)
 from semantic.adapters.http.translate import (
     ANTHROPIC_MAX_TEMPERATURE,
     ANTHROPIC_STOP,
@@ -45,6 +49,7 @@ from semantic.application.generation import (
 )
 from semantic.application.tool_replies import Call, Reply, ReplyReader
 from semantic.domain.chat import ChatMessage, check_tool_answers
+from semantic.domain.constraints import UnsupportedSchemaError
 from semantic.domain.errors import InvalidRequestError, PromptTooLongError, SemanticError
 from semantic.domain.tools import ToolUse
 
@@ -125,6 +130,8 @@ async def _start(
     """A prompt that fits without its tools but not with them is refused naming ``tools``."""
     try:
         return await start_plain(found, generation)
+    except UnsupportedSchemaError as error:
+        raise named_refusal(error, use) from None
     except PromptTooLongError as error:
         if use is None or error.param != "messages":
             raise

@@ -35,7 +35,12 @@ from semantic.adapters.http.openai_tools import (
     openai_tool_use,
 )
 from semantic.adapters.http.state import Services
-from semantic.adapters.http.tool_translate import no_room_for_tools, reply_shape, response_schema
+from semantic.adapters.http.tool_translate import (
+    named_refusal,
+    no_room_for_tools,
+    reply_shape,
+    response_schema,
+)
 from semantic.adapters.http.translate import (
     OPENAI_FINISH,
     chat,
@@ -54,7 +59,7 @@ from semantic.application.generation import (
 )
 from semantic.application.tool_replies import Reply, ReplyReader
 from semantic.domain.chat import ChatMessage, check_tool_answers
-from semantic.domain.constraints import OutputConstraint
+from semantic.domain.constraints import OutputConstraint, UnsupportedSchemaError
 from semantic.domain.errors import InvalidRequestError, PromptTooLongError, SemanticError
 from semantic.domain.tools import ToolUse
 from semantic.ports.tokenizer import Tokenizer
@@ -293,6 +298,8 @@ async def _start_chat(
     """A prompt that fits without its tools but not with them is refused naming ``tools``."""
     try:
         return await start_plain(found, generation)
+    except UnsupportedSchemaError as error:
+        raise named_refusal(error, use) from None
     except PromptTooLongError as error:
         if use is None or error.param != "messages":
             raise

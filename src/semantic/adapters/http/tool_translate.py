@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from semantic.domain.constraints import OutputConstraint
+from semantic.domain.constraints import OutputConstraint, UnsupportedSchemaError
 from semantic.domain.errors import InvalidRequestError, PromptTooLongError
 from semantic.domain.tools import ToolUse, check_schema
 from semantic.ports.tokenizer import Tokenizer
@@ -93,4 +93,20 @@ def no_room_for_tools(error: PromptTooLongError, use: ToolUse | None) -> PromptT
         return error
     return PromptTooLongError(
         f"{error}; the {len(use.tools)} tools listed in the prompt leave no room", param="tools"
+    )
+
+
+def named_refusal(error: UnsupportedSchemaError, use: ToolUse | None) -> UnsupportedSchemaError:
+    """A schema the grammar engine refused when it compiled the constraint, named by the
+    request's own field: the tool whose parameters it is, or ``response_format``."""
+    if error.param is not None:
+        return error
+    offered = use.offered if use is not None else ()
+    if error.call_index is not None and error.call_index < len(offered):
+        where = f"tools ({offered[error.call_index].name}): "
+        param = "tools"
+    else:
+        where, param = ("tools: ", "tools") if offered else ("response_format: ", "response_format")
+    return UnsupportedSchemaError(
+        where + str(error), keywords=error.keywords, call_index=error.call_index, param=param
     )
