@@ -106,6 +106,7 @@ def test_the_default_format_constrains_and_reads_its_own_calls() -> None:
     auto = fmt.constraint(use(tools, ToolChoice.AUTO, None, True))
     assert auto is not None
     assert auto.triggers == ("<tool_call>",)
+    assert auto.max_calls == 2  # one per tool offered
     assert not auto.require_call
     assert fmt.constraint(use(tools, ToolChoice.NONE, None, True)) is None
     written = required.calls[0].begin + '{"city":"Paris"}' + required.calls[0].end

@@ -59,6 +59,8 @@ class JsonCallFormat:
         return self.begin(name) + arguments + self.end
 
     def constraint(self, use: ToolUse) -> OutputConstraint | None:
+        """Parallel calls are bounded by the number of tools offered: a small model, once
+        free to add a call, tends to repeat the last one until ``max_tokens`` (ADR 0018)."""
         offered = use.offered
         if not offered:
             return None
@@ -66,7 +68,7 @@ class JsonCallFormat:
             calls=tuple(TaggedSchema(self.begin(t.name), t.parameters, self.end) for t in offered),
             triggers=(self._trigger,),
             require_call=use.must_call,
-            max_calls=None if use.parallel else 1,
+            max_calls=len(offered) if use.parallel else 1,
         )
 
     def parse_calls(self, text: str) -> list[ParsedCall] | None:
