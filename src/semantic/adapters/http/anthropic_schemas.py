@@ -30,6 +30,8 @@ class TextBlock(msgspec.Struct, forbid_unknown_fields=True):
     thinking: Any = None
     signature: Any = None
     data: Any = None
+    caller: Any = None
+    """What invoked a ``tool_use`` (Anthropic's SDKs dump it, null, with the block)."""
 
 
 class AnthropicMessage(msgspec.Struct, forbid_unknown_fields=True):
