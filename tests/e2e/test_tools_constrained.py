@@ -236,7 +236,7 @@ def test_anthropic_tool_use_round_trip(server: ServerProcess) -> None:
     }
     history = [
         *asked,
-        {"role": "assistant", "content": [b.model_dump() for b in reply.content]},
+        {"role": "assistant", "content": [b.model_dump() for b in reply.content]},  # as dumped
         {"role": "user", "content": [result]},
     ]
     final = client.messages.create(

@@ -31,7 +31,8 @@ class TextBlock(msgspec.Struct, forbid_unknown_fields=True):
     signature: Any = None
     data: Any = None
     caller: Any = None
-    """What invoked a ``tool_use`` (Anthropic's SDKs dump it, null, with the block)."""
+    toolset_name: Any = None
+    """Of a ``tool_use`` block: Anthropic's SDKs dump them, null, with the block."""
 
 
 class AnthropicMessage(msgspec.Struct, forbid_unknown_fields=True):
