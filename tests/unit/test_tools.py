@@ -261,3 +261,33 @@ def test_a_schema_the_engine_refuses_is_named_by_the_requests_field() -> None:
     assert "get_time" in str(named)
     assert named.keywords == ("format",)
     assert named_refusal(compiled, None).param == "response_format"
+
+
+@pytest.mark.parametrize(
+    ("template", "written"),
+    [
+        (
+            "tools <tool_call>",
+            '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>',
+        ),
+        (
+            "tools [TOOL_CALLS]",
+            '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo"}}]',
+        ),
+        ('tools "parameters"', '{"name": "get_weather", "parameters": {"city": "Oslo"}}'),
+    ],
+)
+def test_each_template_family_reads_the_calls_its_constraint_writes(
+    template: str, written: str
+) -> None:
+    fmt = format_for(template)
+    tools = checked_tools([("get_weather", None, WEATHER)])
+    constraint = fmt.constraint(use(tools, ToolChoice.AUTO, None, True))
+    assert constraint is not None
+    [tagged] = constraint.calls
+    assert tagged.begin + '{"city": "Oslo"}' + tagged.end == written
+    assert tagged.begin.startswith(constraint.triggers[0])
+    reader = ReplyReader(fmt, new_id)
+    assert reader.feed("Sure. " + written) == "Sure."
+    _, reply = reader.finish()
+    assert [(c.name, c.arguments) for c in reply.calls] == [("get_weather", '{"city": "Oslo"}')]
