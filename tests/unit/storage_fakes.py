@@ -81,6 +81,7 @@ class FakeMetadataStore:
         self.block_rows: dict[str, BlockRecord] = {}
         self.agent_rows: dict[tuple[str, str], AgentRecord] = {}
         self.transcripts: dict[tuple[str, str], list[MessageRecord]] = {}
+        self.replies: dict[tuple[str, str], str] = {}
         self.clock = 0.0
         self.opened = 0
 
@@ -180,6 +181,12 @@ class FakeMetadataStore:
 
     async def messages(self, namespace: str, agent_id: str) -> list[MessageRecord]:
         return list(self.transcripts.get((namespace, agent_id), []))
+
+    async def remember_reply(self, namespace: str, key: str, body: str) -> None:
+        self.replies.setdefault((namespace, key), body)
+
+    async def remembered_reply(self, namespace: str, key: str) -> str | None:
+        return self.replies.get((namespace, key))
 
     async def message_counts(self, namespace: str) -> dict[str, int]:
         return {a: len(m) for (ns, a), m in self.transcripts.items() if ns == namespace and m}

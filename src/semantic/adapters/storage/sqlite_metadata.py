@@ -16,7 +16,14 @@ from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from semantic.adapters.storage.block_rows import BlockRow, BlockRows
-from semantic.adapters.storage.schema import agent_blocks, agents, blocks, messages, migrate
+from semantic.adapters.storage.schema import (
+    agent_blocks,
+    agents,
+    blocks,
+    generated_replies,
+    messages,
+    migrate,
+)
 from semantic.adapters.storage.sqlite_rows import (
     QUARANTINED,
     agent_of,
@@ -34,6 +41,8 @@ from semantic.domain.errors import (
 from semantic.ports.metadata_store import AgentRecord, BlockRecord, MessageRecord
 
 P = ParamSpec("P")
+REPLIES_KEPT_S = 7 * 24 * 3600.0
+"""How long a generated reply with tool calls is kept for its round trip (ADR 0018)."""
 R = TypeVar("R")
 
 
@@ -297,6 +306,9 @@ class SqliteMetadataStore:
                         "role": m.role,
                         "content": m.content,
                         "created_at": m.created_at or now,
+                        "tool_calls": m.tool_calls,
+                        "tool_call_id": m.tool_call_id,
+                        "raw": m.raw,
                     }
                     for m in records
                 ],
@@ -310,7 +322,12 @@ class SqliteMetadataStore:
                 .where(_agent_where(messages, namespace, agent_id))
                 .order_by(messages.c.id)
             )
-            return [MessageRecord(row.role, row.content, row.created_at) for row in rows]
+            return [
+                MessageRecord(
+                    row.role, row.content, row.created_at, row.tool_calls, row.tool_call_id, row.raw
+                )
+                for row in rows
+            ]
 
     @_unavailable_on_failure
     async def message_counts(self, namespace: str) -> dict[str, int]:
@@ -321,6 +338,32 @@ class SqliteMetadataStore:
                 .group_by(messages.c.agent_id)
             )
             return {row.agent_id: row.n for row in rows}
+
+    @_unavailable_on_failure
+    async def remember_reply(self, namespace: str, key: str, body: str) -> None:
+        """Kept for ``REPLIES_KEPT_S``: an agent loop sends a call back within minutes."""
+        now = time.time()
+        async with self._db().begin() as connection:
+            await connection.execute(
+                delete(generated_replies).where(
+                    generated_replies.c.created_at < now - REPLIES_KEPT_S
+                )
+            )
+            row = {"namespace": namespace, "key": key, "body": body, "created_at": now}
+            await connection.execute(
+                sqlite_insert(generated_replies).values(**row).on_conflict_do_nothing()
+            )
+
+    @_unavailable_on_failure
+    async def remembered_reply(self, namespace: str, key: str) -> str | None:
+        async with self._db().connect() as connection:
+            found = await connection.execute(
+                select(generated_replies.c.body).where(
+                    generated_replies.c.namespace == namespace, generated_replies.c.key == key
+                )
+            )
+            body = found.scalar()
+            return None if body is None else str(body)
 
     @contextlib.asynccontextmanager
     async def _changing_blocks(self) -> AsyncIterator[tuple[AsyncConnection, list[BlockRow]]]:
