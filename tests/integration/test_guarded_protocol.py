@@ -29,6 +29,7 @@ class App:
     def __init__(self) -> None:
         self.release = threading.Event()
         self.disconnects = 0
+        self.disconnected = threading.Event()
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         body = b""
@@ -36,6 +37,7 @@ class App:
             message = await receive()
             if message["type"] == "http.disconnect":
                 self.disconnects += 1
+                self.disconnected.set()
                 return
             body += message.get("body", b"")
             if not message.get("more_body"):
@@ -108,6 +110,8 @@ def test_an_unfinished_body_gets_408_and_the_app_hears_the_client_is_gone() -> N
         received = answer(sock)
         assert received.startswith(b"HTTP/1.1 408 ")
         assert b"request body within 0.3 s" in received
+        # the app hears of it on its own task, which may run just after the socket closed
+        assert app.disconnected.wait(10)
         assert app.disconnects == 1
         assert httpx.post(url, content=b"x" * 100).text == "ok 100"
 
