@@ -1,0 +1,129 @@
+"""The conformance matrix: every family, float32 and 4-bit weights, float32 and bfloat16 KV,
+through the real services in-process: persist, restart, restore, fork, four sequences
+batched, and KV kept 8-bit at rest.
+
+Exact rows compare greedy replies: a restored conversation must continue as a cold prefill
+of the same prompt does, and a sequence decoded beside three others as it does alone. The
+models are random but attend enough that a wrong position's KV changes the reply
+(``test_the_models_replies_depend_on_early_context``)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from semantic.bootstrap import Services
+from semantic.config import Settings
+from semantic.domain.tokens import common_prefix
+from tests.conformance.conftest import ModelDirs
+from tests.conformance.serving import (
+    NAMESPACE,
+    HostKV,
+    Order,
+    chat_prompt,
+    next_prompt,
+    plain,
+    serving,
+    settings_for,
+    stored_kv,
+    turn,
+    words,
+)
+from tests.conformance.tiny_models import VARIANTS, Variant
+
+pytestmark = pytest.mark.model  # the embedded model's tokenizer
+
+Q8_ROWS = {v for v in VARIANTS if v.quantized == (v.dtype == "bfloat16")}
+"""Rows that also keep KV 8-bit at rest (two more restarts each): every family, each
+weight format and each KV dtype appear among them."""
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
+async def test_a_conversation_survives_restarts_forks_and_batching(
+    variant: Variant, model_dir: ModelDirs, tmp_path: Path
+) -> None:
+    rng = random.Random(variant.name)
+    settings = settings_for(model_dir(variant), tmp_path / "data")
+    async with serving(settings) as services:
+        assert services.spec.kv_dtype == variant.dtype
+        await services.agents.create(NAMESPACE, "a", None)
+        first = await turn(services, "a", f"Remember this: {words(rng, 250)}")
+        assert first.usage.prompt_tokens > services.spec.block_tokens  # a whole block and more
+    order = Order()
+    async with serving(settings, order) as services:
+        prompt, cold = await _restored_turn_equals_a_cold_one(
+            services, rng, first.usage.prompt_tokens
+        )
+        await _forked_and_batched_equal_alone(services, rng, (prompt, cold), order)
+        exact = await stored_kv(services, "cold", prompt) if variant in Q8_ROWS else None
+    if exact is not None:
+        await _kv_kept_8_bit_at_rest_is_restored(settings, prompt, exact)
+
+
+async def _restored_turn_equals_a_cold_one(
+    services: Services, rng: random.Random, first_prompt: int
+) -> tuple[tuple[int, ...], str]:
+    """The agent's next turn after a restart restores its first turn from disk and replies
+    as a cold prefill of the same prompt does; returns that prompt and reply."""
+    question = f"What came after {words(rng, 3)}? {words(rng, 20)}"
+    prompt = await next_prompt(services, "a", question)
+    warm = await turn(services, "a", question)
+    cold = await plain(services, prompt, namespace="cold")
+    assert warm.usage.prompt_tokens == len(prompt)
+    assert first_prompt <= warm.usage.cached_tokens < len(prompt)
+    assert services.cache.stats.disk_restored_tokens >= first_prompt
+    assert cold.usage.cached_tokens == 0
+    assert warm.text == cold.text, "a restored conversation must continue as a cold one"
+    return prompt, cold.text
+
+
+async def _forked_and_batched_equal_alone(
+    services: Services, rng: random.Random, done: tuple[tuple[int, ...], str], order: Order
+) -> None:
+    """The agent, its fork, the last prompt again and a new one, decoded in one batch,
+    each reply as the same prompt's alone and cold (``done``: a prompt and its cold reply)."""
+    prompt, cold = done
+    await services.agents.fork(NAMESPACE, "a", "b")
+    questions = {agent: f"And {words(rng, 12)}?" for agent in ("a", "b")}
+    prompts = [await next_prompt(services, agent, q) for agent, q in questions.items()]
+    fresh = chat_prompt(services, words(rng, 60))
+    prompts.append(fresh)
+    order.seen.clear()
+    batched = await asyncio.gather(
+        *(turn(services, agent, q) for agent, q in questions.items()),
+        plain(services, prompt),
+        plain(services, fresh),
+    )
+    assert order.seen[:4] == ["first"] * 4, "the four sequences decode side by side"
+    cached = [r.usage.cached_tokens for r in batched]
+    assert min(cached[:2]) >= len(prompt), "the agent and its fork restore their turns"
+    assert cached[2:] == [len(prompt) - 1, common_prefix(fresh, prompt)]  # the system prompt
+    alone = [await plain(services, p, namespace=f"alone-{i}") for i, p in enumerate(prompts)]
+    texts = [r.text for r in alone]
+    assert [r.text for r in batched] == [*texts[:2], cold, texts[2]]
+
+
+async def _kv_kept_8_bit_at_rest_is_restored(
+    settings: Settings, prompt: tuple[int, ...], exact: HostKV
+) -> None:
+    """Saved 8-bit, the prompt's KV comes back after a restart within one quantization step
+    of the exact KV, block for block, and serves the prompt again."""
+    q8 = dataclasses.replace(settings, kv_at_rest="q8")
+    async with serving(q8) as services:  # blocks of another storage format are not read
+        assert (await plain(services, prompt, namespace="q8")).usage.cached_tokens == 0
+    async with serving(q8) as services:
+        restored = await stored_kv(services, "q8", prompt)
+        again = await plain(services, prompt, namespace="q8")
+    assert again.usage.cached_tokens == len(prompt) - 1
+    assert restored.keys() == exact.keys()
+    for where, arrays in exact.items():
+        for want, got in zip(arrays, restored[where], strict=True):
+            assert got.shape == want.shape, where
+            step = (want.max() - want.min()) / 255  # the widest group's step, 8 bits
+            bound = step + np.abs(want) * 2**-7  # and a bfloat16 rounding
+            assert np.all(np.abs(got - want) <= bound), where
