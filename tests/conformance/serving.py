@@ -26,10 +26,43 @@ NAMESPACE = "matrix"
 REPLY_TOKENS = 16
 
 _WORDS = (
-    "river stone lantern orbit copper meadow signal harbor velvet thunder quiet maple "
-    "engine paper violet summit candle desert pillow rocket garden silver anchor winter "
-    "bridge falcon marble cotton planet harvest mirror ladder copper basket cloud island"
-).split()
+    "river",
+    "stone",
+    "lantern",
+    "orbit",
+    "copper",
+    "meadow",
+    "signal",
+    "harbor",
+    "velvet",
+    "thunder",
+    "quiet",
+    "maple",
+    "engine",
+    "paper",
+    "violet",
+    "summit",
+    "candle",
+    "desert",
+    "pillow",
+    "rocket",
+    "garden",
+    "silver",
+    "anchor",
+    "winter",
+    "bridge",
+    "falcon",
+    "marble",
+    "cotton",
+    "planet",
+    "harvest",
+    "mirror",
+    "ladder",
+    "copper",
+    "basket",
+    "cloud",
+    "island",
+)
 
 
 def words(rng: random.Random, n: int) -> str:

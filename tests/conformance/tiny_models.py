@@ -4,15 +4,13 @@ the server loads them exactly as it loads a user's ``--model DIR``."""
 
 from __future__ import annotations
 
-import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
-import mlx.nn as nn
-from mlx.utils import tree_map
+from mlx.utils import tree_map, tree_map_with_path
 from mlx_lm.utils import _get_classes, quantize_model, save_config, save_model
 
 VOCAB = 49_152
@@ -100,20 +98,35 @@ VARIANTS = [
 ]
 
 
-def build_model_dir(variant: Variant, tokenizer_dir: Path, out: Path, seed: int = 7) -> Path:
-    """Write ``variant`` as an mlx-lm model directory at ``out`` (as ``mlx_lm.convert`` would:
-    cast, quantize, save weights and config), reusing the tokenizer in ``tokenizer_dir``."""
-    config: dict[str, Any] = dict(FAMILIES[variant.family])
+def build_model_dir(variant: Variant, tokenizer_dir: Path, out: Path) -> Path:
+    """Write ``variant`` as an mlx-lm model directory at ``out``, reusing the tokenizer in
+    ``tokenizer_dir``."""
+    config = FAMILIES[variant.family]
+    return write_model_dir(config, tokenizer_dir, out, variant.dtype, variant.quantized)
+
+
+def write_model_dir(
+    config: dict[str, Any],
+    tokenizer_dir: Path,
+    out: Path,
+    dtype: str = "float32",
+    quantized: bool = False,
+) -> Path:
+    """A random model of ``config`` as ``mlx_lm.convert`` would write it: cast, quantized,
+    weights and config saved, the tokenizer's files beside them."""
+    config = dict(config)
     model_class, args_class = _get_classes(config)
-    mx.random.seed(seed)
+    mx.random.seed(7)
     model = model_class(args_class.from_dict(config))
     _spread_weights(model)
-    dtype = getattr(mx, variant.dtype)
+    cast = getattr(mx, dtype)
     model.update(
-        tree_map(lambda p: p.astype(dtype) if mx.issubdtype(p.dtype, mx.floating) else p,
-                 model.parameters())
+        tree_map(
+            lambda p: p.astype(cast) if mx.issubdtype(p.dtype, mx.floating) else p,
+            model.parameters(),
+        )
     )
-    if variant.quantized:
+    if quantized:
         model, config = quantize_model(
             model, config, group_size=64, bits=4, quant_predicate=_not_the_vocabulary
         )
@@ -126,26 +139,18 @@ def build_model_dir(variant: Variant, tokenizer_dir: Path, out: Path, seed: int 
     return out
 
 
-def _not_the_vocabulary(path: str, module: nn.Module) -> bool:
+def _not_the_vocabulary(path: str, module: Any) -> bool:
     """Every linear layer 4-bit but the embeddings and the output head: MLX's CPU kernels
     for quantized products are slow, and a 49,152-wide head computed at every prompt
     position (mlx-lm's forward does) would take most of the suite's time."""
     return not path.endswith(("embed_tokens", "lm_head"))
 
 
-def _spread_weights(model: nn.Module) -> None:
+def _spread_weights(model: Any) -> None:
     """Larger random projections than mlx's default init, so attention moves the residual
-    stream: with the default, the next token hardly depends on earlier positions, and a
-    restore that served wrong KV would still produce the cold tokens."""
+    stream more and a restore that served wrong KV is more likely to change the reply."""
+
     def grow(path: str, p: mx.array) -> mx.array:
-        if p.ndim == 2 and "embed" not in path:
-            return p * 3.0
-        return p
-    from mlx.utils import tree_map_with_path
+        return p * 3.0 if p.ndim == 2 and "embed" not in path else p
 
     model.update(tree_map_with_path(grow, model.parameters()))
-
-
-def write_config(config: dict[str, Any], out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(config))

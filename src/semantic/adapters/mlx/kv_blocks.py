@@ -37,8 +37,8 @@ def spec_from_model(model: Any) -> ModelCacheSpec:
         else:  # recurrent state (ArraysCache), or KV that is not kept position by position
             kind = type(cache).__name__
             raise UnsupportedModelError(
-                f"cannot serve this model: its layer {layer} keeps a {kind}, which cannot be "
-                "cut into blocks of positions (recurrent or hybrid layers, say); semantic "
+                f"cannot serve this model: its layer {layer} uses mlx-lm's {kind}, which "
+                "cannot be cut into blocks of positions (recurrent or hybrid layers); semantic "
                 "serves models whose every layer keeps a KVCache, or a RotatingKVCache with "
                 "keep=0 (sliding-window attention)"
             )
