@@ -23,7 +23,7 @@ from semantic.domain.chat import ChatMessage
 from semantic.domain.generation import RequestStats
 
 NAMESPACE = "matrix"
-REPLY_TOKENS = 16
+REPLY_TOKENS = 8
 
 _WORDS = (
     "river",
