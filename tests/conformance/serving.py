@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import random
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 import mlx.core as mx
 import numpy as np
@@ -21,6 +24,8 @@ from semantic.config import Settings
 from semantic.domain.blocks import AgentBlocks
 from semantic.domain.chat import ChatMessage
 from semantic.domain.generation import RequestStats
+
+T = TypeVar("T")
 
 NAMESPACE = "matrix"
 REPLY_TOKENS = 8
@@ -162,6 +167,22 @@ def _host_copies(blocks: AgentBlocks) -> HostKV:
                 np.array(values.astype(mx.float32)),
             )
     return out
+
+
+async def together(services: Services, requests: list[Coroutine[Any, Any, T]]) -> list[T]:
+    """Run ``requests`` so they are all queued before the engine's next round: the engine
+    thread waits (between two steps) until each has been submitted, so they are admitted
+    and decoded together whatever the machine's load."""
+    gate = threading.Event()
+    services.loop.call(gate.wait)
+    try:
+        tasks = [asyncio.ensure_future(request) for request in requests]
+        async with asyncio.timeout(120):
+            while services.loop.active_requests < len(tasks):
+                await asyncio.sleep(0.005)  # a condition polled for, not a timing
+    finally:
+        gate.set()
+    return list(await asyncio.gather(*tasks))
 
 
 def chat_prompt(services: Services, content: str) -> tuple[int, ...]:

@@ -9,7 +9,6 @@ models are random but attend enough that a wrong position's KV changes the reply
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import random
 from pathlib import Path
@@ -21,6 +20,7 @@ import pytest
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model
 
+from semantic.application.generation import GenerationResult
 from semantic.bootstrap import Services
 from semantic.config import Settings
 from semantic.domain.tokens import common_prefix
@@ -36,6 +36,7 @@ from tests.conformance.serving import (
     serving,
     settings_for,
     stored_kv,
+    together,
     turn,
     words,
 )
@@ -69,7 +70,9 @@ def _greedy(model: Any, prompt: list[int], n: int) -> list[int]:
     for _ in range(n):
         fed = tokens if len(tokens) == len(prompt) else tokens[-1:]
         logits = model(mx.array([fed]), cache=cache)[0, -1]
-        tokens.append(int(mx.argmax(logits).item()))
+        token = mx.argmax(logits).item()
+        assert isinstance(token, int)
+        tokens.append(token)
     return tokens[len(prompt) :]
 
 
@@ -124,10 +127,13 @@ async def _forked_and_batched_equal_alone(
     fresh = chat_prompt(services, words(rng, 60))
     prompts.append(fresh)
     order.seen.clear()
-    batched = await asyncio.gather(
-        *(turn(services, agent, q) for agent, q in questions.items()),
-        plain(services, prompt),
-        plain(services, fresh),
+    batched: list[GenerationResult] = await together(
+        services,
+        [
+            *(turn(services, agent, q) for agent, q in questions.items()),
+            plain(services, prompt),
+            plain(services, fresh),
+        ],
     )
     assert order.seen[:4] == ["first"] * 4, "the four sequences decode side by side"
     cached = [r.usage.cached_tokens for r in batched]
