@@ -1,3 +1,5 @@
 """Benchmark scripts that print numbers; run each with ``python -m benchmarks.<name>``."""
 
-import semantic.adapters.mlx  # noqa: F401 - OpenBLAS and malloc tuning before anything loads MLX
+from semantic.adapters.mlx.process import prepare_process
+
+prepare_process()  # OpenBLAS (on its best core) and malloc tuning before anything loads MLX

@@ -11,10 +11,12 @@ from typing import Any, TypeVar
 
 import httpx
 
-import semantic.adapters.mlx  # noqa: F401 - OpenBLAS before MLX
+import benchmarks  # noqa: F401 - readies the process (OpenBLAS) before MLX loads
+from benchmarks.machine import print_machine
 from semantic.adapters.cli.progress import ProgressPrinter
 from semantic.adapters.mlx.backend import MlxBackend
 from semantic.adapters.mlx.blas import report_blas
+from semantic.adapters.mlx.devices import use_device
 from semantic.adapters.mlx.kv_blocks import spec_from_model
 from semantic.adapters.mlx.loader import LoadedModel, load_model
 from semantic.adapters.mlx.tokenizer import MlxTokenizer
@@ -45,9 +47,11 @@ class Bench:
 
 
 def load_bench(settings: Settings | None = None) -> Bench:
-    status = report_blas()
-    print(f"BLAS: {status.name}" + (" + our small-product kernels" if status.small_kernels else ""))
-    path, model_id = prepare_model(settings or Settings(), ProgressPrinter())
+    report_blas()
+    print_machine()
+    settings = settings or Settings()
+    print(f"device: {use_device(settings.device)}")
+    path, model_id = prepare_model(settings, ProgressPrinter())
     loaded = load_model(path, model_id)
     bench = Bench(loaded, MlxTokenizer(loaded.tokenizer), spec_from_model(loaded.model))
     freeze_startup_objects()  # as the server does: no full collection over the model mid-run

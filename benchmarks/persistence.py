@@ -36,6 +36,7 @@ import numpy as np
 
 from benchmarks.common import median
 from benchmarks.corpus import conversation
+from benchmarks.machine import print_machine
 from semantic.adapters.cli.progress import ProgressPrinter
 from semantic.application.generation import GenerationInput
 from semantic.bootstrap import Services, start_services, stop_services
@@ -193,6 +194,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", default="512,1024,2048,4096,7680")
     args = parser.parse_args()
+    print_machine()
     asyncio.run(main_async([int(s) for s in args.sizes.split(",")]))
 
 

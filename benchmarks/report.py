@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.machine import machine_line
 from benchmarks.resume import ResumeRow
 
 
@@ -149,6 +150,9 @@ def summary(results: dict[str, Any]) -> str:
 
 def markdown(results: dict[str, Any]) -> str:
     parts = [f"# Benchmark results ({results['mode']} mode)\n"]
+    if "machine" in results:
+        said = machine_line(results["machine"]).removeprefix("machine: ")
+        parts.append(f"Measured on this machine, and true only for it: {said}\n")
     if "resume" in results:
         parts += [
             "## Time to first token when a conversation resumes\n",
@@ -163,7 +167,7 @@ def markdown(results: dict[str, Any]) -> str:
         o = results["overhead"]
         parts.append(
             f"HTTP overhead, 64-token reply: {o['overhead_fraction']:.1%} "
-            f"({_s(o['http_s'])} through HTTP, {_s(o['engine_s'])} in the engine)\n"
+            f"({_s(o['http_s'])} at the client, {_s(o['engine_s'])} inside the server; medians)\n"
         )
     parts.append("```" + summary(results) + "\n```\n")
     return "\n".join(parts)

@@ -22,6 +22,8 @@ from pathlib import Path
 import httpx
 from reliability.server import ServerProcess
 
+from benchmarks.machine import print_machine
+
 
 def ask(url: str, namespace: str, agent: str, system: str, question: str) -> tuple[float, int, int]:
     """(seconds, prompt tokens, cached tokens) of one agent's first turn."""
@@ -70,6 +72,7 @@ def main() -> None:
     parser.add_argument("--agents", default="4,8,12", help="comma-separated burst sizes")
     parser.add_argument("--rules", type=int, default=70, help="system prompt length, in rules")
     args = parser.parse_args()
+    print_machine()
     system = " ".join(f"Rule {i}: keep answers short and kind." for i in range(args.rules))
     with tempfile.TemporaryDirectory() as tmp:
         server = ServerProcess(Path(tmp) / "data").start()

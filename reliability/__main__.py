@@ -17,6 +17,7 @@ from reliability import (
     isolation,
     load,
     returning_together,
+    slow_clients,
 )
 
 
@@ -60,6 +61,24 @@ def main() -> None:
                 f"{len(returned.cached) - len(returned.failures)} of {len(returned.cached)}",
             )
         )
+        slow = slow_clients.run(sockets=3000, seconds=40, workdir=work)
+        rows += [
+            (
+                "slow-client flood (3,000 sockets, 40 s, server at 2,048 descriptors)",
+                f"{slow.connections} connections; ended "
+                + ", ".join(f"{how} {count}" for how, count in sorted(slow.answered.items())),
+            ),
+            (
+                "longest a slow socket was held (headers 10 s, body 30 s allowed)",
+                ", ".join(f"{kind} {s:.1f} s" for kind, s in sorted(slow.longest_held_s.items())),
+            ),
+            (
+                "ordinary requests during the flood: slowest (s), failed; slowest before it",
+                f"{max(slow.ordinary_s, default=0):.2f}, {len(slow.ordinary_failures)}; "
+                f"{max(slow.before_s, default=0):.2f}",
+            ),
+            ("server log during the flood (bytes)", str(slow.log_bytes)),
+        ]
         exits = clean_exit.run(runs=12, workdir=work)
         rows.append(("clean exits after two starts and stops", f"{exits.clean} of {exits.runs}"))
         failures = (
@@ -69,6 +88,7 @@ def main() -> None:
             + fuzzed.failures
             + isolated.failures
             + returned.failures
+            + slow.failures
             + exits.failures
         )
     width = max(len(name) for name, _ in rows)

@@ -13,6 +13,12 @@ from pathlib import Path
 
 import httpx
 
+_LIMIT_THEN_EXEC = (
+    "import os, resource, sys; "
+    "resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), int(sys.argv[2]))); "
+    "os.execv(sys.executable, [sys.executable, *sys.argv[3:]])"
+)
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -21,8 +27,16 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, data_dir: Path, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        *args: str,
+        env: dict[str, str] | None = None,
+        nofile: tuple[int, int] | None = None,
+    ) -> None:
+        """``nofile``: the server's descriptor limit (soft, hard) at its start."""
         self.data_dir = data_dir
+        self.nofile = nofile
         self.args = args
         self.env = {**os.environ, **(env or {})}
         self.port = free_port()
@@ -44,6 +58,8 @@ class ServerProcess:
             "--log-info",
             *self.args,
         ]
+        if self.nofile is not None:  # set in the child, which then becomes the server
+            command[1:1] = ["-c", _LIMIT_THEN_EXEC, *map(str, self.nofile)]
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, env=self.env

@@ -26,5 +26,6 @@ fi
 
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q -e ".[dev,bench]"
+# MLX's backend on Linux is an extra: `cpu` here (`cuda` on an NVIDIA machine: SEMANTIC_EXTRAS=cuda).
+.venv/bin/python -m pip install -q -e ".[${SEMANTIC_EXTRAS:-cpu},dev,bench]"
 .venv/bin/semantic model pull

@@ -2,4 +2,6 @@
 
 from __future__ import annotations
 
-import semantic.adapters.mlx  # noqa: F401 - puts OpenBLAS in scope before anything imports MLX
+from semantic.adapters.mlx.process import prepare_process
+
+prepare_process()  # OpenBLAS in scope, on its best core, before anything imports MLX

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 from semantic.application.engine import BlockPoolBatchEngine
 from semantic.application.events import CompletionEvent, EngineEvent
 
@@ -24,3 +28,17 @@ def generate(
 ) -> CompletionEvent:
     request_id = engine.submit("test", prompt, max_tokens=n, **kwargs)  # type: ignore[arg-type]  # test passthrough
     return completions(run_until_idle(engine))[request_id]
+
+
+def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``code`` in a fresh interpreter that sees this one's modules (a fresh process is the
+    only place to see what happens before MLX or a library loads)."""
+    full_env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **env}
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=300,
+        check=False,
+    )

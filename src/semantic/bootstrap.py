@@ -9,12 +9,16 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from semantic.adapters.grammar.llguidance_grammar import LlguidanceCompiler
 from semantic.adapters.mlx import attention, host_pass, jit
+from semantic.adapters.mlx.accelerations import accelerations
 from semantic.adapters.mlx.backend import MlxBackend
-from semantic.adapters.mlx.blas import report_blas
+from semantic.adapters.mlx.blas import preload_fast_blas, report_blas
+from semantic.adapters.mlx.devices import device_name, on_cpu, use_device
 from semantic.adapters.mlx.fingerprint import model_fingerprint
 from semantic.adapters.mlx.gguf import WeightFormat
 from semantic.adapters.mlx.host_codec import MlxHostCodec, check_at_rest, storage_format
@@ -80,6 +84,8 @@ class Services:
     agents: AgentService
     data_dir: Path
     """The held data directory (``data_dir_lock``), given back when the services stop."""
+    runtime: dict[str, Any] = field(default_factory=dict)
+    """What the model runs on (BLAS and its core, kernels), served by ``/v1/models/{id}``."""
 
 
 def weight_format(settings: Settings) -> WeightFormat:
@@ -156,6 +162,8 @@ async def _start_services(
         kernel += f"+{jit.NAME}"
     if host_pass.supported(loaded.model):
         kernel += f"+{host_pass.NAME}"
+    if not on_cpu():  # another device's KV differs in its last bits: never mixed with the CPU's
+        kernel = f"{device_name()}+{kernel}"
     storage = storage_format(settings.kv_at_rest)
     fingerprint = await asyncio.to_thread(model_fingerprint, loaded.path, spec, storage, kernel)
     pool = BlockPool.from_budget(spec, settings.kv_budget_bytes)
@@ -209,9 +217,34 @@ async def _start_services(
         pool.capacity * spec.block_bytes >> 20,
         settings.data_dir,
     )
+    runtime = _runtime(loaded, kernel)
     return Services(
-        loaded.model_id, tokenizer, spec, pool, loop, cache, metadata, generation, agents, data_dir
+        loaded.model_id,
+        tokenizer,
+        spec,
+        pool,
+        loop,
+        cache,
+        metadata,
+        generation,
+        agents,
+        data_dir,
+        runtime,
     )
+
+
+def _runtime(loaded: LoadedModel, kernel: str) -> dict[str, Any]:
+    """What the model runs on, logged once and served by ``/v1/models/{id}``."""
+    blas = preload_fast_blas()
+    found = accelerations(loaded.model, blas)
+    for acceleration in found:
+        log.info("acceleration %s: %s", acceleration.name, acceleration.describe())
+    return {
+        "device": device_name(),
+        "blas": blas.describe(),
+        "kernels": kernel,
+        "accelerations": {a.name: a.describe() for a in found},
+    }
 
 
 async def stop_services(services: Services, grace_s: float) -> None:
@@ -227,6 +260,7 @@ def _load(
     settings: Settings, progress: Progress
 ) -> tuple[LoadedModel, MlxTokenizer, ModelCacheSpec]:
     report_blas()
+    log.info("device: %s", use_device(settings.device))
     path, model_id = prepare_model(settings, progress)
     loaded = load_model(path, model_id)
     tokenizer = MlxTokenizer(loaded.tokenizer, _max_context(loaded))
@@ -259,9 +293,20 @@ def _engine(
         max_waiting=settings.max_waiting,
     )
     reclaim = cache.reclaim if cache is not None else None
-    engine = BlockPoolBatchEngine(backend, tokenizer, pool, config, reclaim=reclaim)
+    engine = BlockPoolBatchEngine(
+        backend, tokenizer, pool, config, reclaim=reclaim, grammars=grammar_compiler(tokenizer)
+    )
     adopt = (lambda event: cache.adopt(event, event.agent_id)) if cache is not None else None
     return backend, engine, EngineLoop(engine, on_completion=adopt)
+
+
+def grammar_compiler(tokenizer: MlxTokenizer) -> LlguidanceCompiler | None:
+    """Constrained decoding over the model's own vocabulary (none for a tokenizer the
+    grammar engine cannot read: constrained requests are then refused)."""
+    tokenizer_json = tokenizer.tokenizers_json()
+    if tokenizer_json is None:
+        return None
+    return LlguidanceCompiler(tokenizer_json, tokenizer.vocab_size, tokenizer.eos_token_ids)
 
 
 def pacer_config(settings: Settings) -> PacerConfig:

@@ -39,6 +39,9 @@ class Settings:
     model_cache_dir: Path = field(default_factory=default_model_cache_dir)
     model: str = DEFAULT_MODEL
     weights: str = "auto"
+    device: str = "auto"
+    """MLX device for the model: ``auto`` (MLX's default, a GPU where it has one), ``cpu``,
+    ``gpu``."""
     kv_budget_bytes: int = 2 << 30
     prefault_bytes: int = 1 << 30
     """Heap touched once at start so the first restores after a restart do not page-fault."""
@@ -75,8 +78,21 @@ class Settings:
     """Web origins whose pages may call the server from a browser ("*": any); none by
     default, so a page on another site cannot drive a local server through its user's
     browser."""
+    allowed_hosts: tuple[str, ...] = ()
+    """Host names a request's ``Host`` may give besides loopback names, addresses and the
+    bound host: a name the server is reached by, else 421 (a DNS rebinding page's name)."""
+    api_keys_file: Path | None = None
+    """Hashed API keys, each bound to a namespace or to all (``semantic keys add``)."""
     grace_s: float = 30.0
     max_body_bytes: int = 4 << 20
+    max_connections: int | None = None
+    """Connections held at once; None: as many as the descriptor limit allows, up to 4,096,
+    a reserve kept for the server's own files."""
+    header_timeout_s: float = 10.0
+    """A request's headers must arrive within this long of the connection (or the previous
+    response); a slow client cannot hold a connection open with a request it never ends."""
+    body_timeout_s: float = 30.0
+    """A request's body must arrive within this long of its headers."""
 
     def __post_init__(self) -> None:
         if self.weights not in WEIGHT_CHOICES:
@@ -94,6 +110,10 @@ class Settings:
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+        if self.max_connections is not None and self.max_connections <= 0:
+            raise ValueError("max_connections must be positive")
+        if not (self.header_timeout_s > 0 and self.body_timeout_s > 0):
+            raise ValueError("header_timeout_s and body_timeout_s must be positive")
         if self.prefill_ride_ratio is not None and not self.prefill_ride_ratio > 0:
             raise ValueError("prefill_ride_ratio must be positive")
         if self.prefill_slice_ratio is not None and not self.prefill_slice_ratio > 0:

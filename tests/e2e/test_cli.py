@@ -61,6 +61,17 @@ def test_an_unknown_model_name_is_one_clear_error() -> None:
     assert "Traceback" not in result.stderr
 
 
+def test_a_gpu_asked_for_where_mlx_has_none_is_one_clear_error() -> None:
+    import mlx.core as mx
+
+    if mx.metal.is_available() or mx.cuda.is_available():
+        pytest.skip("this MLX has a GPU backend here")
+    result = semantic("generate", "hi", "--device", "gpu")
+    assert result.returncode == 2
+    assert "no GPU backend" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 @pytest.mark.parametrize(
     ("flag", "value", "message"),
     [

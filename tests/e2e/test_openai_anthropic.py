@@ -53,6 +53,12 @@ def test_openai_chat_answers_without_and_with_streaming(server: ServerProcess) -
 def test_openai_completions_and_models(server: ServerProcess) -> None:
     client = oai(server)
     assert [m.id for m in client.models.list().data] == ["smollm2-135m-instruct"]
+    runtime = (client.models.retrieve("smollm2-135m-instruct").model_extra or {})["runtime"]
+    assert "core " in runtime["blas"] or not runtime["blas"].startswith("OpenBLAS")
+    assert runtime["device"] == "cpu"
+    said = runtime["accelerations"]
+    assert said["host softmax attention (ADR 0008)"] == "on"
+    assert all(value == "on" or value.startswith("off: ") for value in said.values())
     done = client.completions.create(
         model="default", prompt="The capital of France is", max_tokens=4, temperature=0
     )
@@ -412,8 +418,9 @@ def test_streams_are_event_streams_and_bad_bodies_are_client_errors(server: Serv
         assert response.headers["content-type"].startswith("text/event-stream")
         assert any(line == "data: [DONE]" for line in response.iter_lines())
     nested = '{"model": "default", "messages": ' + "[" * 5000 + "]" * 5000 + "}"
+    as_json = {"content-type": "application/json"}
     for path in ("/v1/chat/completions", "/v1/messages"):
-        deep = httpx.post(f"{server.url}{path}", content=nested)
+        deep = httpx.post(f"{server.url}{path}", content=nested, headers=as_json)
         assert deep.status_code == 400, path
         assert "nested too deeply" in deep.text
     # Certainly over the context by its size alone: refused before it is tokenized.
@@ -428,12 +435,13 @@ def test_streams_are_event_streams_and_bad_bodies_are_client_errors(server: Serv
             refused = httpx.post(f"{server.url}{path}", json={**body, "temperature": temperature})
             assert refused.status_code == 400, path
             assert f"between 0 and {limit}," in refused.text
-    truncated = httpx.post(f"{server.url}/v1/chat/completions", content=b'{"model": ')
+    chat_url = f"{server.url}/v1/chat/completions"
+    truncated = httpx.post(chat_url, content=b'{"model": ', headers=as_json)
     assert truncated.status_code == 400
     assert truncated.json()["error"]["code"] == "invalid_request"
     assert "not valid JSON" in truncated.json()["error"]["message"]
     lone = b'{"model": "default", "messages": [{"role": "user", "content": "\\ud800x"}]}'
-    surrogate = httpx.post(f"{server.url}/v1/chat/completions", content=lone)
+    surrogate = httpx.post(f"{server.url}/v1/chat/completions", content=lone, headers=as_json)
     assert surrogate.status_code == 400
     assert "unpaired surrogate" in surrogate.json()["error"]["message"], "not just 'truncated'"
     twice = [("X-Namespace", "team-a"), ("X-Namespace", "team-b")]

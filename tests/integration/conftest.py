@@ -16,10 +16,11 @@ from semantic.adapters.mlx.loader import LoadedModel, load_model
 from semantic.adapters.mlx.restore_buffers import RestoreBuffers
 from semantic.adapters.mlx.tokenizer import MlxTokenizer
 from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
-from semantic.bootstrap import prepare_model
+from semantic.bootstrap import grammar_compiler, prepare_model
 from semantic.config import Settings
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.cache_spec import ModelCacheSpec
+from semantic.ports.grammar import GrammarCompiler
 
 
 @dataclass(frozen=True)
@@ -46,12 +47,25 @@ def make_engine(real_model: RealModel) -> EngineFactory:
     """A fresh engine on the shared weights, stepped by the test on the test's own thread."""
 
     def build(
-        budget_bytes: int = 1 << 30, buffers: RestoreBuffers | None = None, **config: Any
+        budget_bytes: int = 1 << 30,
+        buffers: RestoreBuffers | None = None,
+        grammars: GrammarCompiler | None = None,
+        **config: Any,
     ) -> tuple[BlockPoolBatchEngine, MlxBackend]:
         eos = real_model.tokenizer.eos_token_ids
         backend = MlxBackend(real_model.loaded.model, real_model.spec, "test", eos, buffers)
         pool = BlockPool.from_budget(real_model.spec, budget_bytes)
-        engine = BlockPoolBatchEngine(backend, real_model.tokenizer, pool, EngineConfig(**config))
+        engine = BlockPoolBatchEngine(
+            backend, real_model.tokenizer, pool, EngineConfig(**config), grammars=grammars
+        )
         return engine, backend
 
     return build
+
+
+@pytest.fixture(scope="session")
+def grammars(real_model: RealModel) -> GrammarCompiler:
+    """The server's grammar engine over the embedded model's vocabulary, built once."""
+    compiler = grammar_compiler(real_model.tokenizer)
+    assert compiler is not None
+    return compiler

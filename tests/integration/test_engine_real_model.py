@@ -185,6 +185,37 @@ def test_agents_sharing_a_long_system_prompt_at_once_get_what_each_gets_alone(
     assert done[leader].token_ids == alone[0].token_ids
 
 
+def test_a_prefix_is_found_by_a_later_request_whatever_arrives_between(
+    real_model: RealModel, make_engine: EngineFactory
+) -> None:
+    """Issue 32: r1 in namespace A, then another tenant's request, then r2 in A with r1's
+    system prompt (more than a block: less is computed rather than shared). r2 waits
+    behind the other's prefill until r1 has ended; it still restores at least 90% of its
+    prompt from what r1 computed, and answers as it does alone."""
+    tokenizer = real_model.tokenizer
+    rules = " ".join(f"Rule {i}: answer in one short sentence." for i in range(30))
+    first, second = (
+        tokenizer.render_chat([ChatMessage("system", rules), ChatMessage("user", question)])
+        for question in ("Name a fruit.", "Name a river.")
+    )
+    story = " ".join(f"Chapter {i} of a long story about a quiet town." for i in range(25))
+    other = tokenizer.render_chat([ChatMessage("user", story)])
+    engine, _ = make_engine()
+    r1 = engine.submit("a1", first, max_tokens=2, namespace="A")
+    events = engine.step().events  # r1 prefills, then decodes
+    v = engine.submit("v", other, max_tokens=2, namespace="V")
+    events += engine.step().events  # V is admitted; its prefill takes a few rounds
+    assert not completions(events)
+    r2 = engine.submit("a2", second, max_tokens=8, namespace="A")
+    while engine.waiting:
+        events += engine.step().events
+    assert r1 in completions(events)  # no leader runs when r2 is admitted
+    done = completions(events + run_until_idle(engine))
+    assert done[v].stats.cached_tokens == 0
+    assert done[r2].stats.cached_tokens >= 0.9 * len(second)
+    assert done[r2].token_ids == generate(engine, second, 8).token_ids
+
+
 def test_a_dry_pool_ends_a_request_gracefully_and_keeps_its_kv(
     real_model: RealModel, make_engine: EngineFactory
 ) -> None:

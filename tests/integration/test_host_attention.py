@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-import semantic.adapters.mlx  # noqa: F401 - OpenBLAS and the shim before MLX
 from semantic.adapters.mlx import attention
 from semantic.adapters.mlx.attention import PendingAttention
 

@@ -262,3 +262,37 @@ def test_a_returning_agent_read_in_place_continues_as_with_its_cache_built_first
             assert isinstance(theirs.payload, MlxKV)
             assert mx.array_equal(ours.payload.keys, theirs.payload.keys).item()
             assert mx.array_equal(ours.payload.values, theirs.payload.values).item()
+
+
+def test_a_model_mlx_lm_builds_as_llama_under_another_name_gets_the_host_pass() -> None:
+    """Mistral is mlx-lm's llama class with ``model_type`` "mistral": the layers decide."""
+    from mlx_lm.models import llama
+
+    from semantic.adapters.mlx.attention import install
+
+    mx.random.seed(4)
+    args = llama.ModelArgs(
+        model_type="mistral",
+        hidden_size=128,
+        num_hidden_layers=2,
+        intermediate_size=256,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        rms_norm_eps=1e-5,
+        vocab_size=512,
+        head_dim=64,
+    )
+    model = llama.Model(args)
+    mx.eval(model.parameters())
+    assert install(model)
+    host = HostPass.of(model)
+    if host is None:
+        pytest.skip("no host pass on this machine (no AVX-512 kernels or no compiler)")
+    prefix, new = mx.array([tokens(5, 40)]) % 512, mx.array([tokens(6, 7)]) % 512
+    theirs, ours = fresh_caches(model), fresh_caches(model)
+    for caches in (theirs, ours):
+        model.model(prefix, cache=caches)
+    expected = model.model(new, cache=theirs)
+    got = host.hidden([Group(new, ours)])
+    assert got is not None
+    assert close(got[0], expected)

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-import semantic.adapters.mlx  # noqa: F401 - OpenBLAS and the shim before MLX
 from semantic.adapters.mlx.blas import PIN_ENV, blas_in_use
+from tests.helpers import run_python
 
 import mlx.core as mx  # isort: skip
 import numpy as np  # isort: skip
@@ -126,17 +125,9 @@ def test_importing_mlx_first_is_named_as_the_cause_of_a_slow_blas() -> None:
         "from semantic.adapters.mlx.blas import report_blas\n"
         "print(report_blas().fast)\n"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        check=False,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    done = run_python(code)
     assert done.returncode == 0, done.stderr
     if done.stdout.strip() == "True":
         pytest.skip("MLX found a fast BLAS on its own here")
-    assert "Import semantic before mlx.core" in done.stderr
+    assert "prepare_process() before importing mlx.core" in done.stderr
     assert "Install OpenBLAS" not in done.stderr

@@ -10,8 +10,10 @@ from dataclasses import dataclass, field
 from semantic.domain.blocks import AgentBlocks
 from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.chat import ChatMessage
+from semantic.domain.constraints import OutputConstraint, UnsupportedSchemaError
 from semantic.domain.errors import IncompatibleCacheError
 from semantic.domain.generation import SamplingParams
+from semantic.ports.grammar import GrammarMatcher
 from semantic.ports.model_backend import (
     BlockPayload,
     DecodedToken,
@@ -92,6 +94,67 @@ def next_token(history: Sequence[int]) -> int:
     return 1 + (sum((i + 7) * t for i, t in enumerate(history[-5:])) + len(history)) % (VOCAB - 1)
 
 
+class LiteralMatcher:
+    """A grammar of one token sequence: its next token is the only one allowed, then only
+    the end-of-turn token."""
+
+    def __init__(self, literal: Sequence[int]) -> None:
+        self._literal = list(literal)
+        self._at = 0
+        self._ended = False
+
+    def allowed(self) -> bytes:
+        token = self._literal[self._at] if self._at < len(self._literal) else EOS
+        mask = bytearray((VOCAB + 7) // 8)
+        mask[token // 8] |= 1 << (token % 8)
+        return bytes(mask)
+
+    def accept(self, token: int) -> bool:
+        if self._at == len(self._literal):
+            self._ended = token == EOS
+            return self._ended
+        ok = token == self._literal[self._at]
+        self._at += ok
+        return ok
+
+    @property
+    def done(self) -> bool:
+        return self._ended
+
+
+@dataclass
+class LiteralGrammar:
+    literal: tuple[int, ...]
+
+    def matcher(self) -> LiteralMatcher:
+        return LiteralMatcher(self.literal)
+
+
+@dataclass
+class FakeGrammars:
+    """Compiles a JSON-schema constraint whose schema is a JSON list of token ids into
+    that literal; a schema holding ``"not"`` is refused, as llguidance refuses it."""
+
+    compiled: list[OutputConstraint] = field(default_factory=list)
+
+    def compile(self, constraint: OutputConstraint) -> LiteralGrammar:
+        schema = constraint.json_schema or "[]"
+        if '"not"' in schema:
+            raise UnsupportedSchemaError("not supported: not", keywords=("not",))
+        self.compiled.append(constraint)
+        return LiteralGrammar(tuple(int(t) for t in schema.strip("[]").split(",") if t))
+
+
+def masked_choice(preferred: int, allowed: bytes) -> int:
+    """What a masked sampler does with the fake model's choice: keeps it if the grammar
+    allows it, else takes the next allowed id after it."""
+    for step in range(VOCAB):
+        token = (preferred + step) % VOCAB
+        if allowed[token // 8] >> (token % 8) & 1:
+            return token
+    raise ValueError("the grammar allows no token")
+
+
 @dataclass
 class _Seq:
     tokens: list[int]
@@ -99,6 +162,7 @@ class _Seq:
     remaining: int = 0
     decoding: bool = False
     finished: bool = False
+    matcher: GrammarMatcher | None = None
 
 
 @dataclass
@@ -165,10 +229,11 @@ class FakeBackend:
         n_new: int,
         sampling: SamplingParams,
         track_top_prob: bool = False,
+        matcher: GrammarMatcher | None = None,
     ) -> None:
         tokens = _gather(restored, n_restored, self.spec) if restored else []
         self.restored_tokens[seq_id] = list(tokens)
-        self.sequences[seq_id] = _Seq(tokens)
+        self.sequences[seq_id] = _Seq(tokens, matcher=matcher)
 
     def prefill(self, seq_id: str, tokens: Sequence[int]) -> None:
         if tokens and tokens[0] in self.fail_prefill_for:
@@ -294,36 +359,61 @@ class FakeBackend:
         seq = self.sequences.pop(seq_id)
         keep = min(keep_tokens, len(seq.tokens))
         size = self.spec.block_tokens
-        layers = [
-            [
-                BlockPayload(
-                    i // size, 0, min(size, keep - i), tuple(seq.tokens[i : min(i + size, keep)])
-                )
-                for i in range(0, keep, size)
-            ]
-            for _ in range(self.spec.n_layers)
-        ]
+        layers = []
+        for layer in range(self.spec.n_layers):  # a sliding layer keeps its last window only
+            window = self.spec.window(layer)
+            first = 0 if window is None else max(0, keep - window)
+            layers.append(
+                [
+                    BlockPayload(
+                        i // size,
+                        max(first, i) - i,
+                        min(size, keep - i),
+                        tuple(seq.tokens[max(first, i) : min(i + size, keep)]),
+                    )
+                    for i in range(0, keep, size)
+                    if i + size > first
+                ]
+            )
         return ExportedKV(keep, layers)
 
     def warm_up(self) -> None:
         pass
 
     def _next(self, seq: _Seq) -> int:
+        """The fake model's next token, drawn within a constrained sequence's grammar (which
+        is told it)."""
         if self.eos_at_length is not None and len(seq.tokens) >= self.eos_at_length:
-            return EOS
-        return next_token(seq.tokens)
+            token = EOS
+        else:
+            token = next_token(seq.tokens)
+        if seq.matcher is not None:
+            token = masked_choice(token, seq.matcher.allowed())
+            seq.matcher.accept(token)
+        return token
 
 
 def _gather(blocks: AgentBlocks, n: int, spec: ModelCacheSpec) -> list[int]:
+    """The first ``n`` tokens, read back from the layers: every position from a global
+    layer, the last window from a sliding one (which must agree)."""
     per_layer = []
-    for layer_blocks in blocks.layers:
-        tokens: list[int] = []
+    for layer, layer_blocks in enumerate(blocks.layers):
+        held: dict[int, int] = {}
         for block in layer_blocks:
             payload = block.payload
             if not isinstance(payload, tuple):
                 raise IncompatibleCacheError("fake payload must be a tuple of token ids")
-            tokens.extend(payload)
-        per_layer.append(tokens[:n])
-    if any(layer != per_layer[0] for layer in per_layer):
+            base = block.index * spec.block_tokens + block.start
+            held.update((base + offset, token) for offset, token in enumerate(payload))
+        window = spec.window(layer)
+        first = 0 if window is None else max(0, n - window)
+        missing = [p for p in range(first, n) if p not in held]
+        if missing:
+            raise IncompatibleCacheError(f"layer {layer} is missing positions {missing}")
+        per_layer.append([held[p] for p in range(first, n)])
+    tokens = max(per_layer, key=len)
+    if any(layer != tokens[len(tokens) - len(layer) :] for layer in per_layer):
         raise IncompatibleCacheError("layers disagree")
-    return per_layer[0]
+    if len(tokens) != n:
+        raise IncompatibleCacheError("no global layer holds every position")
+    return tokens

@@ -13,6 +13,7 @@ from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
 from semantic.application.events import CompletionEvent
 from semantic.application.scheduler.pacer import PacerConfig
 from semantic.domain.block_pool import BlockPool
+from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.ports.block_store import LayerPayload
 from tests.unit.fakes import FakeBackend, FakeTokenizer, next_token
 from tests.unit.storage_fakes import FakeBlockStore, FakeMetadataStore
@@ -33,8 +34,9 @@ class Harness:
         fingerprint: str = "model-a",
         quota: int | None = None,
         reserve: int = 0,
+        backend: FakeBackend | None = None,
     ) -> None:
-        self.backend = FakeBackend()
+        self.backend = backend or FakeBackend()
         self.pool = BlockPool(capacity)
         self.block_store = block_store or FakeBlockStore()
         self.metadata = metadata or FakeMetadataStore()
@@ -576,3 +578,33 @@ async def test_a_disk_short_of_its_reserve_still_keeps_the_agent_just_saved() ->
     done, _ = await h.ask(follow, agent="a1")
     assert done.stats.cached_tokens >= len(SYSTEM) + 1
     assert not h.metadata.agent_rows[("default", "a0")].block_keys[len(SYSTEM) // 4 + 1 :]
+
+
+SLIDING = ModelCacheSpec(
+    n_layers=2,
+    n_kv_heads=1,
+    k_head_dim=2,
+    v_head_dim=2,
+    kv_dtype="float32",
+    layer_windows=(6, None),
+    block_tokens=4,
+)
+
+
+async def test_a_turn_after_a_fork_restores_from_its_own_last_turn_not_the_forks() -> None:
+    """Issue 36: the fork's block matches one token more, but its sliding layer kept only
+    its own last window; the agent's own partial tail holds the window this prompt needs.
+    (The fake's sliding layer keeps its last window only, as a rotating cache does.)"""
+    h = await started(Harness(backend=FakeBackend(spec=SLIDING)))
+    first, _ = await h.ask([*SYSTEM, 11, 12], agent="a")
+    stored = [*SYSTEM, 11, 12, *first.token_ids]
+    forked, _ = await h.ask([*stored, 50, 41], agent="fork")
+    assert forked.stats.cached_tokens == len(stored)
+    follow = [*stored, 50, 51]
+    done, prefix = await h.ask(follow, agent="a")
+    assert done.error is None
+    assert done.token_ids == cold(follow, 5)
+    assert (done.stats.cached_tokens, done.stats.dropped_tokens) == (len(stored), 0)
+    assert prefix.matched_tokens == len(stored)
+    assert h.store.stats.hit_tokens == 2 * len(stored)
+    assert h.pool.held_by(prefix.pin) == set(), "the tail not taken was let go"

@@ -15,7 +15,7 @@ from semantic.application.engine import (
     BlockPoolBatchEngine,
     EngineConfig,
 )
-from semantic.application.events import CompletionEvent, TokenEvent
+from semantic.application.events import CompletionEvent, EngineEvent, TokenEvent
 from semantic.application.prefix_pins import HEAD_PIN_PATIENCE_S
 from semantic.application.scheduler.pacer import PacerConfig
 from semantic.domain.block_pool import BlockPool
@@ -812,3 +812,88 @@ def test_requests_of_other_namespaces_never_copy_each_others_prefix() -> None:
     done = completions(run_until_idle(engine))
     assert not backend.copies
     assert [done[i].stats.cached_tokens for i in ids] == [0, 0]
+
+
+def test_a_request_queued_behind_another_tenant_restores_the_prefix_its_leader_left() -> None:
+    """Issue 32: r1 in A, then a long request of namespace V (with the same system prompt),
+    then r2 in A. r2 waits behind V's prefill until r1 has ended, so no leader runs when it
+    is admitted; it restores the KV r1 left instead of computing the shared prefix, and V,
+    another tenant, gets none of it."""
+    engine, backend = make_engine(prefill_token_budget=8)
+    first = engine.submit("a1", [*SHARED, 20, 21], max_tokens=2, namespace="A")
+    engine.step()
+    other = engine.submit("v", [*SHARED, *range(33, 61)], max_tokens=2, namespace="V")
+    engine.step()
+    second = engine.submit("a2", [*SHARED, 30, 31], max_tokens=3, namespace="A")
+    assert engine.waiting == 1  # r2 only: V was admitted beside r1
+    events: list[EngineEvent] = []
+    while engine.waiting:
+        events += engine.step().events
+    done = completions(events + run_until_idle(engine))
+    assert list(completions(events)) == [first]  # r1 ended before r2 was admitted
+    assert list(done[second].token_ids) == cold_tokens([*SHARED, 30, 31], 3)
+    assert backend.restored_tokens[second] == SHARED
+    assert sum(n for seq, n in backend.prefill_calls if seq == second) == 2
+    assert [done[i].stats.cached_tokens for i in (first, other, second)] == [0, 0, 12]
+    for rid in (first, other, second):
+        engine.release_blocks(rid)
+    assert engine.pool.used_count == 0
+    engine.pool.check_integrity()
+
+
+def _stored_turn(engine: BlockPoolBatchEngine) -> AgentBlocks:
+    first = engine.submit("agent", PROMPT, max_tokens=6)
+    earlier = completions(run_until_idle(engine))[first]
+    assert earlier.blocks is not None
+    return earlier.blocks
+
+
+def test_a_restore_the_backend_cannot_build_is_dropped_and_the_prompt_computed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 36: a stored prefix the model could not use failed its request (a 500) and
+    every later request that found it."""
+    engine, backend = make_engine()
+    stored = _stored_turn(engine)
+    unusable = replace(
+        stored,
+        layers=tuple(tuple(replace(b, payload="junk") for b in layer) for layer in stored.layers),
+    )
+    follow_up = [*stored.token_ids, 13, 14, 15]
+    for _ in range(2):  # the second finds the same blocks, and is not poisoned by them
+        rid = engine.submit("agent", follow_up, unusable, max_tokens=5)
+        done = completions(run_until_idle(engine))[rid]
+        assert done.error is None
+        assert list(done.token_ids) == cold_tokens(follow_up, 5)
+        assert (done.stats.cached_tokens, done.stats.dropped_tokens) == (0, len(stored.token_ids))
+        assert backend.restored_tokens[rid] == []
+        engine.release_blocks(rid)
+    assert any(rid in r.getMessage() and r.exc_info for r in caplog.records)
+
+
+def test_a_prefix_is_restored_only_as_far_as_every_layer_holds_it() -> None:
+    engine, backend = make_engine()
+    stored = _stored_turn(engine)  # 16 tokens: blocks 0..3 of 4 tokens
+    holed = list(stored.layers)
+    holed[1] = tuple(b for b in stored.layers[1] if b.index != 2)  # positions 8..11 gone
+    follow_up = [*stored.token_ids, 13, 14, 15]
+    rid = engine.submit("agent", follow_up, replace(stored, layers=tuple(holed)), max_tokens=5)
+    done = completions(run_until_idle(engine))[rid]
+    assert list(done.token_ids) == cold_tokens(follow_up, 5)
+    assert done.stats.cached_tokens == 8
+    assert done.stats.dropped_tokens == len(stored.token_ids) - 8
+    assert backend.restored_tokens[rid] == list(stored.token_ids[:8])
+
+
+def test_a_request_that_fails_in_the_engine_logs_its_traceback_under_its_id(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    engine, _ = make_engine(backend=FakeBackend(fail_prefill_for={42}))
+    rid = engine.submit("agent", [42, 1, 2], max_tokens=3)
+    with caplog.at_level("ERROR"):
+        done = completions(run_until_idle(engine))[rid]
+    assert done.finish_reason is FinishReason.ERROR
+    [record] = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert rid in record.getMessage()
+    assert record.exc_info is not None
+    assert "prefill failed on purpose" in caplog.text

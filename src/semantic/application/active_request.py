@@ -9,8 +9,10 @@ from enum import Enum
 from semantic.application.completion import CompletionDetector
 from semantic.application.reservation import BlockReservation
 from semantic.domain.blocks import AgentBlocks
+from semantic.domain.constraints import OutputConstraint
 from semantic.domain.generation import CompletionCriteria, Priority, RequestStats, SamplingParams
 from semantic.domain.tokens import reusable_prefix
+from semantic.ports.grammar import Grammar
 
 
 class Phase(Enum):
@@ -49,6 +51,7 @@ class GenerationRequest:
     priority: Priority = Priority.NORMAL
     namespace: str = "default"
     stored: StoredPrefix | None = None
+    constraint: OutputConstraint | None = None
 
 
 @dataclass(slots=True)
@@ -72,6 +75,10 @@ class ActiveRequest:
     """When the head of the queue first found no room with nothing running."""
     following: str | None = None
     """The request whose prefill this one waits for, to copy the prefix they share."""
+    grammar: Grammar | None = None
+    """Its compiled output constraint: each admission starts a matcher from it."""
+    dropped_tokens: int = 0
+    """Cached prompt tokens its restore could not use (computed instead)."""
 
     @property
     def pin_owner(self) -> str:
@@ -109,4 +116,5 @@ class ActiveRequest:
             cached_tokens=self.n_cached,
             computed_tokens=max(0, self.prefilled - self.n_cached),
             generated_tokens=self.detector.generated_count,
+            dropped_tokens=self.dropped_tokens,
         )

@@ -11,6 +11,7 @@ the backend's; this class decides what runs, keeps the block books, and reports 
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import threading
 import time
@@ -33,8 +34,9 @@ from semantic.application.scheduler.pacer import PacerConfig, PrefillPacer
 from semantic.application.scheduler.prefill_adder import Plan, PrefillAdder
 from semantic.application.scheduler.request_queue import RequestQueue
 from semantic.domain.block_pool import BlockPool
-from semantic.domain.blocks import AgentBlocks
-from semantic.domain.errors import NoRoomCameError
+from semantic.domain.blocks import AgentBlocks, restorable_prefix
+from semantic.domain.constraints import OutputConstraint
+from semantic.domain.errors import InvalidRequestError, NoRoomCameError
 from semantic.domain.generation import (
     GREEDY,
     CompletionCriteria,
@@ -43,8 +45,11 @@ from semantic.domain.generation import (
     SamplingParams,
 )
 from semantic.domain.tokens import common_prefix, reusable_prefix
+from semantic.ports.grammar import Grammar, GrammarCompiler
 from semantic.ports.model_backend import ModelBackend, PromptChunk, SampledToken, StepOutput
 from semantic.ports.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,10 +87,13 @@ class BlockPoolBatchEngine:
         *,
         reclaim: Callable[[int], int] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        grammars: GrammarCompiler | None = None,
     ) -> None:
         """``reclaim(n)`` is asked to free ``n`` pool blocks (by evicting idle cached KV)
-        before a request is made to wait or ends for lack of memory."""
+        before a request is made to wait or ends for lack of memory. ``grammars`` compiles
+        requests' output constraints (none: a constrained request is refused)."""
         self._backend = backend
+        self._grammars = grammars
         self._tokenizer = tokenizer
         self._pool = pool
         self._spec = backend.spec
@@ -93,7 +101,7 @@ class BlockPoolBatchEngine:
         self._clock = clock
         self._reclaim = reclaim
         self._pins = PrefixPins(pool, self._spec, reclaim, clock)
-        self._sharing = PrefixSharing(self._spec.block_tokens)
+        self._sharing = PrefixSharing(self._spec)
         self._ids = itertools.count(1)
         self._cancels: dict[str, str | None] = {}  # request id -> why, if it failed
         self._cancel_lock = threading.Lock()
@@ -137,11 +145,13 @@ class BlockPoolBatchEngine:
         priority: Priority = Priority.NORMAL,
         namespace: str = "default",
         stored: StoredPrefix | None = None,
+        constraint: OutputConstraint | None = None,
     ) -> str:
         """Queue a request; returns its id. Raises domain errors for bad input and
         ``QueueFullError`` when the queue is at its bound. ``cached_blocks`` are pinned
         until admission; ``stored`` pins the stored prefix again if they were let go or
-        fell short of it."""
+        fell short of it. ``constraint`` is compiled here, so a schema the grammar engine
+        cannot honour is refused (``UnsupportedSchemaError``) before any work."""
         criteria = criteria or CompletionCriteria(
             max_tokens=max_tokens or self._config.default_max_tokens, stop_strings=tuple(stop)
         )
@@ -154,8 +164,10 @@ class BlockPoolBatchEngine:
             priority,
             namespace,
             stored,
+            constraint,
         )
         validate_request(request, self._spec, self._pool, self._tokenizer, self._config.max_context)
+        grammar = self.grammar_for(constraint)
         request_id = f"req-{next(self._ids)}"
         active = ActiveRequest(
             request_id,
@@ -163,6 +175,7 @@ class BlockPoolBatchEngine:
             CompletionDetector(self._tokenizer, criteria, self._tokenizer.eos_token_ids),
             BlockReservation(self._pool, self._spec, request_id),
             submitted_at=self._clock(),
+            grammar=grammar,
         )
         if cached_blocks is not None:  # pin: hot blocks stay put until admission copies them
             self._pins.pin(active, cached_blocks)
@@ -172,6 +185,16 @@ class BlockPoolBatchEngine:
             self._pool.release_owner(active.pin_owner)
             raise
         return request_id
+
+    def grammar_for(self, constraint: OutputConstraint | None) -> Grammar | None:
+        """The constraint compiled (None for none); any thread. Compiled grammars are
+        cached, so a caller that compiles first, off the event loop and outside the engine
+        loop's lock, makes ``submit``'s own compile a cache hit."""
+        if constraint is None:
+            return None
+        if self._grammars is None:
+            raise InvalidRequestError("this server was started without constrained decoding")
+        return self._grammars.compile(constraint)
 
     def cancel(self, request_id: str, failure: str | None = None) -> None:
         """Ask for a request to end at the next step; unknown ids are ignored. With a
@@ -351,14 +374,7 @@ class BlockPoolBatchEngine:
         matched = common_prefix(cached.token_ids, prompt) if cached is not None else 0
         n_cached = reusable_prefix(matched, len(prompt))
         try:
-            self._backend.open_sequence(
-                active.id,
-                restored=cached,
-                n_restored=n_cached,
-                n_new=len(prompt) - n_cached,
-                sampling=active.request.sampling,
-                track_top_prob=active.request.criteria.min_top_prob is not None,
-            )
+            n_cached = self._open(active, cached, n_cached)
         except Exception as error:  # noqa: BLE001 - this request fails; the queue moves on
             active.reservation.release()
             self._queue.cancel(active.id)
@@ -372,6 +388,41 @@ class BlockPoolBatchEngine:
         if leader is not None:
             self._copy_to_followers(self._running[leader])
         return True
+
+    def _open(self, active: ActiveRequest, cached: AgentBlocks | None, n_cached: int) -> int:
+        """Open the request's sequence on the longest prefix of ``n_cached`` its blocks can
+        restore; returns that length. A restore the backend cannot build is dropped and the
+        prompt computed instead (``dropped_tokens``): a stored prefix that cannot serve
+        this prompt must not fail it, nor every later prompt that finds it."""
+        usable = restorable_prefix(cached, n_cached, self._spec) if cached is not None else 0
+        if usable:
+            try:
+                self._open_sequence(active, cached, usable)
+            except Exception:  # computed instead, below
+                log.warning(
+                    "%s: its %d cached tokens could not be restored; computing them",
+                    active.id,
+                    usable,
+                    exc_info=True,
+                )
+                usable = 0
+        if not usable:
+            self._open_sequence(active, None, 0)
+        active.dropped_tokens = n_cached - usable
+        return usable
+
+    def _open_sequence(self, active: ActiveRequest, cached: AgentBlocks | None, n: int) -> None:
+        grammar = active.grammar  # a fresh matcher for each try: a failed one may have begun
+        constrained = {"matcher": grammar.matcher()} if grammar is not None else {}
+        self._backend.open_sequence(
+            active.id,
+            restored=cached,
+            n_restored=n,
+            n_new=len(active.prompt) - n,
+            sampling=active.request.sampling,
+            track_top_prob=active.request.criteria.min_top_prob is not None,
+            **constrained,
+        )
 
     def _make_room(self, active: ActiveRequest) -> bool:
         if self._running:  # a request that ends will free memory: wait for it
@@ -536,8 +587,12 @@ class BlockPoolBatchEngine:
         return active.reservation.grow_to(n_positions)
 
     def _fail(self, active: ActiveRequest, error: Exception, events: list[EngineEvent]) -> None:
+        """The request ends as failed; an error from inside the engine (not a refusal for
+        want of memory) is logged with its traceback, under the request's id."""
         active.detector.end(FinishReason.ERROR)
         reason = str(error) if isinstance(error, NoRoomCameError) else None
+        if reason is None:
+            log.error("%s failed: %s", active.id, error, exc_info=error)
         reason = reason or f"{type(error).__name__}: {error}"
         self._complete(active, events, keep_kv=False, error=reason)
 
@@ -559,16 +614,27 @@ class BlockPoolBatchEngine:
             keep = active.positions_after(len(kept)) if keep_kv else 0
             try:
                 exported = self._backend.close_sequence(active.id, keep)
-            except Exception as close_error:  # noqa: BLE001 - the request is over either way
+            except Exception as close_error:  # the request is over either way
+                log.error("%s: its cache could not be kept", active.id, exc_info=close_error)
                 error = error or f"{type(close_error).__name__}: {close_error}"
                 exported = None
             if exported is not None and exported.n_tokens > 0:
                 token_ids = (active.prompt + tuple(kept))[: exported.n_tokens]
                 layers = active.reservation.bind(exported)
                 blocks = AgentBlocks(active.request.agent_id, token_ids, layers)
+                self._hand_on(active, blocks)
             else:
                 active.reservation.release()
         events.append(self._completion(active, kept, blocks, error))
+
+    def _hand_on(self, active: ActiveRequest, blocks: AgentBlocks) -> None:
+        """Queued requests that share a prefix with ``active`` pin the KV it leaves
+        (``PrefixSharing.heirs``), unless it ended cancelled or failed (the cache keeps no
+        trace of those either)."""
+        if active.detector.reason in (FinishReason.CANCELLED, FinishReason.ERROR):
+            return
+        for heir, shared in self._sharing.heirs(active, blocks, self._queue.items()):
+            self._pins.pin_instead(heir, shared)
 
     def _completion(
         self,

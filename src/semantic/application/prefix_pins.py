@@ -44,6 +44,14 @@ class PrefixPins:
         self._pool.share(active.pin_owner, blocks.pool_ids())
         active.pinned = True
 
+    def pin_instead(self, active: ActiveRequest, blocks: AgentBlocks) -> None:
+        """Hold ``blocks`` (a longer prefix: the KV a finished request left) for ``active``
+        in place of what it holds, as if its lookup at arrival had found them."""
+        if active.pinned:
+            self.release(active)
+        self.pin(active, blocks)
+        active.request = replace(active.request, cached=blocks)
+
     def release(self, active: ActiveRequest) -> None:
         self._pool.release_owner(active.pin_owner)
         active.pinned = False

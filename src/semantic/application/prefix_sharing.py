@@ -8,6 +8,15 @@ block more than it restored) follows that leader: it computes nothing until the 
 prefill has passed the shared part (at once if the leader already decodes), then its cache
 starts as a copy of the leader's and it prefills only the rest. A leader that ends first
 lets its followers go, to prefill on their own.
+
+A request still queued when such a leader ends would find nothing: no leader runs when it
+is admitted, and its cache lookup, made as it arrived, came before the leader's KV was
+kept. Whatever arrived between them (another tenant's request ahead in the queue, a reply
+of one token) cost it the whole prefix: with a ~986-token system prompt, a request queued
+behind another namespace's was admitted after its leader had ended and computed all of it
+(issue 32). So a leader that ends hands the KV it leaves to the queued requests of its
+namespace that share a block more with it than they hold (``heirs``); they restore it as
+they would from the cache.
 """
 
 from __future__ import annotations
@@ -16,6 +25,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from semantic.application.active_request import ActiveRequest, Phase
+from semantic.domain.blocks import AgentBlocks
+from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.tokens import common_prefix, reusable_prefix
 
 
@@ -27,10 +38,11 @@ class Follower:
 
 
 class PrefixSharing:
-    def __init__(self, min_shared: int) -> None:
-        """``min_shared``: tokens a request must be spared to wait for a leader (a block:
-        a shorter prefix costs less to compute than the rounds spent waiting for it)."""
-        self._min_shared = min_shared
+    def __init__(self, spec: ModelCacheSpec) -> None:
+        """A request must be spared a block to wait for a leader (a shorter prefix costs
+        less to compute than the rounds spent waiting for it)."""
+        self._spec = spec
+        self._min_shared = spec.block_tokens
         self._followers: dict[str, list[Follower]] = {}  # by leader id
 
     def follow(self, active: ActiveRequest, running: Iterable[ActiveRequest]) -> str | None:
@@ -78,3 +90,53 @@ class PrefixSharing:
             left = [f for f in self._followers.get(active.following, []) if f.request is not active]
             self._followers[active.following] = left
             active.following = None
+
+    def heirs(
+        self, leader: ActiveRequest, blocks: AgentBlocks, queued: Iterable[ActiveRequest]
+    ) -> list[tuple[ActiveRequest, AgentBlocks]]:
+        """The ``queued`` requests of ``leader``'s namespace (it ends, leaving ``blocks``)
+        that would restore at least a block more from them than from the prefix they hold,
+        each with the blocks of the part it shares. One that let its pin go to make room
+        for others is left as it is."""
+        heirs: list[tuple[ActiveRequest, AgentBlocks]] = []
+        first = self._min_shared
+        for waiting in queued:
+            if waiting.request.namespace != leader.request.namespace:
+                continue  # tenants never share KV, as in the cache (ADR 0005)
+            if blocks.token_ids[:first] != waiting.prompt[:first]:
+                continue  # one comparison in C rules out most requests
+            cached = waiting.request.cached
+            if cached is not None and not waiting.pinned:
+                continue
+            held = common_prefix(cached.token_ids, waiting.prompt) if cached is not None else 0
+            held = reusable_prefix(held, len(waiting.prompt))
+            shared = common_prefix(blocks.token_ids, waiting.prompt)
+            shared = reusable_prefix(shared, len(waiting.prompt))
+            if shared - held >= self._min_shared and _covers(blocks, shared, self._spec):
+                heirs.append((waiting, _first_blocks(blocks, shared, self._spec)))
+        return heirs
+
+
+def _first_blocks(blocks: AgentBlocks, n_tokens: int, spec: ModelCacheSpec) -> AgentBlocks:
+    """The blocks holding ``blocks``' first ``n_tokens`` positions: an heir pins those
+    only, not the leader's own rest (its prompt's tail, its reply)."""
+    size = spec.block_tokens
+    count = -(-n_tokens // size)
+    layers = tuple(tuple(b for b in layer if b.index < count) for layer in blocks.layers)
+    return AgentBlocks(blocks.agent_id, blocks.token_ids[: count * size], layers)
+
+
+def _covers(blocks: AgentBlocks, n_tokens: int, spec: ModelCacheSpec) -> bool:
+    """Whether ``blocks`` hold every position a cache of their first ``n_tokens`` reads: a
+    sliding layer drops the blocks its window has passed, which a shorter prefix needs."""
+    if not spec.has_sliding_layers:
+        return True
+    for layer, layer_blocks in enumerate(blocks.layers):
+        window = spec.window(layer)
+        needed = 0 if window is None else max(0, n_tokens - window)
+        if not layer_blocks:
+            return False
+        first = layer_blocks[0]
+        if first.index * spec.block_tokens + first.start > needed:
+            return False
+    return True

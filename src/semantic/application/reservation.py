@@ -58,10 +58,12 @@ class BlockReservation:
     def bind(self, exported: ExportedKV) -> tuple[tuple[KVBlock, ...], ...]:
         """Wrap exported payloads as blocks on claimed ids; give back the ids left over."""
         layers: list[tuple[KVBlock, ...]] = []
-        for layer, payloads in enumerate(exported.layers):
+        for layer, exported_payloads in enumerate(exported.layers):
             ids = self._ids[layer]
-            if len(payloads) > len(ids):
-                ids.extend(self._pool.allocate(self.owner, layer, len(payloads) - len(ids)))
+            payloads = exported_payloads
+            if len(payloads) > len(ids):  # a sliding layer's history: kept if there is room
+                ids.extend(self._claim(layer, len(payloads) - len(ids)))
+                payloads = payloads[len(payloads) - len(ids) :]  # else its oldest blocks go
             layers.append(
                 tuple(
                     KVBlock(pool_id, layer, p.index, p.n_tokens, p.data, p.start)
@@ -74,6 +76,13 @@ class BlockReservation:
             del ids[len(payloads) :]
         self.positions = exported.n_tokens
         return tuple(layers)
+
+    def _claim(self, layer: int, n: int) -> list[int]:
+        """``n`` more blocks of ``layer``, or none if the pool is short of them."""
+        try:
+            return self._pool.allocate(self.owner, layer, n)
+        except PoolExhaustedError:
+            return []
 
     def release(self) -> None:
         self._pool.release(self.owner, [b for ids in self._ids for b in ids])

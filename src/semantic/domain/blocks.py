@@ -61,25 +61,63 @@ class AgentBlocks:
         return sum(len(layer_blocks) for layer_blocks in self.layers)
 
     def validate(self, spec: ModelCacheSpec) -> None:
-        """Raise ``InvalidRequestError`` unless these blocks tile the tokens as ``spec`` says."""
+        """Raise ``InvalidRequestError`` unless every block lies where ``spec`` puts it: in
+        its own layer, in ascending order, full unless it is the last. Which positions the
+        blocks cover is not checked here: a prefix they cannot restore is cut short by
+        ``restorable_prefix`` (a stored chain may lack some sliding-window positions)."""
         if len(self.layers) != spec.n_layers:
             raise InvalidRequestError(
                 f"blocks cover {len(self.layers)} layers; the model has {spec.n_layers}"
             )
         n = self.n_tokens
         for layer, layer_blocks in enumerate(self.layers):
-            expected = spec.blocks_for_layer(layer, n)
-            if len(layer_blocks) < expected:
-                raise InvalidRequestError(
-                    f"layer {layer} has {len(layer_blocks)} blocks; {n} tokens need {expected}"
-                )
-            first = (n - 1) // spec.block_tokens - len(layer_blocks) + 1 if n else 0
-            for offset, block in enumerate(layer_blocks):
-                index = first + offset
-                full = min(spec.block_tokens, n - index * spec.block_tokens)
-                if block.layer != layer or block.index != index or block.n_tokens != full:
+            previous = -1
+            for block in layer_blocks:
+                full = min(spec.block_tokens, n - block.index * spec.block_tokens)
+                if block.layer != layer or block.index <= previous or block.n_tokens != full:
                     raise InvalidRequestError(
-                        f"layer {layer} block {offset} is (layer {block.layer}, index "
-                        f"{block.index}, {block.n_tokens} tokens); expected (layer {layer}, "
-                        f"index {index}, {full} tokens)"
+                        f"layer {layer} holds a block (layer {block.layer}, index "
+                        f"{block.index}, {block.n_tokens} tokens) after index {previous}; "
+                        f"{n} tokens put {full} tokens in block {block.index} of layer {layer}"
                     )
+                previous = block.index
+
+
+def restorable_prefix(blocks: AgentBlocks, n_tokens: int, spec: ModelCacheSpec) -> int:
+    """The longest prefix, at most ``n_tokens`` long, whose KV ``blocks`` hold in every layer:
+    all its positions in a global layer, its last ``window`` in a sliding one (0 if none).
+
+    A sliding layer keeps only the positions its window reached when its sequence was cut
+    into blocks, so a prompt that leaves a stored conversation before its end may need
+    positions that were never kept; a cache built over that hole would fail (or be wrong).
+    Each layer can restore the lengths of a union of ranges, so the longest length all can
+    restore is ``n_tokens`` itself or the end of one of those ranges."""
+    if n_tokens <= 0 or len(blocks.layers) != spec.n_layers:
+        return 0
+    covered = [_covered(layer_blocks, spec.block_tokens) for layer_blocks in blocks.layers]
+    candidates = {n_tokens, *(min(end, n_tokens) for ranges in covered for _, end in ranges)}
+    for n in sorted(candidates, reverse=True):
+        if n > 0 and all(
+            _holds(ranges, spec.window(layer), n) for layer, ranges in enumerate(covered)
+        ):
+            return n
+    return 0
+
+
+def _covered(layer_blocks: tuple[KVBlock, ...], block_tokens: int) -> list[tuple[int, int]]:
+    """The runs of positions a layer's blocks hold, as ``[start, end)`` ranges in order."""
+    ranges: list[tuple[int, int]] = []
+    for block in layer_blocks:
+        base = block.index * block_tokens
+        start, end = base + block.start, base + block.n_tokens
+        if ranges and ranges[-1][1] == start:
+            ranges[-1] = (ranges[-1][0], end)
+        else:
+            ranges.append((start, end))
+    return ranges
+
+
+def _holds(ranges: list[tuple[int, int]], window: int | None, n: int) -> bool:
+    """Whether one range holds the positions a layer needs to continue after ``n``."""
+    first = 0 if window is None else max(0, n - window)
+    return any(start <= first and n <= end for start, end in ranges)

@@ -58,3 +58,23 @@ class OutputConstraint:
     def cache_key(self) -> tuple[object, ...]:
         """Equal for constraints that compile to the same grammar."""
         return (self.json_schema, self.calls, self.triggers, self.require_call, self.max_calls)
+
+
+class UnsupportedSchemaError(InvalidRequestError):
+    """A JSON Schema that constrained decoding cannot honour, found when the constraint is
+    compiled (at submission, before any work). ``keywords`` names what the grammar engine
+    refused (empty when the schema itself is malformed); ``call_index`` is the position in
+    ``OutputConstraint.calls`` of the schema at fault (None: ``json_schema``), so the edge
+    can re-raise it naming its own field (``tools[i].function.parameters``, say)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        keywords: tuple[str, ...] = (),
+        call_index: int | None = None,
+        param: str | None = None,
+    ) -> None:
+        super().__init__(message, param=param)
+        self.keywords = keywords
+        self.call_index = call_index

@@ -116,6 +116,8 @@ class RequestStats:
     cached_tokens: int
     computed_tokens: int
     generated_tokens: int
+    dropped_tokens: int = 0
+    """Prompt tokens found in the cache that could not be restored, so were computed."""
 
     @property
     def time_to_first_token_s(self) -> float:

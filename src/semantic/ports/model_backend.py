@@ -13,6 +13,7 @@ from typing import Protocol
 from semantic.domain.blocks import AgentBlocks
 from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.generation import SamplingParams
+from semantic.ports.grammar import GrammarMatcher
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,9 +107,13 @@ class ModelBackend(Protocol):
         n_new: int,
         sampling: SamplingParams,
         track_top_prob: bool = False,
+        matcher: GrammarMatcher | None = None,
     ) -> None:
         """Create the sequence's cache from the first ``n_restored`` tokens of ``restored``,
-        sized once for the ``n_new`` prompt tokens that will be prefilled after them."""
+        sized once for the ``n_new`` prompt tokens that will be prefilled after them.
+        ``matcher``: every token sampled for the sequence (its first one too) is drawn from
+        the tokens it allows, with the sampling settings applied among them, and told to
+        it; free sequences in the same batch decode exactly as they would alone."""
         ...
 
     def prefill(self, seq_id: str, tokens: Sequence[int]) -> None:

@@ -30,6 +30,13 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+def positive_float(text: str) -> float:
+    value = _float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, not {text}")
+    return value
+
+
 def temperature(text: str) -> float:
     """0 to 2, as the OpenAI API takes it: the CLI samples like the server's main route."""
     value = _float(text)

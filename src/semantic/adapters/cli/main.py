@@ -1,4 +1,4 @@
-"""The ``semantic`` command line: ``model pull``, ``generate``, ``serve``.
+"""The ``semantic`` command line: ``model pull``, ``generate``, ``serve``, ``keys``.
 
 The benchmarks run from a checkout: ``python -m benchmarks`` (``--help`` lists them)."""
 
@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
 from semantic.adapters.cli import flags
+from semantic.adapters.cli.log_repeats import RepeatFilter
 from semantic.config import DEFAULT_MODEL, WEIGHT_CHOICES, Settings
 from semantic.domain.errors import SemanticError
 
@@ -25,12 +27,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         getattr(args, "parser", parser).error(said)
     if check := getattr(args, "check", None):
         check(args)  # what no single option's type can see; a usage error (exit 2) if wrong
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(RepeatFilter())  # a line repeated in a loop is counted, not written
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO if args.log_info else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
+        handlers=[handler],
     )
     try:
+        _prepare_process()
         return int(args.handler(args))
     except SemanticError as error:
         print(f"error: {error}", file=sys.stderr)
@@ -43,6 +48,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def _prepare_process() -> None:
+    """The one step that readies this process for MLX (BLAS, malloc, JIT), before any
+    command imports it: importing semantic's modules changes nothing by itself."""
+    from semantic.adapters.mlx.process import prepare_process
+
+    prepare_process()
+    try:
+        import mlx.core  # noqa: F401 - only to say clearly when MLX has no backend here
+    except ImportError as error:
+        raise SemanticError(
+            f"MLX cannot load its backend ({error}). On Linux install it with the package: "
+            'pip install "semantic[cpu]" (or "semantic[cuda]" on an NVIDIA GPU machine)'
+        ) from None
+
+
 def settings_from(args: argparse.Namespace, **overrides: object) -> Settings:
     values: dict[str, object] = {"model": args.model}
     if getattr(args, "data_dir", None):  # only ``serve`` keeps anything there
@@ -51,12 +71,14 @@ def settings_from(args: argparse.Namespace, **overrides: object) -> Settings:
         values["model_cache_dir"] = args.model_cache
     if getattr(args, "weights", None):
         values["weights"] = args.weights
+    if device := getattr(args, "device", None) or os.environ.get("SEMANTIC_DEVICE"):
+        values["device"] = device
     values.update(overrides)
     return Settings(**values)  # type: ignore[arg-type]  # argparse values are untyped by nature
 
 
 def _parser() -> argparse.ArgumentParser:
-    from semantic.adapters.cli import commands, serve
+    from semantic.adapters.cli import commands, keys, serve
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -78,6 +100,13 @@ def _parser() -> argparse.ArgumentParser:
         help="weight format of the embedded model (auto: float32 on a Linux "
         "CPU, 4-bit on Apple silicon)",
     )
+    common.add_argument(
+        "--device",
+        choices=("auto", "cpu", "gpu"),
+        default=None,
+        help="MLX device for the model (auto: a GPU where MLX has one; default: "
+        "$SEMANTIC_DEVICE or auto)",
+    )
     common.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     common.add_argument("--log-info", action="store_true", help="info logging")
 
@@ -90,6 +119,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     commands.register(sub, common)
     serve.register(sub, common)
+    keys.register(sub)
     return parser
 
 

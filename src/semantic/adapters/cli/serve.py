@@ -12,19 +12,36 @@ import socket
 import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from types import FrameType
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from semantic.adapters.cli import flags
+from semantic.adapters.cli.descriptors import (
+    ACCEPT_BATCH,
+    RESERVED,
+    DescriptorLimit,
+    raise_descriptor_limit,
+)
 from semantic.adapters.cli.progress import ProgressPrinter
-from semantic.config import default_data_dir
+from semantic.config import Settings, default_data_dir
 from semantic.domain.errors import SemanticError
+
+if TYPE_CHECKING:
+    from semantic.adapters.http.keys import KeyRing
+    from semantic.config import Settings
 
 log = logging.getLogger(__name__)
 
 PREFAULT_MB = 1024
+ALLOWED_HOSTS_ENV = "SEMANTIC_ALLOWED_HOSTS"
 LAST_EVENTS_S = 10
 """How long after ``--grace`` uvicorn still waits for streams to carry their last event."""
+DEFAULT_MAX_CONNECTIONS = 4096
+LISTEN_QUEUE = 4096
+"""Connections the kernel holds for the server to accept (it caps this at somaxconn): at the
+connection limit, a new client waits in it while slow ones are closed for it, rather than
+having its connection dropped and retried a second later."""
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -42,7 +59,27 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         type=flags.non_empty,
         default=None,
         help="require this key (Authorization: Bearer, or x-api-key) on every "
-        "route but /health; default: $SEMANTIC_API_KEY, else none",
+        "route but /health, an admin key: any namespace; default: $SEMANTIC_API_KEY (which "
+        "keeps it out of the process list), else none",
+    )
+    serve.add_argument(
+        "--api-keys-file",
+        type=flags.path,
+        default=None,
+        metavar="PATH",
+        help="API keys, hashed, each bound to a namespace (`semantic keys add NAMESPACE "
+        "--file PATH` makes one); a key works in its namespace only (default: "
+        "$SEMANTIC_API_KEYS_FILE, else none)",
+    )
+    serve.add_argument(
+        "--allowed-host",
+        type=flags.non_empty,
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a host name clients reach the server by, besides loopback names, IP addresses "
+        "and --host; other Host headers get 421 (DNS rebinding); repeatable; '*': any "
+        "(default: $SEMANTIC_ALLOWED_HOSTS, comma-separated, else none)",
     )
     serve.add_argument(
         "--cors-origin",
@@ -139,6 +176,31 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         help="queued requests before new ones get 429 (default: %(default)s)",
     )
     serve.add_argument(
+        "--max-connections",
+        type=flags.positive_int,
+        default=None,
+        help="connections held at once; past it, the one slowest to send its request is "
+        "closed for the new one, or, when all hold requests being answered, the new one gets "
+        f"503 (default: what the descriptor limit allows, {RESERVED} kept for the server's "
+        f"own files, up to {DEFAULT_MAX_CONNECTIONS})",
+    )
+    serve.add_argument(
+        "--header-timeout",
+        type=flags.positive_float,
+        default=10.0,
+        metavar="SECONDS",
+        help="a request's headers must arrive within this long, or its connection is closed "
+        "with 408 (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--body-timeout",
+        type=flags.positive_float,
+        default=30.0,
+        metavar="SECONDS",
+        help="a request's body must arrive within this long of its headers, or its connection "
+        "is closed with 408 (default: %(default)s)",
+    )
+    serve.add_argument(
         "--grace",
         type=flags.non_negative_float,
         default=30.0,
@@ -155,25 +217,8 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         )
 
 
-def run_server(args: argparse.Namespace) -> int:
-    from semantic.adapters.cli.main import settings_from
-    from semantic.adapters.storage.data_dir_lock import acquire_data_directory
-
-    prefault_mb = args.prefault_mb if args.prefault_mb is not None else PREFAULT_MB
-    overrides: dict[str, object] = {
-        "host": args.host,
-        "port": args.port,
-        "api_key": args.api_key or os.environ.get("SEMANTIC_API_KEY") or None,
-        "cors_origins": tuple(args.cors_origin),
-        "kv_budget_bytes": args.kv_budget_mb << 20,
-        "prefault_bytes": min(prefault_mb, args.kv_budget_mb) << 20,
-        "kv_at_rest": args.kv_at_rest,
-        "max_tokens_cap": args.max_tokens_cap,
-        "max_waiting": args.max_waiting,
-        "grace_s": args.grace,
-        "disk_quota_bytes": None if args.disk_quota_mb is None else args.disk_quota_mb << 20,
-        "disk_reserve_bytes": args.disk_reserve_mb << 20,
-    }
+def _prefill_overrides(args: argparse.Namespace) -> dict[str, object]:
+    overrides: dict[str, object] = {}
     if args.prefill_budget is not None:
         overrides["prefill_fixed_tokens"] = args.prefill_budget
     if args.prefill_ride is not None:
@@ -182,14 +227,42 @@ def run_server(args: argparse.Namespace) -> int:
         overrides["prefill_slice_ratio"] = args.prefill_slice or None
     if args.prefill_idle_slice is not None:
         overrides["prefill_idle_slice_s"] = args.prefill_idle_slice or None
+    return overrides
+
+
+def run_server(args: argparse.Namespace) -> int:
+    from semantic.adapters.cli.main import settings_from
+
+    prefault_mb = args.prefault_mb if args.prefault_mb is not None else PREFAULT_MB
+    overrides: dict[str, object] = {
+        "host": args.host,
+        "port": args.port,
+        "api_key": args.api_key or os.environ.get("SEMANTIC_API_KEY") or None,
+        "cors_origins": tuple(args.cors_origin),
+        "allowed_hosts": _allowed_hosts(args.allowed_host),
+        "api_keys_file": args.api_keys_file or _env_path("SEMANTIC_API_KEYS_FILE"),
+        "kv_budget_bytes": args.kv_budget_mb << 20,
+        "prefault_bytes": min(prefault_mb, args.kv_budget_mb) << 20,
+        "kv_at_rest": args.kv_at_rest,
+        "max_tokens_cap": args.max_tokens_cap,
+        "max_waiting": args.max_waiting,
+        "grace_s": args.grace,
+        "disk_quota_bytes": None if args.disk_quota_mb is None else args.disk_quota_mb << 20,
+        "disk_reserve_bytes": args.disk_reserve_mb << 20,
+        "max_connections": args.max_connections,
+        "header_timeout_s": args.header_timeout,
+        "body_timeout_s": args.body_timeout,
+    }
+    overrides.update(_prefill_overrides(args))
     settings = settings_from(args, **overrides)
     # Fail fast, in this order: a bad host before anything is created; a directory another
     # server holds (its pid is the better message when both use the same port); a port in
     # use. The hold and the sockets last as long as this process; the model loads after.
     addresses = _resolve(settings.host, settings.port)
-    acquire_data_directory(settings.data_dir)
+    keys = _keys_and_data_directory(settings)
     sockets = _listen(addresses, settings.host, settings.port)
     log.info("listening on http://%s:%d", settings.host, settings.port)
+    descriptors = _raise_descriptor_limit()
 
     import uvicorn  # these imports take a second or two: after the checks above
 
@@ -223,9 +296,14 @@ def run_server(args: argparse.Namespace) -> int:
         api_key=settings.api_key,
         max_body_bytes=settings.max_body_bytes,
         cors_origins=settings.cors_origins,
+        keys=keys,
+        allowed_hosts=(settings.host, *settings.allowed_hosts),
     )
     config = uvicorn.Config(
         app,
+        http=_guarded_protocol(settings, descriptors),
+        backlog=ACCEPT_BATCH,
+        log_config=None,  # its lines go through the root handler: one format, repeats filtered
         log_level="info" if args.log_info else "warning",
         # Past the grace, the engine fails what is left at its next step (a long prefill
         # step takes seconds): connections get that long to carry the error event out.
@@ -253,6 +331,67 @@ def run_server(args: argparse.Namespace) -> int:
     return 0
 
 
+def _keys_and_data_directory(settings: Settings) -> KeyRing:
+    """The keys (a bad keys file is said before anything is created), then the data
+    directory, private from here on, held by this process."""
+    from semantic.adapters.cli.privacy import keep_private
+    from semantic.adapters.http.keys import keyring
+    from semantic.adapters.storage.data_dir_lock import acquire_data_directory
+
+    keys = keyring(settings.api_key, settings.api_keys_file)
+    keep_private(settings.data_dir)
+    acquire_data_directory(settings.data_dir)
+    return keys
+
+
+def _allowed_hosts(given: list[str]) -> tuple[str, ...]:
+    """``--allowed-host`` names, else ``$SEMANTIC_ALLOWED_HOSTS``'s."""
+    listed = given or os.environ.get(ALLOWED_HOSTS_ENV, "").split(",")
+    return tuple(name.strip() for name in listed if name.strip())
+
+
+def _env_path(name: str) -> Path | None:
+    value = os.environ.get(name)
+    return Path(value).expanduser() if value else None
+
+
+def _raise_descriptor_limit() -> DescriptorLimit:
+    """The descriptor limit raised to the hard limit, before mlx-lm's import would lower it."""
+    from semantic.adapters.mlx.descriptor_limit import import_mlx_lm_keeping_descriptor_limit
+
+    limit = raise_descriptor_limit()
+    import_mlx_lm_keeping_descriptor_limit()
+    return limit
+
+
+def _guarded_protocol(settings: Settings, descriptors: DescriptorLimit) -> type[asyncio.Protocol]:
+    """uvicorn's protocol held to the request deadlines and to as many connections as the
+    descriptor limit leaves room for, at most what ``--max-connections`` says."""
+    from semantic.adapters.http.guarded_protocol import (
+        ConnectionLimits,
+        ConnectionTable,
+        protocol_for,
+    )
+
+    allowed = descriptors.connections_allowed
+    wanted = settings.max_connections
+    if wanted is not None and wanted > allowed:
+        log.warning(
+            "--max-connections %d needs more descriptors than the limit leaves: using %d",
+            wanted,
+            allowed,
+        )
+    count = min(wanted or DEFAULT_MAX_CONNECTIONS, allowed)
+    log.info(
+        "up to %d connections; request headers within %g s, bodies within %g s",
+        count,
+        settings.header_timeout_s,
+        settings.body_timeout_s,
+    )
+    limits = ConnectionLimits(count, settings.header_timeout_s, settings.body_timeout_s)
+    return protocol_for(limits, ConnectionTable(count))
+
+
 def _draining_server(config: Any, drain: Callable[[], None]) -> Any:
     """A uvicorn server whose first SIGTERM (or SIGINT) also starts draining the engine.
 
@@ -264,6 +403,11 @@ def _draining_server(config: Any, drain: Callable[[], None]) -> Any:
     import uvicorn
 
     class DrainingServer(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            for sock in sockets or ():  # asyncio listened with the accept batch as backlog
+                sock.listen(LISTEN_QUEUE)
+
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
             if not self.should_exit:
                 threading.Thread(target=drain, name="semantic-drain", daemon=True).start()

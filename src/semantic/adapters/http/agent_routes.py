@@ -10,7 +10,13 @@ from litestar.datastructures import State
 
 from semantic.adapters.http.agent_schemas import CreateAgent, ForkAgent, SendMessage
 from semantic.adapters.http.common import services, sse, sse_data, unless_client_leaves
-from semantic.adapters.http.identity import NAMESPACE_HEADER, checked_id, identity
+from semantic.adapters.http.identity import (
+    NAMESPACE_HEADER,
+    NamespaceNotAllowedError,
+    bound_namespace,
+    checked_id,
+    identity,
+)
 from semantic.adapters.http.translate import OPENAI_FINISH, sampling, stop_strings
 from semantic.application.agents import AgentInfo, CommittedReply, Turn
 from semantic.application.generation import GenerationEvent, GenerationResult, TextDelta
@@ -26,6 +32,9 @@ class AgentController(Controller):
     async def create(
         self, request: Request[Any, Any, Any], data: CreateAgent, state: State
     ) -> dict[str, Any]:
+        bound = bound_namespace(request)
+        if data.namespace and bound and data.namespace != bound:
+            raise NamespaceNotAllowedError(bound, data.namespace)
         header = request.headers.get(NAMESPACE_HEADER)
         if data.namespace and header and data.namespace != header:
             raise InvalidRequestError(

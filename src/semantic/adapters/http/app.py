@@ -1,4 +1,4 @@
-"""The Litestar application: routes, errors in each protocol's shape, the API key, limits.
+"""The Litestar application: routes, errors in each protocol's shape, the API keys, limits.
 
 The app starts answering at once (``/health`` says 503) while the composition root loads
 and warms the model in the background; then it serves. On shutdown it hands control back to
@@ -23,6 +23,7 @@ from semantic.adapters.http import errors
 from semantic.adapters.http.agent_routes import AgentController
 from semantic.adapters.http.anthropic_routes import AnthropicController
 from semantic.adapters.http.auth import edge
+from semantic.adapters.http.keys import KeyRing, keyring
 from semantic.adapters.http.metrics import Metrics
 from semantic.adapters.http.openai_routes import OpenAIController
 from semantic.adapters.http.ops_routes import health, metrics
@@ -41,8 +42,12 @@ def create_app(
     api_key: str | None = None,
     max_body_bytes: int = 4 << 20,
     cors_origins: tuple[str, ...] = (),
+    keys: KeyRing | None = None,
+    allowed_hosts: tuple[str, ...] = (),
 ) -> ASGIApp:
-    """``start`` builds the services (load the model, open storage); ``stop`` drains them."""
+    """``start`` builds the services (load the model, open storage); ``stop`` drains them.
+    ``keys`` (else ``api_key``, an admin key) are the keys asked for; ``allowed_hosts``
+    the names besides loopback ones and addresses a ``Host`` header may give."""
     state = ServerState()
     observer = Metrics(state)
 
@@ -60,7 +65,8 @@ def create_app(
                 await stop(services)
 
     app = app_for(state, observer, lifespan, max_body_bytes, cors_origins)
-    return edge(app, api_key, cors_origins=cors_origins)
+    ring = keys if keys is not None else keyring(api_key, None)
+    return edge(app, ring, cors_origins=cors_origins, allowed_hosts=allowed_hosts)
 
 
 def app_for(
@@ -82,6 +88,7 @@ def app_for(
         state=_app_state(state, observer),
         openapi_config=OpenAPIConfig(title="semantic", version=__version__),
         debug=False,
+        logging_config=None,  # the CLI's handler stays: one format, repeated lines counted
     )
 
 

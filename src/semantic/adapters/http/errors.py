@@ -21,6 +21,7 @@ from litestar.exceptions import (
 )
 
 from semantic.adapters.http.common import ClientGoneError
+from semantic.adapters.http.identity import NamespaceNotAllowedError
 from semantic.application.generation import GenerationFailedError
 from semantic.domain.errors import (
     AgentExistsError,
@@ -67,6 +68,7 @@ _OPENAI_TYPES = {
 _ANTHROPIC_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
+    403: "permission_error",
     404: "not_found_error",
     409: "invalid_request_error",
     413: "request_too_large",
@@ -82,11 +84,13 @@ _HTTP_KINDS = {
     405: "method_not_allowed",
     413: "request_too_large",
     415: "unsupported_media_type",
+    421: "misdirected_request",
 }
 """Error codes for what the framework refuses before a route runs."""
 
 _PLAIN: tuple[tuple[type[Exception], int, str], ...] = (
     (ClientGoneError, 499, "client_closed_request"),  # nginx's code: nobody reads it
+    (NamespaceNotAllowedError, 403, "namespace_not_allowed"),
     (AgentNotFoundError, 404, "not_found"),
     (ModelNotFoundError, 404, "not_found"),
     (AgentExistsError, 409, "conflict"),

@@ -14,12 +14,23 @@ from typing import Any
 
 from litestar import Request
 
-from semantic.domain.errors import InvalidRequestError
+from semantic.domain.errors import InvalidRequestError, SemanticError
 from semantic.domain.generation import Priority
 
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 DEFAULT_NAMESPACE = "default"
 NAMESPACE_HEADER = "X-Namespace"
+BOUND_NAMESPACE = "semantic.bound_namespace"
+"""Where the edge leaves, in the request's ``state``, the namespace its API key is bound to."""
+
+
+class NamespaceNotAllowedError(SemanticError):
+    """The request's API key is bound to another namespace than the one it names."""
+
+    def __init__(self, bound: str, named: str) -> None:
+        super().__init__(
+            f"this API key is bound to the namespace {bound!r} and may not use {_shown(named)}"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +67,12 @@ def identity(request: Request[Any, Any, Any]) -> Identity:
         checked_id(agent, "agent_id") if agent is not None else None,
         Priority.parse(priority) if priority is not None else Priority.NORMAL,
     )
+
+
+def bound_namespace(request: Request[Any, Any, Any]) -> str | None:
+    """The namespace the request's key is bound to; None for an admin key or none."""
+    bound = (request.scope.get("state") or {}).get(BOUND_NAMESPACE)
+    return bound if isinstance(bound, str) else None
 
 
 def _one_header(request: Request[Any, Any, Any], name: str) -> str | None:

@@ -54,6 +54,17 @@ class Metrics:
             registry=r,
         )
         self.requests = Counter("semantic_requests", "Requests finished.", registry=r)
+        self.cache_dropped = Counter(
+            "semantic_prefix_cache_dropped",
+            "Requests whose stored prefix could not be restored (a sliding window's "
+            "positions missing, say), so it was dropped and the prompt computed.",
+            registry=r,
+        )
+        self.cache_dropped_tokens = Counter(
+            "semantic_prefix_cache_dropped_tokens",
+            "Prompt tokens found in the prefix cache that could not be restored.",
+            registry=r,
+        )
         self.abandoned = Counter(
             "semantic_requests_abandoned",
             "Requests cancelled because their client went away first.",
@@ -80,6 +91,9 @@ class Metrics:
         self.tokens_out.inc(stats.generated_tokens)
         self.tokens_cached.inc(stats.cached_tokens)
         self.requests.inc()
+        if stats.dropped_tokens:
+            self.cache_dropped.inc()
+            self.cache_dropped_tokens.inc(stats.dropped_tokens)
 
     def on_abandoned(self) -> None:
         self.abandoned.inc()

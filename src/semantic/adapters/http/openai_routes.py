@@ -65,7 +65,7 @@ class OpenAIController(Controller):
     async def model(self, model_id: str, state: State) -> dict[str, Any]:
         found = services(state)
         check_model(model_id, found.model_id)
-        return _model_entry(found.model_id)
+        return {**_model_entry(found.model_id), "runtime": dict(found.runtime)}
 
     @post("/chat/completions", status_code=200)
     async def chat_completions(

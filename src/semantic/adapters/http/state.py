@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from semantic.application.agents import AgentService
 from semantic.application.cache.store import AgentCacheStore
@@ -31,6 +32,8 @@ class Services(Protocol):
     def pool(self) -> BlockPool: ...
     @property
     def spec(self) -> ModelCacheSpec: ...
+    @property
+    def runtime(self) -> Mapping[str, Any]: ...
 
 
 class ServerState:

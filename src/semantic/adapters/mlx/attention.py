@@ -46,14 +46,33 @@ QKV = tuple[mx.array, mx.array, mx.array]
 
 def install(model: Any) -> bool:
     """Swap each llama attention module for one with the host softmax (CPU, float32)."""
-    if mx.default_device() != mx.cpu or getattr(model, "model_type", None) != "llama":
+    if _installed(model):
+        return True
+    if obstacle(model) is not None:
         return False
-    layers = model.model.layers
-    if not all(type(layer.self_attn) is llama.Attention for layer in layers):
-        return False
-    for layer in layers:
+    for layer in model.model.layers:
         layer.self_attn = HostSoftmaxAttention(layer.self_attn)
     return True
+
+
+def obstacle(model: Any) -> str | None:
+    """Why the host softmax cannot serve this model's attention; None when it can."""
+    if _installed(model):
+        return None
+    if mx.default_device() != mx.cpu:
+        return "the model runs on a GPU"
+    if not isinstance(model, llama.Model):
+        kind = getattr(model, "model_type", None)
+        return f"model type {kind}: the host softmax replaces mlx-lm's llama attention only"
+    kinds = {type(layer.self_attn).__name__ for layer in model.model.layers}
+    if kinds != {llama.Attention.__name__}:
+        return f"attention modules {sorted(kinds)}, not mlx-lm's plain llama Attention"
+    return None
+
+
+def _installed(model: Any) -> bool:
+    layers = getattr(getattr(model, "model", None), "layers", None) or []
+    return bool(layers) and all(type(layer.self_attn) is HostSoftmaxAttention for layer in layers)
 
 
 class HostSoftmaxAttention(nn.Module):  # type: ignore[misc,name-defined]  # mlx.nn ships no types

@@ -23,12 +23,14 @@ from semantic.adapters.mlx.decode_batch import Caches, DecodeBatch
 from semantic.adapters.mlx.fused_pass import MAX_ROWS, Group, supports_fusion
 from semantic.adapters.mlx.host_pass import HostPass
 from semantic.adapters.mlx.kv_blocks import (
+    History,
     clone_prefix,
     cut_into_blocks,
     gather_cache,
     reserve_room,
     room_to_reserve,
     size_cache,
+    window_history,
 )
 from semantic.adapters.mlx.layer_slice import LayerSlice, StepTimes
 from semantic.adapters.mlx.model_parts import BodyAndHead
@@ -36,10 +38,12 @@ from semantic.adapters.mlx.restore_buffers import RestoreBuffers
 from semantic.adapters.mlx.restored_prefix import RestoredPrefix
 from semantic.adapters.mlx.sampling import Sampler, log_softmax, make_sampler, top_prob
 from semantic.adapters.mlx.side_by_side import step_beside_slice
+from semantic.adapters.mlx.token_mask import masked
 from semantic.domain.blocks import AgentBlocks
 from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.errors import InvalidRequestError
 from semantic.domain.generation import SamplingParams
+from semantic.ports.grammar import GrammarMatcher
 from semantic.ports.model_backend import (
     DecodedToken,
     ExportedKV,
@@ -62,6 +66,10 @@ class _Sequence:
     """Restored positions not yet copied into ``caches``, which hold what follows them."""
     slice: LayerSlice | None = None
     """A chunk part way through the layers (``prefill_slice``)."""
+    matcher: GrammarMatcher | None = None
+    """The grammar every token of a constrained sequence is drawn within."""
+    history: History | None = None
+    """Its sliding layers' windows as its prompt ended (``window_history``)."""
 
 
 class MlxBackend:
@@ -110,6 +118,7 @@ class MlxBackend:
         n_new: int,
         sampling: SamplingParams,
         track_top_prob: bool = False,
+        matcher: GrammarMatcher | None = None,
     ) -> None:
         if seq_id in self._sequences:
             raise InvalidRequestError(f"sequence {seq_id} is already open")
@@ -121,7 +130,9 @@ class MlxBackend:
                 self._model, restored, n_restored, n_new, self._spec, streams=self._copy_streams()
             )
         sampler = make_sampler(sampling)
-        self._sequences[seq_id] = _Sequence(caches, sampler, track_top_prob, n_new, prefix)
+        self._sequences[seq_id] = _Sequence(
+            caches, sampler, track_top_prob, n_new, prefix, matcher=matcher
+        )
 
     def _prefix_in_place(
         self, restored: AgentBlocks | None, n_restored: int, n_new: int
@@ -245,10 +256,16 @@ class MlxBackend:
 
     @staticmethod
     def _sample(sequence: _Sequence, logits: mx.array) -> SampledToken:
+        """A prompt's first token; a constrained sequence's grammar allows it and is told."""
+        if sequence.matcher is not None:
+            logits = masked(logits, [sequence.matcher])
         token = sequence.sampler(logits)
         top = top_prob(logits)[0] if sequence.track_top_prob else None
         mx.eval(token, *([top] if top is not None else []))
-        return SampledToken(_scalar_int(token), _scalar_float(top) if top is not None else None)
+        sampled = SampledToken(_scalar_int(token), _scalar_float(top) if top is not None else None)
+        if sequence.matcher is not None:
+            sequence.matcher.accept(sampled.token)
+        return sampled
 
     def copy_prefix(self, source_id: str, target_id: str, n_tokens: int, room: int) -> bool:
         if source_id in self._decoder:
@@ -265,6 +282,8 @@ class MlxBackend:
     def start_decoding(self, seq_id: str, first_token: int, max_new_tokens: int) -> None:
         sequence = self._sequences[seq_id]
         caches: Caches = sequence.caches
+        if self._spec.has_sliding_layers and sequence.prefix is None:
+            sequence.history = window_history(sequence.caches, self._spec)
         if sequence.prefix is not None:  # built at the next step, after the first token is out
             caches = functools.partial(self._gathered, sequence.prefix, sequence.caches)
         self._decoder.add(
@@ -274,6 +293,7 @@ class MlxBackend:
             max_new_tokens,
             sequence.sampler,
             track_top_prob=sequence.track_top_prob,
+            matcher=sequence.matcher,
         )
         sequence.caches, sequence.prefix = [], None  # the batch holds the KV now
 
@@ -356,7 +376,8 @@ class MlxBackend:
         keep = min(keep_tokens, held)
         if keep <= 0:
             return ExportedKV(0, [[] for _ in range(self._spec.n_layers)])
-        return ExportedKV(keep, cut_into_blocks(caches, keep, self._spec, self._buffers))
+        blocks = cut_into_blocks(caches, keep, self._spec, self._buffers, sequence.history)
+        return ExportedKV(keep, blocks)
 
     def warm_up(self) -> None:
         """Prefill and decode a few tokens so MLX has compiled and allocated what it needs."""

@@ -22,6 +22,8 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from semantic.adapters.mlx.blas_core import CORETYPE_ENV, CoreDecision, CoreReason, user_core
+from semantic.adapters.mlx.blas_probe import decide_core, this_cpus_flags
 from semantic.adapters.mlx.native_build import NATIVE_DIR, build_library
 
 log = logging.getLogger(__name__)
@@ -33,6 +35,8 @@ SHIM_ENV = "SEMANTIC_BLAS_SHIM"
 """``0`` turns our small-product ``cblas_sgemm`` off: every product goes to OpenBLAS."""
 PIN_ENV = "SEMANTIC_PIN_HELPERS"
 """``0`` leaves the placement of BLAS helper threads to the OS scheduler."""
+CORE_CHOICE_ENV = "SEMANTIC_BLAS_CORE_CHOICE"
+"""``0`` keeps the OpenBLAS core the library detects, even a generic fallback."""
 SHIM_SOURCE = NATIVE_DIR / "small_sgemm.c"
 SHIM_NAME = "libsemantic_small_sgemm"
 
@@ -40,7 +44,10 @@ SHIM_NAME = "libsemantic_small_sgemm"
 INSTALL_OPENBLAS = (
     "Install OpenBLAS (Debian/Ubuntu: apt-get install libopenblas0-pthread) and restart."
 )
-IMPORT_FIRST = "Import semantic before mlx.core: the fast BLAS can only be put in front then."
+IMPORT_FIRST = (
+    "Call semantic.adapters.mlx.process.prepare_process() before importing mlx.core: the fast"
+    " BLAS can only be put in front then."
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +62,25 @@ class BlasStatus:
     rows to sgemv)."""
     remedy: str = INSTALL_OPENBLAS
     """What to do when it is slow."""
+    version: str | None = None
+    core: CoreDecision | None = None
+    """OpenBLAS's kernel set (its "core") and why it is the one."""
+
+    def describe(self) -> str:
+        """One line: the library, its version, where it was found, the core and why."""
+        name = f"{self.name} {self.version}" if self.version else self.name
+        parts = [self.path or "system"]
+        if self.core is not None and self.core.core is not None:
+            parts.append(self.core.describe())
+        if self.small_kernels:
+            parts.append("products of up to 32 rows by our own kernels")
+        elif self.shim:
+            parts.append("up to three rows via sgemv (no AVX-512 here)")
+        return f"{name} ({'; '.join(parts)})"
+
+    @property
+    def generic_core(self) -> bool:
+        return self.core is not None and self.core.generic
 
 
 @functools.cache
@@ -69,11 +95,12 @@ def preload_fast_blas() -> BlasStatus:
     if choice.lower() == "none":
         return BlasStatus("reference BLAS (SEMANTIC_BLAS_LIBRARY=none)", None, fast=False)
     if "mlx.core" in sys.modules:
-        log.warning("mlx.core was imported before semantic.adapters.mlx; BLAS left as it is")
+        log.warning("mlx.core was imported before prepare_process(); BLAS left as it is")
         return replace(blas_in_use(), remedy=IMPORT_FIRST)
     path = choice or ctypes.util.find_library("openblas")
     if not path:
         return BlasStatus("reference BLAS", None, fast=False)
+    decision = _choose_core(path)
     threads_before = _thread_ids()
     shim = _load_shim(path) if os.environ.get(SHIM_ENV, "1") != "0" else None
     try:
@@ -82,7 +109,18 @@ def preload_fast_blas() -> BlasStatus:
         log.warning("could not load BLAS library %s: %s", path, error)
         return BlasStatus("reference BLAS", None, fast=False)
     _keep_helpers_off_the_callers_core(sorted(_thread_ids() - threads_before), shim)
-    return blas_in_use()
+    return blas_in_use(decision.reason)
+
+
+def _choose_core(library: str) -> CoreDecision:
+    """Put the best working core in ``OPENBLAS_CORETYPE`` where OpenBLAS would fall back to
+    a generic one; the user's own setting always stands."""
+    if os.environ.get(CORE_CHOICE_ENV) == "0" and user_core(os.environ) is None:
+        return CoreDecision(None, CoreReason.DETECTED)
+    decision, coretype = decide_core(library, os.environ, this_cpus_flags())
+    if coretype is not None:
+        os.environ[CORETYPE_ENV] = coretype
+    return decision
 
 
 def _thread_ids() -> set[int]:
@@ -118,8 +156,9 @@ def _keep_helpers_off_the_callers_core(blas_workers: list[int], shim: ctypes.CDL
         shim.semantic_set_helper_cpu(spare[min(len(blas_workers), len(spare)) - 1])
 
 
-def blas_in_use() -> BlasStatus:
-    """Tell which library MLX's ``cblas_sgemm`` resolves to: the first one in global scope.
+def blas_in_use(reason: CoreReason | None = None) -> BlasStatus:
+    """Tell which library MLX's ``cblas_sgemm`` resolves to: the first one in global scope,
+    and, for OpenBLAS, its version and the core it runs on.
 
     MLX's own bundled BLAS is loaded privately, so if no global library provides the symbol,
     MLX runs on the reference BLAS.
@@ -132,8 +171,28 @@ def blas_in_use() -> BlasStatus:
     if shim:
         kernels = bool(ctypes.CDLL(provider, mode=os.RTLD_NOLOAD).semantic_blas_small_kernels())
         provider = _global_provider("cblas_sgemv") or provider
-    name = "OpenBLAS" if "openblas" in os.path.basename(provider).lower() else "BLAS"
-    return BlasStatus(name, provider, fast=True, shim=shim, small_kernels=kernels)
+    if "openblas" not in os.path.basename(provider).lower():
+        return BlasStatus("BLAS", provider, fast=True, shim=shim, small_kernels=kernels)
+    version, core = _openblas_identity(provider)
+    if reason is None:
+        in_env = user_core(os.environ) is not None
+        reason = CoreReason.ENVIRONMENT if in_env else CoreReason.DETECTED
+    decision = CoreDecision(core, reason)
+    return BlasStatus("OpenBLAS", provider, True, shim, kernels, version=version, core=decision)
+
+
+def _openblas_identity(path: str) -> tuple[str | None, str | None]:
+    """OpenBLAS's version and the core it loaded, as the library itself reports them."""
+    try:
+        library = ctypes.CDLL(path, mode=os.RTLD_NOLOAD)
+        library.openblas_get_corename.restype = ctypes.c_char_p
+        library.openblas_get_config.restype = ctypes.c_char_p
+        config = (library.openblas_get_config() or b"").decode(errors="replace").split()
+        core = (library.openblas_get_corename() or b"").decode(errors="replace") or None
+    except (OSError, AttributeError):
+        return None, None
+    version = config[1] if len(config) > 1 and config[0] == "OpenBLAS" else None
+    return version, core
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,19 +256,21 @@ def _global_provider(symbol: str) -> str | None:
 
 
 def report_blas() -> BlasStatus:
-    """Log which BLAS MLX uses; warn when it is the slow reference one."""
+    """Log which BLAS MLX uses; warn when it is the slow reference one, or OpenBLAS on a
+    generic core."""
     status = preload_fast_blas()
-    if status.fast:
-        log.info("BLAS: %s (%s%s)", status.name, status.path or "system", _shim_words(status))
-    else:
+    if not status.fast:
         log.warning("BLAS: %s; matmuls run about 30x slower. %s", status.name, status.remedy)
+    elif status.generic_core:
+        log.warning(
+            "BLAS: %s; this is OpenBLAS's generic fallback: matmuls run about 3x slower. A "
+            "newer OpenBLAS knows this CPU; or set %s to a core the CPU supports",
+            status.describe(),
+            CORETYPE_ENV,
+        )
+    else:
+        log.info("BLAS: %s", status.describe())
     return status
-
-
-def _shim_words(status: BlasStatus) -> str:
-    if status.small_kernels:
-        return ", products of up to 32 rows by our own kernels"
-    return ", up to three rows via sgemv (no AVX-512 here)" if status.shim else ""
 
 
 def _load_shim(blas_path: str) -> ctypes.CDLL | None:

@@ -23,6 +23,8 @@ from semantic.adapters.mlx.fused_pass import Group, fused_hidden
 from semantic.adapters.mlx.host_pass import HostPass, PreparedPass
 from semantic.adapters.mlx.model_parts import BodyAndHead
 from semantic.adapters.mlx.sampling import Sampler, top_prob
+from semantic.adapters.mlx.token_mask import masked
+from semantic.ports.grammar import GrammarMatcher
 from semantic.ports.model_backend import DecodedToken
 
 Caches = list[Any] | Callable[[], list[Any]]
@@ -46,6 +48,8 @@ class _Row:
     remaining: int
     has_output: bool = False
     """False until the row's first pass: its first input was already reported by prefill."""
+    matcher: GrammarMatcher | None = None
+    """A constrained row's grammar, told every token the row reports."""
 
 
 class DecodeBatch:
@@ -85,12 +89,14 @@ class DecodeBatch:
         sampler: Sampler,
         *,
         track_top_prob: bool = False,
+        matcher: GrammarMatcher | None = None,
     ) -> None:
         """Join with a prefilled cache; ``first_token`` is fed at the next pass, which makes
         the first of at most ``max_new_tokens`` new tokens. Newcomers are merged into the
         batch together at the next step: one copy of the batch's caches, not one each.
-        ``caches`` may be a function that builds them, called at that step."""
-        row = _Row(seq_id, sampler, track_top_prob, max_new_tokens)
+        ``caches`` may be a function that builds them, called at that step. ``matcher``:
+        the row's grammar, which has already accepted ``first_token``."""
+        row = _Row(seq_id, sampler, track_top_prob, max_new_tokens, matcher=matcher)
         self._joining.append((row, caches, first_token))
 
     def _admit_joining(self) -> None:
@@ -165,6 +171,8 @@ class DecodeBatch:
     def _sampled(self, logits: mx.array, fed: mx.array, fed_tops: mx.array) -> list[DecodedToken]:
         """The tokens ``fed`` to this step, reported; the next ones sampled from
         ``logits`` (evaluated in the background while the caller goes on)."""
+        if any(row.matcher is not None for row in self._rows):
+            logits = self._constrained(logits, fed)
         self._inputs = self._sample(logits)
         self._tops = self._top_probs(logits)
         mx.async_eval(self._inputs, self._tops)  # type: ignore[no-untyped-call]  # mlx: unannotated
@@ -187,6 +195,21 @@ class DecodeBatch:
             self._finished[self._rows[index].seq_id] = self._extract(index)
         self._drop(done)
         return out
+
+    def _constrained(self, logits: mx.array, fed: mx.array) -> mx.array:
+        """Constrained rows' grammars told the tokens fed to this step (sampled by the step
+        before), then ``logits`` masked by what they allow next. The output head runs in
+        the background meanwhile, so the masks cost the other rows no wait of their own."""
+        mx.async_eval(logits)  # type: ignore[no-untyped-call]  # mlx: unannotated
+        mx.eval(fed)
+        matchers: list[GrammarMatcher | None] = []
+        for row, token in zip(self._rows, _ints(fed), strict=True):
+            matcher = row.matcher
+            if matcher is not None and row.has_output:  # a first token was told at prefill
+                matcher.accept(token)
+            leaving = row.has_output and (row.remaining <= 1 or token in self._stop)
+            matchers.append(None if matcher is None or matcher.done or leaving else matcher)
+        return masked(logits, matchers)
 
     def _forward(self, mine: Group, ride: Group | None) -> tuple[mx.array, mx.array | None]:
         """The batch's next-token logits, and the ride's final hidden states (lazily)."""

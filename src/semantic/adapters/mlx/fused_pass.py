@@ -36,12 +36,19 @@ class Group:
 
 def supports_fusion(model: Any) -> bool:
     """A llama model with full attention everywhere and our attention installed."""
+    return fusion_obstacle(model) is None
+
+
+def fusion_obstacle(model: Any) -> str | None:
+    """Why prompt chunks of this model cannot join a decode step's pass; None if they can."""
     if BodyAndHead.of(model) is None:
-        return False
+        return f"model type {getattr(model, 'model_type', None)}: llama's body only"
     inner = model.model
     if getattr(inner, "swa_idx", None) is not None:
-        return False
-    return all(isinstance(layer.self_attn, HostSoftmaxAttention) for layer in inner.layers)
+        return "sliding-window layers"
+    if not all(isinstance(layer.self_attn, HostSoftmaxAttention) for layer in inner.layers):
+        return "the host softmax attention is not installed"
+    return None
 
 
 def fused_hidden(model: Any, groups: list[Group]) -> list[mx.array]:

@@ -17,7 +17,7 @@ import numpy as np
 from mlx import nn
 
 from semantic.adapters.mlx import attention
-from semantic.adapters.mlx.fused_pass import supports_fusion
+from semantic.adapters.mlx.fused_pass import fusion_obstacle
 
 _Pointer = ctypes.c_void_p
 
@@ -79,29 +79,42 @@ class HostModel:
         return cls(struct, weights["embed"], int(dims[3]), int(dims[4]), int(dims[1]), kept)
 
 
+def obstacle(model: Any) -> str | None:
+    """Why the C pass cannot compute this model exactly; None when it can."""
+    if (why := fusion_obstacle(model)) is not None:
+        return why
+    inner = model.model
+    first = inner.layers[0].self_attn.inner
+    rope = first.rope
+    if type(rope) is not nn.RoPE or rope.scale != 1.0:  # type: ignore[attr-defined]  # mlx.nn: untyped
+        return f"RoPE {type(rope).__name__} (scale {getattr(rope, 'scale', '?')}): plain RoPE only"
+    if rope.dims != first.head_dim or first.head_dim % 64:
+        return f"head dim {first.head_dim}, RoPE over {rope.dims}: a multiple of 64, all of it"
+    for layer in inner.layers:
+        if (why := _layer_obstacle(layer)) is not None:
+            return why
+    if not _plain_float32(getattr(inner.embed_tokens, "weight", None), inner.norm.weight):
+        return "embeddings or final norm not plain float32"
+    if attention.softmax_pv_ranges_address() is None:
+        return "our attention kernel is not built here"
+    return None
+
+
 def _weights(model: Any) -> dict[str, Any] | None:
-    if not supports_fusion(model):
+    if obstacle(model) is not None:
         return None
     inner = model.model
     layers = inner.layers
     first = layers[0].self_attn.inner
     rope = first.rope
-    if type(rope) is not nn.RoPE or rope.scale != 1.0:  # type: ignore[attr-defined]  # mlx.nn: untyped
-        return None
-    if rope.dims != first.head_dim or first.head_dim % 64:
-        return None
     parts = [_layer_arrays(layer) for layer in layers]
-    embed: Any = getattr(inner.embed_tokens, "weight", None)
-    if any(p is None for p in parts) or not _plain_float32(embed, inner.norm.weight):
-        return None
+    embed: Any = inner.embed_tokens.weight
     head_dim = rope.dims
     inv_freq = (rope.base ** (-np.arange(0, head_dim, 2, dtype=np.float32) / head_dim)).astype(
         np.float32
     )
     kernel = attention.softmax_pv_ranges_address()
-    if kernel is None:
-        return None
-    arrays = [a for p in parts if p is not None for a in p]
+    arrays = [a for p in parts for a in p]
     kept = [np.asarray(a) for a in arrays]
     layer_structs = [
         _Layer(*(k.ctypes.data for k in kept[i * 9 : i * 9 + 9])) for i in range(len(layers))
@@ -128,16 +141,27 @@ def _weights(model: Any) -> dict[str, Any] | None:
     }
 
 
-def _layer_arrays(layer: Any) -> list[mx.array] | None:
+def _linears(layer: Any) -> list[Any]:
     a, mlp = layer.self_attn.inner, layer.mlp
-    linears = [a.q_proj, a.k_proj, a.v_proj, a.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+    return [a.q_proj, a.k_proj, a.v_proj, a.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+
+
+def _layer_obstacle(layer: Any) -> str | None:
+    linears = _linears(layer)
     plain = nn.Linear  # type: ignore[attr-defined]  # mlx.nn ships no types
-    if any(type(lin) is not plain or "bias" in lin for lin in linears):
-        return None
+    if kinds := {type(lin).__name__ for lin in linears if type(lin) is not plain}:
+        return f"{', '.join(sorted(kinds))} projections (quantized?): plain float32 Linear only"
+    if any("bias" in lin for lin in linears):
+        return "projections with biases"
     norms = [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
-    arrays = [*norms, *(lin.weight for lin in linears)]
-    if not _plain_float32(*arrays):
-        return None
+    if not _plain_float32(*norms, *(lin.weight for lin in linears)):
+        return f"{linears[0].weight.dtype} weights: float32 only"
+    return None
+
+
+def _layer_arrays(layer: Any) -> list[mx.array]:
+    norms = [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
+    arrays = [*norms, *(lin.weight for lin in _linears(layer))]
     mx.eval(arrays)
     return arrays
 

@@ -24,6 +24,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
+from semantic.adapters.mlx import host_model
 from semantic.adapters.mlx.cache_growth import LEAD, GrowAhead, alike
 from semantic.adapters.mlx.fused_pass import MAX_ROWS, Group
 from semantic.adapters.mlx.host_model import HostModel
@@ -63,7 +64,18 @@ class _Group(ctypes.Structure):
 
 def supported(model: Any) -> bool:
     """Whether ``HostPass.of(model)`` would run this model's small passes on the host."""
-    return _wanted() and _library() is not None and HostModel.of(model) is not None
+    return obstacle(model) is None
+
+
+def obstacle(model: Any) -> str | None:
+    """Why this model's small passes cannot run on the host; None when they can."""
+    if not _wanted():
+        return f"{HOST_PASS_ENV}=0"
+    if not _small_kernels_loaded():
+        return "our matmul kernel is not in front of the BLAS (OpenBLAS, a C compiler, AVX-512)"
+    if _library() is None:
+        return "native/llama_pass.c did not build (no C compiler?)"
+    return host_model.obstacle(model)
 
 
 def _wanted() -> bool:

@@ -55,13 +55,49 @@ def spec_from_model(model: Any) -> ModelCacheSpec:
     )
 
 
+HISTORY_SLACK = 64
+"""Positions a sliding layer's history keeps beyond its window (``window_history``)."""
+
+History = list[tuple[mx.array, mx.array, int] | None]
+"""Per layer: a sliding layer's keys and values at the end of its prompt, in position
+order, and the position of their first entry; None for a global layer."""
+
+
+def window_history(caches: Sequence[Any], spec: ModelCacheSpec) -> History:
+    """What each sliding layer holds once its prompt is in (its window, and up to
+    ``HISTORY_SLACK`` positions before it), copied before decoding rotates it away.
+
+    A sliding layer's cache ends a turn holding only the window before the reply's last
+    token, so a next turn that leaves the stored conversation anywhere earlier (a reply
+    tokenized otherwise when sent back, or cut by the template; the same prompt again)
+    needs positions the blocks no longer have, and computes its whole prompt. Kept with
+    the blocks, this history lets it continue from any point of the reply, and from a few
+    tokens before it, while the reply is no longer than the window."""
+    out: History = []
+    for layer, cache in enumerate(caches):
+        window = spec.window(layer)
+        if window is None or not isinstance(cache, RotatingKVCache) or cache.keys is None:
+            out.append(None)
+            continue
+        keys, values, first = _ordered_kv(cache)
+        held = min(int(keys.shape[2]), window + HISTORY_SLACK)
+        start = int(keys.shape[2]) - held
+        kept = mx.contiguous(keys[..., start:, :]), mx.contiguous(values[..., start:, :])
+        out.append((*kept, first + start))
+    mx.eval([entry[:2] for entry in out if entry is not None])
+    return out
+
+
 def cut_into_blocks(
     caches: Sequence[Any],
     keep_tokens: int,
     spec: ModelCacheSpec,
     buffers: RestoreBuffers | None = None,
+    history: History | None = None,
 ) -> list[list[BlockPayload]]:
-    """The first ``keep_tokens`` positions of each layer's cache, as block payloads.
+    """The first ``keep_tokens`` positions of each layer's cache, as block payloads; a
+    sliding layer's ``history`` goes in front of what its cache still holds where the two
+    meet.
 
     With ``buffers``, caches alike in every layer are copied by numpy into one buffer per
     block, laid out as its file (``StackedKV``): one MLX copy per layer and block took 51 ms
@@ -71,8 +107,10 @@ def cut_into_blocks(
         return _cut_stacked(caches, keep_tokens, spec, buffers)
     out: list[list[BlockPayload]] = []
     arrays: list[mx.array] = []
-    for cache in caches:
-        keys, values, first_position = _ordered_kv(cache)
+    for layer, cache in enumerate(caches):
+        keys, values, first_position = _with_history(
+            _ordered_kv(cache), history[layer] if history is not None else None
+        )
         if keep_tokens > cache.offset:
             raise IncompatibleCacheError(
                 f"asked to keep {keep_tokens} positions of a cache holding {cache.offset}"
@@ -303,6 +341,25 @@ def _concat_positions(
     if len(keys) == 1:  # concatenate would hand back the block's own memory
         return mx.array(keys[0]), mx.array(values[0])
     return mx.concatenate(keys, axis=2), mx.concatenate(values, axis=2)
+
+
+def _with_history(
+    held: tuple[Any, Any, int], history: tuple[mx.array, mx.array, int] | None
+) -> tuple[Any, Any, int]:
+    """A layer's positions in order, from its history's first one where the history
+    reaches the first position the cache still holds (else the cache's alone)."""
+    keys, values, first = held
+    if history is None:
+        return held
+    old_keys, old_values, old_first = history
+    if not old_first < first <= old_first + int(old_keys.shape[2]):
+        return held
+    cut = first - old_first
+    return (
+        mx.concatenate([old_keys[..., :cut, :], keys], axis=2),
+        mx.concatenate([old_values[..., :cut, :], values], axis=2),
+        old_first,
+    )
 
 
 def _ordered_kv(cache: Any) -> tuple[Any, Any, int]:

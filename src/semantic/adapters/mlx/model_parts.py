@@ -1,10 +1,14 @@
 """A llama model as its transformer body and its output head (tied to the embeddings or
-not): the one place that knows how mlx-lm's llama model splits."""
+not): the one place that knows how mlx-lm's llama model splits. Models that mlx-lm builds
+with its llama class under another name (Mistral, say) are llama here too: what counts is
+the layers, not the ``model_type`` string."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from mlx_lm.models import llama
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,7 +22,7 @@ class BodyAndHead:
 
     @classmethod
     def of(cls, model: Any) -> BodyAndHead | None:
-        if getattr(model, "model_type", None) != "llama":
+        if not isinstance(model, llama.Model):  # llama's body, whatever its model_type says
             return None
         if getattr(model.args, "tie_word_embeddings", False):
             return cls(model.model, model.model.embed_tokens.as_linear)

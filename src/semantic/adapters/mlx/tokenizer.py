@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,6 +34,18 @@ class MlxTokenizer:
     @property
     def vocab_size(self) -> int:
         return self._vocab_size
+
+    def tokenizers_json(self) -> str | None:
+        """The ``tokenizers`` library's JSON of this tokenizer (padding and truncation off),
+        from which a grammar engine builds its view of the vocabulary; None for a tokenizer
+        that has none (not a fast tokenizer)."""
+        backend = getattr(self._wrapper, "backend_tokenizer", None)
+        if backend is None:
+            return None
+        copied = copy.copy(backend)
+        copied.no_padding()
+        copied.no_truncation()
+        return str(copied.to_str())
 
     def encode(self, text: str, scope: str = "") -> list[int]:
         self._refuse_if_certainly_too_long(text)

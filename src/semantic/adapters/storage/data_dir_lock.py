@@ -28,7 +28,7 @@ def acquire_data_directory(directory: Path) -> Path:
     """Hold ``directory`` for this process; returns the key to ``release_data_directory``.
     Raises ``DataDirectoryInUseError`` when another process holds it."""
     try:
-        directory.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
         raise DataDirectoryUnusableError(
             f"the data directory {directory} is a file, not a directory (or lies under one)"
@@ -44,7 +44,7 @@ def acquire_data_directory(directory: Path) -> Path:
             fd, holders = _held[key]
             _held[key] = (fd, holders + 1)
             return key
-        fd = os.open(key / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(key / "lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -28,7 +28,7 @@ from semantic.application.cache.stats import CacheStats, Restored
 from semantic.application.events import CompletionEvent
 from semantic.domain.block_identity import chain_keys, chain_root
 from semantic.domain.block_pool import BlockPool
-from semantic.domain.blocks import AgentBlocks, KVBlock
+from semantic.domain.blocks import AgentBlocks, KVBlock, restorable_prefix
 from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.generation import FinishReason
 from semantic.domain.tokens import common_prefix, reusable_prefix
@@ -39,6 +39,13 @@ log = logging.getLogger(__name__)
 
 Fetched = HotBlock | LoadOutcome
 """A block pinned in memory, or why it could not be."""
+
+
+OTHER_TAILS = 3
+"""Siblings, beyond the best match, that a prompt may try in place of a block of its chain
+when the chain cannot restore its prefix (``AgentCacheStore._restorable_tail``): siblings
+are many where conversations share a long system prompt, and each one tried may be a read
+from disk."""
 
 
 @dataclass(frozen=True)
@@ -144,9 +151,13 @@ class AgentCacheStore:
             except BaseException:  # the caller went away meanwhile: nobody will release it
                 self._pool.release_owner(pin)
                 raise
+        if len(chain) == len(candidates):
+            chain, candidates = await self._restorable_tail(
+                chain, candidates, prompt, self.root(namespace), pin
+            )
         hot_tokens, disk_tokens = _by_tier(chain)
         blocks = self._agent_blocks([block for block, _ in chain])
-        matched = common_prefix(blocks.token_ids, prompt) if blocks else 0
+        matched = self._usable(blocks, prompt)
         counted = _restored(chain, matched, len(prompt))
         self.stats.count_restore(counted)
         good = list(itertools.takewhile(lambda c: c.key != corrupt, candidates))
@@ -198,7 +209,7 @@ class AgentCacheStore:
             quarantined = asyncio.run_coroutine_threadsafe(self._loader.quarantine(corrupt), loop)
             quarantined.add_done_callback(_log_failure)
         blocks = self._agent_blocks([block for block, _ in chain])
-        matched = common_prefix(blocks.token_ids, prompt) if blocks else 0
+        matched = self._usable(blocks, prompt)
         restored = _restored(chain, matched, len(prompt))
         self.stats.count_restore(restored, counted[0])  # the request's restores so far
         counted[0] = counted[0].at_least(restored)
@@ -309,6 +320,45 @@ class AgentCacheStore:
         self.hot.remove(keys)
         await self._saver.delete_files(keys)
 
+    async def _restorable_tail(
+        self,
+        chain: list[tuple[HotBlock, bool]],
+        candidates: list[_Candidate],
+        prompt: Sequence[int],
+        root: str,
+        pin: str,
+    ) -> tuple[list[tuple[HotBlock, bool]], list[_Candidate]]:
+        """The chain, its last block or two swapped for the siblings that restore the most
+        of the prompt. The blocks matching the most tokens may be another conversation's,
+        which went on past this one's point of departure and kept no sliding-window
+        positions before it, where a sibling matching a few tokens less (this
+        conversation's own last turn, ending in a partial block) holds them."""
+        blocks = self._agent_blocks([block for block, _ in chain])
+        best = self._usable(blocks, prompt)
+        if blocks is None or best >= reusable_prefix(
+            common_prefix(blocks.token_ids, prompt), len(prompt)
+        ):
+            return chain, candidates
+        size = self._spec.block_tokens
+        try:
+            for cut in range(len(chain) - 1, max(-1, len(chain) - 3), -1):
+                parent = candidates[cut - 1].key if cut else root
+                siblings = await self._children_by_match(parent, tuple(prompt[cut * size :]))
+                for other in (c for c in siblings if c.key != candidates[cut].key):
+                    fetched = await asyncio.to_thread(self._fetch, other, cut, pin)
+                    if not isinstance(fetched, HotBlock):
+                        continue
+                    trial = [*chain[:cut], (fetched, other.hot is None)]
+                    usable = self._usable(self._agent_blocks([b for b, _ in trial]), prompt)
+                    dropped = chain[cut:] if usable > best else trial[cut:]
+                    self._pool.release(pin, [i for b, _ in dropped for i in b.pool_ids()])
+                    if usable > best:
+                        chain, candidates, best = trial, [*candidates[:cut], other], usable
+        except BaseException:  # the caller went away: nobody else will release the pins
+            self._pool.release_owner(pin)
+            raise
+        return chain, candidates
+
     async def _walk(self, namespace: str, prompt: Sequence[int]) -> list[_Candidate]:
         size = self._spec.block_tokens
         root = self.root(namespace)
@@ -331,23 +381,32 @@ class AgentCacheStore:
                 break
             parent = key
         rest = tuple(prompt[len(out) * size :])
-        if rest:
-            tail = await self._best_child(parent, rest)
-            if tail is not None:
-                out.append(tail)
-        return out
+        tails = await self._children_by_match(parent, rest) if rest else []
+        return out + tails[:1]
 
-    async def _best_child(self, parent: str, rest: tuple[int, ...]) -> _Candidate | None:
+    async def _children_by_match(self, parent: str, rest: tuple[int, ...]) -> list[_Candidate]:
         stored = {r.key: r for r in await self._metadata.children(parent) if not r.quarantined}
         hot = self.hot.children(parent)
         options = [
             _Candidate(h.key, hot=h, record=stored.pop(h.key, None), tokens=h.tokens) for h in hot
         ]
         options += [_Candidate(r.key, record=r, tokens=r.tokens) for r in stored.values()]
-        best = max(
-            options, key=lambda c: (common_prefix(c.tokens, rest), c.hot is not None), default=None
+        ranked = sorted(
+            ((common_prefix(c.tokens, rest), c.hot is not None, c) for c in options),
+            key=lambda ranking: ranking[:2],
+            reverse=True,
         )
-        return best if best is not None and common_prefix(best.tokens, rest) > 0 else None
+        return [c for shared, _, c in ranked[: 1 + OTHER_TAILS] if shared > 0]
+
+    def _usable(self, blocks: AgentBlocks | None, prompt: Sequence[int]) -> int:
+        """The prompt's tokens ``blocks`` match, cut to the prefix they can restore
+        (``restorable_prefix``), which is all the engine restores."""
+        if blocks is None:
+            return 0
+        matched = common_prefix(blocks.token_ids, prompt)
+        reusable = reusable_prefix(matched, len(prompt))
+        usable = restorable_prefix(blocks, reusable, self._spec)
+        return matched if usable == reusable else usable
 
     def _agent_blocks(self, chain: list[HotBlock]) -> AgentBlocks | None:
         if not chain:

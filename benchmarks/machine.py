@@ -1,0 +1,85 @@
+"""The machine a figure came from, printed first by every benchmark.
+
+A figure is only true for the machine it came from: the same commit ran a cold 4K prompt in
+8.5 s on one VM of this kind and 28.8 s on another, whose OpenBLAS did not know the CPU and
+ran its oldest kernels (issue 31). So every output starts with the CPU, the flags its
+kernels depend on, the BLAS and its core, and the library versions.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from semantic.adapters.mlx.blas import preload_fast_blas
+from semantic.adapters.mlx.blas_core import cpu_flags
+
+FLAGS_THAT_MATTER = (
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512_bf16",
+    "avx512_vnni",
+    "amx_tile",
+    "asimd",
+    "sve",
+)
+"""The instruction sets the BLAS cores and our kernels choose between."""
+
+
+def machine() -> dict[str, str]:
+    """What the next figures depend on, as short strings (also stored in results.json)."""
+    cpuinfo = _cpuinfo()
+    flags = cpu_flags(cpuinfo)
+    return {
+        "cpu": _cpu_model(cpuinfo),
+        "flags": " ".join(f for f in FLAGS_THAT_MATTER if f in flags) or "-",
+        "cores": str(
+            len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        ),
+        "blas": preload_fast_blas().describe(),
+        "mlx": _version("mlx"),
+        "mlx-lm": _version("mlx-lm"),
+        "python": platform.python_version(),
+        "os": f"{platform.system()} {platform.release()} {platform.machine()}",
+    }
+
+
+def machine_line(found: dict[str, str] | None = None) -> str:
+    found = found or machine()
+    return (
+        f"machine: {found['cpu']}, {found['cores']} cores, flags {found['flags']}; "
+        f"BLAS {found['blas']}; mlx {found['mlx']}, mlx-lm {found['mlx-lm']}, "
+        f"Python {found['python']}, {found['os']}"
+    )
+
+
+def print_machine() -> dict[str, str]:
+    found = machine()
+    print(machine_line(found), flush=True)
+    return found
+
+
+def _cpuinfo() -> str:
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
+def _cpu_model(cpuinfo: str) -> str:
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in {"model name", "Model", "cpu model"} and value.strip():
+            return value.strip()
+    return platform.processor() or sys.platform
+
+
+def _version(package: str) -> str:
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "not installed"

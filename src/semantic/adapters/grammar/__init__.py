@@ -1,0 +1,1 @@
+"""The grammar port on llguidance (ADR 0017)."""

@@ -1,0 +1,101 @@
+"""An ``OutputConstraint`` written as an llguidance Lark grammar.
+
+A JSON-schema constraint is one ``%json`` value. Tool calls are alternatives of
+``begin``, arguments (``%json``), ``end``, up to ``max_calls`` of them one per line. Under
+``auto`` (triggers, no ``require_call``) the reply is either free text holding no trigger,
+or free text up to the first trigger (a lazy lexeme: it ends where the trigger does) and a
+call completed from there: the model chooses, and once it has written a trigger the rest of
+the call is constrained.
+
+JSON is written the way ``json.dumps`` writes it (``", "`` and ``": "``, no other
+whitespace): a model writes the JSON it has seen most, and flexible whitespace would let a
+small model pad a value with blank lines until it runs out of tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from semantic.domain.constraints import OutputConstraint, TaggedSchema, UnsupportedSchemaError
+
+JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+CALL_SEPARATOR = "\n"
+"""Between parallel calls."""
+
+
+def lark_for(constraint: OutputConstraint) -> str:
+    if constraint.json_schema is not None:
+        return f"start: {_json(constraint.json_schema, None)}\n"
+    tail = "" if constraint.max_calls == 1 else " tail"
+    lines = [_calls_rule(constraint)]
+    for index, call in enumerate(constraint.calls):
+        lines.append(f"call_{index}: {_literal(call.begin)} args_{index} {_literal(call.end)}")
+        lines.append(f"args_{index}: {_json(call.schema, index)}")
+    if constraint.require_call:
+        lines.insert(0, f"start: call{tail}")
+        return "\n".join(lines) + "\n"
+    triggers = constraint.triggers
+    lines.insert(0, "start: free | " + " | ".join(_after_trigger(constraint, tail)))
+    lines.append(f"free: FREE\nFREE: /(?s:.*)/ & ~/(?s:.*({_alternatives(triggers)}).*)/")
+    for position, trigger in enumerate(triggers):
+        lines.append(f"pre_{position}[lazy]: /(?s:.*){_regex(trigger)}/")
+    for index, call in enumerate(constraint.calls):
+        position = _trigger_of(call, triggers, index)
+        rest = call.begin[len(triggers[position]) :]
+        opening = f"{_literal(rest)} " if rest else ""
+        lines.append(f"rest_{index}: {opening}args_{index} {_literal(call.end)}")
+    return "\n".join(lines) + "\n"
+
+
+def _calls_rule(constraint: OutputConstraint) -> str:
+    """``call`` (any one of them) and ``tail`` (the further calls, when more may follow)."""
+    rule = "call: " + " | ".join(f"call_{i}" for i in range(len(constraint.calls)))
+    more = constraint.max_calls
+    if more == 1:
+        return rule
+    separated = f"({_literal(CALL_SEPARATOR)} call)"
+    return rule + "\ntail: " + (f"{separated}*" if more is None else f"{separated}{{0,{more - 1}}}")
+
+
+def _after_trigger(constraint: OutputConstraint, tail: str) -> list[str]:
+    return [
+        f"pre_{_trigger_of(call, constraint.triggers, i)} rest_{i}{tail}"
+        for i, call in enumerate(constraint.calls)
+    ]
+
+
+def _trigger_of(call: TaggedSchema, triggers: tuple[str, ...], index: int) -> int:
+    for position, trigger in enumerate(triggers):
+        if trigger and call.begin.startswith(trigger):
+            return position
+    raise UnsupportedSchemaError(
+        f"call {index} begins with {call.begin[:40]!r}, which starts with no trigger",
+        call_index=index,
+    )
+
+
+def _json(schema_text: str, index: int | None) -> str:
+    try:
+        schema: Any = json.loads(schema_text)
+    except ValueError as error:
+        raise UnsupportedSchemaError(f"the schema is not JSON: {error}", call_index=index) from None
+    if isinstance(schema, dict):
+        schema = {**schema, "x-guidance": JSON_STYLE}
+    elif not isinstance(schema, bool):
+        raise UnsupportedSchemaError("a JSON Schema is an object or a boolean", call_index=index)
+    return "%json " + json.dumps(schema, ensure_ascii=False)
+
+
+def _literal(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _alternatives(texts: tuple[str, ...]) -> str:
+    return "|".join(_regex(text) for text in texts)
+
+
+def _regex(text: str) -> str:
+    """``text`` matched literally: every character other than an ASCII letter or digit is
+    written as its code point, so nothing in it is a regex or Lark delimiter."""
+    return "".join(c if c.isascii() and c.isalnum() else f"\\x{{{ord(c):X}}}" for c in text)

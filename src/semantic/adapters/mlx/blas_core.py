@@ -1,0 +1,110 @@
+"""Which OpenBLAS core a CPU should run on, as a pure function of what was detected.
+
+OpenBLAS built with ``DYNAMIC_ARCH`` picks its kernels at load time from the CPU's model
+number. A build older than the CPU does not know the number and falls back to a generic
+core: Debian 12's 0.3.21 runs newer Xeons as ``Prescott`` (SSE3), 3x slower than on its
+``SkylakeX`` kernels (issue 31). The CPU's flags say which kernels it can run, so when the
+detected core is such a fallback we choose by the flags instead. ADR 0004 has the numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+CORETYPE_ENV = "OPENBLAS_CORETYPE"
+
+GENERIC_CORES = frozenset(
+    {
+        "katmai",
+        "coppermine",
+        "northwood",
+        "prescott",
+        "banias",
+        "core2",
+        "penryn",
+        "dunnington",
+        "nehalem",
+        "atom",
+        "athlon",
+        "opteron",
+        "opteron_sse3",
+        "barcelona",
+        "generic",
+    }
+)
+"""Cores OpenBLAS falls back to for a CPU it does not know: at most SSE4.2, no AVX."""
+
+_AVX512_CORE = frozenset({"avx512f", "avx512dq", "avx512cd", "avx512bw", "avx512vl"})
+"""What OpenBLAS's SkylakeX kernels need (its own ``support_avx512`` check)."""
+
+_BY_FLAGS: tuple[tuple[frozenset[str], tuple[str, ...]], ...] = (
+    (_AVX512_CORE | {"avx512_bf16"}, ("Cooperlake", "SkylakeX", "Haswell")),
+    (_AVX512_CORE, ("SkylakeX", "Haswell")),
+    (frozenset({"avx2", "fma"}), ("Haswell",)),
+    (frozenset({"avx"}), ("Sandybridge",)),
+)
+"""Best first: a build too old to have a core (Cooperlake came in 0.3.11) gets the next."""
+
+
+class CoreReason(StrEnum):
+    """Why the process runs on the core it does; said in the log and in ``/v1/models``."""
+
+    DETECTED = "detected by OpenBLAS"
+    CHOSEN = "chosen from the CPU's flags: OpenBLAS detected only a generic core"
+    ENVIRONMENT = "set by OPENBLAS_CORETYPE in the environment"
+    NOT_OPENBLAS = "not OpenBLAS"
+
+
+@dataclass(frozen=True, slots=True)
+class CoreDecision:
+    core: str | None
+    """The core OpenBLAS reports it runs on; None when it cannot say."""
+    reason: CoreReason
+    detected: str | None = None
+    """What OpenBLAS picked by itself, when we chose something else."""
+
+    @property
+    def generic(self) -> bool:
+        return is_generic(self.core)
+
+    def describe(self) -> str:
+        if self.core is None:
+            return str(self.reason)
+        extra = f" (it detected {self.detected})" if self.detected else ""
+        return f"core {self.core}, {self.reason}{extra}"
+
+
+def is_generic(core: str | None) -> bool:
+    return core is not None and core.strip().lower() in GENERIC_CORES
+
+
+def candidate_cores(detected: str | None, cpu_flags: Iterable[str]) -> tuple[str, ...]:
+    """The cores to try in place of ``detected``, best first; empty when it should stay.
+
+    Only a generic fallback is replaced, and only on a CPU whose flags promise more: a core
+    OpenBLAS recognised is its own best judgement.
+    """
+    if not is_generic(detected):
+        return ()
+    flags = frozenset(cpu_flags)
+    for needed, cores in _BY_FLAGS:
+        if needed <= flags:
+            return cores
+    return ()
+
+
+def user_core(environ: Mapping[str, str]) -> str | None:
+    """The core the user (or the machine's profile) asked for; never overridden."""
+    value = environ.get(CORETYPE_ENV, "").strip()
+    return value or None
+
+
+def cpu_flags(cpuinfo: str) -> frozenset[str]:
+    """The flags of the first processor in ``/proc/cpuinfo``'s text (Linux)."""
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in {"flags", "Features"}:
+            return frozenset(value.split())
+    return frozenset()

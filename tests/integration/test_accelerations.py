@@ -1,0 +1,76 @@
+"""Fast paths are chosen by what the model's layers are and what the machine has, and each
+one that is off says why."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+from mlx import nn
+from mlx_lm.models import gemma3_text, llama
+
+from semantic.adapters.mlx import host_pass
+from semantic.adapters.mlx.accelerations import accelerations
+from semantic.adapters.mlx.attention import install
+from semantic.adapters.mlx.blas import blas_in_use
+from tests.integration.conftest import RealModel
+
+
+def _by_name(model: object) -> dict[str, str | None]:
+    return {a.name: a.why_not for a in accelerations(model, blas_in_use())}
+
+
+def test_the_embedded_model_gets_every_acceleration_this_machine_can_give(
+    real_model: RealModel,
+) -> None:
+    found = _by_name(real_model.loaded.model)
+    assert found["host softmax attention (ADR 0008)"] is None
+    assert found["prompt chunks ride decode steps (ADR 0009)"] is None
+    assert found["long prompts sliced between decode steps (ADR 0009)"] is None
+    if blas_in_use().small_kernels:
+        assert found["host pass for small passes (ADR 0013)"] is None
+    assert (found["host pass for small passes (ADR 0013)"] is None) == host_pass.supported(
+        real_model.loaded.model
+    )
+
+
+def test_a_model_the_fast_paths_do_not_cover_is_told_why() -> None:
+    mx.random.seed(0)
+    model = gemma3_text.Model(
+        gemma3_text.ModelArgs(
+            model_type="gemma3_text",
+            hidden_size=64,
+            num_hidden_layers=2,
+            intermediate_size=128,
+            num_attention_heads=2,
+            head_dim=32,
+            num_key_value_heads=1,
+            vocab_size=256,
+            sliding_window=64,
+            sliding_window_pattern=2,
+            query_pre_attn_scalar=32,
+        )
+    )
+    found = _by_name(model)
+    assert "gemma3_text" in (found["host softmax attention (ADR 0008)"] or "")
+    assert found["host pass for small passes (ADR 0013)"]
+    assert "gemma3_text" in (found["long prompts sliced between decode steps (ADR 0009)"] or "")
+
+
+def test_a_quantized_llama_says_the_host_pass_reads_float32_only() -> None:
+    mx.random.seed(0)
+    args = llama.ModelArgs(
+        model_type="llama",
+        hidden_size=128,
+        num_hidden_layers=2,
+        intermediate_size=256,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        rms_norm_eps=1e-5,
+        vocab_size=256,
+        head_dim=64,
+    )
+    model = llama.Model(args)
+    nn.quantize(model, group_size=64, bits=4)  # type: ignore[attr-defined]  # mlx.nn's stubs omit it
+    assert install(model)
+    why = _by_name(model)["host pass for small passes (ADR 0013)"] or ""
+    if blas_in_use().small_kernels:
+        assert "QuantizedLinear" in why

@@ -1,0 +1,87 @@
+"""The llguidance adapter on the embedded model's vocabulary: what it refuses (naming the
+keyword and the call), what it caches, and the masks it gives."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from semantic.domain.constraints import OutputConstraint, TaggedSchema, UnsupportedSchemaError
+from semantic.ports.grammar import GrammarCompiler, GrammarMatcher
+from tests.integration.conftest import RealModel
+
+pytestmark = pytest.mark.model
+
+CITY = json.dumps(
+    {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+)
+
+
+def call(name: str, schema: str = CITY) -> TaggedSchema:
+    return TaggedSchema(f'<tool_call>{{"name": "{name}", "arguments": ', schema, "}</tool_call>")
+
+
+def allows(matcher: GrammarMatcher, token: int) -> bool:
+    return bool(matcher.allowed()[token // 8] >> (token % 8) & 1)
+
+
+def feed(real_model: RealModel, matcher: GrammarMatcher, text: str) -> bool:
+    """Whether every token of ``text`` was allowed and accepted in turn."""
+    for token in real_model.tokenizer.encode(text):
+        if not allows(matcher, token) or not matcher.accept(token):
+            return False
+    return True
+
+
+def test_a_keyword_the_engine_cannot_honour_is_named_with_its_call(
+    grammars: GrammarCompiler,
+) -> None:
+    schema = json.dumps({"type": "object", "properties": {"a": {"not": {"type": "string"}}}})
+    with pytest.raises(UnsupportedSchemaError, match="not") as caught:
+        grammars.compile(OutputConstraint(calls=(call("a"), call("b", schema)), require_call=True))
+    assert caught.value.keywords == ("not",)
+    assert caught.value.call_index == 1
+
+
+@pytest.mark.parametrize(
+    ("constraint", "index"),
+    [
+        (OutputConstraint(json_schema="{not json"), None),
+        (OutputConstraint(json_schema='"a string"'), None),
+        (OutputConstraint(calls=(call("a"),), triggers=("<call>",)), 0),
+    ],
+)
+def test_malformed_constraints_are_refused(
+    grammars: GrammarCompiler, constraint: OutputConstraint, index: int | None
+) -> None:
+    with pytest.raises(UnsupportedSchemaError) as caught:
+        grammars.compile(constraint)
+    assert caught.value.call_index == index
+
+
+def test_equal_constraints_share_one_compilation(grammars: GrammarCompiler) -> None:
+    first = grammars.compile(OutputConstraint(json_schema=CITY))
+    assert grammars.compile(OutputConstraint(json_schema=json.dumps(json.loads(CITY)))) is first
+
+
+def test_a_complete_value_allows_only_the_end_of_turn(
+    real_model: RealModel, grammars: GrammarCompiler
+) -> None:
+    (eos,) = real_model.tokenizer.eos_token_ids
+    matcher = grammars.compile(OutputConstraint(json_schema=CITY)).matcher()
+    assert not allows(matcher, eos)
+    assert feed(real_model, matcher, '{"city": "Paris"}')
+    bits = matcher.allowed()
+    assert [t for t in range(len(bits) * 8) if bits[t // 8] >> (t % 8) & 1] == [eos]
+    assert not matcher.done
+    assert matcher.accept(eos)
+    assert matcher.done
+
+
+def test_max_calls_bounds_parallel_calls(real_model: RealModel, grammars: GrammarCompiler) -> None:
+    constraint = OutputConstraint(calls=(call("a"), call("b")), require_call=True, max_calls=2)
+    one = '<tool_call>{"name": "a", "arguments": {"city": "Rome"}}</tool_call>'
+    two = one + "\n" + one.replace('"a"', '"b"')
+    assert feed(real_model, grammars.compile(constraint).matcher(), two)
+    assert not feed(real_model, grammars.compile(constraint).matcher(), two + "\n" + one)

@@ -1,0 +1,113 @@
+"""The engine's part in constrained decoding: it compiles a request's constraint at
+submission, hands each admitted sequence a matcher of its own, and the sequence ends as a
+turn ends once the grammar is complete (or at max_tokens before that)."""
+
+from __future__ import annotations
+
+import pytest
+
+from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
+from semantic.application.engine_loop import EngineLoop
+from semantic.application.events import TokenEvent
+from semantic.application.generation import GenerationInput, GenerationService, Limits
+from semantic.application.scheduler.pacer import PacerConfig
+from semantic.domain.block_pool import BlockPool
+from semantic.domain.constraints import OutputConstraint, UnsupportedSchemaError
+from semantic.domain.errors import InvalidRequestError
+from semantic.domain.generation import FinishReason
+from tests.helpers import completions, run_until_idle
+from tests.unit.fakes import EOS, FakeBackend, FakeGrammars, FakeTokenizer, next_token
+
+PROMPT = [5, 9, 2, 7, 11, 3, 8, 1, 4, 6]
+LITERAL = (12, 30, 4, 4, 51)
+CONSTRAINT = OutputConstraint(json_schema="[12,30,4,4,51]")
+
+
+def make_engine(
+    grammars: FakeGrammars | None = None,
+) -> tuple[BlockPoolBatchEngine, FakeBackend]:
+    backend = FakeBackend()
+    config = EngineConfig(prefill_chunk_tokens=4, max_context=512, pacer=PacerConfig(8))
+    engine = BlockPoolBatchEngine(
+        backend, FakeTokenizer(), BlockPool(200), config, grammars=grammars
+    )
+    return engine, backend
+
+
+def free_tokens(prompt: list[int], n: int) -> list[int]:
+    history, out = list(prompt), []
+    for _ in range(n):
+        out.append(next_token(history))
+        history.append(out[-1])
+    return out
+
+
+def test_a_constrained_request_says_what_its_grammar_allows_then_ends_its_turn() -> None:
+    engine, _ = make_engine(FakeGrammars())
+    rid = engine.submit("a", PROMPT, max_tokens=20, constraint=CONSTRAINT)
+    done = completions(run_until_idle(engine))[rid]
+    assert list(done.token_ids) == [*LITERAL, EOS]
+    assert done.finish_reason is FinishReason.END_OF_TURN
+
+
+def test_a_free_request_beside_a_constrained_one_decodes_as_it_would_alone() -> None:
+    engine, _ = make_engine(FakeGrammars())
+    free = engine.submit("free", PROMPT, max_tokens=8)
+    held = engine.submit("held", PROMPT, max_tokens=20, constraint=CONSTRAINT)
+    events = run_until_idle(engine)
+    done = completions(events)
+    assert list(done[free].token_ids) == free_tokens(PROMPT, 8)
+    streamed = [e.token_id for e in events if isinstance(e, TokenEvent) and e.request_id == held]
+    assert streamed == [*LITERAL, EOS] == list(done[held].token_ids)
+
+
+def test_max_tokens_before_the_grammar_completes_ends_with_max_tokens() -> None:
+    engine, _ = make_engine(FakeGrammars())
+    rid = engine.submit("a", PROMPT, max_tokens=3, constraint=CONSTRAINT)
+    done = completions(run_until_idle(engine))[rid]
+    assert list(done.token_ids) == list(LITERAL[:3])
+    assert done.finish_reason is FinishReason.MAX_TOKENS
+
+
+def test_a_schema_the_grammar_engine_refuses_is_refused_at_submission() -> None:
+    grammars = FakeGrammars()
+    engine, backend = make_engine(grammars)
+    refused = OutputConstraint(json_schema='{"not": {"type": "string"}}')
+    with pytest.raises(UnsupportedSchemaError) as caught:
+        engine.submit("a", PROMPT, max_tokens=5, constraint=refused)
+    assert caught.value.keywords == ("not",)
+    assert not engine.has_work()
+    assert not backend.sequences
+
+
+def test_each_request_gets_a_matcher_of_its_own() -> None:
+    grammars = FakeGrammars()
+    engine, _ = make_engine(grammars)
+    ids = [engine.submit(f"a{i}", PROMPT, max_tokens=20, constraint=CONSTRAINT) for i in range(3)]
+    done = completions(run_until_idle(engine))
+    assert all(list(done[rid].token_ids) == [*LITERAL, EOS] for rid in ids)
+
+
+def test_without_a_grammar_engine_a_constraint_is_refused() -> None:
+    engine, _ = make_engine(None)
+    with pytest.raises(InvalidRequestError, match="constrained decoding"):
+        engine.submit("a", PROMPT, max_tokens=5, constraint=CONSTRAINT)
+
+
+async def test_the_use_case_refuses_a_schema_before_queueing_and_completes_a_valid_one() -> None:
+    engine, _ = make_engine(FakeGrammars())
+    loop = EngineLoop(engine)
+    loop.start()
+    try:
+        service = GenerationService(loop, None, Limits(512, 256, 16))
+        refused = OutputConstraint(json_schema='{"not": {}}')
+        with pytest.raises(UnsupportedSchemaError):
+            await service.start(GenerationInput(tuple(PROMPT), max_tokens=9, constraint=refused))
+        assert not loop.active_requests
+        reply = await service.complete(
+            GenerationInput(tuple(PROMPT), max_tokens=9, constraint=CONSTRAINT)
+        )
+    finally:
+        loop.stop()
+    assert reply.finish_reason is FinishReason.END_OF_TURN
+    assert reply.text == FakeTokenizer().decode(LITERAL)
