@@ -1,7 +1,9 @@
 """Tiny models of every family, built once per run and kept in a temporary folder.
 
-``SEMANTIC_TEST_DEVICE`` picks where the in-process tests build and run them: ``cpu`` (the
-default) or ``gpu``. A server started as its own process uses MLX's default device.
+``SEMANTIC_TEST_DEVICE`` picks the MLX device the tests build and serve them on: ``cpu``
+(the default), ``gpu`` or ``auto`` (MLX's default), in-process and in every ``semantic
+serve`` the tests start. ``SEMANTIC_TEST_TOKENIZER`` names a folder holding the embedded
+model's tokenizer files, for a machine that cannot fetch the embedded model.
 """
 
 from __future__ import annotations
@@ -14,30 +16,31 @@ import mlx.core as mx
 import pytest
 
 from semantic.adapters.cli.progress import ProgressPrinter
+from semantic.adapters.mlx.devices import use_device
 from semantic.bootstrap import prepare_model
 from semantic.config import Settings
+from tests.conformance.serving import device_choice
 from tests.conformance.tiny_models import Variant, build_model_dir
 
-DEVICE_ENV = "SEMANTIC_TEST_DEVICE"
+TOKENIZER_ENV = "SEMANTIC_TEST_TOKENIZER"
 
 ModelDirs = Callable[[Variant], Path]
 
 
 @pytest.fixture(scope="session", autouse=True)
-def test_device() -> Iterator[None]:
-    name = os.environ.get(DEVICE_ENV, "cpu")
-    if name not in ("cpu", "gpu"):
-        raise pytest.UsageError(f"{DEVICE_ENV} must be cpu or gpu, not {name!r}")
+def mlx_device() -> Iterator[str]:
+    """The device named by ``SEMANTIC_TEST_DEVICE``, MLX's default while the tests run."""
     before = mx.default_device()
-    device = mx.gpu if name == "gpu" else mx.cpu
-    mx.set_default_device(device)
-    yield
+    name = use_device(device_choice())
+    yield name
     mx.set_default_device(before)
 
 
 @pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The embedded model's directory: every tiny model reuses its tokenizer files."""
+    if explicit := os.environ.get(TOKENIZER_ENV):
+        return Path(explicit)
     settings = Settings(data_dir=tmp_path_factory.mktemp("unused-data"))
     path, _ = prepare_model(settings, ProgressPrinter())
     return path

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
 import random
 import threading
 from collections.abc import AsyncIterator, Coroutine
@@ -16,6 +17,7 @@ import mlx.core as mx
 import numpy as np
 
 from semantic.adapters.cli.progress import ProgressPrinter
+from semantic.adapters.mlx.devices import DEVICE_CHOICES
 from semantic.adapters.mlx.kv_payloads import kv_arrays
 from semantic.application.agents import CommittedReply, Turn
 from semantic.application.generation import GenerationInput, GenerationResult
@@ -74,10 +76,22 @@ def words(rng: random.Random, n: int) -> str:
     return " ".join(rng.choice(_WORDS) for _ in range(n))
 
 
+DEVICE_ENV = "SEMANTIC_TEST_DEVICE"
+
+
+def device_choice() -> str:
+    """The MLX device the tests run on: cpu unless ``SEMANTIC_TEST_DEVICE`` says otherwise."""
+    name = os.environ.get(DEVICE_ENV, "cpu")
+    if name not in DEVICE_CHOICES:
+        raise ValueError(f"{DEVICE_ENV} must be one of {', '.join(DEVICE_CHOICES)}, not {name!r}")
+    return name
+
+
 def settings_for(model: Path, data_dir: Path, kv_at_rest: str = "lossless") -> Settings:
     return Settings(
         data_dir=data_dir,
         model=str(model),
+        device=device_choice(),
         kv_budget_bytes=64 << 20,
         prefault_bytes=1 << 20,
         kv_at_rest=kv_at_rest,

@@ -14,7 +14,7 @@ import pytest
 from reliability.server import ServerProcess
 
 from tests.conformance.conftest import ModelDirs
-from tests.conformance.serving import words
+from tests.conformance.serving import device_choice, words
 from tests.conformance.tiny_models import FAMILIES, Variant
 
 pytestmark = pytest.mark.model  # the embedded model's tokenizer
@@ -32,7 +32,7 @@ def servers(
 ) -> Iterator[dict[Variant, Future[ServerProcess]]]:
     dirs = {variant: model_dir(variant) for variant in SERVED}
     root = tmp_path_factory.mktemp("served")
-    args = ("--kv-budget-mb", "64", "--prefault-mb", "0")
+    args = ("--kv-budget-mb", "64", "--prefault-mb", "0", "--device", device_choice())
     processes = {
         v: ServerProcess(root / v.name, "--model", str(path), *args) for v, path in dirs.items()
     }

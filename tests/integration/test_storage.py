@@ -207,7 +207,7 @@ def test_saving_a_stored_block_again_returns_the_checksum_its_file_has(
 
 @pytest.mark.parametrize("at_rest", ["q8", "q4"])
 def test_a_head_size_no_group_divides_is_refused_at_start(at_rest: str) -> None:
-    with pytest.raises(UnsupportedModelError, match="80 values.*lossless"):
+    with pytest.raises(UnsupportedModelError, match=r"80 values.*lossless"):
         check_at_rest(at_rest, head_spec(80))
     check_at_rest("lossless", head_spec(80))
     check_at_rest(at_rest, head_spec(96))

@@ -8,9 +8,9 @@ it. The tensors are views into that one buffer, made by one ``split``.
 
 At rest the KV may be kept 8- or 4-bit (``mx.quantize``, groups of 64 along the head
 dimension, or 32 where a head's size is no multiple of 64 (Phi-3's 96), a float32 scale
-and bias per group; the reader infers the group from the shapes): lossy, so it is opt-in, and the mode is part
-of the storage format and so of the model fingerprint (blocks written one way are never read
-as the other). Memory (the hot tier) always holds the exact KV.
+and bias per group; the reader infers the group from the shapes): lossy, so it is opt-in,
+and the mode is part of the storage format and so of the model fingerprint (blocks written
+one way are never read as the other). Memory (the hot tier) always holds the exact KV.
 """
 
 from __future__ import annotations
