@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,13 +42,37 @@ from tests.conformance.serving import (
     words,
 )
 from tests.conformance.test_serve import SERVED
-from tests.conformance.tiny_models import VARIANTS, VOCAB, Variant
+from tests.conformance.tiny_models import FAMILIES, VARIANTS, VOCAB, Variant
 
 pytestmark = pytest.mark.model  # the embedded model's tokenizer
 
 Q8_ROWS = set(SERVED)
 """Rows that also keep KV 8-bit at rest (two more restarts each): one per family, each
 weight format and each KV dtype among them."""
+
+
+FEATURES: dict[str, Callable[[Any], bool]] = {
+    "llama": lambda attention: type(attention.rope).__name__ == "RoPE",
+    "llama3": lambda attention: type(attention.rope).__name__ == "Llama3RoPE",
+    "mistral": lambda attention: type(attention.rope).__name__ == "RoPE",
+    "qwen2": lambda attention: "bias" in attention.q_proj and "bias" in attention.v_proj,
+    "qwen3": lambda attention: hasattr(attention, "q_norm") and hasattr(attention, "k_norm"),
+    "gemma3_text": lambda attention: attention.is_sliding,
+    "phi3": lambda attention: hasattr(attention, "qkv_proj"),
+}
+"""What each family's row is there for, as mlx-lm builds its first attention layer."""
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
+def test_each_row_is_the_model_it_stands_for(variant: Variant, model_dir: ModelDirs) -> None:
+    model, config = load_model(model_dir(variant))
+    assert config["model_type"] == FAMILIES[variant.family]["model_type"]
+    layer = model.model.layers[0]
+    assert FEATURES[variant.family](layer.self_attn)
+    projection = layer.mlp.down_proj
+    assert ("scales" in projection) == variant.quantized  # a QuantizedLinear
+    weights = projection.scales if variant.quantized else projection.weight
+    assert weights.dtype == getattr(mx, variant.dtype)
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
