@@ -4,6 +4,7 @@ served from wrong KV."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -32,13 +33,13 @@ MAMBA = {
 }
 
 
-async def test_a_recurrent_model_is_refused_at_start_naming_its_cache(
+def test_a_recurrent_model_is_refused_at_start_naming_its_cache(
     tokenizer_dir: Path, tmp_path: Path
 ) -> None:
     model = write_model_dir(MAMBA, tokenizer_dir, tmp_path / "mamba")
     settings = settings_for(model, tmp_path / "data")
     with pytest.raises(UnsupportedModelError, match="layer 0 uses mlx-lm's ArraysCache"):
-        await start_services(settings, _quiet)
+        asyncio.run(start_services(settings, _quiet))
 
 
 class _Hybrid:

@@ -9,7 +9,6 @@ import random
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
-import openai
 import pytest
 from reliability.server import ServerProcess
 
@@ -18,6 +17,8 @@ from tests.conformance.serving import device_choice, words
 from tests.conformance.tiny_models import FAMILIES, Variant
 
 pytestmark = pytest.mark.model  # the embedded model's tokenizer
+
+openai = pytest.importorskip("openai")  # the dev extra has it; a bare device install may not
 
 SERVED = [
     Variant(family, quantized=bool(i & 2), dtype=("float32", "bfloat16")[i & 1])
