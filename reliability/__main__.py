@@ -13,6 +13,7 @@ from reliability import (
     clean_exit,
     corruption,
     crash_load,
+    full_disk,
     fuzz,
     isolation,
     load,
@@ -81,6 +82,7 @@ def main() -> None:
         ]
         exits = clean_exit.run(runs=12, workdir=work)
         rows.append(("clean exits after two starts and stops", f"{exits.clean} of {exits.runs}"))
+        filled = full_disk_rows(work, rows)
         failures = (
             served.failures
             + crashed.failures
@@ -90,6 +92,7 @@ def main() -> None:
             + returned.failures
             + slow.failures
             + exits.failures
+            + filled
         )
     width = max(len(name) for name, _ in rows)
     print(f"{'check':<{width}}  result")
@@ -98,6 +101,34 @@ def main() -> None:
     print(f"\n{len(failures)} failures; took {(time.monotonic() - started) / 60:.0f} min")
     for failure in failures[:40]:
         print("  " + failure)
+
+
+def full_disk_rows(work: Path, rows: list[tuple[str, str]]) -> list[str]:
+    """The full-disk suite's figures (it needs root to mount its tmpfs); its failures."""
+    try:
+        filled = full_disk.run(work)
+    except full_disk.MountRefusedError as error:
+        rows.append(("full disk", f"skipped: no tmpfs ({error})"))
+        return []
+    recovery = "never" if filled.recovery_s is None else f"{filled.recovery_s:.2f} s"
+    lowest = min((free for _, free in filled.free_mb), default=0.0)
+    rows += [
+        (
+            "full disk: turns answered / refused (507)",
+            f"{filled.turns_answered} / {filled.turns_refused}",
+        ),
+        ("full disk: blocks evicted for room", str(filled.blocks_evicted)),
+        ("full disk: least free with a 20 MiB reserve (MiB)", f"{lowest_ours(filled):.1f}"),
+        ("full disk: least free seen (MiB)", f"{lowest:.1f}"),
+        ("full disk: free MiB, turn by turn", " ".join(f"{f:.0f}" for _, f in filled.free_mb)),
+        ("full disk: space back to next answered turn", recovery),
+    ]
+    return filled.failures
+
+
+def lowest_ours(filled: full_disk.Result) -> float:
+    ours = [free for label, free in filled.free_mb if not label.startswith("others")]
+    return min(ours, default=0.0)
 
 
 if __name__ == "__main__":

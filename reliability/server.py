@@ -33,8 +33,10 @@ class ServerProcess:
         *args: str,
         env: dict[str, str] | None = None,
         nofile: tuple[int, int] | None = None,
+        log: Path | None = None,
     ) -> None:
-        """``nofile``: the server's descriptor limit (soft, hard) at its start."""
+        """``nofile``: the server's descriptor limit (soft, hard) at its start; ``log``: where
+        its output goes (default: a file in ``data_dir``)."""
         self.data_dir = data_dir
         self.nofile = nofile
         self.args = args
@@ -42,7 +44,7 @@ class ServerProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen[bytes] | None = None
-        self.log = data_dir / f"server-{self.port}.log"
+        self.log = log or data_dir / f"server-{self.port}.log"  # elsewhere for a disk to fill
 
     def start(self, timeout: float = 180.0) -> ServerProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)

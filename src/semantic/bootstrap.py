@@ -34,6 +34,7 @@ from semantic.adapters.storage.kv_block_store import KVBlockStore
 from semantic.adapters.storage.sqlite_metadata import SqliteMetadataStore
 from semantic.application.agents import AgentService
 from semantic.application.cache.store import AgentCacheStore, CacheConfig
+from semantic.application.call_memory import CallMemory
 from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
 from semantic.application.engine_loop import EngineLoop
 from semantic.application.generation import GenerationService, Limits
@@ -84,6 +85,8 @@ class Services:
     agents: AgentService
     data_dir: Path
     """The held data directory (``data_dir_lock``), given back when the services stop."""
+    calls: CallMemory
+    """Generated tool calls, rendered again as written on their round trip (ADR 0018)."""
     runtime: dict[str, Any] = field(default_factory=dict)
     """What the model runs on (BLAS and its core, kernels), served by ``/v1/models/{id}``."""
 
@@ -229,7 +232,8 @@ async def _start_services(
         generation,
         agents,
         data_dir,
-        runtime,
+        calls=CallMemory(metadata),
+        runtime=runtime,
     )
 
 

@@ -7,12 +7,14 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from semantic.adapters.tool_formats import DefaultFormat
 from semantic.domain.blocks import AgentBlocks
 from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.chat import ChatMessage
 from semantic.domain.constraints import OutputConstraint, UnsupportedSchemaError
 from semantic.domain.errors import IncompatibleCacheError
 from semantic.domain.generation import SamplingParams
+from semantic.domain.tools import Tool
 from semantic.ports.grammar import GrammarMatcher
 from semantic.ports.model_backend import (
     BlockPayload,
@@ -32,6 +34,10 @@ class FakeTokenizer:
     """Token ``i`` is the letter-ish piece ``PIECES[i]``; 0 is the end-of-turn token."""
 
     PIECES = ("<eos>", *[chr(ord("a") + i % 26) + str(i // 26 or "") for i in range(1, VOCAB)])
+
+    @property
+    def tool_format(self) -> DefaultFormat:
+        return DefaultFormat()
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
@@ -54,6 +60,7 @@ class FakeTokenizer:
         add_generation_prompt: bool = True,
         scope: str = "",
         continue_final: bool = False,
+        tools: Sequence[Tool] = (),
     ) -> list[int]:
         return [t for m in messages for t in self.encode(m.content)]
 
@@ -63,6 +70,10 @@ class ByteTokenizer:
 
     def __init__(self, pieces: Sequence[bytes]) -> None:
         self.pieces = list(pieces)
+
+    @property
+    def tool_format(self) -> DefaultFormat:
+        return DefaultFormat()
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
@@ -85,6 +96,7 @@ class ByteTokenizer:
         add_generation_prompt: bool = True,
         scope: str = "",
         continue_final: bool = False,
+        tools: Sequence[Tool] = (),
     ) -> list[int]:
         raise NotImplementedError
 

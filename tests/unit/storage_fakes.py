@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from semantic.domain.blocks import KVBlock
-from semantic.domain.errors import AgentExistsError, CacheCorruptionError
+from semantic.domain.errors import AgentExistsError, CacheCorruptionError, DiskFullError
 from semantic.ports.block_store import LayerPayload, StoredFile
 from semantic.ports.metadata_store import AgentRecord, BlockRecord, MessageRecord
 
@@ -20,9 +20,14 @@ class FakeBlockStore:
         self.loads: list[str] = []
         self.full = False  # a full disk: every save fails
         self.free: int | None = None  # bytes free on its file system, if known
+        self.released = 0  # calls of release_space
+        self.capacity: int | None = None  # a disk of this size: free space follows the files
+        self.taken = 0  # bytes of it another program holds
+        self.headroom = 0  # bytes of it the headroom file holds
 
     def save(self, key: str, layers: Sequence[KVBlock]) -> StoredFile:
-        if self.full:
+        room = self.free_bytes()
+        if self.full or (self.capacity is not None and (room or 0) < 10 * len(layers)):
             raise OSError(28, "No space left on device")
         payloads = [LayerPayload(b.layer, b.start, b.n_tokens, b.payload) for b in layers]
         checksum = f"sum-{key[:8]}"
@@ -53,14 +58,30 @@ class FakeBlockStore:
         return 0
 
     def free_bytes(self) -> int | None:
-        return self.free
+        if self.capacity is None:
+            return self.free
+        used = sum(10 * len(payloads) for payloads, _ in self.files.values())
+        return max(0, self.capacity - self.taken - self.headroom - used)
+
+    def release_space(self, *, headroom: bool) -> int:
+        self.released += 1
+        freed, self.headroom = (self.headroom, 0) if headroom else (0, self.headroom)
+        return freed
+
+    def keep_headroom(self, *, leaving: int) -> bool:
+        room = self.free_bytes()
+        if not self.headroom and self.capacity is not None and (room or 0) >= 10 + leaving:
+            self.headroom = 10
+        return bool(self.headroom)
 
 
 class FakeMetadataStore:
-    def __init__(self) -> None:
+    def __init__(self, disk: FakeBlockStore | None = None) -> None:
+        self.disk = disk  # with a capacity: writes need a free byte on it, as SQLite's do
         self.block_rows: dict[str, BlockRecord] = {}
         self.agent_rows: dict[tuple[str, str], AgentRecord] = {}
         self.transcripts: dict[tuple[str, str], list[MessageRecord]] = {}
+        self.replies: dict[tuple[str, str], str] = {}
         self.clock = 0.0
         self.opened = 0
 
@@ -83,6 +104,7 @@ class FakeMetadataStore:
     async def save_agent_blocks(
         self, agent: AgentRecord, new_blocks: Sequence[BlockRecord], *, create: bool = True
     ) -> list[str]:
+        self._write()
         if not create and (agent.namespace, agent.agent_id) not in self.agent_rows:
             return []
         for record in new_blocks:
@@ -120,6 +142,7 @@ class FakeMetadataStore:
         ]
 
     async def create_agent(self, agent: AgentRecord) -> None:
+        self._write()
         if (agent.namespace, agent.agent_id) in self.agent_rows:
             raise AgentExistsError(agent.agent_id, agent.namespace)
         self.clock += 1
@@ -128,6 +151,7 @@ class FakeMetadataStore:
         )
 
     async def delete_agent(self, namespace: str, agent_id: str) -> list[str]:
+        self._write()
         old = self.agent_rows.pop((namespace, agent_id), None)
         self.transcripts.pop((namespace, agent_id), None)
         return self._recount(set(old.block_keys) if old else set())
@@ -152,13 +176,24 @@ class FakeMetadataStore:
     async def append_messages(
         self, namespace: str, agent_id: str, records: Sequence[MessageRecord]
     ) -> None:
+        self._write()
         self.transcripts.setdefault((namespace, agent_id), []).extend(records)
 
     async def messages(self, namespace: str, agent_id: str) -> list[MessageRecord]:
         return list(self.transcripts.get((namespace, agent_id), []))
 
+    async def remember_reply(self, namespace: str, key: str, body: str) -> None:
+        self.replies.setdefault((namespace, key), body)
+
+    async def remembered_reply(self, namespace: str, key: str) -> str | None:
+        return self.replies.get((namespace, key))
+
     async def message_counts(self, namespace: str) -> dict[str, int]:
         return {a: len(m) for (ns, a), m in self.transcripts.items() if ns == namespace and m}
+
+    def _write(self) -> None:
+        if self.disk is not None and self.disk.capacity is not None and not self.disk.free_bytes():
+            raise DiskFullError("the disk holding the data directory /fake is full")
 
     def _recount(self, keys: set[str]) -> list[str]:
         orphans = []

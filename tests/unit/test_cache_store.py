@@ -35,6 +35,7 @@ class Harness:
         quota: int | None = None,
         reserve: int = 0,
         backend: FakeBackend | None = None,
+        floor: int = 0,
     ) -> None:
         self.backend = backend or FakeBackend()
         self.pool = BlockPool(capacity)
@@ -46,7 +47,9 @@ class Harness:
             fingerprint,
             block_store=self.block_store,
             metadata=self.metadata,
-            config=CacheConfig(disk_quota_bytes=quota, disk_reserve_bytes=reserve),
+            config=CacheConfig(
+                disk_quota_bytes=quota, disk_reserve_bytes=reserve, disk_floor_bytes=floor
+            ),
         )
         config = EngineConfig(
             prefill_chunk_tokens=4, pacer=PacerConfig(fixed_tokens=64), max_context=512

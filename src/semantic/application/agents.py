@@ -7,7 +7,9 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import json
 import time
+import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Coroutine, Iterator
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -21,8 +23,10 @@ from semantic.application.generation import (
     GenerationInput,
     GenerationResult,
     GenerationService,
+    TextDelta,
 )
 from semantic.application.keyed_locks import KeyedLocks
+from semantic.application.tool_replies import Call, Reply, ReplyReader
 from semantic.domain.chat import ChatMessage
 from semantic.domain.errors import (
     AgentDeletedError,
@@ -32,6 +36,7 @@ from semantic.domain.errors import (
     PromptTooLongError,
 )
 from semantic.domain.generation import GREEDY, Priority, SamplingParams
+from semantic.domain.tools import ToolCall, ToolUse
 from semantic.ports.metadata_store import AgentRecord, MessageRecord, MetadataStore
 from semantic.ports.tokenizer import Tokenizer
 
@@ -62,6 +67,8 @@ class CommittedReply(GenerationResult):
     the transcript (``msg_<place>``), so a client can page on from it."""
 
     place: int = 0
+    calls: tuple[Call, ...] = ()
+    """The reply's tool calls (``text`` is then the text before them)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -92,6 +99,14 @@ class Turn:
     sampling: SamplingParams = GREEDY
     stop: tuple[str, ...] = ()
     priority: Priority = Priority.NORMAL
+    tool_call_id: str | None = None
+    """A tool's result: the call of the agent's last reply it answers."""
+    tools: ToolUse | None = None
+    """The tools this turn's reply may call."""
+
+    @property
+    def role(self) -> str:
+        return "user" if self.tool_call_id is None else "tool"
 
 
 class AgentService:
@@ -122,8 +137,11 @@ class AgentService:
                     f"the system prompt leaves no room for a conversation: {error}",
                     param="system_prompt",
                 ) from None
-        await self._metadata.create_agent(
-            AgentRecord(namespace, agent_id, system_prompt=system_prompt, keeps_transcript=True)
+        record = AgentRecord(
+            namespace, agent_id, system_prompt=system_prompt, keeps_transcript=True
+        )
+        await self._cache.keeping(
+            namespace, agent_id, functools.partial(self._metadata.create_agent, record)
         )
         return await self.get(namespace, agent_id)
 
@@ -212,7 +230,11 @@ class AgentService:
                 if live:  # its first requests were running: they are ended, nothing kept
                     return
                 raise AgentNotFoundError(agent_id, namespace)
-            orphans = await self._metadata.delete_agent(namespace, agent_id)
+            orphans = await self._cache.keeping(
+                namespace,
+                agent_id,
+                functools.partial(self._metadata.delete_agent, namespace, agent_id),
+            )
             for branch in await self._metadata.agents(namespace):
                 if branch.agent_id.startswith(branch_prefix(agent_id)):
                     orphans += await self._metadata.delete_agent(namespace, branch.agent_id)
@@ -223,16 +245,21 @@ class AgentService:
         ids, and the two diverge from their next turn on."""
         async with self._lock(namespace, source_id):
             source = await self._record(namespace, source_id)
-            await self._metadata.create_agent(
-                AgentRecord(
-                    namespace, new_id, system_prompt=source.system_prompt, keeps_transcript=True
-                )
+            record = AgentRecord(
+                namespace, new_id, system_prompt=source.system_prompt, keeps_transcript=True
             )
+            await self._cache.keeping(
+                namespace, new_id, functools.partial(self._metadata.create_agent, record)
+            )
+            source = await self._record(namespace, source_id)  # room made may have cut it
             fork = dataclasses.replace(source, agent_id=new_id, anonymous=False, last_used=0.0)
             try:
                 await self._metadata.save_agent_blocks(fork, [])
-                await self._metadata.append_messages(
-                    namespace, new_id, await self._metadata.messages(namespace, source_id)
+                history = await self._metadata.messages(namespace, source_id)
+                await self._cache.keeping(
+                    namespace,
+                    new_id,
+                    functools.partial(self._metadata.append_messages, namespace, new_id, history),
                 )
             except BaseException:  # no half-made fork (the disk quota cut the source, say)
                 await self._cache.forget(await self._metadata.delete_agent(namespace, new_id))
@@ -247,49 +274,60 @@ class AgentService:
         self, namespace: str, agent_id: str, turn: Turn
     ) -> AsyncGenerator[GenerationEvent, None]:
         """Append the user's message, generate the reply, commit both, then report the
-        result. Turns of one agent run one at a time."""
-        if not turn.content:
+        result. Turns of one agent run one at a time. On a full disk, cached KV makes room
+        for the transcript; a turn that cannot be kept is refused (``DiskFullError``),
+        never answered."""
+        if not turn.content and turn.tool_call_id is None:
             raise InvalidRequestError("the message is empty", param="content")
         live = _LiveTurn(namespace, agent_id)
         with self._tracked(live):
             async with self._lock(namespace, agent_id):
                 if live.deleted:
                     raise AgentDeletedError(agent_id, namespace)
+                self._cache.check_room()
                 request, earlier = await self._request(namespace, agent_id, turn)
-                async for event in self._run(request, live, turn.content, earlier):
+                async for event in self._run(request, live, turn, earlier):
                     yield event
 
     async def _run(
-        self, request: GenerationInput, live: _LiveTurn, question: str, earlier: int
+        self, request: GenerationInput, live: _LiveTurn, turn: Turn, earlier: int
     ) -> AsyncIterator[GenerationEvent]:
         """The turn's events. Its reply is committed with its question (after ``earlier``
-        messages) before the result is reported, unless a delete ended the turn."""
+        messages) before the result is reported, unless a delete ended the turn. A reply's
+        calls are read as it streams (``ReplyReader``): only the text before them is
+        passed on as it comes."""
         handle = await self._generation.start(request)
         live.request_id = handle.request_id
         asked = time.time()
+        offered = turn.tools is not None and turn.tools.offered
+        reader = ReplyReader(self._tokenizer.tool_format if offered else None, new_call_id)
         async with contextlib.aclosing(handle.events()) as events:  # cut short by a delete
             async for event in events:
                 if live.deleted:
                     raise AgentDeletedError(live.agent_id, live.namespace)
                 if isinstance(event, GenerationResult):
-                    records = [
-                        MessageRecord("user", question, asked),
-                        MessageRecord("assistant", event.text, time.time()),
-                    ]
-                    await _whole(
-                        self._metadata.append_messages(live.namespace, live.agent_id, records)
+                    rest, answer = reader.finish()
+                    if rest:
+                        yield TextDelta(rest)
+                    records = [_asked(turn, asked), _answered(answer)]
+                    keep = functools.partial(
+                        self._metadata.append_messages, live.namespace, live.agent_id, records
                     )
+                    await _whole(self._cache.keeping(live.namespace, live.agent_id, keep))
                     yield CommittedReply(
                         event.request_id,
-                        event.text,
+                        answer.content,
                         event.finish_reason,
                         event.usage,
                         event.stats,
                         event.stop_string,
                         place=earlier + len(records),
+                        calls=answer.calls,
                     )
-                else:
-                    yield event
+                elif isinstance(event, TextDelta):
+                    shown = reader.feed(event.text)
+                    if shown:
+                        yield TextDelta(shown)
 
     async def _request(
         self, namespace: str, agent_id: str, turn: Turn
@@ -298,18 +336,22 @@ class AgentService:
         how many messages the transcript holds before it."""
         record = await self._record(namespace, agent_id)
         history = await self._metadata.messages(namespace, agent_id)
-        chat = [ChatMessage(m.role, m.content) for m in history]
+        chat = [_chat_message(m) for m in history]
         if record.system_prompt:
             chat.insert(0, ChatMessage("system", record.system_prompt))
-        chat.append(ChatMessage("user", turn.content))
+        chat.append(ChatMessage(turn.role, turn.content, tool_call_id=turn.tool_call_id))
+        _check_answers(history, turn)
+        tools = turn.tools.tools if turn.tools else ()
+        use = turn.tools
         request = GenerationInput(
-            tuple(self._tokenizer.render_chat(chat, scope=namespace)),
+            tuple(self._tokenizer.render_chat(chat, scope=namespace, tools=tools)),
             namespace,
             agent_id,
             turn.max_tokens,
             turn.sampling,
             turn.stop,
             turn.priority,
+            self._tokenizer.tool_format.constraint(use) if use else None,
         )
         try:
             self._generation.check(request)
@@ -375,6 +417,52 @@ class AgentService:
 
     def _lock(self, namespace: str, agent_id: str) -> AbstractAsyncContextManager[None]:
         return self._locks.hold((namespace, agent_id))
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def _asked(turn: Turn, when: float) -> MessageRecord:
+    return MessageRecord(turn.role, turn.content, when, tool_call_id=turn.tool_call_id)
+
+
+def _answered(answer: Reply) -> MessageRecord:
+    if not answer.calls:
+        return MessageRecord("assistant", answer.content, time.time())
+    calls = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in answer.calls]
+    return MessageRecord(
+        "assistant", answer.content, time.time(), tool_calls=json.dumps(calls), raw=answer.raw
+    )
+
+
+def record_calls(record: MessageRecord) -> tuple[ToolCall, ...]:
+    """A transcript message's tool calls."""
+    if not record.tool_calls:
+        return ()
+    return tuple(
+        ToolCall(c["id"], c["name"], c["arguments"]) for c in json.loads(record.tool_calls)
+    )
+
+
+def _chat_message(record: MessageRecord) -> ChatMessage:
+    """A transcript message as the model reads it: a reply with calls as it was generated."""
+    if record.raw is not None:
+        return ChatMessage("assistant", record.raw)
+    if record.role == "tool":
+        return ChatMessage("tool", record.content, tool_call_id=record.tool_call_id)
+    return ChatMessage(record.role, record.content, tool_calls=record_calls(record))
+
+
+def _check_answers(history: list[MessageRecord], turn: Turn) -> None:
+    """A tool result answers a call of the agent's transcript."""
+    if turn.tool_call_id is None:
+        return
+    if not any(c.id == turn.tool_call_id for m in history for c in record_calls(m)):
+        raise InvalidRequestError(
+            f"tool_call_id {turn.tool_call_id!r} answers no call of this agent's replies",
+            param="tool_call_id",
+        )
 
 
 async def _whole(commit: Coroutine[Any, Any, None]) -> None:

@@ -121,6 +121,12 @@ class StorageUnavailableError(SemanticError):
     database); nothing half-done was kept, and the caller may retry."""
 
 
+class DiskFullError(StorageUnavailableError):
+    """The disk holding the data directory has no room left for a write, and nothing the
+    server keeps only as a cache is left to free there: the write was not kept. The message
+    names the disk; the caller may retry once space is freed."""
+
+
 class DataDirectoryUnusableError(SemanticError):
     """The data directory, or a part of it, is not what the server can keep data in (a
     file where a directory belongs, a database file that is not one)."""

@@ -55,3 +55,13 @@ class BlockStore(Protocol):
     def free_bytes(self) -> int | None:
         """Bytes free on the store's file system; None where that cannot be known."""
         ...
+
+    def release_space(self, *, headroom: bool) -> int:
+        """Free what the store holds only to reuse (files kept to be written over) and,
+        with ``headroom``, the room it keeps for a full disk; returns the bytes freed."""
+        ...
+
+    def keep_headroom(self, *, leaving: int) -> bool:
+        """Set aside the room a full disk's evictions need again, if the disk has it and
+        ``leaving`` bytes more; returns whether it is set aside."""
+        ...

@@ -42,6 +42,12 @@ class MessageRecord:
     role: str
     content: str
     created_at: float = 0.0
+    tool_calls: str | None = None
+    """An assistant's calls as JSON (``[{"id", "name", "arguments"}]``)."""
+    tool_call_id: str | None = None
+    """A tool result: the call it answers."""
+    raw: str | None = None
+    """An assistant turn with calls: the text the model wrote, rendered again as it was."""
 
 
 class MetadataStore(Protocol):
@@ -113,3 +119,9 @@ class MetadataStore(Protocol):
     async def message_counts(self, namespace: str) -> dict[str, int]:
         """Each agent's transcript length in the namespace (agents with none are absent)."""
         ...
+
+    async def remember_reply(self, namespace: str, key: str, body: str) -> None:
+        """Keep ``body`` (a generated reply with tool calls, as JSON) under ``key``."""
+        ...
+
+    async def remembered_reply(self, namespace: str, key: str) -> str | None: ...

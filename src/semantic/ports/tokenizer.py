@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from semantic.domain.chat import ChatMessage
+from semantic.domain.tools import Tool
+from semantic.ports.tool_format import ToolFormat
 
 
 class Tokenizer(Protocol):
@@ -38,10 +40,17 @@ class Tokenizer(Protocol):
         add_generation_prompt: bool = True,
         scope: str = "",
         continue_final: bool = False,
+        tools: Sequence[Tool] = (),
     ) -> list[int]:
         """Token ids of ``messages`` rendered with the model's chat template. What a
         tokenizer remembers between calls to go faster stays within ``scope`` (the
         namespace), so one tenant's text never makes another's request measurably faster.
         ``continue_final``: the last message (the assistant's) is left open, for the reply
-        to continue it."""
+        to continue it. ``tools`` are listed as the model's tool format lists them
+        (``tool_format``); messages with calls and tool results are rendered in it too."""
+        ...
+
+    @property
+    def tool_format(self) -> ToolFormat:
+        """How this model writes tool calls (ADR 0018)."""
         ...

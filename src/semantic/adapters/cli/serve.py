@@ -125,7 +125,8 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         type=flags.non_negative_int,
         default=1024,
         help="free disk to keep, MiB: when less is left, least recently used agents' blocks "
-        "go first, so transcripts can still be saved; 0: none (default: %(default)s)",
+        "go first, so transcripts can still be saved (below 8 MiB free, no block file is "
+        "written at all); 0: none (default: %(default)s)",
     )
     serve.add_argument(
         "--max-tokens-cap",

@@ -17,9 +17,12 @@ from semantic.adapters.http.identity import (
     checked_id,
     identity,
 )
+from semantic.adapters.http.openai_tools import call_entry, openai_tool_use
+from semantic.adapters.http.tool_translate import named_refusal
 from semantic.adapters.http.translate import OPENAI_FINISH, sampling, stop_strings
-from semantic.application.agents import AgentInfo, CommittedReply, Turn
+from semantic.application.agents import AgentInfo, CommittedReply, Turn, record_calls
 from semantic.application.generation import GenerationEvent, GenerationResult, TextDelta
+from semantic.domain.constraints import UnsupportedSchemaError
 from semantic.domain.errors import InvalidRequestError, SemanticError
 from semantic.ports.metadata_store import MessageRecord
 
@@ -124,17 +127,27 @@ class AgentController(Controller):
     ) -> Any:
         who = identity(request)
         temperature = 0.0 if data.temperature is None else data.temperature
+        if data.role not in ("user", "tool") or (data.role == "tool") != bool(data.tool_call_id):
+            raise InvalidRequestError(
+                "role is 'user', or 'tool' with the tool_call_id its result answers",
+                param="role" if data.role not in ("user", "tool") else "tool_call_id",
+            )
         turn = Turn(
             data.content,
             data.max_tokens,
             sampling(temperature, data.top_p, data.seed, data.top_k),
             stop_strings(data.stop),
             who.priority,
+            data.tool_call_id,
+            openai_tool_use(data.tools, data.tool_choice, data.parallel_tool_calls),
         )
         events = services(state).agents.send(who.namespace, checked_id(agent_id, "agent_id"), turn)
         # The first event surfaces errors (unknown agent, bad input) as HTTP codes; it comes
         # after the whole prefill, which a client that leaves meanwhile cancels.
-        first = await unless_client_leaves(request, anext(events))
+        try:
+            first = await unless_client_leaves(request, anext(events))
+        except UnsupportedSchemaError as error:  # the grammar engine's, naming no field
+            raise named_refusal(error, turn.tools) from None
         if data.stream:
             return sse(_stream(first, events), events.aclose)
         return _reply(await unless_client_leaves(request, _last(first, events)))
@@ -167,11 +180,15 @@ async def _stream(
 def _reply(result: GenerationResult) -> dict[str, Any]:
     usage = result.usage
     numbered = {"id": f"msg_{result.place}"} if isinstance(result, CommittedReply) else {}
+    calls = result.calls if isinstance(result, CommittedReply) else ()
+    finish = "tool_calls" if calls else OPENAI_FINISH[result.finish_reason]
+    called = {"tool_calls": [call_entry(c) for c in calls]} if calls else {}
     return {
         **numbered,
         "role": "assistant",
         "content": result.text,
-        "finish_reason": OPENAI_FINISH[result.finish_reason],
+        **called,
+        "finish_reason": finish,
         "usage": {
             "prompt_tokens": usage.prompt_tokens,
             "completion_tokens": usage.completion_tokens,
@@ -224,9 +241,18 @@ def _message_place(message_id: str) -> int:
 
 
 def _message(place: int, message: MessageRecord) -> dict[str, Any]:
-    return {
+    out: dict[str, Any] = {
         "id": f"msg_{place}",
         "role": message.role,
         "content": message.content,
         "created_at": message.created_at,
     }
+    calls = record_calls(message)
+    if calls:
+        out["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in calls
+        ]
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    return out

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 
@@ -17,6 +19,13 @@ class ForkAgent(msgspec.Struct, forbid_unknown_fields=True):
 
 class SendMessage(msgspec.Struct, forbid_unknown_fields=True):
     content: str
+    role: str = "user"
+    """``tool`` for a tool's result, with the ``tool_call_id`` it answers."""
+    tool_call_id: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    """OpenAI-shaped, as ``tool_choice`` and ``parallel_tool_calls``: what the reply may call."""
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
     stream: bool = False
     max_tokens: int | None = None
     temperature: float | None = None

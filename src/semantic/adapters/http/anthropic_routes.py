@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from litestar import Controller, Request, post
@@ -16,10 +17,21 @@ from semantic.adapters.http.anthropic_schemas import (
     PlainChat,
     TextBlock,
 )
+from semantic.adapters.http.anthropic_tools import (
+    anthropic_tool_use,
+    history_message,
+    new_tool_use_id,
+    tool_use_block,
+)
 from semantic.adapters.http.common import result_of, services, sse, sse_data, start_plain
 from semantic.adapters.http.errors import body_for, problem_for
 from semantic.adapters.http.identity import identity
 from semantic.adapters.http.state import Services
+from semantic.adapters.http.tool_translate import (
+    named_refusal,
+    no_room_for_tools,
+    reply_shape,
+)
 from semantic.adapters.http.translate import (
     ANTHROPIC_MAX_TEMPERATURE,
     ANTHROPIC_STOP,
@@ -35,8 +47,11 @@ from semantic.application.generation import (
     GenerationResult,
     TextDelta,
 )
-from semantic.domain.chat import ChatMessage
-from semantic.domain.errors import InvalidRequestError, SemanticError
+from semantic.application.tool_replies import Call, Reply, ReplyReader
+from semantic.domain.chat import ChatMessage, check_tool_answers
+from semantic.domain.constraints import UnsupportedSchemaError
+from semantic.domain.errors import InvalidRequestError, PromptTooLongError, SemanticError
+from semantic.domain.tools import ToolUse
 
 
 class AnthropicController(Controller):
@@ -52,7 +67,13 @@ class AnthropicController(Controller):
         check_model(data.model, found.model_id)
         _check_plain_chat(data)
         who = identity(request)
-        prompt = _render(found, data.system, data.messages, who.namespace)
+        use = anthropic_tool_use(data.tools, data.tool_choice)
+        shape = reply_shape(found.tokenizer, use)
+        chat, prefill = await _conversation(found, data.system, data.messages, who.namespace)
+        tools = use.tools if use else ()
+        prompt = found.tokenizer.render_chat(
+            chat, scope=who.namespace, continue_final=prefill, tools=tools
+        )
         generation = GenerationInput(
             tuple(prompt),
             who.namespace,
@@ -67,12 +88,20 @@ class AnthropicController(Controller):
             ),
             stop_strings(data.stop_sequences, "stop_sequences"),
             who.priority,
+            None if prefill else shape.constraint,
         )
-        handle = await start_plain(found, generation)
+        handle = await _start(found, generation, chat, use)
         message_id = f"msg_{uuid.uuid4().hex[:24]}"
+        reader = ReplyReader(None if prefill else shape.calls_in, new_tool_use_id)
+        keep = functools.partial(found.calls.remember, who.namespace)
         if data.stream:
-            return sse(_events(handle, message_id, found.model_id), handle.close)
-        return _message(message_id, found.model_id, await result_of(request, handle))
+            events = message_events(handle, message_id, found.model_id, reader, keep)
+            return sse(events, handle.close)
+        result = await result_of(request, handle)
+        reader.feed(result.text)
+        _, answer = reader.finish()
+        await keep(answer)
+        return message_body(message_id, found.model_id, result, answer)
 
     @post("/count_tokens", status_code=200)
     async def count_tokens(
@@ -81,40 +110,63 @@ class AnthropicController(Controller):
         found = services(state)
         check_model(data.model, found.model_id)
         _check_plain_chat(data)
-        prompt = _render(found, data.system, data.messages, identity(request).namespace)
+        namespace = identity(request).namespace
+        use = anthropic_tool_use(data.tools, data.tool_choice)
+        chat, prefill = await _conversation(found, data.system, data.messages, namespace)
+        prompt = found.tokenizer.render_chat(
+            chat, scope=namespace, continue_final=prefill, tools=use.tools if use else ()
+        )
         return {"input_tokens": len(prompt)}
 
 
 def _check_plain_chat(data: PlainChat) -> None:
-    if data.tools:
-        raise InvalidRequestError(
-            "tools are not supported: the model is served for plain chat", param="tools"
-        )
-    if data.tool_choice is not None and data.tool_choice.get("type") not in ("none", "auto"):
-        raise InvalidRequestError(
-            "tool_choice needs tools, which are not supported", param="tool_choice"
-        )
     if data.thinking is not None and data.thinking.get("type") != "disabled":
         raise InvalidRequestError("extended thinking is not supported", param="thinking")
 
 
-def _render(
+async def _start(
+    found: Services, generation: GenerationInput, chat: list[ChatMessage], use: ToolUse | None
+) -> GenerationHandle:
+    """A prompt that fits without its tools but not with them is refused naming ``tools``."""
+    try:
+        return await start_plain(found, generation)
+    except UnsupportedSchemaError as error:
+        raise named_refusal(error, use) from None
+    except PromptTooLongError as error:
+        if use is None or error.param != "messages":
+            raise
+        bare = found.tokenizer.render_chat(chat, scope=generation.namespace)
+        if len(bare) >= found.generation.limits.max_context:
+            raise
+        raise no_room_for_tools(error, use) from None
+
+
+async def _conversation(
     found: Services,
     system: str | list[TextBlock] | None,
     messages: list[AnthropicMessage],
     scope: str,
-) -> list[int]:
-    """The prompt's ids. A final assistant message is a prefill: the reply continues it
-    (Anthropic's behaviour), so its turn is left open."""
+) -> tuple[list[ChatMessage], bool]:
+    """The conversation, and whether its final assistant message is a prefill: the reply
+    continues it (Anthropic's behaviour), so its turn is left open. Calls this server
+    generated are rendered as they were written (``CallMemory``)."""
     chat = _chat(system, messages)
-    prefill = chat[-1].content if chat[-1].role == "assistant" else None
+    check_tool_answers(chat)
+    last = chat[-1]
+    prefill = last.content if last.role == "assistant" and not last.tool_calls else None
+    if last.role == "assistant" and last.tool_calls:
+        raise InvalidRequestError(
+            "the final assistant message calls tools: answer them with tool_result blocks "
+            "in a user message",
+            param="messages",
+        )
     if prefill is not None and prefill != prefill.rstrip():
         raise InvalidRequestError(
             "final assistant content cannot end with trailing whitespace", param="messages"
         )
     if prefill == "":  # nothing to continue: a plain new turn
         chat.pop()
-    return found.tokenizer.render_chat(chat, scope=scope, continue_final=bool(prefill))
+    return await found.calls.restore(scope, chat), bool(prefill)
 
 
 def _chat(
@@ -126,6 +178,11 @@ def _chat(
             raise InvalidRequestError(
                 f"message role {message.role!r} is not supported", param="messages"
             )
+        if isinstance(message.content, list) and any(
+            b.type in ("tool_use", "tool_result") for b in message.content
+        ):
+            out.extend(history_message(message.role, message.content))
+            continue
         final_prefill = message is messages[-1] and message.role == "assistant"
         content = message.content or "" if final_prefill else message.content  # may be empty
         out.append(chat(message.role, joined_text(content, "content block")))
@@ -143,20 +200,80 @@ def _usage(result: GenerationResult | None, prompt_tokens: int, cached: int) -> 
     }
 
 
-def _message(message_id: str, model: str, result: GenerationResult) -> dict[str, Any]:
+def _stop(result: GenerationResult, answer: Reply) -> str:
+    return "tool_use" if answer.calls else ANTHROPIC_STOP[result.finish_reason]
+
+
+def message_body(
+    message_id: str, model: str, result: GenerationResult, answer: Reply
+) -> dict[str, Any]:
+    content: list[dict[str, Any]] = []
+    if answer.content or not answer.calls:
+        content.append({"type": "text", "text": answer.content})
+    content.extend(tool_use_block(call) for call in answer.calls)
     return {
         "id": message_id,
         "type": "message",
         "role": "assistant",
         "model": model,
-        "content": [{"type": "text", "text": result.text}],
-        "stop_reason": ANTHROPIC_STOP[result.finish_reason],
+        "content": content,
+        "stop_reason": _stop(result, answer),
         "stop_sequence": result.stop_string,
         "usage": _usage(result, result.usage.prompt_tokens, result.usage.cached_tokens),
     }
 
 
-async def _events(handle: GenerationHandle, message_id: str, model: str) -> AsyncIterator[str]:
+class _Blocks:
+    """A streamed message's content blocks: the text block opens with the first text (at
+    once where the reply cannot call a tool, as before tools), the calls' blocks after it."""
+
+    def __init__(self) -> None:
+        self.index = 0
+        self.text_open = False
+
+    def open_text(self) -> str:
+        self.text_open = True
+        block = {"type": "content_block_start", "index": 0, "content_block": _EMPTY_TEXT}
+        return sse_data(block, "content_block_start")
+
+    def text(self, text: str) -> list[str]:
+        opening = [] if self.text_open or not text else [self.open_text()]
+        if not text:
+            return opening
+        delta = {"type": "text_delta", "text": text}
+        body = {"type": "content_block_delta", "index": 0, "delta": delta}
+        return [*opening, sse_data(body, "content_block_delta")]
+
+    def close_text(self) -> list[str]:
+        if not self.text_open:
+            return []
+        self.text_open = False
+        self.index = 1
+        return [sse_data({"type": "content_block_stop", "index": 0}, "content_block_stop")]
+
+    def call(self, call: Call) -> list[str]:
+        index, self.index = self.index, self.index + 1
+        block = {"type": "tool_use", "id": call.id, "name": call.name, "input": {}}
+        start = {"type": "content_block_start", "index": index, "content_block": block}
+        out = [sse_data(start, "content_block_start")]
+        for piece in call.pieces:
+            delta = {"type": "input_json_delta", "partial_json": piece}
+            body = {"type": "content_block_delta", "index": index, "delta": delta}
+            out.append(sse_data(body, "content_block_delta"))
+        out.append(sse_data({"type": "content_block_stop", "index": index}, "content_block_stop"))
+        return out
+
+
+_EMPTY_TEXT = {"type": "text", "text": ""}
+
+
+async def message_events(
+    handle: GenerationHandle,
+    message_id: str,
+    model: str,
+    reader: ReplyReader,
+    keep: Callable[[Reply], Awaitable[None]],
+) -> AsyncIterator[str]:
     start: dict[str, Any] = {
         "id": message_id,
         "type": "message",
@@ -168,33 +285,41 @@ async def _events(handle: GenerationHandle, message_id: str, model: str) -> Asyn
         "usage": _usage(None, handle.prompt_tokens, handle.cached_tokens),
     }
     yield sse_data({"type": "message_start", "message": start}, "message_start")
-    block = {
-        "type": "content_block_start",
-        "index": 0,
-        "content_block": {"type": "text", "text": ""},
-    }
-    yield sse_data(block, "content_block_start")
+    blocks = _Blocks()
+    if not reader.reads_calls:
+        yield blocks.open_text()
     yield sse_data({"type": "ping"}, "ping")
     try:
         async for event in handle.events():
             if isinstance(event, TextDelta):
-                delta = {
-                    "type": "content_block_delta",
-                    "index": 0,
-                    "delta": {"type": "text_delta", "text": event.text},
-                }
-                yield sse_data(delta, "content_block_delta")
+                for line in blocks.text(reader.feed(event.text)):
+                    yield line
             elif isinstance(event, GenerationResult):
-                yield sse_data({"type": "content_block_stop", "index": 0}, "content_block_stop")
-                done = {
-                    "type": "message_delta",
-                    "delta": {
-                        "stop_reason": ANTHROPIC_STOP[event.finish_reason],
-                        "stop_sequence": event.stop_string,
-                    },
-                    "usage": _usage(event, event.usage.prompt_tokens, event.usage.cached_tokens),
-                }
-                yield sse_data(done, "message_delta")
-                yield sse_data({"type": "message_stop"}, "message_stop")
+                for line in await _ending(event, blocks, reader, keep):
+                    yield line
     except SemanticError as error:  # typed as the same error outside a stream would be
         yield sse_data(body_for("/v1/messages", problem_for(error)), "error")
+
+
+async def _ending(
+    result: GenerationResult,
+    blocks: _Blocks,
+    reader: ReplyReader,
+    keep: Callable[[Reply], Awaitable[None]],
+) -> list[str]:
+    text, answer = reader.finish()
+    await keep(answer)
+    lines = blocks.text(text)
+    if not answer.calls and not blocks.text_open and blocks.index == 0:
+        lines.append(blocks.open_text())  # an empty reply still has its text block
+    lines += blocks.close_text()
+    for call in answer.calls:
+        lines += blocks.call(call)
+    done = {
+        "type": "message_delta",
+        "delta": {"stop_reason": _stop(result, answer), "stop_sequence": result.stop_string},
+        "usage": _usage(result, result.usage.prompt_tokens, result.usage.cached_tokens),
+    }
+    lines.append(sse_data(done, "message_delta"))
+    lines.append(sse_data({"type": "message_stop"}, "message_stop"))
+    return lines

@@ -30,6 +30,9 @@ class TextBlock(msgspec.Struct, forbid_unknown_fields=True):
     thinking: Any = None
     signature: Any = None
     data: Any = None
+    caller: Any = None
+    toolset_name: Any = None
+    """Of a ``tool_use`` block: Anthropic's SDKs dump them, null, with the block."""
 
 
 class AnthropicMessage(msgspec.Struct, forbid_unknown_fields=True):

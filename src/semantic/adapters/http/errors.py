@@ -27,6 +27,7 @@ from semantic.domain.errors import (
     AgentExistsError,
     AgentKeepsTranscriptError,
     AgentNotFoundError,
+    DiskFullError,
     InvalidRequestError,
     ModelUnavailableError,
     NoRoomCameError,
@@ -115,7 +116,7 @@ def problem_for(error: Exception) -> Problem:
         case PoolExhaustedError() | NoRoomCameError():
             return Problem(429, "out_of_memory", f"{error}; retry later", retry_after=2.0)
         case ModelUnavailableError() | ShuttingDownError() | StorageUnavailableError():
-            return Problem(503, "unavailable", str(error), retry_after=5.0)
+            return _unavailable(error)
         case NotAuthorizedException():
             return Problem(401, "invalid_api_key", "missing or invalid API key")
         case ValidationException():
@@ -134,6 +135,13 @@ def problem_for(error: Exception) -> Problem:
             return Problem(status, code, str(error))
     log.exception("unexpected error", exc_info=error)
     return Problem(500, "internal_error", "internal server error")
+
+
+def _unavailable(error: Exception) -> Problem:
+    """503 for a moment's outage; 507 for a full disk, which the operator must clear."""
+    if isinstance(error, DiskFullError):
+        return Problem(507, "insufficient_storage", str(error), retry_after=10.0)
+    return Problem(503, "unavailable", str(error), retry_after=5.0)
 
 
 def _not_json_message(detail: str) -> str:

@@ -179,3 +179,20 @@ class _Live:
             "that KV stays in memory only.",
             value=stats.saves_failed,
         )
+        yield CounterMetricFamily(
+            "semantic_blocks_evicted_from_disk",
+            "Block files dropped to keep the disk quota or the disk's free space.",
+            value=stats.blocks_evicted,
+        )
+        disk = services.cache.disk
+        if disk.free_bytes is not None:
+            yield GaugeMetricFamily(
+                "semantic_disk_free_bytes",
+                "Free bytes on the data directory's disk.",
+                value=disk.free_bytes,
+            )
+        yield GaugeMetricFamily(
+            "semantic_disk_full",
+            "1 while a full disk, with nothing cached left to free, refuses agent turns.",
+            value=int(disk.refused is not None),
+        )

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from litestar import Controller, Request, post, route
@@ -26,7 +27,20 @@ from semantic.adapters.http.openai_schemas import (
     CompletionRequest,
     SamplingFields,
 )
+from semantic.adapters.http.openai_tools import (
+    call_deltas,
+    call_entry,
+    history_calls,
+    new_call_id,
+    openai_tool_use,
+)
 from semantic.adapters.http.state import Services
+from semantic.adapters.http.tool_translate import (
+    named_refusal,
+    no_room_for_tools,
+    reply_shape,
+    response_schema,
+)
 from semantic.adapters.http.translate import (
     OPENAI_FINISH,
     chat,
@@ -36,14 +50,18 @@ from semantic.adapters.http.translate import (
     sampling,
     stop_strings,
 )
+from semantic.application.call_memory import CallMemory
 from semantic.application.generation import (
     GenerationHandle,
     GenerationInput,
     GenerationResult,
     TextDelta,
 )
-from semantic.domain.chat import ChatMessage
-from semantic.domain.errors import InvalidRequestError, SemanticError
+from semantic.application.tool_replies import Reply, ReplyReader
+from semantic.domain.chat import ChatMessage, check_tool_answers
+from semantic.domain.constraints import OutputConstraint, UnsupportedSchemaError
+from semantic.domain.errors import InvalidRequestError, PromptTooLongError, SemanticError
+from semantic.domain.tools import ToolUse
 from semantic.ports.tokenizer import Tokenizer
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16
@@ -82,16 +100,28 @@ class OpenAIController(Controller):
         messages = [_chat_message(message) for message in data.messages]
         if not messages:
             raise InvalidRequestError("messages must not be empty", param="messages")
-        prompt = found.tokenizer.render_chat(messages, scope=identity(request).namespace)
+        check_tool_answers(messages)
+        use = openai_tool_use(data.tools, data.tool_choice, data.parallel_tool_calls)
+        shape = reply_shape(found.tokenizer, use, response_schema(data.response_format))
+        namespace = identity(request).namespace
+        messages = await found.calls.restore(namespace, messages)
+        tools = use.tools if use else ()
+        prompt = found.tokenizer.render_chat(messages, scope=namespace, tools=tools)
         newer = data.max_completion_tokens  # OpenAI's newer name wins where given
         limit = data.max_tokens if newer is None else newer
-        generation = _input(request, data, prompt, limit)
-        handle = await start_plain(found, generation)
-        reply = _Reply("chatcmpl", "chat.completion", found.model_id)
+        generation = _input(request, data, prompt, limit, shape.constraint)
+        handle = await _start_chat(found, generation, messages, use)
+        reply = ReplyBodies("chatcmpl", "chat.completion", found.model_id)
+        reader = ReplyReader(shape.calls_in, new_call_id)
+        kept = _Keep(found.calls, namespace)
         if data.stream:
             usage = bool(data.stream_options and data.stream_options.include_usage)
-            return sse(reply.chat_chunks(handle, usage), handle.close)
-        return reply.chat(await result_of(request, handle))
+            return sse(reply.chat_chunks(handle, usage, reader, kept), handle.close)
+        result = await result_of(request, handle)
+        reader.feed(result.text)
+        _, answer = reader.finish()
+        await kept(answer)
+        return reply.chat(result, answer)
 
     @post("/completions", status_code=200)
     async def completions(
@@ -111,14 +141,14 @@ class OpenAIController(Controller):
             if error.param == "messages":  # the use case names the chat field
                 error.param = "prompt"
             raise
-        reply = _Reply("cmpl", "text_completion", found.model_id)
+        reply = ReplyBodies("cmpl", "text_completion", found.model_id)
         if data.stream:
             usage = bool(data.stream_options and data.stream_options.include_usage)
             return sse(reply.text_chunks(handle, usage), handle.close)
         return reply.text(await result_of(request, handle))
 
 
-class _Reply:
+class ReplyBodies:
     """Response bodies of one request, in OpenAI's shapes."""
 
     def __init__(self, prefix: str, kind: str, model: str) -> None:
@@ -127,11 +157,15 @@ class _Reply:
         self.model = model
         self.created = int(time.time())
 
-    def chat(self, result: GenerationResult) -> dict[str, Any]:
+    def chat(self, result: GenerationResult, answer: Reply) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": answer.content}
+        if answer.calls:
+            message["content"] = answer.content or None
+            message["tool_calls"] = [call_entry(call) for call in answer.calls]
         choice = {
             "index": 0,
-            "message": {"role": "assistant", "content": result.text},
-            "finish_reason": OPENAI_FINISH[result.finish_reason],
+            "message": message,
+            "finish_reason": _finish(result, answer),
             "logprobs": None,
         }
         return self._body([choice], result)
@@ -145,13 +179,41 @@ class _Reply:
         }
         return self._body([choice], result)
 
-    async def chat_chunks(self, handle: GenerationHandle, usage: bool) -> AsyncIterator[str]:
-        def chunk(delta: dict[str, Any] | None, finish: str | None) -> dict[str, Any]:
-            return {"index": 0, "delta": delta or {}, "finish_reason": finish, "logprobs": None}
+    async def chat_chunks(
+        self,
+        handle: GenerationHandle,
+        usage: bool,
+        reader: ReplyReader,
+        kept: Callable[[Reply], Awaitable[None]],
+    ) -> AsyncIterator[str]:
+        """Text as it comes; a reply's calls once it ends (``ReplyReader``), each as OpenAI
+        streams one: id, type and name in its first delta, then its arguments in pieces."""
 
-        yield self._chunk([chunk({"role": "assistant", "content": ""}, None)])
-        async for line in self._stream(handle, usage, chunk, lambda t: {"content": t}):
-            yield line
+        def chunk(delta: dict[str, Any] | None, finish: str | None = None) -> str:
+            body = {"index": 0, "delta": delta or {}, "finish_reason": finish, "logprobs": None}
+            return self._chunk([body])
+
+        yield chunk({"role": "assistant", "content": ""})
+        try:
+            async for event in handle.events():
+                if isinstance(event, TextDelta):
+                    text = reader.feed(event.text)
+                    if text:
+                        yield chunk({"content": text})
+                elif isinstance(event, GenerationResult):
+                    text, answer = reader.finish()
+                    if text:
+                        yield chunk({"content": text})
+                    await kept(answer)
+                    for index, call in enumerate(answer.calls):
+                        for delta in call_deltas(index, call):
+                            yield chunk(delta)
+                    yield chunk(None, _finish(event, answer))
+                    if usage:
+                        yield self._chunk([], _usage(event))
+        except SemanticError as error:  # typed as the same error outside a stream would be
+            yield sse_data(body_for("/v1/chat/completions", problem_for(error)))
+        yield "data: [DONE]\n\n"
 
     async def text_chunks(self, handle: GenerationHandle, usage: bool) -> AsyncIterator[str]:
         def chunk(delta: dict[str, Any] | None, finish: str | None) -> dict[str, Any]:
@@ -215,6 +277,38 @@ def _model_entry(model_id: str) -> dict[str, Any]:
     return {"id": model_id, "object": "model", "created": _SERVED_SINCE, "owned_by": "semantic"}
 
 
+def _finish(result: GenerationResult, answer: Reply) -> str:
+    return "tool_calls" if answer.calls else OPENAI_FINISH[result.finish_reason]
+
+
+class _Keep:
+    """Keeps a reply's calls as generated, for their round trip (``CallMemory``)."""
+
+    def __init__(self, memory: CallMemory, namespace: str) -> None:
+        self._memory = memory
+        self._namespace = namespace
+
+    async def __call__(self, answer: Reply) -> None:
+        await self._memory.remember(self._namespace, answer)
+
+
+async def _start_chat(
+    found: Services, generation: GenerationInput, messages: list[ChatMessage], use: ToolUse | None
+) -> GenerationHandle:
+    """A prompt that fits without its tools but not with them is refused naming ``tools``."""
+    try:
+        return await start_plain(found, generation)
+    except UnsupportedSchemaError as error:
+        raise named_refusal(error, use) from None
+    except PromptTooLongError as error:
+        if use is None or error.param != "messages":
+            raise
+        bare = found.tokenizer.render_chat(messages, scope=generation.namespace)
+        if len(bare) >= found.generation.limits.max_context:
+            raise
+        raise no_room_for_tools(error, use) from None
+
+
 def _usage(result: GenerationResult) -> dict[str, Any]:
     usage = result.usage
     return {
@@ -247,16 +341,14 @@ def _check_chat_only(data: ChatCompletionRequest) -> None:
     """Chat fields this server has no use for are fine at their neutral values only."""
     must_default(data.logprobs, False, "logprobs")
     must_default(data.prediction, None, "prediction")
-    for tools, name in ((data.tools, "tools"), (data.functions, "functions")):
-        if tools:
-            message = f"{name} are not supported: the model is served for plain chat"
-            raise InvalidRequestError(message, param=name)
+    if data.functions:
+        raise InvalidRequestError("functions are not supported; use tools", param="functions")
     if data.max_completion_tokens is not None and data.max_completion_tokens < 1:
         message = f"max_completion_tokens must be at least 1, got {data.max_completion_tokens}"
         raise InvalidRequestError(message, param="max_completion_tokens")
-    for choice, name in ((data.tool_choice, "tool_choice"), (data.function_call, "function_call")):
-        if choice not in (None, "none", "auto"):
-            raise InvalidRequestError(f"{name} needs tools, which are not supported", param=name)
+    if data.function_call not in (None, "none", "auto"):
+        message = "function_call is not supported; use tools and tool_choice"
+        raise InvalidRequestError(message, param="function_call")
     must_default(data.top_logprobs, 0, "top_logprobs")
     for unused, name in (
         (data.reasoning_effort, "reasoning_effort"),
@@ -265,11 +357,6 @@ def _check_chat_only(data: ChatCompletionRequest) -> None:
         (data.web_search_options, "web_search_options"),
     ):
         must_default(unused, None, name)
-    if data.response_format is not None and data.response_format.get("type") != "text":
-        kind = data.response_format.get("type")
-        raise InvalidRequestError(
-            f"response_format {kind!r} is not supported; only 'text'", param="response_format"
-        )
     if data.modalities is not None and data.modalities != ["text"]:
         raise InvalidRequestError("only the 'text' modality is supported", param="modalities")
 
@@ -277,24 +364,36 @@ def _check_chat_only(data: ChatCompletionRequest) -> None:
 def _chat_message(message: ChatMessageIn) -> ChatMessage:
     """A history message as the model reads it. A reply sent back as OpenAI's SDKs dump it
     carries null tool and audio fields; only a non-empty one asks for what is missing."""
-    if message.role not in ("system", "developer", "user", "assistant"):
+    if message.role not in ("system", "developer", "user", "assistant", "tool"):
         raise InvalidRequestError(
             f"message role {message.role!r} is not supported", param="messages"
         )
-    for value, name in (
-        (message.tool_calls, "tool_calls"),
-        (message.function_call, "function_call"),
-    ):
-        if value:
-            raise InvalidRequestError(f"messages with {name} are not supported", param="messages")
+    if message.function_call:
+        raise InvalidRequestError(
+            "messages with function_call are not supported; use tool_calls", param="messages"
+        )
+    if message.tool_calls and message.role != "assistant":
+        raise InvalidRequestError("only assistant messages have tool_calls", param="messages")
     if message.audio is not None:
         raise InvalidRequestError("messages with audio are not supported", param="messages")
+    if (message.role == "tool") != (message.tool_call_id is not None):
+        raise InvalidRequestError(
+            "a tool message needs its tool_call_id, and only a tool message has one",
+            param="messages",
+        )
     text = joined_text(message.content, "content part", refusal_ok=message.role == "assistant")
-    return chat(message.role, text or message.refusal or "")
+    if message.role == "tool":
+        return ChatMessage("tool", text, tool_call_id=message.tool_call_id)
+    calls = history_calls(message.tool_calls or [])
+    return dataclasses.replace(chat(message.role, text or message.refusal or ""), tool_calls=calls)
 
 
 def _input(
-    request: Request[Any, Any, Any], data: SamplingFields, prompt: list[int], max_tokens: int | None
+    request: Request[Any, Any, Any],
+    data: SamplingFields,
+    prompt: list[int],
+    max_tokens: int | None,
+    constraint: OutputConstraint | None = None,
 ) -> GenerationInput:
     who = identity(request)
     return GenerationInput(
@@ -305,6 +404,7 @@ def _input(
         sampling(data.temperature, data.top_p, data.seed, data.top_k),
         stop_strings(data.stop),
         who.priority,
+        constraint,
     )
 
 

@@ -13,12 +13,17 @@ from semantic.adapters.http.state import ServerState
 
 @route("/health", http_method=GET_AND_HEAD, tags=["Operations"], sync_to_thread=False)
 def health(state: State) -> Response[dict[str, Any]]:
-    """200 once the model is loaded and warmed up; 503 before (or if loading failed)."""
+    """200 once the model is loaded and warmed up; 503 before (or if loading failed). While
+    a full disk refuses agent turns, the status says ``degraded`` and ``storage`` why."""
     server: ServerState = state.server
     if server.services is None:
         body = {"status": "failed" if server.failure else "loading", "error": server.failure}
         return Response(body, status_code=503, headers={"Retry-After": "5"})
-    return Response({"status": "ok", "model": server.services.model_id}, status_code=200)
+    ok: dict[str, Any] = {"status": "ok", "model": server.services.model_id}
+    disk = server.services.cache.disk
+    if disk.refused is not None:  # plain requests still answer; turns are refused (507)
+        ok |= {"status": "degraded", "storage": disk.refused, "disk_free_bytes": disk.free_bytes}
+    return Response(ok, status_code=200)
 
 
 @route("/metrics", http_method=GET_AND_HEAD, tags=["Operations"], sync_to_thread=False)

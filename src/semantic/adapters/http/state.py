@@ -7,6 +7,7 @@ from typing import Any, Protocol
 
 from semantic.application.agents import AgentService
 from semantic.application.cache.store import AgentCacheStore
+from semantic.application.call_memory import CallMemory
 from semantic.application.engine_loop import EngineLoop
 from semantic.application.generation import GenerationService
 from semantic.domain.block_pool import BlockPool
@@ -34,6 +35,8 @@ class Services(Protocol):
     def spec(self) -> ModelCacheSpec: ...
     @property
     def runtime(self) -> Mapping[str, Any]: ...
+    @property
+    def calls(self) -> CallMemory: ...
 
 
 class ServerState:

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Sequence
 from typing import Any
 
 from semantic.adapters.mlx.piece_encoder import PieceEncoder, quote_marks
+from semantic.adapters.tool_formats import PromptFormat, format_for
 from semantic.domain.chat import ChatMessage
 from semantic.domain.errors import InvalidRequestError, PromptTooLongError
+from semantic.domain.tools import Tool
+
+Turn = dict[str, Any]
 
 
 class MlxTokenizer:
@@ -26,6 +31,13 @@ class MlxTokenizer:
         self._pieces = PieceEncoder.of(backend) if backend is not None else None
         self._longest_token = longest_token_bytes(backend) if backend is not None else None
         self._special_texts = [str(t) for t in getattr(wrapper, "all_special_tokens", [])]
+        template = getattr(wrapper, "chat_template", None)
+        self._tools = format_for(template if isinstance(template, str) else None)
+
+    @property
+    def tool_format(self) -> PromptFormat:
+        """How this model's prompts list tools and its replies write calls (ADR 0018)."""
+        return self._tools
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
@@ -63,21 +75,31 @@ class MlxTokenizer:
         add_generation_prompt: bool = True,
         scope: str = "",
         continue_final: bool = False,
+        tools: Sequence[Tool] = (),
     ) -> list[int]:
-        text = self._template(messages, add_generation_prompt, continue_final)
-        if any(self._spells_special(m.content) for m in messages):
-            return self._encode_quoting(messages, text, add_generation_prompt, continue_final)
+        turns, listed = self._tools.render(messages, tools)
+        text = self._template(turns, listed, add_generation_prompt, continue_final)
+        if any(self._spells_special(t["content"]) for t in turns):
+            return self._encode_quoting(turns, listed, text, add_generation_prompt, continue_final)
+        if any(self._spells_special(part) for part in _outside_content(turns, listed)):
+            raise _cannot_quote("this text is not quoted where the template writes it")
         return self.encode(text, scope)
 
     def _template(
-        self, messages: Sequence[ChatMessage], add_generation_prompt: bool, continue_final: bool
+        self,
+        turns: list[Turn],
+        listed: list[Turn] | None,
+        add_generation_prompt: bool,
+        continue_final: bool,
     ) -> str:
+        extra = {"tools": listed} if listed else {}
         try:
             text = self._wrapper.apply_chat_template(
-                [{"role": m.role, "content": m.content} for m in messages],
+                turns,
                 add_generation_prompt=add_generation_prompt and not continue_final,
                 continue_final_message=continue_final,
                 tokenize=False,
+                **extra,
             )
         except ValueError as error:  # transformers: the template rewrote the final message
             if not continue_final:
@@ -93,7 +115,8 @@ class MlxTokenizer:
 
     def _encode_quoting(
         self,
-        messages: Sequence[ChatMessage],
+        turns: list[Turn],
+        listed: list[Turn] | None,
         text: str,
         add_generation_prompt: bool,
         continue_final: bool,
@@ -103,12 +126,12 @@ class MlxTokenizer:
         where that cannot be done exactly (a tokenizer that cannot read special tokens' text
         as text, or a template that rewrites the text it is given)."""
         self._refuse_if_certainly_too_long(text)
-        marks = quote_marks(m.content for m in messages)
+        marks = quote_marks(t["content"] for t in turns)
         if self._pieces is None or not self._pieces.can_quote or marks is None:
             raise _cannot_quote("this model's tokenizer cannot read them as plain text")
         opening, closing = marks
-        quoted = [ChatMessage(m.role, f"{opening}{m.content}{closing}") for m in messages]
-        with_quotes = self._template(quoted, add_generation_prompt, continue_final)
+        quoted = [{**t, "content": f"{opening}{t['content']}{closing}"} for t in turns]
+        with_quotes = self._template(quoted, listed, add_generation_prompt, continue_final)
         if with_quotes.replace(opening, "").replace(closing, "") != text:
             raise _cannot_quote("this model's chat template rewrites the text it is given")
         return self._pieces.encode_quoted(with_quotes, marks)
@@ -137,6 +160,13 @@ def _cannot_quote(why: str) -> InvalidRequestError:
         f"must be read as plain text, and {why}",
         param="messages",
     )
+
+
+def _outside_content(turns: list[Turn], listed: list[Turn] | None) -> list[str]:
+    """Text a template writes from other fields than ``content`` (tool calls, tools), which
+    quote marks cannot reach."""
+    calls = [t["tool_calls"] for t in turns if "tool_calls" in t]
+    return [json.dumps(part, ensure_ascii=False) for part in (*calls, listed) if part]
 
 
 def longest_token_bytes(backend: Any) -> int | None:

@@ -58,6 +58,9 @@ _PIECE = 512 << 10
 SUFFIX = ".safetensors"
 SPARES = 4
 """Unneeded block files kept to be written over: at most this many (~12 MB each here)."""
+HEADROOM = 2 << 20
+"""Bytes of the headroom file: room for the transactions that record evictions (a few
+pages each) when the disk is full."""
 SPARE_AGE_S = 0.25
 """A spare is written over only this long after its block was collected, so a restore that
 opened the block's file just before (a file's read takes milliseconds, a whole restore well
@@ -76,15 +79,18 @@ class BlockFiles:
             (path, 0.0) for path in sorted(self.spare_dir.glob("*.spare"))
         ]  # (file, when it was collected); a previous run's are old enough
         self._spare_lock = threading.Lock()
+        self.headroom_path = root.parent / "headroom"
 
     def path(self, key: str) -> Path:
         return self.root / key[:2] / f"{key}{SUFFIX}"
 
     def free_bytes(self) -> int | None:
-        try:
-            return shutil.disk_usage(self.root).free
-        except OSError:
-            return None
+        for where in (self.root, self.root.parent):  # ``blocks/`` comes with the first block
+            try:
+                return shutil.disk_usage(where).free
+            except OSError:
+                continue
+        return None
 
     def write(
         self, key: str, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str]
@@ -103,12 +109,16 @@ class BlockFiles:
         target.parent.mkdir(parents=True, exist_ok=True)
         temporary = target.with_name(f"{target.name}.{os.getpid()}.tmp")
         n_bytes = sum(len(part) for part in parts)
-        with self._open_for_writing(temporary) as handle:
-            for part in parts:
-                _write_all(handle, part)
-            handle.truncate(n_bytes)  # a spare may have been longer
-            os.fsync(handle.fileno())
-        os.replace(temporary, target)
+        try:
+            with self._open_for_writing(temporary) as handle:
+                for part in parts:
+                    _write_all(handle, part)
+                handle.truncate(n_bytes)  # a spare may have been longer
+                os.fsync(handle.fileno())
+            os.replace(temporary, target)
+        except BaseException:  # a full disk, say: the partial file goes now, not at a restart
+            temporary.unlink(missing_ok=True)
+            raise
         fsync_directory(target.parent)
         return n_bytes, digest.hexdigest()
 
@@ -187,6 +197,8 @@ class BlockFiles:
         since an existing file's checksum is trusted when the same key is written again."""
         path = self.path(key)
         with self._spare_lock:
+            if self._adopt_as_headroom(path):
+                return
             if len(self._spares) >= SPARES:
                 path.unlink(missing_ok=True)
                 return
@@ -199,15 +211,79 @@ class BlockFiles:
             fsync_directory(path.parent)
             self._spares.append((spare, time.monotonic()))
 
+    def _adopt_as_headroom(self, path: Path) -> bool:
+        """Where the headroom file was given up (a full disk), a collected block's file
+        becomes it, cut to size: deleting the file and making a new one would let another
+        program take the room in between. Its old name goes durably first, as a spare's."""
+        if self.headroom_path.exists():
+            return False
+        temporary = self.headroom_path.with_name(f"headroom.{os.getpid()}.tmp")
+        try:
+            if path.stat().st_size < HEADROOM:
+                return False
+            os.replace(path, temporary)
+        except OSError:
+            return False
+        try:
+            fsync_directory(path.parent)
+            os.truncate(temporary, HEADROOM)
+            os.replace(temporary, self.headroom_path)
+        except OSError:
+            temporary.unlink(missing_ok=True)  # the block's name is gone either way
+        return True
+
     def keys(self) -> set[str]:
         return {p.name[: -len(SUFFIX)] for p in self.root.glob(f"*/*{SUFFIX}")}
 
+    def release_space(self, *, headroom: bool) -> int:
+        """Free the disk this store holds only to reuse: the spare files, and with
+        ``headroom`` the headroom file too; returns the bytes freed."""
+        with self._spare_lock:
+            spares, self._spares = self._spares, []
+        freed = sum(_remove(path) for path, _ in spares)
+        if headroom:
+            freed += _remove(self.headroom_path)
+        return freed
+
+    def keep_headroom(self, *, leaving: int) -> bool:
+        """Make the headroom file (``HEADROOM`` bytes) if it is missing and the disk has
+        room for it and ``leaving`` bytes more; returns whether it is there.
+
+        On a disk another program filled, the transaction that records an eviction needs
+        room of its own before the eviction frees any: deleting this file gives it that."""
+        if self.headroom_path.exists():
+            return True
+        free = self.free_bytes()
+        if free is None or free < HEADROOM + leaving:
+            return False
+        temporary = self.headroom_path.with_name(f"headroom.{os.getpid()}.tmp")
+        try:
+            with open(temporary, "wb", buffering=0) as handle:
+                os.posix_fallocate(handle.fileno(), 0, HEADROOM)
+                os.fsync(handle.fileno())
+            os.replace(temporary, self.headroom_path)
+        except OSError as error:
+            temporary.unlink(missing_ok=True)
+            log.warning("cannot keep the headroom file %s (%s)", self.headroom_path, error)
+            return False
+        return True
+
     def remove_temporaries(self) -> int:
         """Delete ``*.tmp`` files a crash left behind; returns how many."""
-        stray = list(self.root.glob("*/*.tmp"))
+        stray = [*self.root.glob("*/*.tmp"), *self.root.parent.glob("headroom.*.tmp")]
         for path in stray:
             path.unlink(missing_ok=True)
         return len(stray)
+
+
+def _remove(path: Path) -> int:
+    """Delete a file; returns the bytes it held (0 if it was gone already)."""
+    try:
+        size = path.stat().st_blocks * 512
+        path.unlink()
+    except FileNotFoundError:
+        return 0
+    return size
 
 
 def safetensors_parts(

@@ -73,3 +73,9 @@ class KVBlockStore:
 
     def free_bytes(self) -> int | None:
         return self._files.free_bytes()
+
+    def release_space(self, *, headroom: bool) -> int:
+        return self._files.release_space(headroom=headroom)
+
+    def keep_headroom(self, *, leaving: int) -> bool:
+        return self._files.keep_headroom(leaving=leaving)

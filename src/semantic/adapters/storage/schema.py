@@ -70,6 +70,18 @@ messages = Table(
     Column("role", String, nullable=False),
     Column("content", Text, nullable=False),
     Column("created_at", Float, nullable=False),
+    Column("tool_calls", Text),
+    Column("tool_call_id", Text),
+    Column("raw", Text),
+)
+
+generated_replies = Table(
+    "generated_replies",
+    metadata,
+    Column("namespace", String, primary_key=True),
+    Column("key", String, primary_key=True),
+    Column("body", Text, nullable=False),
+    Column("created_at", Float, nullable=False),
 )
 
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
@@ -102,6 +114,15 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             WHERE system_prompt IS NOT NULL OR EXISTS (SELECT 1 FROM messages
                 WHERE messages.namespace = agents.namespace
                 AND messages.agent_id = agents.agent_id)""",
+    ),
+    (  # tool calls and results in transcripts; generated calls kept for round trips
+        "ALTER TABLE messages ADD COLUMN tool_calls TEXT",
+        "ALTER TABLE messages ADD COLUMN tool_call_id TEXT",
+        "ALTER TABLE messages ADD COLUMN raw TEXT",
+        """CREATE TABLE generated_replies (
+            namespace TEXT NOT NULL, key TEXT NOT NULL, body TEXT NOT NULL,
+            created_at REAL NOT NULL, PRIMARY KEY (namespace, key))""",
+        "CREATE INDEX generated_replies_age ON generated_replies (created_at)",
     ),
 )
 """MIGRATIONS[n] takes a database from schema version n to n + 1. Never edit one; append."""

@@ -16,7 +16,14 @@ from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from semantic.adapters.storage.block_rows import BlockRow, BlockRows
-from semantic.adapters.storage.schema import agent_blocks, agents, blocks, messages, migrate
+from semantic.adapters.storage.schema import (
+    agent_blocks,
+    agents,
+    blocks,
+    generated_replies,
+    messages,
+    migrate,
+)
 from semantic.adapters.storage.sqlite_rows import (
     QUARANTINED,
     agent_of,
@@ -28,11 +35,14 @@ from semantic.adapters.storage.sqlite_rows import (
 from semantic.domain.errors import (
     AgentExistsError,
     DataDirectoryUnusableError,
+    DiskFullError,
     StorageUnavailableError,
 )
 from semantic.ports.metadata_store import AgentRecord, BlockRecord, MessageRecord
 
 P = ParamSpec("P")
+REPLIES_KEPT_S = 7 * 24 * 3600.0
+"""How long a generated reply with tool calls is kept for its round trip (ADR 0018)."""
 R = TypeVar("R")
 
 
@@ -41,13 +51,20 @@ def _unavailable_on_failure(
 ) -> Callable[P, Coroutine[Any, Any, R]]:
     """SQLite's own failures (a read-only or full disk, a database locked past its busy
     timeout) become ``StorageUnavailableError``: the edge answers 503 naming the storage,
-    not 500. The transaction was rolled back, so nothing half-done is kept."""
+    not 500; a full disk becomes ``DiskFullError``, naming the directory, so the caller can
+    free room and try again. The transaction was rolled back, so nothing half-done is kept."""
 
     @functools.wraps(method)
     async def guarded(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return await method(*args, **kwargs)
         except OperationalError as error:
+            if _disk_full(error):
+                store = args[0]
+                where = store.path.parent if isinstance(store, SqliteMetadataStore) else "?"
+                raise DiskFullError(
+                    f"the disk holding the data directory {where} is full ({error.orig})"
+                ) from error
             raise StorageUnavailableError(f"the metadata store failed: {error.orig}") from error
         except IntegrityError as error:  # a change that raced another (a cut block), undone
             raise StorageUnavailableError(
@@ -55,6 +72,17 @@ def _unavailable_on_failure(
             ) from error
 
     return guarded
+
+
+_SQLITE_FULL = 13
+
+
+def _disk_full(error: OperationalError) -> bool:
+    """SQLite's own code for a write that found no room (``SQLITE_FULL``, any variant)."""
+    code = getattr(error.orig, "sqlite_errorcode", None)
+    return (isinstance(code, int) and code & 0xFF == _SQLITE_FULL) or "disk is full" in str(
+        error.orig
+    )
 
 
 class SqliteMetadataStore:
@@ -278,6 +306,9 @@ class SqliteMetadataStore:
                         "role": m.role,
                         "content": m.content,
                         "created_at": m.created_at or now,
+                        "tool_calls": m.tool_calls,
+                        "tool_call_id": m.tool_call_id,
+                        "raw": m.raw,
                     }
                     for m in records
                 ],
@@ -291,7 +322,12 @@ class SqliteMetadataStore:
                 .where(_agent_where(messages, namespace, agent_id))
                 .order_by(messages.c.id)
             )
-            return [MessageRecord(row.role, row.content, row.created_at) for row in rows]
+            return [
+                MessageRecord(
+                    row.role, row.content, row.created_at, row.tool_calls, row.tool_call_id, row.raw
+                )
+                for row in rows
+            ]
 
     @_unavailable_on_failure
     async def message_counts(self, namespace: str) -> dict[str, int]:
@@ -302,6 +338,32 @@ class SqliteMetadataStore:
                 .group_by(messages.c.agent_id)
             )
             return {row.agent_id: row.n for row in rows}
+
+    @_unavailable_on_failure
+    async def remember_reply(self, namespace: str, key: str, body: str) -> None:
+        """Kept for ``REPLIES_KEPT_S``: an agent loop sends a call back within minutes."""
+        now = time.time()
+        async with self._db().begin() as connection:
+            await connection.execute(
+                delete(generated_replies).where(
+                    generated_replies.c.created_at < now - REPLIES_KEPT_S
+                )
+            )
+            row = {"namespace": namespace, "key": key, "body": body, "created_at": now}
+            await connection.execute(
+                sqlite_insert(generated_replies).values(**row).on_conflict_do_nothing()
+            )
+
+    @_unavailable_on_failure
+    async def remembered_reply(self, namespace: str, key: str) -> str | None:
+        async with self._db().connect() as connection:
+            found = await connection.execute(
+                select(generated_replies.c.body).where(
+                    generated_replies.c.namespace == namespace, generated_replies.c.key == key
+                )
+            )
+            body = found.scalar()
+            return None if body is None else str(body)
 
     @contextlib.asynccontextmanager
     async def _changing_blocks(self) -> AsyncIterator[tuple[AsyncConnection, list[BlockRow]]]:

@@ -13,15 +13,16 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import errno
-import itertools
 import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from semantic.application.cache.disk_room import DiskRoom
 from semantic.application.cache.hot_index import HotBlock, HotIndex
 from semantic.application.cache.lineage import Lineage, branch_id, lineage
 from semantic.application.cache.stats import CacheStats
+from semantic.domain.errors import DiskFullError
 from semantic.ports.block_store import BlockStore
 from semantic.ports.metadata_store import AgentRecord, BlockRecord, MetadataStore
 
@@ -45,16 +46,15 @@ class Saver:
         metadata: MetadataStore,
         hot: HotIndex,
         stats: CacheStats,
-        *,
-        disk_quota_bytes: int | None,
-        disk_reserve_bytes: int = 0,
+        room: DiskRoom,
     ) -> None:
         self._store = store
         self._metadata = metadata
         self._hot = hot
         self._stats = stats
-        self._quota = disk_quota_bytes
-        self._reserve = disk_reserve_bytes
+        self._room = room
+        self._bytes_per_token = 0.0
+        """The most a block file took per token so far: what the next one will need."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: asyncio.Queue[SaveJob] | None = None
         self._task: asyncio.Task[None] | None = None
@@ -66,6 +66,7 @@ class Saver:
 
     async def start(self) -> None:
         await self.recover()
+        await asyncio.to_thread(self._room.keep_headroom)
         self._loop = asyncio.get_running_loop()
         self._queue = asyncio.Queue()
         self._task = asyncio.create_task(self._run(), name="semantic-saver")
@@ -107,7 +108,13 @@ class Saver:
         files = await asyncio.to_thread(self._store.keys)
         rows = await self._metadata.all_block_keys()
         unreferenced = await self._metadata.unreferenced_blocks()
-        await self._metadata.delete_blocks(unreferenced)
+        try:
+            await self._metadata.delete_blocks(unreferenced)
+        except DiskFullError as error:  # their files stay with their rows, till next time
+            log.warning("recovery could not drop unused block rows: %s", error)
+            rows -= set(unreferenced)
+            files -= set(unreferenced)
+            unreferenced = []
         stray = (files - rows) | set(unreferenced)
         if stray and self._metadata.created:
             await self._set_aside(sorted(stray))
@@ -158,13 +165,19 @@ class Saver:
             job = await queue.get()
             try:
                 await self._save(job)
-            except Exception:
+            except Exception as error:
                 self._stats.saves_failed += 1
                 self._hot.mark_save_failed(block.key for block in job.chain)
-                log.exception(
-                    "saving %s/%s failed; its KV stays in memory only, until memory is needed",
+                full = (
+                    isinstance(error, DiskFullError) or getattr(error, "errno", 0) == errno.ENOSPC
+                )
+                log.log(
+                    logging.WARNING if full else logging.ERROR,
+                    "saving %s/%s failed (%s); its KV stays in memory only, until memory is needed",
                     job.namespace,
                     job.agent_id,
+                    error,
+                    exc_info=not full,
                 )
             finally:
                 self._acknowledge(job.request_id)
@@ -176,19 +189,26 @@ class Saver:
             future.set_result(None)
 
     async def _save(self, job: SaveJob) -> None:
+        """Under the room's lock, so no pass a transcript write starts cuts blocks this
+        save is about to list. Files written for a save that fails go at once."""
+        async with self._room.lock:
+            written: list[str] = []
+            try:
+                await self._save_locked(job, written)
+            except BaseException:
+                await self.delete_files(written)  # no row knows them: they are nothing
+                raise
+
+    async def _save_locked(self, job: SaveJob, written: list[str]) -> None:
         keys = [block.key for block in job.chain]
         known = await self._metadata.blocks(keys)
         todo = [b for b in job.chain if b.key not in known or known[b.key].quarantined]
-        started = time.perf_counter()
         try:
-            records = await asyncio.to_thread(self._write, job.namespace, todo)
+            records = await self._write(job, todo, written)
         except OSError as error:
             if error.errno == errno.ENOSPC:  # room for the next save, if not for this one
-                await self._enforce_quota(job.namespace, job.agent_id)
+                await self._room.enforce(job.namespace, job.agent_id, chain=keys, hard=True)
             raise
-        self._stats.write_seconds += time.perf_counter() - started
-        self._stats.blocks_written += len(records)
-        self._stats.bytes_written += sum(r.nbytes for r in records)
         stored = await lineage(self._metadata, job.namespace, job.chain)
         agent_id = stored.conversation_id() if job.anonymous else job.agent_id
         if not job.anonymous:
@@ -196,14 +216,19 @@ class Saver:
         agent = AgentRecord(
             job.namespace, agent_id, tuple(keys), job.token_count, anonymous=job.anonymous
         )
-        orphans = await self._metadata.save_agent_blocks(agent, records)
+        try:
+            orphans = await self._metadata.save_agent_blocks(agent, records)
+        except DiskFullError:
+            await self._room.after_full(job.namespace, agent_id, chain=keys)
+            orphans = await self._metadata.save_agent_blocks(agent, records)
+        written.clear()  # recorded: theirs to keep
         self._hot.mark_persisted(keys)
         self._acknowledge(job.request_id)  # the reply need not wait for the cleanup below
         for branch in stored.covered_branches(agent_id):  # none for a conversation's id
             orphans += await self._metadata.delete_agent(job.namespace, branch.agent_id)
         self._hot.remove(orphans)  # superseded: kept, a deleted agent's KV would linger
         await self.delete_files(orphans)
-        await self._enforce_quota(job.namespace, agent_id)
+        await self._room.enforce(job.namespace, agent_id)
 
     async def _keep_branch(self, namespace: str, agent_id: str, stored: Lineage) -> None:
         """An agent whose new turn does not extend its stored one keeps the old block list
@@ -216,91 +241,37 @@ class Saver:
         )
         await self._metadata.save_agent_blocks(branch, [])
 
-    def _write(self, namespace: str, blocks: list[HotBlock]) -> list[BlockRecord]:
+    async def _write(
+        self, job: SaveJob, blocks: list[HotBlock], written: list[str]
+    ) -> list[BlockRecord]:
+        """Each block's file, once the room allows it (else ``ENOSPC``: the disk is kept
+        for transcripts); ``written`` names each file as it lands."""
+        started = time.perf_counter()
+        keys = [block.key for block in job.chain]
         records = []
         for block in blocks:
-            stored = self._store.save(block.key, block.present)
+            need = round(self._bytes_per_token * len(block.tokens))
+            if not await self._room.for_block(job.namespace, job.agent_id, keys, need):
+                raise OSError(errno.ENOSPC, "no room for block files above the disk's floor")
+            stored = await asyncio.to_thread(self._store.save, block.key, block.present)
+            written.append(block.key)
             records.append(
                 BlockRecord(
-                    block.key, block.parent, namespace, block.tokens, stored.nbytes, stored.checksum
+                    block.key,
+                    block.parent,
+                    job.namespace,
+                    block.tokens,
+                    stored.nbytes,
+                    stored.checksum,
                 )
             )
+            per_token = stored.nbytes / max(1, len(block.tokens))
+            self._bytes_per_token = max(self._bytes_per_token, per_token)
+        self._stats.write_seconds += time.perf_counter() - started
+        self._stats.blocks_written += len(records)
+        self._stats.bytes_written += sum(r.nbytes for r in records)
         return records
 
-    async def _enforce_quota(self, namespace: str, agent_id: str) -> None:
-        """Over the disk quota, or short of the free space to keep: drop the least recently
-        used records' blocks, oldest first, keeping only what a record left whole still
-        uses, then, if the quota still does not hold, the end of the agent just saved,
-        which keeps its prefix: the quota is a cap, not a target (the files kept to be
-        written over, ``SPARES`` of them, are outside it). A block shared by old records
-        alone (an agent and its branch, conversations with one system prompt) goes with
-        them. The reserve never cuts the agent just saved: a disk another program fills
-        would otherwise leave no agent anything cached, not even in memory."""
-        limit = await self._limit()
-        if limit is None or await self._metadata.total_block_bytes() <= limit:
-            return
-        everyone = await self._metadata.agents()
-        newest = next(
-            (a for a in everyone if (a.namespace, a.agent_id) == (namespace, agent_id)), None
-        )
-        older = sorted((a for a in everyone if a is not newest), key=lambda a: a.last_used)
-        last_user = {
-            key: rank
-            for rank, a in enumerate([*older, *([newest] if newest else [])])
-            for key in a.block_keys
-        }
-        cut = await self._records_to_cut(older, last_user, limit)
-        for agent in older[:cut]:
-            await self._cut(agent, [k for k in agent.block_keys if last_user[k] >= cut])
-        over = await self._metadata.total_block_bytes() > limit
-        if over and newest is not None and self._quota is not None:
-            await self._cut_end(newest, self._quota)
 
-    async def _records_to_cut(
-        self, older: list[AgentRecord], last_user: dict[str, int], limit: int
-    ) -> int:
-        """How many of the oldest records to cut to be within ``limit``: a block is freed
-        once every record using it is cut (all of them, if that is not enough)."""
-        excess = await self._metadata.total_block_bytes() - limit
-        for rank, agent in enumerate(older):
-            rows = await self._metadata.blocks(agent.block_keys)
-            excess -= sum(
-                rows[k].nbytes for k in set(agent.block_keys) if k in rows and last_user[k] == rank
-            )
-            if excess <= 0:
-                return rank + 1
-        return len(older)
-
-    async def _limit(self) -> int | None:
-        """The bytes block files may take now: the quota, and no more than leaves the
-        reserve free on the disk (so transcripts and the database can still be written
-        when something else fills it); None when neither applies."""
-        free = self._store.free_bytes() if self._reserve > 0 else None
-        if free is None or free >= self._reserve:
-            return self._quota
-        room = await self._metadata.total_block_bytes() - (self._reserve - free)
-        return max(0, room if self._quota is None else min(self._quota, room))
-
-    async def _cut_end(self, agent: AgentRecord, quota: int) -> None:
-        """Drop the agent's unshared blocks from its end until the quota holds."""
-        records = await self._metadata.blocks(agent.block_keys)
-        excess = await self._metadata.total_block_bytes() - quota
-        keep = list(agent.block_keys)
-        while keep and excess > 0 and keep[-1] in records and records[keep[-1]].ref_count <= 1:
-            excess -= records[keep.pop()].nbytes
-        await self._cut(agent, keep)
-
-    async def _cut(self, agent: AgentRecord, keep: Sequence[str]) -> None:
-        """Keep only the agent's first blocks while they are in ``keep``."""
-        records, wanted = await self._metadata.blocks(agent.block_keys), set(keep)
-        kept = list(itertools.takewhile(lambda k: k in wanted and k in records, agent.block_keys))
-        if len(kept) == len(agent.block_keys):
-            return
-        if kept or not agent.anonymous:
-            tokens = sum(records[k].n_tokens for k in kept)
-            shorter = dataclasses.replace(agent, block_keys=tuple(kept), token_count=tokens)
-            orphans = await self._metadata.save_agent_blocks(shorter, [], create=False)
-        else:  # a conversation or branch with nothing left is nothing
-            orphans = await self._metadata.delete_agent(agent.namespace, agent.agent_id)
-        self._hot.remove(orphans)
-        await self.delete_files(orphans)
+def _no_space(error: Exception) -> bool:
+    return isinstance(error, OSError) and error.errno == errno.ENOSPC

@@ -32,6 +32,8 @@ class CacheStats:
     bytes_written: int = 0
     write_seconds: float = 0.0
     saves_failed: int = 0
+    blocks_evicted: int = 0
+    """Blocks dropped from disk to keep the quota or the disk's free space."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def count_restore(self, restored: Restored, before: Restored = Restored()) -> None:

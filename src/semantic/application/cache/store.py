@@ -13,12 +13,13 @@ import functools
 import itertools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from semantic.application.active_request import StoredPrefix
+from semantic.application.cache.disk_room import DISK_FLOOR_BYTES, DiskRoom, DiskState
 from semantic.application.cache.hot_index import CACHE_OWNER, HotBlock, HotIndex
 from semantic.application.cache.lineage import ANONYMOUS_AGENT
 from semantic.application.cache.loader import BlockLoader, LoadOutcome
@@ -36,6 +37,8 @@ from semantic.ports.block_store import BlockStore
 from semantic.ports.metadata_store import BlockRecord, MetadataStore
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 Fetched = HotBlock | LoadOutcome
 """A block pinned in memory, or why it could not be."""
@@ -67,6 +70,9 @@ class CacheConfig:
     disk_reserve_bytes: int = 0
     """Free space to keep on the data directory's disk: blocks are dropped, least recently
     used first, when less is left."""
+    disk_floor_bytes: int = DISK_FLOOR_BYTES
+    """Free space below which no block file is written, and a transcript write takes even
+    its own agent's blocks: the database's room (``disk_room``)."""
 
 
 @dataclass
@@ -99,14 +105,16 @@ class AgentCacheStore:
             pool, spec, block_store, metadata=metadata, hot=self.hot, stats=self.stats
         )
         config = config or CacheConfig()
-        self._saver = Saver(
+        self._room = DiskRoom(
             block_store,
             metadata,
             self.hot,
             self.stats,
-            disk_quota_bytes=config.disk_quota_bytes,
-            disk_reserve_bytes=config.disk_reserve_bytes,
+            quota=config.disk_quota_bytes,
+            reserve=config.disk_reserve_bytes,
+            floor=config.disk_floor_bytes,
         )
+        self._saver = Saver(block_store, metadata, self.hot, self.stats, room=self._room)
         self._pins = itertools.count(1)
         self._readers = LaneReaders()
 
@@ -121,6 +129,21 @@ class AgentCacheStore:
 
     async def flush(self) -> None:
         await self._saver.flush()
+
+    @property
+    def disk(self) -> DiskState:
+        """Free space on the data directory's disk, and whether writes are being refused."""
+        return self._room.state
+
+    def check_room(self) -> None:
+        """Raises ``DiskFullError`` while the disk is as full as when a write was last
+        refused: a turn that could not be kept is refused before its reply is computed."""
+        self._room.check()
+
+    async def keeping(self, namespace: str, agent_id: str, write: Callable[[], Awaitable[T]]) -> T:
+        """A metadata write with room made for it on the disk, cached KV giving way first
+        (``DiskRoom.keeping``); raises ``DiskFullError`` when nothing of ours is left."""
+        return await self._room.keeping(namespace, agent_id, write)
 
     def root(self, namespace: str) -> str:
         return chain_root(self._fingerprint, namespace)

@@ -1,0 +1,137 @@
+"""Anthropic's tool shapes to the domain's and back: ``tools`` (``input_schema``),
+``tool_choice`` (with ``disable_parallel_tool_use``), ``tool_use`` and ``tool_result``
+blocks in the history, and a reply's calls as ``tool_use`` blocks."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from semantic.application.tool_replies import Call
+from semantic.domain.chat import ChatMessage
+from semantic.domain.errors import InvalidRequestError
+from semantic.domain.tools import ToolCall, ToolChoice, ToolUse, checked_tools, tool_use
+
+_TOOL_FIELDS = frozenset({"name", "description", "input_schema", "type", "cache_control"})
+_CHOICES = {
+    "auto": ToolChoice.AUTO,
+    "any": ToolChoice.REQUIRED,
+    "tool": ToolChoice.NAMED,
+    "none": ToolChoice.NONE,
+}
+
+
+def new_tool_use_id() -> str:
+    return f"toolu_{uuid.uuid4().hex[:24]}"
+
+
+def anthropic_tool_use(
+    tools: list[dict[str, Any]] | None, choice: dict[str, Any] | None
+) -> ToolUse | None:
+    specs = [_tool(tool, index) for index, tool in enumerate(tools or [])]
+    kind = (choice or {}).get("type", "auto")
+    if kind not in _CHOICES:
+        raise InvalidRequestError(
+            f"tool_choice type must be one of {sorted(_CHOICES)}, got {kind!r}",
+            param="tool_choice",
+        )
+    unknown = set(choice or {}) - {"type", "name", "disable_parallel_tool_use"}
+    if unknown:
+        field = sorted(unknown)[0]
+        raise InvalidRequestError(f"tool_choice has no field {field!r}", param="tool_choice")
+    named = (choice or {}).get("name")
+    if kind == "tool" and not isinstance(named, str):
+        raise InvalidRequestError("tool_choice of type 'tool' needs a name", param="tool_choice")
+    serial = (choice or {}).get("disable_parallel_tool_use")
+    if serial is not None and not isinstance(serial, bool):
+        raise InvalidRequestError(
+            "tool_choice.disable_parallel_tool_use must be true or false", param="tool_choice"
+        )
+    return tool_use(checked_tools(specs), _CHOICES[kind], named, not serial)
+
+
+def _tool(tool: object, index: int) -> tuple[object, object, object]:
+    where = f"tools[{index}]"
+    if not isinstance(tool, dict):
+        raise InvalidRequestError(f"{where} must be an object", param="tools")
+    if tool.get("type", "custom") != "custom":
+        raise InvalidRequestError(
+            f"{where}: server tools ({tool.get('type')!r}) are not supported; only custom "
+            "tools with an input_schema",
+            param="tools",
+        )
+    unknown = set(tool) - _TOOL_FIELDS
+    if unknown:
+        raise InvalidRequestError(
+            f"{where}: a tool has no field {sorted(unknown)[0]!r}", param="tools"
+        )
+    if "input_schema" not in tool:
+        raise InvalidRequestError(f"{where} needs its input_schema", param="tools")
+    return tool.get("name"), tool.get("description"), tool["input_schema"]
+
+
+def history_message(role: str, blocks: Sequence[Any]) -> list[ChatMessage]:
+    """A message's blocks, where some are ``tool_use`` (an assistant's) or ``tool_result``
+    (a user's): the results first, as tool messages, then the user's own text."""
+    texts: list[str] = []
+    calls: list[ToolCall] = []
+    results: list[ChatMessage] = []
+    for block in blocks:
+        if block.type == "text":
+            texts.append(block.text or "")
+        elif block.type == "tool_use" and role == "assistant":
+            calls.append(_call(block))
+        elif block.type == "tool_result" and role == "user":
+            results.append(_result(block))
+        else:
+            raise InvalidRequestError(
+                f"content block type {block.type!r} is not supported in a {role} message",
+                param="messages",
+            )
+    text = "".join(texts)
+    if role == "assistant":
+        return [ChatMessage("assistant", text, tool_calls=tuple(calls))]
+    return results + ([ChatMessage("user", text)] if text or not results else [])
+
+
+def _call(block: Any) -> ToolCall:
+    if not isinstance(block.id, str) or not isinstance(block.name, str):
+        raise InvalidRequestError("a tool_use block needs its id and name", param="messages")
+    if not isinstance(block.input, dict):
+        raise InvalidRequestError("a tool_use block's input must be an object", param="messages")
+    return ToolCall(block.id, block.name, json.dumps(block.input, ensure_ascii=False))
+
+
+def _result(block: Any) -> ChatMessage:
+    if not isinstance(block.tool_use_id, str):
+        raise InvalidRequestError("a tool_result block needs its tool_use_id", param="messages")
+    content = block.content
+    if isinstance(content, list):
+        if any(not isinstance(p, dict) or p.get("type") != "text" for p in content):
+            raise InvalidRequestError(
+                "a tool_result's content blocks must be text blocks", param="messages"
+            )
+        content = "".join(str(p.get("text", "")) for p in content)
+    if content is not None and not isinstance(content, str):
+        raise InvalidRequestError(
+            "a tool_result's content must be a string or text blocks", param="messages"
+        )
+    if block.is_error is not None and not isinstance(block.is_error, bool):
+        raise InvalidRequestError(
+            "a tool_result's is_error must be true or false", param="messages"
+        )
+    text = content or ""
+    if block.is_error:
+        text = f"Error: {text}"
+    return ChatMessage("tool", text, tool_call_id=block.tool_use_id)
+
+
+def tool_use_block(call: Call) -> dict[str, Any]:
+    return {
+        "type": "tool_use",
+        "id": call.id,
+        "name": call.name,
+        "input": json.loads(call.arguments),
+    }

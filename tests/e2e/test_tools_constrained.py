@@ -1,0 +1,420 @@
+"""Replies that must be tool calls or JSON of a schema, on the embedded 135M model.
+
+Every test here needs the engine to generate under the request's ``OutputConstraint``
+(issue 34 item 4): without it, a model this small rarely writes a call at all. The edge
+builds the constraint (``GenerationInput.constraint``); these tests show the whole path.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import jsonschema
+import openai
+import pytest
+from reliability.server import ServerProcess
+
+pytestmark = pytest.mark.model
+
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 40},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7},
+    },
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+TIME = {
+    "type": "object",
+    "properties": {"timezone": {"type": "string", "maxLength": 40}},
+    "required": ["timezone"],
+    "additionalProperties": False,
+}
+TOOLS: list[Any] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather forecast for a city",
+            "parameters": WEATHER,
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "description": "The time in a timezone",
+            "parameters": TIME,
+        },
+    },
+]
+SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
+PROMPTS = [
+    f"{ask} {place}?"
+    for ask in (
+        "What is the weather in",
+        "Will it rain in",
+        "How warm is it in",
+        "Forecast for",
+        "What time is it in",
+    )
+    for place in ("Paris", "Tokyo", "Lima", "Oslo")
+]
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 30},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "hobbies": {"type": "array", "items": {"type": "string", "maxLength": 20}, "maxItems": 3},
+    },
+    "required": ["name", "age", "hobbies"],
+    "additionalProperties": False,
+}
+
+
+def oai(server: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+
+def each(prompts: list[str], ask: Callable[[str], Any]) -> list[Any]:
+    with ThreadPoolExecutor(4) as pool:
+        return list(pool.map(ask, prompts))
+
+
+def test_forced_tool_choice_gives_valid_calls_20_of_20(server: ServerProcess) -> None:
+    client = oai(server)
+
+    def ask(prompt: str) -> Any:
+        named = "get_time" if "time" in prompt else "get_weather"
+        choice: Any = (
+            "required"
+            if prompt.endswith(("Paris?", "Lima?"))
+            else {"type": "function", "function": {"name": named}}
+        )
+        return client.chat.completions.create(
+            model="default",
+            messages=[{"role": "user", "content": prompt}],
+            tools=TOOLS,
+            tool_choice=choice,
+            temperature=0,
+            max_tokens=120,
+        )
+
+    replies = each(PROMPTS, ask)
+    assert len(replies) == 20
+    for prompt, reply in zip(PROMPTS, replies, strict=True):
+        choice = reply.choices[0]
+        assert choice.finish_reason == "tool_calls", (prompt, choice)
+        for call in choice.message.tool_calls:
+            assert call.id.startswith("call_")
+            jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+
+
+def test_openai_tool_round_trip_streams_alike_and_keeps_the_cache(
+    new_server: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    """Call, result, final answer; the streamed call is the unstreamed one; the next
+    request reuses the prompt and the generated call, also after a restart."""
+    data = tmp_path / "data"
+    first = new_server(data_dir=data)
+    asked = [
+        {"role": "system", "content": "You help with weather."},
+        {"role": "user", "content": "What is the weather in Paris?"},
+    ]
+    body: dict[str, Any] = {
+        "model": "default",
+        "messages": asked,
+        "tools": TOOLS,
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+        "temperature": 0,
+        "max_tokens": 120,
+    }
+    reply = oai(first).chat.completions.create(**body)
+    [call] = reply.choices[0].message.tool_calls or []
+    streamed = oai(first).chat.completions.create(**body, stream=True)
+    pieces: dict[int, dict[str, str]] = {}
+    for chunk in streamed:
+        for delta in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            entry = pieces.setdefault(delta.index, {"id": "", "name": "", "arguments": ""})
+            entry["id"] += delta.id or ""
+            entry["name"] += (delta.function.name or "") if delta.function else ""
+            entry["arguments"] += (delta.function.arguments or "") if delta.function else ""
+    assert [(p["name"], p["arguments"]) for p in pieces.values()] == [
+        (call.function.name, call.function.arguments)
+    ]
+    assert first.stop() == 0
+
+    second = new_server(data_dir=data)  # the cache and the call's memory are on disk
+    resent = json.dumps(json.loads(call.function.arguments), indent=2, sort_keys=True)
+    sent_back = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.function.name, "arguments": resent},
+            }
+        ],
+    }
+    result = {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 21 C"}
+    final = oai(second).chat.completions.create(
+        **{**body, "messages": [*asked, sent_back, result], "tool_choice": "none", "max_tokens": 30}
+    )
+    assert final.choices[0].finish_reason in ("stop", "length")
+    assert final.choices[0].message.content
+    assert reply.usage is not None
+    assert final.usage is not None
+    before = reply.usage.prompt_tokens + reply.usage.completion_tokens
+    details = final.usage.prompt_tokens_details
+    assert details is not None
+    cached = details.cached_tokens or 0
+    assert cached >= 0.95 * before, (cached, before)
+
+
+def test_a_constrained_call_cut_by_max_tokens_is_text_of_length(server: ServerProcess) -> None:
+    reply = oai(server).chat.completions.create(
+        model="default",
+        messages=[{"role": "user", "content": "Weather in Oslo?"}],
+        tools=TOOLS,
+        tool_choice="required",
+        temperature=0,
+        max_tokens=6,
+    )
+    choice = reply.choices[0]
+    assert choice.finish_reason == "length"
+    assert not choice.message.tool_calls
+    assert (choice.message.content or "").startswith("<tool_call>")
+    cut = anthropic.Anthropic(base_url=server.url, api_key="unused").messages.create(
+        model="default",
+        max_tokens=6,
+        messages=[{"role": "user", "content": "Weather in Oslo?"}],
+        tools=[{"name": "get_weather", "input_schema": WEATHER}],
+        tool_choice={"type": "any"},
+    )
+    assert cut.stop_reason == "max_tokens"
+    assert [block.type for block in cut.content] == ["text"]
+
+
+def test_anthropic_tool_use_round_trip(server: ServerProcess) -> None:
+    client = anthropic.Anthropic(base_url=server.url, api_key="unused")
+    tools: list[Any] = [
+        {"name": "get_weather", "description": "Weather forecast", "input_schema": WEATHER}
+    ]
+    asked: list[Any] = [{"role": "user", "content": "What is the weather in Lima?"}]
+    body: dict[str, Any] = {
+        "model": "default",
+        "max_tokens": 120,
+        "tools": tools,
+        "tool_choice": {"type": "any"},
+        "extra_body": {"temperature": 0},
+    }
+    reply = client.messages.create(messages=asked, **body)
+    assert reply.stop_reason == "tool_use"
+    [used] = [b for b in reply.content if b.type == "tool_use"]
+    assert used.id.startswith("toolu_")
+    jsonschema.validate(used.input, WEATHER)
+    with client.messages.stream(messages=asked, **body) as stream:
+        streamed = stream.get_final_message()
+    assert [(b.name, b.input) for b in streamed.content if b.type == "tool_use"] == [
+        (used.name, used.input)
+    ]
+    result = {
+        "type": "tool_result",
+        "tool_use_id": used.id,
+        "content": [{"type": "text", "text": "Sunny"}],
+    }
+    history = [
+        *asked,
+        {"role": "assistant", "content": [b.model_dump() for b in reply.content]},  # as dumped
+        {"role": "user", "content": [result]},
+    ]
+    final = client.messages.create(
+        messages=history, **{**body, "tool_choice": {"type": "none"}, "max_tokens": 30}
+    )
+    assert final.stop_reason in ("end_turn", "max_tokens")
+    assert final.content[0].type == "text"
+    before = (
+        reply.usage.input_tokens
+        + (reply.usage.cache_read_input_tokens or 0)
+        + reply.usage.output_tokens
+    )
+    assert (final.usage.cache_read_input_tokens or 0) >= 0.95 * before
+
+
+def test_json_schema_strict_validates_and_json_object_parses_20_of_20(
+    server: ServerProcess,
+) -> None:
+    client = oai(server)
+    people = [
+        f"Describe a person named {n} who likes {h}."
+        for n in ("Ann", "Bo", "Cy", "Di", "Ed")
+        for h in ("chess", "tea", "maps", "boats")
+    ]
+    strict = {
+        "type": "json_schema",
+        "json_schema": {"name": "person", "strict": True, "schema": PERSON},
+    }
+
+    def ask(fmt: Any) -> Callable[[str], Any]:
+        return lambda prompt: client.chat.completions.create(
+            model="default",
+            messages=[{"role": "user", "content": prompt}],
+            response_format=fmt,
+            temperature=0,
+            max_tokens=300,
+        )
+
+    for reply in each(people, ask(strict)):
+        assert reply.choices[0].finish_reason == "stop"
+        jsonschema.validate(json.loads(reply.choices[0].message.content or ""), PERSON)
+    as_json = [  # OpenAI asks that such a request say "JSON"
+        f'Reply in JSON with the keys "name" and "hobby": a person named {n} who likes {h}.'
+        for n in ("Ann", "Bo", "Cy", "Di", "Ed")
+        for h in ("chess", "tea", "maps", "boats")
+    ]
+    for reply in each(as_json, ask({"type": "json_object"})):
+        assert reply.choices[0].finish_reason == "stop"
+        assert isinstance(json.loads(reply.choices[0].message.content or ""), dict)
+
+
+def test_an_agents_calls_and_results_are_kept_in_its_transcript_and_forks(
+    server: ServerProcess,
+) -> None:
+    api = f"{server.url}/v1/agents"
+    agent = f"caller-{uuid.uuid4().hex[:8]}"
+    assert (
+        httpx.post(api, json={"id": agent, "system_prompt": "You help with weather."}).status_code
+        == 201
+    )
+    called = httpx.post(
+        f"{api}/{agent}/messages",
+        json={
+            "content": "Weather in Tokyo?",
+            "tools": TOOLS,
+            "tool_choice": "required",
+            "parallel_tool_calls": False,
+            "max_tokens": 120,
+        },
+        timeout=120,
+    ).json()
+    assert called["finish_reason"] == "tool_calls"
+    [call] = called["tool_calls"]
+    jsonschema.validate(
+        json.loads(call["function"]["arguments"]), SCHEMAS[call["function"]["name"]]
+    )
+    answered = httpx.post(
+        f"{api}/{agent}/messages",
+        json={
+            "role": "tool",
+            "tool_call_id": call["id"],
+            "content": "Rain",
+            "tools": TOOLS,
+            "tool_choice": "none",
+            "max_tokens": 20,
+        },
+        timeout=120,
+    ).json()
+    assert answered["finish_reason"] in ("stop", "length")
+    before = called["usage"]["prompt_tokens"] + called["usage"]["completion_tokens"]
+    assert answered["usage"]["cached_tokens"] >= 0.95 * before
+    assert httpx.post(f"{api}/{agent}/fork", json={"id": f"{agent}-b"}).status_code == 201
+    for name in (agent, f"{agent}-b"):
+        listed = httpx.get(f"{api}/{name}/messages").json()["data"]
+        assert [m["role"] for m in listed] == ["user", "assistant", "tool", "assistant"]
+        assert listed[1]["tool_calls"][0]["id"] == call["id"]
+        assert listed[2]["tool_call_id"] == call["id"]
+
+
+def test_the_openai_agents_sdk_runs_a_function_tool_and_a_handoff(server: ServerProcess) -> None:
+    from agents import (
+        Agent,
+        ModelSettings,
+        OpenAIChatCompletionsModel,
+        Runner,
+        function_tool,
+        set_tracing_disabled,
+    )
+
+    set_tracing_disabled(True)
+    model = OpenAIChatCompletionsModel(
+        model="default",
+        openai_client=openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused"),
+    )
+    called: list[str] = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        called.append(city)
+        return f"Sunny in {city}"
+
+    settings = ModelSettings(temperature=0, max_tokens=60, tool_choice="required")
+    agent = Agent(
+        name="weather",
+        instructions="Use the tool.",
+        tools=[get_weather],
+        model=model,
+        model_settings=settings,
+    )
+    result = Runner.run_sync(agent, "What is the weather in Paris?", max_turns=5)
+    assert called
+    assert isinstance(result.final_output, str)
+    assert result.final_output
+    french = Agent(
+        name="french",
+        instructions="Answer in French.",
+        model=model,
+        model_settings=ModelSettings(temperature=0, max_tokens=20),
+    )
+    triage = Agent(
+        name="triage",
+        instructions="Hand off to french.",
+        handoffs=[french],
+        model=model,
+        model_settings=settings,
+    )
+    handed = Runner.run_sync(triage, "Bonjour!", max_turns=5)
+    assert handed.last_agent.name == "french"
+    assert handed.final_output
+
+
+def test_langchain_binds_tools_and_returns_structured_output(server: ServerProcess) -> None:
+    from langchain_openai import ChatOpenAI
+    from pydantic import BaseModel, Field, SecretStr
+
+    llm = ChatOpenAI(
+        base_url=f"{server.url}/v1",
+        api_key=SecretStr("unused"),
+        model="default",
+        temperature=0,
+        max_completion_tokens=120,
+    )
+
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        return "Sunny"
+
+    message = llm.bind_tools([get_weather], tool_choice="get_weather").invoke(
+        "What is the weather in Paris?"
+    )
+    [call] = message.tool_calls
+    assert call["name"] == "get_weather"
+    assert isinstance(call["args"]["city"], str)
+
+    class Person(BaseModel):
+        name: str = Field(max_length=30)
+        age: int = Field(ge=0, le=150)
+
+    person = llm.with_structured_output(Person).invoke("Ann is 31 years old.")
+    assert isinstance(person, Person)

@@ -1,0 +1,293 @@
+"""Tools on the edge: checks every protocol shares, the default tool-call format, reading a
+reply's calls as it streams, and the memory that renders a generated call again."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+
+from semantic.adapters.http.tool_translate import named_refusal, response_schema
+from semantic.adapters.tool_formats import DefaultFormat, format_for
+from semantic.application.call_memory import CallMemory
+from semantic.application.tool_replies import ReplyReader
+from semantic.domain.chat import ChatMessage, check_tool_answers
+from semantic.domain.constraints import UnsupportedSchemaError
+from semantic.domain.errors import InvalidRequestError
+from semantic.domain.tools import (
+    Tool,
+    ToolCall,
+    ToolChoice,
+    ToolUse,
+    checked_tools,
+    tool_use,
+)
+from tests.unit.storage_fakes import FakeMetadataStore
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+
+
+_COUNTER = itertools.count()
+
+
+def use(tools: tuple[Tool, ...], choice: ToolChoice, named: str | None, parallel: bool) -> ToolUse:
+    found = tool_use(tools, choice, named, parallel)
+    assert found is not None
+    return found
+
+
+def new_id() -> str:
+    return f"call_{next(_COUNTER)}"
+
+
+@pytest.mark.parametrize(
+    ("tools", "says"),
+    [
+        ([("get weather", None, WEATHER)], "must match"),
+        ([("x" * 65, None, WEATHER)], "must match"),
+        ([("a", None, WEATHER), ("a", None, WEATHER)], "used twice"),
+        ([("a", None, {"type": "string"})], "JSON Schema of an object"),
+        ([("a", None, [1])], "JSON Schema of an object"),
+        ([("a", None, {"type": "object", "not": {}})], "'not'"),
+        ([("a", None, {"properties": {"b": {"$ref": "https://x.org/s.json"}}})], "'$ref'"),
+        ([("a", 3, WEATHER)], "description"),
+    ],
+)
+def test_malformed_tools_are_refused_naming_the_field(tools: list, says: str) -> None:  # type: ignore[type-arg]  # tuples as a request gives them
+    with pytest.raises(InvalidRequestError, match="tools") as refused:
+        checked_tools(tools)
+    assert refused.value.param == "tools"
+    assert says in str(refused.value)
+
+
+def test_unsupported_keywords_are_their_own_error_and_local_refs_pass() -> None:
+    with pytest.raises(UnsupportedSchemaError) as refused:
+        checked_tools([("a", None, {"type": "object", "if": {}})])
+    assert refused.value.keywords == ("if",)
+    schema = {"type": "object", "properties": {"n": {"$ref": "#/$defs/n"}}, "$defs": {"n": {}}}
+    assert checked_tools([("a", None, schema)])[0].schema == schema
+    named_not = {"type": "object", "properties": {"not": {"type": "string"}}}
+    assert checked_tools([("a", None, named_not)])  # a property may be called "not"
+
+
+def test_tool_choice_must_name_one_of_the_tools() -> None:
+    tools = checked_tools([("get_weather", "Weather", WEATHER)])
+    with pytest.raises(InvalidRequestError, match="not one of the tools"):
+        tool_use(tools, ToolChoice.NAMED, "get_time", True)
+    with pytest.raises(InvalidRequestError, match="needs tools"):
+        tool_use((), ToolChoice.REQUIRED, None, True)
+    assert tool_use((), ToolChoice.AUTO, None, True) is None
+
+
+def test_a_tool_message_must_answer_an_earlier_call() -> None:
+    call = ToolCall("call_1", "get_weather", '{"city": "Paris"}')
+    asked = [ChatMessage("user", "Hi"), ChatMessage("assistant", "", tool_calls=(call,))]
+    check_tool_answers([*asked, ChatMessage("tool", "Sunny", tool_call_id="call_1")])
+    with pytest.raises(InvalidRequestError, match="answers no call"):
+        check_tool_answers([*asked, ChatMessage("tool", "Sunny", tool_call_id="call_2")])
+
+
+def test_the_default_format_constrains_and_reads_its_own_calls() -> None:
+    fmt = DefaultFormat()
+    tools = checked_tools([("get_weather", "Weather", WEATHER), ("get_time", None, None)])
+    required = fmt.constraint(use(tools, ToolChoice.REQUIRED, None, False))
+    assert required is not None
+    assert required.require_call
+    assert required.max_calls == 1
+    assert [c.begin for c in required.calls] == [
+        '<tool_call>{"name": "get_weather", "arguments": ',
+        '<tool_call>{"name": "get_time", "arguments": ',
+    ]
+    assert {c.end for c in required.calls} == {"}</tool_call>"}
+    named = fmt.constraint(use(tools, ToolChoice.NAMED, "get_time", True))
+    assert named is not None
+    assert named.calls[0].begin.endswith('"get_time", "arguments": ')
+    auto = fmt.constraint(use(tools, ToolChoice.AUTO, None, True))
+    assert auto is not None
+    assert auto.triggers == ("<tool_call>",)
+    assert auto.max_calls == 2  # one per tool offered
+    assert not auto.require_call
+    assert fmt.constraint(use(tools, ToolChoice.NONE, None, True)) is None
+    written = required.calls[0].begin + '{"city":"Paris"}' + required.calls[0].end
+    both = written + "\n" + required.calls[1].begin + "{}" + required.calls[1].end
+    calls = fmt.parse_calls(both)
+    assert calls is not None
+    assert [(c.name, c.arguments) for c in calls] == [
+        ("get_weather", '{"city":"Paris"}'),
+        ("get_time", "{}"),
+    ]
+    for broken in (written[:-3], written + " and more", '<tool_call>{"name": 1}</tool_call>'):
+        assert fmt.parse_calls(broken) is None
+
+
+def test_the_default_format_renders_calls_and_results_as_plain_turns() -> None:
+    fmt = DefaultFormat()
+    tools = checked_tools([("get_weather", "Weather", WEATHER)])
+    call = ToolCall("call_1", "get_weather", '{"city": "Paris"}')
+    turns, listed = fmt.render(
+        [
+            ChatMessage("user", "Weather?"),
+            ChatMessage("assistant", "Let me look.", tool_calls=(call,)),
+            ChatMessage("tool", "Sunny", tool_call_id="call_1"),
+        ],
+        tools,
+    )
+    assert listed is None
+    assert [t["role"] for t in turns] == ["system", "user", "assistant", "user"]
+    assert '"name": "get_weather"' in turns[0]["content"]
+    assert turns[2]["content"] == (
+        'Let me look.\n<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}'
+        "</tool_call>"
+    )
+    assert turns[3]["content"] == "<tool_response>\nSunny\n</tool_response>"
+
+
+def test_templates_that_take_tools_get_their_family_format() -> None:
+    assert format_for("{{ messages }}").name == "default"
+    assert format_for("{% if tools %}<tool_call>{% endif %}").name == "hermes"
+    assert format_for("{% if tools %}[TOOL_CALLS]{% endif %}").name == "mistral"
+    assert format_for('{% if tools %}"parameters"<|python_tag|>{% endif %}').name == "llama3"
+
+
+CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+
+
+def read(pieces: list[str], fmt: DefaultFormat | None) -> tuple[str, object]:
+    reader = ReplyReader(fmt, new_id)
+    shown = "".join(reader.feed(p) for p in pieces)
+    rest, reply = reader.finish()
+    return shown + rest, reply
+
+
+def test_the_reader_passes_text_on_and_holds_a_call_to_the_end() -> None:
+    pieces = [
+        "Let me ",
+        "look.\n<tool",
+        '_call>{"name": ',
+        '"get_weather", "arguments": {"ci',
+        'ty": "Paris"}}</tool_call>',
+    ]
+    reader = ReplyReader(DefaultFormat(), new_id)
+    shown = [reader.feed(p) for p in pieces]
+    assert shown == ["Let me", " look.", "", "", ""]  # spaces held until text follows
+    rest, reply = reader.finish()
+    assert rest == ""
+    assert reply.content == "Let me look."
+    assert reply.raw == "".join(pieces)
+    [call] = reply.calls
+    assert (call.name, call.arguments) == ("get_weather", '{"city": "Paris"}')
+    assert call.pieces == ('{"ci', 'ty": "Paris"}')  # as the text came
+    assert call.id.startswith("call_")
+
+
+def test_a_reply_cut_inside_a_call_is_its_text_and_no_call() -> None:
+    shown, reply = read(["Sure. ", CALL[:30]], DefaultFormat())
+    assert shown == "Sure. " + CALL[:30]
+    assert reply.calls == ()  # type: ignore[attr-defined]  # a Reply
+    assert reply.content == shown  # type: ignore[attr-defined]  # a Reply
+
+
+def test_text_that_only_looks_like_a_call_start_is_passed_on() -> None:
+    shown, _ = read(["a <tool", " b"], DefaultFormat())
+    assert shown == "a <tool b"
+    assert read(["plain ", "text"], None)[0] == "plain text"
+
+
+async def test_a_generated_call_is_rendered_as_written_when_sent_back() -> None:
+    store = FakeMetadataStore()
+    memory = CallMemory(store)
+    call_text = '{"name": "get_weather", "arguments": {"city":"Paris","days":2}}'
+    raw = f"Looking.<tool_call>{call_text}</tool_call>"
+    reader = ReplyReader(DefaultFormat(), new_id)
+    reader.feed(raw)
+    _, reply = reader.finish()
+    await memory.remember("ns", reply)
+    [call] = reply.calls
+    resent = json.dumps({"days": 2, "city": "Paris"}, indent=1)  # other spacing and order
+    back = ChatMessage("assistant", "Looking.", tool_calls=(ToolCall(call.id, call.name, resent),))
+    asked = ChatMessage("user", "Weather?")
+    assert await memory.restore("ns", [asked, back]) == [asked, ChatMessage("assistant", raw)]
+    for changed in (
+        ChatMessage("assistant", "Looking.", tool_calls=(ToolCall(call.id, call.name, "{}"),)),
+        ChatMessage("assistant", "Other.", tool_calls=(ToolCall(call.id, call.name, resent),)),
+    ):
+        assert await memory.restore("ns", [changed]) == [changed]
+    assert await memory.restore("other", [back]) == [back]  # kept per namespace
+
+
+@pytest.mark.parametrize(
+    ("response_format", "says"),
+    [
+        ({"type": "xml"}, "type must be"),
+        ({"type": "json_object", "schema": {}}, "no field 'schema'"),
+        ({"type": "json_schema"}, "json_schema must be an object"),
+        ({"type": "json_schema", "json_schema": {"schema": {}}}, "name"),
+        ({"type": "json_schema", "json_schema": {"name": "a", "schema": []}}, "schema"),
+        ({"type": "json_schema", "json_schema": {"name": "a", "strict": "yes"}}, "strict"),
+        ({"type": "json_schema", "json_schema": {"name": "a", "extra": 1}}, "no field 'extra'"),
+    ],
+)
+def test_a_malformed_response_format_is_refused(response_format: dict, says: str) -> None:  # type: ignore[type-arg]  # as a request gives it
+    with pytest.raises(InvalidRequestError) as refused:
+        response_schema(response_format)
+    assert refused.value.param == "response_format"
+    assert says in str(refused.value)
+
+
+def test_response_formats_become_schemas() -> None:
+    assert response_schema(None) is None
+    assert response_schema({"type": "text"}) is None
+    assert json.loads(response_schema({"type": "json_object"}) or "") == {"type": "object"}
+    strict = {"name": "a", "strict": True, "schema": WEATHER}
+    assert (
+        json.loads(response_schema({"type": "json_schema", "json_schema": strict}) or "") == WEATHER
+    )
+    unsupported = {"type": "object", "not": {"type": "null"}}
+    with pytest.raises(UnsupportedSchemaError):
+        response_schema({"type": "json_schema", "json_schema": {**strict, "schema": unsupported}})
+    loose = {"name": "a", "strict": False, "schema": unsupported}
+    assert response_schema({"type": "json_schema", "json_schema": loose}) == "{}"
+
+
+def test_a_schema_the_engine_refuses_is_named_by_the_requests_field() -> None:
+    tools = checked_tools([("get_weather", None, WEATHER), ("get_time", None, None)])
+    compiled = UnsupportedSchemaError("keyword 'format' refused", keywords=("format",))
+    named = named_refusal(
+        UnsupportedSchemaError("x", keywords=("format",), call_index=1),
+        use(tools, ToolChoice.AUTO, None, True),
+    )
+    assert named.param == "tools"
+    assert "get_time" in str(named)
+    assert named.keywords == ("format",)
+    assert named_refusal(compiled, None).param == "response_format"
+
+
+@pytest.mark.parametrize(
+    ("template", "written"),
+    [
+        (
+            "tools <tool_call>",
+            '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>',
+        ),
+        (
+            "tools [TOOL_CALLS]",
+            '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo"}}]',
+        ),
+        ('tools "parameters"', '{"name": "get_weather", "parameters": {"city": "Oslo"}}'),
+    ],
+)
+def test_each_template_family_reads_the_calls_its_constraint_writes(
+    template: str, written: str
+) -> None:
+    fmt = format_for(template)
+    tools = checked_tools([("get_weather", None, WEATHER)])
+    constraint = fmt.constraint(use(tools, ToolChoice.AUTO, None, True))
+    assert constraint is not None
+    [tagged] = constraint.calls
+    assert tagged.begin + '{"city": "Oslo"}' + tagged.end == written
+    assert tagged.begin.startswith(constraint.triggers[0])
+    reader = ReplyReader(fmt, new_id)
+    assert reader.feed("Sure. " + written) == "Sure."
+    _, reply = reader.finish()
+    assert [(c.name, c.arguments) for c in reply.calls] == [("get_weather", '{"city": "Oslo"}')]
