@@ -97,12 +97,12 @@ def decode_rates(bench: Bench) -> None:
         print(f"decode, {streams:>2} streams: {engine_rate(bench, streams):7.1f} tokens/s")
 
 
-def conformance(device: str) -> None:
+def conformance(device: str, tokenizer: Path) -> None:
     folder = REPO / "tests" / "conformance"
     if not folder.is_dir():
         print("no tests/conformance in this checkout: nothing to run")
         return
-    env = {**os.environ, "SEMANTIC_TEST_DEVICE": device}
+    env = {**os.environ, "SEMANTIC_TEST_DEVICE": device, "SEMANTIC_TEST_TOKENIZER": str(tokenizer)}
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(folder)],
         cwd=REPO,
@@ -133,7 +133,7 @@ def main() -> None:
             lambda: next_turn_from_disk(model, args.device, bench, args.history),
         )
         check.part("decode 1 and 16 streams", 20, lambda: decode_rates(bench))
-        check.part("conformance matrix", 60, lambda: conformance(args.device))
+        check.part("conformance matrix", 60, lambda: conformance(args.device, args.tokenizer))
     outcome = "FAILED: " + ", ".join(check.failed) if check.failed else "all passed"
     print(f"device check: {outcome}")
     sys.exit(1 if check.failed else 0)

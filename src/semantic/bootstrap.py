@@ -21,7 +21,7 @@ from semantic.adapters.mlx.blas import preload_fast_blas, report_blas
 from semantic.adapters.mlx.devices import device_name, on_cpu, use_device
 from semantic.adapters.mlx.fingerprint import model_fingerprint
 from semantic.adapters.mlx.gguf import WeightFormat
-from semantic.adapters.mlx.host_codec import MlxHostCodec, storage_format
+from semantic.adapters.mlx.host_codec import MlxHostCodec, check_at_rest, storage_format
 from semantic.adapters.mlx.kv_blocks import spec_from_model
 from semantic.adapters.mlx.loader import LoadedModel, load_model, resolve_model
 from semantic.adapters.mlx.memory import prefault_heap
@@ -159,6 +159,7 @@ async def _start_services(
     # Workers that touch MLX (loading, block writes) must be gone before the process ends.
     install_default_executor(asyncio.get_running_loop())
     loaded, tokenizer, spec = await asyncio.to_thread(_load, settings, progress)
+    check_at_rest(settings.kv_at_rest, spec)
     kernel = attention.kernel_name() if loaded.host_attention else "mlx-sdpa"
     if jit.use_native_jit():
         kernel += f"+{jit.NAME}"

@@ -13,7 +13,8 @@ from safetensors.numpy import load as safetensors_load
 from sqlalchemy import event
 from sqlalchemy.exc import OperationalError
 
-from semantic.adapters.mlx.host_codec import MlxHostCodec
+from semantic.adapters.mlx.errors import UnsupportedModelError
+from semantic.adapters.mlx.host_codec import MlxHostCodec, check_at_rest
 from semantic.adapters.mlx.kv_payloads import MlxKV, StackedKV, kv_arrays
 from semantic.adapters.mlx.restore_buffers import RestoreBuffers
 from semantic.adapters.storage.block_files import SPARES, BlockFiles, safetensors_parts
@@ -21,6 +22,7 @@ from semantic.adapters.storage.kv_block_store import KVBlockStore
 from semantic.adapters.storage.schema import MIGRATIONS
 from semantic.adapters.storage.sqlite_metadata import SqliteMetadataStore
 from semantic.domain.blocks import KVBlock
+from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.errors import (
     AgentExistsError,
     CacheCorruptionError,
@@ -30,7 +32,9 @@ from semantic.domain.errors import (
 from semantic.ports.metadata_store import AgentRecord, BlockRecord, MessageRecord
 
 
-def kv_blocks(dtype: mx.Dtype = mx.float32, n_tokens: int = 256) -> list[KVBlock]:
+def kv_blocks(
+    dtype: mx.Dtype = mx.float32, n_tokens: int = 256, head_dim: int = 64
+) -> list[KVBlock]:
     return [
         KVBlock(
             layer,
@@ -38,8 +42,8 @@ def kv_blocks(dtype: mx.Dtype = mx.float32, n_tokens: int = 256) -> list[KVBlock
             0,
             n_tokens,
             MlxKV(
-                mx.random.normal((1, 3, n_tokens, 64)).astype(dtype),
-                mx.random.normal((1, 3, n_tokens, 64)).astype(dtype),
+                mx.random.normal((1, 3, n_tokens, head_dim)).astype(dtype),
+                mx.random.normal((1, 3, n_tokens, head_dim)).astype(dtype),
             ),
         )
         for layer in range(4)
@@ -133,11 +137,15 @@ def test_odd_sizes_of_many_conversations_never_crowd_out_whole_blocks() -> None:
     assert whole >= 7, "odd sizes may take at most about a quarter of the cap"
 
 
-@pytest.mark.parametrize(("at_rest", "bits", "smaller"), [("q8", 8, 3.4), ("q4", 4, 6.0)])
+@pytest.mark.parametrize(
+    ("at_rest", "bits", "smaller", "head_dim"),
+    [("q8", 8, 3.4, 64), ("q4", 4, 6.0, 64), ("q8", 8, 3.0, 96), ("q4", 4, 4.5, 96)],
+)
 def test_quantized_at_rest_is_smaller_and_within_one_step(
-    tmp_path: Path, at_rest: str, bits: int, smaller: float
+    tmp_path: Path, at_rest: str, bits: int, smaller: float, head_dim: int
 ) -> None:
-    blocks = kv_blocks(mx.float32, n_tokens=256)
+    """Heads of 96 values (Phi-3) are quantized in groups of 32."""
+    blocks = kv_blocks(mx.float32, n_tokens=256, head_dim=head_dim)
     exact = KVBlockStore(BlockFiles(tmp_path / "exact"), MlxHostCodec())
     lossy = KVBlockStore(BlockFiles(tmp_path / at_rest), MlxHostCodec(at_rest))
     stored = lossy.save("ab" * 32, blocks)
@@ -195,6 +203,18 @@ def test_saving_a_stored_block_again_returns_the_checksum_its_file_has(
     for _ in range(3):  # the file on disk is kept, and its own checksum comes back
         assert store.save("ab" * 32, blocks) == first
     assert len(store.load("ab" * 32, first.checksum)) == len(blocks)
+
+
+@pytest.mark.parametrize("at_rest", ["q8", "q4"])
+def test_a_head_size_no_group_divides_is_refused_at_start(at_rest: str) -> None:
+    with pytest.raises(UnsupportedModelError, match=r"80 values.*lossless"):
+        check_at_rest(at_rest, head_spec(80))
+    check_at_rest("lossless", head_spec(80))
+    check_at_rest(at_rest, head_spec(96))
+
+
+def head_spec(head_dim: int) -> ModelCacheSpec:
+    return ModelCacheSpec(1, 1, head_dim, head_dim, "float32", (None,))
 
 
 def test_a_file_in_another_at_rest_format_is_refused(tmp_path: Path) -> None:

@@ -23,3 +23,7 @@ class CorruptModelError(ModelSetupError):
 
 class UnsupportedRuntimeError(ModelSetupError):
     """The installed mlx-lm is outside the range this release was tested with."""
+
+
+class UnsupportedModelError(ModelSetupError):
+    """The model loads, but semantic cannot keep its KV as blocks (or not in the asked way)."""

@@ -7,30 +7,34 @@ and filled in place; nothing else holds it yet, so MLX sees the data as if it ha
 it. The tensors are views into that one buffer, made by one ``split``.
 
 At rest the KV may be kept 8- or 4-bit (``mx.quantize``, groups of 64 along the head
-dimension, a float32 scale and bias per group): lossy, so it is opt-in, and the mode is part
-of the storage format and so of the model fingerprint (blocks written one way are never read
-as the other). Memory (the hot tier) always holds the exact KV.
+dimension, or 32 where a head's size is no multiple of 64 (Phi-3's 96), a float32 scale
+and bias per group; the reader infers the group from the shapes): lossy, so it is opt-in,
+and the mode is part of the storage format and so of the model fingerprint (blocks written
+one way are never read as the other). Memory (the hot tier) always holds the exact KV.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import mlx.core as mx
 import numpy as np
 
+from semantic.adapters.mlx.errors import UnsupportedModelError
 from semantic.adapters.mlx.kv_payloads import ALL, MlxKV, StackedKV, host_rows, kv_arrays
 from semantic.adapters.mlx.restore_buffers import RestoreBuffers
 from semantic.adapters.storage.block_files import TensorSpan
 from semantic.domain.blocks import KVBlock
+from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.errors import CacheCorruptionError
 from semantic.ports.block_store import LayerPayload
 
 FORMAT = "semantic-kv-1"
 AT_REST_BITS = {"lossless": None, "q8": 8, "q4": 4}
-_GROUP = 64
+_GROUPS = (64, 32)
+"""Group sizes ``mx.quantize`` supports that a head's values are cut into, preferred first."""
 _BITS_AS = {mx.bfloat16: mx.uint16}  # numpy has no bfloat16: store its bits
 _BY_NAME = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 
@@ -40,6 +44,24 @@ def storage_format(at_rest: str) -> str:
     if at_rest not in AT_REST_BITS:
         raise ValueError(f"KV at rest must be one of {', '.join(AT_REST_BITS)}, not {at_rest!r}")
     return FORMAT if at_rest == "lossless" else f"{FORMAT}+{at_rest}"
+
+
+def check_at_rest(at_rest: str, spec: ModelCacheSpec) -> None:
+    """Refuse at start a quantized at-rest format this model's head size cannot take, rather
+    than failing every save (its KV would then live in memory only)."""
+    if AT_REST_BITS.get(at_rest) is None:
+        return
+    for size in {spec.k_head_dim, spec.v_head_dim}:
+        if _group(size) is None:
+            raise UnsupportedModelError(
+                f"--kv-at-rest {at_rest} quantizes each head's {size} values in groups of "
+                f"{' or '.join(map(str, _GROUPS))}, and {size} is a multiple of neither; "
+                "use --kv-at-rest lossless for this model"
+            )
+
+
+def _group(size: int) -> int | None:
+    return next((group for group in _GROUPS if size % group == 0), None)
 
 
 class MlxHostCodec:
@@ -141,7 +163,8 @@ class MlxHostReader:
             tensors = self._views(spans, dtype)
         else:
             names = {name.rsplit(".", 1)[0] for name in spans}
-            tensors = {name: self._dequantized(spans, name, dtype) for name in names}
+            bits = self._bits
+            tensors = {name: _dequantized(self._tensor, spans, name, dtype, bits) for name in names}
         mx.eval(list(tensors.values()))
         return tensors
 
@@ -150,18 +173,31 @@ class MlxHostReader:
         fewer positions), so the buffer is no one stack."""
         return {name: self._tensor(span, dtype) for name, span in spans.items()}
 
-    def _dequantized(self, spans: Mapping[str, TensorSpan], name: str, dtype: mx.Dtype) -> mx.array:
-        packed = self._tensor(spans[f"{name}.q"], mx.uint32)
-        scales = self._tensor(spans[f"{name}.scales"], mx.float32)
-        biases = self._tensor(spans[f"{name}.biases"], mx.float32)
-        exact = mx.dequantize(packed, scales, biases, group_size=_GROUP, bits=self._bits)
-        return exact.astype(dtype)
-
     def _tensor(self, span: TensorSpan, dtype: mx.Dtype) -> mx.array:
         if self._buffer is None:
             raise CacheCorruptionError("block data was never read")
         raw = self._buffer[span.begin : span.end].view(dtype)
         return raw.reshape(1, *span.shape)
+
+
+def _dequantized(
+    tensor: Callable[[TensorSpan, mx.Dtype], mx.array],
+    spans: Mapping[str, TensorSpan],
+    name: str,
+    dtype: mx.Dtype,
+    bits: int,
+) -> mx.array:
+    """One K or V tensor from its packed values, scales and biases; the group size is what
+    the shapes say (``_GROUPS``)."""
+    packed = tensor(spans[f"{name}.q"], mx.uint32)
+    scales = tensor(spans[f"{name}.scales"], mx.float32)
+    biases = tensor(spans[f"{name}.biases"], mx.float32)
+    values = packed.shape[-1] * (32 // bits)
+    if scales.shape[-1] == 0 or values % scales.shape[-1]:
+        raise CacheCorruptionError(f"{name}: its scales do not match its values")
+    group = values // scales.shape[-1]
+    exact = mx.dequantize(packed, scales, biases, group_size=group, bits=bits)
+    return exact.astype(dtype)
 
 
 def _layers(metadata: Mapping[str, str]) -> tuple[tuple[int, int, int], ...]:
@@ -187,7 +223,10 @@ def _name(dtype: mx.Dtype) -> str:
 def _quantized(name: str, array: mx.array, bits: int) -> dict[str, np.ndarray]:
     """Host copies, not views: MLX may reuse a temporary's buffer once nothing refers to it
     as an array (seen here: a second save of the same block wrote different bytes)."""
-    parts = mx.quantize(array.astype(mx.float32), group_size=_GROUP, bits=bits)
+    group = _group(array.shape[-1])
+    if group is None:  # check_at_rest refused this model at start
+        raise ValueError(f"cannot quantize heads of {array.shape[-1]} values")
+    parts = mx.quantize(array.astype(mx.float32), group_size=group, bits=bits)
     mx.eval(parts)
     packed, scales, biases = (np.array(part[0], copy=True) for part in parts)
     return {f"{name}.q": packed, f"{name}.scales": scales, f"{name}.biases": biases}

@@ -14,6 +14,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 
+from semantic.adapters.mlx.errors import UnsupportedModelError
 from semantic.adapters.mlx.kv_payloads import HOST_DTYPES, MlxKV, StackedKV, kv_arrays
 from semantic.adapters.mlx.restore_buffers import RestoreBuffers
 from semantic.domain.blocks import AgentBlocks, KVBlock
@@ -33,10 +34,13 @@ def spec_from_model(model: Any) -> ModelCacheSpec:
             windows.append(None)
         elif type(cache) is RotatingKVCache and cache.keep == 0:
             windows.append(int(cache.max_size))
-        else:
-            raise IncompatibleCacheError(
-                f"layer {layer} uses {type(cache).__name__}; semantic supports KVCache and "
-                "RotatingKVCache(keep=0) layers"
+        else:  # recurrent state (ArraysCache), or KV that is not kept position by position
+            kind = type(cache).__name__
+            raise UnsupportedModelError(
+                f"cannot serve this model: its layer {layer} uses mlx-lm's {kind}, which "
+                "cannot be cut into blocks of positions (recurrent or hybrid layers); semantic "
+                "serves models whose every layer keeps a KVCache, or a RotatingKVCache with "
+                "keep=0 (sliding-window attention)"
             )
     model(mx.array([[0]]), cache=caches)
     keys, values = caches[0].state[:2]

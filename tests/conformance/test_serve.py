@@ -1,0 +1,75 @@
+"""``semantic serve --model DIR`` on a tiny model of each family answers over HTTP, through
+the official OpenAI client: a reply, then the same conversation again, restored from the
+first request's KV, with the same reply. The servers start together (each is its own
+process, and most of a start is imports)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import pytest
+from reliability.server import ServerProcess
+
+from tests.conformance.conftest import ModelDirs
+from tests.conformance.serving import device_choice, words
+from tests.conformance.tiny_models import FAMILIES, Variant
+
+pytestmark = pytest.mark.model  # the embedded model's tokenizer
+
+openai = pytest.importorskip("openai")  # the dev extra has it; a bare device install may not
+
+SERVED = [
+    Variant(family, quantized=bool(i & 2), dtype=("float32", "bfloat16")[i & 1])
+    for i, family in enumerate(FAMILIES)
+]
+"""One row per family, the four kinds of row in turn."""
+
+
+@pytest.fixture(scope="module")
+def servers(
+    model_dir: ModelDirs, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[Variant, Future[ServerProcess]]]:
+    dirs = {variant: model_dir(variant) for variant in SERVED}
+    root = tmp_path_factory.mktemp("served")
+    args = ("--kv-budget-mb", "64", "--prefault-mb", "0", "--device", device_choice())
+    processes = {
+        v: ServerProcess(root / v.name, "--model", str(path), *args) for v, path in dirs.items()
+    }
+    with ThreadPoolExecutor(len(processes)) as pool:
+        started = {v: pool.submit(p.start, 300.0) for v, p in processes.items()}
+        try:
+            yield started
+        finally:
+            for process in processes.values():
+                process.kill()
+
+
+@pytest.mark.parametrize("variant", SERVED, ids=lambda v: v.name)
+def test_a_tiny_model_of_each_family_answers_over_http(
+    variant: Variant, servers: dict[Variant, Future[ServerProcess]]
+) -> None:
+    server = servers[variant].result()
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    assert [m.id for m in client.models.list().data] == [variant.name]
+    question = words(random.Random(variant.name), 300)
+    replies = [
+        client.chat.completions.create(
+            model="default",
+            messages=[{"role": "user", "content": question}],
+            temperature=0,
+            max_tokens=8,
+            timeout=120,
+        )
+        for _ in range(2)
+    ]
+    first, again = replies
+    assert first.usage is not None
+    assert again.usage is not None
+    assert first.choices[0].finish_reason in ("length", "stop")
+    assert first.usage.completion_tokens > 0
+    assert first.choices[0].message.content
+    assert again.usage.prompt_tokens_details is not None
+    assert again.usage.prompt_tokens_details.cached_tokens == first.usage.prompt_tokens - 1
+    assert again.choices[0].message.content == first.choices[0].message.content
