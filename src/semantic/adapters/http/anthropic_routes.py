@@ -23,13 +23,17 @@ from semantic.adapters.http.anthropic_tools import (
     new_tool_use_id,
     tool_use_block,
 )
-from semantic.adapters.http.common import result_of, services, sse, sse_data, start_plain
+from semantic.adapters.http.common import (
+    result_of,
+    services,
+    sse,
+    sse_data,
+    start_chat,
+)
 from semantic.adapters.http.errors import body_for, problem_for
 from semantic.adapters.http.identity import identity
 from semantic.adapters.http.state import Services
 from semantic.adapters.http.tool_translate import (
-    named_refusal,
-    no_room_for_tools,
     reply_shape,
 )
 from semantic.adapters.http.translate import (
@@ -49,9 +53,7 @@ from semantic.application.generation import (
 )
 from semantic.application.tool_replies import Call, Reply, ReplyReader
 from semantic.domain.chat import ChatMessage, check_tool_answers
-from semantic.domain.constraints import UnsupportedSchemaError
-from semantic.domain.errors import InvalidRequestError, PromptTooLongError, SemanticError
-from semantic.domain.tools import ToolUse
+from semantic.domain.errors import InvalidRequestError, SemanticError
 
 
 class AnthropicController(Controller):
@@ -90,7 +92,7 @@ class AnthropicController(Controller):
             who.priority,
             None if prefill else shape.constraint,
         )
-        handle = await _start(found, generation, chat, use)
+        handle = await start_chat(found, generation, chat, use)
         message_id = f"msg_{uuid.uuid4().hex[:24]}"
         reader = ReplyReader(None if prefill else shape.calls_in, new_tool_use_id)
         keep = functools.partial(found.calls.remember, who.namespace)
@@ -122,23 +124,6 @@ class AnthropicController(Controller):
 def _check_plain_chat(data: PlainChat) -> None:
     if data.thinking is not None and data.thinking.get("type") != "disabled":
         raise InvalidRequestError("extended thinking is not supported", param="thinking")
-
-
-async def _start(
-    found: Services, generation: GenerationInput, chat: list[ChatMessage], use: ToolUse | None
-) -> GenerationHandle:
-    """A prompt that fits without its tools but not with them is refused naming ``tools``."""
-    try:
-        return await start_plain(found, generation)
-    except UnsupportedSchemaError as error:
-        raise named_refusal(error, use) from None
-    except PromptTooLongError as error:
-        if use is None or error.param != "messages":
-            raise
-        bare = found.tokenizer.render_chat(chat, scope=generation.namespace)
-        if len(bare) >= found.generation.limits.max_context:
-            raise
-        raise no_room_for_tools(error, use) from None
 
 
 async def _conversation(

@@ -15,13 +15,17 @@ from litestar.response import Stream
 from litestar.response.base import ASGIResponse
 
 from semantic.adapters.http.state import ServerState, Services
+from semantic.adapters.http.tool_translate import named_refusal, no_room_for_tools
 from semantic.application.generation import (
     GenerationFailedError,
     GenerationHandle,
     GenerationInput,
     GenerationResult,
 )
-from semantic.domain.errors import SemanticError
+from semantic.domain.chat import ChatMessage
+from semantic.domain.constraints import UnsupportedSchemaError
+from semantic.domain.errors import PromptTooLongError, SemanticError
+from semantic.domain.tools import ToolUse
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -100,6 +104,25 @@ async def _disconnected(request: Request[Any, Any, Any]) -> None:
 async def start_plain(found: Services, generation: GenerationInput) -> GenerationHandle:
     """Start a request of the OpenAI or Anthropic routes (not an agent's turn)."""
     return await found.agents.start_plain(generation)
+
+
+async def start_chat(
+    found: Services, generation: GenerationInput, chat: list[ChatMessage], use: ToolUse | None
+) -> GenerationHandle:
+    """``start_plain``, with refusals named by the request's own fields: a schema the grammar
+    engine refused names its tool (or ``response_format``), and a prompt that fits without
+    its tools but not with them names ``tools``."""
+    try:
+        return await start_plain(found, generation)
+    except UnsupportedSchemaError as error:
+        raise named_refusal(error, use) from None
+    except PromptTooLongError as error:
+        if use is None or error.param != "messages":
+            raise
+        bare = found.tokenizer.render_chat(chat, scope=generation.namespace)
+        if len(bare) >= found.generation.limits.max_context:
+            raise
+        raise no_room_for_tools(error, use) from None
 
 
 async def result_of(request: Request[Any, Any, Any], handle: GenerationHandle) -> GenerationResult:

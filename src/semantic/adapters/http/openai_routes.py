@@ -17,6 +17,7 @@ from semantic.adapters.http.common import (
     services,
     sse,
     sse_data,
+    start_chat,
     start_plain,
 )
 from semantic.adapters.http.errors import body_for, problem_for
@@ -36,8 +37,6 @@ from semantic.adapters.http.openai_tools import (
 )
 from semantic.adapters.http.state import Services
 from semantic.adapters.http.tool_translate import (
-    named_refusal,
-    no_room_for_tools,
     reply_shape,
     response_schema,
 )
@@ -59,9 +58,8 @@ from semantic.application.generation import (
 )
 from semantic.application.tool_replies import Reply, ReplyReader
 from semantic.domain.chat import ChatMessage, check_tool_answers
-from semantic.domain.constraints import OutputConstraint, UnsupportedSchemaError
-from semantic.domain.errors import InvalidRequestError, PromptTooLongError, SemanticError
-from semantic.domain.tools import ToolUse
+from semantic.domain.constraints import OutputConstraint
+from semantic.domain.errors import InvalidRequestError, SemanticError
 from semantic.ports.tokenizer import Tokenizer
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16
@@ -110,7 +108,7 @@ class OpenAIController(Controller):
         newer = data.max_completion_tokens  # OpenAI's newer name wins where given
         limit = data.max_tokens if newer is None else newer
         generation = _input(request, data, prompt, limit, shape.constraint)
-        handle = await _start_chat(found, generation, messages, use)
+        handle = await start_chat(found, generation, messages, use)
         reply = ReplyBodies("chatcmpl", "chat.completion", found.model_id)
         reader = ReplyReader(shape.calls_in, new_call_id)
         kept = _Keep(found.calls, namespace)
@@ -290,23 +288,6 @@ class _Keep:
 
     async def __call__(self, answer: Reply) -> None:
         await self._memory.remember(self._namespace, answer)
-
-
-async def _start_chat(
-    found: Services, generation: GenerationInput, messages: list[ChatMessage], use: ToolUse | None
-) -> GenerationHandle:
-    """A prompt that fits without its tools but not with them is refused naming ``tools``."""
-    try:
-        return await start_plain(found, generation)
-    except UnsupportedSchemaError as error:
-        raise named_refusal(error, use) from None
-    except PromptTooLongError as error:
-        if use is None or error.param != "messages":
-            raise
-        bare = found.tokenizer.render_chat(messages, scope=generation.namespace)
-        if len(bare) >= found.generation.limits.max_context:
-            raise
-        raise no_room_for_tools(error, use) from None
 
 
 def _usage(result: GenerationResult) -> dict[str, Any]:
