@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from typing import Any
 
 from semantic.application.engine import BlockPoolBatchEngine
 from semantic.application.events import CompletionEvent, EngineEvent
@@ -42,3 +43,25 @@ def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
         timeout=300,
         check=False,
     )
+
+
+def tiny_llama(model_type: str = "llama", seed: int = 0, vocab: int = 512) -> Any:
+    """A two-layer random llama-class model (mlx-lm's ``llama.Model``), evaluated."""
+    import mlx.core as mx
+    from mlx_lm.models import llama
+
+    mx.random.seed(seed)
+    args = llama.ModelArgs(
+        model_type=model_type,
+        hidden_size=128,
+        num_hidden_layers=2,
+        intermediate_size=256,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        rms_norm_eps=1e-5,
+        vocab_size=vocab,
+        head_dim=64,
+    )
+    model = llama.Model(args)
+    mx.eval(model.parameters())
+    return model

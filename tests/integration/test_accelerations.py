@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import mlx.core as mx
 from mlx import nn
-from mlx_lm.models import gemma3_text, llama
+from mlx_lm.models import gemma3_text
 
 from semantic.adapters.mlx import host_pass
 from semantic.adapters.mlx.accelerations import accelerations
 from semantic.adapters.mlx.attention import install
 from semantic.adapters.mlx.blas import blas_in_use
+from tests.helpers import tiny_llama
 from tests.integration.conftest import RealModel
 
 
@@ -56,19 +57,7 @@ def test_a_model_the_fast_paths_do_not_cover_is_told_why() -> None:
 
 
 def test_a_quantized_llama_says_the_host_pass_reads_float32_only() -> None:
-    mx.random.seed(0)
-    args = llama.ModelArgs(
-        model_type="llama",
-        hidden_size=128,
-        num_hidden_layers=2,
-        intermediate_size=256,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        rms_norm_eps=1e-5,
-        vocab_size=256,
-        head_dim=64,
-    )
-    model = llama.Model(args)
+    model = tiny_llama()
     nn.quantize(model, group_size=64, bits=4)  # type: ignore[attr-defined]  # mlx.nn's stubs omit it
     assert install(model)
     why = _by_name(model)["host pass for small passes (ADR 0013)"] or ""

@@ -16,7 +16,7 @@ from semantic.adapters.mlx.kv_blocks import gather_cache
 from semantic.adapters.mlx.kv_payloads import MlxKV, StackedKV
 from semantic.adapters.mlx.restored_prefix import RestoredPrefix
 from semantic.domain.blocks import AgentBlocks, KVBlock
-from tests.helpers import generate
+from tests.helpers import generate, tiny_llama
 from tests.integration.conftest import EngineFactory, RealModel
 
 TOLERANCE = 5e-4
@@ -266,24 +266,9 @@ def test_a_returning_agent_read_in_place_continues_as_with_its_cache_built_first
 
 def test_a_model_mlx_lm_builds_as_llama_under_another_name_gets_the_host_pass() -> None:
     """Mistral is mlx-lm's llama class with ``model_type`` "mistral": the layers decide."""
-    from mlx_lm.models import llama
-
     from semantic.adapters.mlx.attention import install
 
-    mx.random.seed(4)
-    args = llama.ModelArgs(
-        model_type="mistral",
-        hidden_size=128,
-        num_hidden_layers=2,
-        intermediate_size=256,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        rms_norm_eps=1e-5,
-        vocab_size=512,
-        head_dim=64,
-    )
-    model = llama.Model(args)
-    mx.eval(model.parameters())
+    model = tiny_llama("mistral", seed=4)
     assert install(model)
     host = HostPass.of(model)
     if host is None:
