@@ -69,21 +69,24 @@ class ResponsesService:
         gives is committed (with ``store``), or once the response's agent is gone (without)."""
         agent_id = response_agent(ask.response_id)
         turn = await self._start_chain(namespace, ask, agent_id)
+        events = self._agents.send(namespace, agent_id, turn)
         try:
-            async for event in self._agents.send(namespace, agent_id, turn):
-                if isinstance(event, CommittedReply):
-                    await self._finish(namespace, ask, agent_id, keep(event))
-                yield event
+            async with contextlib.aclosing(events):  # its turn lets go of the agent first
+                async for event in events:
+                    if isinstance(event, CommittedReply) and ask.store:
+                        await self._finish(namespace, ask, agent_id, keep(event))
+                    elif isinstance(event, CommittedReply):
+                        keep(event)
+                    yield event
         except BaseException:
             await asyncio.shield(self._drop(namespace, agent_id))
             raise
+        if not ask.store:  # once its turn let go of the agent: nothing is kept
+            await self._drop(namespace, agent_id)
 
     async def _finish(
         self, namespace: str, ask: ResponseAsk, agent_id: str, kept: Sequence[StoredObject]
     ) -> None:
-        if not ask.store:
-            await self._drop(namespace, agent_id)
-            return
         objects = [StoredObject(CHAIN, ask.response_id, agent_id), *kept]
         if ask.conversation_id is not None:
             ids = [*ask.history_ids, *(o.object_id for o in kept if o.kind == ITEM)]

@@ -276,6 +276,7 @@ def _check_unserved(data: ResponseRequest) -> None:
     if data.truncation not in (None, "auto", "disabled"):
         raise InvalidRequestError("truncation must be 'auto' or 'disabled'", param="truncation")
     must_default(data.prompt, None, "prompt")
+    must_default(data.context_management or None, None, "context_management")
     must_default(data.top_logprobs or 0, 0, "top_logprobs")
     if data.previous_response_id is not None and data.conversation is not None:
         raise InvalidRequestError(

@@ -37,6 +37,10 @@ class ResponseRequest(msgspec.Struct, forbid_unknown_fields=True):
     max_tool_calls: int | None = None
     prompt: dict[str, Any] | None = None
     stream_options: dict[str, Any] | None = None
+    prompt_cache_retention: str | None = None
+    prompt_cache_options: dict[str, Any] | None = None
+    """Every chain is cached here; these change nothing."""
+    context_management: list[Any] | None = None
 
 
 class CreateConversation(msgspec.Struct, forbid_unknown_fields=True):
