@@ -8,8 +8,8 @@ import asyncio
 
 import openai
 import pytest
-from pydantic import BaseModel, Field
 from agents import Agent, ModelSettings, OpenAIResponsesModel, RunConfig, Runner, function_tool
+from pydantic import BaseModel, Field
 from reliability.server import ServerProcess
 
 pytestmark = pytest.mark.model
