@@ -28,7 +28,7 @@ def test_objects_are_kept_per_namespace_with_their_children(tmp_path: Path) -> N
         assert [c.object_id for c in children] == ["msg_3", "msg_1", "msg_2"]
         await objects.put_objects("ns", [StoredObject("item", "msg_3", '{"n": 9}', "conv_1")])
         children = await objects.object_children("ns", "item", "conv_1")
-        assert [(c.object_id, c.body) for c in children][0] == ("msg_3", '{"n": 9}')
+        assert (children[0].object_id, children[0].body) == ("msg_3", '{"n": 9}')
         await metadata.close()
         metadata, objects = await _objects(tmp_path / "semantic.db")
         assert await objects.delete_objects("other", "conversation", ["conv_1"]) == 0
