@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from semantic.application.agents import INTERNAL_PREFIX, AgentService, CommittedReply, Turn
 from semantic.application.generation import GenerationEvent
-from semantic.domain.errors import AgentNotFoundError, ObjectNotFoundError
+from semantic.domain.errors import AgentNotFoundError, ObjectNotFoundError, PromptTooLongError
 from semantic.ports.metadata_store import MessageRecord
 from semantic.ports.object_store import ObjectStore, StoredObject
 
@@ -110,7 +110,10 @@ class ResponsesService:
                     said = MessageRecord("system", ask.instructions)
                     return dataclasses.replace(ask.turn, items=(said, *ask.turn.items))
                 return ask.turn
-        await self._agents.create(namespace, agent_id, ask.instructions)
+        try:
+            await self._agents.create(namespace, agent_id, ask.instructions)
+        except PromptTooLongError as error:
+            raise PromptTooLongError(str(error), param="instructions") from None
         return dataclasses.replace(ask.turn, items=(*ask.history, *ask.turn.items))
 
     async def _source(self, namespace: str, ask: ResponseAsk) -> str | None:
