@@ -12,7 +12,7 @@ from litestar.datastructures import State
 
 from semantic.adapters.http.common import services
 from semantic.adapters.http.identity import checked_id, identity
-from semantic.adapters.http.responses_items import input_items, new_id
+from semantic.adapters.http.responses_items import fresh_id, input_items, new_id
 from semantic.adapters.http.responses_routes import page
 from semantic.adapters.http.responses_schemas import (
     AddItems,
@@ -132,7 +132,7 @@ class ConversationController(Controller):
 
 def _fresh(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Items get ids of their own: an id a client gave may be another's."""
-    return [{**item, "id": new_id(item["id"].split("_")[0])} for item in items]
+    return [{**item, "id": fresh_id(item)} for item in items]
 
 
 def _item_objects(conversation_id: str, items: list[dict[str, Any]]) -> list[StoredObject]:

@@ -17,8 +17,21 @@ _TEXT_PARTS = {"input_text", "output_text", "text", "refusal"}
 _ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
 
 
+_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:24]}"
+
+
+def fresh_id(item: dict[str, Any]) -> str:
+    """A new id for an item, in its kind's form (``msg_...``, ``fc_...``)."""
+    return new_id(_PREFIXES.get(str(item.get("type")), "item"))
+
+
+def _given_id(item: dict[str, Any]) -> str:
+    given = item.get("id")
+    return given if isinstance(given, str) and given else fresh_id(item)
 
 
 def input_items(raw: str | list[Any], field: str = "input") -> list[dict[str, Any]]:
@@ -35,13 +48,15 @@ def _item(item: object, where: str, field: str) -> dict[str, Any]:
     if not isinstance(item, dict):
         raise InvalidRequestError(f"{where} must be an object", param=field)
     kind = item.get("type", "message" if "role" in item else None)
+    if not isinstance(kind, str | None):
+        raise InvalidRequestError(f"{where}: type must be a string", param=field)
     if kind == "message":
         return _message(item, where, field)
     if kind == "function_call":
         for key in ("call_id", "name", "arguments"):
             if not isinstance(item.get(key), str):
                 raise InvalidRequestError(f"{where}: a function_call needs {key!r}", param=field)
-        return {"id": item.get("id") or new_id("fc"), "status": "completed", **item}
+        return {"status": "completed", **item, "id": _given_id(item)}
     if kind == "function_call_output":
         if not isinstance(item.get("call_id"), str):
             raise InvalidRequestError(
@@ -49,9 +64,9 @@ def _item(item: object, where: str, field: str) -> dict[str, Any]:
             )
         output = item.get("output")
         text = output if isinstance(output, str) else _joined(output, where, field)
-        return {"id": item.get("id") or new_id("fco"), **item, "output": text}
+        return {**item, "id": _given_id(item), "output": text}
     if kind == "reasoning" and not item.get("encrypted_content"):
-        return {"id": item.get("id") or new_id("rs"), **item}
+        return {**item, "id": _given_id(item)}
     raise InvalidRequestError(
         f"{where}: items of type {kind!r} are not supported (message, function_call and "
         "function_call_output are)",
@@ -61,14 +76,14 @@ def _item(item: object, where: str, field: str) -> dict[str, Any]:
 
 def _message(item: dict[str, Any], where: str, field: str) -> dict[str, Any]:
     role = item.get("role")
-    if role not in _ROLES:
+    if not isinstance(role, str) or role not in _ROLES:
         raise InvalidRequestError(f"{where}: role {role!r} is not supported", param=field)
     content = item.get("content")
     part = "output_text" if role == "assistant" else "input_text"
     text = content if isinstance(content, str) else _joined(content, where, field)
     parts = [{"type": part, "text": text, **({"annotations": []} if role == "assistant" else {})}]
     return {
-        "id": item.get("id") or new_id("msg"),
+        "id": _given_id({**item, "type": "message"}),
         "type": "message",
         "role": role,
         "status": "completed",
@@ -82,7 +97,7 @@ def _joined(content: object, where: str, field: str) -> str:
     texts = []
     for index, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in _TEXT_PARTS:
+        if not isinstance(kind, str) or kind not in _TEXT_PARTS:
             raise InvalidRequestError(
                 f"{where}.content[{index}]: parts of type {kind!r} are not supported "
                 "(only text is)",

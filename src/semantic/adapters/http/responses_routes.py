@@ -15,6 +15,7 @@ from semantic.adapters.http.common import services, sse, unless_client_leaves
 from semantic.adapters.http.identity import checked_id, identity
 from semantic.adapters.http.openai_tools import openai_tool_use
 from semantic.adapters.http.responses_items import (
+    fresh_id,
     input_items,
     item_messages,
     new_id,
@@ -193,7 +194,7 @@ class _Body:
         ]
         if self.conversation is not None:
             for item in [*self.items, *output]:
-                fresh = {**item, "id": new_id(item["id"].split("_")[0])}
+                fresh = {**item, "id": fresh_id(item)}
                 kept.append(StoredObject(ITEM, fresh["id"], json.dumps(fresh), self.conversation))
         return kept
 
@@ -325,8 +326,8 @@ def _text_schema(text: dict[str, Any] | None) -> str | None:
     fmt = (text or {}).get("format")
     if fmt is None:
         return None
-    if not isinstance(fmt, dict):
-        raise InvalidRequestError("text.format must be an object", param="text")
+    if not isinstance(fmt, dict) or not isinstance(fmt.get("type"), str):
+        raise InvalidRequestError("text.format must be an object with a type", param="text")
     shaped = dict(fmt)
     if fmt.get("type") == "json_schema":
         spec = {k: v for k, v in fmt.items() if k != "type"}
