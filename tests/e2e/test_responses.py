@@ -103,6 +103,15 @@ def test_two_responses_on_one_previous_id_branch(server: ServerProcess) -> None:
     assert [_text(i) for i in items.data] == ["What colour is it?"]
     on_left = ask(server, "Why?", previous_response_id=left.id)
     assert on_left.usage.input_tokens_details.cached_tokens >= left.usage.input_tokens
+    client(server).responses.delete(left.id)
+    later = ask(server, "Really?", previous_response_id=on_left.id)  # on_left's blocks stay
+    done = on_left.usage.input_tokens + on_left.usage.output_tokens
+    assert later.usage.input_tokens_details.cached_tokens >= 0.9 * done
+    client(server).responses.delete(later.id)
+    client(server).responses.delete(on_left.id)
+    assert _blocks(server) == before + (after - middle)  # what only they held is freed
+    again = ask(server, "What colour is it?", previous_response_id=root.id)
+    assert again.output_text == right.output_text
 
 
 def test_a_deleted_response_and_another_namespace_are_404(server: ServerProcess) -> None:
