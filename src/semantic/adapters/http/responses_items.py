@@ -37,7 +37,7 @@ def _given_id(item: dict[str, Any]) -> str:
 def input_items(raw: str | list[Any], field: str = "input") -> list[dict[str, Any]]:
     """The input as items, each with an ``id``, in the shape listed back; refused naming
     the item and its index where its kind is not served."""
-    if isinstance(raw, str):
+    if isinstance(raw, str) and raw:
         raw = [{"type": "message", "role": "user", "content": raw}]
     if not raw:
         raise InvalidRequestError(f"{field} must not be empty", param=field)
