@@ -158,6 +158,13 @@ def test_a_conversation_keeps_its_items_in_order(server: ServerProcess) -> None:
         "Where do I live?",
         reply.output_text,
     ]
+    first_page = api.conversations.items.with_raw_response.list(
+        conversation.id, limit=2, order="asc"
+    ).http_response.json()
+    assert [i["id"] for i in first_page["data"]] == [items[0]["id"], items[1]["id"]]
+    assert first_page["has_more"]
+    rest = api.conversations.items.list(conversation.id, limit=2, order="asc", after=items[1]["id"])
+    assert [_dump(i)["id"] for i in rest.data] == [items[2]["id"], items[3]["id"]]
     again = ask(server, "And my name?", conversation=conversation.id)  # resumes its blocks
     done = reply.usage.input_tokens + reply.usage.output_tokens
     assert again.usage.input_tokens_details.cached_tokens >= 0.9 * done
