@@ -13,6 +13,7 @@ from reliability import (
     clean_exit,
     corruption,
     crash_load,
+    crash_responses,
     full_disk,
     fuzz,
     isolation,
@@ -39,6 +40,11 @@ def main() -> None:
         rows += [
             ("crash trials survived", f"{crashed.survived} of {crashed.kills}"),
             ("replies acknowledged before kills", str(crashed.acknowledged)),
+        ]
+        chained = crash_responses.run(trials=10, chains=3, workdir=work)
+        rows += [
+            ("Responses crash trials survived", f"{chained.survived} of {chained.trials}"),
+            ("responses acknowledged before kills", str(chained.acknowledged)),
         ]
         damaged = corruption.run(rounds=8, workdir=work)
         rows += [

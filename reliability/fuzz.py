@@ -36,6 +36,8 @@ ENDPOINTS = (
     "/v1/messages/count_tokens",
     "/v1/agents",
     "/v1/agents/fuzz/messages",
+    "/v1/responses",
+    "/v1/conversations",
 )
 JSON = st.recursive(
     st.none()

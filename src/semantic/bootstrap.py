@@ -32,12 +32,14 @@ from semantic.adapters.storage.block_files import BlockFiles
 from semantic.adapters.storage.data_dir_lock import acquire_data_directory, release_data_directory
 from semantic.adapters.storage.kv_block_store import KVBlockStore
 from semantic.adapters.storage.sqlite_metadata import SqliteMetadataStore
+from semantic.adapters.storage.sqlite_objects import SqliteObjectStore
 from semantic.application.agents import AgentService
 from semantic.application.cache.store import AgentCacheStore, CacheConfig
 from semantic.application.call_memory import CallMemory
 from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
 from semantic.application.engine_loop import EngineLoop
 from semantic.application.generation import GenerationService, Limits
+from semantic.application.responses import ResponsesService
 from semantic.application.scheduler.pacer import PacerConfig
 from semantic.application.threads import install_default_executor
 from semantic.config import Settings
@@ -87,6 +89,8 @@ class Services:
     """The held data directory (``data_dir_lock``), given back when the services stop."""
     calls: CallMemory
     """Generated tool calls, rendered again as written on their round trip (ADR 0018)."""
+    responses: ResponsesService
+    """The Responses API's chains and conversations on the agents (ADR 0020)."""
     runtime: dict[str, Any] = field(default_factory=dict)
     """What the model runs on (BLAS and its core, kernels), served by ``/v1/models/{id}``."""
 
@@ -233,6 +237,7 @@ async def _start_services(
         agents,
         data_dir,
         calls=CallMemory(metadata),
+        responses=ResponsesService(agents, SqliteObjectStore(metadata)),
         runtime=runtime,
     )
 

@@ -28,6 +28,7 @@ from semantic.application.generation import (
 from semantic.application.keyed_locks import KeyedLocks
 from semantic.application.tool_replies import Call, Reply, ReplyReader
 from semantic.domain.chat import ChatMessage
+from semantic.domain.constraints import OutputConstraint
 from semantic.domain.errors import (
     AgentDeletedError,
     AgentKeepsTranscriptError,
@@ -87,6 +88,10 @@ class _LiveTurn:
             raise AgentDeletedError(self.agent_id, self.namespace)
 
 
+INTERNAL_PREFIX = "~"
+"""Agents the server makes for itself (a response's, a conversation's): never a client's
+agent id, never listed."""
+
 END_WAIT_S = 5.0
 """How long a delete waits for the turns it ended to finish (a stream whose client reads
 nothing may take longer; it keeps nothing anyway)."""
@@ -103,6 +108,11 @@ class Turn:
     """A tool's result: the call of the agent's last reply it answers."""
     tools: ToolUse | None = None
     """The tools this turn's reply may call."""
+    items: tuple[MessageRecord, ...] = ()
+    """Messages asked at once in place of ``content`` (the Responses API's input items:
+    messages, calls sent back and their results)."""
+    constraint: OutputConstraint | None = None
+    """What a reply that calls no tool must match (a JSON Schema)."""
 
     @property
     def role(self) -> str:
@@ -187,7 +197,9 @@ class AgentService:
         records = [
             r
             for r in await self._metadata.agents(namespace)
-            if not r.anonymous and (after is None or r.agent_id > after)
+            if not r.anonymous
+            and not r.agent_id.startswith(INTERNAL_PREFIX)
+            and (after is None or r.agent_id > after)
         ]
         page = records if limit is None else records[:limit]
         counts = await self._metadata.message_counts(namespace)
@@ -277,7 +289,7 @@ class AgentService:
         result. Turns of one agent run one at a time. On a full disk, cached KV makes room
         for the transcript; a turn that cannot be kept is refused (``DiskFullError``),
         never answered."""
-        if not turn.content and turn.tool_call_id is None:
+        if not turn.content and turn.tool_call_id is None and not turn.items:
             raise InvalidRequestError("the message is empty", param="content")
         live = _LiveTurn(namespace, agent_id)
         with self._tracked(live):
@@ -309,7 +321,7 @@ class AgentService:
                     rest, answer = reader.finish()
                     if rest:
                         yield TextDelta(rest)
-                    records = [_asked(turn, asked), _answered(answer)]
+                    records = [*_asked(turn, asked), _answered(answer)]
                     keep = functools.partial(
                         self._metadata.append_messages, live.namespace, live.agent_id, records
                     )
@@ -339,7 +351,7 @@ class AgentService:
         chat = [_chat_message(m) for m in history]
         if record.system_prompt:
             chat.insert(0, ChatMessage("system", record.system_prompt))
-        chat.append(ChatMessage(turn.role, turn.content, tool_call_id=turn.tool_call_id))
+        chat.extend(_chat_message(m) for m in _asked(turn, 0.0))
         _check_answers(history, turn)
         tools = turn.tools.tools if turn.tools else ()
         use = turn.tools
@@ -351,7 +363,7 @@ class AgentService:
             turn.sampling,
             turn.stop,
             turn.priority,
-            self._tokenizer.tool_format.constraint(use) if use else None,
+            (self._tokenizer.tool_format.constraint(use) if use else None) or turn.constraint,
         )
         try:
             self._generation.check(request)
@@ -423,8 +435,10 @@ def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def _asked(turn: Turn, when: float) -> MessageRecord:
-    return MessageRecord(turn.role, turn.content, when, tool_call_id=turn.tool_call_id)
+def _asked(turn: Turn, when: float) -> list[MessageRecord]:
+    if turn.items:
+        return [dataclasses.replace(m, created_at=m.created_at or when) for m in turn.items]
+    return [MessageRecord(turn.role, turn.content, when, tool_call_id=turn.tool_call_id)]
 
 
 def _answered(answer: Reply) -> MessageRecord:
@@ -455,14 +469,21 @@ def _chat_message(record: MessageRecord) -> ChatMessage:
 
 
 def _check_answers(history: list[MessageRecord], turn: Turn) -> None:
-    """A tool result answers a call of the agent's transcript."""
-    if turn.tool_call_id is None:
-        return
-    if not any(c.id == turn.tool_call_id for m in history for c in record_calls(m)):
+    """A tool result answers a call of the agent's transcript (or of the turn's items
+    before it)."""
+    called = {c.id for m in history for c in record_calls(m)}
+    if turn.tool_call_id is not None and turn.tool_call_id not in called:
         raise InvalidRequestError(
             f"tool_call_id {turn.tool_call_id!r} answers no call of this agent's replies",
             param="tool_call_id",
         )
+    for index, item in enumerate(turn.items):
+        called.update(c.id for c in record_calls(item))
+        if item.tool_call_id is not None and item.tool_call_id not in called:
+            raise InvalidRequestError(
+                f"input[{index}]: call_id {item.tool_call_id!r} answers no function_call before it",
+                param="input",
+            )
 
 
 async def _whole(commit: Coroutine[Any, Any, None]) -> None:

@@ -79,6 +79,15 @@ class AgentNotFoundError(SemanticError):
         self.namespace = namespace
 
 
+class ObjectNotFoundError(SemanticError):
+    """No response, conversation or item with this id in the namespace (or it was
+    deleted). ``param`` names the field that gave the id, if a field did."""
+
+    def __init__(self, what: str, object_id: str, *, param: str | None = None) -> None:
+        super().__init__(f"{what} {object_id!r} not found")
+        self.param = param
+
+
 class AgentDeletedError(AgentNotFoundError):
     """The agent was deleted while this turn was queued or running: nothing was kept."""
 

@@ -23,10 +23,12 @@ from semantic.adapters.http import errors
 from semantic.adapters.http.agent_routes import AgentController
 from semantic.adapters.http.anthropic_routes import AnthropicController
 from semantic.adapters.http.auth import edge
+from semantic.adapters.http.conversation_routes import ConversationController
 from semantic.adapters.http.keys import KeyRing, keyring
 from semantic.adapters.http.metrics import Metrics
 from semantic.adapters.http.openai_routes import OpenAIController
 from semantic.adapters.http.ops_routes import health, metrics
+from semantic.adapters.http.responses_routes import ResponsesController
 from semantic.adapters.http.state import ServerState, Services
 
 log = logging.getLogger(__name__)
@@ -81,7 +83,15 @@ def app_for(
         cors = CORSConfig(allow_origins=list(cors_origins), allow_headers=["*"])
     return Litestar(
         cors_config=cors,
-        route_handlers=[OpenAIController, AnthropicController, AgentController, health, metrics],
+        route_handlers=[
+            OpenAIController,
+            AnthropicController,
+            AgentController,
+            ResponsesController,
+            ConversationController,
+            health,
+            metrics,
+        ],
         lifespan=[lifespan],
         exception_handlers={Exception: errors.handle},
         request_max_body_size=max_body_bytes,

@@ -31,6 +31,7 @@ from semantic.domain.errors import (
     InvalidRequestError,
     ModelUnavailableError,
     NoRoomCameError,
+    ObjectNotFoundError,
     PoolExhaustedError,
     PromptTooLongError,
     QueueFullError,
@@ -93,6 +94,7 @@ _PLAIN: tuple[tuple[type[Exception], int, str], ...] = (
     (ClientGoneError, 499, "client_closed_request"),  # nginx's code: nobody reads it
     (NamespaceNotAllowedError, 403, "namespace_not_allowed"),
     (AgentNotFoundError, 404, "not_found"),
+    (ObjectNotFoundError, 404, "not_found"),
     (ModelNotFoundError, 404, "not_found"),
     (AgentExistsError, 409, "conflict"),
     (AgentKeepsTranscriptError, 409, "conflict"),
@@ -132,7 +134,7 @@ def problem_for(error: Exception) -> Problem:
             return Problem(error.status_code, kind, str(error.detail))
     for error_type, status, code in _PLAIN:
         if isinstance(error, error_type):
-            return Problem(status, code, str(error))
+            return Problem(status, code, str(error), getattr(error, "param", None))
     log.exception("unexpected error", exc_info=error)
     return Problem(500, "internal_error", "internal server error")
 

@@ -10,6 +10,7 @@ from semantic.application.cache.store import AgentCacheStore
 from semantic.application.call_memory import CallMemory
 from semantic.application.engine_loop import EngineLoop
 from semantic.application.generation import GenerationService
+from semantic.application.responses import ResponsesService
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.errors import ModelUnavailableError
@@ -37,6 +38,8 @@ class Services(Protocol):
     def runtime(self) -> Mapping[str, Any]: ...
     @property
     def calls(self) -> CallMemory: ...
+    @property
+    def responses(self) -> ResponsesService: ...
 
 
 class ServerState:

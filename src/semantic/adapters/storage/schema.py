@@ -84,6 +84,18 @@ generated_replies = Table(
     Column("created_at", Float, nullable=False),
 )
 
+api_objects = Table(
+    "api_objects",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("namespace", String, nullable=False),
+    Column("kind", String, nullable=False),
+    Column("object_id", String, nullable=False),
+    Column("parent_id", String, nullable=False),
+    Column("body", Text, nullable=False),
+    Column("created_at", Float, nullable=False),
+)
+
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (
         """CREATE TABLE agents (
@@ -123,6 +135,14 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             namespace TEXT NOT NULL, key TEXT NOT NULL, body TEXT NOT NULL,
             created_at REAL NOT NULL, PRIMARY KEY (namespace, key))""",
         "CREATE INDEX generated_replies_age ON generated_replies (created_at)",
+    ),
+    (  # the Responses API's responses, conversations and their items, as JSON documents
+        """CREATE TABLE api_objects (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT, namespace TEXT NOT NULL,
+            kind TEXT NOT NULL, object_id TEXT NOT NULL, parent_id TEXT NOT NULL DEFAULT '',
+            body TEXT NOT NULL, created_at REAL NOT NULL)""",
+        "CREATE UNIQUE INDEX api_objects_id ON api_objects (namespace, kind, object_id)",
+        "CREATE INDEX api_objects_parent ON api_objects (namespace, kind, parent_id, seq)",
     ),
 )
 """MIGRATIONS[n] takes a database from schema version n to n + 1. Never edit one; append."""

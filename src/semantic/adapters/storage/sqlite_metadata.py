@@ -46,7 +46,7 @@ REPLIES_KEPT_S = 7 * 24 * 3600.0
 R = TypeVar("R")
 
 
-def _unavailable_on_failure(
+def unavailable_on_failure(
     method: Callable[P, Coroutine[Any, Any, R]],
 ) -> Callable[P, Coroutine[Any, Any, R]]:
     """SQLite's own failures (a read-only or full disk, a database locked past its busy
@@ -60,8 +60,8 @@ def _unavailable_on_failure(
             return await method(*args, **kwargs)
         except OperationalError as error:
             if _disk_full(error):
-                store = args[0]
-                where = store.path.parent if isinstance(store, SqliteMetadataStore) else "?"
+                path = getattr(args[0], "path", None)
+                where = path.parent if isinstance(path, Path) else "?"
                 raise DiskFullError(
                     f"the disk holding the data directory {where} is full ({error.orig})"
                 ) from error
@@ -120,18 +120,18 @@ class SqliteMetadataStore:
             self._engine = None
             self._rows = BlockRows()
 
-    @_unavailable_on_failure
+    @unavailable_on_failure
     async def blocks(self, keys: Sequence[str]) -> dict[str, BlockRecord]:
         """From the in-memory copy of the table (``block_rows``)."""
         self._db()  # open, or this raises
         return self._rows.get(keys)
 
-    @_unavailable_on_failure
+    @unavailable_on_failure
     async def children(self, parent_key: str) -> list[BlockRecord]:
         self._db()
         return self._rows.children(parent_key)
 
-    @_unavailable_on_failure
+    @unavailable_on_failure
     async def save_agent_blocks(
         self, agent: AgentRecord, new_blocks: Sequence[BlockRecord], *, create: bool = True
     ) -> list[str]:
@@ -169,7 +169,7 @@ class SqliteMetadataStore:
             changed.extend(await _select_rows(connection, read_back))
         return orphans
 
-    @_unavailable_on_failure
+    @unavailable_on_failure
     async def quarantine_block(self, key: str) -> None:
         async with self._changing_blocks() as (connection, _):
             self._leave_copy([key], drop=False)
@@ -178,7 +178,7 @@ class SqliteMetadataStore:
                 update(blocks).where(blocks.c.key == key).values(tier=QUARANTINED)
             )
 
-    @_unavailable_on_failure
+    @unavailable_on_failure
     async def agent(self, namespace: str, agent_id: str) -> AgentRecord | None:
         async with self._db().connect() as connection:
             row = (
@@ -191,7 +191,7 @@ class SqliteMetadataStore:
             keys = await self._agent_keys(connection, namespace, agent_id)
             return agent_of(row, keys)
 
-    @_unavailable_on_failure
+    @unavailable_on_failure
     async def agents(self, namespace: str | None = None) -> list[AgentRecord]:
         async with self._db().connect() as connection:
             query = select(agents).order_by(agents.c.namespace, agents.c.agent_id)
@@ -205,7 +205,7 @@ class SqliteMetadataStore:
             rows = await connection.execute(query)
             return [agent_of(row, keys.get((row.namespace, row.agent_id), [])) for row in rows]
 
-    @_unavailable_on_failure
+    @unavailable_on_failure
     async def anonymous_agents_ending_at(
         self, namespace: str, keys: Sequence[str]
     ) -> list[AgentRecord]:
@@ -229,7 +229,7 @@ class SqliteMetadataStore:
         records = [await self.agent(namespace, agent_id) for agent_id in sorted(found)]
         return [record for record in records if record is not None]
 
-    @_unavailable_on_failure
+    @unavailable_on_failure
     async def create_agent(self, agent: AgentRecord) -> None:
         now = time.time()
         try:
@@ -238,7 +238,7 @@ class SqliteMetadataStore:
         except IntegrityError:
             raise AgentExistsError(agent.agent_id, agent.namespace) from None
 
-    @_unavailable_on_failure
+    @unavailable_on_failure
     async def delete_agent(self, namespace: str, agent_id: str) -> list[str]:
         async with self._changing_blocks() as (connection, changed):
             keys = await self._agent_keys(connection, namespace, agent_id)
@@ -255,7 +255,7 @@ class SqliteMetadataStore:
             changed.extend(await _select_rows(connection, keys))
         return orphans
 
-    @_unavailable_on_failure
+    @unavailable_on_failure
     async def touch_agent(self, namespace: str, agent_id: str, when: float) -> None:
         async with self._db().begin() as connection:
             await connection.execute(
@@ -264,13 +264,13 @@ class SqliteMetadataStore:
                 .values(last_used=when)
             )
 
-    @_unavailable_on_failure
+    @unavailable_on_failure
     async def unreferenced_blocks(self) -> list[str]:
         async with self._db().connect() as connection:
             rows = await connection.execute(select(blocks.c.key).where(blocks.c.ref_count <= 0))
             return [row.key for row in rows]
 
-    @_unavailable_on_failure
+    @unavailable_on_failure
     async def delete_blocks(self, keys: Sequence[str]) -> None:
         async with self._changing_blocks() as (connection, _):
             self._leave_copy(keys)
@@ -278,18 +278,18 @@ class SqliteMetadataStore:
                 chunk = list(keys[start : start + 500])
                 await connection.execute(delete(blocks).where(blocks.c.key.in_(chunk)))
 
-    @_unavailable_on_failure
+    @unavailable_on_failure
     async def all_block_keys(self) -> set[str]:
         async with self._db().connect() as connection:
             return {row.key for row in await connection.execute(select(blocks.c.key))}
 
-    @_unavailable_on_failure
+    @unavailable_on_failure
     async def total_block_bytes(self) -> int:
         async with self._db().connect() as connection:
             total = (await connection.execute(select(func.sum(blocks.c.nbytes)))).scalar()
             return int(total or 0)
 
-    @_unavailable_on_failure
+    @unavailable_on_failure
     async def append_messages(
         self, namespace: str, agent_id: str, records: Sequence[MessageRecord]
     ) -> None:
@@ -314,7 +314,7 @@ class SqliteMetadataStore:
                 ],
             )
 
-    @_unavailable_on_failure
+    @unavailable_on_failure
     async def messages(self, namespace: str, agent_id: str) -> list[MessageRecord]:
         async with self._db().connect() as connection:
             rows = await connection.execute(
@@ -329,7 +329,7 @@ class SqliteMetadataStore:
                 for row in rows
             ]
 
-    @_unavailable_on_failure
+    @unavailable_on_failure
     async def message_counts(self, namespace: str) -> dict[str, int]:
         async with self._db().connect() as connection:
             rows = await connection.execute(
@@ -339,7 +339,7 @@ class SqliteMetadataStore:
             )
             return {row.agent_id: row.n for row in rows}
 
-    @_unavailable_on_failure
+    @unavailable_on_failure
     async def remember_reply(self, namespace: str, key: str, body: str) -> None:
         """Kept for ``REPLIES_KEPT_S``: an agent loop sends a call back within minutes."""
         now = time.time()
@@ -354,7 +354,7 @@ class SqliteMetadataStore:
                 sqlite_insert(generated_replies).values(**row).on_conflict_do_nothing()
             )
 
-    @_unavailable_on_failure
+    @unavailable_on_failure
     async def remembered_reply(self, namespace: str, key: str) -> str | None:
         async with self._db().connect() as connection:
             found = await connection.execute(
@@ -389,6 +389,10 @@ class SqliteMetadataStore:
         self._undo.extend(self._rows.rows(keys))
         if drop:
             self._rows.drop(keys)
+
+    def engine(self) -> AsyncEngine:
+        """The open database, for the stored objects kept in it (``SqliteObjectStore``)."""
+        return self._db()
 
     def _db(self) -> AsyncEngine:
         if self._engine is None:

@@ -1,0 +1,340 @@
+"""OpenAI's Responses API: ``/v1/responses``, a front door onto the agents use case whose
+chains resume from stored KV (ADR 0020)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from litestar import Controller, Request, delete, get, post
+from litestar.datastructures import State
+
+from semantic.adapters.http.common import services, sse, unless_client_leaves
+from semantic.adapters.http.identity import checked_id, identity
+from semantic.adapters.http.openai_tools import openai_tool_use
+from semantic.adapters.http.responses_items import (
+    fresh_id,
+    input_items,
+    item_messages,
+    new_id,
+    output_items,
+)
+from semantic.adapters.http.responses_schemas import ResponseRequest
+from semantic.adapters.http.responses_stream import ResponseEvents
+from semantic.adapters.http.tool_translate import named_refusal, reply_shape, response_schema
+from semantic.adapters.http.translate import check_model, must_default, sampling
+from semantic.application.agents import CommittedReply, Turn
+from semantic.application.generation import GenerationEvent, GenerationResult
+from semantic.application.responses import INPUT_ITEM, ITEM, RESPONSE, ResponseAsk
+from semantic.domain.constraints import UnsupportedSchemaError
+from semantic.domain.errors import InvalidRequestError, PromptTooLongError, SemanticError
+from semantic.domain.generation import FinishReason
+from semantic.domain.tools import ToolUse
+from semantic.ports.object_store import StoredObject
+
+MAX_PAGE = 100
+
+
+class ResponsesController(Controller):
+    path = "/v1/responses"
+    tags = ("OpenAI Responses",)
+
+    @post("/", status_code=200)
+    async def create(
+        self, request: Request[Any, Any, Any], data: ResponseRequest, state: State
+    ) -> Any:
+        found = services(state)
+        if data.model is not None:
+            check_model(data.model, found.model_id)
+        _check_unserved(data)
+        namespace = identity(request).namespace
+        items = input_items(data.input)
+        use = _tool_use(data)
+        shape = reply_shape(found.tokenizer, use, _text_schema(data.text))
+        conversation = _conversation_id(data)
+        history: list[dict[str, Any]] = []
+        if conversation is not None:
+            stored = await found.responses.conversation_items(namespace, conversation)
+            history = [json.loads(o.body) for o in stored]
+        response_id, message_id = new_id("resp"), new_id("msg")
+        turn = Turn(
+            "",
+            data.max_output_tokens,
+            sampling(data.temperature, data.top_p, None),
+            tools=use,
+            items=item_messages(items),
+            constraint=None if use and use.offered else shape.constraint,
+        )
+        ask = ResponseAsk(
+            response_id,
+            turn,
+            data.instructions,
+            data.previous_response_id,
+            conversation,
+            item_messages(history),
+            tuple(i["id"] for i in history),
+            data.store is not False,
+        )
+        body = _Body(
+            response_id,
+            message_id,
+            data,
+            model=found.model_id,
+            conversation=conversation,
+            items=items,
+        )
+        events = found.responses.create(namespace, ask, body.keep)
+        first = await _first(request, events, use, data)
+        if data.stream:
+            stream = ResponseEvents(body.started(), message_id)
+            return sse(stream.stream(first, events, body.final), events.aclose)
+        await unless_client_leaves(request, _last(first, events))
+        return body.final()
+
+    @get("/{response_id:str}")
+    async def get_response(
+        self, request: Request[Any, Any, Any], response_id: str, state: State
+    ) -> dict[str, Any]:
+        service = services(state).responses
+        stored = await service.response(identity(request).namespace, _id(response_id))
+        body: dict[str, Any] = json.loads(stored.body)
+        return body
+
+    @delete("/{response_id:str}", status_code=200)
+    async def delete_response(
+        self, request: Request[Any, Any, Any], response_id: str, state: State
+    ) -> dict[str, Any]:
+        service = services(state).responses
+        await service.delete_response(identity(request).namespace, _id(response_id))
+        return {"id": response_id, "object": "response.deleted", "deleted": True}
+
+    @get("/{response_id:str}/input_items")
+    async def list_input_items(
+        self,
+        request: Request[Any, Any, Any],
+        response_id: str,
+        state: State,
+        *,
+        limit: int = 20,
+        after: str | None = None,
+        order: str = "desc",
+    ) -> dict[str, Any]:
+        service = services(state).responses
+        stored = await service.input_items(identity(request).namespace, _id(response_id))
+        return page([json.loads(o.body) for o in stored], limit, after, order)
+
+
+def page(items: list[dict[str, Any]], limit: int, after: str | None, order: str) -> dict[str, Any]:
+    """A list page as OpenAI gives one: ``after`` an item's id, in ``order``."""
+    if not 1 <= limit <= MAX_PAGE:
+        raise InvalidRequestError(f"limit must be between 1 and {MAX_PAGE}", param="limit")
+    if order not in ("asc", "desc"):
+        raise InvalidRequestError("order must be 'asc' or 'desc'", param="order")
+    ordered = items if order == "asc" else items[::-1]
+    if after is not None:
+        ids = [i["id"] for i in ordered]
+        if after not in ids:
+            raise InvalidRequestError(f"after names no item: {after!r}", param="after")
+        ordered = ordered[ids.index(after) + 1 :]
+    data = ordered[:limit]
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": len(ordered) > limit,
+    }
+
+
+def _id(value: str) -> str:
+    return checked_id(value, "id")
+
+
+class _Body:
+    """The response object, as started and as stored once its reply is committed."""
+
+    def __init__(
+        self,
+        response_id: str,
+        message_id: str,
+        data: ResponseRequest,
+        *,
+        model: str,
+        conversation: str | None,
+        items: list[dict[str, Any]],
+    ) -> None:
+        self.response_id = response_id
+        self.message_id = message_id
+        self.data = data
+        self.model = model
+        self.conversation = conversation
+        self.items = items
+        self.created_at = int(time.time())
+        self.body: dict[str, Any] | None = None
+
+    def started(self) -> dict[str, Any]:
+        return self._shape("in_progress", [], None)
+
+    def final(self) -> dict[str, Any]:
+        if self.body is None:
+            raise SemanticError("the response ended without a reply")
+        return self.body
+
+    def keep(self, reply: CommittedReply) -> list[StoredObject]:
+        output = output_items(reply, self.message_id)
+        cut = reply.finish_reason in (FinishReason.MAX_TOKENS, FinishReason.MAX_CHARS)
+        status = "incomplete" if cut and not reply.calls else "completed"
+        self.body = self._shape(status, output, reply)
+        rid = self.response_id
+        kept = [StoredObject(RESPONSE, rid, json.dumps(self.body))]
+        kept += [
+            StoredObject(INPUT_ITEM, f"{rid}/{i['id']}", json.dumps(i), rid) for i in self.items
+        ]
+        if self.conversation is not None:
+            for item in [*self.items, *output]:
+                fresh = {**item, "id": fresh_id(item)}
+                kept.append(StoredObject(ITEM, fresh["id"], json.dumps(fresh), self.conversation))
+        return kept
+
+    def _shape(
+        self, status: str, output: list[dict[str, Any]], reply: GenerationResult | None
+    ) -> dict[str, Any]:
+        data = self.data
+        usage = None
+        if reply is not None:
+            u = reply.usage
+            usage = {
+                "input_tokens": u.prompt_tokens,
+                "input_tokens_details": {"cached_tokens": u.cached_tokens},
+                "output_tokens": u.completion_tokens,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": u.prompt_tokens + u.completion_tokens,
+            }
+        incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
+        return {
+            "id": self.response_id,
+            "object": "response",
+            "created_at": self.created_at,
+            "status": status,
+            "background": False,
+            "error": None,
+            "incomplete_details": incomplete,
+            "instructions": data.instructions,
+            "max_output_tokens": data.max_output_tokens,
+            "model": self.model,
+            "output": output,
+            "parallel_tool_calls": data.parallel_tool_calls is not False,
+            "previous_response_id": data.previous_response_id,
+            "conversation": {"id": self.conversation} if self.conversation else None,
+            "reasoning": {"effort": None, "summary": None},
+            "store": data.store is not False,
+            "temperature": data.temperature,
+            "top_p": data.top_p,
+            "text": data.text or {"format": {"type": "text"}},
+            "tool_choice": data.tool_choice or "auto",
+            "tools": data.tools or [],
+            "truncation": data.truncation or "disabled",
+            "usage": usage,
+            "metadata": data.metadata or {},
+            "user": data.user,
+        }
+
+
+async def _first(
+    request: Request[Any, Any, Any],
+    events: AsyncIterator[GenerationEvent],
+    use: ToolUse | None,
+    data: ResponseRequest,
+) -> GenerationEvent:
+    """The first event surfaces errors (unknown previous response, bad input) as codes."""
+    try:
+        return await unless_client_leaves(request, anext(events))
+    except UnsupportedSchemaError as error:
+        raise named_refusal(error, use) from None
+    except PromptTooLongError as error:
+        if data.truncation == "auto":
+            raise PromptTooLongError(
+                f'{error}; truncation "auto" is not served: the chain no longer fits, start '
+                "a new one",
+                param="truncation",
+            ) from None
+        raise
+
+
+async def _last(first: GenerationEvent, rest: AsyncIterator[GenerationEvent]) -> None:
+    result = first
+    async for event in rest:
+        result = event
+    if not isinstance(result, CommittedReply):
+        raise SemanticError("the response ended without a reply")
+
+
+def _check_unserved(data: ResponseRequest) -> None:
+    if data.background:
+        raise InvalidRequestError("background responses are not supported", param="background")
+    if data.truncation not in (None, "auto", "disabled"):
+        raise InvalidRequestError("truncation must be 'auto' or 'disabled'", param="truncation")
+    must_default(data.prompt, None, "prompt")
+    must_default(data.context_management or None, None, "context_management")
+    must_default(data.top_logprobs or 0, 0, "top_logprobs")
+    if data.previous_response_id is not None and data.conversation is not None:
+        raise InvalidRequestError(
+            "give previous_response_id or conversation, not both", param="conversation"
+        )
+    if data.max_output_tokens is not None and data.max_output_tokens < 1:
+        raise InvalidRequestError("max_output_tokens must be at least 1", param="max_output_tokens")
+    if data.previous_response_id is not None:
+        checked_id(data.previous_response_id, "previous_response_id")
+
+
+def _conversation_id(data: ResponseRequest) -> str | None:
+    conversation = data.conversation
+    if isinstance(conversation, dict):
+        conversation = conversation.get("id")
+        if not isinstance(conversation, str):
+            raise InvalidRequestError("conversation.id must be a string", param="conversation")
+    return None if conversation is None else checked_id(conversation, "conversation")
+
+
+def _tool_use(data: ResponseRequest) -> ToolUse | None:
+    """The Responses API's flat function tools in the chat shape the use case reads."""
+    tools = []
+    for index, tool in enumerate(data.tools or []):
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind != "function":
+            raise InvalidRequestError(
+                f"tools[{index}]: hosted tools ({kind!r}) are not served; only function tools",
+                param="tools",
+            )
+        function = {
+            k: tool[k] for k in ("name", "description", "parameters", "strict") if k in tool
+        }
+        tools.append({"type": "function", "function": function})
+    choice = data.tool_choice
+    if isinstance(choice, dict):
+        if choice.get("type") != "function":
+            raise InvalidRequestError(
+                f"tool_choice of type {choice.get('type')!r} is not served", param="tool_choice"
+            )
+        choice = {"type": "function", "function": {"name": choice.get("name")}}
+    return openai_tool_use(tools, choice, data.parallel_tool_calls)
+
+
+def _text_schema(text: dict[str, Any] | None) -> str | None:
+    fmt = (text or {}).get("format")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or not isinstance(fmt.get("type"), str):
+        raise InvalidRequestError("text.format must be an object with a type", param="text")
+    shaped = dict(fmt)
+    if fmt.get("type") == "json_schema":
+        spec = {k: v for k, v in fmt.items() if k != "type"}
+        shaped = {"type": "json_schema", "json_schema": spec}
+    try:
+        return response_schema(shaped)
+    except InvalidRequestError as error:
+        raise InvalidRequestError(
+            str(error).replace("response_format", "text.format"), param="text"
+        ) from None

@@ -1,0 +1,128 @@
+"""A response as the Responses API streams it: ``response.created``, ``.in_progress``, the
+output items with their text deltas and call arguments, then ``response.completed`` (or
+``.incomplete`` / ``.failed``), each event numbered by ``sequence_number``."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from semantic.adapters.http.common import sse_data
+from semantic.adapters.http.errors import problem_for
+from semantic.application.agents import CommittedReply
+from semantic.application.generation import GenerationEvent, TextDelta
+from semantic.domain.errors import SemanticError
+
+
+class ResponseEvents:
+    def __init__(self, started: dict[str, Any], message_id: str) -> None:
+        self._started = started
+        self._message_id = message_id
+        self._sequence = 0
+        self._text: list[str] | None = None
+
+    def event(self, kind: str, **fields: Any) -> str:
+        body = {"type": kind, "sequence_number": self._sequence, **fields}
+        self._sequence += 1
+        return sse_data(body, kind)
+
+    async def stream(
+        self,
+        first: GenerationEvent,
+        rest: AsyncIterator[GenerationEvent],
+        final: Callable[[], dict[str, Any]],
+    ) -> AsyncIterator[str]:
+        """``final`` gives the stored response once the reply is committed."""
+        yield self.event("response.created", response=self._started)
+        yield self.event("response.in_progress", response=self._started)
+        try:
+            event: GenerationEvent | None = first
+            while event is not None:
+                if isinstance(event, TextDelta) and event.text:
+                    for line in self._delta(event.text):
+                        yield line
+                elif isinstance(event, CommittedReply):
+                    for line in self._end(final()):
+                        yield line
+                event = await anext(rest, None)
+        except SemanticError as error:
+            problem = problem_for(error)
+            failed = {
+                **self._started,
+                "status": "failed",
+                "error": {"code": problem.kind, "message": problem.message},
+            }
+            yield self.event("response.failed", response=failed)
+
+    def _delta(self, text: str) -> list[str]:
+        lines = []
+        if self._text is None:
+            self._text = []
+            lines += self._open_message()
+        self._text.append(text)
+        lines.append(
+            self.event(
+                "response.output_text.delta",
+                item_id=self._message_id,
+                output_index=0,
+                content_index=0,
+                delta=text,
+                logprobs=[],
+            )
+        )
+        return lines
+
+    def _open_message(self) -> list[str]:
+        item = {
+            "id": self._message_id,
+            "type": "message",
+            "role": "assistant",
+            "status": "in_progress",
+            "content": [],
+        }
+        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        return [
+            self.event("response.output_item.added", output_index=0, item=item),
+            self.event(
+                "response.content_part.added",
+                item_id=self._message_id,
+                output_index=0,
+                content_index=0,
+                part=part,
+            ),
+        ]
+
+    def _end(self, body: dict[str, Any]) -> list[str]:
+        lines = []
+        for index, item in enumerate(body["output"]):
+            if item["type"] == "message":
+                lines += self._close_message(index, item)
+            else:
+                lines += self._call(index, item)
+        kind = "response.incomplete" if body["status"] == "incomplete" else "response.completed"
+        lines.append(self.event(kind, response=body))
+        return lines
+
+    def _close_message(self, index: int, item: dict[str, Any]) -> list[str]:
+        lines = self._open_message() if self._text is None else []
+        part = item["content"][0]
+        where = {"item_id": item["id"], "output_index": index, "content_index": 0}
+        return [
+            *lines,
+            self.event("response.output_text.done", **where, text=part["text"], logprobs=[]),
+            self.event("response.content_part.done", **where, part=part),
+            self.event("response.output_item.done", output_index=index, item=item),
+        ]
+
+    def _call(self, index: int, item: dict[str, Any]) -> list[str]:
+        opened = {**copy.deepcopy(item), "arguments": "", "status": "in_progress"}
+        where = {"item_id": item["id"], "output_index": index}
+        return [
+            self.event("response.output_item.added", output_index=index, item=opened),
+            self.event("response.function_call_arguments.delta", **where, delta=item["arguments"]),
+            self.event(
+                "response.function_call_arguments.done", **where, arguments=item["arguments"]
+            ),
+            self.event("response.output_item.done", output_index=index, item=item),
+        ]

@@ -1,0 +1,224 @@
+"""The Responses and Conversations APIs through the official ``openai`` SDK, on the embedded
+model: chains resume from stored KV (after a restart too), branch copy-on-write, streams
+reassemble to what is stored, and bad input is refused by name."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from openai.types.responses import ResponseCompletedEvent, ResponseIncompleteEvent
+from reliability.server import ServerProcess
+
+pytestmark = pytest.mark.model
+
+Start = Callable[..., ServerProcess]
+
+
+def client(server: ServerProcess, **headers: str) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=f"{server.url}/v1", api_key="unused", default_headers=headers, max_retries=0
+    )
+
+
+def ask(server: ServerProcess, text: Any, **fields: Any) -> Any:
+    return client(server).responses.create(
+        model="default", input=text, max_output_tokens=12, temperature=0, **fields
+    )
+
+
+def test_a_chain_resumes_from_its_blocks_after_a_restart(new_server: Start) -> None:
+    first_server = new_server()
+    first = ask(first_server, "Name three colours.", instructions="Answer briefly.")
+    assert first.status in ("completed", "incomplete")
+    assert first.output_text
+    warm = ask(first_server, "Which one is the warmest?", previous_response_id=first.id)
+    done = first.usage.input_tokens + first.usage.output_tokens
+    assert warm.usage.input_tokens_details.cached_tokens >= 0.9 * done
+    first_server.stop()
+    second_server = new_server(data_dir=first_server.data_dir)
+    again = ask(second_server, "Which one is the warmest?", previous_response_id=first.id)
+    assert again.usage.input_tokens_details.cached_tokens >= 0.9 * done
+    assert again.output_text == warm.output_text
+    kept = client(second_server).responses.retrieve(warm.id)
+    assert kept.output_text == warm.output_text
+    assert kept.previous_response_id == first.id
+
+
+def test_streamed_events_reassemble_to_the_stored_response(server: ServerProcess) -> None:
+    events = list(
+        client(server).responses.create(
+            model="default", input="Say hello.", max_output_tokens=10, temperature=0, stream=True
+        )
+    )
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds[-1] in ("response.completed", "response.incomplete")
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    last = events[-1]
+    assert isinstance(last, ResponseCompletedEvent | ResponseIncompleteEvent)
+    final = last.response
+    stored = client(server).responses.retrieve(final.id)
+    assert text == stored.output_text == final.output_text
+    assert stored.usage is not None
+    assert final.usage is not None
+    assert stored.usage.output_tokens == final.usage.output_tokens
+
+
+def _dump(item: Any) -> dict[str, Any]:
+    dumped: dict[str, Any] = item if isinstance(item, dict) else item.model_dump()
+    return dumped
+
+
+def _text(item: Any) -> str:
+    return "".join(part["text"] for part in _dump(item)["content"])
+
+
+def _blocks(server: ServerProcess) -> int:
+    with sqlite3.connect(server.data_dir / "semantic.db") as db:
+        return int(db.execute("SELECT count(*) FROM blocks").fetchone()[0])
+
+
+def test_two_responses_on_one_previous_id_branch(server: ServerProcess) -> None:
+    rules = " ".join(f"Rule {i}: answer in one short sentence." for i in range(60))
+    root = ask(server, "Name a fruit.", instructions=rules)
+    before = _blocks(server)
+    left = ask(server, "Is it sweet?", previous_response_id=root.id)
+    middle = _blocks(server)
+    right = ask(server, "What colour is it?", previous_response_id=root.id)
+    after = _blocks(server)
+    shared = root.usage.input_tokens + root.usage.output_tokens
+    assert right.usage.input_tokens_details.cached_tokens >= 0.9 * shared
+    new_tokens = right.usage.input_tokens + right.usage.output_tokens - shared
+    assert after - middle <= new_tokens // 256 + 2  # only its own blocks: nothing copied
+    assert (
+        middle - before <= (left.usage.input_tokens + left.usage.output_tokens - shared) // 256 + 2
+    )
+    items = client(server).responses.input_items.list(right.id)
+    assert [_text(i) for i in items.data] == ["What colour is it?"]
+    on_left = ask(server, "Why?", previous_response_id=left.id)
+    assert on_left.usage.input_tokens_details.cached_tokens >= left.usage.input_tokens
+    client(server).responses.delete(left.id)
+    later = ask(server, "Really?", previous_response_id=on_left.id)  # on_left's blocks stay
+    done = on_left.usage.input_tokens + on_left.usage.output_tokens
+    assert later.usage.input_tokens_details.cached_tokens >= 0.9 * done
+    client(server).responses.delete(later.id)
+    client(server).responses.delete(on_left.id)
+    assert _blocks(server) == before + (after - middle)  # what only they held is freed
+    again = ask(server, "What colour is it?", previous_response_id=root.id)
+    assert again.output_text == right.output_text
+
+
+def test_a_deleted_response_and_another_namespace_are_404(server: ServerProcess) -> None:
+    first = ask(server, "Name a river.")
+    other = client(server, **{"X-Namespace": "elsewhere"})
+    with pytest.raises(openai.NotFoundError):
+        other.responses.retrieve(first.id)
+    with pytest.raises(openai.NotFoundError):
+        other.responses.create(model="default", input="Hi", previous_response_id=first.id)
+    client(server).responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError) as missing:
+        ask(server, "And another?", previous_response_id=first.id)
+    assert missing.value.body["param"] == "previous_response_id"  # type: ignore[index]  # the SDK types body as object
+    with pytest.raises(openai.NotFoundError):
+        client(server).responses.retrieve(first.id)
+
+
+def test_store_false_keeps_nothing(server: ServerProcess) -> None:
+    unstored = ask(server, "Name a bird.", store=False)
+    assert unstored.output_text
+    with pytest.raises(openai.NotFoundError):
+        client(server).responses.retrieve(unstored.id)
+
+
+def test_a_conversation_keeps_its_items_in_order(server: ServerProcess) -> None:
+    api = client(server)
+    conversation = api.conversations.create(
+        items=[{"type": "message", "role": "user", "content": "My name is Ada."}],
+        metadata={"topic": "names"},
+    )
+    api.conversations.items.create(
+        conversation.id,
+        items=[{"type": "message", "role": "user", "content": "I live in Paris."}],
+    )
+    reply = ask(server, "Where do I live?", conversation=conversation.id)
+    assert reply.conversation is not None
+    assert reply.conversation.id == conversation.id
+    items = [_dump(i) for i in api.conversations.items.list(conversation.id, order="asc").data]
+    assert [i["type"] for i in items] == ["message"] * 4
+    assert [i["role"] for i in items] == ["user", "user", "user", "assistant"]
+    assert [_text(i) for i in items] == [
+        "My name is Ada.",
+        "I live in Paris.",
+        "Where do I live?",
+        reply.output_text,
+    ]
+    first_page = api.conversations.items.with_raw_response.list(
+        conversation.id, limit=2, order="asc"
+    ).http_response.json()
+    assert [i["id"] for i in first_page["data"]] == [items[0]["id"], items[1]["id"]]
+    assert first_page["has_more"]
+    rest = api.conversations.items.list(conversation.id, limit=2, order="asc", after=items[1]["id"])
+    assert [_dump(i)["id"] for i in rest.data] == [items[2]["id"], items[3]["id"]]
+    again = ask(server, "And my name?", conversation=conversation.id)  # resumes its blocks
+    done = reply.usage.input_tokens + reply.usage.output_tokens
+    assert again.usage.input_tokens_details.cached_tokens >= 0.9 * done
+    api.conversations.items.delete(items[1]["id"], conversation_id=conversation.id)
+    left = [_dump(i)["id"] for i in api.conversations.items.list(conversation.id, order="asc")]
+    assert left[:3] == [items[0]["id"], items[2]["id"], items[3]["id"]]
+    assert len(left) == 5
+    follow = ask(server, "What is my name?", conversation=conversation.id)
+    assert follow.output_text
+    assert len(api.conversations.items.list(conversation.id, limit=100).data) == 7
+    assert api.conversations.retrieve(conversation.id).metadata == {"topic": "names"}
+    api.conversations.delete(conversation.id)
+    with pytest.raises(openai.NotFoundError):
+        ask(server, "Hello?", conversation=conversation.id)
+
+
+def _refused(server: ServerProcess, body: dict[str, Any]) -> dict[str, Any]:
+    reply = httpx.post(
+        f"{server.url}/v1/responses",
+        json={"model": "default", "max_output_tokens": 4, **body},
+        timeout=60,
+    )
+    assert reply.status_code == 400, reply.text
+    error: dict[str, Any] = reply.json()["error"]
+    return error
+
+
+def test_bad_input_is_refused_by_name(server: ServerProcess) -> None:
+    image = {"type": "input_image", "image_url": "https://example.com/a.png"}
+    cases: list[tuple[dict[str, Any], str, str]] = [
+        ({"input": [{"role": "user", "content": [image]}]}, "input", "input[0].content[0]"),
+        ({"input": ["Hi", {"type": "web_search_call", "id": "ws_1"}]}, "input", "input[1]"),
+        (
+            {"input": [{"type": "reasoning", "encrypted_content": "x", "summary": []}]},
+            "input",
+            "input[0]",
+        ),
+        ({"input": "Hi", "background": True}, "background", "background"),
+        ({"input": "Hi", "tools": [{"type": "web_search"}]}, "tools", "web_search"),
+        (
+            {"input": "Hi", "previous_response_id": "resp_a", "conversation": "conv_b"},
+            "conversation",
+            "not both",
+        ),
+    ]
+    for body, param, named in cases:
+        if isinstance(body["input"], list) and body["input"] and body["input"][0] == "Hi":
+            body["input"][0] = {"role": "user", "content": "Hi"}
+        error = _refused(server, body)
+        assert error["param"] == param, error
+        assert named in error["message"], error
+    missing = httpx.post(
+        f"{server.url}/v1/responses",
+        json={"model": "default", "input": "Hi", "conversation": "conv_missing"},
+        timeout=60,
+    )
+    assert missing.status_code == 404
