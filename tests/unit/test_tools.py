@@ -220,6 +220,8 @@ async def test_a_generated_call_is_rendered_as_written_when_sent_back() -> None:
     ("response_format", "says"),
     [
         ({"type": "xml"}, "type must be"),
+        ({"type": ["json_object"]}, "type must be"),
+        ({"type": {"a": 1}}, "type must be"),
         ({"type": "json_object", "schema": {}}, "no field 'schema'"),
         ({"type": "json_schema"}, "json_schema must be an object"),
         ({"type": "json_schema", "json_schema": {"schema": {}}}, "name"),

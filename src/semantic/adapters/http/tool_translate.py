@@ -46,7 +46,7 @@ def response_schema(response_format: dict[str, Any] | None) -> str | None:
         return None
     kind = response_format.get("type")
     allowed = {"text": {"type"}, "json_object": {"type"}, "json_schema": {"type", "json_schema"}}
-    if kind not in allowed:
+    if not isinstance(kind, str) or kind not in allowed:  # a list or object is no type either
         raise _bad_format(f"type must be 'text', 'json_object' or 'json_schema', got {kind!r}")
     extra = set(response_format) - allowed[str(kind)]
     if extra:
