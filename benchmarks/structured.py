@@ -12,8 +12,6 @@ drift falls on both; on a shared machine the figures are indicative.
 from __future__ import annotations
 
 import json
-import os
-import platform
 import time
 
 import mlx.core as mx
@@ -173,7 +171,6 @@ def compile_times(bench: Bench) -> None:
 
 
 def main() -> None:
-    print(f"machine: {platform.machine()} {platform.system()}, {os.cpu_count()} CPUs")
     bench = load_bench()
     compile_times(bench)
     compiler = grammar_compiler(bench.tokenizer)
