@@ -142,8 +142,11 @@ class Flood:
         longest[kind] = max(longest.get(kind, 0.0), held_s)
 
 
-def ask_ordinary(server: ServerProcess, client: openai.OpenAI, result: SlowClientResult) -> None:
-    """``/health`` and a short chat completion, each timed against the 2-second bound."""
+def ask_ordinary(server: ServerProcess, result: SlowClientResult) -> None:
+    """``/health`` and a short chat completion, each timed against the 2-second bound, each
+    from a client arriving now (a connection of its own, as a new caller has). A pooled
+    connection left idle between requests is itself a connection that sends no request:
+    the server may close it to make room, and the SDK's retry would then hide the case."""
     started = time.monotonic()
     try:
         health = httpx.get(f"{server.url}/health", timeout=ORDINARY_TIMEOUT_S)
@@ -154,6 +157,9 @@ def ask_ordinary(server: ServerProcess, client: openai.OpenAI, result: SlowClien
     result.health_s.append(time.monotonic() - started)
     result.ordinary_s.append(result.health_s[-1])
     started = time.monotonic()
+    client = openai.OpenAI(
+        base_url=f"{server.url}/v1", api_key="unused", timeout=ORDINARY_TIMEOUT_S, max_retries=0
+    )
     try:
         client.chat.completions.create(
             model="default",
@@ -163,6 +169,8 @@ def ask_ordinary(server: ServerProcess, client: openai.OpenAI, result: SlowClien
         )
     except openai.APIError as error:
         result.ordinary_failures.append(f"chat: {type(error).__name__} {error}")
+    finally:
+        client.close()
     result.ordinary_s.append(time.monotonic() - started)
 
 
@@ -206,14 +214,11 @@ def run(
     assert server.process is not None
     flood = Flood(server.port, sockets, seconds)
     result = flood.result
-    client = openai.OpenAI(
-        base_url=f"{server.url}/v1", api_key="unused", timeout=ORDINARY_TIMEOUT_S, max_retries=0
-    )
     try:
-        ask_ordinary(server, client, SlowClientResult())  # warm: the first request compiles
+        ask_ordinary(server, SlowClientResult())  # warm: the first request compiles
         before = SlowClientResult()
         for _ in range(before_rounds):
-            ask_ordinary(server, client, before)
+            ask_ordinary(server, before)
         result.before_s = before.ordinary_s
         result.descriptor_limit_serving = open_files_limit(server.process.pid)
         thread = threading.Thread(target=flood.run, name="slow-clients")
@@ -223,7 +228,7 @@ def run(
         flood.opened.wait(seconds)  # the ordinary client asks once the flood is all in
         result.all_open_after_s = time.monotonic() - started
         while thread.is_alive():
-            ask_ordinary(server, client, result)
+            ask_ordinary(server, result)
             result.during_flood = len(result.ordinary_s)
             result.peak_server_descriptors = max(
                 result.peak_server_descriptors, descriptors(server.process.pid)
@@ -231,7 +236,7 @@ def run(
             thread.join(0.2)
         result.seconds = time.monotonic() - started
         result.server_cpu_s = cpu_seconds(server.process.pid) - cpu_before
-        ask_ordinary(server, client, result)  # and once it is over
+        ask_ordinary(server, result)  # and once it is over
     finally:
         server.kill()
     _read_log(server.log, result)
