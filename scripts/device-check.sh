@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 DEVICE=gpu
 WHEELHOUSE=""
 TOKENIZER=""
-BUDGET_S=${SEMANTIC_DEVICE_CHECK_BUDGET_S:-300}
+BUDGET_S=${SEMANTIC_DEVICE_CHECK_BUDGET_S:-}
 while [ $# -gt 0 ]; do
   case "$1" in
     --device) DEVICE=$2; shift 2 ;;
@@ -46,6 +46,8 @@ else
 fi
 
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+# Five minutes on a GPU; a 2-core CPU needs about twice that for the same checks.
+[ -n "$BUDGET_S" ] || { [ "$DEVICE" = "cpu" ] && BUDGET_S=720 || BUDGET_S=300; }
 ARGS=(--device "$DEVICE" --budget-s "$BUDGET_S")
 [ -n "$TOKENIZER" ] && ARGS+=(--tokenizer "$TOKENIZER")
 exec "$PYTHON" -m benchmarks.device_check "${ARGS[@]}"
