@@ -164,13 +164,7 @@ async def _start_services(
     install_default_executor(asyncio.get_running_loop())
     loaded, tokenizer, spec = await asyncio.to_thread(_load, settings, progress)
     check_at_rest(settings.kv_at_rest, spec)
-    kernel = attention.kernel_name() if loaded.host_attention else "mlx-sdpa"
-    if jit.use_native_jit():
-        kernel += f"+{jit.NAME}"
-    if host_pass.supported(loaded.model):
-        kernel += f"+{host_pass.NAME}"
-    if not on_cpu():  # another device's KV differs in its last bits: never mixed with the CPU's
-        kernel = f"{device_name()}+{kernel}"
+    kernel = _kernel_name(loaded)
     storage = storage_format(settings.kv_at_rest)
     fingerprint = await asyncio.to_thread(model_fingerprint, loaded.path, spec, storage, kernel)
     pool = BlockPool.from_budget(spec, settings.kv_budget_bytes)
@@ -179,20 +173,8 @@ async def _start_services(
     prefault = min(settings.prefault_bytes, settings.kv_budget_bytes)
     lossless = settings.kv_at_rest == "lossless"  # quantized blocks are decoded, not viewed
     restore_buffers = RestoreBuffers(max_bytes=prefault // 2 if lossless else 0)
-    blocks = KVBlockStore(
-        BlockFiles(settings.data_dir / "blocks"),
-        MlxHostCodec(settings.kv_at_rest, restore_buffers),
-    )
-    cache = AgentCacheStore(
-        pool,
-        spec,
-        fingerprint,
-        block_store=blocks,
-        metadata=metadata,
-        config=CacheConfig(
-            disk_quota_bytes=settings.disk_quota_bytes,
-            disk_reserve_bytes=settings.disk_reserve_bytes,
-        ),
+    cache = _cache_store(
+        settings, pool, fingerprint, spec=spec, metadata=metadata, restore_buffers=restore_buffers
     )
     await cache.start()
     backend, _, loop = _engine(
@@ -209,21 +191,10 @@ async def _start_services(
     await asyncio.to_thread(_prepare_memory, prefault, spec, restore_buffers)
     _warm_up_chat_template(tokenizer)
     freeze_startup_objects()
-    limits = Limits(
-        max_context=_max_context(loaded),
-        max_tokens_cap=settings.max_tokens_cap,
-        default_max_tokens=settings.default_max_tokens,
-    )
+    limits = Limits(_max_context(loaded), settings.max_tokens_cap, settings.default_max_tokens)
     generation = GenerationService(loop, cache, limits, observer)
     agents = AgentService(generation, metadata, cache, tokenizer)
-    log.info(
-        "serving %s: KV %d bytes/token, pool of %d blocks (%d MiB), data in %s",
-        loaded.model_id,
-        spec.bytes_per_token,
-        pool.capacity,
-        pool.capacity * spec.block_bytes >> 20,
-        settings.data_dir,
-    )
+    _log_serving(settings, loaded, spec, pool)
     runtime = _runtime(loaded, kernel)
     return Services(
         loaded.model_id,
@@ -239,6 +210,54 @@ async def _start_services(
         calls=CallMemory(metadata),
         responses=ResponsesService(agents, SqliteObjectStore(metadata)),
         runtime=runtime,
+    )
+
+
+def _kernel_name(loaded: LoadedModel) -> str:
+    """The kernels that computed the KV, for the fingerprint: KV from other kernels (or
+    another device) differs in its last bits and is never mixed with this one's."""
+    kernel = attention.kernel_name() if loaded.host_attention else "mlx-sdpa"
+    if jit.use_native_jit():
+        kernel += f"+{jit.NAME}"
+    if host_pass.supported(loaded.model):
+        kernel += f"+{host_pass.NAME}"
+    if not on_cpu():
+        kernel = f"{device_name()}+{kernel}"
+    return kernel
+
+
+def _cache_store(
+    settings: Settings,
+    pool: BlockPool,
+    fingerprint: str,
+    *,
+    spec: ModelCacheSpec,
+    metadata: SqliteMetadataStore,
+    restore_buffers: RestoreBuffers,
+) -> AgentCacheStore:
+    blocks = KVBlockStore(
+        BlockFiles(settings.data_dir / "blocks"),
+        MlxHostCodec(settings.kv_at_rest, restore_buffers),
+    )
+    config = CacheConfig(
+        disk_quota_bytes=settings.disk_quota_bytes,
+        disk_reserve_bytes=settings.disk_reserve_bytes,
+    )
+    return AgentCacheStore(
+        pool, spec, fingerprint, block_store=blocks, metadata=metadata, config=config
+    )
+
+
+def _log_serving(
+    settings: Settings, loaded: LoadedModel, spec: ModelCacheSpec, pool: BlockPool
+) -> None:
+    log.info(
+        "serving %s: KV %d bytes/token, pool of %d blocks (%d MiB), data in %s",
+        loaded.model_id,
+        spec.bytes_per_token,
+        pool.capacity,
+        pool.capacity * spec.block_bytes >> 20,
+        settings.data_dir,
     )
 
 
