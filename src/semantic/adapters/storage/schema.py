@@ -50,6 +50,7 @@ blocks = Table(
     Column("ref_count", Integer, nullable=False),
     Column("tier", String, nullable=False),
     Column("created_at", Float, nullable=False),
+    Column("shared", Boolean, nullable=False, default=False),
 )
 
 agent_blocks = Table(
@@ -95,6 +96,18 @@ api_objects = Table(
     Column("body", Text, nullable=False),
     Column("created_at", Float, nullable=False),
 )
+
+agent_leases = Table(
+    "agent_leases",
+    metadata,
+    Column("namespace", String, primary_key=True),
+    Column("agent_id", String, primary_key=True),
+    Column("holder", String, nullable=False),
+    Column("epoch", Integer, nullable=False),
+    Column("expires_at", Float, nullable=False),
+)
+"""One instance per agent at a time: ``holder`` may write the agent's transcript and chain
+while ``expires_at`` is ahead and its writes carry ``epoch`` (each taking raises it)."""
 
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (
@@ -143,6 +156,13 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             body TEXT NOT NULL, created_at REAL NOT NULL)""",
         "CREATE UNIQUE INDEX api_objects_id ON api_objects (namespace, kind, object_id)",
         "CREATE INDEX api_objects_parent ON api_objects (namespace, kind, parent_id, seq)",
+    ),
+    (  # scale-out: blocks the shared tier holds, and each agent's lease (one writer at a time)
+        "ALTER TABLE blocks ADD COLUMN shared BOOLEAN NOT NULL DEFAULT 0",
+        """CREATE TABLE agent_leases (
+            namespace TEXT NOT NULL, agent_id TEXT NOT NULL, holder TEXT NOT NULL,
+            epoch INTEGER NOT NULL, expires_at REAL NOT NULL,
+            PRIMARY KEY (namespace, agent_id))""",
     ),
 )
 """MIGRATIONS[n] takes a database from schema version n to n + 1. Never edit one; append."""
