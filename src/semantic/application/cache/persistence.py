@@ -15,16 +15,20 @@ import dataclasses
 import errno
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from semantic.application.cache.disk_room import DiskRoom
 from semantic.application.cache.hot_index import HotBlock, HotIndex
 from semantic.application.cache.lineage import Lineage, branch_id, lineage
 from semantic.application.cache.stats import CacheStats
-from semantic.domain.errors import DiskFullError
+from semantic.domain.errors import DiskFullError, LeaseLostError
 from semantic.ports.block_store import BlockStore
+from semantic.ports.leases import Lease
 from semantic.ports.metadata_store import AgentRecord, BlockRecord, MetadataStore
+
+LeaseOf = Callable[[str, str], Lease | None]
+"""The lease an agent's turn holds on this instance (``AgentLeases.held``), if any."""
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +51,13 @@ class Saver:
         hot: HotIndex,
         stats: CacheStats,
         room: DiskRoom,
+        *,
+        lease_of: LeaseOf | None = None,
     ) -> None:
+        """``lease_of``: an agent's chain is saved under the lease its turn holds, and a
+        save whose lease another instance took is refused, keeping nothing (ADR 0022)."""
         self._store = store
+        self._lease_of = lease_of
         self._metadata = metadata
         self._hot = hot
         self._stats = stats
@@ -169,7 +178,8 @@ class Saver:
                 self._stats.saves_failed += 1
                 self._hot.mark_save_failed(block.key for block in job.chain)
                 full = (
-                    isinstance(error, DiskFullError) or getattr(error, "errno", 0) == errno.ENOSPC
+                    isinstance(error, DiskFullError | LeaseLostError)
+                    or getattr(error, "errno", 0) == errno.ENOSPC
                 )
                 log.log(
                     logging.WARNING if full else logging.ERROR,
@@ -211,26 +221,36 @@ class Saver:
             raise
         stored = await lineage(self._metadata, job.namespace, job.chain)
         agent_id = stored.conversation_id() if job.anonymous else job.agent_id
+        lease = self._lease(job)
         if not job.anonymous:
-            await self._keep_branch(job.namespace, agent_id, stored)
+            await self._keep_branch(job.namespace, agent_id, stored, lease)
         agent = AgentRecord(
             job.namespace, agent_id, tuple(keys), job.token_count, anonymous=job.anonymous
         )
         try:
-            orphans = await self._metadata.save_agent_blocks(agent, records)
+            orphans = await self._metadata.save_agent_blocks(agent, records, lease=lease)
         except DiskFullError:
             await self._room.after_full(job.namespace, agent_id, chain=keys)
-            orphans = await self._metadata.save_agent_blocks(agent, records)
+            orphans = await self._metadata.save_agent_blocks(agent, records, lease=lease)
         written.clear()  # recorded: theirs to keep
         self._hot.mark_persisted(keys)
         self._acknowledge(job.request_id)  # the reply need not wait for the cleanup below
         for branch in stored.covered_branches(agent_id):  # none for a conversation's id
-            orphans += await self._metadata.delete_agent(job.namespace, branch.agent_id)
+            orphans += await self._metadata.delete_agent(
+                job.namespace, branch.agent_id, lease=lease
+            )
         self._hot.remove(orphans)  # superseded: kept, a deleted agent's KV would linger
         await self.delete_files(orphans)
         await self._room.enforce(job.namespace, agent_id)
 
-    async def _keep_branch(self, namespace: str, agent_id: str, stored: Lineage) -> None:
+    def _lease(self, job: SaveJob) -> Lease | None:
+        if job.anonymous or self._lease_of is None:
+            return None
+        return self._lease_of(job.namespace, job.agent_id)
+
+    async def _keep_branch(
+        self, namespace: str, agent_id: str, stored: Lineage, lease: Lease | None
+    ) -> None:
         """An agent whose new turn does not extend its stored one keeps the old block list
         as a branch record, committed before the new list can orphan its blocks."""
         old = await self._metadata.agent(namespace, agent_id)
@@ -239,7 +259,7 @@ class Saver:
         branch = dataclasses.replace(
             old, agent_id=branch_id(old), system_prompt=None, anonymous=True
         )
-        await self._metadata.save_agent_blocks(branch, [])
+        await self._metadata.save_agent_blocks(branch, [], lease=lease)
 
     async def _write(
         self, job: SaveJob, blocks: list[HotBlock], written: list[str]

@@ -23,7 +23,7 @@ from semantic.application.cache.disk_room import DISK_FLOOR_BYTES, DiskRoom, Dis
 from semantic.application.cache.hot_index import CACHE_OWNER, HotBlock, HotIndex
 from semantic.application.cache.lineage import ANONYMOUS_AGENT
 from semantic.application.cache.loader import BlockLoader, LoadOutcome
-from semantic.application.cache.persistence import SaveJob, Saver
+from semantic.application.cache.persistence import LeaseOf, SaveJob, Saver
 from semantic.application.cache.read_lanes import LaneReaders, in_order, read_lanes, when_all_done
 from semantic.application.cache.stats import CacheStats, Restored
 from semantic.application.events import CompletionEvent
@@ -94,6 +94,7 @@ class AgentCacheStore:
         metadata: MetadataStore,
         config: CacheConfig | None = None,
         clock: Callable[[], float] = time.monotonic,
+        lease_of: LeaseOf | None = None,
     ) -> None:
         self._pool = pool
         self._spec = spec
@@ -114,7 +115,9 @@ class AgentCacheStore:
             reserve=config.disk_reserve_bytes,
             floor=config.disk_floor_bytes,
         )
-        self._saver = Saver(block_store, metadata, self.hot, self.stats, room=self._room)
+        self._saver = Saver(
+            block_store, metadata, self.hot, self.stats, room=self._room, lease_of=lease_of
+        )
         self._pins = itertools.count(1)
         self._readers = LaneReaders()
 
