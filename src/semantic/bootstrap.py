@@ -31,6 +31,7 @@ from semantic.adapters.mlx.tokenizer import MlxTokenizer
 from semantic.adapters.storage.block_files import BlockFiles
 from semantic.adapters.storage.data_dir_lock import acquire_data_directory, release_data_directory
 from semantic.adapters.storage.kv_block_store import KVBlockStore
+from semantic.adapters.storage.sql_leases import SqlLeases
 from semantic.adapters.storage.sqlite_metadata import SqliteMetadataStore
 from semantic.adapters.storage.sqlite_objects import SqliteObjectStore
 from semantic.application.agents import AgentService
@@ -39,6 +40,7 @@ from semantic.application.call_memory import CallMemory
 from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
 from semantic.application.engine_loop import EngineLoop
 from semantic.application.generation import GenerationService, Limits
+from semantic.application.leases import AgentLeases, LeaseConfig, instance_holder
 from semantic.application.responses import ResponsesService
 from semantic.application.scheduler.pacer import PacerConfig
 from semantic.application.threads import install_default_executor
@@ -170,11 +172,18 @@ async def _start_services(
     pool = BlockPool.from_budget(spec, settings.kv_budget_bytes)
     metadata = SqliteMetadataStore(settings.data_dir / "semantic.db")
     await metadata.open()
+    leases = _leases(settings, metadata)
     prefault = min(settings.prefault_bytes, settings.kv_budget_bytes)
     lossless = settings.kv_at_rest == "lossless"  # quantized blocks are decoded, not viewed
     restore_buffers = RestoreBuffers(max_bytes=prefault // 2 if lossless else 0)
     cache = _cache_store(
-        settings, pool, fingerprint, spec=spec, metadata=metadata, restore_buffers=restore_buffers
+        settings,
+        pool,
+        fingerprint,
+        spec=spec,
+        metadata=metadata,
+        restore_buffers=restore_buffers,
+        leases=leases,
     )
     await cache.start()
     backend, _, loop = _engine(
@@ -193,7 +202,7 @@ async def _start_services(
     freeze_startup_objects()
     limits = Limits(_max_context(loaded), settings.max_tokens_cap, settings.default_max_tokens)
     generation = GenerationService(loop, cache, limits, observer)
-    agents = AgentService(generation, metadata, cache, tokenizer)
+    agents = AgentService(generation, metadata, cache, tokenizer, leases)
     _log_serving(settings, loaded, spec, pool)
     runtime = _runtime(loaded, kernel)
     return Services(
@@ -211,6 +220,16 @@ async def _start_services(
         responses=ResponsesService(agents, SqliteObjectStore(metadata)),
         runtime=runtime,
     )
+
+
+def _leases(settings: Settings, metadata: SqliteMetadataStore) -> AgentLeases | None:
+    """Each agent's lease in the database, when instances share it (ADR 0022)."""
+    if not settings.leases:
+        return None
+    config = LeaseConfig(settings.lease_seconds, settings.lease_wait_s)
+    leases = AgentLeases(SqlLeases(metadata.engine), instance_holder(), config)
+    log.info("agents' leases on, as %s (%.0f s each)", leases.holder, config.seconds)
+    return leases
 
 
 def _kernel_name(loaded: LoadedModel) -> str:
@@ -234,6 +253,7 @@ def _cache_store(
     spec: ModelCacheSpec,
     metadata: SqliteMetadataStore,
     restore_buffers: RestoreBuffers,
+    leases: AgentLeases | None,
 ) -> AgentCacheStore:
     blocks = KVBlockStore(
         BlockFiles(settings.data_dir / "blocks"),
@@ -244,7 +264,13 @@ def _cache_store(
         disk_reserve_bytes=settings.disk_reserve_bytes,
     )
     return AgentCacheStore(
-        pool, spec, fingerprint, block_store=blocks, metadata=metadata, config=config
+        pool,
+        spec,
+        fingerprint,
+        block_store=blocks,
+        metadata=metadata,
+        config=config,
+        lease_of=leases.held if leases is not None else None,
     )
 
 

@@ -93,6 +93,10 @@ class Settings:
     response); a slow client cannot hold a connection open with a request it never ends."""
     body_timeout_s: float = 30.0
     """A request's body must arrive within this long of its headers."""
+    leases: bool = False
+    """Agents' turns take a lease in the database (instances sharing it; ADR 0022)."""
+    lease_seconds: float = 30.0
+    lease_wait_s: float = 5.0
 
     def __post_init__(self) -> None:
         if self.weights not in WEIGHT_CHOICES:
