@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import pytest
 
 from semantic.application.cache.lineage import ANONYMOUS_AGENT, ANONYMOUS_PREFIX, branch_prefix
+from semantic.application.cache.persistence import LeaseOf
 from semantic.application.cache.read_lanes import READERS
 from semantic.application.cache.store import AgentCacheStore, CacheConfig, CachedPrefix
 from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
@@ -36,6 +37,7 @@ class Harness:
         reserve: int = 0,
         backend: FakeBackend | None = None,
         floor: int = 0,
+        lease_of: LeaseOf | None = None,
     ) -> None:
         self.backend = backend or FakeBackend()
         self.pool = BlockPool(capacity)
@@ -50,6 +52,7 @@ class Harness:
             config=CacheConfig(
                 disk_quota_bytes=quota, disk_reserve_bytes=reserve, disk_floor_bytes=floor
             ),
+            lease_of=lease_of,
         )
         config = EngineConfig(
             prefill_chunk_tokens=4, pacer=PacerConfig(fixed_tokens=64), max_context=512

@@ -69,13 +69,15 @@ class AgentLeases:
         config: LeaseConfig | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        pause: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
+        """``clock`` and ``pause``: how the wait for a busy lease is timed and passes
+        (tests pass fakes); renewals run on asyncio's own clock."""
         self._store = store
         self.holder = holder
         self._config = config or LeaseConfig()
         self._clock = clock
-        self._sleep = sleep
+        self._pause = pause
         self._held: dict[tuple[str, str], _Held] = {}
         self._entering = KeyedLocks()
 
@@ -119,14 +121,14 @@ class AgentLeases:
                 left = deadline - self._clock()
                 if left <= 0:
                     raise
-            await self._sleep(min(pause, left))
+            await self._pause(min(pause, left))
             pause = min(pause * 2, self._config.max_poll_s)
 
     async def _renew(self, held: _Held) -> None:
         """Until cancelled. A lost lease stops it (the fenced writes will be refused); a
         database that fails for a moment does not, the lease lasts two more tries."""
         while True:
-            await self._sleep(self._config.renew_s)
+            await asyncio.sleep(self._config.renew_s)
             try:
                 await self._store.renew(held.lease, self._config.seconds)
             except LeaseLostError:
