@@ -1,0 +1,150 @@
+"""One instance per agent at a time, through a real server started with ``--leases`` on its
+SQLite file. The other instance is this test process: it takes the agent's lease and
+writes its turn in the same database with the same adapters another server would use
+(ADR 0022). Two real servers on one PostgreSQL are the cluster tests' part."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+from reliability.server import ServerProcess
+
+from semantic.adapters.storage.sql_leases import SqlLeases
+from semantic.adapters.storage.sqlite_metadata import SqliteMetadataStore
+from semantic.domain.errors import AgentBusyError, StorageUnavailableError
+from semantic.ports.leases import Lease
+from semantic.ports.metadata_store import MessageRecord
+
+pytestmark = pytest.mark.model
+
+LEASE_S = 1.0
+WAIT_S = 3.0
+DEADLINE_S = 60.0
+NS = "default"
+
+
+@pytest.fixture(scope="module")
+def leased(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    data = tmp_path_factory.mktemp("leased")
+    args = ("--leases", "--lease-seconds", str(LEASE_S), "--lease-wait", str(WAIT_S))
+    with ServerProcess(data, *args) as server:
+        yield server.start()
+
+
+class OtherInstance:
+    """Another instance on the server's database: its leases and its transcript writes."""
+
+    def __init__(self, path: Path) -> None:
+        self.metadata = SqliteMetadataStore(path)
+        self.leases = SqlLeases(self.metadata.engine)
+
+    async def take(self, agent_id: str, seconds: float) -> Lease:
+        return await self.leases.take(NS, agent_id, "other-host:1:cafe", seconds)
+
+    async def take_when_free(self, agent_id: str, seconds: float) -> Lease:
+        deadline = time.monotonic() + DEADLINE_S
+        while True:
+            try:
+                return await self.take(agent_id, seconds)
+            except (AgentBusyError, StorageUnavailableError):
+                assert time.monotonic() < deadline, "the lease never came free"
+                time.sleep(0.05)
+
+
+@pytest.fixture
+async def other(leased: ServerProcess) -> AsyncIterator[OtherInstance]:
+    instance = OtherInstance(leased.data_dir / "semantic.db")
+    await instance.metadata.open()
+    yield instance
+    await instance.metadata.close()
+
+
+def create(server: ServerProcess, agent_id: str) -> str:
+    api = f"{server.url}/v1/agents"
+    httpx.post(api, json={"id": agent_id}).raise_for_status()
+    return f"{api}/{agent_id}"
+
+
+def contents(agent: str) -> list[str]:
+    return [m["content"] for m in httpx.get(f"{agent}/messages").json()["data"]]
+
+
+async def test_a_turn_waits_for_a_lease_let_go_and_gets_a_409_for_one_held(
+    leased: ServerProcess, other: OtherInstance
+) -> None:
+    agent = create(leased, "shared")
+    turn = {"content": "Say hi.", "max_tokens": 4}
+    await other.take("shared", 0.5)  # ends within the server's wait: the turn waits for it
+    assert httpx.post(f"{agent}/messages", json=turn, timeout=60).status_code == 200
+    await other.take_when_free("shared", 600.0)
+    busy = httpx.post(f"{agent}/messages", json=turn, timeout=60)
+    assert busy.status_code == 409
+    error = busy.json()["error"]
+    assert error["code"] == "agent_busy"
+    assert error["type"] == "conflict_error"
+    assert "busy on another instance" in error["message"]
+    assert 500 <= int(busy.headers["Retry-After"]) <= 600
+    assert len(contents(agent)) == 2, "the refused turn kept nothing"
+
+
+@contextmanager
+def stopped(server: ServerProcess, database: Path) -> Iterator[None]:
+    """SIGSTOP the server between its database writes (a stop inside one would hold the
+    database locked: it is stopped again after letting it finish), SIGCONT at the end."""
+    assert server.process is not None
+    pid = server.process.pid
+    for _ in range(20):
+        os.kill(pid, signal.SIGSTOP)
+        probe = sqlite3.connect(database, timeout=0.5)
+        try:
+            probe.execute("BEGIN IMMEDIATE")
+            probe.rollback()
+            break
+        except sqlite3.OperationalError:
+            os.kill(pid, signal.SIGCONT)
+            time.sleep(0.05)
+        finally:
+            probe.close()
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+async def test_a_server_stopped_past_its_lease_cannot_commit_its_turn(
+    leased: ServerProcess, other: OtherInstance
+) -> None:
+    """The issue's SIGSTOP case: the stopped server's turn is refused by the epoch check
+    when it resumes, and the other instance's turn, committed meanwhile, stands alone."""
+    agent = create(leased, "paused")
+    long_turn = {"content": "Count from 1 to 1000.", "max_tokens": 150, "stream": True}
+    events: list[str] = []
+    data = ""
+    with httpx.stream("POST", f"{agent}/messages", json=long_turn, timeout=120) as stream:
+        for line in stream.iter_lines():
+            if line.startswith("event: "):
+                events.append(line.removeprefix("event: "))
+            data = line.removeprefix("data: ") if line.startswith("data: ") else data
+            if events == ["delta"]:  # the turn runs, under the server's lease
+                events.append("stopped")
+                with stopped(leased, leased.data_dir / "semantic.db"):
+                    lease = await other.take_when_free("paused", 600.0)
+                    assert lease.epoch == 2, "the agent changed hands"
+                    mine = [MessageRecord("user", "hello"), MessageRecord("assistant", "hi")]
+                    await other.metadata.append_messages(NS, "paused", mine, lease=lease)
+    assert events[-1] == "error", events
+    assert "lost agent 'paused'" in data, data
+    assert contents(agent) == ["hello", "hi"], "no turn of the stopped server, no fork"
+
+    await other.leases.release(lease)
+    turn = {"content": "Say hi.", "max_tokens": 4}
+    assert httpx.post(f"{agent}/messages", json=turn, timeout=60).status_code == 200
+    assert contents(agent)[:3] == ["hello", "hi", "Say hi."], "the agent goes on from there"
