@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from semantic.adapters.http.errors import body_for, headers_for, problem_for
 from semantic.application.leases import AgentLeases, LeaseConfig, instance_holder
 from semantic.domain.errors import AgentBusyError, LeaseLostError
 from semantic.ports.leases import Lease
@@ -159,3 +160,24 @@ async def test_an_agents_chain_is_saved_under_its_lease_and_not_once_the_lease_i
     assert h.store.stats.saves_failed == failed + 1
     after = (dict(metadata.agent_rows), dict(metadata.block_rows), set(h.block_store.files))
     assert after == before, "the refused save left no row and no file"
+
+
+@pytest.mark.parametrize("path", ["/v1/agents/a/messages", "/v1/chat/completions", "/v1/messages"])
+def test_a_busy_agent_is_a_409_with_retry_after_in_the_routes_shape(path: str) -> None:
+    problem = problem_for(AgentBusyError(AGENT, NS, 4.2))
+    assert (problem.status, problem.kind) == (409, "agent_busy")
+    assert headers_for(problem) == {"Retry-After": "4"}
+    body = body_for(path, problem)
+    if path == "/v1/messages":  # Anthropic's shape
+        assert body["type"] == "error"
+        assert body["error"]["type"] == "invalid_request_error"
+    else:
+        assert body["error"]["code"] == "agent_busy"
+        assert body["error"]["type"] == "conflict_error"
+    assert "busy on another instance" in str(body)
+
+
+def test_a_lost_lease_is_a_409_saying_the_turn_was_not_kept() -> None:
+    problem = problem_for(LeaseLostError(AGENT, NS))
+    assert (problem.status, problem.kind) == (409, "lease_lost")
+    assert "nothing of the turn was kept" in problem.message
