@@ -7,9 +7,8 @@ from collections.abc import Sequence
 import pytest
 
 from semantic.application.cache.lineage import ANONYMOUS_AGENT, ANONYMOUS_PREFIX, branch_prefix
-from semantic.application.cache.persistence import LeaseOf
 from semantic.application.cache.read_lanes import READERS
-from semantic.application.cache.store import AgentCacheStore, CacheConfig, CachedPrefix
+from semantic.application.cache.store import AgentCacheStore, CacheConfig, CachedPrefix, LeaseOf
 from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
 from semantic.application.events import CompletionEvent
 from semantic.application.scheduler.pacer import PacerConfig

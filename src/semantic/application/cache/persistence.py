@@ -15,7 +15,7 @@ import dataclasses
 import errno
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from semantic.application.cache.disk_room import DiskRoom
@@ -26,9 +26,6 @@ from semantic.domain.errors import DiskFullError, LeaseLostError
 from semantic.ports.block_store import BlockStore
 from semantic.ports.leases import Lease
 from semantic.ports.metadata_store import AgentRecord, BlockRecord, MetadataStore
-
-LeaseOf = Callable[[str, str], Lease | None]
-"""The lease an agent's turn holds on this instance (``AgentLeases.held``), if any."""
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +38,9 @@ class SaveJob:
     anonymous: bool
     chain: list[HotBlock]
     token_count: int
+    lease: Lease | None = None
+    """The lease the agent's turn held when it finished: its chain is saved under it, and
+    refused, keeping nothing, once another instance took the agent (ADR 0022)."""
 
 
 class Saver:
@@ -51,13 +51,8 @@ class Saver:
         hot: HotIndex,
         stats: CacheStats,
         room: DiskRoom,
-        *,
-        lease_of: LeaseOf | None = None,
     ) -> None:
-        """``lease_of``: an agent's chain is saved under the lease its turn holds, and a
-        save whose lease another instance took is refused, keeping nothing (ADR 0022)."""
         self._store = store
-        self._lease_of = lease_of
         self._metadata = metadata
         self._hot = hot
         self._stats = stats
@@ -221,7 +216,7 @@ class Saver:
             raise
         stored = await lineage(self._metadata, job.namespace, job.chain)
         agent_id = stored.conversation_id() if job.anonymous else job.agent_id
-        lease = self._lease(job)
+        lease = None if job.anonymous else job.lease
         if not job.anonymous:
             await self._keep_branch(job.namespace, agent_id, stored, lease)
         agent = AgentRecord(
@@ -242,11 +237,6 @@ class Saver:
         self._hot.remove(orphans)  # superseded: kept, a deleted agent's KV would linger
         await self.delete_files(orphans)
         await self._room.enforce(job.namespace, agent_id)
-
-    def _lease(self, job: SaveJob) -> Lease | None:
-        if job.anonymous or self._lease_of is None:
-            return None
-        return self._lease_of(job.namespace, job.agent_id)
 
     async def _keep_branch(
         self, namespace: str, agent_id: str, stored: Lineage, lease: Lease | None

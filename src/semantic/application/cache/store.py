@@ -23,7 +23,7 @@ from semantic.application.cache.disk_room import DISK_FLOOR_BYTES, DiskRoom, Dis
 from semantic.application.cache.hot_index import CACHE_OWNER, HotBlock, HotIndex
 from semantic.application.cache.lineage import ANONYMOUS_AGENT
 from semantic.application.cache.loader import BlockLoader, LoadOutcome
-from semantic.application.cache.persistence import LeaseOf, SaveJob, Saver
+from semantic.application.cache.persistence import SaveJob, Saver
 from semantic.application.cache.read_lanes import LaneReaders, in_order, read_lanes, when_all_done
 from semantic.application.cache.stats import CacheStats, Restored
 from semantic.application.events import CompletionEvent
@@ -34,11 +34,16 @@ from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.generation import FinishReason
 from semantic.domain.tokens import common_prefix, reusable_prefix
 from semantic.ports.block_store import BlockStore
+from semantic.ports.leases import Lease
 from semantic.ports.metadata_store import BlockRecord, MetadataStore
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+LeaseOf = Callable[[str, str], Lease | None]
+"""The lease an agent's turn holds on this instance (``AgentLeases.held``), if any; called
+on the engine thread (a dict read)."""
 
 Fetched = HotBlock | LoadOutcome
 """A block pinned in memory, or why it could not be."""
@@ -115,9 +120,9 @@ class AgentCacheStore:
             reserve=config.disk_reserve_bytes,
             floor=config.disk_floor_bytes,
         )
-        self._saver = Saver(
-            block_store, metadata, self.hot, self.stats, room=self._room, lease_of=lease_of
-        )
+        self._saver = Saver(block_store, metadata, self.hot, self.stats, room=self._room)
+        self._lease_of = lease_of
+        """The lease an agent's turn holds (``AgentLeases.held``): its save is fenced by it."""
         self._pins = itertools.count(1)
         self._readers = LaneReaders()
 
@@ -328,8 +333,12 @@ class AgentCacheStore:
             parent = key
         self._pool.release_owner(event.request_id)
         anonymous = agent_id == ANONYMOUS_AGENT
+        held = self._lease_of  # read now, while the turn that ran it still holds it
+        lease = None if anonymous or held is None else held(event.namespace, agent_id)
         self._saver.submit(
-            SaveJob(event.request_id, event.namespace, agent_id, anonymous, chain, len(tokens))
+            SaveJob(
+                event.request_id, event.namespace, agent_id, anonymous, chain, len(tokens), lease
+            )
         )
 
     async def saved(self, request_id: str) -> None:
