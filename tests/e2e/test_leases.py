@@ -148,3 +148,20 @@ async def test_a_server_stopped_past_its_lease_cannot_commit_its_turn(
     turn = {"content": "Say hi.", "max_tokens": 4}
     assert httpx.post(f"{agent}/messages", json=turn, timeout=60).status_code == 200
     assert contents(agent)[:3] == ["hello", "hi", "Say hi."], "the agent goes on from there"
+
+
+def test_forks_and_deletes_take_the_lease_and_a_deleted_agent_leaves_none(
+    leased: ServerProcess,
+) -> None:
+    agent = create(leased, "forked")
+    turn = {"content": "Say hi.", "max_tokens": 4}
+    httpx.post(f"{agent}/messages", json=turn, timeout=60).raise_for_status()
+    httpx.post(f"{agent}/fork", json={"id": "fork"}, timeout=60).raise_for_status()
+    fork = f"{leased.url}/v1/agents/fork"
+    assert contents(fork) == contents(agent)
+    httpx.post(f"{fork}/messages", json=turn, timeout=60).raise_for_status()
+    assert httpx.delete(fork, timeout=60).status_code == 204
+    with sqlite3.connect(leased.data_dir / "semantic.db") as database:
+        rows = dict(database.execute("SELECT agent_id, expires_at FROM agent_leases").fetchall())
+    assert "fork" not in rows, "the deleted agent's lease went with it"
+    assert rows["forked"] == 0.0, "a turn lets its lease go at its end"
