@@ -13,7 +13,9 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import anthropic
 import httpx
+import openai
 import pytest
 from reliability.server import ServerProcess
 
@@ -165,3 +167,33 @@ def test_forks_and_deletes_take_the_lease_and_a_deleted_agent_leaves_none(
         rows = dict(database.execute("SELECT agent_id, expires_at FROM agent_leases").fetchall())
     assert "fork" not in rows, "the deleted agent's lease went with it"
     assert rows["forked"] == 0.0, "a turn lets its lease go at its end"
+
+
+async def test_plain_requests_naming_a_busy_agent_get_a_409_in_their_clients_shape(
+    leased: ServerProcess, other: OtherInstance
+) -> None:
+    await other.take("plain", 600.0)
+    who = {"X-Agent-Id": "plain"}
+    openai_client = openai.OpenAI(
+        base_url=f"{leased.url}/v1", api_key="unused", default_headers=who, max_retries=0
+    )
+    with pytest.raises(openai.ConflictError) as refused:
+        openai_client.chat.completions.create(
+            model="default", messages=[{"role": "user", "content": "Hi."}], max_tokens=4
+        )
+    assert refused.value.code == "agent_busy"
+    assert int(refused.value.response.headers["Retry-After"]) > 500
+    anthropic_client = anthropic.Anthropic(
+        base_url=leased.url, api_key="unused", default_headers=who, max_retries=0
+    )
+    with pytest.raises(anthropic.ConflictError) as busy:
+        anthropic_client.messages.create(
+            model="default", messages=[{"role": "user", "content": "Hi."}], max_tokens=4
+        )
+    assert "busy on another instance" in busy.value.message
+    assert busy.value.response.json()["error"]["type"] == "invalid_request_error"
+    other_request = openai_client.with_options(default_headers={"X-Agent-Id": "free"})
+    reply = other_request.chat.completions.create(
+        model="default", messages=[{"role": "user", "content": "Hi."}], max_tokens=4
+    )
+    assert reply.choices[0].message.content is not None, "another agent is not held up"

@@ -140,6 +140,8 @@ class AgentService:
         self._locks = KeyedLocks()
         self._live: dict[tuple[str, str], set[_LiveTurn]] = {}
         self._deleting: set[tuple[str, str]] = set()
+        self._letting_go: set[asyncio.Future[None]] = set()
+        """Leases of plain requests being released (kept referenced till they are)."""
         """Agents a delete is ending: what arrives meanwhile is refused, not waited for."""
 
     async def create(self, namespace: str, agent_id: str, system_prompt: str | None) -> AgentInfo:
@@ -168,7 +170,9 @@ class AgentService:
 
     async def start_plain(self, request: GenerationInput) -> GenerationHandle:
         """Start a plain (OpenAI or Anthropic) request. One naming an agent is tracked like
-        a turn, so deleting the agent ends it and it keeps nothing."""
+        a turn, so deleting the agent ends it and it keeps nothing; with leases it holds the
+        agent's lease till it ends, as a turn does (``AgentBusyError`` if another instance
+        keeps it past the wait)."""
         if request.agent_id is None:
             return await self._generation.start(request)
         await self.check_plain_use(request.namespace, request.agent_id)
@@ -177,15 +181,27 @@ class AgentService:
         if live.deleted:
             self._untrack(live)
             raise AgentDeletedError(request.agent_id, request.namespace)
+        lease = contextlib.AsyncExitStack()
         try:
+            await lease.enter_async_context(self._leased(request.namespace, request.agent_id))
             handle = await self._generation.start(request)
         except BaseException:
+            await lease.aclose()
             self._untrack(live)
             raise
         live.request_id = handle.request_id
         handle.check = live.check
-        handle.on_end = functools.partial(self._untrack, live)
+        handle.on_end = functools.partial(self._end_plain, live, lease)
         return handle
+
+    def _end_plain(self, live: _LiveTurn, lease: contextlib.AsyncExitStack) -> None:
+        """A plain request naming an agent is over: its save was fenced by the lease it
+        held (taken when it started, like a turn's), which goes now."""
+        self._untrack(live)
+        if self._leases is not None:
+            letting_go = asyncio.ensure_future(lease.aclose())
+            self._letting_go.add(letting_go)
+            letting_go.add_done_callback(self._letting_go.discard)
 
     async def check_plain_use(self, namespace: str, agent_id: str) -> None:
         """A plain (OpenAI or Anthropic) request may name any agent but one whose transcript
