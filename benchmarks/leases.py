@@ -1,4 +1,4 @@
-"""What an agent's lease costs per turn on the metadata database (ADR 0022).
+"""What an agent's lease costs per turn on the metadata database (ADR 0025).
 
     python -m benchmarks.leases [--runs 200]
 

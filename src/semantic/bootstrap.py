@@ -223,7 +223,7 @@ async def _start_services(
 
 
 def _leases(settings: Settings, metadata: SqliteMetadataStore) -> AgentLeases | None:
-    """Each agent's lease in the database, when instances share it (ADR 0022)."""
+    """Each agent's lease in the database, when instances share it (ADR 0025)."""
     if not settings.leases:
         return None
     config = LeaseConfig(settings.lease_seconds, settings.lease_wait_s)

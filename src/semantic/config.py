@@ -94,7 +94,7 @@ class Settings:
     body_timeout_s: float = 30.0
     """A request's body must arrive within this long of its headers."""
     leases: bool = False
-    """Agents' turns take a lease in the database (instances sharing it; ADR 0022)."""
+    """Agents' turns take a lease in the database (instances sharing it; ADR 0025)."""
     lease_seconds: float = 30.0
     lease_wait_s: float = 5.0
 

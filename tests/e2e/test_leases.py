@@ -1,7 +1,7 @@
 """One instance per agent at a time, through a real server started with ``--leases`` on its
 SQLite file. The other instance is this test process: it takes the agent's lease and
 writes its turn in the same database with the same adapters another server would use
-(ADR 0022). Two real servers on one PostgreSQL are the cluster tests' part."""
+(ADR 0025). Two real servers on one PostgreSQL are the cluster tests' part."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Agents' leases and fenced writes on a real SQLite database: two stores on one file stand
-in for two instances sharing a database (ADR 0022). The lease clock is a plain number the
+in for two instances sharing a database (ADR 0025). The lease clock is a plain number the
 tests move on, so expiry needs no waiting."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """This instance's side of the agents' leases (``AgentLeases``) and the saves fenced by them,
-against fakes at the lease and metadata ports (ADR 0022)."""
+against fakes at the lease and metadata ports (ADR 0025)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ committed (``AgentLeases.holding``): it waits a little for a lease another insta
 (``AgentBusyError`` after ``wait_s``), renews it every ``renew_s`` while it runs, and lets
 it go at the end, so the agent's next turn may land on any instance at once. Every write of
 the agent's chain or transcript carries the lease (``held``), and the store refuses it once
-another instance has taken the agent (ADR 0022).
+another instance has taken the agent (ADR 0025).
 """
 
 from __future__ import annotations

@@ -212,7 +212,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def _lease_flags(serve: argparse.ArgumentParser) -> None:
-    """One instance per agent at a time, for instances sharing a database (ADR 0022)."""
+    """One instance per agent at a time, for instances sharing a database (ADR 0025)."""
     serve.add_argument(
         "--leases",
         action="store_true",

@@ -144,7 +144,7 @@ def problem_for(error: Exception) -> Problem:
 
 def _retry_later(error: QueueFullError | AgentBusyError) -> Problem:
     """A full queue here (429), or the agent's turn running on another instance (409,
-    ADR 0022): the same request may succeed after ``Retry-After``."""
+    ADR 0025): the same request may succeed after ``Retry-After``."""
     if isinstance(error, AgentBusyError):
         return Problem(409, "agent_busy", str(error), retry_after=error.retry_after_s)
     return Problem(429, "queue_full", str(error), retry_after=error.retry_after_s)

@@ -1,4 +1,4 @@
-"""The fence every write of an agent's transcript or chain passes first (ADR 0022)."""
+"""The fence every write of an agent's transcript or chain passes first (ADR 0025)."""
 
 from __future__ import annotations
 

@@ -40,7 +40,7 @@ class SaveJob:
     token_count: int
     lease: Lease | None = None
     """The lease the agent's turn held when it finished: its chain is saved under it, and
-    refused, keeping nothing, once another instance took the agent (ADR 0022)."""
+    refused, keeping nothing, once another instance took the agent (ADR 0025)."""
 
 
 class Saver:
