@@ -306,10 +306,10 @@ def record(key: str, parent: str = "root", tokens: tuple[int, ...] = (1, 2, 3)) 
 async def test_the_metadata_schema_is_created_in_wal_mode_and_reopens(tmp_path: Path) -> None:
     db = SqliteMetadataStore(tmp_path / "semantic.db")
     await db.open()
-    assert db.created
+    created = db.created
     await db.close()
     await db.open()
-    assert not db.created
+    assert (created, db.created) == (True, False), "created once, then opened"
     await db.close()
     with sqlite3.connect(tmp_path / "semantic.db") as raw:
         assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"

@@ -62,6 +62,31 @@ def path(text: str) -> Path:
     return Path(non_empty(text)).expanduser()
 
 
+def database_url(text: str) -> str:
+    """A SQLAlchemy URL semantic can keep its metadata in: PostgreSQL (``postgresql://`` is
+    taken as ``postgresql+asyncpg://``) or SQLite (``sqlite:///PATH``). Messages never
+    repeat the password."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        url = make_url(non_empty(text))
+    except ArgumentError:
+        raise argparse.ArgumentTypeError(
+            "not a database URL (postgresql+asyncpg://USER:PASSWORD@HOST:PORT/DATABASE)"
+        ) from None
+    drivers = {"postgresql": "postgresql+asyncpg", "postgres": "postgresql+asyncpg"}
+    drivers |= {"sqlite": "sqlite+aiosqlite"}
+    wanted = drivers.get(url.get_backend_name())
+    if wanted is None or url.drivername not in (url.get_backend_name(), wanted):
+        shown = url.render_as_string(hide_password=True)
+        raise argparse.ArgumentTypeError(
+            f"{shown}: semantic keeps its metadata in PostgreSQL (postgresql+asyncpg://...) "
+            "or SQLite (sqlite:///PATH)"
+        )
+    return url.set(drivername=wanted).render_as_string(hide_password=False)
+
+
 def _int(text: str) -> int:
     try:
         return int(text)

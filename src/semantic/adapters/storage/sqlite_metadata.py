@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from pathlib import Path
@@ -46,6 +47,7 @@ from semantic.domain.errors import (
 )
 from semantic.ports.metadata_store import AgentRecord, BlockRecord, MessageRecord
 
+log = logging.getLogger(__name__)
 P = ParamSpec("P")
 REPLIES_KEPT_S = 7 * 24 * 3600.0
 """How long a generated reply with tool calls is kept for its round trip (ADR 0018)."""
@@ -162,6 +164,7 @@ class SqliteMetadataStore:
         except BaseException:
             await engine.dispose()
             raise
+        log.info("metadata in %s", shown(self.url))
         self._engine = engine
 
     async def close(self) -> None:
