@@ -1,6 +1,7 @@
 """The server on PostgreSQL (``--database-url``): an agent's transcript comes back from it
-after a restart; a database out of reach at start, or a URL semantic cannot use, is one
-clear error that never shows the password."""
+after a restart; the database going away while serving is a 503 that keeps nothing of the
+turn; a database out of reach at start, or a URL semantic cannot use, is one clear error
+that never shows the password."""
 
 from __future__ import annotations
 
@@ -40,7 +41,19 @@ def test_an_agent_on_postgresql_keeps_its_transcript_across_a_restart(
         assert after == before
         again = httpx.post(f"{api}/tutor/messages", json=turn, timeout=120)
         assert again.status_code == 200, again.text
-        assert len(httpx.get(f"{api}/tutor/messages").json()["data"]) == 4
+        transcript = httpx.get(f"{api}/tutor/messages").json()["data"]
+        assert len(transcript) == 4
+        postgres.stop()  # the database goes away while the server runs
+        try:
+            refused = httpx.post(f"{api}/tutor/messages", json=turn, timeout=120)
+            assert refused.status_code == 503, refused.text
+            assert "Retry-After" in refused.headers
+            assert httpx.get(f"{restarted.url}/health", timeout=10).status_code == 200
+        finally:
+            postgres.start()
+        kept = httpx.get(f"{api}/tutor/messages").json()["data"]
+        assert kept == transcript, "the refused turn kept nothing"
+        assert httpx.post(f"{api}/tutor/messages", json=turn, timeout=120).status_code == 200
         assert restarted.stop() == 0
 
 
