@@ -80,14 +80,24 @@ def test_postgresql_out_of_reach_at_start_is_one_clear_error_without_the_passwor
     assert "BLAS" not in result.stderr, "said before the model was loaded"
 
 
-@pytest.mark.parametrize("where", ["flag", "environment"])
-def test_a_database_url_semantic_cannot_use_is_refused_naming_it(
-    tmp_path: Path, where: str
+MYSQL = "mysql://semantic:s3cret@127.0.0.1/semantic"
+NOT_MYSQL = "mysql://semantic:***@127.0.0.1/semantic: semantic keeps its metadata in PostgreSQL"
+
+
+@pytest.mark.parametrize(
+    ("where", "url", "said"),
+    [
+        ("flag", MYSQL, NOT_MYSQL),
+        ("environment", MYSQL, NOT_MYSQL),
+        ("flag", "postgresql://semantic:s3cret@127.0.0.1:port/semantic", "not a database URL"),
+    ],
+)
+def test_a_database_url_semantic_cannot_use_is_refused_without_the_password(
+    tmp_path: Path, where: str, url: str, said: str
 ) -> None:
-    url = "mysql://semantic:s3cret@127.0.0.1/semantic"
     given = ["--database-url", url] if where == "flag" else []
     env = {"SEMANTIC_DATABASE_URL": url} if where == "environment" else {}
     result = semantic("serve", "--data-dir", str(tmp_path), *given, env=env, timeout=60)
     assert result.returncode == 2
-    assert "mysql://semantic:***@127.0.0.1/semantic: semantic keeps its metadata" in result.stderr
+    assert said in result.stderr
     assert "s3cret" not in result.stderr

@@ -71,7 +71,7 @@ def database_url(text: str) -> str:
 
     try:
         url = make_url(non_empty(text))
-    except ArgumentError:
+    except (ArgumentError, ValueError):  # argparse would repeat the text, password and all
         raise argparse.ArgumentTypeError(
             "not a database URL (postgresql+asyncpg://USER:PASSWORD@HOST:PORT/DATABASE)"
         ) from None

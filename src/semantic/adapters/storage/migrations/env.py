@@ -19,7 +19,8 @@ def run_migrations() -> None:
             "semantic's migrations run when the server opens its database "
             "(schema_migrations.upgrade), on the connection it hands them"
         )
-    context.configure(connection=connection, target_metadata=metadata)
+    # Our transaction holds all the DDL (the store begins and commits it), on SQLite too.
+    context.configure(connection=connection, target_metadata=metadata, transactional_ddl=True)
     with context.begin_transaction():
         context.run_migrations()
 
