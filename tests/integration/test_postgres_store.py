@@ -4,6 +4,7 @@ unreachable server is named at open without its password."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,21 @@ async def test_blocks_one_instance_saves_are_found_by_another(
     assert not (tmp_path / "a.db").exists(), "no SQLite file beside a database URL"
     await a.close()
     await b.close()
+
+
+async def test_instances_starting_together_on_a_new_database_take_turns_creating_it(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    """PostgreSQL's advisory lock between processes; in one process (here) also a lock of
+    Alembic's own, whose proxies are process-wide: a SQLite store opens beside them."""
+    url = postgres.create_database("started_together")
+    stores = [SqliteMetadataStore(tmp_path / f"{i}.db", url) for i in range(3)]
+    embedded = SqliteMetadataStore(tmp_path / "embedded.db")
+    await asyncio.gather(embedded.open(), *(store.open() for store in stores))
+    assert sorted(store.created for store in stores) == [False, False, True]
+    assert embedded.created
+    for store in [*stores, embedded]:
+        await store.close()
 
 
 async def test_postgresql_going_away_is_unavailable_then_comes_back_intact(

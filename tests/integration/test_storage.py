@@ -449,6 +449,23 @@ async def test_a_version_4_database_upgrades_in_place_keeping_its_data(tmp_path:
         assert raw.execute("SELECT count(*) FROM agent_leases").fetchone() == (0,)
 
 
+async def test_an_upgrade_that_fails_part_way_leaves_the_database_as_it_was(
+    tmp_path: Path,
+) -> None:
+    """All revisions run in one transaction (on SQLite too, whose driver would commit each
+    DDL statement alone): the last one failing undoes the ones before it."""
+    with contextlib.closing(old_database(tmp_path / "semantic.db", 3)) as raw:
+        raw.execute("CREATE TABLE agent_leases (squatter TEXT)")  # revision 0005 will fail
+        raw.commit()
+    with pytest.raises(OperationalError, match="agent_leases already exists"):
+        await SqliteMetadataStore(tmp_path / "semantic.db").open()
+    with sqlite3.connect(tmp_path / "semantic.db") as raw:
+        tables = {row[0] for row in raw.execute("SELECT name FROM sqlite_master")}
+        assert "api_objects" not in tables, "revision 0004 was undone with 0005"
+        assert "alembic_version" not in tables
+        assert raw.execute("SELECT max(version) FROM schema_version").fetchone() == (3,)
+
+
 @pytest.mark.parametrize("newer", ["schema_version 7", "revision ffff"])
 async def test_a_database_from_a_newer_release_is_refused_untouched(
     tmp_path: Path, newer: str

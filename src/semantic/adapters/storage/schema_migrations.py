@@ -10,6 +10,9 @@ explicit ``BEGIN IMMEDIATE`` keeps the driver from committing each DDL statement
 
 from __future__ import annotations
 
+import asyncio
+import weakref
+
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
@@ -17,6 +20,7 @@ from alembic.script import ScriptDirectory
 from alembic.util import CommandError
 from sqlalchemy import inspect, text
 from sqlalchemy.engine import Connection
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from semantic.domain.errors import DataDirectoryUnusableError
 
@@ -24,6 +28,20 @@ SCRIPTS = "semantic.adapters.storage:migrations"
 BEFORE_ALEMBIC = {1: "0001", 2: "0002", 3: "0003", 4: "0004", 5: "0005"}
 """A ``schema_version`` of a database from before Alembic, and the revision it equals."""
 MIGRATION_LOCK = 0x53454D41  # "SEMA": PostgreSQL's advisory lock id for schema upgrades
+_RUNNING: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def upgrade_schema(connection: AsyncConnection, shown_url: str) -> bool:
+    """``upgrade`` on an async connection, committed. One at a time in a process: Alembic's
+    ``context`` and ``op`` are process-wide proxies, and two upgrades interleaving at their
+    awaits (two stores opening at once) would run on each other's."""
+    running = _RUNNING.setdefault(asyncio.get_running_loop(), asyncio.Lock())
+    async with running:
+        created = await connection.run_sync(upgrade, shown_url)
+        await connection.commit()
+    return created
 
 
 def upgrade(connection: Connection, shown_url: str) -> bool:

@@ -24,7 +24,7 @@ from semantic.adapters.storage.schema import (
     generated_replies,
     messages,
 )
-from semantic.adapters.storage.schema_migrations import upgrade
+from semantic.adapters.storage.schema_migrations import upgrade_schema
 from semantic.adapters.storage.sql_engines import (
     create_engine,
     is_sqlite,
@@ -129,8 +129,7 @@ class SqliteMetadataStore:
         engine = create_engine(self.url)
         try:
             async with engine.connect() as connection:
-                self.created = await connection.run_sync(upgrade, shown(self.url))
-                await connection.commit()
+                self.created = await upgrade_schema(connection, shown(self.url))
                 rows = await connection.execute(select(blocks))
                 self._rows.put(block_row_of(row) for row in rows)
         except DatabaseError as error:
@@ -153,8 +152,7 @@ class SqliteMetadataStore:
         engine = create_engine(self.url)
         try:
             async with engine.connect() as connection:
-                self.created = await connection.run_sync(upgrade, shown(self.url))
-                await connection.commit()
+                self.created = await upgrade_schema(connection, shown(self.url))
         except (DBAPIError, OSError, TimeoutError) as error:
             await engine.dispose()
             reason = getattr(error, "orig", None) or error
