@@ -63,9 +63,9 @@ def path(text: str) -> Path:
 
 
 def database_url(text: str) -> str:
-    """A SQLAlchemy URL semantic can keep its metadata in: PostgreSQL (``postgresql://`` is
-    taken as ``postgresql+asyncpg://``) or SQLite (``sqlite:///PATH``). Messages never
-    repeat the password."""
+    """A PostgreSQL URL (``postgresql://`` is taken as ``postgresql+asyncpg://``). SQLite
+    is not taken: its file belongs in the data directory, whose lock keeps it to one server.
+    Messages never repeat the password."""
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
 
@@ -75,16 +75,17 @@ def database_url(text: str) -> str:
         raise argparse.ArgumentTypeError(
             "not a database URL (postgresql+asyncpg://USER:PASSWORD@HOST:PORT/DATABASE)"
         ) from None
-    drivers = {"postgresql": "postgresql+asyncpg", "postgres": "postgresql+asyncpg"}
-    drivers |= {"sqlite": "sqlite+aiosqlite"}
-    wanted = drivers.get(url.get_backend_name())
-    if wanted is None or url.drivername not in (url.get_backend_name(), wanted):
+    if url.get_backend_name() not in ("postgresql", "postgres") or url.drivername not in (
+        "postgresql",
+        "postgres",
+        "postgresql+asyncpg",
+    ):
         shown = url.render_as_string(hide_password=True)
         raise argparse.ArgumentTypeError(
-            f"{shown}: semantic keeps its metadata in PostgreSQL (postgresql+asyncpg://...) "
-            "or SQLite (sqlite:///PATH)"
+            f"{shown}: semantic keeps its metadata in PostgreSQL (postgresql+asyncpg://...), "
+            "or without this flag in SQLite in the data directory"
         )
-    return url.set(drivername=wanted).render_as_string(hide_password=False)
+    return url.set(drivername="postgresql+asyncpg").render_as_string(hide_password=False)
 
 
 def _int(text: str) -> int:

@@ -58,9 +58,9 @@ def upgrade(connection: Connection, shown_url: str) -> bool:
     script = ScriptDirectory.from_config(config)
     tables = set(inspect(connection).get_table_names())
     current = MigrationContext.configure(connection).get_current_revision()
-    created = current is None and "schema_version" not in tables
+    created = current is None
     if current is None and "schema_version" in tables:
-        _adopt(connection, config, shown_url)
+        created = _adopt(connection, config, shown_url) == 0
     elif current is not None:
         _check_known(script, current, shown_url)
     command.upgrade(config, "head")
@@ -76,8 +76,9 @@ def head() -> str:
     return found
 
 
-def _adopt(connection: Connection, config: Config, shown_url: str) -> None:
-    """A database from before Alembic: stamped at the revision its version equals."""
+def _adopt(connection: Connection, config: Config, shown_url: str) -> int:
+    """A database from before Alembic: stamped at the revision its version equals, which
+    this returns (0: it never got past creating ``schema_version``)."""
     found = connection.execute(text("SELECT max(version) FROM schema_version")).scalar()
     version = int(found or 0)
     if version > max(BEFORE_ALEMBIC):
@@ -87,6 +88,7 @@ def _adopt(connection: Connection, config: Config, shown_url: str) -> None:
         )
     if version in BEFORE_ALEMBIC:
         command.stamp(config, BEFORE_ALEMBIC[version])
+    return version
 
 
 def _check_known(script: ScriptDirectory, current: str, shown_url: str) -> None:
