@@ -15,7 +15,7 @@ from semantic.adapters.mlx import attention, host_pass
 from semantic.adapters.mlx.blas import SHIM_ENV, BlasStatus, compute_threads
 from semantic.adapters.mlx.fused_pass import fusion_obstacle
 from semantic.adapters.mlx.jit import JIT_ENV, use_native_jit
-from semantic.adapters.mlx.model_parts import BodyAndHead
+from semantic.adapters.mlx.model_parts import LLAMA_BODIED_NAMES, BodyAndHead
 from semantic.adapters.mlx.side_by_side import SIDE_BY_SIDE_ENV
 
 
@@ -61,7 +61,7 @@ def _jit_obstacle() -> str:
 
 def _slice_obstacle(model: Any) -> str | None:
     if BodyAndHead.of(model) is None:
-        return f"model type {getattr(model, 'model_type', None)}: llama's body only"
+        return f"model type {getattr(model, 'model_type', None)}: {LLAMA_BODIED_NAMES} only"
     return None
 
 
