@@ -6,6 +6,7 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 from mlx import nn
+from mlx.utils import tree_map
 from mlx_lm.models import gemma3_text
 
 from semantic.adapters.mlx import host_pass
@@ -87,3 +88,15 @@ def test_a_rope_the_host_pass_does_not_compute_is_named() -> None:
     why = _by_name(model)["host pass for small passes (ADR 0013)"] or ""
     if blas_in_use().small_kernels:
         assert "linear scaling 0.5" in why
+
+
+def test_a_bfloat16_model_is_told_its_attention_runs_on_mlx() -> None:
+    """The wrapper is installed (riding and slicing go through it), but the host softmax
+    itself runs on float32 only: the report must not say it runs."""
+    model = tiny_family("qwen3")
+    model.update(tree_map(lambda p: p.astype(mx.bfloat16), model.parameters()))
+    assert install(model)
+    found = _by_name(model)
+    assert "bfloat16 activations" in (found["host softmax attention (ADR 0008)"] or "")
+    assert "float32 only" in (found["host pass for small passes (ADR 0013)"] or "")
+    assert found["long prompts sliced between decode steps (ADR 0009)"] is None

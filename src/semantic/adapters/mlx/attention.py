@@ -28,7 +28,7 @@ import mlx.core as mx
 import numpy as np
 from mlx import nn
 
-from semantic.adapters.mlx.model_parts import ATTENTIONS, is_llama_bodied
+from semantic.adapters.mlx.model_parts import ATTENTIONS, is_llama_bodied, not_llama_bodied
 from semantic.adapters.mlx.native_build import NATIVE_DIR, build_library
 
 log = logging.getLogger(__name__)
@@ -63,8 +63,7 @@ def obstacle(model: Any) -> str | None:
     if mx.default_device() != mx.cpu:
         return "the model runs on a GPU"
     if not is_llama_bodied(model):
-        kind = getattr(model, "model_type", None)
-        return f"model type {kind}: the host softmax replaces llama-bodied attention only"
+        return not_llama_bodied(model)
     kinds = {type(layer.self_attn) for layer in model.model.layers}
     if len(kinds) != 1 or not kinds <= set(ATTENTIONS):
         names = sorted(f"{k.__module__}.{k.__name__}" for k in kinds)

@@ -18,7 +18,7 @@ import mlx.core as mx
 from mlx_lm.models.base import create_attention_mask
 
 from semantic.adapters.mlx.attention import HostSoftmaxAttention
-from semantic.adapters.mlx.model_parts import LLAMA_BODIED_NAMES, BodyAndHead
+from semantic.adapters.mlx.model_parts import BodyAndHead, not_llama_bodied
 from semantic.adapters.mlx.restored_prefix import RestoredPrefix
 
 MAX_ROWS = 32
@@ -43,7 +43,7 @@ def supports_fusion(model: Any) -> bool:
 def fusion_obstacle(model: Any) -> str | None:
     """Why prompt chunks of this model cannot join a decode step's pass; None if they can."""
     if BodyAndHead.of(model) is None:
-        return f"model type {getattr(model, 'model_type', None)}: {LLAMA_BODIED_NAMES} only"
+        return not_llama_bodied(model)
     inner = model.model
     if getattr(inner, "swa_idx", None) is not None:
         return "sliding-window layers"

@@ -18,6 +18,14 @@ LLAMA_BODIED = (llama.Model, qwen2.Model, qwen3.Model)
 """Models whose body is llama's."""
 LLAMA_BODIED_NAMES = "llama-bodied models (llama, Llama 3, mistral, qwen2, qwen3)"
 """How logs and ``GET /v1/models/{id}`` name them."""
+
+_HOW_THEY_DIFFER = {
+    "gemma3_text": "sliding-window layers, (1 + w) norms before and after each block, "
+    "a GELU MLP, scaled embeddings",
+    "phi3": "fused qkv and gate-up projections (and LongRoPE scaling in its long models)",
+}
+"""What a few other families' layers do that llama's do not (for the message only: the
+decision is ``is_llama_bodied``, by class)."""
 ATTENTIONS = (llama.Attention, qwen2.Attention, qwen3.Attention)
 """Their attention modules: projections (biases optional), per-head q/k RMS norms (Qwen3
 only), RoPE through the module's own ``rope``, then scaled dot-product attention."""
@@ -27,6 +35,13 @@ MLPS = (llama.MLP, qwen2.MLP, qwen3.MLP)
 
 def is_llama_bodied(model: Any) -> bool:
     return isinstance(model, LLAMA_BODIED)
+
+
+def not_llama_bodied(model: Any) -> str:
+    """Why a path for llama-bodied models skips this one, for the log and the models API."""
+    kind = getattr(model, "model_type", None) or type(model).__module__.rsplit(".", 1)[-1]
+    differs = _HOW_THEY_DIFFER.get(str(kind))
+    return f"model type {kind}: {LLAMA_BODIED_NAMES} only" + (f" ({differs})" if differs else "")
 
 
 @dataclass(frozen=True, slots=True)
