@@ -19,6 +19,12 @@ LLAMA_BODIED = (llama.Model, qwen2.Model, qwen3.Model)
 LLAMA_BODIED_NAMES = "llama-bodied models (llama, Llama 3, mistral, qwen2, qwen3)"
 """How logs and ``GET /v1/models/{id}`` name them."""
 
+ATTENTIONS = (llama.Attention, qwen2.Attention, qwen3.Attention)
+"""Their attention modules: projections (biases optional), per-head q/k RMS norms (Qwen3
+only), RoPE through the module's own ``rope``, then scaled dot-product attention."""
+MLPS = (llama.MLP, qwen2.MLP, qwen3.MLP)
+"""Their MLPs: ``down(swiglu(gate(x), up(x)))``."""
+
 _HOW_THEY_DIFFER = {
     "gemma3_text": "sliding-window layers, (1 + w) norms before and after each block, "
     "a GELU MLP, scaled embeddings",
@@ -26,11 +32,6 @@ _HOW_THEY_DIFFER = {
 }
 """What a few other families' layers do that llama's do not (for the message only: the
 decision is ``is_llama_bodied``, by class)."""
-ATTENTIONS = (llama.Attention, qwen2.Attention, qwen3.Attention)
-"""Their attention modules: projections (biases optional), per-head q/k RMS norms (Qwen3
-only), RoPE through the module's own ``rope``, then scaled dot-product attention."""
-MLPS = (llama.MLP, qwen2.MLP, qwen3.MLP)
-"""Their MLPs: ``down(swiglu(gate(x), up(x)))``."""
 
 
 def is_llama_bodied(model: Any) -> bool:
