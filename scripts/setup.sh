@@ -24,6 +24,18 @@ if [ "$(uname -s)" = "Linux" ] && ! ldconfig -p 2>/dev/null | grep -q 'libopenbl
   fi
 fi
 
+# PostgreSQL (Debian's): the tests start their own server on loopback (metadata on PostgreSQL,
+# ADR 0021); the system's own cluster is never used.
+if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+  SUDO=""
+  [ "$(id -u)" = "0" ] || SUDO="sudo"
+  echo "installing PostgreSQL (postgresql) for the tests..."
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql >/dev/null 2>&1 \
+    || { $SUDO apt-get update -q >/dev/null \
+      && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql >/dev/null; } \
+    || echo "warning: could not install PostgreSQL; the tests that use it will fail" >&2
+fi
+
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 # MLX's backend on Linux is an extra: `cpu` here (`cuda` on an NVIDIA machine: SEMANTIC_EXTRAS=cuda).

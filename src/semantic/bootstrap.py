@@ -164,15 +164,16 @@ async def _start_services(
 ) -> Services:
     # Workers that touch MLX (loading, block writes) must be gone before the process ends.
     install_default_executor(asyncio.get_running_loop())
+    # First: a database out of reach is said in a second, not after the model has loaded.
+    metadata = SqliteMetadataStore(settings.data_dir / "semantic.db", settings.database_url)
+    await metadata.open()
+    leases = _leases(settings, metadata)
     loaded, tokenizer, spec = await asyncio.to_thread(_load, settings, progress)
     check_at_rest(settings.kv_at_rest, spec)
     kernel = _kernel_name(loaded)
     storage = storage_format(settings.kv_at_rest)
     fingerprint = await asyncio.to_thread(model_fingerprint, loaded.path, spec, storage, kernel)
     pool = BlockPool.from_budget(spec, settings.kv_budget_bytes)
-    metadata = SqliteMetadataStore(settings.data_dir / "semantic.db")
-    await metadata.open()
-    leases = _leases(settings, metadata)
     prefault = min(settings.prefault_bytes, settings.kv_budget_bytes)
     lossless = settings.kv_at_rest == "lossless"  # quantized blocks are decoded, not viewed
     restore_buffers = RestoreBuffers(max_bytes=prefault // 2 if lossless else 0)
@@ -223,8 +224,10 @@ async def _start_services(
 
 
 def _leases(settings: Settings, metadata: SqliteMetadataStore) -> AgentLeases | None:
-    """Each agent's lease in the database, when instances share it (ADR 0025)."""
-    if not settings.leases:
+    """Each agent's lease in the database, when instances may share it: asked for, or a
+    database by URL (ADR 0025). Off for SQLite in the data directory: its lock makes this
+    process the database's only writer."""
+    if not (settings.leases or settings.database_url):
         return None
     config = LeaseConfig(settings.lease_seconds, settings.lease_wait_s)
     leases = AgentLeases(SqlLeases(metadata.engine), instance_holder(), config)

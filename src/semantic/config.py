@@ -93,6 +93,9 @@ class Settings:
     response); a slow client cannot hold a connection open with a request it never ends."""
     body_timeout_s: float = 30.0
     """A request's body must arrive within this long of its headers."""
+    database_url: str | None = None
+    """Where agents, transcripts and block metadata live (``postgresql+asyncpg://...``);
+    None: SQLite in the data directory."""
     leases: bool = False
     """Agents' turns take a lease in the database (instances sharing it; ADR 0025)."""
     lease_seconds: float = 30.0
