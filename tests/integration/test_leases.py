@@ -1,13 +1,12 @@
-"""Agents' leases and fenced writes on a real SQLite database: two stores on one file stand
-in for two instances sharing a database (ADR 0025). The lease clock is a plain number the
-tests move on, so expiry needs no waiting."""
+"""Agents' leases and fenced writes on a real database, SQLite and PostgreSQL: two stores on
+one database stand in for two instances sharing it (ADR 0025). The lease clock is a plain
+number the tests move on, so expiry needs no waiting."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
@@ -16,8 +15,11 @@ from semantic.adapters.storage.sqlite_metadata import SqliteMetadataStore
 from semantic.domain.errors import AgentBusyError, LeaseLostError
 from semantic.ports.leases import Lease
 from semantic.ports.metadata_store import AgentRecord, BlockRecord, MessageRecord
+from tests.integration.conftest import StoreFactory
 
 NS, AGENT, SECONDS = "ns", "helper", 10.0
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")  # the loop the stores opened on
 
 
 @dataclass
@@ -44,10 +46,11 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-async def pair(tmp_path: Path, clock: Clock) -> AsyncIterator[tuple[Instance, Instance]]:
+async def pair(new_store: StoreFactory, clock: Clock) -> AsyncIterator[tuple[Instance, Instance]]:
+    """Two instances on one database: a SQLite file, or a PostgreSQL database."""
     instances = []
     for holder in ("host-a:1:aaaa", "host-b:2:bbbb"):
-        metadata = SqliteMetadataStore(tmp_path / "semantic.db")
+        metadata = new_store()
         await metadata.open()
         instances.append(Instance(metadata, SqlLeases(metadata.engine, clock), holder))
     yield instances[0], instances[1]
