@@ -1,12 +1,13 @@
 """What an agent's lease costs per turn on the metadata database (ADR 0025).
 
-    python -m benchmarks.leases [--runs 200]
+    python -m benchmarks.leases [--runs 200] [--database-url postgresql+asyncpg://...]
 
 A leased turn adds a take and a release (two small transactions, each fsynced on SQLite),
 a renewal every third of the lease time, and the fence, one UPDATE first in each fenced
 write's transaction. Printed: the median of each over ``--runs``, and a transcript append
 with and without the fence, the two alternating run by run so the machine's drift falls
-on both alike. SQLite in a temporary directory (``synchronous=FULL``, as the server).
+on both alike. SQLite in a temporary directory (``synchronous=FULL``, as the server), or
+the database at ``--database-url`` (a new, empty one: the benchmark makes its agent).
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ async def timed(step: Callable[[], Awaitable[object]]) -> float:
     return (time.perf_counter() - started) * 1e3
 
 
-async def measure(directory: Path, runs: int) -> dict[str, list[float]]:
-    metadata = SqliteMetadataStore(directory / "semantic.db")
+async def measure(directory: Path, runs: int, url: str | None) -> dict[str, list[float]]:
+    metadata = SqliteMetadataStore(directory / "semantic.db", url)
     await metadata.open()
     leases = SqlLeases(metadata.engine)
     await metadata.create_agent(AgentRecord(NS, AGENT, keeps_transcript=True))
@@ -67,10 +68,11 @@ async def one_turn(metadata: SqliteMetadataStore, leases: SqlLeases) -> dict[str
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--database-url", default=None)
     args = parser.parse_args()
     print_machine()
     with tempfile.TemporaryDirectory() as directory:
-        times = asyncio.run(measure(Path(directory), args.runs))
+        times = asyncio.run(measure(Path(directory), args.runs, args.database_url))
     for name, values in times.items():
         print(f"{name:>8}: median {median(values):.2f} ms over {len(values)} runs")
     added = median(times["take"]) + median(times["release"])
