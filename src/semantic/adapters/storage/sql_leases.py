@@ -94,7 +94,10 @@ class SqlLeases:
 
     @unavailable_on_failure
     async def release(self, lease: Lease) -> None:
-        """Expire it now (the row stays: its epoch must keep rising)."""
+        """Expire it now. The row stays while the agent does, so its epoch keeps rising; a
+        delete under the lease removes it (``delete_agent``): a holder of an older lease
+        then finds no row, and a new agent of that id starts again at epoch 1 under a
+        holder name no earlier process had (``instance_holder``)."""
         async with self._engine().begin() as connection:
             await connection.execute(
                 update(agent_leases).where(current(lease)).values(expires_at=0.0)
