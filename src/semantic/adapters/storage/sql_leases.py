@@ -96,8 +96,9 @@ class SqlLeases:
     async def release(self, lease: Lease) -> None:
         """Expire it now. The row stays while the agent does, so its epoch keeps rising; a
         delete under the lease removes it (``delete_agent``): a holder of an older lease
-        then finds no row, and a new agent of that id starts again at epoch 1 under a
-        holder name no earlier process had (``instance_holder``)."""
+        then finds no row. A new agent of that id starts again at epoch 1; an instance
+        takes it only once none of its requests holds the old lease (they share one,
+        ``AgentLeases.holding``), so no old lease can match the new row."""
         async with self._engine().begin() as connection:
             await connection.execute(
                 update(agent_leases).where(current(lease)).values(expires_at=0.0)
