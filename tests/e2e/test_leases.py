@@ -1,16 +1,13 @@
 """One instance per agent at a time, through a real server started with ``--leases`` on its
-SQLite file. The other instance is this test process: it takes the agent's lease and
-writes its turn in the same database with the same adapters another server would use
-(ADR 0025). Two real servers on one PostgreSQL are the cluster tests' part."""
+SQLite file. The other instance is this test process: it takes the agent's lease in the
+same database with the same adapter another server would use (ADR 0025). Two real servers
+on one PostgreSQL, and one stopped past its lease: ``test_leases_postgres``."""
 
 from __future__ import annotations
 
-import os
-import signal
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import anthropic
@@ -23,9 +20,10 @@ from semantic.adapters.storage.sql_leases import SqlLeases
 from semantic.adapters.storage.sqlite_metadata import SqliteMetadataStore
 from semantic.domain.errors import AgentBusyError, StorageUnavailableError
 from semantic.ports.leases import Lease
-from semantic.ports.metadata_store import MessageRecord
 
 pytestmark = pytest.mark.model
+same_loop = pytest.mark.asyncio(loop_scope="session")
+"""The loop the ``other`` instance's store opened on."""
 
 LEASE_S = 1.0
 WAIT_S = 3.0
@@ -79,6 +77,7 @@ def contents(agent: str) -> list[str]:
     return [m["content"] for m in httpx.get(f"{agent}/messages").json()["data"]]
 
 
+@same_loop
 async def test_a_turn_waits_for_a_lease_let_go_and_gets_a_409_for_one_held(
     leased: ServerProcess, other: OtherInstance
 ) -> None:
@@ -95,61 +94,6 @@ async def test_a_turn_waits_for_a_lease_let_go_and_gets_a_409_for_one_held(
     assert "busy on another instance" in error["message"]
     assert 500 <= int(busy.headers["Retry-After"]) <= 600
     assert len(contents(agent)) == 2, "the refused turn kept nothing"
-
-
-@contextmanager
-def stopped(server: ServerProcess, database: Path) -> Iterator[None]:
-    """SIGSTOP the server between its database writes (a stop inside one would hold the
-    database locked: it is stopped again after letting it finish), SIGCONT at the end."""
-    assert server.process is not None
-    pid = server.process.pid
-    for _ in range(20):
-        os.kill(pid, signal.SIGSTOP)
-        probe = sqlite3.connect(database, timeout=0.5)
-        try:
-            probe.execute("BEGIN IMMEDIATE")
-            probe.rollback()
-            break
-        except sqlite3.OperationalError:
-            os.kill(pid, signal.SIGCONT)
-            time.sleep(0.05)
-        finally:
-            probe.close()
-    try:
-        yield
-    finally:
-        os.kill(pid, signal.SIGCONT)
-
-
-async def test_a_server_stopped_past_its_lease_cannot_commit_its_turn(
-    leased: ServerProcess, other: OtherInstance
-) -> None:
-    """The issue's SIGSTOP case: the stopped server's turn is refused by the epoch check
-    when it resumes, and the other instance's turn, committed meanwhile, stands alone."""
-    agent = create(leased, "paused")
-    long_turn = {"content": "Count from 1 to 1000.", "max_tokens": 150, "stream": True}
-    events: list[str] = []
-    data = ""
-    with httpx.stream("POST", f"{agent}/messages", json=long_turn, timeout=120) as stream:
-        for line in stream.iter_lines():
-            if line.startswith("event: "):
-                events.append(line.removeprefix("event: "))
-            data = line.removeprefix("data: ") if line.startswith("data: ") else data
-            if events == ["delta"]:  # the turn runs, under the server's lease
-                events.append("stopped")
-                with stopped(leased, leased.data_dir / "semantic.db"):
-                    lease = await other.take_when_free("paused", 600.0)
-                    assert lease.epoch == 2, "the agent changed hands"
-                    mine = [MessageRecord("user", "hello"), MessageRecord("assistant", "hi")]
-                    await other.metadata.append_messages(NS, "paused", mine, lease=lease)
-    assert events[-1] == "error", events
-    assert "lost agent 'paused'" in data, data
-    assert contents(agent) == ["hello", "hi"], "no turn of the stopped server, no fork"
-
-    await other.leases.release(lease)
-    turn = {"content": "Say hi.", "max_tokens": 4}
-    assert httpx.post(f"{agent}/messages", json=turn, timeout=60).status_code == 200
-    assert contents(agent)[:3] == ["hello", "hi", "Say hi."], "the agent goes on from there"
 
 
 def test_forks_and_deletes_take_the_lease_and_a_deleted_agent_leaves_none(
@@ -169,6 +113,7 @@ def test_forks_and_deletes_take_the_lease_and_a_deleted_agent_leaves_none(
     assert rows["forked"] == 0.0, "a turn lets its lease go at its end"
 
 
+@same_loop
 async def test_plain_requests_naming_a_busy_agent_get_a_409_in_their_clients_shape(
     leased: ServerProcess, other: OtherInstance
 ) -> None:
