@@ -140,9 +140,9 @@ class AgentService:
         self._locks = KeyedLocks()
         self._live: dict[tuple[str, str], set[_LiveTurn]] = {}
         self._deleting: set[tuple[str, str]] = set()
+        """Agents a delete is ending: what arrives meanwhile is refused, not waited for."""
         self._letting_go: set[asyncio.Future[None]] = set()
         """Leases of plain requests being released (kept referenced till they are)."""
-        """Agents a delete is ending: what arrives meanwhile is refused, not waited for."""
 
     async def create(self, namespace: str, agent_id: str, system_prompt: str | None) -> AgentInfo:
         if system_prompt:  # an agent no turn could ever fit is refused now, not at each turn
