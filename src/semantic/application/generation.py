@@ -145,11 +145,10 @@ class GenerationService:
                 if self._cache is not None:
                     prefix = await self._cache.prepare(request.namespace, prompt)
                 restore_s = time.monotonic() - started
-                request_id = self._loop.submit(
-                    sink,
-                    agent_id=agent_id,
-                    prompt_tokens=prompt,
-                    cached_blocks=prefix.blocks if prefix else None,
+                queued = self._loop.engine.request(
+                    agent_id,
+                    prompt,
+                    prefix.blocks if prefix else None,
                     stored=prefix.stored if prefix else None,
                     max_tokens=max_tokens,
                     sampling=request.sampling,
@@ -158,6 +157,7 @@ class GenerationService:
                     namespace=request.namespace,
                     constraint=request.constraint,
                 )
+                request_id = self._loop.submit(sink, queued)
         finally:
             if prefix is not None and self._cache is not None:
                 self._cache.release(prefix)
