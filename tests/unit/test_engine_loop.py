@@ -244,9 +244,11 @@ async def test_a_handle_closed_before_anyone_read_it_ends_its_request(
     response's close must still end the request, or it generates for nobody."""
     backend.paused.set()  # never finishes on its own
     service = GenerationService(loop, None, Limits(512, 256, 16))
-    handle = await service.start(GenerationInput((1, 2, 3), max_tokens=100))
     ended: list[str] = []
-    handle.on_end = lambda: ended.append(handle.request_id)
+    handle = await service.start(
+        GenerationInput((1, 2, 3), max_tokens=100),
+        on_end=lambda: ended.append(handle.request_id),
+    )
     handle.close()
     handle.close()
 

@@ -128,9 +128,16 @@ class GenerationService:
                 )
         return max_tokens
 
-    async def start(self, request: GenerationInput) -> GenerationHandle:
+    async def start(
+        self,
+        request: GenerationInput,
+        *,
+        check: Callable[[], None] | None = None,
+        on_end: Callable[[], None] | None = None,
+    ) -> GenerationHandle:
         """Validate, restore the cached prefix and queue the request. Errors (bad input, a
-        full queue) are raised here, before a caller commits to a streaming response."""
+        full queue) are raised here, before a caller commits to a streaming response.
+        ``check`` and ``on_end``: the handle's (``GenerationHandle``)."""
         max_tokens = self.check(request)
         if request.constraint is not None:  # a cold 20-tool set ~25 ms, the first ever ~0.5 s:
             # off the event loop and the engine loop's lock; a refusal comes before any work
@@ -170,6 +177,8 @@ class GenerationService:
             cache=self._cache,
             restore_s=restore_s,
             cached_tokens=reusable_prefix(prefix.matched_tokens, len(prompt)) if prefix else 0,
+            check=check,
+            on_end=on_end,
         )
 
     def cancel(self, request_id: str) -> None:
@@ -203,7 +212,12 @@ class GenerationHandle:
         cache: AgentCacheStore | None,
         restore_s: float = 0.0,
         cached_tokens: int = 0,
+        check: Callable[[], None] | None = None,
+        on_end: Callable[[], None] | None = None,
     ) -> None:
+        """``check`` is called before each event is passed on: it raises to end the
+        request (its agent was deleted, say). ``on_end`` is called once, when the request
+        is over for its reader (``close``)."""
         self.request_id = request_id
         self.cached_tokens = cached_tokens
         """Prompt tokens restored rather than computed, known before the first token (the
@@ -215,11 +229,8 @@ class GenerationHandle:
         self._loop = loop
         self._observer = observer
         self._started = time.monotonic()
-        self.check: Callable[[], None] | None = None
-        """Called before each event is passed on: raises to end the request (its agent was
-        deleted, say)."""
-        self.on_end: Callable[[], None] | None = None
-        """Called once, when the request is over for its reader (``close``)."""
+        self._check = check
+        self._on_end = on_end
         self._finished = False
         self._closed = False
 
@@ -235,15 +246,15 @@ class GenerationHandle:
             self._loop.cancel(self.request_id)
             if self._observer is not None:
                 self._observer.on_abandoned()
-        if self.on_end is not None:
-            self.on_end()
+        if self._on_end is not None:
+            self._on_end()
 
     async def events(self) -> AsyncGenerator[GenerationEvent, None]:
         last: float | None = None
         try:
             async for event in self._sink:
-                if self.check is not None:
-                    self.check()
+                if self._check is not None:
+                    self._check()
                 now = time.monotonic()
                 if isinstance(event, TokenEvent):
                     self._observe_token(now, last)
