@@ -70,6 +70,10 @@ class StepResult:
 
 
 class BlockPoolBatchEngine:
+    """``reclaim(n)`` is asked to free ``n`` pool blocks (by evicting idle cached KV) before
+    a request is made to wait or ends for lack of memory. ``grammars`` compiles requests'
+    output constraints (none: a constrained request is refused)."""
+
     def __init__(
         self,
         backend: ModelBackend,
@@ -81,9 +85,6 @@ class BlockPoolBatchEngine:
         clock: Callable[[], float] = time.monotonic,
         grammars: GrammarCompiler | None = None,
     ) -> None:
-        """``reclaim(n)`` is asked to free ``n`` pool blocks (by evicting idle cached KV)
-        before a request is made to wait or ends for lack of memory. ``grammars`` compiles
-        requests' output constraints (none: a constrained request is refused)."""
         self._backend = backend
         self._spec = backend.spec
         self._config = config = config or EngineConfig()
