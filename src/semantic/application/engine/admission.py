@@ -35,13 +35,15 @@ class Admission:
     def __init__(
         self,
         backend: ModelBackend,
+        spec: ModelCacheSpec,
         books: KVBooks,
         sharing: PrefixSharing,
         lifecycle: Lifecycle,
+        *,
         state: EngineState,
     ) -> None:
         self._backend = backend
-        self._spec: ModelCacheSpec = backend.spec
+        self._spec = spec
         self._books = books
         self._sharing = sharing
         self._lifecycle = lifecycle

@@ -86,7 +86,8 @@ class BlockPoolBatchEngine:
         grammars: GrammarCompiler | None = None,
     ) -> None:
         self._backend = backend
-        self._spec = backend.spec
+        self._capabilities = backend.capabilities  # read once: fixed for the backend's life
+        self._spec = self._capabilities.spec
         self._config = config = config or EngineConfig()
         self._clock = clock
         self._books = books = KVBooks(pool, self._spec, reclaim=reclaim, clock=clock)
@@ -96,7 +97,7 @@ class BlockPoolBatchEngine:
         state = EngineState(self._queue, self._running, clock)
         lifecycle = Lifecycle(backend, books, sharing, state)
         self._intake = Intake(
-            backend,
+            self._spec,
             tokenizer,
             books,
             lifecycle,
@@ -104,7 +105,7 @@ class BlockPoolBatchEngine:
             max_context=config.max_context,
             grammars=grammars,
         )
-        self._admission = Admission(backend, books, sharing, lifecycle, state)
+        self._admission = Admission(backend, self._spec, books, sharing, lifecycle, state=state)
         self.pacer = PrefillPacer(config.pacer)
         self._adder = PrefillAdder(
             self._queue,
@@ -227,12 +228,13 @@ class BlockPoolBatchEngine:
 
     def _plan(self) -> RoundPlan:
         running = sorted(self._running.values(), key=lambda r: r.phase is not Phase.PREFILLING)
-        capabilities = RoundCapabilities(self._backend.can_slice, self._backend.ride_capacity())
+        decoding = self._backend.decoding_count
+        can_slice, ride = self._capabilities.can_slice, self._capabilities.ride_capacity(decoding)
         plan = self._adder.plan(
             running,
-            decoding=self._backend.decoding_count,
+            decoding=decoding,
             room=self._config.max_running - len(self._running),
-            capabilities=capabilities,
+            capabilities=RoundCapabilities(can_slice, ride),
         )
         self._admission.release_copied()
         return plan

@@ -16,18 +16,18 @@ from semantic.application.completion import CompletionDetector
 from semantic.application.engine.lifecycle import Events, Lifecycle
 from semantic.application.engine.state import EngineState
 from semantic.application.request_validation import validate_request
+from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.constraints import OutputConstraint
 from semantic.domain.errors import InvalidRequestError
 from semantic.domain.generation import FinishReason
 from semantic.ports.grammar import Grammar, GrammarCompiler
-from semantic.ports.model_backend import ModelBackend
 from semantic.ports.tokenizer import Tokenizer
 
 
 class Intake:
     def __init__(
         self,
-        backend: ModelBackend,
+        spec: ModelCacheSpec,
         tokenizer: Tokenizer,
         books: KVBooks,
         lifecycle: Lifecycle,
@@ -36,7 +36,7 @@ class Intake:
         max_context: int,
         grammars: GrammarCompiler | None,
     ) -> None:
-        self._spec = backend.spec
+        self._spec = spec
         self._tokenizer = tokenizer
         self._books = books
         self._lifecycle = lifecycle
