@@ -325,7 +325,7 @@ def _engine(
     engine = BlockPoolBatchEngine(
         backend, tokenizer, pool, config, reclaim=reclaim, grammars=grammar_compiler(tokenizer)
     )
-    adopt = (lambda event: cache.adopt(event, event.agent_id)) if cache is not None else None
+    adopt = cache.adopt_completion if cache is not None else None
     return backend, engine, EngineLoop(engine, on_completion=adopt)
 
 

@@ -303,6 +303,11 @@ class AgentCacheStore:
     def release(self, prefix: CachedPrefix) -> None:
         self._pool.release_owner(prefix.pin)
 
+    def adopt_completion(self, event: CompletionEvent) -> None:
+        """``adopt`` under the agent the completion names (the engine loop's
+        ``on_completion``)."""
+        self.adopt(event, event.agent_id)
+
     def adopt(self, event: CompletionEvent, agent_id: str) -> None:
         """Keep a finished request's blocks (engine thread; no I/O) and queue their save."""
         blocks = event.blocks
