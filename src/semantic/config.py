@@ -12,6 +12,7 @@ from pathlib import Path
 
 DATA_DIR_ENV = "SEMANTIC_DATA_DIR"
 MODEL_CACHE_ENV = "SEMANTIC_MODEL_CACHE"
+SHARED_BLOCKS_ENV = "SEMANTIC_SHARED_BLOCKS"
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
@@ -71,6 +72,8 @@ class Settings:
     disk_quota_bytes: int | None = None
     disk_reserve_bytes: int = 1 << 30
     """Free disk to keep: cached KV gives way, oldest first, before the disk fills."""
+    shared_blocks_url: str | None = None
+    """A Redis URL: the block tier instances share (ADR 0021); None: none."""
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None

@@ -38,6 +38,21 @@ class BlockStore(Protocol):
         altered file."""
         ...
 
+    def has(self, key: str) -> bool:
+        """Whether this store holds a file for ``key`` (unverified)."""
+        ...
+
+    def file_bytes(self, key: str, checksum: str) -> bytes | None:
+        """The block's file, byte for byte, if it is there and matches ``checksum``: what
+        the shared tier keeps (``ports.shared_blocks``)."""
+        ...
+
+    def put_file(self, key: str, data: bytes, checksum: str) -> None:
+        """Keep ``data`` (a block file read from the shared tier) as ``key``'s file, durably,
+        unless one is there; raises ``CacheCorruptionError`` if it does not match
+        ``checksum``."""
+        ...
+
     def quarantine(self, key: str) -> None:
         """Move a bad file aside so it is never read again."""
         ...

@@ -58,6 +58,15 @@ def non_empty(text: str) -> str:
     return text
 
 
+def redis_url(text: str) -> str:
+    """A Redis URL (``redis://``, ``rediss://`` or ``unix://``); checked, not connected to."""
+    if not text.startswith(("redis://", "rediss://", "unix://")):
+        raise argparse.ArgumentTypeError(
+            f"must be a redis://, rediss:// or unix:// URL, not {text!r}"
+        )
+    return text
+
+
 def path(text: str) -> Path:
     return Path(non_empty(text)).expanduser()
 

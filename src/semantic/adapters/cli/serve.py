@@ -24,7 +24,7 @@ from semantic.adapters.cli.descriptors import (
     raise_descriptor_limit,
 )
 from semantic.adapters.cli.progress import ProgressPrinter
-from semantic.config import Settings, default_data_dir
+from semantic.config import SHARED_BLOCKS_ENV, Settings, default_data_dir
 from semantic.domain.errors import SemanticError
 
 if TYPE_CHECKING:
@@ -119,6 +119,16 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         help="disk for KV blocks, MiB: least recently used agents' blocks go first, then the "
         "end of the conversation saved last; up to 4 spare block files (~12 MB each here) "
         "are kept beside it to be written over (default: no quota)",
+    )
+    serve.add_argument(
+        "--shared-blocks",
+        type=flags.redis_url,
+        default=None,
+        metavar="URL",
+        help="a Redis URL (redis://host:port/db) whose blocks instances share: new blocks are "
+        "pushed there after each save, and restores read what this disk lacks from it; "
+        "Redis down, the server serves from its own tiers (default: $SEMANTIC_SHARED_BLOCKS, "
+        "else none)",
     )
     serve.add_argument(
         "--disk-reserve-mb",
@@ -250,6 +260,7 @@ def run_server(args: argparse.Namespace) -> int:
         "grace_s": args.grace,
         "disk_quota_bytes": None if args.disk_quota_mb is None else args.disk_quota_mb << 20,
         "disk_reserve_bytes": args.disk_reserve_mb << 20,
+        "shared_blocks_url": _shared_blocks(args.shared_blocks),
         "max_connections": args.max_connections,
         "header_timeout_s": args.header_timeout,
         "body_timeout_s": args.body_timeout,
@@ -349,6 +360,19 @@ def _allowed_hosts(given: list[str]) -> tuple[str, ...]:
     """``--allowed-host`` names, else ``$SEMANTIC_ALLOWED_HOSTS``'s."""
     listed = given or os.environ.get(ALLOWED_HOSTS_ENV, "").split(",")
     return tuple(name.strip() for name in listed if name.strip())
+
+
+def _shared_blocks(given: str | None) -> str | None:
+    """``--shared-blocks``, else ``$SEMANTIC_SHARED_BLOCKS`` (checked the same way)."""
+    if given is not None:
+        return given
+    value = os.environ.get(SHARED_BLOCKS_ENV)
+    if not value:
+        return None
+    try:
+        return flags.redis_url(value)
+    except argparse.ArgumentTypeError as error:
+        raise SystemExit(f"error: ${SHARED_BLOCKS_ENV}: {error}") from None
 
 
 def _env_path(name: str) -> Path | None:

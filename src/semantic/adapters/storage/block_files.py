@@ -106,8 +106,36 @@ class BlockFiles:
         digest = xxhash.xxh3_128()
         for part in parts:
             digest.update(part)
+        return self._write_parts(target, parts), digest.hexdigest()
+
+    def has(self, key: str) -> bool:
+        return self.path(key).exists()
+
+    def file_bytes(self, key: str, checksum: str) -> bytes | None:
+        """The whole file, if it is there and matches ``checksum`` (it may have been
+        collected, even written over as a spare, since its row was read)."""
+        try:
+            data = self.path(key).read_bytes()
+        except OSError:
+            return None
+        return data if xxhash.xxh3_128_hexdigest(data) == checksum else None
+
+    def write_bytes(self, key: str, data: bytes, checksum: str) -> None:
+        """Keep a block file read from elsewhere (the shared tier), as durably as ``write``,
+        unless the key has a file; raises ``CacheCorruptionError`` if ``data`` does not
+        match ``checksum``."""
+        if xxhash.xxh3_128_hexdigest(data) != checksum:
+            raise CacheCorruptionError(f"block {key[:16]} does not match its checksum")
+        target = self.path(key)
+        if not target.exists():
+            self._write_parts(target, [memoryview(data)])
+
+    def _write_parts(self, target: Path, parts: list[memoryview]) -> int:
+        """Write ``parts`` as ``target``: temporary name, fsync, rename, fsync of the
+        directory; returns the bytes written."""
         target.parent.mkdir(parents=True, exist_ok=True)
-        temporary = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+        unique = f"{os.getpid()}.{threading.get_ident()}"  # readers may fetch one key at once
+        temporary = target.with_name(f"{target.name}.{unique}.tmp")
         n_bytes = sum(len(part) for part in parts)
         try:
             with self._open_for_writing(temporary) as handle:
@@ -120,7 +148,7 @@ class BlockFiles:
             temporary.unlink(missing_ok=True)
             raise
         fsync_directory(target.parent)
-        return n_bytes, digest.hexdigest()
+        return n_bytes
 
     def _open_for_writing(self, temporary: Path) -> io.FileIO:
         """A spare renamed to ``temporary`` and opened without truncation, so the write

@@ -59,6 +59,15 @@ class KVBlockStore:
             message = f"block {key[:16]} does not describe its KV: {error}"
             raise CacheCorruptionError(message) from error
 
+    def has(self, key: str) -> bool:
+        return self._files.has(key)
+
+    def file_bytes(self, key: str, checksum: str) -> bytes | None:
+        return self._files.file_bytes(key, checksum)
+
+    def put_file(self, key: str, data: bytes, checksum: str) -> None:
+        self._files.write_bytes(key, data, checksum)
+
     def quarantine(self, key: str) -> None:
         self._files.quarantine(key)
 

@@ -6,6 +6,7 @@ import logging
 from enum import Enum
 
 from semantic.application.cache.hot_index import CACHE_OWNER, HotBlock, HotIndex
+from semantic.application.cache.shared_tier import SharedTier
 from semantic.application.cache.stats import CacheStats
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.blocks import KVBlock
@@ -33,8 +34,10 @@ class BlockLoader:
         metadata: MetadataStore,
         hot: HotIndex,
         stats: CacheStats,
+        shared: SharedTier | None = None,
     ) -> None:
         self._pool = pool
+        self._shared = shared
         self._spec = spec
         self._store = store
         self._metadata = metadata
@@ -46,6 +49,8 @@ class BlockLoader:
         already = self._hot.take(record.key, pin)
         if already is not None:
             return already
+        if not self._on_disk(record):
+            return LoadOutcome.GONE
         try:
             payloads = self._store.load(record.key, record.checksum)
         except CacheCorruptionError as error:
@@ -69,6 +74,15 @@ class BlockLoader:
         if kept is not block:
             self._pool.release(CACHE_OWNER, claimed)
         return kept
+
+    def _on_disk(self, record: BlockRecord) -> bool:
+        """With a shared tier, a block whose file this disk lacks (another instance wrote
+        it) is read from the tier onto the disk; not there either, it is a miss, never
+        corruption: other instances may hold it. Without one, a missing file is read, and
+        found corrupt, as before."""
+        if self._shared is None or self._store.has(record.key):
+            return True
+        return self._shared.fetch(record)
 
     async def quarantine(self, key: str) -> None:
         """A block failed verification: move its file aside and stop using it, unless it was
