@@ -24,6 +24,14 @@ if [ "$(uname -s)" = "Linux" ] && ! ldconfig -p 2>/dev/null | grep -q 'libopenbl
   fi
 fi
 
+# --services: the engines the scale-out tests start on loopback (Debian's packages; never
+# the system services): redis-server for the shared block tier (ADR 0021).
+if [ "${1:-}" = "--services" ] && command -v apt-get >/dev/null 2>&1 && ! command -v redis-server >/dev/null 2>&1; then
+  SUDO=""
+  [ "$(id -u)" = "0" ] || SUDO="sudo"
+  $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q redis-server >/dev/null
+fi
+
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 # MLX's backend on Linux is an extra: `cpu` here (`cuda` on an NVIDIA machine: SEMANTIC_EXTRAS=cuda).
