@@ -176,6 +176,11 @@ class AgentCacheStore:
         (``DiskRoom.keeping``); raises ``DiskFullError`` when nothing of ours is left."""
         return await self._room.keeping(namespace, agent_id, write)
 
+    @property
+    def fingerprint(self) -> str:
+        """The model fingerprint block keys are rooted in (ADR 0005)."""
+        return self._fingerprint
+
     def root(self, namespace: str) -> str:
         return chain_root(self._fingerprint, namespace)
 
