@@ -33,9 +33,14 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 PREFIX = "semantic:block:"
-TIMEOUT_S = 0.25
+TIMEOUT_S = 0.5
 """Socket timeout of each exchange: a request's restore waits at most about this long on a
-Redis that went away (then the backoff answers at once)."""
+Redis that went away (then the backoff answers at once). 0.25 s was too short on this
+2-core VM under load: a busy redis-server sending a 12 MB block took longer, and the tier
+was taken for unreachable."""
+READ_SIZE = 1 << 20
+"""Bytes asked of the socket at a time: blocks are ~12 MB, and redis-py's default (32 KB)
+made reading one cost several times more."""
 FIRST_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 5.0
 _HEAD = (b"parent", b"namespace", b"fingerprint", b"tokens", b"checksum")
@@ -58,6 +63,7 @@ class RedisSharedBlocks:
             url,
             socket_timeout=timeout_s,
             socket_connect_timeout=timeout_s,
+            socket_read_size=READ_SIZE,
             retry=Retry(NoBackoff(), 0),
             health_check_interval=0,
         )
