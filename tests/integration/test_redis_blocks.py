@@ -4,16 +4,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import mlx.core as mx
 import pytest
 import redis
 import xxhash
 from reliability.services.redis import RedisServer
 
+from semantic.adapters.mlx.host_codec import MlxHostCodec
+from semantic.adapters.mlx.kv_payloads import kv_arrays
 from semantic.adapters.storage.block_files import BlockFiles
+from semantic.adapters.storage.kv_block_store import KVBlockStore
 from semantic.adapters.storage.redis_blocks import FIRST_BACKOFF_S, RedisSharedBlocks, redis_key
 from semantic.domain.block_identity import chain_keys, chain_root
 from semantic.domain.errors import CacheCorruptionError
 from semantic.ports.shared_blocks import SharedBlock, SharedHead
+from tests.integration.test_storage import kv_blocks
 
 
 def block(key: str, namespace: str = "default", data: bytes = b"block file bytes") -> SharedBlock:
@@ -102,15 +107,31 @@ def test_an_unreachable_redis_is_a_fast_miss_and_is_tried_again(tmp_path: Path) 
         server.stop()
 
 
-def test_a_file_from_the_tier_is_kept_only_if_its_checksum_holds(tmp_path: Path) -> None:
+def test_a_file_from_the_tier_reads_as_the_file_does_if_its_checksum_holds(
+    tmp_path: Path,
+) -> None:
     files = BlockFiles(tmp_path / "blocks")
-    data = b"\x08" + bytes(100)
-    checksum = xxhash.xxh3_128_hexdigest(data)
-    with pytest.raises(CacheCorruptionError):
-        files.write_bytes("ab" * 32, data[:-1] + b"\x01", checksum)
-    assert not files.has("ab" * 32)
-    files.write_bytes("ab" * 32, data, checksum)
-    assert files.path("ab" * 32).read_bytes() == data
-    assert files.file_bytes("ab" * 32, checksum) == data
-    assert files.file_bytes("ab" * 32, "another checksum") is None
+    store = KVBlockStore(files, MlxHostCodec())
+    key = "ab" * 32
+    checksum = store.save(key, kv_blocks(n_tokens=40)).checksum
+    data = files.file_bytes(key, checksum)
+    assert data == files.path(key).read_bytes()
+    assert files.file_bytes(key, "another checksum") is None
     assert files.file_bytes("cd" * 32, checksum) is None
+    for read, parsed in zip(
+        store.load(key, checksum), store.load_bytes(key, data, checksum), strict=True
+    ):
+        assert (read.layer, read.start, read.n_tokens) == (
+            parsed.layer,
+            parsed.start,
+            parsed.n_tokens,
+        )
+        for a, b in zip(kv_arrays(read.data), kv_arrays(parsed.data), strict=True):
+            assert mx.array_equal(a, b).item()
+    flipped = bytearray(data)
+    flipped[-1] ^= 1
+    for bad in (bytes(flipped), data[:-8], b""):
+        with pytest.raises(CacheCorruptionError):
+            store.load_bytes(key, bad, checksum)
+    with pytest.raises(CacheCorruptionError):  # consistent bytes, but not the recorded file
+        store.load_bytes(key, data[:-8], xxhash.xxh3_128_hexdigest(data[:-8]))

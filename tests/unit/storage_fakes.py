@@ -50,8 +50,8 @@ class FakeBlockStore:
     def file_bytes(self, key: str, checksum: str) -> bytes | None:
         return None  # no bytes to share: the shared tier runs on real files only
 
-    def put_file(self, key: str, data: bytes, checksum: str) -> None:
-        raise CacheCorruptionError("the fake store keeps no files from elsewhere")
+    def load_bytes(self, key: str, data: bytes, checksum: str) -> list[LayerPayload]:
+        raise CacheCorruptionError("the fake store reads no files from elsewhere")
 
     def quarantine(self, key: str) -> None:
         self.quarantined.append(key)

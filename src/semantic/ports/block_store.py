@@ -47,10 +47,9 @@ class BlockStore(Protocol):
         the shared tier keeps (``ports.shared_blocks``)."""
         ...
 
-    def put_file(self, key: str, data: bytes, checksum: str) -> None:
-        """Keep ``data`` (a block file read from the shared tier) as ``key``'s file, durably,
-        unless one is there; raises ``CacheCorruptionError`` if it does not match
-        ``checksum``."""
+    def load_bytes(self, key: str, data: bytes, checksum: str) -> list[LayerPayload]:
+        """``load`` of a block file held in memory (read from the shared tier); raises
+        ``CacheCorruptionError`` as ``load`` does."""
         ...
 
     def quarantine(self, key: str) -> None:

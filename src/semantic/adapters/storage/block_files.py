@@ -120,22 +120,11 @@ class BlockFiles:
             return None
         return data if xxhash.xxh3_128_hexdigest(data) == checksum else None
 
-    def write_bytes(self, key: str, data: bytes, checksum: str) -> None:
-        """Keep a block file read from elsewhere (the shared tier), as durably as ``write``,
-        unless the key has a file; raises ``CacheCorruptionError`` if ``data`` does not
-        match ``checksum``."""
-        if xxhash.xxh3_128_hexdigest(data) != checksum:
-            raise CacheCorruptionError(f"block {key[:16]} does not match its checksum")
-        target = self.path(key)
-        if not target.exists():
-            self._write_parts(target, [memoryview(data)])
-
     def _write_parts(self, target: Path, parts: list[memoryview]) -> int:
         """Write ``parts`` as ``target``: temporary name, fsync, rename, fsync of the
         directory; returns the bytes written."""
         target.parent.mkdir(parents=True, exist_ok=True)
-        unique = f"{os.getpid()}.{threading.get_ident()}"  # readers may fetch one key at once
-        temporary = target.with_name(f"{target.name}.{unique}.tmp")
+        temporary = target.with_name(f"{target.name}.{os.getpid()}.tmp")
         n_bytes = sum(len(part) for part in parts)
         try:
             with self._open_for_writing(temporary) as handle:
@@ -193,6 +182,26 @@ class BlockFiles:
             raise CacheCorruptionError(f"block file {path.name} is missing") from None
         except (OSError, ValueError, KeyError, TypeError, struct.error) as error:
             raise CacheCorruptionError(f"block file {path.name} is unreadable: {error}") from error
+
+    def parse(
+        self, key: str, data: bytes, checksum: str, allocate: Allocate
+    ) -> tuple[np.ndarray, Mapping[str, TensorSpan], Mapping[str, str]]:
+        """``read`` of a block file held in memory (one read from the shared tier): the
+        same checks, the data section copied into ``allocate(n_bytes)``."""
+        try:
+            if xxhash.xxh3_128_hexdigest(data) != checksum:
+                raise ValueError("checksum mismatch")
+            (header_size,) = struct.unpack_from("<Q", data)
+            if header_size > _MAX_HEADER:
+                raise ValueError(f"header of {header_size} bytes")
+            spans, metadata, end = _parse_header(data[8 : 8 + header_size])
+            if len(data) != 8 + header_size + end:
+                raise ValueError(f"{len(data)} bytes, the header says {8 + header_size + end}")
+            buffer = allocate(end)
+            buffer[:] = np.frombuffer(data, np.uint8, end, 8 + header_size)
+        except (ValueError, KeyError, TypeError, struct.error) as error:
+            raise CacheCorruptionError(f"block {key[:16]} is unreadable: {error}") from error
+        return buffer, spans, metadata
 
     def quarantine(self, key: str) -> Path | None:
         """Move a bad file aside for inspection; returns where it went (None if missing, or

@@ -12,7 +12,7 @@ from semantic.domain.block_pool import BlockPool
 from semantic.domain.blocks import KVBlock
 from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.errors import CacheCorruptionError, PoolExhaustedError
-from semantic.ports.block_store import BlockStore
+from semantic.ports.block_store import BlockStore, LayerPayload
 from semantic.ports.metadata_store import BlockRecord, MetadataStore
 
 log = logging.getLogger(__name__)
@@ -49,13 +49,13 @@ class BlockLoader:
         already = self._hot.take(record.key, pin)
         if already is not None:
             return already
-        if not self._on_disk(record):
-            return LoadOutcome.GONE
         try:
-            payloads = self._store.load(record.key, record.checksum)
+            payloads = self._payloads(record)
         except CacheCorruptionError as error:
             log.warning("block %s failed verification: %s", record.key[:16], error)
             return LoadOutcome.CORRUPT
+        if payloads is None:
+            return LoadOutcome.GONE
         layers: list[KVBlock | None] = [None] * self._spec.n_layers
         size = len(record.tokens)
         for payload in payloads:
@@ -75,13 +75,13 @@ class BlockLoader:
             self._pool.release(CACHE_OWNER, claimed)
         return kept
 
-    def _on_disk(self, record: BlockRecord) -> bool:
+    def _payloads(self, record: BlockRecord) -> list[LayerPayload] | None:
         """With a shared tier, a block whose file this disk lacks (another instance wrote
-        it) is read from the tier onto the disk; not there either, it is a miss, never
-        corruption: other instances may hold it. Without one, a missing file is read, and
-        found corrupt, as before."""
+        it) is read from the tier (the request's save then keeps it on this disk); not
+        there either, it is a miss (None), never corruption: other instances may hold it.
+        Without one, a missing file is read, and found corrupt, as before."""
         if self._shared is None or self._store.has(record.key):
-            return True
+            return self._store.load(record.key, record.checksum)
         return self._shared.fetch(record)
 
     async def quarantine(self, key: str) -> None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from semantic.application.cache.stats import CacheStats
 from semantic.domain.errors import CacheCorruptionError
-from semantic.ports.block_store import BlockStore
+from semantic.ports.block_store import BlockStore, LayerPayload
 from semantic.ports.metadata_store import BlockRecord, MetadataStore
 from semantic.ports.shared_blocks import SharedBlock, SharedBlocks, SharedHead
 
@@ -115,9 +115,11 @@ class SharedTier:
             with contextlib.suppress(asyncio.QueueFull):  # Redis's eviction takes them later
                 self._queue.put_nowait(_Discard(list(keys)))
 
-    def fetch(self, record: BlockRecord) -> bool:
-        """Bring a block this instance's disk lacks from the tier onto the disk (a reader
-        thread); False for a miss: not there, unreachable, another file, or corrupt."""
+    def fetch(self, record: BlockRecord) -> list[LayerPayload] | None:
+        """A block this instance's disk lacks, read from the tier (a reader thread); None
+        for a miss: not there, unreachable, another file of it, or corrupt. Not written to
+        disk here: the request's save writes every block of its chain this disk lacks,
+        after the reply, as any other (``Saver``), so a restore waits on no fsync."""
         shared = self._blocks.get(record.key)
         if (
             shared is None
@@ -125,17 +127,17 @@ class SharedTier:
             or shared.head.checksum != record.checksum  # another file of it: this one is kept
         ):
             self._stats.shared_misses += 1
-            return False
+            return None
         try:
-            self._store.put_file(record.key, shared.data, shared.head.checksum)
+            payloads = self._store.load_bytes(record.key, shared.data, shared.head.checksum)
         except CacheCorruptionError as error:
             log.warning("shared block %s is corrupt (%s); discarded", record.key[:16], error)
             self._blocks.discard([record.key])
             self._stats.shared_corrupt += 1
             self._stats.shared_misses += 1
-            return False
+            return None
         self._stats.shared_fetched += 1
-        return True
+        return payloads
 
     async def records(self, namespace: str, keys: Sequence[str]) -> dict[str, BlockRecord]:
         """Rows for blocks the tier holds that this instance's metadata does not know (a
