@@ -6,10 +6,11 @@ bytes (``data``) beside its content address and checksum (``namespace``, ``finge
 block is and whose. Redis may evict any key at any time (``maxmemory`` with an LRU policy):
 a missing hash is a miss. A hash missing a field is treated as missing too.
 
-Redis that cannot be reached never holds a request up: sockets time out after
-``timeout_s``, redis-py's own retries are off, and after a failure every call answers at
-once (a miss, False) until ``backoff`` has passed; then one call tries again, and the wait
-doubles (up to ``MAX_BACKOFF_S``) while Redis stays away.
+Redis that cannot be reached never holds a request up: reads time out after ``timeout_s``
+(pushes, off the request path, after ``write_timeout_s``), redis-py's own retries are off,
+and after a failure every call answers at once (a miss, False) until a backoff has passed;
+then one call tries again, and the wait doubles (up to ``MAX_BACKOFF_S``) while Redis stays
+away.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ TIMEOUT_S = 0.5
 Redis that went away (then the backoff answers at once). 0.25 s was too short on this
 2-core VM under load: a busy redis-server sending a 12 MB block took longer, and the tier
 was taken for unreachable."""
+WRITE_TIMEOUT_S = 5.0
+"""Socket timeout of pushes and deletions: they run off the request path, and a 12 MB push
+to a redis-server starved of CPU (load 11 on this 2-core VM) outlasted 0.5 s."""
 READ_SIZE = 1 << 20
 """Bytes asked of the socket at a time: blocks are ~12 MB, and redis-py's default (32 KB)
 made reading one cost several times more."""
@@ -57,16 +61,11 @@ class RedisSharedBlocks:
         url: str,
         *,
         timeout_s: float = TIMEOUT_S,
+        write_timeout_s: float = WRITE_TIMEOUT_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._client = redis.Redis.from_url(
-            url,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            socket_read_size=READ_SIZE,
-            retry=Retry(NoBackoff(), 0),
-            health_check_interval=0,
-        )
+        self._client = _client(url, timeout_s)
+        self._writer = _client(url, write_timeout_s)
         self._url = url
         self._clock = clock
         self._lock = threading.Lock()
@@ -91,8 +90,8 @@ class RedisSharedBlocks:
 
         def store() -> bool:
             name = redis_key(head.key)
-            if not self._client.exists(name):
-                self._client.hset(name, mapping=fields)
+            if not self._writer.exists(name):
+                self._writer.hset(name, mapping=fields)
             return True
 
         return self._call(store, False)
@@ -125,7 +124,7 @@ class RedisSharedBlocks:
 
     def discard(self, keys: Sequence[str]) -> None:
         if keys:
-            self._call(lambda: self._client.delete(*(redis_key(k) for k in keys)), 0)
+            self._call(lambda: self._writer.delete(*(redis_key(k) for k in keys)), 0)
 
     def probe(self) -> bool:
         with self._lock:
@@ -134,6 +133,7 @@ class RedisSharedBlocks:
 
     def close(self) -> None:
         self._client.close()
+        self._writer.close()
 
     def _call(self, work: Callable[[], T], otherwise: T) -> T:
         """``work`` unless Redis failed less than a backoff ago; a failure to reach it
@@ -169,6 +169,18 @@ class RedisSharedBlocks:
                 self._backoff = min(MAX_BACKOFF_S, self._backoff * 2)
             self._reachable = False
             self._retry_at = self._clock() + self._backoff
+
+
+def _client(url: str, timeout_s: float) -> redis.Redis:
+    """Without redis-py's own retries: the backoff here decides when to try again."""
+    return redis.Redis.from_url(
+        url,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=min(timeout_s, TIMEOUT_S),
+        socket_read_size=READ_SIZE,
+        retry=Retry(NoBackoff(), 0),
+        health_check_interval=0,
+    )
 
 
 def _head(key: str, values: Sequence[object]) -> SharedHead | None:
