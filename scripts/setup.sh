@@ -24,12 +24,28 @@ if [ "$(uname -s)" = "Linux" ] && ! ldconfig -p 2>/dev/null | grep -q 'libopenbl
   fi
 fi
 
-# --services: the engines the scale-out tests start on loopback (Debian's packages; never
-# the system services): redis-server for the shared block tier (ADR 0021).
-if [ "${1:-}" = "--services" ] && command -v apt-get >/dev/null 2>&1 && ! command -v redis-server >/dev/null 2>&1; then
+# PostgreSQL (Debian's): the tests start their own server on loopback (metadata on PostgreSQL,
+# ADR 0021); the system's own cluster is never used.
+if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
   SUDO=""
   [ "$(id -u)" = "0" ] || SUDO="sudo"
-  $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q redis-server >/dev/null
+  echo "installing PostgreSQL (postgresql) for the tests..."
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql >/dev/null 2>&1 \
+    || { $SUDO apt-get update -q >/dev/null \
+      && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql >/dev/null; } \
+    || echo "warning: could not install PostgreSQL; the tests that use it will fail" >&2
+fi
+
+# Redis (Debian's redis-server): the shared block tier's tests start their own on loopback
+# (ADR 0022); the system's service is never used.
+if ! command -v redis-server >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+  SUDO=""
+  [ "$(id -u)" = "0" ] || SUDO="sudo"
+  echo "installing Redis (redis-server) for the tests..."
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server >/dev/null 2>&1 \
+    || { $SUDO apt-get update -q >/dev/null \
+      && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server >/dev/null; } \
+    || echo "warning: could not install Redis; the tests that use it will fail" >&2
 fi
 
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv

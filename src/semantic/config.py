@@ -12,7 +12,6 @@ from pathlib import Path
 
 DATA_DIR_ENV = "SEMANTIC_DATA_DIR"
 MODEL_CACHE_ENV = "SEMANTIC_MODEL_CACHE"
-SHARED_BLOCKS_ENV = "SEMANTIC_SHARED_BLOCKS"
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
@@ -73,7 +72,7 @@ class Settings:
     disk_reserve_bytes: int = 1 << 30
     """Free disk to keep: cached KV gives way, oldest first, before the disk fills."""
     shared_blocks_url: str | None = None
-    """A Redis URL: the block tier instances share (ADR 0021); None: none."""
+    """A Redis URL: the block tier instances share (ADR 0022); None: none."""
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
@@ -96,6 +95,9 @@ class Settings:
     response); a slow client cannot hold a connection open with a request it never ends."""
     body_timeout_s: float = 30.0
     """A request's body must arrive within this long of its headers."""
+    database_url: str | None = None
+    """Where agents, transcripts and block metadata live (``postgresql+asyncpg://...``);
+    None: SQLite in the data directory."""
 
     def __post_init__(self) -> None:
         if self.weights not in WEIGHT_CHOICES:

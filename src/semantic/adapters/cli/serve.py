@@ -24,7 +24,7 @@ from semantic.adapters.cli.descriptors import (
     raise_descriptor_limit,
 )
 from semantic.adapters.cli.progress import ProgressPrinter
-from semantic.config import SHARED_BLOCKS_ENV, Settings, default_data_dir
+from semantic.config import Settings, default_data_dir
 from semantic.domain.errors import SemanticError
 
 if TYPE_CHECKING:
@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 
 PREFAULT_MB = 1024
 ALLOWED_HOSTS_ENV = "SEMANTIC_ALLOWED_HOSTS"
+DATABASE_URL_ENV = "SEMANTIC_DATABASE_URL"
+SHARED_BLOCKS_ENV = "SEMANTIC_SHARED_BLOCKS"
 LAST_EVENTS_S = 10
 """How long after ``--grace`` uvicorn still waits for streams to carry their last event."""
 DEFAULT_MAX_CONNECTIONS = 4096
@@ -51,6 +53,15 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         type=flags.path,
         default=default_data_dir(),
         help="where KV blocks and the database live (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--database-url",
+        type=flags.database_url,
+        default=None,
+        metavar="URL",
+        help="keep agents, transcripts and block metadata in this database instead of "
+        "SQLite in the data directory: postgresql+asyncpg://USER:PASSWORD@HOST/DB, shared by "
+        f"the instances of a cluster (default: ${DATABASE_URL_ENV}, else SQLite)",
     )
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default: %(default)s)")
     serve.add_argument("--port", type=flags.port, default=8000, help="port (default: %(default)s)")
@@ -260,10 +271,11 @@ def run_server(args: argparse.Namespace) -> int:
         "grace_s": args.grace,
         "disk_quota_bytes": None if args.disk_quota_mb is None else args.disk_quota_mb << 20,
         "disk_reserve_bytes": args.disk_reserve_mb << 20,
-        "shared_blocks_url": _shared_blocks(args.shared_blocks),
+        "shared_blocks_url": _shared_blocks(args),
         "max_connections": args.max_connections,
         "header_timeout_s": args.header_timeout,
         "body_timeout_s": args.body_timeout,
+        "database_url": _database_url(args),
     }
     overrides.update(_prefill_overrides(args))
     settings = settings_from(args, **overrides)
@@ -362,17 +374,32 @@ def _allowed_hosts(given: list[str]) -> tuple[str, ...]:
     return tuple(name.strip() for name in listed if name.strip())
 
 
-def _shared_blocks(given: str | None) -> str | None:
-    """``--shared-blocks``, else ``$SEMANTIC_SHARED_BLOCKS`` (checked the same way)."""
-    if given is not None:
-        return given
+def _database_url(args: argparse.Namespace) -> str | None:
+    """``--database-url``, else ``$SEMANTIC_DATABASE_URL``'s, checked as the flag is."""
+    if args.database_url is not None:
+        return str(args.database_url)
+    value = os.environ.get(DATABASE_URL_ENV)
+    if not value:
+        return None
+    try:
+        return flags.database_url(value)
+    except argparse.ArgumentTypeError as error:
+        parser: argparse.ArgumentParser = args.parser
+        parser.error(f"${DATABASE_URL_ENV}: {error}")
+
+
+def _shared_blocks(args: argparse.Namespace) -> str | None:
+    """``--shared-blocks``, else ``$SEMANTIC_SHARED_BLOCKS``'s, checked as the flag is."""
+    if args.shared_blocks is not None:
+        return str(args.shared_blocks)
     value = os.environ.get(SHARED_BLOCKS_ENV)
     if not value:
         return None
     try:
         return flags.redis_url(value)
     except argparse.ArgumentTypeError as error:
-        raise SystemExit(f"error: ${SHARED_BLOCKS_ENV}: {error}") from None
+        parser: argparse.ArgumentParser = args.parser
+        parser.error(f"${SHARED_BLOCKS_ENV}: {error}")
 
 
 def _env_path(name: str) -> Path | None:

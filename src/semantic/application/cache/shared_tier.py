@@ -1,4 +1,4 @@
-"""The shared block tier beside an instance's own memory and disk (ADR 0021).
+"""The shared block tier beside an instance's own memory and disk (ADR 0022).
 
 After a save commits, its new blocks are pushed to the shared tier by one background task,
 off the request path, from their files (the exact bytes whose checksum the metadata holds);
