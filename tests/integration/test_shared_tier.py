@@ -205,3 +205,27 @@ async def test_an_unreachable_redis_costs_sharing_never_the_answer(
     assert one.store.stats.shared_dropped >= 4
     assert shared
     assert not any(shared.values()), "nothing is marked shared that Redis lacks"
+
+
+async def test_a_prompt_another_instance_answered_restores_from_redis_without_its_rows(
+    real_model: RealModel, tmp_path: Path, redis_url: str, prompt: list[int]
+) -> None:
+    """Each instance with its own SQLite: this one's metadata knows nothing of the prompt,
+    so its whole blocks are looked up in Redis by their keys (tokens compared)."""
+    first = await Instance(real_model, tmp_path / "first", redis_url).start()
+    try:
+        answer, _ = await first.ask(prompt)
+    finally:
+        await first.close()
+    other = await Instance(real_model, tmp_path / "other", redis_url).start()
+    try:
+        done, prefix = await other.ask(prompt)
+        kept = await other.shared_column()
+    finally:
+        await other.close()
+    assert prefix.disk_tokens == 3 * 256  # whole blocks only: tails are found through rows
+    assert done.stats.cached_tokens == 3 * 256
+    assert done.token_ids == answer.token_ids
+    assert other.store.stats.shared_fetched == 3
+    assert len(kept) == 4, "what came from Redis is this instance's own now, rows and files"
+    assert all(other.files.has(key) for key in kept)
