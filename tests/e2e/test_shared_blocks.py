@@ -21,6 +21,7 @@ from reliability.services.postgres import PostgresServer
 from reliability.services.redis import RedisServer
 
 from tests.e2e.sdk_types import openai_messages
+from tests.e2e.test_cli import semantic
 
 pytestmark = pytest.mark.model
 
@@ -117,3 +118,17 @@ def test_an_agent_continues_on_another_server_from_redis_and_serves_without_it(
     assert chat(one, other).choices[0].message.content
     eventually(lambda: "unreachable" in (shared_state(one), shared_state(two)), "the outage")
     assert min(s.metric("semantic_shared_blocks_reachable") for s in (one, two)) == 0
+
+
+@pytest.mark.parametrize("where", ["flag", "environment"])
+def test_a_shared_blocks_url_that_is_not_redis_is_refused_without_its_password(
+    tmp_path: Path, where: str
+) -> None:
+    url = "http://user:s3cret@example.invalid:6379/0"
+    given = ["--shared-blocks", url] if where == "flag" else []
+    env = {"SEMANTIC_SHARED_BLOCKS": url} if where == "environment" else {}
+    result = semantic("serve", "--data-dir", str(tmp_path), *given, env=env, timeout=60)
+    assert result.returncode == 2
+    assert "must be a redis://, rediss:// or unix:// URL, not a http:// URL" in result.stderr
+    assert "s3cret" not in result.stderr
+    assert "Traceback" not in result.stderr
