@@ -80,7 +80,7 @@ async def measure(sizes: list[int], runs: int, tmp: Path, url: str) -> None:
     settings = Settings(data_dir=tmp / "served", kv_budget_bytes=2 << 30, shared_blocks_url=url)
     services = await start_services(settings, ProgressPrinter())
     tokenizer = services.tokenizer
-    print("tokens  blocks  publish ms  from Redis ms  from disk ms  Redis/disk")
+    print("prompt  publish ms  Redis: tokens  ms    disk: tokens  ms    Redis/disk")
     try:
         for size in sizes:
             messages = conversation(size, size, lambda m: len(tokenizer.render_chat(m)))
@@ -94,11 +94,9 @@ async def measure(sizes: list[int], runs: int, tmp: Path, url: str) -> None:
                 redis.append(await from_redis(services, prompt, tmp / f"other-{size}-{run}", url))
                 disk.append(await from_disk(services, prompt))
             redis_ms, disk_ms = median([r[0] for r in redis]), median([d[0] for d in disk])
-            tokens = redis[0][1]
-            blocks = -(-tokens // services.spec.block_tokens)
             print(
-                f"{tokens:6d}  {blocks:6d}  {publish:10.1f}  {redis_ms:13.1f}"
-                f"  {disk_ms:12.1f}  {redis_ms / disk_ms:10.2f}",
+                f"{len(prompt):6d}  {publish:10.1f}  {redis[0][1]:13d}  {redis_ms:6.1f}"
+                f"  {disk[0][1]:11d}  {disk_ms:6.1f}  {redis_ms / disk_ms:9.2f}",
                 flush=True,
             )
     finally:
