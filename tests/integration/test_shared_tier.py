@@ -229,3 +229,28 @@ async def test_a_prompt_another_instance_answered_restores_from_redis_without_it
     assert other.store.stats.shared_fetched == 3
     assert len(kept) == 4, "what came from Redis is this instance's own now, rows and files"
     assert all(other.files.has(key) for key in kept)
+
+
+async def test_a_corrupt_file_here_is_replaced_by_the_good_copy_in_redis(
+    real_model: RealModel, tmp_path: Path, redis_url: str, prompt: list[int]
+) -> None:
+    """Its row (shared by every instance, in a cluster) is not quarantined."""
+    one = await Instance(real_model, tmp_path, redis_url).start()
+    try:
+        answer, _ = await one.ask(prompt)
+        records = await one.metadata.blocks(list(one.files.keys()))
+        first = next(k for k, r in records.items() if r.parent_key == one.store.root("default"))
+        good = one.files.path(first).read_bytes()
+        bad = bytearray(good)
+        bad[-100] ^= 0xFF
+        one.files.path(first).write_bytes(bytes(bad))
+        one.store.reclaim(1 << 30)  # memory emptied: the next restore reads the files
+        done, prefix = await one.ask(prompt)
+        row = (await one.metadata.blocks([first]))[first]
+    finally:
+        await one.close()
+    assert prefix.disk_tokens > 3 * 256
+    assert done.token_ids == answer.token_ids
+    assert one.store.stats.corrupt_blocks == 1
+    assert not row.quarantined
+    assert one.files.path(first).read_bytes() == good, "written anew by the save"

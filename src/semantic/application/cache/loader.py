@@ -79,10 +79,23 @@ class BlockLoader:
         """With a shared tier, a block whose file this disk lacks (another instance wrote
         it) is read from the tier (the request's save then keeps it on this disk); not
         there either, it is a miss (None), never corruption: other instances may hold it.
-        Without one, a missing file is read, and found corrupt, as before."""
-        if self._shared is None or self._store.has(record.key):
+        A file here that fails verification is replaced by the tier's copy where it has a
+        good one, so its row (shared, in a cluster) is not quarantined. Without a tier, a
+        missing file is read, and found corrupt, as before."""
+        if self._shared is None:
             return self._store.load(record.key, record.checksum)
-        return self._shared.fetch(record)
+        if not self._store.has(record.key):
+            return self._shared.fetch(record)
+        try:
+            return self._store.load(record.key, record.checksum)
+        except CacheCorruptionError:
+            payloads = self._shared.fetch(record)
+            if payloads is None:
+                raise  # quarantined as before: the row says nobody has a good copy
+        log.warning("block %s failed verification; the shared tier's copy is used", record.key[:16])
+        self._store.quarantine(record.key)  # this disk's copy; the request's save writes anew
+        self._stats.corrupt_blocks += 1
+        return payloads
 
     async def quarantine(self, key: str) -> None:
         """A block failed verification: move its file aside and stop using it, unless it was
