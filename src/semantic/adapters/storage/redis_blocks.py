@@ -39,6 +39,8 @@ TIMEOUT_S = 0.5
 Redis that went away (then the backoff answers at once). 0.25 s was too short on this
 2-core VM under load: a busy redis-server sending a 12 MB block took longer, and the tier
 was taken for unreachable."""
+CONNECT_TIMEOUT_S = 0.25
+"""A Redis host that does not answer at all is given up on sooner than a slow reply."""
 WRITE_TIMEOUT_S = 5.0
 """Socket timeout of pushes and deletions: they run off the request path, and a 12 MB push
 to a redis-server starved of CPU (load 11 on this 2-core VM) outlasted 0.5 s."""
@@ -176,7 +178,7 @@ def _client(url: str, timeout_s: float) -> redis.Redis:
     return redis.Redis.from_url(
         url,
         socket_timeout=timeout_s,
-        socket_connect_timeout=min(timeout_s, TIMEOUT_S),
+        socket_connect_timeout=min(timeout_s, CONNECT_TIMEOUT_S),
         socket_read_size=READ_SIZE,
         retry=Retry(NoBackoff(), 0),
         health_check_interval=0,
