@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from reliability.services.redis import RedisServer
 from sqlalchemy import select
 
 from semantic.adapters.mlx.backend import MlxBackend
@@ -254,3 +255,29 @@ async def test_a_corrupt_file_here_is_replaced_by_the_good_copy_in_redis(
     assert one.store.stats.corrupt_blocks == 1
     assert not row.quarantined
     assert one.files.path(first).read_bytes() == good, "written anew by the save"
+
+
+async def test_blocks_redis_evicted_under_its_memory_cap_are_misses(
+    real_model: RealModel, tmp_path: Path, prompt: list[int]
+) -> None:
+    """A real ``maxmemory`` with ``allkeys-lru``: Redis drops blocks as they come."""
+    capped = RedisServer(tmp_path / "redis", maxmemory="30mb")
+    capped.start()
+    try:
+        first = await Instance(real_model, tmp_path / "first", capped.url).start()
+        try:
+            answer, _ = await first.ask(prompt)
+        finally:
+            await first.close()
+        with redis.Redis.from_url(capped.url) as client:
+            assert int(client.info("stats")["evicted_keys"]) > 0
+        other = await Instance(real_model, tmp_path / "other", capped.url).start()
+        try:
+            done, _ = await other.ask(prompt)
+        finally:
+            await other.close()
+    finally:
+        capped.stop()
+    assert done.stats.cached_tokens < 3 * 256
+    assert done.token_ids == answer.token_ids
+    assert other.store.stats.corrupt_blocks == 0
