@@ -14,7 +14,7 @@ from reliability.services.redis import RedisServer, redis_server_binary
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     if redis_server_binary() is None:
-        pytest.fail("redis-server is not installed: scripts/setup.sh --services installs it")
+        pytest.fail("redis-server is not installed: scripts/setup.sh installs it")
     server = RedisServer(Path(tmp_path_factory.mktemp("redis")))
     server.start()
     try:

@@ -1,6 +1,6 @@
 """A real ``redis-server`` on a free loopback port, in its own directory, never persisting.
 
-Debian's ``redis-server`` package (``scripts/setup.sh --services`` installs it). Nothing is
+Debian's ``redis-server`` package (``scripts/setup.sh`` installs it where missing). Nothing is
 saved to disk (``--save ''``, no append-only file): the shared block tier is a cache. A
 memory cap with an LRU policy can be given, as a deployment would set it.
 """
