@@ -184,14 +184,14 @@ class AgentService:
         lease = contextlib.AsyncExitStack()
         try:
             await lease.enter_async_context(self._leased(request.namespace, request.agent_id))
-            handle = await self._generation.start(request)
+            handle = await self._generation.start(
+                request, check=live.check, on_end=functools.partial(self._end_plain, live, lease)
+            )
         except BaseException:
             await lease.aclose()
             self._untrack(live)
             raise
         live.request_id = handle.request_id
-        handle.check = live.check
-        handle.on_end = functools.partial(self._end_plain, live, lease)
         return handle
 
     def _end_plain(self, live: _LiveTurn, lease: contextlib.AsyncExitStack) -> None:
