@@ -163,7 +163,7 @@ class GenerationService:
         return self._loop.engine.request(
             request.agent_id or ANONYMOUS_AGENT,
             request.prompt_tokens,
-            prefix.blocks if prefix else None,
+            prefix.held if prefix else None,
             stored=prefix.stored if prefix else None,
             max_tokens=max_tokens,
             sampling=request.sampling,

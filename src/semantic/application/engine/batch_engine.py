@@ -136,7 +136,7 @@ class BlockPoolBatchEngine:
         self,
         agent_id: str,
         prompt_tokens: Sequence[int],
-        cached_blocks: AgentBlocks | None = None,
+        cached_blocks: AgentBlocks | HeldPrefix | None = None,
         *,
         max_tokens: int | None = None,
         sampling: SamplingParams = GREEDY,
@@ -149,12 +149,17 @@ class BlockPoolBatchEngine:
     ) -> GenerationRequest:
         """A request with this engine's defaults (``max_tokens``: ``default_max_tokens``).
         ``cached_blocks`` are pinned from ``enqueue`` until admission; ``stored`` pins the
-        stored prefix again if they were let go or fell short of it."""
+        stored prefix again if they were let go or fell short of it. A ``HeldPrefix`` (the
+        cache lookup's) brings its match along, which is used as is."""
         criteria = criteria or CompletionCriteria(
             max_tokens=max_tokens or self._config.default_max_tokens, stop_strings=tuple(stop)
         )
         prompt = tuple(prompt_tokens)
-        cached = HeldPrefix.of(cached_blocks, prompt) if cached_blocks is not None else None
+        cached = (
+            HeldPrefix.of(cached_blocks, prompt)
+            if isinstance(cached_blocks, AgentBlocks)
+            else cached_blocks
+        )
         return GenerationRequest(
             agent_id, prompt, criteria, sampling, cached, priority, namespace, stored, constraint
         )
