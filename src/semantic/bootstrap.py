@@ -163,17 +163,14 @@ async def start_services(
 async def _start_services(
     settings: Settings, progress: Progress, observer: GenerationObserver | None, data_dir: Path
 ) -> Services:
+    """Storage, then the model, the cache, the engine warmed up, and the front doors."""
     # Workers that touch MLX (loading, block writes) must be gone before the process ends.
     install_default_executor(asyncio.get_running_loop())
     # First: a database out of reach is said in a second, not after the model has loaded.
     metadata = SqliteMetadataStore(settings.data_dir / "semantic.db", settings.database_url)
     await metadata.open()
     leases = _leases(settings, metadata)
-    loaded, tokenizer, spec = await asyncio.to_thread(_load, settings, progress)
-    check_at_rest(settings.kv_at_rest, spec)
-    kernel = _kernel_name(loaded)
-    storage = storage_format(settings.kv_at_rest)
-    fingerprint = await asyncio.to_thread(model_fingerprint, loaded.path, spec, storage, kernel)
+    loaded, tokenizer, spec, kernel, fingerprint = await _model(settings, progress)
     pool = BlockPool.from_budget(spec, settings.kv_budget_bytes)
     prefault = min(settings.prefault_bytes, settings.kv_budget_bytes)
     lossless = settings.kv_at_rest == "lossless"  # quantized blocks are decoded, not viewed
@@ -202,17 +199,65 @@ async def _start_services(
     await asyncio.to_thread(_prepare_memory, prefault, spec, restore_buffers)
     _warm_up_chat_template(tokenizer)
     freeze_startup_objects()
+    engine = _Started(loaded, kernel, tokenizer, spec, pool, loop)
+    return _services(
+        settings,
+        engine,
+        cache,
+        metadata=metadata,
+        leases=leases,
+        observer=observer,
+        data_dir=data_dir,
+    )
+
+
+async def _model(
+    settings: Settings, progress: Progress
+) -> tuple[LoadedModel, MlxTokenizer, ModelCacheSpec, str, str]:
+    """The model loaded, its tokenizer and cache spec, its kernel and its fingerprint (the
+    root of every block key, ADR 0005)."""
+    loaded, tokenizer, spec = await asyncio.to_thread(_load, settings, progress)
+    check_at_rest(settings.kv_at_rest, spec)
+    kernel = _kernel_name(loaded)
+    storage = storage_format(settings.kv_at_rest)
+    fingerprint = await asyncio.to_thread(model_fingerprint, loaded.path, spec, storage, kernel)
+    return loaded, tokenizer, spec, kernel, fingerprint
+
+
+@dataclass(frozen=True)
+class _Started:
+    """The model and the running engine, as the front doors are built on them."""
+
+    loaded: LoadedModel
+    kernel: str
+    tokenizer: MlxTokenizer
+    spec: ModelCacheSpec
+    pool: BlockPool
+    loop: EngineLoop
+
+
+def _services(
+    settings: Settings,
+    engine: _Started,
+    cache: AgentCacheStore,
+    *,
+    metadata: SqliteMetadataStore,
+    leases: AgentLeases | None,
+    observer: GenerationObserver | None,
+    data_dir: Path,
+) -> Services:
+    """The services the HTTP server serves with, on a started engine."""
+    loaded = engine.loaded
     limits = Limits(_max_context(loaded), settings.max_tokens_cap, settings.default_max_tokens)
-    generation = GenerationService(loop, cache, limits, observer)
-    agents = AgentService(generation, metadata, cache, tokenizer, leases)
-    _log_serving(settings, loaded, spec, pool)
-    runtime = _runtime(loaded, kernel)
+    generation = GenerationService(engine.loop, cache, limits, observer)
+    agents = AgentService(generation, metadata, cache, engine.tokenizer, leases)
+    _log_serving(settings, loaded, engine.spec, engine.pool)
     return Services(
         loaded.model_id,
-        tokenizer,
-        spec,
-        pool,
-        loop,
+        engine.tokenizer,
+        engine.spec,
+        engine.pool,
+        engine.loop,
         cache,
         metadata,
         generation,
@@ -220,7 +265,7 @@ async def _start_services(
         data_dir,
         calls=CallMemory(metadata),
         responses=ResponsesService(agents, SqliteObjectStore(metadata)),
-        runtime=runtime,
+        runtime=_runtime(loaded, engine.kernel),
     )
 
 

@@ -82,16 +82,7 @@ class AgentCacheStore:
             stats=self.stats,
             shared=self._shared,
         )
-        config = config or CacheConfig()
-        self._room = DiskRoom(
-            block_store,
-            metadata,
-            self.hot,
-            self.stats,
-            quota=config.disk_quota_bytes,
-            reserve=config.disk_reserve_bytes,
-            floor=config.disk_floor_bytes,
-        )
+        self._room = _disk_room(block_store, metadata, self.hot, self.stats, config)
         self._saver = Saver(
             block_store, metadata, self.hot, self.stats, room=self._room, shared=self._shared
         )
@@ -188,3 +179,23 @@ class AgentCacheStore:
         await self._saver.delete_files(keys)
         if self._shared is not None:
             self._shared.discard(keys)
+
+
+def _disk_room(
+    block_store: BlockStore,
+    metadata: MetadataStore,
+    hot: HotIndex,
+    stats: CacheStats,
+    config: CacheConfig | None,
+) -> DiskRoom:
+    """The disk's keeper, held to the configured quota, reserve and floor."""
+    config = config or CacheConfig()
+    return DiskRoom(
+        block_store,
+        metadata,
+        hot,
+        stats,
+        quota=config.disk_quota_bytes,
+        reserve=config.disk_reserve_bytes,
+        floor=config.disk_floor_bytes,
+    )
