@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from semantic.application.cache.disk_room import DiskRoom
 from semantic.application.cache.hot_index import HotBlock, HotIndex
 from semantic.application.cache.lineage import Lineage, branch_id, lineage
+from semantic.application.cache.recovery import recover
 from semantic.application.cache.shared_tier import SharedTier
 from semantic.application.cache.stats import CacheStats
 from semantic.domain.errors import DiskFullError, LeaseLostError
@@ -110,58 +111,12 @@ class Saver:
             self._task = None
 
     async def recover(self) -> None:
-        """At start: remove half-written files, files no row knows and rows no one uses;
-        quarantine rows whose file is gone (they point nowhere)."""
-        temporaries = await asyncio.to_thread(self._store.remove_temporaries)
-        files = await asyncio.to_thread(self._store.keys)
-        rows = await self._metadata.all_block_keys()
-        unreferenced = await self._metadata.unreferenced_blocks()
-        try:
-            await self._metadata.delete_blocks(unreferenced)
-        except DiskFullError as error:  # their files stay with their rows, till next time
-            log.warning("recovery could not drop unused block rows: %s", error)
-            rows -= set(unreferenced)
-            files -= set(unreferenced)
-            unreferenced = []
-        stray = (files - rows) | set(unreferenced)
-        if stray and self._metadata.created:
-            await self._set_aside(sorted(stray))
-        else:
-            await self.delete_files(sorted(stray))
-        missing = await self._metadata.blocks(sorted(rows - files - set(unreferenced)))
-        if self._shared is not None:
-            missing = {}  # the shared tier may hold them: a restore tries it, else misses
-        for key in [k for k, record in missing.items() if not record.quarantined]:
-            await self._metadata.quarantine_block(key)
-            self._stats.corrupt_blocks += 1
-            log.warning("block %s has a row but no file; quarantined", key[:16])
-        if temporaries or stray:
-            log.info(
-                "recovery: removed %d temporary and %d unreferenced block files",
-                temporaries,
-                len(stray),
-            )
-
-    async def _set_aside(self, keys: list[str]) -> None:
-        """Block files beside a database created just now: it was deleted or replaced (by
-        hand, say), and the files are not leftovers a crash left. They are moved into
-        quarantine rather than deleted, so a mistake with the database does not destroy
-        the cache. (Files a known database no longer references are deleted: their agents
-        were, and a deleted tenant's KV must not linger.)"""
-        await asyncio.to_thread(self._quarantine_all, keys)
-        log.warning(
-            "the database is new, but %d block files were there (was it deleted or replaced?): "
-            "moved into quarantine, not deleted",
-            len(keys),
-        )
+        """At start: the files and the metadata in agreement again (``recovery``)."""
+        await recover(self._store, self._metadata, self._stats, shared=self._shared is not None)
 
     async def delete_files(self, keys: Sequence[str]) -> None:
         if keys:
             await asyncio.to_thread(self._delete_all, list(keys))
-
-    def _quarantine_all(self, keys: list[str]) -> None:
-        for key in keys:
-            self._store.quarantine(key)
 
     def _delete_all(self, keys: list[str]) -> None:
         for key in keys:
@@ -304,7 +259,3 @@ class Saver:
         self._stats.blocks_written += len(records)
         self._stats.bytes_written += sum(r.nbytes for r in records)
         return records
-
-
-def _no_space(error: Exception) -> bool:
-    return isinstance(error, OSError) and error.errno == errno.ENOSPC
