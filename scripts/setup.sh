@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Set up semantic on this machine: a fast BLAS (Linux), a virtualenv in .venv with the package
 # and its dev tools, and the embedded model in the per-user model cache. Safe to run again.
+#   scripts/setup.sh --cluster   (or SEMANTIC_CLUSTER=1) also installs Debian's PostgreSQL,
+#   Redis and HAProxy, which scripts/cluster.sh and the cluster tests run as plain processes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,6 +24,25 @@ if [ "$(uname -s)" = "Linux" ] && ! ldconfig -p 2>/dev/null | grep -q 'libopenbl
   else
     echo "warning: no apt-get; install OpenBLAS with your package manager for speed" >&2
   fi
+fi
+
+# The cluster's engines (scripts/cluster.sh, tests/e2e/test_cluster.py): only when asked for.
+install_cluster_services() {
+  local missing=()
+  command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || missing+=(haproxy)
+  command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+  ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || missing+=(postgresql)
+  [ ${#missing[@]} -eq 0 ] && return 0
+  command -v apt-get >/dev/null 2>&1 \
+    || { echo "install ${missing[*]} with your package manager for the cluster" >&2; return 1; }
+  local sudo=""
+  [ "$(id -u)" = "0" ] || sudo="sudo"
+  echo "installing ${missing[*]} for the local cluster..."
+  $sudo apt-get update -q >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q "${missing[@]}" >/dev/null
+}
+if [ "${1:-}" = "--cluster" ] || [ "${SEMANTIC_CLUSTER:-0}" = "1" ]; then
+  install_cluster_services
 fi
 
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
