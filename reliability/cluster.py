@@ -76,11 +76,7 @@ class LocalCluster:
         with contextlib.suppress(Exception):
             self.router.stop()
         for server in self.servers:
-            if server.process is not None and server.process.poll() is None:
-                try:
-                    server.stop()
-                except subprocess.TimeoutExpired:
-                    server.kill()
+            _stop(server)
         if self.stores is not None:
             self.stores.stop()
 
@@ -102,11 +98,21 @@ class LocalCluster:
         self.servers[index].kill()
 
     def restart(self, index: int) -> ServerProcess:
-        """The instance again, on its port (where the router looks) and its data dir."""
+        """The instance again, on its port (where the router looks) and its data dir; a
+        running one is stopped first as a service manager would (SIGTERM: it flushes)."""
         old = self.servers[index]
-        old.kill()
+        _stop(old)
         self.servers[index] = self._server(index, old.port).start()
         return self.servers[index]
+
+
+def _stop(server: ServerProcess) -> None:
+    """SIGTERM if it runs; SIGKILL if it will not stop."""
+    if server.process is not None and server.process.poll() is None:
+        try:
+            server.stop()
+        except subprocess.TimeoutExpired:
+            server.kill()
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -11,6 +11,7 @@ import httpx
 import pytest
 from openai import OpenAI
 from reliability.cluster import LocalCluster
+from reliability.cluster_load import run_on
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +62,19 @@ def test_a_stream_passes_through_the_router(cluster: LocalCluster) -> None:
     pieces = [c.choices[0].delta.content or "" for c in stream if c.choices]
     assert len([p for p in pieces if p]) > 1, pieces
     assert "".join(pieces).strip()
+
+
+def test_a_short_load_through_the_router_loses_nothing(cluster: LocalCluster) -> None:
+    """6 agents x 3 turns at once (the full 24 x 6 is in ``python -m reliability``). Bounded
+    load may send an agent's request to another instance than its home: only the shared
+    PostgreSQL keeps that correct."""
+    if cluster.stores is None or cluster.stores.postgres is None:
+        pytest.skip("needs the shared PostgreSQL")
+    result = run_on(cluster.url, agents=6, turns=3)
+    assert result.server_errors == 0, result.failures
+    assert result.transcripts_lost == 0, result.failures
+    assert result.client_errors == 0, result.failures
+    assert len(result.served_by) >= 2, result.served_by
 
 
 def test_a_dead_instance_s_agent_is_served_by_another(cluster: LocalCluster) -> None:
