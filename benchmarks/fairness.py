@@ -1,6 +1,6 @@
 """The fairness curve: what a long prompt does to running streams, for each prefill budget.
 
-    python -m benchmarks.fairness [--long 4000] [--out bench-results]
+    python -m benchmarks.fairness [--long 4000] [--out bench-results] [--model DIR]
 
 Four agents stream; a ~4,000-token prompt arrives. For each budget this prints (a) the
 streams' p99 inter-token gap while the long prompt prefills over their median gap before it
@@ -249,6 +249,12 @@ def main() -> None:
     parser.add_argument("--slice-tokens", default="256")
     parser.add_argument("--skip-mlx-lm", action="store_true")
     parser.add_argument(
+        "--model",
+        default=None,
+        help="a model directory or id (default: the embedded model); a Qwen3 body of "
+        "SmolLM2's size: python -m benchmarks.random_model --family qwen3 DIR",
+    )
+    parser.add_argument(
         "--repeat",
         type=int,
         default=1,
@@ -256,7 +262,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    bench = load_bench()
+    bench = load_bench(Settings(model=args.model) if args.model else None)
     tokenizer = bench.tokenizer
     messages = conversation(7, args.long, lambda m: len(tokenizer.render_chat(m)))
     long_prompt = tokenizer.render_chat(messages)

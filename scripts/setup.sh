@@ -44,6 +44,17 @@ install_cluster_services() {
 if [ "${1:-}" = "--cluster" ] || [ "${SEMANTIC_CLUSTER:-0}" = "1" ]; then
   install_cluster_services
 fi
+# PostgreSQL (Debian's): the tests start their own server on loopback (metadata on PostgreSQL,
+# ADR 0021); the system's own cluster is never used.
+if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+  SUDO=""
+  [ "$(id -u)" = "0" ] || SUDO="sudo"
+  echo "installing PostgreSQL (postgresql) for the tests..."
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql >/dev/null 2>&1 \
+    || { $SUDO apt-get update -q >/dev/null \
+      && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql >/dev/null; } \
+    || echo "warning: could not install PostgreSQL; the tests that use it will fail" >&2
+fi
 
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null

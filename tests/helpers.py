@@ -65,3 +65,29 @@ def tiny_llama(model_type: str = "llama", seed: int = 0, vocab: int = 512) -> An
     model = llama.Model(args)
     mx.eval(model.parameters())
     return model
+
+
+def tiny_family(family: str, seed: int = 0, vocab: int = 512, **overrides: Any) -> Any:
+    """A random model of one of the conformance matrix's families (``FAMILIES``), built by
+    mlx-lm's own class for it, with a small vocabulary; projections scaled up and norm
+    weights (Qwen3's per-head ones too) and biases spread, so that reading any of them
+    wrong changes the outputs. The same arguments give the same weights."""
+    import mlx.core as mx
+    from mlx.utils import tree_map_with_path
+    from mlx_lm.utils import _get_classes
+
+    from tests.conformance.tiny_models import FAMILIES
+
+    config = {**FAMILIES[family], "vocab_size": vocab, **overrides}
+    model_class, args_class = _get_classes(config)
+    mx.random.seed(seed)
+    model = model_class(args_class.from_dict(config))
+
+    def spread(path: str, p: mx.array) -> mx.array:
+        if p.ndim == 2:
+            return p if "embed" in path else p * 3.0
+        return p + 0.2 * mx.random.normal(p.shape)
+
+    model.update(tree_map_with_path(spread, model.parameters()))
+    mx.eval(model.parameters())
+    return model

@@ -162,14 +162,15 @@ async def _start_services(
 ) -> Services:
     # Workers that touch MLX (loading, block writes) must be gone before the process ends.
     install_default_executor(asyncio.get_running_loop())
+    # First: a database out of reach is said in a second, not after the model has loaded.
+    metadata = SqliteMetadataStore(settings.data_dir / "semantic.db", settings.database_url)
+    await metadata.open()
     loaded, tokenizer, spec = await asyncio.to_thread(_load, settings, progress)
     check_at_rest(settings.kv_at_rest, spec)
     kernel = _kernel_name(loaded)
     storage = storage_format(settings.kv_at_rest)
     fingerprint = await asyncio.to_thread(model_fingerprint, loaded.path, spec, storage, kernel)
     pool = BlockPool.from_budget(spec, settings.kv_budget_bytes)
-    metadata = SqliteMetadataStore(settings.data_dir / "semantic.db")
-    await metadata.open()
     prefault = min(settings.prefault_bytes, settings.kv_budget_bytes)
     lossless = settings.kv_at_rest == "lossless"  # quantized blocks are decoded, not viewed
     restore_buffers = RestoreBuffers(max_bytes=prefault // 2 if lossless else 0)

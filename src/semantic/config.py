@@ -93,6 +93,9 @@ class Settings:
     response); a slow client cannot hold a connection open with a request it never ends."""
     body_timeout_s: float = 30.0
     """A request's body must arrive within this long of its headers."""
+    database_url: str | None = None
+    """Where agents, transcripts and block metadata live (``postgresql+asyncpg://...``);
+    None: SQLite in the data directory."""
 
     def __post_init__(self) -> None:
         if self.weights not in WEIGHT_CHOICES:

@@ -73,3 +73,26 @@ def test_a_tiny_model_of_each_family_answers_over_http(
     assert again.usage.prompt_tokens_details is not None
     assert again.usage.prompt_tokens_details.cached_tokens == first.usage.prompt_tokens - 1
     assert again.choices[0].message.content == first.choices[0].message.content
+
+
+LLAMA_BODIED = {"llama", "llama3", "mistral", "qwen2", "qwen3"}
+
+
+@pytest.mark.parametrize("variant", SERVED, ids=lambda v: v.name)
+def test_each_served_model_says_which_fast_paths_run(
+    variant: Variant, servers: dict[Variant, Future[ServerProcess]]
+) -> None:
+    """``GET /v1/models/{id}``: slicing and (on the CPU) riding for every llama-bodied
+    family, the host softmax for those in float32, and every path that is off says why."""
+    server = servers[variant].result()
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    said = (client.models.retrieve(variant.name).model_extra or {})["runtime"]["accelerations"]
+    assert all(value == "on" or value.startswith("off: ") for value in said.values())
+    bodied = variant.family in LLAMA_BODIED
+    assert (said["long prompts sliced between decode steps (ADR 0009)"] == "on") == bodied
+    if device_choice() == "cpu":  # on a GPU the host paths are off, and say so
+        assert (said["prompt chunks ride decode steps (ADR 0009)"] == "on") == bodied
+        host_softmax = bodied and variant.dtype == "float32"
+        assert (said["host softmax attention (ADR 0008)"] == "on") == host_softmax
+    if not bodied:
+        assert variant.family in said["host pass for small passes (ADR 0013)"]

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from uuid import uuid4
 
 import pytest
 
@@ -15,6 +16,7 @@ from semantic.adapters.mlx.kv_blocks import spec_from_model
 from semantic.adapters.mlx.loader import LoadedModel, load_model
 from semantic.adapters.mlx.restore_buffers import RestoreBuffers
 from semantic.adapters.mlx.tokenizer import MlxTokenizer
+from semantic.adapters.storage.sqlite_metadata import SqliteMetadataStore
 from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
 from semantic.bootstrap import grammar_compiler, prepare_model
 from semantic.config import Settings
@@ -32,6 +34,17 @@ class RealModel:
 
 
 EngineFactory = Callable[..., tuple[BlockPoolBatchEngine, MlxBackend]]
+StoreFactory = Callable[[], SqliteMetadataStore]
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def new_store(request: pytest.FixtureRequest, tmp_path: Path) -> StoreFactory:
+    """Metadata stores (not yet opened), each on the same database: a SQLite file in the
+    test's directory, or a new database on the run's PostgreSQL server."""
+    url = None
+    if request.param == "postgresql":
+        url = request.getfixturevalue("postgres").create_database(f"t_{uuid4().hex[:16]}")
+    return lambda: SqliteMetadataStore(tmp_path / "semantic.db", url)
 
 
 @pytest.fixture(scope="session")

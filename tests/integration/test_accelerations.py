@@ -4,14 +4,16 @@ one that is off says why."""
 from __future__ import annotations
 
 import mlx.core as mx
+import pytest
 from mlx import nn
+from mlx.utils import tree_map
 from mlx_lm.models import gemma3_text
 
 from semantic.adapters.mlx import host_pass
 from semantic.adapters.mlx.accelerations import accelerations
 from semantic.adapters.mlx.attention import install
 from semantic.adapters.mlx.blas import blas_in_use
-from tests.helpers import tiny_llama
+from tests.helpers import tiny_family, tiny_llama
 from tests.integration.conftest import RealModel
 
 
@@ -63,3 +65,38 @@ def test_a_quantized_llama_says_the_host_pass_reads_float32_only() -> None:
     why = _by_name(model)["host pass for small passes (ADR 0013)"] or ""
     if blas_in_use().small_kernels:
         assert "QuantizedLinear" in why
+
+
+@pytest.mark.parametrize("family", ["llama3", "qwen2", "qwen3"])
+def test_each_llama_bodied_family_gets_the_paths_llama_gets(family: str) -> None:
+    """Llama 3 RoPE scaling, Qwen2's biases and Qwen3's q/k norms are computed on every
+    fast path now (their exactness: test_host_pass, test_layer_slice)."""
+    model = tiny_family(family)
+    assert install(model)
+    found = _by_name(model)
+    assert found["host softmax attention (ADR 0008)"] is None
+    assert found["prompt chunks ride decode steps (ADR 0009)"] is None
+    assert found["long prompts sliced between decode steps (ADR 0009)"] is None
+    host = found["host pass for small passes (ADR 0013)"]
+    assert (host is None) == blas_in_use().small_kernels, host
+
+
+def test_a_rope_the_host_pass_does_not_compute_is_named() -> None:
+    """Linear RoPE scaling is not in the C pass: the model keeps MLX for small passes."""
+    model = tiny_family("llama", rope_scaling={"rope_type": "linear", "factor": 2.0})
+    assert install(model)
+    why = _by_name(model)["host pass for small passes (ADR 0013)"] or ""
+    if blas_in_use().small_kernels:
+        assert "linear scaling 0.5" in why
+
+
+def test_a_bfloat16_model_is_told_its_attention_runs_on_mlx() -> None:
+    """The wrapper is installed (riding and slicing go through it), but the host softmax
+    itself runs on float32 only: the report must not say it runs."""
+    model = tiny_family("qwen3")
+    model.update(tree_map(lambda p: p.astype(mx.bfloat16), model.parameters()))
+    assert install(model)
+    found = _by_name(model)
+    assert "bfloat16 activations" in (found["host softmax attention (ADR 0008)"] or "")
+    assert "float32 only" in (found["host pass for small passes (ADR 0013)"] or "")
+    assert found["long prompts sliced between decode steps (ADR 0009)"] is None

@@ -16,7 +16,7 @@ from semantic.adapters.mlx.kv_blocks import gather_cache
 from semantic.adapters.mlx.kv_payloads import MlxKV, StackedKV
 from semantic.adapters.mlx.restored_prefix import RestoredPrefix
 from semantic.domain.blocks import AgentBlocks, KVBlock
-from tests.helpers import generate, tiny_llama
+from tests.helpers import generate, tiny_family
 from tests.integration.conftest import EngineFactory, RealModel
 
 TOLERANCE = 5e-4
@@ -264,11 +264,15 @@ def test_a_returning_agent_read_in_place_continues_as_with_its_cache_built_first
             assert mx.array_equal(ours.payload.values, theirs.payload.values).item()
 
 
-def test_a_model_mlx_lm_builds_as_llama_under_another_name_gets_the_host_pass() -> None:
-    """Mistral is mlx-lm's llama class with ``model_type`` "mistral": the layers decide."""
+@pytest.mark.parametrize("family", ["mistral", "llama3", "qwen2", "qwen3"])
+def test_each_llama_bodied_family_gets_the_host_pass(family: str) -> None:
+    """Mistral is mlx-lm's llama class with ``model_type`` "mistral"; Llama 3 scales its
+    RoPE frequencies, Qwen2 adds biases to q/k/v, Qwen3 RMS-norms each head's queries and
+    keys: the same C pass reads each, and continues a prompt, a chunk then a decode step,
+    as mlx-lm's own forward does, its new keys and values too."""
     from semantic.adapters.mlx.attention import install
 
-    model = tiny_llama("mistral", seed=4)
+    model = tiny_family(family, seed=4)
     assert install(model)
     host = HostPass.of(model)
     if host is None:
@@ -277,7 +281,12 @@ def test_a_model_mlx_lm_builds_as_llama_under_another_name_gets_the_host_pass() 
     theirs, ours = fresh_caches(model), fresh_caches(model)
     for caches in (theirs, ours):
         model.model(prefix, cache=caches)
-    expected = model.model(new, cache=theirs)
-    got = host.hidden([Group(new, ours)])
-    assert got is not None
-    assert close(got[0], expected)
+    for step in (new, mx.array([[42]])):
+        expected = model.model(step, cache=theirs)
+        got = host.hidden([Group(step, ours)])
+        assert got is not None
+        assert close(got[0], expected)
+    for cache, reference in zip(ours, theirs, strict=True):
+        assert cache.offset == reference.offset == 48
+        assert close(cache.keys[..., :48, :], reference.keys[..., :48, :])
+        assert close(cache.values[..., :48, :], reference.values[..., :48, :])

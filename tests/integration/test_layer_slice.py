@@ -1,8 +1,21 @@
 from __future__ import annotations
 
-import pytest
+import functools
+import random
+from collections.abc import Callable
+from typing import Any
 
+import mlx.core as mx
+import pytest
+from mlx_lm.models.cache import make_prompt_cache
+
+from semantic.adapters.mlx.attention import install
+from semantic.adapters.mlx.backend import MlxBackend
+from semantic.adapters.mlx.kv_blocks import spec_from_model
 from semantic.adapters.mlx.layer_slice import StepTimes
+from semantic.domain.generation import SamplingParams
+from semantic.ports.model_backend import PromptChunk, SliceProgress, StepOutput
+from tests.helpers import tiny_family
 
 
 @pytest.mark.parametrize(
@@ -22,3 +35,87 @@ def test_a_chunks_step_times_carry_over_by_kind(
     """A short chunk attends in one step where others took three: the MLP must still be
     predicted from the MLP, or the first layer of the next chunk runs past its round."""
     assert times.predict(*layout) == predicted
+
+
+def mlx_lm_greedy(model: Any, prompt: list[int], n: int) -> list[int]:
+    """mlx-lm's own forward, one whole prompt then one token at a time: the reference."""
+    cache = make_prompt_cache(model)
+    logits = model(mx.array([prompt]), cache=cache)[0, -1]
+    out: list[int] = []
+    for _ in range(n):
+        token = mx.argmax(logits).item()
+        assert isinstance(token, int)
+        out.append(token)
+        logits = model(mx.array([out[-1:]]), cache=cache)[0, -1]
+    return out
+
+
+def _collect(output: StepOutput, got: dict[str, list[int]]) -> None:
+    for token in output.tokens:
+        got[token.seq_id].append(token.token)
+
+
+def _open(backend: MlxBackend, seq_id: str, n_new: int) -> None:
+    backend.open_sequence(
+        seq_id, restored=None, n_restored=0, n_new=n_new, sampling=SamplingParams()
+    )
+
+
+def _step_beside(backend: MlxBackend, work: Callable[[], SliceProgress]) -> tuple[Any, Any]:
+    """A round as the engine runs it: the streams' decode step begun beside the slice's
+    steps where the backend can (ADR 0015), else before them."""
+    if backend.begin_decode_step():
+        progress = work()
+        return progress, backend.end_decode_step()
+    output = backend.decode_step() if backend.decoding_count else StepOutput([])
+    return work(), output
+
+
+@pytest.mark.parametrize("family", ["llama", "llama3", "mistral", "qwen2", "qwen3"])
+def test_a_sliced_prompt_beside_streams_and_a_ride_give_mlx_lms_greedy_tokens(
+    family: str,
+) -> None:
+    """Issue 36: the fast paths on each llama-bodied family. A stream decodes (host pass
+    where it runs) while a 300-token prompt is prefilled in 128-token chunks one layer step
+    at a time (its attention split by KV heads, its MLP in three products), and then a
+    short prompt rides a decode step (the fused pass): every sequence's greedy tokens are
+    those of mlx-lm's own model on the same weights."""
+    shape: dict[str, Any] = {"num_attention_heads": 4, "num_key_value_heads": 2}
+    if family == "qwen2":  # its head size is hidden / heads: 64
+        shape["hidden_size"] = 256
+    reference = tiny_family(family, seed=5, **shape)
+    model = tiny_family(family, seed=5, **shape)
+    assert install(model)
+    backend = MlxBackend(model, spec_from_model(model), family, frozenset())
+    assert backend.can_slice
+    rng = random.Random(family)
+    prompts = {name: [rng.randrange(512) for _ in range(n)] for name, n in NEW_TOKENS.items()}
+    got: dict[str, list[int]] = {name: [] for name in prompts}
+    _open(backend, "stream", 40)
+    got["stream"].append(backend.prefill_and_sample("stream", prompts["stream"]).token)
+    backend.start_decoding("stream", got["stream"][0], 60)
+    _open(backend, "long", 300)
+    chunks = [prompts["long"][at : at + 128] for at in range(0, 300, 128)]
+    for index, chunk in enumerate(chunks):
+        last, progress = index == len(chunks) - 1, SliceProgress(False)
+        while not progress.done:
+            work = functools.partial(backend.prefill_slice, "long", chunk, 0.0, last=last)
+            progress, output = _step_beside(backend, work)
+            _collect(output, got)
+    assert progress.first_token is not None
+    got["long"].append(progress.first_token.token)
+    backend.start_decoding("long", got["long"][0], 8)
+    _open(backend, "ride", 30)
+    backend.prefill("ride", prompts["ride"][:10])
+    output = backend.decode_step(PromptChunk("ride", tuple(prompts["ride"][10:]), last=True))
+    _collect(output, got)
+    assert output.first_token is not None
+    got["ride"].append(output.first_token.token)
+    backend.start_decoding("ride", got["ride"][0], 6)
+    while backend.decoding_count:
+        _collect(backend.decode_step(), got)
+    for name, prompt in prompts.items():
+        assert got[name] == mlx_lm_greedy(reference, prompt, len(got[name])), name
+
+
+NEW_TOKENS = {"stream": 40, "long": 300, "ride": 30}

@@ -1,25 +1,27 @@
-"""The Responses API's stored objects in the real metadata database: kept per namespace,
-children in order, deleted with their children, and kept across a reopen."""
+"""The Responses API's stored objects in the real metadata database (SQLite and PostgreSQL):
+kept per namespace, children in order, deleted with their children, kept across a reopen."""
 
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
+from collections.abc import Callable
 
 from semantic.adapters.storage.sqlite_metadata import SqliteMetadataStore
 from semantic.adapters.storage.sqlite_objects import SqliteObjectStore
 from semantic.ports.object_store import StoredObject
 
+StoreFactory = Callable[[], SqliteMetadataStore]
 
-async def _objects(path: Path) -> tuple[SqliteMetadataStore, SqliteObjectStore]:
-    metadata = SqliteMetadataStore(path)
+
+async def _objects(new_store: StoreFactory) -> tuple[SqliteMetadataStore, SqliteObjectStore]:
+    metadata = new_store()
     await metadata.open()
     return metadata, SqliteObjectStore(metadata)
 
 
-def test_objects_are_kept_per_namespace_with_their_children(tmp_path: Path) -> None:
+def test_objects_are_kept_per_namespace_with_their_children(new_store: StoreFactory) -> None:
     async def run() -> None:
-        metadata, objects = await _objects(tmp_path / "semantic.db")
+        metadata, objects = await _objects(new_store)
         conversation = StoredObject("conversation", "conv_1", '{"id": "conv_1"}')
         items = [StoredObject("item", f"msg_{i}", f'{{"n": {i}}}', "conv_1") for i in (3, 1, 2)]
         await objects.put_objects("ns", [conversation, *items])
@@ -30,7 +32,7 @@ def test_objects_are_kept_per_namespace_with_their_children(tmp_path: Path) -> N
         children = await objects.object_children("ns", "item", "conv_1")
         assert (children[0].object_id, children[0].body) == ("msg_3", '{"n": 9}')
         await metadata.close()
-        metadata, objects = await _objects(tmp_path / "semantic.db")
+        metadata, objects = await _objects(new_store)
         assert await objects.delete_objects("other", "conversation", ["conv_1"]) == 0
         assert await objects.delete_objects("ns", "conversation", ["conv_1"]) == 1
         assert await objects.object_children("ns", "item", "conv_1") == []

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
+from array import array
+from collections.abc import Callable
 from pathlib import Path
 
 import mlx.core as mx
@@ -19,8 +22,9 @@ from semantic.adapters.mlx.kv_payloads import MlxKV, StackedKV, kv_arrays
 from semantic.adapters.mlx.restore_buffers import RestoreBuffers
 from semantic.adapters.storage.block_files import SPARES, BlockFiles, safetensors_parts
 from semantic.adapters.storage.kv_block_store import KVBlockStore
-from semantic.adapters.storage.schema import MIGRATIONS
+from semantic.adapters.storage.schema_migrations import head
 from semantic.adapters.storage.sqlite_metadata import SqliteMetadataStore
+from semantic.adapters.storage.sqlite_objects import SqliteObjectStore
 from semantic.domain.blocks import KVBlock
 from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.errors import (
@@ -30,6 +34,9 @@ from semantic.domain.errors import (
     StorageUnavailableError,
 )
 from semantic.ports.metadata_store import AgentRecord, BlockRecord, MessageRecord
+from tests.integration.legacy_schema import old_database
+
+StoreFactory = Callable[[], SqliteMetadataStore]
 
 
 def kv_blocks(
@@ -299,13 +306,16 @@ def record(key: str, parent: str = "root", tokens: tuple[int, ...] = (1, 2, 3)) 
 async def test_the_metadata_schema_is_created_in_wal_mode_and_reopens(tmp_path: Path) -> None:
     db = SqliteMetadataStore(tmp_path / "semantic.db")
     await db.open()
+    created = db.created
     await db.close()
     await db.open()
+    assert (created, db.created) == (True, False), "created once, then opened"
     await db.close()
     with sqlite3.connect(tmp_path / "semantic.db") as raw:
         assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert raw.execute("SELECT version_num FROM alembic_version").fetchall() == [(head(),)]
         version = raw.execute("SELECT max(version) FROM schema_version").fetchone()[0]
-        assert version == len(MIGRATIONS)
+        assert version == 6, "releases from before Alembic refuse it (they knew up to 5)"
 
 
 async def test_a_data_directory_with_files_where_its_parts_belong_is_named(
@@ -321,8 +331,10 @@ async def test_a_data_directory_with_files_where_its_parts_belong_is_named(
         await SqliteMetadataStore(tmp_path / "semantic.db").open()
 
 
-async def test_reference_counts_follow_agents_and_orphans_are_returned(tmp_path: Path) -> None:
-    db = SqliteMetadataStore(tmp_path / "semantic.db")
+async def test_reference_counts_follow_agents_and_orphans_are_returned(
+    new_store: StoreFactory,
+) -> None:
+    db = new_store()
     await db.open()
     shared, only_a, only_b = record("k1"), record("k2", "k1"), record("k3", "k1", (4, 5))
     await db.save_agent_blocks(AgentRecord("default", "a", ("k1", "k2"), 6), [shared, only_a])
@@ -336,8 +348,8 @@ async def test_reference_counts_follow_agents_and_orphans_are_returned(tmp_path:
     await db.close()
 
 
-async def test_transcripts_and_agents_persist(tmp_path: Path) -> None:
-    db = SqliteMetadataStore(tmp_path / "semantic.db")
+async def test_transcripts_and_agents_persist(new_store: StoreFactory) -> None:
+    db = new_store()
     await db.open()
     await db.create_agent(
         AgentRecord("ns", "helper", system_prompt="Be brief.", keeps_transcript=True)
@@ -348,7 +360,7 @@ async def test_transcripts_and_agents_persist(tmp_path: Path) -> None:
         "ns", "helper", [MessageRecord("user", "hi"), MessageRecord("assistant", "hello")]
     )
     await db.close()
-    again = SqliteMetadataStore(tmp_path / "semantic.db")
+    again = new_store()
     await again.open()
     agent = await again.agent("ns", "helper")
     assert agent is not None
@@ -372,11 +384,7 @@ async def test_transcripts_and_agents_persist(tmp_path: Path) -> None:
 
 async def test_a_version_1_database_learns_which_agents_keep_transcripts(tmp_path: Path) -> None:
     """Before version 2 an agents-API agent was known by its messages or system prompt."""
-    with sqlite3.connect(tmp_path / "semantic.db") as raw:
-        raw.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
-        raw.execute("INSERT INTO schema_version (version) VALUES (1)")
-        for statement in MIGRATIONS[0]:
-            raw.execute(statement)
+    with contextlib.closing(old_database(tmp_path / "semantic.db", 1)) as raw:
         rows = [("talked", None), ("prompted", "Be brief."), ("plain", None)]
         for agent_id, prompt in rows:
             raw.execute(
@@ -388,11 +396,92 @@ async def test_a_version_1_database_learns_which_agents_keep_transcripts(tmp_pat
             "INSERT INTO messages (namespace, agent_id, role, content, created_at)"
             " VALUES ('ns', 'talked', 'user', 'hi', 0)"
         )
+        raw.commit()
     db = SqliteMetadataStore(tmp_path / "semantic.db")
     await db.open()
+    assert not db.created
     kept = {a.agent_id: a.keeps_transcript for a in await db.agents("ns")}
     await db.close()
     assert kept == {"talked": True, "prompted": True, "plain": False}
+
+
+async def test_a_version_4_database_upgrades_in_place_keeping_its_data(tmp_path: Path) -> None:
+    """A data directory from the release before Alembic: its rows survive the upgrade to
+    the newest revision, and the store writes the tables that version lacked."""
+    with contextlib.closing(old_database(tmp_path / "semantic.db", 4)) as raw:
+        raw.execute(
+            "INSERT INTO agents (namespace, agent_id, token_count, created_at, last_used,"
+            " keeps_transcript) VALUES ('ns', 'a', 3, 1.5, 2.5, 1)"
+        )
+        raw.execute(
+            "INSERT INTO blocks (key, parent_key, namespace, n_tokens, tokens, nbytes,"
+            " checksum, ref_count, created_at) VALUES ('k1', 'root', 'ns', 3, ?, 100, 's', 1, 0)",
+            (array("I", (1, 2, 3)).tobytes(),),
+        )
+        raw.execute("INSERT INTO agent_blocks VALUES ('ns', 'a', 0, 'k1')")
+        raw.execute(
+            "INSERT INTO messages (namespace, agent_id, role, content, created_at, tool_calls)"
+            " VALUES ('ns', 'a', 'assistant', 'hello', 0, '[]')"
+        )
+        raw.execute(
+            "INSERT INTO api_objects (namespace, kind, object_id, body, created_at)"
+            " VALUES ('ns', 'response', 'resp_1', '{}', 0)"
+        )
+        raw.commit()
+    db = SqliteMetadataStore(tmp_path / "semantic.db")
+    await db.open()
+    assert not db.created, "an old database is upgraded, not taken for a new one"
+    agent = await db.agent("ns", "a")
+    assert agent is not None
+    assert (agent.block_keys, agent.token_count, agent.keeps_transcript) == (("k1",), 3, True)
+    assert (await db.blocks(["k1"]))["k1"].tokens == (1, 2, 3)
+    assert [(m.content, m.tool_calls) for m in await db.messages("ns", "a")] == [("hello", "[]")]
+    objects = SqliteObjectStore(db)
+    assert await objects.stored_object("ns", "response", "resp_1") is not None
+    await db.save_agent_blocks(AgentRecord("ns", "a", ("k1", "k2"), 6), [record("k2", "k1")])
+    await db.close()
+    with sqlite3.connect(tmp_path / "semantic.db") as raw:
+        assert raw.execute("SELECT version_num FROM alembic_version").fetchall() == [(head(),)]
+        assert raw.execute("SELECT key, shared FROM blocks ORDER BY key").fetchall() == [
+            ("k1", 0),
+            ("k2", 0),
+        ]
+        assert raw.execute("SELECT count(*) FROM agent_leases").fetchone() == (0,)
+
+
+async def test_an_upgrade_that_fails_part_way_leaves_the_database_as_it_was(
+    tmp_path: Path,
+) -> None:
+    """All revisions run in one transaction (on SQLite too, whose driver would commit each
+    DDL statement alone): the last one failing undoes the ones before it."""
+    with contextlib.closing(old_database(tmp_path / "semantic.db", 3)) as raw:
+        raw.execute("CREATE TABLE agent_leases (squatter TEXT)")  # revision 0005 will fail
+        raw.commit()
+    with pytest.raises(OperationalError, match="agent_leases already exists"):
+        await SqliteMetadataStore(tmp_path / "semantic.db").open()
+    with sqlite3.connect(tmp_path / "semantic.db") as raw:
+        tables = {row[0] for row in raw.execute("SELECT name FROM sqlite_master")}
+        assert "api_objects" not in tables, "revision 0004 was undone with 0005"
+        assert "alembic_version" not in tables
+        assert raw.execute("SELECT max(version) FROM schema_version").fetchone() == (3,)
+
+
+@pytest.mark.parametrize("newer", ["schema_version 7", "revision ffff"])
+async def test_a_database_from_a_newer_release_is_refused_untouched(
+    tmp_path: Path, newer: str
+) -> None:
+    with contextlib.closing(old_database(tmp_path / "semantic.db", 5)) as raw:
+        if newer == "schema_version 7":
+            raw.execute("INSERT INTO schema_version (version) VALUES (7)")
+        else:
+            raw.execute("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)")
+            raw.execute("INSERT INTO alembic_version VALUES ('ffff')")
+        raw.commit()
+    with pytest.raises(DataDirectoryUnusableError, match="newer"):
+        await SqliteMetadataStore(tmp_path / "semantic.db").open()
+    with sqlite3.connect(tmp_path / "semantic.db") as raw:
+        tables = {row[0] for row in raw.execute("SELECT name FROM sqlite_master")}
+        assert newer == "revision ffff" or "alembic_version" not in tables
 
 
 async def test_a_full_disk_is_storage_unavailable_and_keeps_nothing_half_done(
@@ -418,10 +507,12 @@ async def test_a_full_disk_is_storage_unavailable_and_keeps_nothing_half_done(
     await db.close()
 
 
-async def test_a_change_that_rolls_back_leaves_the_lookups_as_they_were(tmp_path: Path) -> None:
+async def test_a_change_that_rolls_back_leaves_the_lookups_as_they_were(
+    new_store: StoreFactory,
+) -> None:
     """The lookups' in-memory copy drops an orphaned block before the commit; a commit that
     fails (as a disk I/O error would fail it) puts it back."""
-    db = SqliteMetadataStore(tmp_path / "semantic.db")
+    db = new_store()
     await db.open()
     await db.save_agent_blocks(AgentRecord("default", "a", ("k1",), 3), [record("k1")])
 
@@ -437,8 +528,10 @@ async def test_a_change_that_rolls_back_leaves_the_lookups_as_they_were(tmp_path
     await db.close()
 
 
-async def test_anonymous_agents_are_found_by_the_block_they_end_with(tmp_path: Path) -> None:
-    db = SqliteMetadataStore(tmp_path / "semantic.db")
+async def test_anonymous_agents_are_found_by_the_block_they_end_with(
+    new_store: StoreFactory,
+) -> None:
+    db = new_store()
     await db.open()
     rows = [record("k1"), record("k2", "k1"), record("k3", "k2")]
     await db.save_agent_blocks(
@@ -457,8 +550,8 @@ async def test_anonymous_agents_are_found_by_the_block_they_end_with(tmp_path: P
     await db.close()
 
 
-async def test_a_quarantined_block_is_replaced_by_the_next_save(tmp_path: Path) -> None:
-    db = SqliteMetadataStore(tmp_path / "semantic.db")
+async def test_a_quarantined_block_is_replaced_by_the_next_save(new_store: StoreFactory) -> None:
+    db = new_store()
     await db.open()
     await db.save_agent_blocks(AgentRecord("default", "a", ("k1",), 3), [record("k1")])
     await db.quarantine_block("k1")
@@ -471,15 +564,17 @@ async def test_a_quarantined_block_is_replaced_by_the_next_save(tmp_path: Path) 
     await db.close()
 
 
-async def test_lookups_answer_from_memory_exactly_as_the_table_would(tmp_path: Path) -> None:
+async def test_lookups_answer_from_memory_exactly_as_the_table_would(
+    new_store: StoreFactory,
+) -> None:
     """Block lookups come from a copy of the table kept in memory; after every kind of change
     a store opened afresh on the same file (which reads the table) must agree with it."""
-    db = SqliteMetadataStore(tmp_path / "semantic.db")
+    db = new_store()
     await db.open()
     keys = ["k1", "k2", "k3", "k4"]
 
     async def agrees() -> None:
-        fresh = SqliteMetadataStore(tmp_path / "semantic.db")
+        fresh = new_store()
         await fresh.open()
         assert await db.blocks(keys) == await fresh.blocks(keys)
         for parent in ("root", "k1"):
@@ -532,11 +627,11 @@ def test_deleted_files_are_written_over_by_later_blocks_and_read_back_exactly(
 
 
 async def test_a_cut_does_not_bring_back_an_agent_deleted_since_it_was_read(
-    tmp_path: Path,
+    new_store: StoreFactory,
 ) -> None:
     """The quota pass reads every record, then cuts them one by one; a record deleted in
     between stays deleted."""
-    db = SqliteMetadataStore(tmp_path / "semantic.db")
+    db = new_store()
     await db.open()
     await db.save_agent_blocks(AgentRecord("default", "a", ("k1",), 3), [record("k1")])
     await db.save_agent_blocks(AgentRecord("default", "a", ("k1", "k2"), 6), [record("k2", "k1")])
@@ -549,11 +644,11 @@ async def test_a_cut_does_not_bring_back_an_agent_deleted_since_it_was_read(
 
 
 async def test_a_block_list_naming_a_block_cut_meanwhile_is_refused_as_unavailable(
-    tmp_path: Path,
+    new_store: StoreFactory,
 ) -> None:
     """A fork copies a block list read earlier; if the disk quota cut one of those blocks in
     between, the change is refused as the storage's (503, try again), not a 500."""
-    db = SqliteMetadataStore(tmp_path / "semantic.db")
+    db = new_store()
     await db.open()
     await db.save_agent_blocks(AgentRecord("default", "a", ("k1",), 3), [record("k1")])
     with pytest.raises(StorageUnavailableError, match="raced another"):

@@ -62,6 +62,32 @@ def path(text: str) -> Path:
     return Path(non_empty(text)).expanduser()
 
 
+def database_url(text: str) -> str:
+    """A PostgreSQL URL (``postgresql://`` is taken as ``postgresql+asyncpg://``). SQLite
+    is not taken: its file belongs in the data directory, whose lock keeps it to one server.
+    Messages never repeat the password."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        url = make_url(non_empty(text))
+    except (ArgumentError, ValueError):  # argparse would repeat the text, password and all
+        raise argparse.ArgumentTypeError(
+            "not a database URL (postgresql+asyncpg://USER:PASSWORD@HOST:PORT/DATABASE)"
+        ) from None
+    if url.get_backend_name() not in ("postgresql", "postgres") or url.drivername not in (
+        "postgresql",
+        "postgres",
+        "postgresql+asyncpg",
+    ):
+        shown = url.render_as_string(hide_password=True)
+        raise argparse.ArgumentTypeError(
+            f"{shown}: semantic keeps its metadata in PostgreSQL (postgresql+asyncpg://...), "
+            "or without this flag in SQLite in the data directory"
+        )
+    return url.set(drivername="postgresql+asyncpg").render_as_string(hide_password=False)
+
+
 def _int(text: str) -> int:
     try:
         return int(text)

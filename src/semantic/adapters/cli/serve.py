@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 PREFAULT_MB = 1024
 ALLOWED_HOSTS_ENV = "SEMANTIC_ALLOWED_HOSTS"
+DATABASE_URL_ENV = "SEMANTIC_DATABASE_URL"
 LAST_EVENTS_S = 10
 """How long after ``--grace`` uvicorn still waits for streams to carry their last event."""
 DEFAULT_MAX_CONNECTIONS = 4096
@@ -51,6 +52,15 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         type=flags.path,
         default=default_data_dir(),
         help="where KV blocks and the database live (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--database-url",
+        type=flags.database_url,
+        default=None,
+        metavar="URL",
+        help="keep agents, transcripts and block metadata in this database instead of "
+        "SQLite in the data directory: postgresql+asyncpg://USER:PASSWORD@HOST/DB, shared by "
+        f"the instances of a cluster (default: ${DATABASE_URL_ENV}, else SQLite)",
     )
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default: %(default)s)")
     serve.add_argument("--port", type=flags.port, default=8000, help="port (default: %(default)s)")
@@ -253,6 +263,7 @@ def run_server(args: argparse.Namespace) -> int:
         "max_connections": args.max_connections,
         "header_timeout_s": args.header_timeout,
         "body_timeout_s": args.body_timeout,
+        "database_url": _database_url(args),
     }
     overrides.update(_prefill_overrides(args))
     settings = settings_from(args, **overrides)
@@ -349,6 +360,20 @@ def _allowed_hosts(given: list[str]) -> tuple[str, ...]:
     """``--allowed-host`` names, else ``$SEMANTIC_ALLOWED_HOSTS``'s."""
     listed = given or os.environ.get(ALLOWED_HOSTS_ENV, "").split(",")
     return tuple(name.strip() for name in listed if name.strip())
+
+
+def _database_url(args: argparse.Namespace) -> str | None:
+    """``--database-url``, else ``$SEMANTIC_DATABASE_URL``'s, checked as the flag is."""
+    if args.database_url is not None:
+        return str(args.database_url)
+    value = os.environ.get(DATABASE_URL_ENV)
+    if not value:
+        return None
+    try:
+        return flags.database_url(value)
+    except argparse.ArgumentTypeError as error:
+        parser: argparse.ArgumentParser = args.parser
+        parser.error(f"${DATABASE_URL_ENV}: {error}")
 
 
 def _env_path(name: str) -> Path | None:

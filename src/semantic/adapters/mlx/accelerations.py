@@ -11,11 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import mlx.core as mx
+
 from semantic.adapters.mlx import attention, host_pass
 from semantic.adapters.mlx.blas import SHIM_ENV, BlasStatus, compute_threads
 from semantic.adapters.mlx.fused_pass import fusion_obstacle
 from semantic.adapters.mlx.jit import JIT_ENV, use_native_jit
-from semantic.adapters.mlx.model_parts import BodyAndHead
+from semantic.adapters.mlx.model_parts import BodyAndHead, not_llama_bodied
 from semantic.adapters.mlx.side_by_side import SIDE_BY_SIDE_ENV
 
 
@@ -39,7 +41,7 @@ def accelerations(model: Any, blas: BlasStatus) -> tuple[Acceleration, ...]:
         Acceleration("fast BLAS", None if blas.fast else blas.remedy),
         Acceleration("small-product matmul kernels (ADR 0010)", _kernels_obstacle(blas)),
         Acceleration("native MLX JIT (ADR 0012)", None if use_native_jit() else _jit_obstacle()),
-        Acceleration("host softmax attention (ADR 0008)", attention.obstacle(model)),
+        Acceleration("host softmax attention (ADR 0008)", _attention_obstacle(model)),
         Acceleration("host pass for small passes (ADR 0013)", host),
         Acceleration("prompt chunks ride decode steps (ADR 0009)", fusion_obstacle(model)),
         Acceleration("long prompts sliced between decode steps (ADR 0009)", _slice_obstacle(model)),
@@ -55,13 +57,25 @@ def _kernels_obstacle(blas: BlasStatus) -> str | None:
     return "no AVX-512 here: up to three rows go to sgemv"
 
 
+def _attention_obstacle(model: Any) -> str | None:
+    """The wrapper is installed for any dtype (riding and slicing go through it), but its
+    host softmax runs on float32 activations only: others get MLX's attention."""
+    if (why := attention.obstacle(model)) is not None:
+        return why
+    dtype = model.model.layers[0].input_layernorm.weight.dtype
+    if dtype != mx.float32:
+        name = str(dtype).rsplit(".", 1)[-1]
+        return f"{name} activations: float32 only (MLX's own attention runs)"
+    return None
+
+
 def _jit_obstacle() -> str:
     return f"{JIT_ENV}=0, or no g++ on PATH"
 
 
 def _slice_obstacle(model: Any) -> str | None:
     if BodyAndHead.of(model) is None:
-        return f"model type {getattr(model, 'model_type', None)}: llama's body only"
+        return not_llama_bodied(model)
     return None
 
 

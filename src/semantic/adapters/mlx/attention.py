@@ -8,7 +8,8 @@ the evaluated scores, in place: the scores array is fresh and owned by nobody el
 host writes straight into MLX's buffer. Where it could be built, ``native/softmax_pv.c``
 does the masking, softmax and the product with the values in one pass per row (3x faster
 than numpy's softmax plus MLX's ``p @ V`` for a few rows at a long context); otherwise
-numpy does the softmax. Only llama-family attention is wrapped, only for float32 on a CPU;
+numpy does the softmax. Only the attention of llama-bodied models (``model_parts``: llama,
+Llama 3, Mistral, Qwen2, Qwen3) is wrapped, only for float32 on a CPU;
 everything else keeps mlx-lm's own ``scaled_dot_product_attention``. ADR 0008 has the
 measurements.
 """
@@ -26,8 +27,8 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 from mlx import nn
-from mlx_lm.models import llama
 
+from semantic.adapters.mlx.model_parts import ATTENTIONS, is_llama_bodied, not_llama_bodied
 from semantic.adapters.mlx.native_build import NATIVE_DIR, build_library
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,7 @@ QKV = tuple[mx.array, mx.array, mx.array]
 
 
 def install(model: Any) -> bool:
-    """Swap each llama attention module for one with the host softmax (CPU, float32)."""
+    """Swap each llama-bodied model's attention module for one with the host softmax."""
     if _installed(model):
         return True
     if obstacle(model) is not None:
@@ -61,12 +62,12 @@ def obstacle(model: Any) -> str | None:
         return None
     if mx.default_device() != mx.cpu:
         return "the model runs on a GPU"
-    if not isinstance(model, llama.Model):
-        kind = getattr(model, "model_type", None)
-        return f"model type {kind}: the host softmax replaces mlx-lm's llama attention only"
-    kinds = {type(layer.self_attn).__name__ for layer in model.model.layers}
-    if kinds != {llama.Attention.__name__}:
-        return f"attention modules {sorted(kinds)}, not mlx-lm's plain llama Attention"
+    if not is_llama_bodied(model):
+        return not_llama_bodied(model)
+    kinds = {type(layer.self_attn) for layer in model.model.layers}
+    if len(kinds) != 1 or not kinds <= set(ATTENTIONS):
+        names = sorted(f"{k.__module__}.{k.__name__}" for k in kinds)
+        return f"attention modules {names}: mlx-lm's llama, qwen2 or qwen3 Attention only"
     return None
 
 
@@ -76,9 +77,10 @@ def _installed(model: Any) -> bool:
 
 
 class HostSoftmaxAttention(nn.Module):  # type: ignore[misc,name-defined]  # mlx.nn ships no types
-    """mlx-lm's llama attention (its projections and RoPE), with ``attend`` for the core."""
+    """mlx-lm's attention of a llama-bodied model (its projections, biases included, its
+    q/k norms where it has them, its RoPE), with ``attend`` for the core."""
 
-    def __init__(self, inner: llama.Attention) -> None:
+    def __init__(self, inner: Any) -> None:
         super().__init__()
         self.inner = inner
 
@@ -110,8 +112,13 @@ class HostSoftmaxAttention(nn.Module):  # type: ignore[misc,name-defined]  # mlx
         cache holds once these rows are in it (lazily)."""
         a = self.inner
         (q, k, v), (batch, length) = qkv, shape
-        queries = q.reshape(batch, length, a.n_heads, -1).transpose(0, 2, 1, 3)
-        keys = k.reshape(batch, length, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        queries, keys = (
+            q.reshape(batch, length, a.n_heads, -1),
+            k.reshape(batch, length, a.n_kv_heads, -1),
+        )
+        if "q_norm" in a:  # Qwen3: each head's queries and keys RMS-normed, before RoPE
+            queries, keys = a.q_norm(queries), a.k_norm(keys)
+        queries, keys = queries.transpose(0, 2, 1, 3), keys.transpose(0, 2, 1, 3)
         values = v.reshape(batch, length, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
         offset = cache.offset if cache is not None else 0
         queries = a.rope(queries, offset=offset)

@@ -1,4 +1,5 @@
-"""One forward pass for the decode batch and a prompt chunk together (llama models).
+"""One forward pass for the decode batch and a prompt chunk together (llama-bodied models:
+llama, Llama 3, Mistral, Qwen2, Qwen3; ``model_parts``).
 
 A decode step streams every weight matrix once for a few rows; a prompt chunk run as its
 own pass streams them all again. Here the two share each product: the batch's rows and the
@@ -17,7 +18,7 @@ import mlx.core as mx
 from mlx_lm.models.base import create_attention_mask
 
 from semantic.adapters.mlx.attention import HostSoftmaxAttention
-from semantic.adapters.mlx.model_parts import BodyAndHead
+from semantic.adapters.mlx.model_parts import BodyAndHead, not_llama_bodied
 from semantic.adapters.mlx.restored_prefix import RestoredPrefix
 
 MAX_ROWS = 32
@@ -35,14 +36,14 @@ class Group:
 
 
 def supports_fusion(model: Any) -> bool:
-    """A llama model with full attention everywhere and our attention installed."""
+    """A llama-bodied model with full attention everywhere and our attention installed."""
     return fusion_obstacle(model) is None
 
 
 def fusion_obstacle(model: Any) -> str | None:
     """Why prompt chunks of this model cannot join a decode step's pass; None if they can."""
     if BodyAndHead.of(model) is None:
-        return f"model type {getattr(model, 'model_type', None)}: llama's body only"
+        return not_llama_bodied(model)
     inner = model.model
     if getattr(inner, "swa_idx", None) is not None:
         return "sliding-window layers"

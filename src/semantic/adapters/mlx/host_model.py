@@ -1,9 +1,10 @@
-"""A llama model's weights as ``native/llama_pass.c`` reads them: addresses and sizes.
+"""A llama-bodied model's weights as ``native/llama_pass.c`` reads them: addresses, sizes.
 
 The host pass (ADR 0013) reads MLX's own weight buffers in place: ``np.asarray`` of an
 evaluated MLX array is its memory. This module checks that the model is one the C code
-computes exactly (plain float32 linears without bias, RMS norms, RoPE without scaling,
-our attention kernel loaded) and lays the addresses out as the C ``model_t``.
+computes exactly (plain float32 linears, their biases too, RMS norms, Qwen3's per-head q/k
+norms, RoPE unscaled or with Llama 3's frequencies, our attention kernel loaded) and lays
+the addresses out as the C ``model_t``.
 """
 
 from __future__ import annotations
@@ -15,17 +16,25 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 from mlx import nn
+from mlx_lm.models.rope_utils import Llama3RoPE
 
 from semantic.adapters.mlx import attention
 from semantic.adapters.mlx.fused_pass import fusion_obstacle
+from semantic.adapters.mlx.model_parts import MLPS
 
 _Pointer = ctypes.c_void_p
 
 
+_WEIGHTS = ("wq", "wk", "wv", "wo", "wg", "wu", "wd")
+_BIASES = ("bq", "bk", "bv", "bo", "bg", "bu", "bd")
+
+
 class _Layer(ctypes.Structure):
+    """``layer_t``: a NULL bias or q/k norm is one the layer does not have."""
+
     _fields_ = [
         (name, _Pointer)
-        for name in ("attn_norm", "mlp_norm", "wq", "wk", "wv", "wo", "wg", "wu", "wd")
+        for name in ("attn_norm", "mlp_norm", *_WEIGHTS, *_BIASES, "q_norm", "k_norm")
     ]
 
 
@@ -85,11 +94,9 @@ def obstacle(model: Any) -> str | None:
         return why
     inner = model.model
     first = inner.layers[0].self_attn.inner
-    rope = first.rope
-    if type(rope) is not nn.RoPE or rope.scale != 1.0:  # type: ignore[attr-defined]  # mlx.nn: untyped
-        return f"RoPE {type(rope).__name__} (scale {getattr(rope, 'scale', '?')}): plain RoPE only"
-    if rope.dims != first.head_dim or first.head_dim % 64:
-        return f"head dim {first.head_dim}, RoPE over {rope.dims}: a multiple of 64, all of it"
+    head_dim = _head_dim(first)
+    if (why := _rope_obstacle(first.rope, head_dim)) is not None:
+        return why
     for layer in inner.layers:
         if (why := _layer_obstacle(layer)) is not None:
             return why
@@ -100,26 +107,49 @@ def obstacle(model: Any) -> str | None:
     return None
 
 
+def _head_dim(attention_module: Any) -> int:
+    """Qwen2's and Qwen3's attention keep no ``head_dim``: the keys' projection tells."""
+    return int(attention_module.k_proj.weight.shape[0]) // int(attention_module.n_kv_heads)
+
+
+def _rope_obstacle(rope: Any, head_dim: int) -> str | None:
+    kind = type(rope)
+    if kind is nn.RoPE:  # type: ignore[attr-defined]  # mlx.nn: untyped
+        if rope.scale != 1.0:
+            return f"RoPE with linear scaling {rope.scale}: unscaled or Llama 3's only"
+    elif kind is not Llama3RoPE:
+        return f"RoPE {kind.__name__}: nn.RoPE or Llama 3's scaled frequencies only"
+    if rope.dims != head_dim or head_dim % 64:
+        return f"head dim {head_dim}, RoPE over {rope.dims}: a multiple of 64, all of it"
+    return None
+
+
+def _inv_freq(rope: Any, head_dim: int) -> np.ndarray:
+    """Each pair's angle per position, as MLX's RoPE takes it: from the base, or the
+    reciprocal of the module's own periods (Llama 3's ``_freqs``), in float32."""
+    if type(rope) is Llama3RoPE:
+        periods = np.asarray(rope._freqs.astype(mx.float32))  # noqa: SLF001 - its frequencies
+        return np.ascontiguousarray(np.float32(1.0) / periods, dtype=np.float32)
+    exponents = -np.arange(0, head_dim, 2, dtype=np.float32) / head_dim
+    inv_freq: np.ndarray = (rope.base**exponents).astype(np.float32)
+    return inv_freq
+
+
 def _weights(model: Any) -> dict[str, Any] | None:
     if obstacle(model) is not None:
         return None
     inner = model.model
     layers = inner.layers
     first = layers[0].self_attn.inner
-    rope = first.rope
-    parts = [_layer_arrays(layer) for layer in layers]
+    head_dim = _head_dim(first)
     embed: Any = inner.embed_tokens.weight
-    head_dim = rope.dims
-    inv_freq = (rope.base ** (-np.arange(0, head_dim, 2, dtype=np.float32) / head_dim)).astype(
-        np.float32
-    )
-    kernel = attention.softmax_pv_ranges_address()
-    arrays = [a for p in parts for a in p]
-    kept = [np.asarray(a) for a in arrays]
-    layer_structs = [
-        _Layer(*(k.ctypes.data for k in kept[i * 9 : i * 9 + 9])) for i in range(len(layers))
-    ]
-    mlp = layers[0].mlp
+    kept: list[Any] = []
+    layer_structs = []
+    for layer in layers:
+        arrays = _layer_arrays(layer)
+        host = [None if a is None else np.asarray(a) for a in arrays]
+        kept += host
+        layer_structs.append(_Layer(*(0 if h is None else h.ctypes.data for h in host)))
     return {
         "embed": np.asarray(embed),
         "dims": (
@@ -128,15 +158,15 @@ def _weights(model: Any) -> dict[str, Any] | None:
             first.n_heads,
             first.n_kv_heads,
             head_dim,
-            int(mlp.gate_proj.weight.shape[0]),
+            int(layers[0].mlp.gate_proj.weight.shape[0]),
         ),
-        "traditional": int(rope.traditional),
+        "traditional": int(first.rope.traditional),
         "eps": float(layers[0].input_layernorm.eps),
         "scale": float(first.scale),
-        "inv_freq": inv_freq,
+        "inv_freq": _inv_freq(first.rope, head_dim),
         "layers": layer_structs,
         "final_norm": np.asarray(inner.norm.weight),
-        "softmax_pv": kernel,
+        "softmax_pv": attention.softmax_pv_ranges_address(),
         "kept": kept,
     }
 
@@ -146,23 +176,43 @@ def _linears(layer: Any) -> list[Any]:
     return [a.q_proj, a.k_proj, a.v_proj, a.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
 
 
+def _head_norms(layer: Any) -> list[Any]:
+    """Qwen3's RMS norms of each head's queries and keys; none for the others."""
+    a = layer.self_attn.inner
+    return [a.q_norm, a.k_norm] if "q_norm" in a else []
+
+
 def _layer_obstacle(layer: Any) -> str | None:
+    if type(layer.mlp) not in MLPS:
+        return f"MLP {type(layer.mlp).__name__}: a llama-bodied SwiGLU MLP only"
     linears = _linears(layer)
     plain = nn.Linear  # type: ignore[attr-defined]  # mlx.nn ships no types
     if kinds := {type(lin).__name__ for lin in linears if type(lin) is not plain}:
         return f"{', '.join(sorted(kinds))} projections (quantized?): plain float32 Linear only"
-    if any("bias" in lin for lin in linears):
-        return "projections with biases"
-    norms = [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
-    if not _plain_float32(*norms, *(lin.weight for lin in linears)):
+    norms = [layer.input_layernorm, layer.post_attention_layernorm, *_head_norms(layer)]
+    if any(type(norm) is not nn.RMSNorm for norm in norms):  # type: ignore[attr-defined]  # mlx.nn
+        return "norms other than RMSNorm"
+    if any(norm.eps != norms[0].eps for norm in norms):
+        return "norms with different epsilons"
+    biases = [lin.bias for lin in linears if "bias" in lin]
+    weights = [lin.weight for lin in linears]
+    if not _plain_float32(*(norm.weight for norm in norms), *weights, *biases):
         return f"{linears[0].weight.dtype} weights: float32 only"
     return None
 
 
-def _layer_arrays(layer: Any) -> list[mx.array]:
-    norms = [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
-    arrays = [*norms, *(lin.weight for lin in _linears(layer))]
-    mx.eval(arrays)
+def _layer_arrays(layer: Any) -> list[mx.array | None]:
+    """In ``layer_t``'s order: the two norms, the weights, the biases, the q/k norms."""
+    linears = _linears(layer)
+    head_norms = [n.weight for n in _head_norms(layer)] or [None, None]
+    arrays = [
+        layer.input_layernorm.weight,
+        layer.post_attention_layernorm.weight,
+        *(lin.weight for lin in linears),
+        *(lin.bias if "bias" in lin else None for lin in linears),
+        *head_norms,
+    ]
+    mx.eval([a for a in arrays if a is not None])
     return arrays
 
 

@@ -2,10 +2,11 @@
 
 A pass of up to 32 rows spends most of its time outside the weight products when MLX runs
 it: ~25 small ops a layer, each a hop to MLX's stream thread, and MLX's scalar ``exp`` in
-SwiGLU and RoPE. ``native/llama_pass.c`` runs the whole body of a llama model for such a
-pass: the products through our batch-invariant kernel, the rest as vector loops, the new
-keys and values written straight into the caches' buffers (mlx-lm's ``KVCache`` and
-``BatchKVCache``, whose bookkeeping this module advances as their own update would).
+SwiGLU and RoPE. ``native/llama_pass.c`` runs the whole body of a llama-bodied model
+(llama, Llama 3, Mistral, Qwen2, Qwen3: ``model_parts``) for such a pass: the products
+through our batch-invariant kernel, the rest as vector loops, the new keys and values
+written straight into the caches' buffers (mlx-lm's ``KVCache`` and ``BatchKVCache``,
+whose bookkeeping this module advances as their own update would).
 Bigger passes stay on MLX. ADR 0013 has the measurements.
 """
 
@@ -92,7 +93,7 @@ class _Plan:
 
 
 class HostPass:
-    """The body of one llama model, ready to run a small pass on the host."""
+    """The body of one llama-bodied model, ready to run a small pass on the host."""
 
     def __init__(self, weights: HostModel, function: Any, grow_lead: int = LEAD) -> None:
         self._function = function
@@ -107,7 +108,7 @@ class HostPass:
 
     @classmethod
     def of(cls, model: Any, grow_lead: int = LEAD) -> HostPass | None:
-        """None unless the model is a float32 llama with our attention, on a machine where
+        """None unless the model is a float32 llama-bodied one with our attention, where
         our kernels built (and ``SEMANTIC_HOST_PASS`` is not ``0``). ``grow_lead``: see
         ``cache_growth.LEAD``."""
         if not _wanted():

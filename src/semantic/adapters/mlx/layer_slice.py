@@ -26,9 +26,9 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.activations import swiglu
 from mlx_lm.models.base import create_attention_mask
-from mlx_lm.models.llama import MLP
 
 from semantic.adapters.mlx.attention import HostSoftmaxAttention, PendingAttention
+from semantic.adapters.mlx.model_parts import MLPS
 
 ONE_CORE_SLOWER = 1.6
 """A slice's steps on one core against both: a 4,043-token prompt alone took 22.1 s sliced
@@ -97,7 +97,7 @@ class LayerSlice:
             window = create_attention_mask(hidden, caches[swa_idx], window_size=body.sliding_window)
         masks = [window if getattr(layer, "use_sliding", False) else full for layer in body.layers]
         runs = _head_runs(body.layers) if len(tokens) >= SPLIT_MIN_TOKENS else ()
-        split_mlp = bool(runs) and all(type(layer.mlp) is MLP for layer in body.layers)
+        split_mlp = bool(runs) and all(type(layer.mlp) in MLPS for layer in body.layers)
         chunk = cls(hidden, masks, size_cache, runs, split_mlp=split_mlp)
         chunk.last_seconds = timings.predict(chunk.attention_steps, chunk.mlp_steps)
         return chunk

@@ -1,19 +1,20 @@
-"""The metadata store on SQLite (WAL), through SQLAlchemy 2's asyncio API and aiosqlite."""
+"""The metadata store on SQLite (WAL, aiosqlite) or PostgreSQL (asyncpg), through
+SQLAlchemy 2's asyncio API; ``sql_engines`` holds what differs between the two."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import functools
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
-from sqlalchemy import delete, event, exists, func, insert, select, update
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy import delete, exists, func, insert, select, update
+from sqlalchemy.exc import DatabaseError, DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from semantic.adapters.storage.block_rows import BlockRow, BlockRows
 from semantic.adapters.storage.schema import (
@@ -22,7 +23,14 @@ from semantic.adapters.storage.schema import (
     blocks,
     generated_replies,
     messages,
-    migrate,
+)
+from semantic.adapters.storage.schema_migrations import upgrade_schema
+from semantic.adapters.storage.sql_engines import (
+    create_engine,
+    is_sqlite,
+    shown,
+    sqlite_url,
+    upsert,
 )
 from semantic.adapters.storage.sqlite_rows import (
     QUARANTINED,
@@ -30,7 +38,6 @@ from semantic.adapters.storage.sqlite_rows import (
     agent_row,
     block_row,
     block_row_of,
-    configure_connection,
 )
 from semantic.domain.errors import (
     AgentExistsError,
@@ -40,6 +47,7 @@ from semantic.domain.errors import (
 )
 from semantic.ports.metadata_store import AgentRecord, BlockRecord, MessageRecord
 
+log = logging.getLogger(__name__)
 P = ParamSpec("P")
 REPLIES_KEPT_S = 7 * 24 * 3600.0
 """How long a generated reply with tool calls is kept for its round trip (ADR 0018)."""
@@ -52,7 +60,9 @@ def unavailable_on_failure(
     """SQLite's own failures (a read-only or full disk, a database locked past its busy
     timeout) become ``StorageUnavailableError``: the edge answers 503 naming the storage,
     not 500; a full disk becomes ``DiskFullError``, naming the directory, so the caller can
-    free room and try again. The transaction was rolled back, so nothing half-done is kept."""
+    free room and try again. PostgreSQL out of reach (refused, timed out, a connection lost
+    mid-transaction) is unavailable too. The transaction was rolled back (PostgreSQL rolls
+    back what a lost connection left open), so nothing half-done is kept."""
 
     @functools.wraps(method)
     async def guarded(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -70,6 +80,12 @@ def unavailable_on_failure(
             raise StorageUnavailableError(
                 f"the metadata store refused a change that raced another ({error.orig}); try again"
             ) from error
+        except DBAPIError as error:  # PostgreSQL: a connection lost in the middle, a timeout
+            raise StorageUnavailableError(f"the metadata store failed: {error.orig}") from error
+        except (OSError, TimeoutError) as error:  # PostgreSQL: no connection could be made
+            raise StorageUnavailableError(
+                f"the metadata database cannot be reached ({error}); try again"
+            ) from error
 
     return guarded
 
@@ -86,21 +102,34 @@ def _disk_full(error: OperationalError) -> bool:
 
 
 class SqliteMetadataStore:
-    def __init__(self, path: Path) -> None:
+    """``path``: the SQLite file in the data directory; ``url``: another database instead
+    (``postgresql+asyncpg://...``, shared by the instances of a cluster)."""
+
+    def __init__(self, path: Path, url: str | None = None) -> None:
         self.path = path
+        self.url = url or sqlite_url(path)
         self._engine: AsyncEngine | None = None
         self._rows = BlockRows()
+        self._copy = is_sqlite(self.url)
+        """Whether block lookups answer from ``_rows``: only while no other process can
+        change the table (SQLite, its directory locked); on a shared database they read it."""
         self._writing = asyncio.Lock()
         self._undo: list[BlockRow] = []
         self.created = False
 
     async def open(self) -> None:
+        """Create the schema or upgrade it to this release's (``schema_migrations``)."""
+        if self._copy:
+            await self._open_embedded()
+        else:
+            await self._open_shared()
+
+    async def _open_embedded(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        engine = create_async_engine(f"sqlite+aiosqlite:///{self.path}", pool_size=4)
-        event.listen(engine.sync_engine, "connect", configure_connection)
+        engine = create_engine(self.url)
         try:
             async with engine.connect() as connection:
-                self.created = await migrate(connection) == 0
+                self.created = await upgrade_schema(connection, shown(self.url))
                 rows = await connection.execute(select(blocks))
                 self._rows.put(block_row_of(row) for row in rows)
         except DatabaseError as error:
@@ -112,6 +141,28 @@ class SqliteMetadataStore:
                 "aside to start with an empty one (the block files beside it are then set "
                 "aside too)"
             ) from error
+        except BaseException:  # a database from a newer release, refused
+            await engine.dispose()
+            raise
+        self._engine = engine
+
+    async def _open_shared(self) -> None:
+        """A database server: out of reach, or refusing us, is said with its URL (password
+        hidden), and the server exits with that line, no traceback."""
+        engine = create_engine(self.url)
+        try:
+            async with engine.connect() as connection:
+                self.created = await upgrade_schema(connection, shown(self.url))
+        except (DBAPIError, OSError, TimeoutError) as error:
+            await engine.dispose()
+            reason = getattr(error, "orig", None) or error
+            raise StorageUnavailableError(
+                f"cannot use the metadata database {shown(self.url)}: {reason}"
+            ) from error
+        except BaseException:
+            await engine.dispose()
+            raise
+        log.info("metadata in %s", shown(self.url))
         self._engine = engine
 
     async def close(self) -> None:
@@ -122,14 +173,25 @@ class SqliteMetadataStore:
 
     @unavailable_on_failure
     async def blocks(self, keys: Sequence[str]) -> dict[str, BlockRecord]:
-        """From the in-memory copy of the table (``block_rows``)."""
-        self._db()  # open, or this raises
-        return self._rows.get(keys)
+        """From the in-memory copy of the table (``block_rows``), on a shared database from
+        the table itself."""
+        engine = self._db()  # open, or this raises
+        if self._copy:
+            return self._rows.get(keys)
+        async with engine.connect() as connection:
+            rows = await _select_rows(connection, keys)
+        return {row.key: row.record() for row in rows}
 
     @unavailable_on_failure
     async def children(self, parent_key: str) -> list[BlockRecord]:
-        self._db()
-        return self._rows.children(parent_key)
+        engine = self._db()
+        if self._copy:
+            return self._rows.children(parent_key)
+        async with engine.connect() as connection:
+            rows = await connection.execute(
+                select(blocks).where(blocks.c.parent_key == parent_key).order_by(blocks.c.key)
+            )
+            return [block_row_of(row).record() for row in rows]
 
     @unavailable_on_failure
     async def save_agent_blocks(
@@ -143,7 +205,7 @@ class SqliteMetadataStore:
                 row = block_row(record, now)
                 replace = {k: row[k] for k in ("nbytes", "checksum", "tier")}
                 await connection.execute(
-                    sqlite_insert(blocks)
+                    upsert(connection, blocks)
                     .values(**row)
                     .on_conflict_do_update(index_elements=[blocks.c.key], set_=replace)
                 )
@@ -165,8 +227,9 @@ class SqliteMetadataStore:
                     ],
                 )
             orphans = await self._recount(connection, set(old) | set(agent.block_keys))
-            read_back = [*agent.block_keys, *old, *(r.key for r in new_blocks)]
-            changed.extend(await _select_rows(connection, read_back))
+            if self._copy:
+                read_back = [*agent.block_keys, *old, *(r.key for r in new_blocks)]
+                changed.extend(await _select_rows(connection, read_back))
         return orphans
 
     @unavailable_on_failure
@@ -252,7 +315,8 @@ class SqliteMetadataStore:
                 delete(agents).where(_agent_where(agents, namespace, agent_id))
             )
             orphans = await self._recount(connection, set(keys))
-            changed.extend(await _select_rows(connection, keys))
+            if self._copy:
+                changed.extend(await _select_rows(connection, keys))
         return orphans
 
     @unavailable_on_failure
@@ -351,7 +415,7 @@ class SqliteMetadataStore:
             )
             row = {"namespace": namespace, "key": key, "body": body, "created_at": now}
             await connection.execute(
-                sqlite_insert(generated_replies).values(**row).on_conflict_do_nothing()
+                upsert(connection, generated_replies).values(**row).on_conflict_do_nothing()
             )
 
     @unavailable_on_failure

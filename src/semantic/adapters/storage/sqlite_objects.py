@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import delete, select
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Row
 
 from semantic.adapters.storage.schema import api_objects
+from semantic.adapters.storage.sql_engines import upsert
 from semantic.adapters.storage.sqlite_metadata import SqliteMetadataStore, unavailable_on_failure
 from semantic.ports.object_store import StoredObject
 
@@ -37,7 +37,7 @@ class SqliteObjectStore:
                     "created_at": stored.created_at or now,
                 }
                 await connection.execute(
-                    sqlite_insert(api_objects)
+                    upsert(connection, api_objects)
                     .values(**row)
                     .on_conflict_do_update(
                         index_elements=["namespace", "kind", "object_id"],

@@ -5,7 +5,8 @@
  * Run through MLX, a pass of 26 rows spent ~50 of its ~100 ms outside the weight products:
  * about 25 small ops a layer, each scheduled on MLX's stream thread, with MLX's scalar
  * exp (12 ns a value here) in SwiGLU and RoPE, and one host round trip a layer for the
- * attention kernel. Here each layer is: RMS norm, the q/k/v products, RoPE, the new keys
+ * attention kernel. Here each layer is: RMS norm, the q/k/v products (with their biases:
+ * Qwen2), each head's RMS norm on queries and keys (Qwen3), RoPE, the new keys
  * and values written into the caches' buffers, scores, softmax and values (our softmax_pv
  * kernel), the output product, the residual, RMS norm, gate and up products, SwiGLU, the
  * down product, the residual. The products go through cblas_sgemm, which for up to 32 rows
@@ -39,13 +40,15 @@
 typedef struct {
     const float *attn_norm, *mlp_norm;
     const float *wq, *wk, *wv, *wo, *wg, *wu, *wd; /* [out][in], as MLX's Linear keeps them */
+    const float *bq, *bk, *bv, *bo, *bg, *bu, *bd; /* [out] biases (Qwen2's q/k/v), or NULL */
+    const float *q_norm, *k_norm; /* [head_dim] per-head RMS norms before RoPE (Qwen3), or NULL */
 } layer_t;
 
 typedef struct {
     int layers, hidden, heads, kv_heads, head_dim, inter;
     int traditional; /* RoPE on neighbouring pairs (GGUF's layout), else on the two halves */
     float eps, scale;
-    const float *inv_freq; /* [head_dim / 2] RoPE frequencies */
+    const float *inv_freq; /* [head_dim / 2] RoPE frequencies (Llama 3's scaled ones too) */
     const layer_t *layer;
     const float *final_norm;
     softmax_pv_ranges_fn softmax_pv;
@@ -80,9 +83,15 @@ static sgemm_fn sgemm(void) {
     return found;
 }
 
-/* y = x @ w^T for `rows` rows: x [rows][in], w [out][in], y [rows][out]. */
-static void linear(const float *x, const float *w, float *y, int rows, int in, int out) {
-    sgemm()(ROW_MAJOR, NO_TRANS, TRANS, rows, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
+/* y = x @ w^T (+ bias) for `rows` rows: x [rows][in], w [out][in], y [rows][out]. With a
+ * bias, as MLX's addmm does it on the CPU: y filled with the bias, then one product with
+ * beta 1, so the bias is added where MLX adds it. */
+static void linear(const float *x, const float *w, const float *bias, float *y, int rows, int in,
+                   int out) {
+    if (bias != NULL)
+        for (int r = 0; r < rows; r++) memcpy(y + (long)r * out, bias, out * sizeof(float));
+    float beta = bias != NULL ? 1.0f : 0.0f;
+    sgemm()(ROW_MAJOR, NO_TRANS, TRANS, rows, out, in, 1.0f, x, in, w, in, beta, y, out);
 }
 
 /* Scratch that grows and is kept, one per calling thread (the engine's, pass after pass),
@@ -331,21 +340,25 @@ int semantic_llama_pass(const model_t *m, int n_groups, const group_t *groups, i
     for (int l = 0; l < m->layers; l++) {
         const layer_t *w = &m->layer[l];
         rms_norm(x, w->attn_norm, h, rows, n, m->eps);
-        linear(h, w->wq, q, rows, n, q_width);
-        linear(h, w->wk, k, rows, n, kv_width);
-        linear(h, w->wv, v, rows, n, kv_width);
+        linear(h, w->wq, w->bq, q, rows, n, q_width);
+        linear(h, w->wk, w->bk, k, rows, n, kv_width);
+        linear(h, w->wv, w->bv, v, rows, n, kv_width);
+        if (w->q_norm != NULL) { /* every head of every row is a row of head_dim here */
+            rms_norm(q, w->q_norm, q, rows * m->heads, m->head_dim, m->eps);
+            rms_norm(k, w->k_norm, k, rows * m->kv_heads, m->head_dim, m->eps);
+        }
         for (int gi = 0, r0 = 0; gi < n_groups; r0 += groups[gi].batch * groups[gi].length, gi++)
             if (attend_group(&io, &groups[gi], l, r0) != 0) {
                 free(work);
                 return -1;
             }
-        linear(mixed, w->wo, delta, rows, q_width, n);
+        linear(mixed, w->wo, w->bo, delta, rows, q_width, n);
         add_into(x, delta, (long)rows * n);
         rms_norm(x, w->mlp_norm, h, rows, n, m->eps);
-        linear(h, w->wg, gate, rows, n, m->inter);
-        linear(h, w->wu, up, rows, n, m->inter);
+        linear(h, w->wg, w->bg, gate, rows, n, m->inter);
+        linear(h, w->wu, w->bu, up, rows, n, m->inter);
         swiglu(gate, up, (long)rows * m->inter);
-        linear(gate, w->wd, delta, rows, m->inter, n);
+        linear(gate, w->wd, w->bd, delta, rows, m->inter, n);
         add_into(x, delta, (long)rows * n);
     }
     rms_norm(x, m->final_norm, x, rows, n, m->eps);

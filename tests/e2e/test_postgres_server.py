@@ -1,0 +1,103 @@
+"""The server on PostgreSQL (``--database-url``): an agent's transcript comes back from it
+after a restart; the database going away while serving is a 503 that keeps nothing of the
+turn; a database out of reach at start, or a URL semantic cannot use, is one clear error
+that never shows the password."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+from reliability.server import ServerProcess, free_port
+from reliability.services.postgres import PostgresServer
+
+from tests.e2e.test_cli import semantic
+
+Start = Callable[..., ServerProcess]
+
+
+@pytest.mark.model
+def test_an_agent_on_postgresql_keeps_its_transcript_across_a_restart(
+    postgres: PostgresServer, new_server: Start
+) -> None:
+    url = postgres.create_database("served_agents")
+    server = new_server("--database-url", url)
+    api = f"{server.url}/v1/agents"
+    made = httpx.post(api, json={"id": "tutor", "system_prompt": "You teach geography."})
+    assert made.status_code == 201, made.text
+    turn = {"content": "What is the capital of France?", "max_tokens": 8}
+    reply = httpx.post(f"{api}/tutor/messages", json=turn, timeout=120)
+    assert reply.status_code == 200, reply.text
+    before = httpx.get(f"{api}/tutor/messages").json()["data"]
+    assert server.stop() == 0
+    assert not (server.data_dir / "semantic.db").exists(), "the metadata went to PostgreSQL"
+    env = {"SEMANTIC_DATABASE_URL": url}  # the variable, as a service unit would set it
+    with ServerProcess(server.data_dir, env=env).start() as restarted:
+        api = f"{restarted.url}/v1/agents"
+        after = httpx.get(f"{api}/tutor/messages").json()["data"]
+        assert [m["role"] for m in after] == ["user", "assistant"]
+        assert after == before
+        again = httpx.post(f"{api}/tutor/messages", json=turn, timeout=120)
+        assert again.status_code == 200, again.text
+        transcript = httpx.get(f"{api}/tutor/messages").json()["data"]
+        assert len(transcript) == 4
+        postgres.stop()  # the database goes away while the server runs
+        try:
+            refused = httpx.post(f"{api}/tutor/messages", json=turn, timeout=120)
+            assert refused.status_code == 503, refused.text
+            assert "Retry-After" in refused.headers
+            assert httpx.get(f"{restarted.url}/health", timeout=10).status_code == 200
+        finally:
+            postgres.start()
+        kept = httpx.get(f"{api}/tutor/messages").json()["data"]
+        assert kept == transcript, "the refused turn kept nothing"
+        assert httpx.post(f"{api}/tutor/messages", json=turn, timeout=120).status_code == 200
+        assert restarted.stop() == 0
+
+
+def test_postgresql_out_of_reach_at_start_is_one_clear_error_without_the_password(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    url = f"postgresql://semantic:s3cret@127.0.0.1:{port}/semantic"
+    result = semantic(
+        "serve",
+        "--port",
+        str(free_port()),
+        "--data-dir",
+        str(tmp_path),
+        "--log-info",
+        "--database-url",
+        url,
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    shown = f"postgresql+asyncpg://semantic:***@127.0.0.1:{port}/semantic"
+    assert f"error: cannot use the metadata database {shown}" in result.stderr
+    assert "s3cret" not in result.stderr + result.stdout
+    assert "Traceback" not in result.stderr
+    assert "BLAS" not in result.stderr, "said before the model was loaded"
+
+
+MYSQL = "mysql://semantic:s3cret@127.0.0.1/semantic"
+NOT_MYSQL = "mysql://semantic:***@127.0.0.1/semantic: semantic keeps its metadata in PostgreSQL"
+
+
+@pytest.mark.parametrize(
+    ("where", "url", "said"),
+    [
+        ("flag", MYSQL, NOT_MYSQL),
+        ("environment", MYSQL, NOT_MYSQL),
+        ("flag", "postgresql://semantic:s3cret@127.0.0.1:port/semantic", "not a database URL"),
+    ],
+)
+def test_a_database_url_semantic_cannot_use_is_refused_without_the_password(
+    tmp_path: Path, where: str, url: str, said: str
+) -> None:
+    given = ["--database-url", url] if where == "flag" else []
+    env = {"SEMANTIC_DATABASE_URL": url} if where == "environment" else {}
+    result = semantic("serve", "--data-dir", str(tmp_path), *given, env=env, timeout=60)
+    assert result.returncode == 2
+    assert said in result.stderr
+    assert "s3cret" not in result.stderr
