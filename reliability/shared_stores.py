@@ -9,6 +9,7 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
+from reliability.services.postgres import PostgresServer
 from semantic.config import Settings
 
 LEASE_SECONDS = 10.0
@@ -33,42 +34,37 @@ class SharedStores:
     def __init__(self, workdir: Path, lease_seconds: float = LEASE_SECONDS) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         self.lease_seconds = lease_seconds
-        self.postgres = _store(
-            "reliability.services.postgres", "PostgresServer", workdir / "postgres.log"
-        )
+        self.postgres = PostgresServer(workdir / "postgres.log")
         self.redis = _store("reliability.services.redis", "RedisServer", workdir / "redis")
 
     @property
-    def database_url(self) -> str | None:
-        return None if self.postgres is None else str(self.postgres.url())
+    def database_url(self) -> str:
+        return self.postgres.url()
 
     @property
     def shared_blocks_url(self) -> str | None:
         return None if self.redis is None else str(self.redis.url)
 
     def start(self) -> None:
-        for store in (self.postgres, self.redis):
-            if store is not None:
-                store.start()
+        self.postgres.start()
+        if self.redis is not None:
+            self.redis.start()
 
     def stop(self) -> None:
         if self.redis is not None:
             self.redis.stop()
-        if self.postgres is not None:
-            self.postgres.close()  # its own temporary directory goes with it
+        self.postgres.close()  # its own temporary directory goes with it
 
     def server_args(self) -> list[str]:
-        args: list[str] = []
-        if self.database_url is not None:
-            args += ["--database-url", self.database_url]
-            if _have_leases():
-                args += ["--leases", "--lease-seconds", str(self.lease_seconds)]
+        args = ["--database-url", self.database_url]
+        if _have_leases():
+            args += ["--leases", "--lease-seconds", str(self.lease_seconds)]
         if self.shared_blocks_url is not None:
             args += ["--shared-blocks", self.shared_blocks_url]
         return args
 
     def describe(self) -> list[str]:
         return [
-            f"PostgreSQL: {self.database_url or 'not in this checkout yet'}",
+            f"PostgreSQL: {self.database_url}",
             f"Redis: {self.shared_blocks_url or 'not in this checkout yet'}",
         ]

@@ -47,7 +47,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 def shared(cluster: LocalCluster) -> LocalCluster:
     """The cluster, for tests that need its shared PostgreSQL and Redis."""
     stores = cluster.stores
-    if stores is None or stores.database_url is None or stores.shared_blocks_url is None:
+    if stores is None or stores.shared_blocks_url is None:
         pytest.skip("needs the shared PostgreSQL and Redis")
     return cluster
 
@@ -211,7 +211,6 @@ def test_an_instance_stopped_past_its_lease_cannot_commit(shared: LocalCluster) 
     agent = "paused"
     assert agent_client(paused.url, agent).post("/v1/agents", json={"id": agent}).status_code == 201
     assert shared.stores is not None
-    assert shared.stores.database_url is not None
     body = {"content": "Count from 1 to 1000.", "max_tokens": 150, "stream": True}
     events: list[str] = []
     last = ""
