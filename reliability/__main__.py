@@ -120,6 +120,7 @@ def cluster_rows(work: Path, rows: list[tuple[str, str]]) -> list[str]:
         ("cluster: 5xx responses", str(spread.server_errors)),
         ("cluster: transcripts lost", str(spread.transcripts_lost)),
         ("cluster: 409 agent_busy, retried", str(spread.busy)),
+        ("cluster: requests away from their agent's usual instance", str(spread.away)),
         (
             "cluster: requests per instance",
             ", ".join(f"{name} {count}" for name, count in sorted(spread.served_by.items())),

@@ -36,6 +36,8 @@ class ClusterLoadResult:
     transcripts_lost: int = 0
     seconds: float = 0.0
     served_by: Counter[str] = field(default_factory=Counter)
+    away: int = 0
+    """Requests answered elsewhere than their agent's usual instance (bounded load)."""
     failures: list[str] = field(default_factory=list)
 
     def merge(self, part: ClusterLoadResult) -> None:
@@ -45,6 +47,7 @@ class ClusterLoadResult:
         self.busy += part.busy
         self.transcripts_lost += part.transcripts_lost
         self.served_by += part.served_by
+        self.away += part.away
         self.failures += part.failures
 
 
@@ -69,6 +72,7 @@ def converse(url: str, agent: str, turns: int) -> ClusterLoadResult:
             result.transcripts_lost += acknowledged
             result.failures.append(f"{agent}: transcript {read.status_code} {read.text[:200]}")
             return result
+        result.away = result.requests - max(result.served_by.values())
         transcript = read.json()["data"]
         if len(transcript) != 2 * acknowledged:
             result.transcripts_lost += max(0, acknowledged - len(transcript) // 2)
@@ -128,6 +132,7 @@ def main() -> None:
         f"transcripts lost: {result.transcripts_lost}"
     )
     print("served by: " + ", ".join(f"{k} {v}" for k, v in sorted(result.served_by.items())))
+    print(f"requests away from their agent's usual instance: {result.away}")
     for failure in result.failures[:20]:
         print("  " + failure)
 
