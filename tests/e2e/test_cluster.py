@@ -258,10 +258,16 @@ def test_a_killed_instance_s_agent_resumes_on_another_equal_to_cold(
     )
     history = transcript(shared.url, agent)
     shared.kill(shared.servers.index(server))
+    fetched = {"event": "fetched"}
+    others = [s for s in shared.servers if s.process is not None and s.process.poll() is None]
+    before_fetched = [s.metric("semantic_shared_blocks_total", fetched) for s in others]
 
     resumed = send(api, agent, "Name a river.", max_tokens=16)
     assert resumed.status_code == 200, resumed.text
     assert served_by(resumed) != served_by(last)
+    there = shared.servers[shared.index_of(served_by(resumed))]
+    then = before_fetched[others.index(there)]
+    assert there.metric("semantic_shared_blocks_total", fetched) > then, "read from Redis"
     usage = resumed.json()["usage"]
     assert usage["cached_tokens"] >= 0.9 * last.json()["usage"]["prompt_tokens"], usage
     after = transcript(shared.url, agent)
