@@ -56,6 +56,18 @@ if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 && command -v apt-get
     || echo "warning: could not install PostgreSQL; the tests that use it will fail" >&2
 fi
 
+# Redis (Debian's redis-server): the shared block tier's tests start their own on loopback
+# (ADR 0022); the system's service is never used.
+if ! command -v redis-server >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+  SUDO=""
+  [ "$(id -u)" = "0" ] || SUDO="sudo"
+  echo "installing Redis (redis-server) for the tests..."
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server >/dev/null 2>&1 \
+    || { $SUDO apt-get update -q >/dev/null \
+      && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server >/dev/null; } \
+    || echo "warning: could not install Redis; the tests that use it will fail" >&2
+fi
+
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 # MLX's backend on Linux is an extra: `cpu` here (`cuda` on an NVIDIA machine: SEMANTIC_EXTRAS=cuda).

@@ -31,6 +31,7 @@ from semantic.adapters.mlx.tokenizer import MlxTokenizer
 from semantic.adapters.storage.block_files import BlockFiles
 from semantic.adapters.storage.data_dir_lock import acquire_data_directory, release_data_directory
 from semantic.adapters.storage.kv_block_store import KVBlockStore
+from semantic.adapters.storage.redis_blocks import RedisSharedBlocks
 from semantic.adapters.storage.sqlite_metadata import SqliteMetadataStore
 from semantic.adapters.storage.sqlite_objects import SqliteObjectStore
 from semantic.application.agents import AgentService
@@ -244,8 +245,19 @@ def _cache_store(
         disk_quota_bytes=settings.disk_quota_bytes,
         disk_reserve_bytes=settings.disk_reserve_bytes,
     )
+    shared = (
+        None
+        if settings.shared_blocks_url is None
+        else RedisSharedBlocks(settings.shared_blocks_url)
+    )
     return AgentCacheStore(
-        pool, spec, fingerprint, block_store=blocks, metadata=metadata, config=config
+        pool,
+        spec,
+        fingerprint,
+        block_store=blocks,
+        metadata=metadata,
+        config=config,
+        shared=shared,
     )
 
 
@@ -325,7 +337,7 @@ def _engine(
     engine = BlockPoolBatchEngine(
         backend, tokenizer, pool, config, reclaim=reclaim, grammars=grammar_compiler(tokenizer)
     )
-    adopt = (lambda event: cache.adopt(event, event.agent_id)) if cache is not None else None
+    adopt = cache.adopt_completion if cache is not None else None
     return backend, engine, EngineLoop(engine, on_completion=adopt)
 
 

@@ -71,6 +71,8 @@ class Settings:
     disk_quota_bytes: int | None = None
     disk_reserve_bytes: int = 1 << 30
     """Free disk to keep: cached KV gives way, oldest first, before the disk fills."""
+    shared_blocks_url: str | None = None
+    """A Redis URL: the block tier instances share (ADR 0022); None: none."""
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None

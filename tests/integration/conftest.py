@@ -23,6 +23,7 @@ from semantic.config import Settings
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.ports.grammar import GrammarCompiler
+from tests.redis_fixtures import redis_server, redis_url  # noqa: F401 - fixtures for the tests
 
 
 @dataclass(frozen=True)

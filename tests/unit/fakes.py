@@ -17,6 +17,7 @@ from semantic.domain.generation import SamplingParams
 from semantic.domain.tools import Tool
 from semantic.ports.grammar import GrammarMatcher
 from semantic.ports.model_backend import (
+    BackendCapabilities,
     BlockPayload,
     DecodedToken,
     ExportedKV,
@@ -229,6 +230,10 @@ class FakeBackend:
     pass over a returning agent's blocks)."""
 
     @property
+    def capabilities(self) -> BackendCapabilities:
+        return BackendCapabilities(self.spec, self.model_id, self.can_slice, self.ride_rows)
+
+    @property
     def decoding_count(self) -> int:
         return sum(1 for s in self.sequences.values() if s.decoding and not s.finished)
 
@@ -299,8 +304,7 @@ class FakeBackend:
         seq.pending, seq.remaining, seq.decoding = first_token, max_new_tokens, True
 
     def ride_capacity(self) -> int:
-        decoding = self.decoding_count
-        return max(0, self.ride_rows - decoding) if decoding else 0
+        return self.capabilities.ride_capacity(self.decoding_count)
 
     def reads_restored(self, seq_id: str) -> bool:
         return seq_id in self.reading_restored

@@ -44,6 +44,15 @@ class FakeBlockStore:
             raise CacheCorruptionError(f"{key} does not match its checksum")
         return list(payloads)
 
+    def has(self, key: str) -> bool:
+        return key in self.files
+
+    def file_bytes(self, key: str, checksum: str) -> bytes | None:
+        return None  # no bytes to share: the shared tier runs on real files only
+
+    def load_bytes(self, key: str, data: bytes, checksum: str) -> list[LayerPayload]:
+        raise CacheCorruptionError("the fake store reads no files from elsewhere")
+
     def quarantine(self, key: str) -> None:
         self.quarantined.append(key)
         self.files.pop(key, None)
@@ -82,6 +91,7 @@ class FakeMetadataStore:
         self.agent_rows: dict[tuple[str, str], AgentRecord] = {}
         self.transcripts: dict[tuple[str, str], list[MessageRecord]] = {}
         self.replies: dict[tuple[str, str], str] = {}
+        self.shared: set[str] = set()
         self.clock = 0.0
         self.opened = 0
 
@@ -118,6 +128,9 @@ class FakeMetadataStore:
             last_used=agent.last_used or self.clock,
         )
         return self._recount(set(old.block_keys if old else ()) | set(agent.block_keys))
+
+    async def mark_blocks_shared(self, keys: Sequence[str]) -> None:
+        self.shared.update(k for k in keys if k in self.block_rows)
 
     async def quarantine_block(self, key: str) -> None:
         self.block_rows[key] = dataclasses.replace(self.block_rows[key], quarantined=True)

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from semantic.application.active_request import StoredPrefix
+from semantic.application.books.kv_books import HEAD_PIN_PATIENCE_S
 from semantic.application.engine import (
     NO_ROOM_FAILURE,
     NO_ROOM_PATIENCE_S,
@@ -16,7 +17,6 @@ from semantic.application.engine import (
     EngineConfig,
 )
 from semantic.application.events import CompletionEvent, EngineEvent, TokenEvent
-from semantic.application.prefix_pins import HEAD_PIN_PATIENCE_S
 from semantic.application.scheduler.pacer import PacerConfig
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.blocks import AgentBlocks

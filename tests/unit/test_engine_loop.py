@@ -50,9 +50,7 @@ async def test_requests_from_many_threads_stream_to_asyncio(loop: EngineLoop) ->
     streams = [AsyncEventStream() for _ in prompts]
 
     def submit(index: int) -> None:
-        loop.submit(
-            streams[index], agent_id=f"a{index}", prompt_tokens=prompts[index], max_tokens=6
-        )
+        loop.submit(streams[index], loop.engine.request(f"a{index}", prompts[index], max_tokens=6))
 
     threads = [threading.Thread(target=submit, args=(i,)) for i in range(len(prompts))]
     for thread in threads:
@@ -72,7 +70,7 @@ async def test_cancel_from_another_thread_ends_the_stream(
 ) -> None:
     backend.paused.set()
     stream = AsyncEventStream()
-    request_id = loop.submit(stream, agent_id="a", prompt_tokens=[1, 2, 3], max_tokens=100)
+    request_id = loop.submit(stream, loop.engine.request("a", [1, 2, 3], max_tokens=100))
     canceller = threading.Thread(target=loop.cancel, args=(request_id,))
     canceller.start()
     canceller.join()
@@ -92,14 +90,14 @@ def test_draining_refuses_new_work_and_fails_what_outlives_the_grace_saying_why(
 ) -> None:
     backend.paused.set()
     events: list[EngineEvent] = []
-    loop.submit(events.append, agent_id="a", prompt_tokens=[1, 2, 3], max_tokens=100)
+    loop.submit(events.append, loop.engine.request("a", [1, 2, 3], max_tokens=100))
     loop.drain(grace_s=0.2)
     done = events[-1]
     assert isinstance(done, CompletionEvent)
     assert done.finish_reason is FinishReason.ERROR
     assert done.error == SHUTDOWN_FAILURE
     with pytest.raises(ShuttingDownError):
-        loop.submit(events.append, agent_id="a", prompt_tokens=[1, 2], max_tokens=2)
+        loop.submit(events.append, loop.engine.request("a", [1, 2], max_tokens=2))
 
 
 def loop_counting_the_first_round(
@@ -128,9 +126,9 @@ def test_an_idle_engine_waits_for_requests_on_their_way_before_its_first_round(
         sinks = [AsyncEventStream(asyncio.new_event_loop()) for _ in range(2)]
         with loop.arriving():  # the second agent is still on its way (restoring, say)
             with loop.arriving():
-                loop.submit(sinks[0], agent_id="a", prompt_tokens=[1, 2, 3], max_tokens=6)
+                loop.submit(sinks[0], loop.engine.request("a", [1, 2, 3], max_tokens=6))
             time.sleep(0.2)  # time enough for a round, had the engine not waited
-            loop.submit(sinks[1], agent_id="b", prompt_tokens=[4, 5, 6], max_tokens=6)
+            loop.submit(sinks[1], loop.engine.request("b", [4, 5, 6], max_tokens=6))
         while not first_round:
             loop.run_sync(lambda: None, timeout=10)
         assert first_round == [2]  # both prefilled in the first round
@@ -145,10 +143,10 @@ def test_an_idle_engine_waits_a_moment_for_a_request_just_behind_another(
     try:
         sinks = [AsyncEventStream(asyncio.new_event_loop()) for _ in range(2)]
         with loop.arriving():
-            loop.submit(sinks[0], agent_id="a", prompt_tokens=[1, 2, 3], max_tokens=6)
+            loop.submit(sinks[0], loop.engine.request("a", [1, 2, 3], max_tokens=6))
         time.sleep(0.1)  # the next agent's request is parsed a little later
         with loop.arriving():
-            loop.submit(sinks[1], agent_id="b", prompt_tokens=[4, 5, 6], max_tokens=6)
+            loop.submit(sinks[1], loop.engine.request("b", [4, 5, 6], max_tokens=6))
         while not first_round:
             loop.run_sync(lambda: None, timeout=10)
         assert first_round == [2]
@@ -174,11 +172,7 @@ def test_a_returning_agent_does_not_wait_the_quiet_time(backend: FakeBackend) ->
         sink = AsyncEventStream(asyncio.new_event_loop())
         with loop.arriving():
             loop.submit(
-                sink,
-                agent_id="a",
-                prompt_tokens=[*blocks.token_ids, 9],
-                max_tokens=2,
-                cached_blocks=blocks,
+                sink, loop.engine.request("a", [*blocks.token_ids, 9], blocks, max_tokens=2)
             )
         deadline = time.monotonic() + 10  # not held for the minute of quiet time
         while not rounds:
@@ -250,9 +244,11 @@ async def test_a_handle_closed_before_anyone_read_it_ends_its_request(
     response's close must still end the request, or it generates for nobody."""
     backend.paused.set()  # never finishes on its own
     service = GenerationService(loop, None, Limits(512, 256, 16))
-    handle = await service.start(GenerationInput((1, 2, 3), max_tokens=100))
     ended: list[str] = []
-    handle.on_end = lambda: ended.append(handle.request_id)
+    handle = await service.start(
+        GenerationInput((1, 2, 3), max_tokens=100),
+        on_end=lambda: ended.append(handle.request_id),
+    )
     handle.close()
     handle.close()
 

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from semantic.application.active_request import ActiveRequest, GenerationRequest
+from semantic.application.active_request import ActiveRequest, GenerationRequest, HeldPrefix
+from semantic.application.books.ledger import BlockLedger
 from semantic.application.completion import CompletionDetector
 from semantic.application.prefix_sharing import PrefixSharing
-from semantic.application.reservation import BlockReservation
-from semantic.domain.block_pool import BlockPool
 from semantic.domain.blocks import AgentBlocks, KVBlock
 from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.generation import GREEDY, CompletionCriteria
@@ -21,13 +20,14 @@ def request(
     prompt: tuple[int, ...], namespace: str = "A", cached: AgentBlocks | None = None
 ) -> ActiveRequest:
     criteria = CompletionCriteria(max_tokens=2)
-    generation = GenerationRequest("agent", prompt, criteria, GREEDY, cached, namespace=namespace)
+    held = HeldPrefix.of(cached, prompt) if cached is not None else None
+    generation = GenerationRequest("agent", prompt, criteria, GREEDY, held, namespace=namespace)
     detector = CompletionDetector(FakeTokenizer(), criteria, frozenset({EOS}))
     active = ActiveRequest(
         f"req-{len(prompt)}-{namespace}",
         generation,
         detector,
-        BlockReservation(BlockPool(1), GLOBAL, "r"),
+        BlockLedger("r", GLOBAL.n_layers),
         0.0,
     )
     active.pinned = cached is not None

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
+from semantic.application.books.ledger import BlockLedger
 from semantic.application.completion import CompletionDetector
-from semantic.application.reservation import BlockReservation
 from semantic.domain.blocks import AgentBlocks
 from semantic.domain.constraints import OutputConstraint
 from semantic.domain.generation import CompletionCriteria, Priority, RequestStats, SamplingParams
-from semantic.domain.tokens import reusable_prefix
+from semantic.domain.tokens import common_prefix, reusable_prefix
 from semantic.ports.grammar import Grammar
 
 
@@ -40,6 +40,21 @@ class StoredPrefix:
 
 
 @dataclass(frozen=True, slots=True)
+class HeldPrefix:
+    """Restored blocks pinned for a prompt, with how many of its tokens they match: found
+    once, where the blocks are found (the cache lookup on the asyncio side, a leader's KV
+    handed on, a stored prefix pinned again), and used as is by admission."""
+
+    blocks: AgentBlocks
+    matched: int
+    """Leading prompt tokens ``blocks.token_ids`` share with the prompt."""
+
+    @classmethod
+    def of(cls, blocks: AgentBlocks, prompt: Sequence[int]) -> HeldPrefix:
+        return cls(blocks, common_prefix(blocks.token_ids, prompt))
+
+
+@dataclass(frozen=True, slots=True)
 class GenerationRequest:
     """What a caller asks the engine for; validated before it is queued."""
 
@@ -47,7 +62,8 @@ class GenerationRequest:
     prompt: tuple[int, ...]
     criteria: CompletionCriteria
     sampling: SamplingParams
-    cached: AgentBlocks | None = None
+    cached: HeldPrefix | None = None
+    """The restored prefix pinned for it at arrival (``KVBooks.pin``)."""
     priority: Priority = Priority.NORMAL
     namespace: str = "default"
     stored: StoredPrefix | None = None
@@ -59,7 +75,7 @@ class ActiveRequest:
     id: str
     request: GenerationRequest
     detector: CompletionDetector
-    reservation: BlockReservation
+    reservation: BlockLedger
     submitted_at: float
     phase: Phase = Phase.WAITING
     n_cached: int = 0
@@ -97,7 +113,7 @@ class ActiveRequest:
         """Prompt tokens its prefill will compute, as far as is known before admission."""
         request = self.request
         if request.cached is not None:
-            known = len(request.cached.token_ids)
+            known = len(request.cached.blocks.token_ids)
         else:
             known = request.stored.tokens if request.stored is not None else 0
         return len(request.prompt) - reusable_prefix(known, len(request.prompt))

@@ -172,13 +172,13 @@ class AgentService:
             self._untrack(live)
             raise AgentDeletedError(request.agent_id, request.namespace)
         try:
-            handle = await self._generation.start(request)
+            handle = await self._generation.start(
+                request, check=live.check, on_end=functools.partial(self._untrack, live)
+            )
         except BaseException:
             self._untrack(live)
             raise
         live.request_id = handle.request_id
-        handle.check = live.check
-        handle.on_end = functools.partial(self._untrack, live)
         return handle
 
     async def check_plain_use(self, namespace: str, agent_id: str) -> None:

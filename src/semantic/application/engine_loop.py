@@ -17,6 +17,7 @@ from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+from semantic.application.active_request import GenerationRequest
 from semantic.application.engine import BlockPoolBatchEngine, StepResult
 from semantic.application.events import CompletionEvent, EngineEvent
 from semantic.application.threads import wait_until_gone
@@ -78,14 +79,14 @@ class EngineLoop:
             self._thread = threading.Thread(target=self._run, name="semantic-engine", daemon=True)
             self._thread.start()
 
-    def submit(self, sink: EventSink, **request: Any) -> str:
-        """Queue a request (``BlockPoolBatchEngine.submit``'s arguments); events go to ``sink``."""
+    def submit(self, sink: EventSink, request: GenerationRequest) -> str:
+        """Queue ``request`` (built by ``engine.request``); its events go to ``sink``."""
         with self._lock:
             if not self._accepting:
                 raise ShuttingDownError("the server is shutting down; no new requests")
-            request_id = self.engine.submit(**request)
+            request_id = self.engine.enqueue(request)
             self._sinks[request_id] = sink
-            self._fresh_waiting |= request.get("cached_blocks") is None
+            self._fresh_waiting |= request.cached is None
             self._wake.notify()
         return request_id
 

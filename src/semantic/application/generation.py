@@ -10,27 +10,43 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
+from semantic.application.active_request import GenerationRequest
 from semantic.application.cache.lineage import ANONYMOUS_AGENT
-from semantic.application.cache.store import AgentCacheStore
-from semantic.application.engine import NO_ROOM_FAILURE
-from semantic.application.engine_loop import SHUTDOWN_FAILURE, AsyncEventStream, EngineLoop
-from semantic.application.events import CompletionEvent, TokenEvent
+from semantic.application.cache.store import AgentCacheStore, CachedPrefix
+from semantic.application.engine_loop import AsyncEventStream, EngineLoop
+from semantic.application.generation_handle import (
+    GenerationEvent,
+    GenerationFailedError,
+    GenerationHandle,
+    GenerationResult,
+    TextDelta,
+    Usage,
+)
 from semantic.domain.constraints import OutputConstraint
 from semantic.domain.errors import (
     InvalidRequestError,
-    NoRoomCameError,
     PromptTooLongError,
-    SemanticError,
-    ShuttingDownError,
 )
-from semantic.domain.generation import GREEDY, FinishReason, Priority, RequestStats, SamplingParams
+from semantic.domain.generation import GREEDY, Priority, SamplingParams
 from semantic.domain.tokens import reusable_prefix
 from semantic.ports.observer import GenerationObserver
 
 log = logging.getLogger(__name__)
+
+__all__ = [  # the handle's types are part of this use case's API
+    "GenerationEvent",
+    "GenerationFailedError",
+    "GenerationHandle",
+    "GenerationInput",
+    "GenerationResult",
+    "GenerationService",
+    "Limits",
+    "TextDelta",
+    "Usage",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,35 +67,6 @@ class GenerationInput:
     priority: Priority = Priority.NORMAL
     constraint: OutputConstraint | None = None
     """What the reply must look like (JSON of a schema, tool calls); None leaves it free."""
-
-
-@dataclass(frozen=True, slots=True)
-class Usage:
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-
-
-@dataclass(frozen=True, slots=True)
-class TextDelta:
-    text: str
-
-
-@dataclass(frozen=True, slots=True)
-class GenerationResult:
-    request_id: str
-    text: str
-    finish_reason: FinishReason
-    usage: Usage
-    stats: RequestStats
-    stop_string: str | None
-
-
-GenerationEvent = TextDelta | GenerationResult
-
-
-class GenerationFailedError(SemanticError):
-    """The model failed while running this request (not the caller's fault)."""
 
 
 class GenerationService:
@@ -128,15 +115,21 @@ class GenerationService:
                 )
         return max_tokens
 
-    async def start(self, request: GenerationInput) -> GenerationHandle:
+    async def start(
+        self,
+        request: GenerationInput,
+        *,
+        check: Callable[[], None] | None = None,
+        on_end: Callable[[], None] | None = None,
+    ) -> GenerationHandle:
         """Validate, restore the cached prefix and queue the request. Errors (bad input, a
-        full queue) are raised here, before a caller commits to a streaming response."""
+        full queue) are raised here, before a caller commits to a streaming response.
+        ``check`` and ``on_end``: the handle's (``GenerationHandle``)."""
         max_tokens = self.check(request)
         if request.constraint is not None:  # a cold 20-tool set ~25 ms, the first ever ~0.5 s:
             # off the event loop and the engine loop's lock; a refusal comes before any work
             await asyncio.to_thread(self._loop.engine.grammar_for, request.constraint)
         prompt = request.prompt_tokens
-        agent_id = request.agent_id or ANONYMOUS_AGENT
         sink = AsyncEventStream()
         prefix = None
         try:
@@ -145,19 +138,8 @@ class GenerationService:
                 if self._cache is not None:
                     prefix = await self._cache.prepare(request.namespace, prompt)
                 restore_s = time.monotonic() - started
-                request_id = self._loop.submit(
-                    sink,
-                    agent_id=agent_id,
-                    prompt_tokens=prompt,
-                    cached_blocks=prefix.blocks if prefix else None,
-                    stored=prefix.stored if prefix else None,
-                    max_tokens=max_tokens,
-                    sampling=request.sampling,
-                    stop=request.stop,
-                    priority=request.priority,
-                    namespace=request.namespace,
-                    constraint=request.constraint,
-                )
+                queued = self._engine_request(request, max_tokens, prefix)
+                request_id = self._loop.submit(sink, queued)
         finally:
             if prefix is not None and self._cache is not None:
                 self._cache.release(prefix)
@@ -170,6 +152,25 @@ class GenerationService:
             cache=self._cache,
             restore_s=restore_s,
             cached_tokens=reusable_prefix(prefix.matched_tokens, len(prompt)) if prefix else 0,
+            check=check,
+            on_end=on_end,
+        )
+
+    def _engine_request(
+        self, request: GenerationInput, max_tokens: int, prefix: CachedPrefix | None
+    ) -> GenerationRequest:
+        """What the engine queues: the request with the prefix found for it, typed."""
+        return self._loop.engine.request(
+            request.agent_id or ANONYMOUS_AGENT,
+            request.prompt_tokens,
+            prefix.blocks if prefix else None,
+            stored=prefix.stored if prefix else None,
+            max_tokens=max_tokens,
+            sampling=request.sampling,
+            stop=request.stop,
+            priority=request.priority,
+            namespace=request.namespace,
+            constraint=request.constraint,
         )
 
     def cancel(self, request_id: str) -> None:
@@ -186,118 +187,3 @@ class GenerationService:
             if isinstance(event, GenerationResult):
                 return event
         raise GenerationFailedError("the request ended without a result")
-
-
-class GenerationHandle:
-    """A queued request: iterate ``events()`` for its text and result. Leaving the iteration
-    early (a client that went away) cancels the request and frees its blocks."""
-
-    def __init__(
-        self,
-        request_id: str,
-        prompt_tokens: int,
-        sink: AsyncEventStream,
-        loop: EngineLoop,
-        *,
-        observer: GenerationObserver | None,
-        cache: AgentCacheStore | None,
-        restore_s: float = 0.0,
-        cached_tokens: int = 0,
-    ) -> None:
-        self.request_id = request_id
-        self.cached_tokens = cached_tokens
-        """Prompt tokens restored rather than computed, known before the first token (the
-        engine feeds the last prompt token even on a full hit, as it counts it)."""
-        self._restore_s = restore_s
-        self._cache = cache
-        self.prompt_tokens = prompt_tokens
-        self._sink = sink
-        self._loop = loop
-        self._observer = observer
-        self._started = time.monotonic()
-        self.check: Callable[[], None] | None = None
-        """Called before each event is passed on: raises to end the request (its agent was
-        deleted, say)."""
-        self.on_end: Callable[[], None] | None = None
-        """Called once, when the request is over for its reader (``close``)."""
-        self._finished = False
-        self._closed = False
-
-    def close(self) -> None:
-        """Ends the request for its reader: cancels it unless it finished, once. ``events()``
-        calls it as it ends; a streamed response calls it too, since a stream cancelled before
-        its first step never starts ``events()``, and its request would otherwise generate
-        to the end for nobody and keep its agent's turn open."""
-        if self._closed:
-            return
-        self._closed = True
-        if not self._finished:
-            self._loop.cancel(self.request_id)
-            if self._observer is not None:
-                self._observer.on_abandoned()
-        if self.on_end is not None:
-            self.on_end()
-
-    async def events(self) -> AsyncGenerator[GenerationEvent, None]:
-        last: float | None = None
-        try:
-            async for event in self._sink:
-                if self.check is not None:
-                    self.check()
-                now = time.monotonic()
-                if isinstance(event, TokenEvent):
-                    self._observe_token(now, last)
-                    last = now
-                    if event.text:
-                        yield TextDelta(event.text)
-                elif isinstance(event, CompletionEvent):
-                    self._finished = True
-                    if self._cache is not None:  # acknowledge only what is on disk
-                        await self._cache.saved(self.request_id)
-                    self._log(event)
-                    if self._observer is not None:
-                        self._observer.on_finished(
-                            event.stats, event.prompt_tokens, now - self._started
-                        )
-                    yield _result(event)
-        finally:
-            self.close()
-
-    def _log(self, event: CompletionEvent) -> None:
-        """Where a request's time went (no text: prompts and replies stay out of logs)."""
-        stats = event.stats
-        log.info(
-            "%s %s: restore %.0f ms, queue and cache build %.0f ms, prefill %d tokens %.0f ms "
-            "(%d cached), decode %d tokens %.0f ms, total %.0f ms",
-            self.request_id,
-            event.finish_reason.value,
-            self._restore_s * 1e3,
-            stats.queued_s * 1e3,
-            stats.computed_tokens,
-            stats.prefill_s * 1e3,
-            stats.cached_tokens,
-            stats.generated_tokens,
-            stats.decode_s * 1e3,
-            (time.monotonic() - self._started + self._restore_s) * 1e3,
-        )
-
-    def _observe_token(self, now: float, last: float | None) -> None:
-        if self._observer is None:
-            return
-        if last is None:
-            self._observer.on_first_token(now - self._started)
-        else:
-            self._observer.on_token_gap(now - last)
-
-
-def _result(event: CompletionEvent) -> GenerationResult:
-    if event.finish_reason is FinishReason.ERROR and event.error == SHUTDOWN_FAILURE:
-        raise ShuttingDownError(SHUTDOWN_FAILURE)
-    if event.finish_reason is FinishReason.ERROR and event.error == NO_ROOM_FAILURE:
-        raise NoRoomCameError(NO_ROOM_FAILURE)
-    if event.finish_reason is FinishReason.ERROR:
-        raise GenerationFailedError(f"generation failed: {event.error or 'unknown error'}")
-    usage = Usage(event.prompt_tokens, event.stats.generated_tokens, event.stats.cached_tokens)
-    return GenerationResult(
-        event.request_id, event.text, event.finish_reason, usage, event.stats, event.stop_string
-    )

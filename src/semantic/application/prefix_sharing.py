@@ -108,8 +108,7 @@ class PrefixSharing:
             cached = waiting.request.cached
             if cached is not None and not waiting.pinned:
                 continue
-            held = common_prefix(cached.token_ids, waiting.prompt) if cached is not None else 0
-            held = reusable_prefix(held, len(waiting.prompt))
+            held = reusable_prefix(cached.matched if cached else 0, len(waiting.prompt))
             shared = common_prefix(blocks.token_ids, waiting.prompt)
             shared = reusable_prefix(shared, len(waiting.prompt))
             if shared - held >= self._min_shared and _covers(blocks, shared, self._spec):

@@ -40,4 +40,4 @@ def validate_request(
             param="messages",
         )
     if request.cached is not None:
-        request.cached.validate(spec)
+        request.cached.blocks.validate(spec)

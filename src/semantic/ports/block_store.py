@@ -38,6 +38,20 @@ class BlockStore(Protocol):
         altered file."""
         ...
 
+    def has(self, key: str) -> bool:
+        """Whether this store holds a file for ``key`` (unverified)."""
+        ...
+
+    def file_bytes(self, key: str, checksum: str) -> bytes | None:
+        """The block's file, byte for byte, if it is there and matches ``checksum``: what
+        the shared tier keeps (``ports.shared_blocks``)."""
+        ...
+
+    def load_bytes(self, key: str, data: bytes, checksum: str) -> list[LayerPayload]:
+        """``load`` of a block file held in memory (read from the shared tier); raises
+        ``CacheCorruptionError`` as ``load`` does."""
+        ...
+
     def quarantine(self, key: str) -> None:
         """Move a bad file aside so it is never read again."""
         ...

@@ -78,6 +78,10 @@ class MetadataStore(Protocol):
         that exists: a cut must not bring back an agent deleted since it was read."""
         ...
 
+    async def mark_blocks_shared(self, keys: Sequence[str]) -> None:
+        """Record that the shared tier holds these blocks (rows gone since are skipped)."""
+        ...
+
     async def quarantine_block(self, key: str) -> None:
         """Mark a block bad: lookups stop before it until a save replaces it."""
         ...

@@ -82,6 +82,25 @@ class StepOutput:
     are out of the batch, and only they fail; the others decoded as usual."""
 
 
+@dataclass(frozen=True, slots=True)
+class BackendCapabilities:
+    """What a backend is and can do, fixed when it is built: the engine reads it once,
+    instead of asking mid-round."""
+
+    spec: ModelCacheSpec
+    model_id: str
+    can_slice: bool = False
+    """Whether ``prefill_slice`` can stop inside the model (else it runs whole chunks)."""
+    ride_rows: int = 0
+    """Rows a decode step's forward pass may hold, prompt tokens riding it included
+    (0: a prompt chunk never rides, as on a model without the fused pass)."""
+
+    def ride_capacity(self, decoding: int) -> int:
+        """Prompt tokens that can ride a decode step of ``decoding`` sequences without
+        changing any result (0 with nothing decoding: there is no step to ride)."""
+        return max(0, self.ride_rows - decoding) if decoding else 0
+
+
 class ModelBackend(Protocol):
     """Executes the engine's plan on a real model.
 
@@ -93,10 +112,9 @@ class ModelBackend(Protocol):
     """
 
     @property
-    def spec(self) -> ModelCacheSpec: ...
-
-    @property
-    def model_id(self) -> str: ...
+    def capabilities(self) -> BackendCapabilities:
+        """The same value for the backend's whole life."""
+        ...
 
     def open_sequence(
         self,
@@ -161,7 +179,8 @@ class ModelBackend(Protocol):
 
     def decode_step(self, ride: PromptChunk | None = None) -> StepOutput:
         """One batched decode step for every decoding sequence; ``ride`` (at most
-        ``ride_capacity()`` tokens) is prefilled in the same forward pass."""
+        ``capabilities.ride_capacity(decoding_count)`` tokens) is prefilled in the same
+        forward pass."""
         ...
 
     def begin_decode_step(self) -> bool:
@@ -172,16 +191,6 @@ class ModelBackend(Protocol):
 
     def end_decode_step(self) -> StepOutput:
         """The output of the step ``begin_decode_step`` began, once it is done."""
-        ...
-
-    @property
-    def can_slice(self) -> bool:
-        """Whether ``prefill_slice`` can stop inside the model (else it runs whole chunks)."""
-        ...
-
-    def ride_capacity(self) -> int:
-        """How many prompt tokens can ride the next decode step's forward pass without
-        changing any result (0: riding is not possible now, or not on this model)."""
         ...
 
     def reads_restored(self, seq_id: str) -> bool:

@@ -118,14 +118,10 @@ def _print_reply(runtime: EngineRuntime, args: argparse.Namespace) -> int:
     messages.append(ChatMessage("user", args.prompt))
     prompt = runtime.tokenizer.render_chat(messages)
     events: queue.Queue[EngineEvent] = queue.Queue()
-    runtime.loop.submit(
-        events.put,
-        agent_id="cli",
-        prompt_tokens=prompt,
-        max_tokens=args.max_tokens,
-        sampling=args.sampling,
-        stop=args.stop,
+    request = runtime.engine.request(
+        "cli", prompt, max_tokens=args.max_tokens, sampling=args.sampling, stop=args.stop
     )
+    runtime.loop.submit(events.put, request)
     while True:
         event = events.get()
         if isinstance(event, TokenEvent) and event.text:

@@ -58,6 +58,18 @@ def non_empty(text: str) -> str:
     return text
 
 
+def redis_url(text: str) -> str:
+    """A Redis URL (``redis://``, ``rediss://`` or ``unix://``); checked, not connected to.
+    The refusal names the scheme only: the rest may hold a password."""
+    if not text.startswith(("redis://", "rediss://", "unix://")):
+        scheme = text.partition("://")[0] if "://" in text else ""
+        given = f"a {scheme}:// URL" if scheme.isalnum() else "no URL"
+        raise argparse.ArgumentTypeError(
+            f"must be a redis://, rediss:// or unix:// URL, not {given}"
+        )
+    return text
+
+
 def path(text: str) -> Path:
     return Path(non_empty(text)).expanduser()
 

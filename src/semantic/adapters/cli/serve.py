@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 PREFAULT_MB = 1024
 ALLOWED_HOSTS_ENV = "SEMANTIC_ALLOWED_HOSTS"
 DATABASE_URL_ENV = "SEMANTIC_DATABASE_URL"
+SHARED_BLOCKS_ENV = "SEMANTIC_SHARED_BLOCKS"
 LAST_EVENTS_S = 10
 """How long after ``--grace`` uvicorn still waits for streams to carry their last event."""
 DEFAULT_MAX_CONNECTIONS = 4096
@@ -129,6 +130,16 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         help="disk for KV blocks, MiB: least recently used agents' blocks go first, then the "
         "end of the conversation saved last; up to 4 spare block files (~12 MB each here) "
         "are kept beside it to be written over (default: no quota)",
+    )
+    serve.add_argument(
+        "--shared-blocks",
+        type=flags.redis_url,
+        default=None,
+        metavar="URL",
+        help="a Redis URL (redis://host:port/db) whose blocks instances share: new blocks are "
+        "pushed there after each save, and restores read what this disk lacks from it; "
+        "Redis down, the server serves from its own tiers (default: $SEMANTIC_SHARED_BLOCKS, "
+        "else none)",
     )
     serve.add_argument(
         "--disk-reserve-mb",
@@ -260,6 +271,7 @@ def run_server(args: argparse.Namespace) -> int:
         "grace_s": args.grace,
         "disk_quota_bytes": None if args.disk_quota_mb is None else args.disk_quota_mb << 20,
         "disk_reserve_bytes": args.disk_reserve_mb << 20,
+        "shared_blocks_url": _shared_blocks(args),
         "max_connections": args.max_connections,
         "header_timeout_s": args.header_timeout,
         "body_timeout_s": args.body_timeout,
@@ -374,6 +386,20 @@ def _database_url(args: argparse.Namespace) -> str | None:
     except argparse.ArgumentTypeError as error:
         parser: argparse.ArgumentParser = args.parser
         parser.error(f"${DATABASE_URL_ENV}: {error}")
+
+
+def _shared_blocks(args: argparse.Namespace) -> str | None:
+    """``--shared-blocks``, else ``$SEMANTIC_SHARED_BLOCKS``'s, checked as the flag is."""
+    if args.shared_blocks is not None:
+        return str(args.shared_blocks)
+    value = os.environ.get(SHARED_BLOCKS_ENV)
+    if not value:
+        return None
+    try:
+        return flags.redis_url(value)
+    except argparse.ArgumentTypeError as error:
+        parser: argparse.ArgumentParser = args.parser
+        parser.error(f"${SHARED_BLOCKS_ENV}: {error}")
 
 
 def _env_path(name: str) -> Path | None:

@@ -62,8 +62,8 @@ def create_app(
             if not loading.done():
                 loading.cancel()
                 await asyncio.gather(loading, return_exceptions=True)
-            if state.services is not None:
-                services, state.services = state.services, None
+            services = state.take()
+            if services is not None:
                 await stop(services)
 
     app = app_for(state, observer, lifespan, max_body_bytes, cors_origins)
@@ -104,12 +104,13 @@ def app_for(
 
 async def _load(state: ServerState, start: Start, observer: Metrics) -> None:
     try:
-        state.services = await start(observer)
-        log.info("ready: serving %s", state.services.model_id)
+        services = await start(observer)
+        state.ready(services)
+        log.info("ready: serving %s", services.model_id)
     except asyncio.CancelledError:
         raise
     except Exception as error:
-        state.failure = f"{type(error).__name__}: {error}"
+        state.failed(f"{type(error).__name__}: {error}")
         log.exception("the model failed to load")
 
 

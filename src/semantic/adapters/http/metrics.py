@@ -9,6 +9,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from semantic.adapters.http.state import ServerState
 from semantic.application.cache.hot_index import CACHE_OWNER
+from semantic.application.cache.stats import CacheStats
 from semantic.domain.generation import RequestStats
 
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -196,3 +197,29 @@ class _Live:
             "1 while a full disk, with nothing cached left to free, refuses agent turns.",
             value=int(disk.refused is not None),
         )
+        yield from _shared_tier(services.cache.shared_state, stats)
+
+
+def _shared_tier(state: str | None, stats: CacheStats) -> Iterator[Metric]:
+    """The shared block tier's reachability and what went through it (none without one)."""
+    if state is None:
+        return
+    yield GaugeMetricFamily(
+        "semantic_shared_blocks_reachable",
+        "1 while the shared block tier (--shared-blocks) answers, 0 while it is unreachable "
+        "and the instance serves from its own memory and disk.",
+        value=int(state == "ok"),
+    )
+    events = CounterMetricFamily(
+        "semantic_shared_blocks",
+        "Blocks through the shared tier: published, fetched (this disk lacked them), missed, "
+        "corrupt (checksum failed: deleted there, recomputed), dropped (not published: the "
+        "tier unreachable or the queue full).",
+        labels=["event"],
+    )
+    events.add_metric(["published"], stats.shared_published)
+    events.add_metric(["fetched"], stats.shared_fetched)
+    events.add_metric(["missed"], stats.shared_misses)
+    events.add_metric(["corrupt"], stats.shared_corrupt)
+    events.add_metric(["dropped"], stats.shared_dropped)
+    yield events

@@ -14,7 +14,9 @@ from semantic.adapters.http.state import ServerState
 @route("/health", http_method=GET_AND_HEAD, tags=["Operations"], sync_to_thread=False)
 def health(state: State) -> Response[dict[str, Any]]:
     """200 once the model is loaded and warmed up; 503 before (or if loading failed). While
-    a full disk refuses agent turns, the status says ``degraded`` and ``storage`` why."""
+    a full disk refuses agent turns, the status says ``degraded`` and ``storage`` why. With a
+    shared block tier, ``shared_blocks`` says whether it answers (``ok``, ``unreachable``:
+    still 200, the instance serves from its own tiers)."""
     server: ServerState = state.server
     if server.services is None:
         body = {"status": "failed" if server.failure else "loading", "error": server.failure}
@@ -23,6 +25,8 @@ def health(state: State) -> Response[dict[str, Any]]:
     disk = server.services.cache.disk
     if disk.refused is not None:  # plain requests still answer; turns are refused (507)
         ok |= {"status": "degraded", "storage": disk.refused, "disk_free_bytes": disk.free_bytes}
+    if (shared := server.services.cache.shared_state) is not None:
+        ok["shared_blocks"] = shared
     return Response(ok, status_code=200)
 
 

@@ -49,6 +49,19 @@ class ServerState:
         self.services: Services | None = None
         self.failure: str | None = None
 
+    def ready(self, services: Services) -> None:
+        """The model is loaded: requests are served from now on."""
+        self.services = services
+
+    def failed(self, reason: str) -> None:
+        """The model failed to load: requests are answered 503 with ``reason``."""
+        self.failure = reason
+
+    def take(self) -> Services | None:
+        """The services, handed over for shutdown; requests are answered 503 again."""
+        services, self.services = self.services, None
+        return services
+
     def require(self) -> Services:
         if self.services is None:
             if self.failure is not None:

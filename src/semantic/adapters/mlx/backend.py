@@ -45,6 +45,7 @@ from semantic.domain.errors import InvalidRequestError
 from semantic.domain.generation import SamplingParams
 from semantic.ports.grammar import GrammarMatcher
 from semantic.ports.model_backend import (
+    BackendCapabilities,
     DecodedToken,
     ExportedKV,
     PromptChunk,
@@ -93,6 +94,9 @@ class MlxBackend:
         self._streams: tuple[Any, ...] | None = None
         self._split = BodyAndHead.of(model)
         self._fusion = supports_fusion(model)
+        self._capabilities = BackendCapabilities(
+            spec, model_id, self._split is not None, MAX_ROWS if self._fusion else 0
+        )
         self._sequences: dict[str, _Sequence] = {}
         self._step_times = StepTimes()  # a slice's last time for each step of a layer
         self._beside = step_beside_slice(self._decoder, self._step_output) if self._host else None
@@ -355,6 +359,11 @@ class MlxBackend:
         sequence = self._sequences.get(seq_id)
         pending_in_batch = self._decoder.builds_pending(seq_id)
         return (sequence is not None and sequence.prefix is not None) or pending_in_batch
+
+    @property
+    def capabilities(self) -> BackendCapabilities:
+        """``ride_rows``: the fused pass's rows, where the model has one."""
+        return self._capabilities
 
     @property
     def can_slice(self) -> bool:

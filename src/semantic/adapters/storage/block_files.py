@@ -106,6 +106,23 @@ class BlockFiles:
         digest = xxhash.xxh3_128()
         for part in parts:
             digest.update(part)
+        return self._write_parts(target, parts), digest.hexdigest()
+
+    def has(self, key: str) -> bool:
+        return self.path(key).exists()
+
+    def file_bytes(self, key: str, checksum: str) -> bytes | None:
+        """The whole file, if it is there and matches ``checksum`` (it may have been
+        collected, even written over as a spare, since its row was read)."""
+        try:
+            data = self.path(key).read_bytes()
+        except OSError:
+            return None
+        return data if xxhash.xxh3_128_hexdigest(data) == checksum else None
+
+    def _write_parts(self, target: Path, parts: list[memoryview]) -> int:
+        """Write ``parts`` as ``target``: temporary name, fsync, rename, fsync of the
+        directory; returns the bytes written."""
         target.parent.mkdir(parents=True, exist_ok=True)
         temporary = target.with_name(f"{target.name}.{os.getpid()}.tmp")
         n_bytes = sum(len(part) for part in parts)
@@ -120,7 +137,7 @@ class BlockFiles:
             temporary.unlink(missing_ok=True)
             raise
         fsync_directory(target.parent)
-        return n_bytes, digest.hexdigest()
+        return n_bytes
 
     def _open_for_writing(self, temporary: Path) -> io.FileIO:
         """A spare renamed to ``temporary`` and opened without truncation, so the write
@@ -165,6 +182,26 @@ class BlockFiles:
             raise CacheCorruptionError(f"block file {path.name} is missing") from None
         except (OSError, ValueError, KeyError, TypeError, struct.error) as error:
             raise CacheCorruptionError(f"block file {path.name} is unreadable: {error}") from error
+
+    def parse(
+        self, key: str, data: bytes, checksum: str, allocate: Allocate
+    ) -> tuple[np.ndarray, Mapping[str, TensorSpan], Mapping[str, str]]:
+        """``read`` of a block file held in memory (one read from the shared tier): the
+        same checks, the data section copied into ``allocate(n_bytes)``."""
+        try:
+            if xxhash.xxh3_128_hexdigest(data) != checksum:
+                raise ValueError("checksum mismatch")
+            (header_size,) = struct.unpack_from("<Q", data)
+            if header_size > _MAX_HEADER:
+                raise ValueError(f"header of {header_size} bytes")
+            spans, metadata, end = _parse_header(data[8 : 8 + header_size])
+            if len(data) != 8 + header_size + end:
+                raise ValueError(f"{len(data)} bytes, the header says {8 + header_size + end}")
+            buffer = allocate(end)
+            buffer[:] = np.frombuffer(data, np.uint8, end, 8 + header_size)
+        except (ValueError, KeyError, TypeError, struct.error) as error:
+            raise CacheCorruptionError(f"block {key[:16]} is unreadable: {error}") from error
+        return buffer, spans, metadata
 
     def quarantine(self, key: str) -> Path | None:
         """Move a bad file aside for inspection; returns where it went (None if missing, or

@@ -53,11 +53,28 @@ class KVBlockStore:
     def load(self, key: str, checksum: str) -> list[LayerPayload]:
         reader = self._codec.reader()
         _, spans, metadata = self._files.read(key, checksum, reader.allocate)
+        return self._finish(key, reader, spans, metadata)
+
+    def load_bytes(self, key: str, data: bytes, checksum: str) -> list[LayerPayload]:
+        reader = self._codec.reader()
+        _, spans, metadata = self._files.parse(key, data, checksum, reader.allocate)
+        return self._finish(key, reader, spans, metadata)
+
+    @staticmethod
+    def _finish(
+        key: str, reader: HostReader, spans: Mapping[str, TensorSpan], metadata: Mapping[str, str]
+    ) -> list[LayerPayload]:
         try:
             return reader.finish(spans, metadata)
         except (ValueError, KeyError, TypeError) as error:  # its checksum held: written so
             message = f"block {key[:16]} does not describe its KV: {error}"
             raise CacheCorruptionError(message) from error
+
+    def has(self, key: str) -> bool:
+        return self._files.has(key)
+
+    def file_bytes(self, key: str, checksum: str) -> bytes | None:
+        return self._files.file_bytes(key, checksum)
 
     def quarantine(self, key: str) -> None:
         self._files.quarantine(key)

@@ -233,6 +233,15 @@ class SqliteMetadataStore:
         return orphans
 
     @unavailable_on_failure
+    async def mark_blocks_shared(self, keys: Sequence[str]) -> None:
+        """Only the column: the in-memory copy of the table does not carry it."""
+        if keys:
+            async with self._db().begin() as connection:
+                await connection.execute(
+                    update(blocks).where(blocks.c.key.in_(list(keys))).values(shared=True)
+                )
+
+    @unavailable_on_failure
     async def quarantine_block(self, key: str) -> None:
         async with self._changing_blocks() as (connection, _):
             self._leave_copy([key], drop=False)

@@ -6,12 +6,13 @@ import logging
 from enum import Enum
 
 from semantic.application.cache.hot_index import CACHE_OWNER, HotBlock, HotIndex
+from semantic.application.cache.shared_tier import SharedTier
 from semantic.application.cache.stats import CacheStats
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.blocks import KVBlock
 from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.errors import CacheCorruptionError, PoolExhaustedError
-from semantic.ports.block_store import BlockStore
+from semantic.ports.block_store import BlockStore, LayerPayload
 from semantic.ports.metadata_store import BlockRecord, MetadataStore
 
 log = logging.getLogger(__name__)
@@ -33,8 +34,10 @@ class BlockLoader:
         metadata: MetadataStore,
         hot: HotIndex,
         stats: CacheStats,
+        shared: SharedTier | None = None,
     ) -> None:
         self._pool = pool
+        self._shared = shared
         self._spec = spec
         self._store = store
         self._metadata = metadata
@@ -47,10 +50,12 @@ class BlockLoader:
         if already is not None:
             return already
         try:
-            payloads = self._store.load(record.key, record.checksum)
+            payloads = self._payloads(record)
         except CacheCorruptionError as error:
             log.warning("block %s failed verification: %s", record.key[:16], error)
             return LoadOutcome.CORRUPT
+        if payloads is None:
+            return LoadOutcome.GONE
         layers: list[KVBlock | None] = [None] * self._spec.n_layers
         size = len(record.tokens)
         for payload in payloads:
@@ -69,6 +74,28 @@ class BlockLoader:
         if kept is not block:
             self._pool.release(CACHE_OWNER, claimed)
         return kept
+
+    def _payloads(self, record: BlockRecord) -> list[LayerPayload] | None:
+        """With a shared tier, a block whose file this disk lacks (another instance wrote
+        it) is read from the tier (the request's save then keeps it on this disk); not
+        there either, it is a miss (None), never corruption: other instances may hold it.
+        A file here that fails verification is replaced by the tier's copy where it has a
+        good one, so its row (shared, in a cluster) is not quarantined. Without a tier, a
+        missing file is read, and found corrupt, as before."""
+        if self._shared is None:
+            return self._store.load(record.key, record.checksum)
+        if not self._store.has(record.key):
+            return self._shared.fetch(record)
+        try:
+            return self._store.load(record.key, record.checksum)
+        except CacheCorruptionError:
+            payloads = self._shared.fetch(record)
+            if payloads is None:
+                raise  # quarantined as before: the row says nobody has a good copy
+        log.warning("block %s failed verification; the shared tier's copy is used", record.key[:16])
+        self._store.quarantine(record.key)  # this disk's copy; the request's save writes anew
+        self._stats.corrupt_blocks += 1
+        return payloads
 
     async def quarantine(self, key: str) -> None:
         """A block failed verification: move its file aside and stop using it, unless it was

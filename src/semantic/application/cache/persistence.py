@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from semantic.application.cache.disk_room import DiskRoom
 from semantic.application.cache.hot_index import HotBlock, HotIndex
 from semantic.application.cache.lineage import Lineage, branch_id, lineage
+from semantic.application.cache.shared_tier import SharedTier
 from semantic.application.cache.stats import CacheStats
 from semantic.domain.errors import DiskFullError
 from semantic.ports.block_store import BlockStore
@@ -47,8 +48,11 @@ class Saver:
         hot: HotIndex,
         stats: CacheStats,
         room: DiskRoom,
+        *,
+        shared: SharedTier | None = None,
     ) -> None:
         self._store = store
+        self._shared = shared
         self._metadata = metadata
         self._hot = hot
         self._stats = stats
@@ -121,6 +125,8 @@ class Saver:
         else:
             await self.delete_files(sorted(stray))
         missing = await self._metadata.blocks(sorted(rows - files - set(unreferenced)))
+        if self._shared is not None:
+            missing = {}  # the shared tier may hold them: a restore tries it, else misses
         for key in [k for k, record in missing.items() if not record.quarantined]:
             await self._metadata.quarantine_block(key)
             self._stats.corrupt_blocks += 1
@@ -202,7 +208,12 @@ class Saver:
     async def _save_locked(self, job: SaveJob, written: list[str]) -> None:
         keys = [block.key for block in job.chain]
         known = await self._metadata.blocks(keys)
-        todo = [b for b in job.chain if b.key not in known or known[b.key].quarantined]
+        absent = await self._absent([k for k, r in known.items() if not r.quarantined])
+        todo = [
+            b
+            for b in job.chain
+            if b.key not in known or known[b.key].quarantined or b.key in absent
+        ]
         try:
             records = await self._write(job, todo, written)
         except OSError as error:
@@ -224,11 +235,23 @@ class Saver:
         written.clear()  # recorded: theirs to keep
         self._hot.mark_persisted(keys)
         self._acknowledge(job.request_id)  # the reply need not wait for the cleanup below
+        if self._shared is not None:  # committed: now other instances may have them
+            self._shared.publish(job.namespace, records)
         for branch in stored.covered_branches(agent_id):  # none for a conversation's id
             orphans += await self._metadata.delete_agent(job.namespace, branch.agent_id)
         self._hot.remove(orphans)  # superseded: kept, a deleted agent's KV would linger
         await self.delete_files(orphans)
+        if self._shared is not None:
+            self._shared.discard(orphans)
         await self._room.enforce(job.namespace, agent_id)
+
+    async def _absent(self, keys: list[str]) -> set[str]:
+        """Known blocks this disk has no file for: with a shared tier (and a shared
+        database), another instance wrote them, and this one keeps its own copy of what it
+        computed again."""
+        if self._shared is None or not keys:
+            return set()
+        return await asyncio.to_thread(lambda: {k for k in keys if not self._store.has(k)})
 
     async def _keep_branch(self, namespace: str, agent_id: str, stored: Lineage) -> None:
         """An agent whose new turn does not extend its stored one keeps the old block list

@@ -34,6 +34,16 @@ class CacheStats:
     saves_failed: int = 0
     blocks_evicted: int = 0
     """Blocks dropped from disk to keep the quota or the disk's free space."""
+    shared_published: int = 0
+    """Blocks pushed to the shared tier."""
+    shared_fetched: int = 0
+    """Blocks this instance's disk lacked, read from the shared tier."""
+    shared_misses: int = 0
+    """Blocks looked for in the shared tier and not found there (or not usable)."""
+    shared_corrupt: int = 0
+    """Blocks in the shared tier whose checksum failed: deleted there."""
+    shared_dropped: int = 0
+    """Blocks not pushed: the tier unreachable, or the push queue full."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def count_restore(self, restored: Restored, before: Restored = Restored()) -> None:

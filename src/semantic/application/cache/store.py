@@ -25,6 +25,7 @@ from semantic.application.cache.lineage import ANONYMOUS_AGENT
 from semantic.application.cache.loader import BlockLoader, LoadOutcome
 from semantic.application.cache.persistence import SaveJob, Saver
 from semantic.application.cache.read_lanes import LaneReaders, in_order, read_lanes, when_all_done
+from semantic.application.cache.shared_tier import SharedTier
 from semantic.application.cache.stats import CacheStats, Restored
 from semantic.application.events import CompletionEvent
 from semantic.domain.block_identity import chain_keys, chain_root
@@ -35,6 +36,7 @@ from semantic.domain.generation import FinishReason
 from semantic.domain.tokens import common_prefix, reusable_prefix
 from semantic.ports.block_store import BlockStore
 from semantic.ports.metadata_store import BlockRecord, MetadataStore
+from semantic.ports.shared_blocks import SharedBlocks
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +96,7 @@ class AgentCacheStore:
         metadata: MetadataStore,
         config: CacheConfig | None = None,
         clock: Callable[[], float] = time.monotonic,
+        shared: SharedBlocks | None = None,
     ) -> None:
         self._pool = pool
         self._spec = spec
@@ -101,8 +104,19 @@ class AgentCacheStore:
         self._metadata = metadata
         self.stats = CacheStats()
         self.hot = HotIndex(pool, clock)
+        self._shared = (
+            None
+            if shared is None
+            else SharedTier(shared, block_store, metadata, self.stats, fingerprint)
+        )
         self._loader = BlockLoader(
-            pool, spec, block_store, metadata=metadata, hot=self.hot, stats=self.stats
+            pool,
+            spec,
+            block_store,
+            metadata=metadata,
+            hot=self.hot,
+            stats=self.stats,
+            shared=self._shared,
         )
         config = config or CacheConfig()
         self._room = DiskRoom(
@@ -114,21 +128,38 @@ class AgentCacheStore:
             reserve=config.disk_reserve_bytes,
             floor=config.disk_floor_bytes,
         )
-        self._saver = Saver(block_store, metadata, self.hot, self.stats, room=self._room)
+        self._saver = Saver(
+            block_store, metadata, self.hot, self.stats, room=self._room, shared=self._shared
+        )
         self._pins = itertools.count(1)
         self._readers = LaneReaders()
 
     async def start(self) -> None:
-        """Clean up after a crash, then start the writer."""
+        """Clean up after a crash, then start the writer (and the shared tier's pusher)."""
         await self._saver.start()
+        if self._shared is not None:
+            await self._shared.start()
 
     async def close(self) -> None:
         """Flush every pending save, then stop the writer."""
         await self._saver.close()
+        if self._shared is not None:
+            await self._shared.close()
         self._readers.shutdown()
 
     async def flush(self) -> None:
         await self._saver.flush()
+
+    async def flush_shared(self) -> None:
+        """Wait until every committed block queued for the shared tier has been tried."""
+        await self.flush()
+        if self._shared is not None:
+            await self._shared.flush()
+
+    @property
+    def shared_state(self) -> str | None:
+        """The shared block tier: ``ok``, ``unreachable``, or None when there is none."""
+        return None if self._shared is None else self._shared.state
 
     @property
     def disk(self) -> DiskState:
@@ -144,6 +175,11 @@ class AgentCacheStore:
         """A metadata write with room made for it on the disk, cached KV giving way first
         (``DiskRoom.keeping``); raises ``DiskFullError`` when nothing of ours is left."""
         return await self._room.keeping(namespace, agent_id, write)
+
+    @property
+    def fingerprint(self) -> str:
+        """The model fingerprint block keys are rooted in (ADR 0005)."""
+        return self._fingerprint
 
     def root(self, namespace: str) -> str:
         return chain_root(self._fingerprint, namespace)
@@ -303,6 +339,11 @@ class AgentCacheStore:
     def release(self, prefix: CachedPrefix) -> None:
         self._pool.release_owner(prefix.pin)
 
+    def adopt_completion(self, event: CompletionEvent) -> None:
+        """``adopt`` under the agent the completion names (the engine loop's
+        ``on_completion``)."""
+        self.adopt(event, event.agent_id)
+
     def adopt(self, event: CompletionEvent, agent_id: str) -> None:
         """Keep a finished request's blocks (engine thread; no I/O) and queue their save."""
         blocks = event.blocks
@@ -342,6 +383,8 @@ class AgentCacheStore:
         """Drop deleted blocks from memory and disk."""
         self.hot.remove(keys)
         await self._saver.delete_files(keys)
+        if self._shared is not None:
+            self._shared.discard(keys)
 
     async def _restorable_tail(
         self,
@@ -388,6 +431,7 @@ class AgentCacheStore:
         keys = chain_keys(root, prompt, size)
         records = await self._metadata.blocks(keys)  # hot ones too: they may be evicted
         # before a request that waits pins them again, and then come back from disk
+        records = await self._shared_records(namespace, keys, records)
         out: list[_Candidate] = []
         parent = root
         for index, key in enumerate(keys):
@@ -406,6 +450,21 @@ class AgentCacheStore:
         rest = tuple(prompt[len(out) * size :])
         tails = await self._children_by_match(parent, rest) if rest else []
         return out + tails[:1]
+
+    async def _shared_records(
+        self, namespace: str, keys: list[str], records: dict[str, BlockRecord]
+    ) -> dict[str, BlockRecord]:
+        """Past the blocks this instance knows, those the shared tier holds: a prompt
+        another instance answered (its metadata is not this one's) restores from there."""
+        if self._shared is None:
+            return records
+        unknown = next(
+            (i for i, k in enumerate(keys) if k not in records and self.hot.get(k) is None),
+            len(keys),
+        )
+        if unknown == len(keys):
+            return records
+        return {**await self._shared.records(namespace, keys[unknown:]), **records}
 
     async def _children_by_match(self, parent: str, rest: tuple[int, ...]) -> list[_Candidate]:
         stored = {r.key: r for r in await self._metadata.children(parent) if not r.quarantined}

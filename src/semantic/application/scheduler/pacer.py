@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from semantic.domain.errors import InvalidRequestError
@@ -149,6 +150,31 @@ class PrefillPacer:
         """``ride``: ``seconds`` is what riding a decode step added to it."""
         fit = self._ride_fit if ride else self._fit
         fit.add((1.0, float(tokens), tokens * (position + tokens / 2)), seconds)
+
+    def observe_ride(self, tokens: int, position: int, step_seconds: float) -> None:
+        """A decode step that carried ``tokens`` prompt tokens took ``step_seconds``: what
+        they added is its time past the typical step's."""
+        self.observe_prefill(tokens, position, step_seconds - self._decode_s, ride=True)
+
+    def chunk_seconds(
+        self,
+        planned: float | None,
+        *,
+        in_flight: bool,
+        batch: int,
+        round_elapsed: Callable[[], float] | None,
+    ) -> float | None:
+        """How long a chunk's slice may take this round (None: not sliced, run whole).
+        ``planned``: the round's slice time, if it was planned sliced. A chunk part way
+        through (``in_flight``) goes on at a slice's pace while ``batch`` streams decode,
+        else at once. ``round_elapsed``: the round's time so far, once its decode step
+        ran (None if it has not): the slice has what is left of the round."""
+        seconds = planned
+        if in_flight and seconds is None:
+            seconds = (self.slice_seconds(batch) if batch else None) or math.inf
+        if seconds is not None and round_elapsed is not None and math.isfinite(seconds):
+            seconds = self.slice_in_round(seconds, round_elapsed(), batch)
+        return seconds
 
     def ride_fits(self, tokens: int, position: int) -> bool:
         """Whether riding ``tokens`` is predicted to add at most ``ride_ratio`` steps."""

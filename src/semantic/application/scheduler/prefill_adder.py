@@ -11,21 +11,57 @@ one would.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from semantic.application.active_request import ActiveRequest
+from semantic.application.books.kv_books import KVBooks
 from semantic.application.scheduler.pacer import PrefillPacer, RoundBudget
 from semantic.application.scheduler.request_queue import RequestQueue
-from semantic.domain.block_pool import BlockPool
 from semantic.domain.cache_spec import ModelCacheSpec
 
-Admit = Callable[[ActiveRequest], bool]
-"""Reserve the prompt's blocks and build its cache; False if the pool cannot."""
-Undo = Callable[[ActiveRequest], None]
-"""Give back what ``Admit`` took; the request stays queued."""
+
+class Admitter(Protocol):
+    """Admission as the adder sees it (``engine.admission.Admission``)."""
+
+    def admit(self, active: ActiveRequest) -> bool:
+        """Reserve the prompt's blocks and build its cache; False if the pool cannot."""
+        ...
+
+    def undo(self, active: ActiveRequest) -> None:
+        """Give back what ``admit`` took; the request stays queued."""
+        ...
+
 
 Plan = list[tuple[ActiveRequest, int]]
+
+
+@dataclass(frozen=True, slots=True)
+class RoundCapabilities:
+    """What the backend can do for the round being planned."""
+
+    can_slice: bool = False
+    """Whether a chunk can stop between layers (``prefill_slice``)."""
+    ride_capacity: int = 0
+    """Prompt tokens the decode step's forward pass could carry (0: none)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedChunk:
+    request: ActiveRequest
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class RoundPlan:
+    """One round's prefill work: ``chunks`` run after the decode step, in order; ``ride``
+    is computed inside the decode step's own forward pass instead; with ``slice_seconds``
+    the round's one chunk is computed layer by layer for that long."""
+
+    chunks: tuple[PlannedChunk, ...] = ()
+    ride: PlannedChunk | None = None
+    slice_seconds: float | None = None
 
 
 @dataclass
@@ -60,23 +96,19 @@ class PrefillAdder:
     def __init__(
         self,
         queue: RequestQueue[ActiveRequest],
-        pool: BlockPool,
+        books: KVBooks,
         spec: ModelCacheSpec,
         pacer: PrefillPacer,
+        admission: Admitter,
         *,
         chunk_tokens: int,
-        reclaim: Callable[[int], int] | None = None,
     ) -> None:
         self._queue = queue
-        self._pool = pool
+        self._books = books
         self._spec = spec
         self._pacer = pacer
+        self._admission = admission
         self._chunk = chunk_tokens
-        self._reclaim = reclaim
-        self.rides = False
-        """Whether the last plan is one chunk to compute inside the decode step's pass."""
-        self.slice_seconds: float | None = None
-        """When the last plan is one chunk to compute layer by layer: for how long."""
         self._held_back = False
         """Whether the last round was short prompts' alone, long prefills waiting."""
 
@@ -85,19 +117,16 @@ class PrefillAdder:
         running: Sequence[ActiveRequest],
         decoding: int,
         room: int,
-        admit: Admit,
-        undo: Undo,
-        *,
-        ride_capacity: int = 0,
-        can_slice: bool = False,
-    ) -> Plan:
+        capabilities: RoundCapabilities,
+    ) -> RoundPlan:
         """This round's chunks: running prefills first, then admissions while budget and
         memory last; but a round with short prompts to prefill (new tokens within a chunk,
         queued or running) is theirs alone, so a long prompt part way through its prefill
         costs them a round, not its whole prefill (its next rounds are then paced beside
         their streams). Never two such rounds in a row: short arrivals cannot starve it.
-        ``running`` are the admitted requests, prefilling ones in order. ``ride_capacity``:
-        prompt tokens the decode step's forward pass could carry."""
+        ``running`` are the admitted requests, prefilling ones in order; ``capabilities``:
+        what the backend can do this round (slice, carry prompt tokens in a decode step)."""
+        ride_capacity, can_slice = capabilities.ride_capacity, capabilities.can_slice
         prefilling = [r for r in running if r.remaining_prompt > 0]
         waiting = len(self._queue) + len(prefilling)
         budget = self._pacer.round_budget(decoding, waiting, ride_capacity, can_slice=can_slice)
@@ -107,7 +136,7 @@ class PrefillAdder:
         plan: Plan = []
         idle = decoding == 0 and can_slice and self._pacer.config.idle_slice_seconds is not None
         if prefilling and not self._held_back:
-            plan = self._admit(entry, left, admit, undo, short_only=True)
+            plan = self._admit(entry, left, short_only=True)
             for request in prefilling:
                 if self._short(request.remaining_prompt) and not left.exhausted:
                     plan += self._chunks(request, left)
@@ -119,7 +148,7 @@ class PrefillAdder:
             if not left.exhausted:
                 plan += self._chunks(request, left)
         if not (idle and self._one_long_prompt(plan)):
-            plan += self._admit(entry, left, admit, undo, short_only=False)
+            plan += self._admit(entry, left, short_only=False)
         return self._settle(plan, budget, ride_capacity, idle)
 
     def _one_long_prompt(self, plan: Plan) -> bool:
@@ -131,14 +160,14 @@ class PrefillAdder:
             and not self._short(plan[0][0].new_tokens)
         )
 
-    def _settle(self, plan: Plan, budget: RoundBudget, ride_capacity: int, idle: bool) -> Plan:
+    def _settle(self, plan: Plan, budget: RoundBudget, ride_capacity: int, idle: bool) -> RoundPlan:
         """Whether the plan's one chunk rides the decode step or is sliced. ``idle``: nothing
         decodes and idle rounds may be sliced."""
         if idle and self._one_long_prompt(plan):
             # the others wait behind it anyway: sliced, the round ends within its time and
             # a short arrival is let in then, not after a whole pass
-            self.rides, self.slice_seconds = False, self._pacer.config.idle_slice_seconds
-            return plan[:1]
+            first = PlannedChunk(*plan[0])
+            return RoundPlan((first,), None, self._pacer.config.idle_slice_seconds)
         one = plan[0] if len(plan) == 1 else None
         fits = one is not None and not one[0].in_flight and one[1] <= ride_capacity
         # in a sliced round, a chunk that rides cheaply does: one shared pass beats steps
@@ -146,14 +175,13 @@ class PrefillAdder:
         cheap = (
             one is not None and budget.sliced and self._pacer.ride_fits(one[1], one[0].prefilled)
         )
-        self.rides = fits and (budget.ride or cheap)
-        sliced = budget.sliced and one is not None and not self.rides
-        self.slice_seconds = budget.seconds if sliced else None
-        return plan
+        if fits and (budget.ride or cheap) and one is not None:
+            return RoundPlan((), PlannedChunk(*one), None)
+        sliced = budget.sliced and one is not None
+        chunks = tuple(PlannedChunk(a, n) for a, n in plan)
+        return RoundPlan(chunks, None, budget.seconds if sliced else None)
 
-    def _admit(
-        self, entry: _Entry, left: _Round, admit: Admit, undo: Undo, *, short_only: bool
-    ) -> Plan:
+    def _admit(self, entry: _Entry, left: _Round, *, short_only: bool) -> Plan:
         """Admit queued requests in priority order while budget and memory last; with
         ``short_only``, those whose new tokens fit in a chunk, past long ones queued ahead
         (which this round would not have admitted: the long prompt prefilling takes it)."""
@@ -166,12 +194,14 @@ class PrefillAdder:
                 break
             prompt_blocks = self._spec.blocks_for_tokens(len(candidate.prompt))
             output_blocks = self._still_needs(candidate, prompt_blocks)
-            if entry.busy and not self._fits(entry.promised + output_blocks + prompt_blocks):
+            if entry.busy and not self._books.fits(entry.promised + output_blocks + prompt_blocks):
                 break  # wait: memory promised to running requests is not handed out
-            if not admit(candidate):
+            if not self._admission.admit(candidate):
                 break
-            if entry.busy and not self._fits(entry.promised + output_blocks):
-                undo(candidate)  # pinning changed what is free; try again next round
+            if entry.busy and not self._books.fits(entry.promised + output_blocks):
+                self._admission.undo(
+                    candidate
+                )  # pinning changed what is free; try again next round
                 break
             self._queue.cancel(candidate.id)
             entry.promised += output_blocks
@@ -227,9 +257,3 @@ class PrefillAdder:
         """Blocks ``request`` may still claim, up to its prompt plus its max tokens."""
         limit = len(request.prompt) + request.request.criteria.max_tokens
         return max(0, self._spec.blocks_for_tokens(limit) - held)
-
-    def _fits(self, blocks: int) -> bool:
-        shortfall = blocks - self._pool.free_count
-        if shortfall > 0 and self._reclaim is not None:
-            self._reclaim(shortfall)
-        return blocks <= self._pool.free_count

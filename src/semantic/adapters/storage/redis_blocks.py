@@ -1,0 +1,217 @@
+"""The shared block tier on Redis (redis-py, synchronous: called from worker threads).
+
+Each block is one Redis hash under ``semantic:block:<chain key>``: the block file's exact
+bytes (``data``) beside its content address and checksum (``namespace``, ``fingerprint``,
+``parent``, ``tokens`` as packed uint32, ``checksum``), so ``redis-cli HGETALL`` shows what a
+block is and whose. Redis may evict any key at any time (``maxmemory`` with an LRU policy):
+a missing hash is a miss. A hash missing a field is treated as missing too.
+
+Redis that cannot be reached never holds a request up: reads time out after ``timeout_s``
+(pushes, off the request path, after ``write_timeout_s``), redis-py's own retries are off,
+and after a failure every call answers at once (a miss, False) until a backoff has passed;
+then one call tries again, and the wait doubles (up to ``MAX_BACKOFF_S``) while Redis stays
+away.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from array import array
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+from redis.typing import EncodableT, FieldT
+
+from semantic.ports.shared_blocks import SharedBlock, SharedHead
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+PREFIX = "semantic:block:"
+TIMEOUT_S = 0.5
+"""Socket timeout of each exchange: a request's restore waits at most about this long on a
+Redis that went away (then the backoff answers at once). 0.25 s was too short on this
+2-core VM under load: a busy redis-server sending a 12 MB block took longer, and the tier
+was taken for unreachable."""
+CONNECT_TIMEOUT_S = 0.25
+"""A Redis host that does not answer at all is given up on sooner than a slow reply."""
+WRITE_TIMEOUT_S = 5.0
+"""Socket timeout of pushes and deletions: they run off the request path, and a 12 MB push
+to a redis-server starved of CPU (load 11 on this 2-core VM) outlasted 0.5 s."""
+READ_SIZE = 1 << 20
+"""Bytes asked of the socket at a time: blocks are ~12 MB, and redis-py's default (32 KB)
+made reading one cost several times more."""
+FIRST_BACKOFF_S = 0.5
+MAX_BACKOFF_S = 5.0
+_HEAD = (b"parent", b"namespace", b"fingerprint", b"tokens", b"checksum")
+_UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, OSError)
+
+
+def redis_key(key: str) -> str:
+    return PREFIX + key
+
+
+class RedisSharedBlocks:
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float = TIMEOUT_S,
+        write_timeout_s: float = WRITE_TIMEOUT_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._client = _client(url, timeout_s)
+        self._writer = _client(url, write_timeout_s)
+        self._url = url
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._reachable = True
+        self._retry_at = 0.0
+        self._backoff = FIRST_BACKOFF_S
+
+    @property
+    def reachable(self) -> bool:
+        return self._reachable
+
+    def put(self, block: SharedBlock) -> bool:
+        head = block.head
+        fields: dict[FieldT, EncodableT] = {
+            "parent": head.parent_key,
+            "namespace": head.namespace,
+            "fingerprint": head.fingerprint,
+            "tokens": array("I", head.tokens).tobytes(),
+            "checksum": head.checksum,
+            "data": block.data,
+        }
+
+        def store() -> bool:
+            name = redis_key(head.key)
+            if not self._writer.exists(name):
+                self._writer.hset(name, mapping=fields)
+            return True
+
+        return self._call(store, False)
+
+    def get(self, key: str) -> SharedBlock | None:
+        def fetch() -> SharedBlock | None:
+            values = self._client.hmget(redis_key(key), [*_HEAD, b"data"])
+            head = _head(key, values[:-1])
+            data = values[-1]
+            return None if head is None or not isinstance(data, bytes) else SharedBlock(head, data)
+
+        return self._call(fetch, None)
+
+    def heads(self, keys: Sequence[str]) -> dict[str, SharedHead]:
+        if not keys:
+            return {}
+
+        def fetch() -> dict[str, SharedHead]:
+            pipe = self._client.pipeline(transaction=False)
+            for key in keys:
+                pipe.hmget(redis_key(key), list(_HEAD))
+            found = {}
+            for key, values in zip(keys, pipe.execute(), strict=True):
+                head = _head(key, values)
+                if head is not None:
+                    found[key] = head
+            return found
+
+        return self._call(fetch, {})
+
+    def discard(self, keys: Sequence[str]) -> None:
+        if keys:
+            self._call(lambda: self._writer.delete(*(redis_key(k) for k in keys)), 0)
+
+    def probe(self) -> bool:
+        with self._lock:
+            self._retry_at = 0.0
+        return self._call(lambda: bool(self._client.ping()), False)
+
+    def close(self) -> None:
+        self._client.close()
+        self._writer.close()
+
+    def _call(self, work: Callable[[], T], otherwise: T) -> T:
+        """``work`` unless Redis failed less than a backoff ago; a failure to reach it
+        starts (or lengthens) the backoff; any other Redis error is logged, the call fails."""
+        with self._lock:
+            if not self._reachable and self._clock() < self._retry_at:
+                return otherwise
+        try:
+            result = work()
+        except _UNREACHABLE as error:
+            self._failed(error)
+            return otherwise
+        except redis.RedisError as error:  # reached, but refused (out of memory, say)
+            log.warning("the shared block tier refused a command: %s", error)
+            return otherwise
+        with self._lock:
+            if not self._reachable:
+                log.info("the shared block tier at %s answers again", _hidden(self._url))
+            self._reachable = True
+            self._backoff = FIRST_BACKOFF_S
+        return result
+
+    def _failed(self, error: Exception) -> None:
+        with self._lock:
+            if self._reachable:
+                log.warning(
+                    "the shared block tier at %s is unreachable (%s); serving from this "
+                    "instance's own tiers",
+                    _hidden(self._url),
+                    error,
+                )
+            else:
+                self._backoff = min(MAX_BACKOFF_S, self._backoff * 2)
+            self._reachable = False
+            self._retry_at = self._clock() + self._backoff
+
+
+def _client(url: str, timeout_s: float) -> redis.Redis:
+    """Without redis-py's own retries: the backoff here decides when to try again."""
+    return redis.Redis.from_url(
+        url,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=min(timeout_s, CONNECT_TIMEOUT_S),
+        socket_read_size=READ_SIZE,
+        retry=Retry(NoBackoff(), 0),
+        health_check_interval=0,
+    )
+
+
+def _head(key: str, values: Sequence[object]) -> SharedHead | None:
+    fields = [v for v in values if isinstance(v, bytes)]
+    if len(fields) != len(_HEAD):
+        return None
+    parent, namespace, fingerprint, packed, checksum = fields
+    if len(packed) % 4:
+        return None
+    tokens = array("I")
+    tokens.frombytes(packed)
+    try:
+        return SharedHead(
+            key,
+            parent.decode(),
+            namespace.decode(),
+            fingerprint.decode(),
+            tuple(tokens),
+            checksum.decode(),
+        )
+    except UnicodeDecodeError:
+        return None
+
+
+def _hidden(url: str) -> str:
+    """The URL without its password, for logs."""
+    scheme, sep, rest = url.partition("://")
+    if "@" not in rest:
+        return url
+    credentials, _, host = rest.rpartition("@")
+    user = credentials.split(":", 1)[0]
+    return f"{scheme}{sep}{user}:***@{host}" if user else f"{scheme}{sep}***@{host}"
