@@ -4,26 +4,19 @@ and one Redis (the shared block tier), each a real process on 127.0.0.1."""
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import importlib.util
 from pathlib import Path
-from typing import Any
 
 from reliability.services.postgres import PostgresServer
+from reliability.services.redis import RedisServer
 from semantic.config import Settings
 
 LEASE_SECONDS = 10.0
 """How long a dead instance's agents wait for another: short, for a local cluster."""
 
 
-def _store(module: str, name: str, *args: Any) -> Any:
-    """The store's process, if this checkout has its module yet (they land one by one)."""
-    if importlib.util.find_spec(module) is None:
-        return None
-    return getattr(importlib.import_module(module), name)(*args)
-
-
 def _have_leases() -> bool:
+    """Whether this checkout's server has ``--leases`` yet (the parts of issue 37 land one
+    by one)."""
     return "leases" in {f.name for f in dataclasses.fields(Settings)}
 
 
@@ -35,36 +28,33 @@ class SharedStores:
         workdir.mkdir(parents=True, exist_ok=True)
         self.lease_seconds = lease_seconds
         self.postgres = PostgresServer(workdir / "postgres.log")
-        self.redis = _store("reliability.services.redis", "RedisServer", workdir / "redis")
+        self.redis = RedisServer(workdir / "redis")
+        self.leases = _have_leases()
 
     @property
     def database_url(self) -> str:
         return self.postgres.url()
 
     @property
-    def shared_blocks_url(self) -> str | None:
-        return None if self.redis is None else str(self.redis.url)
+    def shared_blocks_url(self) -> str:
+        return self.redis.url
 
     def start(self) -> None:
         self.postgres.start()
-        if self.redis is not None:
-            self.redis.start()
+        self.redis.start()
 
     def stop(self) -> None:
-        if self.redis is not None:
-            self.redis.stop()
+        self.redis.stop()
         self.postgres.close()  # its own temporary directory goes with it
 
     def server_args(self) -> list[str]:
-        args = ["--database-url", self.database_url]
-        if _have_leases():
+        args = ["--database-url", self.database_url, "--shared-blocks", self.shared_blocks_url]
+        if self.leases:
             args += ["--leases", "--lease-seconds", str(self.lease_seconds)]
-        if self.shared_blocks_url is not None:
-            args += ["--shared-blocks", self.shared_blocks_url]
         return args
 
     def describe(self) -> list[str]:
         return [
             f"PostgreSQL: {self.database_url}",
-            f"Redis: {self.shared_blocks_url or 'not in this checkout yet'}",
+            f"Redis: {self.shared_blocks_url}",
         ]

@@ -4,5 +4,5 @@
 #   scripts/cluster.sh [--instances 3] [--port 8000] [--dir DIR] [-- SERVE_FLAGS...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ -x .venv/bin/python ] || ./scripts/setup.sh --cluster
+[ -x .venv/bin/python ] || ./scripts/setup.sh
 exec .venv/bin/python -m reliability.cluster "$@"

@@ -1,8 +1,6 @@
 #!/usr/bin/env bash
 # Set up semantic on this machine: a fast BLAS (Linux), a virtualenv in .venv with the package
 # and its dev tools, and the embedded model in the per-user model cache. Safe to run again.
-#   scripts/setup.sh --cluster   (or SEMANTIC_CLUSTER=1) also installs Debian's PostgreSQL,
-#   Redis and HAProxy, which scripts/cluster.sh and the cluster tests run as plain processes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,24 +24,6 @@ if [ "$(uname -s)" = "Linux" ] && ! ldconfig -p 2>/dev/null | grep -q 'libopenbl
   fi
 fi
 
-# The cluster's engines (scripts/cluster.sh, tests/e2e/test_cluster.py): only when asked for.
-install_cluster_services() {
-  local missing=()
-  command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || missing+=(haproxy)
-  command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
-  ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || missing+=(postgresql)
-  [ ${#missing[@]} -eq 0 ] && return 0
-  command -v apt-get >/dev/null 2>&1 \
-    || { echo "install ${missing[*]} with your package manager for the cluster" >&2; return 1; }
-  local sudo=""
-  [ "$(id -u)" = "0" ] || sudo="sudo"
-  echo "installing ${missing[*]} for the local cluster..."
-  $sudo apt-get update -q >/dev/null
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q "${missing[@]}" >/dev/null
-}
-if [ "${1:-}" = "--cluster" ] || [ "${SEMANTIC_CLUSTER:-0}" = "1" ]; then
-  install_cluster_services
-fi
 # PostgreSQL (Debian's): the tests start their own server on loopback (metadata on PostgreSQL,
 # ADR 0021); the system's own cluster is never used.
 if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
@@ -66,6 +46,18 @@ if ! command -v redis-server >/dev/null 2>&1 && command -v apt-get >/dev/null 2>
     || { $SUDO apt-get update -q >/dev/null \
       && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server >/dev/null; } \
     || echo "warning: could not install Redis; the tests that use it will fail" >&2
+fi
+
+# HAProxy (Debian's): the router of scripts/cluster.sh and the cluster tests, run as a plain
+# process on loopback with deploy/haproxy.cfg (ADR 0023); the system's service is never used.
+if ! command -v haproxy >/dev/null 2>&1 && [ ! -x /usr/sbin/haproxy ] && command -v apt-get >/dev/null 2>&1; then
+  SUDO=""
+  [ "$(id -u)" = "0" ] || SUDO="sudo"
+  echo "installing HAProxy (haproxy) for the local cluster..."
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q haproxy >/dev/null 2>&1 \
+    || { $SUDO apt-get update -q >/dev/null \
+      && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q haproxy >/dev/null; } \
+    || echo "warning: could not install HAProxy; the cluster tests will fail" >&2
 fi
 
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv

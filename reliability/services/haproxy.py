@@ -39,7 +39,7 @@ def haproxy_binary() -> str:
     """Debian puts it in /usr/sbin, which an ordinary user's PATH may lack."""
     found = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/usr/local/sbin")
     if found is None:
-        raise FileNotFoundError("haproxy is not installed: run scripts/setup.sh --cluster")
+        raise FileNotFoundError("haproxy is not installed: run scripts/setup.sh")
     return found
 
 

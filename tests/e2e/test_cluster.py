@@ -45,11 +45,18 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 
 @pytest.fixture
 def shared(cluster: LocalCluster) -> LocalCluster:
-    """The cluster, for tests that need its shared PostgreSQL and Redis."""
-    stores = cluster.stores
-    if stores is None or stores.shared_blocks_url is None:
-        pytest.skip("needs the shared PostgreSQL and Redis")
+    """The cluster, for tests of its shared PostgreSQL and Redis."""
+    assert cluster.stores is not None
     return cluster
+
+
+@pytest.fixture
+def leased(shared: LocalCluster) -> LocalCluster:
+    """The cluster, for tests of its leases."""
+    assert shared.stores is not None
+    if not shared.stores.leases:
+        pytest.skip("needs --leases")
+    return shared
 
 
 def served_by(response: httpx.Response) -> str:
@@ -134,10 +141,10 @@ def test_a_short_load_through_the_router_loses_nothing(shared: LocalCluster) -> 
     assert len(result.served_by) >= 2, result.served_by
 
 
-def test_two_instances_asked_for_one_agent_at_once_take_turns(shared: LocalCluster) -> None:
+def test_two_instances_asked_for_one_agent_at_once_take_turns(leased: LocalCluster) -> None:
     """Directly, not through the router: the second turn arrives while the first runs on
     another instance; it waits for the lease (or gets a 409), never runs beside it."""
-    first, second = shared.servers[0], shared.servers[1]
+    first, second = leased.servers[0], leased.servers[1]
     agent = "contended"
     assert agent_client(first.url, agent).post("/v1/agents", json={"id": agent}).status_code == 201
     running = threading.Event()
@@ -203,14 +210,14 @@ async def _in_transaction(database_url: str) -> bool:
         await engine.dispose()
 
 
-def test_an_instance_stopped_past_its_lease_cannot_commit(shared: LocalCluster) -> None:
+def test_an_instance_stopped_past_its_lease_cannot_commit(leased: LocalCluster) -> None:
     """SIGSTOP an instance in the middle of a turn; another instance takes the agent once
     the lease expires and commits its turn; resumed, the stopped one's turn is refused by
     the epoch check, and the transcript holds only the other's."""
-    paused, other = shared.servers[0], shared.servers[2]
+    paused, other = leased.servers[0], leased.servers[2]
     agent = "paused"
     assert agent_client(paused.url, agent).post("/v1/agents", json={"id": agent}).status_code == 201
-    assert shared.stores is not None
+    assert leased.stores is not None
     body = {"content": "Count from 1 to 1000.", "max_tokens": 150, "stream": True}
     events: list[str] = []
     last = ""
@@ -222,7 +229,7 @@ def test_an_instance_stopped_past_its_lease_cannot_commit(shared: LocalCluster) 
             last = line.removeprefix("data: ") if line.startswith("data: ") else last
             if events == ["delta"]:
                 events.append("stopped")
-                with stopped(paused, shared.stores.database_url):
+                with stopped(paused, leased.stores.database_url):
                     took = send(agent_client(other.url, agent), agent, "Hi.", max_tokens=4)
                     assert took.status_code == 200, took.text
     assert events[-1] == "error", events

@@ -54,7 +54,7 @@ def test_the_cluster_starts_answers_and_stops_whole_on_ctrl_c() -> None:
         assert reply.status_code == 200
         assert reply.headers["X-Semantic-Instance"] == "semantic1"
         ports = {int(p) for p in re.findall(r"127\.0\.0\.1:(\d+)", "".join(said))}
-        assert len(ports) >= 3, said  # HAProxy, the instance, PostgreSQL (and Redis)
+        assert len(ports) == 4, said  # HAProxy, the instance, PostgreSQL, Redis
         workdir = Path(re.findall(r"instances? in (\S+) \.\.\.", said[0])[0])
         assert workdir.is_dir()
         os.killpg(cluster.pid, signal.SIGINT)
