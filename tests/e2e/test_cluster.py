@@ -298,4 +298,5 @@ def test_a_killed_instance_s_agent_resumes_on_another_equal_to_cold(
     assert cold.usage.prompt_tokens_details is not None
     assert cold.usage.prompt_tokens_details.cached_tokens == 0
     assert cold.usage.prompt_tokens == usage["prompt_tokens"]
+    assert cold.usage.completion_tokens == usage["completion_tokens"]
     assert cold.choices[0].message.content == resumed.json()["content"]
