@@ -32,6 +32,7 @@ from semantic.adapters.storage.block_files import BlockFiles
 from semantic.adapters.storage.data_dir_lock import acquire_data_directory, release_data_directory
 from semantic.adapters.storage.kv_block_store import KVBlockStore
 from semantic.adapters.storage.redis_blocks import RedisSharedBlocks
+from semantic.adapters.storage.sql_leases import SqlLeases
 from semantic.adapters.storage.sqlite_metadata import SqliteMetadataStore
 from semantic.adapters.storage.sqlite_objects import SqliteObjectStore
 from semantic.application.agents import AgentService
@@ -40,6 +41,7 @@ from semantic.application.call_memory import CallMemory
 from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
 from semantic.application.engine_loop import EngineLoop
 from semantic.application.generation import GenerationService, Limits
+from semantic.application.leases import AgentLeases, LeaseConfig, instance_holder
 from semantic.application.responses import ResponsesService
 from semantic.application.scheduler.pacer import PacerConfig
 from semantic.application.threads import install_default_executor
@@ -166,6 +168,7 @@ async def _start_services(
     # First: a database out of reach is said in a second, not after the model has loaded.
     metadata = SqliteMetadataStore(settings.data_dir / "semantic.db", settings.database_url)
     await metadata.open()
+    leases = _leases(settings, metadata)
     loaded, tokenizer, spec = await asyncio.to_thread(_load, settings, progress)
     check_at_rest(settings.kv_at_rest, spec)
     kernel = _kernel_name(loaded)
@@ -176,7 +179,13 @@ async def _start_services(
     lossless = settings.kv_at_rest == "lossless"  # quantized blocks are decoded, not viewed
     restore_buffers = RestoreBuffers(max_bytes=prefault // 2 if lossless else 0)
     cache = _cache_store(
-        settings, pool, fingerprint, spec=spec, metadata=metadata, restore_buffers=restore_buffers
+        settings,
+        pool,
+        fingerprint,
+        spec=spec,
+        metadata=metadata,
+        restore_buffers=restore_buffers,
+        leases=leases,
     )
     await cache.start()
     backend, _, loop = _engine(
@@ -195,7 +204,7 @@ async def _start_services(
     freeze_startup_objects()
     limits = Limits(_max_context(loaded), settings.max_tokens_cap, settings.default_max_tokens)
     generation = GenerationService(loop, cache, limits, observer)
-    agents = AgentService(generation, metadata, cache, tokenizer)
+    agents = AgentService(generation, metadata, cache, tokenizer, leases)
     _log_serving(settings, loaded, spec, pool)
     runtime = _runtime(loaded, kernel)
     return Services(
@@ -213,6 +222,18 @@ async def _start_services(
         responses=ResponsesService(agents, SqliteObjectStore(metadata)),
         runtime=runtime,
     )
+
+
+def _leases(settings: Settings, metadata: SqliteMetadataStore) -> AgentLeases | None:
+    """Each agent's lease in the database, when instances may share it: asked for, or a
+    database by URL (ADR 0025). Off for SQLite in the data directory: its lock makes this
+    process the database's only writer."""
+    if not (settings.leases or settings.database_url):
+        return None
+    config = LeaseConfig(settings.lease_seconds, settings.lease_wait_s)
+    leases = AgentLeases(SqlLeases(metadata.engine), instance_holder(), config)
+    log.info("agents' leases on, as %s (%.0f s each)", leases.holder, config.seconds)
+    return leases
 
 
 def _kernel_name(loaded: LoadedModel) -> str:
@@ -236,6 +257,7 @@ def _cache_store(
     spec: ModelCacheSpec,
     metadata: SqliteMetadataStore,
     restore_buffers: RestoreBuffers,
+    leases: AgentLeases | None,
 ) -> AgentCacheStore:
     blocks = KVBlockStore(
         BlockFiles(settings.data_dir / "blocks"),
@@ -257,6 +279,7 @@ def _cache_store(
         block_store=blocks,
         metadata=metadata,
         config=config,
+        lease_of=leases.held if leases is not None else None,
         shared=shared,
     )
 

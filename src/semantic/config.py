@@ -98,6 +98,10 @@ class Settings:
     database_url: str | None = None
     """Where agents, transcripts and block metadata live (``postgresql+asyncpg://...``);
     None: SQLite in the data directory."""
+    leases: bool = False
+    """Agents' turns take a lease in the database (instances sharing it; ADR 0025)."""
+    lease_seconds: float = 30.0
+    lease_wait_s: float = 5.0
 
     def __post_init__(self) -> None:
         if self.weights not in WEIGHT_CHOICES:

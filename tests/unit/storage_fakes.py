@@ -6,8 +6,14 @@ import dataclasses
 from collections.abc import Sequence
 
 from semantic.domain.blocks import KVBlock
-from semantic.domain.errors import AgentExistsError, CacheCorruptionError, DiskFullError
+from semantic.domain.errors import (
+    AgentExistsError,
+    CacheCorruptionError,
+    DiskFullError,
+    LeaseLostError,
+)
 from semantic.ports.block_store import LayerPayload, StoredFile
+from semantic.ports.leases import Lease
 from semantic.ports.metadata_store import AgentRecord, BlockRecord, MessageRecord
 
 
@@ -94,6 +100,8 @@ class FakeMetadataStore:
         self.shared: set[str] = set()
         self.clock = 0.0
         self.opened = 0
+        self.write_leases: list[Lease | None] = []  # the lease each fenced write carried
+        self.lost: set[tuple[str, str]] = set()  # agents whose leases writes find lost
 
     @property
     def created(self) -> bool:
@@ -112,8 +120,14 @@ class FakeMetadataStore:
         return [r for r in self.block_rows.values() if r.parent_key == parent_key]
 
     async def save_agent_blocks(
-        self, agent: AgentRecord, new_blocks: Sequence[BlockRecord], *, create: bool = True
+        self,
+        agent: AgentRecord,
+        new_blocks: Sequence[BlockRecord],
+        *,
+        create: bool = True,
+        lease: Lease | None = None,
     ) -> list[str]:
+        self._fence(lease)
         self._write()
         if not create and (agent.namespace, agent.agent_id) not in self.agent_rows:
             return []
@@ -163,7 +177,10 @@ class FakeMetadataStore:
             agent, last_used=self.clock
         )
 
-    async def delete_agent(self, namespace: str, agent_id: str) -> list[str]:
+    async def delete_agent(
+        self, namespace: str, agent_id: str, *, lease: Lease | None = None
+    ) -> list[str]:
+        self._fence(lease)
         self._write()
         old = self.agent_rows.pop((namespace, agent_id), None)
         self.transcripts.pop((namespace, agent_id), None)
@@ -187,8 +204,14 @@ class FakeMetadataStore:
         return sum(r.nbytes for r in self.block_rows.values())
 
     async def append_messages(
-        self, namespace: str, agent_id: str, records: Sequence[MessageRecord]
+        self,
+        namespace: str,
+        agent_id: str,
+        records: Sequence[MessageRecord],
+        *,
+        lease: Lease | None = None,
     ) -> None:
+        self._fence(lease)
         self._write()
         self.transcripts.setdefault((namespace, agent_id), []).extend(records)
 
@@ -203,6 +226,11 @@ class FakeMetadataStore:
 
     async def message_counts(self, namespace: str) -> dict[str, int]:
         return {a: len(m) for (ns, a), m in self.transcripts.items() if ns == namespace and m}
+
+    def _fence(self, lease: Lease | None) -> None:
+        self.write_leases.append(lease)
+        if lease is not None and (lease.namespace, lease.agent_id) in self.lost:
+            raise LeaseLostError(lease.agent_id, lease.namespace)
 
     def _write(self) -> None:
         if self.disk is not None and self.disk.capacity is not None and not self.disk.free_bytes():

@@ -8,7 +8,7 @@ import pytest
 
 from semantic.application.cache.lineage import ANONYMOUS_AGENT, ANONYMOUS_PREFIX, branch_prefix
 from semantic.application.cache.read_lanes import READERS
-from semantic.application.cache.store import AgentCacheStore, CacheConfig, CachedPrefix
+from semantic.application.cache.store import AgentCacheStore, CacheConfig, CachedPrefix, LeaseOf
 from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
 from semantic.application.events import CompletionEvent
 from semantic.application.scheduler.pacer import PacerConfig
@@ -36,6 +36,7 @@ class Harness:
         reserve: int = 0,
         backend: FakeBackend | None = None,
         floor: int = 0,
+        lease_of: LeaseOf | None = None,
     ) -> None:
         self.backend = backend or FakeBackend()
         self.pool = BlockPool(capacity)
@@ -50,6 +51,7 @@ class Harness:
             config=CacheConfig(
                 disk_quota_bytes=quota, disk_reserve_bytes=reserve, disk_floor_bytes=floor
             ),
+            lease_of=lease_of,
         )
         config = EngineConfig(
             prefill_chunk_tokens=4, pacer=PacerConfig(fixed_tokens=64), max_context=512

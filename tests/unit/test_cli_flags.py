@@ -39,6 +39,8 @@ def refused(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
         ("--prefill-slice", "-2", "must be 0 or more"),
         ("--api-key", "", "must not be empty"),
         ("--model", "", "must not be empty"),
+        ("--lease-seconds", "0", "must be positive"),
+        ("--lease-wait", "-1", "must be 0 or more"),
     ],
 )
 def test_serve_refuses_a_bad_flag_before_creating_anything(

@@ -26,6 +26,7 @@ from semantic.application.generation import (
     TextDelta,
 )
 from semantic.application.keyed_locks import KeyedLocks
+from semantic.application.leases import AgentLeases
 from semantic.application.tool_replies import Call, Reply, ReplyReader
 from semantic.domain.chat import ChatMessage
 from semantic.domain.constraints import OutputConstraint
@@ -38,6 +39,7 @@ from semantic.domain.errors import (
 )
 from semantic.domain.generation import GREEDY, Priority, SamplingParams
 from semantic.domain.tools import ToolCall, ToolUse
+from semantic.ports.leases import Lease
 from semantic.ports.metadata_store import AgentRecord, MessageRecord, MetadataStore
 from semantic.ports.tokenizer import Tokenizer
 
@@ -126,15 +128,21 @@ class AgentService:
         metadata: MetadataStore,
         cache: AgentCacheStore,
         tokenizer: Tokenizer,
+        leases: AgentLeases | None = None,
     ) -> None:
+        """``leases``: instances share the database, and an agent's turns take its lease
+        (None: this instance is the database's only one, its own locks are enough)."""
         self._generation = generation
         self._metadata = metadata
         self._cache = cache
         self._tokenizer = tokenizer
+        self._leases = leases
         self._locks = KeyedLocks()
         self._live: dict[tuple[str, str], set[_LiveTurn]] = {}
         self._deleting: set[tuple[str, str]] = set()
         """Agents a delete is ending: what arrives meanwhile is refused, not waited for."""
+        self._letting_go: set[asyncio.Future[None]] = set()
+        """Leases of plain requests being released (kept referenced till they are)."""
 
     async def create(self, namespace: str, agent_id: str, system_prompt: str | None) -> AgentInfo:
         if system_prompt:  # an agent no turn could ever fit is refused now, not at each turn
@@ -162,7 +170,9 @@ class AgentService:
 
     async def start_plain(self, request: GenerationInput) -> GenerationHandle:
         """Start a plain (OpenAI or Anthropic) request. One naming an agent is tracked like
-        a turn, so deleting the agent ends it and it keeps nothing."""
+        a turn, so deleting the agent ends it and it keeps nothing; with leases it holds the
+        agent's lease till it ends, as a turn does (``AgentBusyError`` if another instance
+        keeps it past the wait)."""
         if request.agent_id is None:
             return await self._generation.start(request)
         await self.check_plain_use(request.namespace, request.agent_id)
@@ -171,15 +181,27 @@ class AgentService:
         if live.deleted:
             self._untrack(live)
             raise AgentDeletedError(request.agent_id, request.namespace)
+        lease = contextlib.AsyncExitStack()
         try:
+            await lease.enter_async_context(self._leased(request.namespace, request.agent_id))
             handle = await self._generation.start(
-                request, check=live.check, on_end=functools.partial(self._untrack, live)
+                request, check=live.check, on_end=functools.partial(self._end_plain, live, lease)
             )
         except BaseException:
+            await lease.aclose()
             self._untrack(live)
             raise
         live.request_id = handle.request_id
         return handle
+
+    def _end_plain(self, live: _LiveTurn, lease: contextlib.AsyncExitStack) -> None:
+        """A plain request naming an agent is over: its save was fenced by the lease it
+        held (taken when it started, like a turn's), which goes now."""
+        self._untrack(live)
+        if self._leases is not None:
+            letting_go = asyncio.ensure_future(lease.aclose())
+            self._letting_go.add(letting_go)
+            letting_go.add_done_callback(self._letting_go.discard)
 
     async def check_plain_use(self, namespace: str, agent_id: str) -> None:
         """A plain (OpenAI or Anthropic) request may name any agent but one whose transcript
@@ -236,16 +258,15 @@ class AgentService:
         # Saves still queued (of one that finished first, or of a plain request whose
         # client left while its save waited) would bring the agent back after the delete.
         await self._cache.flush()
-        async with self._lock(namespace, agent_id):
+        async with self._lock(namespace, agent_id), self._leased(namespace, agent_id) as lease:
             record = await self._metadata.agent(namespace, agent_id)
             if record is None or record.anonymous:
                 if live:  # its first requests were running: they are ended, nothing kept
                     return
                 raise AgentNotFoundError(agent_id, namespace)
+            delete = self._metadata.delete_agent
             orphans = await self._cache.keeping(
-                namespace,
-                agent_id,
-                functools.partial(self._metadata.delete_agent, namespace, agent_id),
+                namespace, agent_id, functools.partial(delete, namespace, agent_id, lease=lease)
             )
             for branch in await self._metadata.agents(namespace):
                 if branch.agent_id.startswith(branch_prefix(agent_id)):
@@ -255,7 +276,7 @@ class AgentService:
     async def fork(self, namespace: str, source_id: str, new_id: str) -> AgentInfo:
         """A new agent sharing every block and message of the source: nothing is copied but
         ids, and the two diverge from their next turn on."""
-        async with self._lock(namespace, source_id):
+        async with self._lock(namespace, source_id), self._leased(namespace, new_id) as lease:
             source = await self._record(namespace, source_id)
             record = AgentRecord(
                 namespace, new_id, system_prompt=source.system_prompt, keeps_transcript=True
@@ -266,12 +287,13 @@ class AgentService:
             source = await self._record(namespace, source_id)  # room made may have cut it
             fork = dataclasses.replace(source, agent_id=new_id, anonymous=False, last_used=0.0)
             try:
-                await self._metadata.save_agent_blocks(fork, [])
+                await self._metadata.save_agent_blocks(fork, [], lease=lease)
                 history = await self._metadata.messages(namespace, source_id)
+                append = self._metadata.append_messages
                 await self._cache.keeping(
                     namespace,
                     new_id,
-                    functools.partial(self._metadata.append_messages, namespace, new_id, history),
+                    functools.partial(append, namespace, new_id, history, lease=lease),
                 )
             except BaseException:  # no half-made fork (the disk quota cut the source, say)
                 await self._cache.forget(await self._metadata.delete_agent(namespace, new_id))
@@ -297,12 +319,29 @@ class AgentService:
                 if live.deleted:
                     raise AgentDeletedError(agent_id, namespace)
                 self._cache.check_room()
-                request, earlier = await self._request(namespace, agent_id, turn)
-                async for event in self._run(request, live, turn, earlier):
-                    yield event
+                async with self._leased(namespace, agent_id) as lease:
+                    request, earlier = await self._request(namespace, agent_id, turn)
+                    async for event in self._run(request, live, turn, earlier, lease):
+                        yield event
+
+    @contextlib.asynccontextmanager
+    async def _leased(self, namespace: str, agent_id: str) -> AsyncIterator[Lease | None]:
+        """The agent's lease (waiting a little for another instance to let it go; else
+        ``AgentBusyError``), or None without leases. Taken before the transcript is read,
+        so the turn reads what the last holder committed."""
+        if self._leases is None:
+            yield None
+            return
+        async with self._leases.holding(namespace, agent_id) as lease:
+            yield lease
 
     async def _run(
-        self, request: GenerationInput, live: _LiveTurn, turn: Turn, earlier: int
+        self,
+        request: GenerationInput,
+        live: _LiveTurn,
+        turn: Turn,
+        earlier: int,
+        lease: Lease | None,
     ) -> AsyncIterator[GenerationEvent]:
         """The turn's events. Its reply is committed with its question (after ``earlier``
         messages) before the result is reported, unless a delete ended the turn. A reply's
@@ -323,7 +362,11 @@ class AgentService:
                         yield TextDelta(rest)
                     records = [*_asked(turn, asked), _answered(answer)]
                     keep = functools.partial(
-                        self._metadata.append_messages, live.namespace, live.agent_id, records
+                        self._metadata.append_messages,
+                        live.namespace,
+                        live.agent_id,
+                        records,
+                        lease=lease,
                     )
                     await _whole(self._cache.keeping(live.namespace, live.agent_id, keep))
                     yield CommittedReply(

@@ -151,3 +151,32 @@ class DataDirectoryInUseError(SemanticError):
             f"(pid {holder}); stop it, or give this one another --data-dir"
         )
         self.directory = directory
+
+
+class AgentBusyError(SemanticError):
+    """Another instance holds the agent's lease (it is running a turn there) and did not
+    let it go while this request waited; the caller may retry after ``retry_after_s``."""
+
+    def __init__(self, agent_id: str, namespace: str, retry_after_s: float) -> None:
+        super().__init__(
+            f"agent {agent_id!r} is busy on another instance (namespace {namespace!r}); "
+            f"retry in {max(1, round(retry_after_s))} s"
+        )
+        self.agent_id = agent_id
+        self.namespace = namespace
+        self.retry_after_s = retry_after_s
+
+
+class LeaseLostError(SemanticError):
+    """A write of the agent's transcript or chain carried a lease epoch that is no longer
+    current: this instance lost the agent (paused past its lease, say) and another took it.
+    Nothing of the write was kept."""
+
+    def __init__(self, agent_id: str, namespace: str) -> None:
+        super().__init__(
+            f"this instance lost agent {agent_id!r}'s lease (namespace {namespace!r}) to "
+            "another instance before the turn was committed; nothing of the turn was kept, "
+            "send it again"
+        )
+        self.agent_id = agent_id
+        self.namespace = namespace

@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from semantic.ports.leases import Lease
+
 
 @dataclass(frozen=True, slots=True)
 class BlockRecord:
@@ -53,7 +55,12 @@ class MessageRecord:
 class MetadataStore(Protocol):
     """Durable metadata. ``save_agent_blocks`` is one transaction: the new blocks' rows and
     the agent's new block list commit together, reference counts follow, and blocks that no
-    agent references any more are returned so their files can be deleted."""
+    agent references any more are returned so their files can be deleted.
+
+    The writes of an agent's chain and transcript take the ``lease`` they are made under
+    (instances sharing the database): each checks it in its own transaction and raises
+    ``LeaseLostError``, keeping nothing, once its epoch is no longer current. ``None``: one
+    instance, no leases."""
 
     async def open(self) -> None:
         """Create or migrate the schema."""
@@ -71,7 +78,12 @@ class MetadataStore(Protocol):
     async def children(self, parent_key: str) -> list[BlockRecord]: ...
 
     async def save_agent_blocks(
-        self, agent: AgentRecord, new_blocks: Sequence[BlockRecord], *, create: bool = True
+        self,
+        agent: AgentRecord,
+        new_blocks: Sequence[BlockRecord],
+        *,
+        create: bool = True,
+        lease: Lease | None = None,
     ) -> list[str]:
         """Record ``new_blocks`` and make ``agent``'s block list its ``block_keys``; returns
         the keys no record references any more. ``create=False`` changes only a record
@@ -100,7 +112,9 @@ class MetadataStore(Protocol):
         """Raises ``AgentExistsError`` if the id is taken in its namespace."""
         ...
 
-    async def delete_agent(self, namespace: str, agent_id: str) -> list[str]:
+    async def delete_agent(
+        self, namespace: str, agent_id: str, *, lease: Lease | None = None
+    ) -> list[str]:
         """Delete the agent and its transcript; returns keys no agent references any more."""
         ...
 
@@ -115,7 +129,12 @@ class MetadataStore(Protocol):
     async def total_block_bytes(self) -> int: ...
 
     async def append_messages(
-        self, namespace: str, agent_id: str, messages: Sequence[MessageRecord]
+        self,
+        namespace: str,
+        agent_id: str,
+        messages: Sequence[MessageRecord],
+        *,
+        lease: Lease | None = None,
     ) -> None: ...
 
     async def messages(self, namespace: str, agent_id: str) -> list[MessageRecord]: ...

@@ -228,7 +228,34 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         default=30.0,
         help="seconds running requests get to finish on SIGTERM (default: %(default)s)",
     )
+    _lease_flags(serve)
     serve.set_defaults(handler=run_server, parser=serve, check=lambda args: _check(serve, args))
+
+
+def _lease_flags(serve: argparse.ArgumentParser) -> None:
+    """One instance per agent at a time, for instances sharing a database (ADR 0025)."""
+    serve.add_argument(
+        "--leases",
+        action="store_true",
+        help="take each agent's lease in the database for its turns, so instances sharing "
+        "the database run an agent on one of them at a time",
+    )
+    serve.add_argument(
+        "--lease-seconds",
+        type=flags.positive_float,
+        default=30.0,
+        metavar="SECONDS",
+        help="how long an agent's lease lasts unless renewed: how long an agent of a dead "
+        "instance waits for another (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--lease-wait",
+        type=flags.non_negative_float,
+        default=5.0,
+        metavar="SECONDS",
+        help="how long a request waits for an agent busy on another instance before its 409 "
+        "(default: %(default)s)",
+    )
 
 
 def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -278,6 +305,8 @@ def run_server(args: argparse.Namespace) -> int:
         "database_url": _database_url(args),
     }
     overrides.update(_prefill_overrides(args))
+    overrides.update(leases=args.leases, lease_seconds=args.lease_seconds)
+    overrides.update(lease_wait_s=args.lease_wait)
     settings = settings_from(args, **overrides)
     # Fail fast, in this order: a bad host before anything is created; a directory another
     # server holds (its pid is the better message when both use the same port); a port in

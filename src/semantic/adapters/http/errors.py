@@ -24,11 +24,13 @@ from semantic.adapters.http.common import ClientGoneError
 from semantic.adapters.http.identity import NamespaceNotAllowedError
 from semantic.application.generation import GenerationFailedError
 from semantic.domain.errors import (
+    AgentBusyError,
     AgentExistsError,
     AgentKeepsTranscriptError,
     AgentNotFoundError,
     DiskFullError,
     InvalidRequestError,
+    LeaseLostError,
     ModelUnavailableError,
     NoRoomCameError,
     ObjectNotFoundError,
@@ -98,6 +100,7 @@ _PLAIN: tuple[tuple[type[Exception], int, str], ...] = (
     (ModelNotFoundError, 404, "not_found"),
     (AgentExistsError, 409, "conflict"),
     (AgentKeepsTranscriptError, 409, "conflict"),
+    (LeaseLostError, 409, "lease_lost"),  # nothing of the turn was kept: send it again
     (GenerationFailedError, 500, "generation_failed"),
     (SemanticError, 400, "invalid_request"),
 )
@@ -113,8 +116,8 @@ def problem_for(error: Exception) -> Problem:
                 else "invalid_request"
             )
             return Problem(400, kind, str(error), error.param)
-        case QueueFullError():
-            return Problem(429, "queue_full", str(error), retry_after=error.retry_after_s)
+        case QueueFullError() | AgentBusyError():
+            return _retry_later(error)
         case PoolExhaustedError() | NoRoomCameError():
             return Problem(429, "out_of_memory", f"{error}; retry later", retry_after=2.0)
         case ModelUnavailableError() | ShuttingDownError() | StorageUnavailableError():
@@ -137,6 +140,14 @@ def problem_for(error: Exception) -> Problem:
             return Problem(status, code, str(error), getattr(error, "param", None))
     log.exception("unexpected error", exc_info=error)
     return Problem(500, "internal_error", "internal server error")
+
+
+def _retry_later(error: QueueFullError | AgentBusyError) -> Problem:
+    """A full queue here (429), or the agent's turn running on another instance (409,
+    ADR 0025): the same request may succeed after ``Retry-After``."""
+    if isinstance(error, AgentBusyError):
+        return Problem(409, "agent_busy", str(error), retry_after=error.retry_after_s)
+    return Problem(429, "queue_full", str(error), retry_after=error.retry_after_s)
 
 
 def _unavailable(error: Exception) -> Problem:

@@ -17,8 +17,10 @@ from sqlalchemy.exc import DatabaseError, DBAPIError, IntegrityError, Operationa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from semantic.adapters.storage.block_rows import BlockRow, BlockRows
+from semantic.adapters.storage.lease_fence import check_lease, lease_row
 from semantic.adapters.storage.schema import (
     agent_blocks,
+    agent_leases,
     agents,
     blocks,
     generated_replies,
@@ -45,6 +47,7 @@ from semantic.domain.errors import (
     DiskFullError,
     StorageUnavailableError,
 )
+from semantic.ports.leases import Lease
 from semantic.ports.metadata_store import AgentRecord, BlockRecord, MessageRecord
 
 log = logging.getLogger(__name__)
@@ -195,10 +198,16 @@ class SqliteMetadataStore:
 
     @unavailable_on_failure
     async def save_agent_blocks(
-        self, agent: AgentRecord, new_blocks: Sequence[BlockRecord], *, create: bool = True
+        self,
+        agent: AgentRecord,
+        new_blocks: Sequence[BlockRecord],
+        *,
+        create: bool = True,
+        lease: Lease | None = None,
     ) -> list[str]:
         now = time.time()
         async with self._changing_blocks() as (connection, changed):
+            await check_lease(connection, lease)
             if not create and not await self._agent_exists(connection, agent):
                 return []
             for record in new_blocks:
@@ -311,8 +320,15 @@ class SqliteMetadataStore:
             raise AgentExistsError(agent.agent_id, agent.namespace) from None
 
     @unavailable_on_failure
-    async def delete_agent(self, namespace: str, agent_id: str) -> list[str]:
+    async def delete_agent(
+        self, namespace: str, agent_id: str, *, lease: Lease | None = None
+    ) -> list[str]:
+        """Under the agent's own ``lease``, its lease row goes too: an instance still
+        holding an older one then finds it gone."""
         async with self._changing_blocks() as (connection, changed):
+            await check_lease(connection, lease)
+            if lease is not None and (lease.namespace, lease.agent_id) == (namespace, agent_id):
+                await connection.execute(delete(agent_leases).where(lease_row(namespace, agent_id)))
             keys = await self._agent_keys(connection, namespace, agent_id)
             await connection.execute(
                 delete(agent_blocks).where(_agent_where(agent_blocks, namespace, agent_id))
@@ -364,12 +380,18 @@ class SqliteMetadataStore:
 
     @unavailable_on_failure
     async def append_messages(
-        self, namespace: str, agent_id: str, records: Sequence[MessageRecord]
+        self,
+        namespace: str,
+        agent_id: str,
+        records: Sequence[MessageRecord],
+        *,
+        lease: Lease | None = None,
     ) -> None:
         if not records:
             return
         now = time.time()
         async with self._db().begin() as connection:
+            await check_lease(connection, lease)
             await connection.execute(
                 insert(messages),
                 [

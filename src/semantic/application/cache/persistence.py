@@ -23,8 +23,9 @@ from semantic.application.cache.hot_index import HotBlock, HotIndex
 from semantic.application.cache.lineage import Lineage, branch_id, lineage
 from semantic.application.cache.shared_tier import SharedTier
 from semantic.application.cache.stats import CacheStats
-from semantic.domain.errors import DiskFullError
+from semantic.domain.errors import DiskFullError, LeaseLostError
 from semantic.ports.block_store import BlockStore
+from semantic.ports.leases import Lease
 from semantic.ports.metadata_store import AgentRecord, BlockRecord, MetadataStore
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,9 @@ class SaveJob:
     anonymous: bool
     chain: list[HotBlock]
     token_count: int
+    lease: Lease | None = None
+    """The lease the agent's turn held when it finished: its chain is saved under it, and
+    refused, keeping nothing, once another instance took the agent (ADR 0025)."""
 
 
 class Saver:
@@ -175,7 +179,8 @@ class Saver:
                 self._stats.saves_failed += 1
                 self._hot.mark_save_failed(block.key for block in job.chain)
                 full = (
-                    isinstance(error, DiskFullError) or getattr(error, "errno", 0) == errno.ENOSPC
+                    isinstance(error, DiskFullError | LeaseLostError)
+                    or getattr(error, "errno", 0) == errno.ENOSPC
                 )
                 log.log(
                     logging.WARNING if full else logging.ERROR,
@@ -222,23 +227,26 @@ class Saver:
             raise
         stored = await lineage(self._metadata, job.namespace, job.chain)
         agent_id = stored.conversation_id() if job.anonymous else job.agent_id
+        lease = None if job.anonymous else job.lease
         if not job.anonymous:
-            await self._keep_branch(job.namespace, agent_id, stored)
+            await self._keep_branch(job.namespace, agent_id, stored, lease)
         agent = AgentRecord(
             job.namespace, agent_id, tuple(keys), job.token_count, anonymous=job.anonymous
         )
         try:
-            orphans = await self._metadata.save_agent_blocks(agent, records)
+            orphans = await self._metadata.save_agent_blocks(agent, records, lease=lease)
         except DiskFullError:
             await self._room.after_full(job.namespace, agent_id, chain=keys)
-            orphans = await self._metadata.save_agent_blocks(agent, records)
+            orphans = await self._metadata.save_agent_blocks(agent, records, lease=lease)
         written.clear()  # recorded: theirs to keep
         self._hot.mark_persisted(keys)
         self._acknowledge(job.request_id)  # the reply need not wait for the cleanup below
         if self._shared is not None:  # committed: now other instances may have them
             self._shared.publish(job.namespace, records)
         for branch in stored.covered_branches(agent_id):  # none for a conversation's id
-            orphans += await self._metadata.delete_agent(job.namespace, branch.agent_id)
+            orphans += await self._metadata.delete_agent(
+                job.namespace, branch.agent_id, lease=lease
+            )
         self._hot.remove(orphans)  # superseded: kept, a deleted agent's KV would linger
         await self.delete_files(orphans)
         if self._shared is not None:
@@ -253,7 +261,9 @@ class Saver:
             return set()
         return await asyncio.to_thread(lambda: {k for k in keys if not self._store.has(k)})
 
-    async def _keep_branch(self, namespace: str, agent_id: str, stored: Lineage) -> None:
+    async def _keep_branch(
+        self, namespace: str, agent_id: str, stored: Lineage, lease: Lease | None
+    ) -> None:
         """An agent whose new turn does not extend its stored one keeps the old block list
         as a branch record, committed before the new list can orphan its blocks."""
         old = await self._metadata.agent(namespace, agent_id)
@@ -262,7 +272,7 @@ class Saver:
         branch = dataclasses.replace(
             old, agent_id=branch_id(old), system_prompt=None, anonymous=True
         )
-        await self._metadata.save_agent_blocks(branch, [])
+        await self._metadata.save_agent_blocks(branch, [], lease=lease)
 
     async def _write(
         self, job: SaveJob, blocks: list[HotBlock], written: list[str]

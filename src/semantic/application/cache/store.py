@@ -35,12 +35,17 @@ from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.generation import FinishReason
 from semantic.domain.tokens import common_prefix, reusable_prefix
 from semantic.ports.block_store import BlockStore
+from semantic.ports.leases import Lease
 from semantic.ports.metadata_store import BlockRecord, MetadataStore
 from semantic.ports.shared_blocks import SharedBlocks
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+LeaseOf = Callable[[str, str], Lease | None]
+"""The lease an agent's turn holds on this instance (``AgentLeases.held``), if any; called
+on the engine thread (a dict read)."""
 
 Fetched = HotBlock | LoadOutcome
 """A block pinned in memory, or why it could not be."""
@@ -96,6 +101,7 @@ class AgentCacheStore:
         metadata: MetadataStore,
         config: CacheConfig | None = None,
         clock: Callable[[], float] = time.monotonic,
+        lease_of: LeaseOf | None = None,
         shared: SharedBlocks | None = None,
     ) -> None:
         self._pool = pool
@@ -131,6 +137,8 @@ class AgentCacheStore:
         self._saver = Saver(
             block_store, metadata, self.hot, self.stats, room=self._room, shared=self._shared
         )
+        self._lease_of = lease_of
+        """The lease an agent's turn holds (``AgentLeases.held``): its save is fenced by it."""
         self._pins = itertools.count(1)
         self._readers = LaneReaders()
 
@@ -366,8 +374,12 @@ class AgentCacheStore:
             parent = key
         self._pool.release_owner(event.request_id)
         anonymous = agent_id == ANONYMOUS_AGENT
+        held = self._lease_of  # read now, while the turn that ran it still holds it
+        lease = None if anonymous or held is None else held(event.namespace, agent_id)
         self._saver.submit(
-            SaveJob(event.request_id, event.namespace, agent_id, anonymous, chain, len(tokens))
+            SaveJob(
+                event.request_id, event.namespace, agent_id, anonymous, chain, len(tokens), lease
+            )
         )
 
     async def saved(self, request_id: str) -> None:
