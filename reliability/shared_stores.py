@@ -3,21 +3,13 @@ and one Redis (the shared block tier), each a real process on 127.0.0.1."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 from reliability.services.postgres import PostgresServer
 from reliability.services.redis import RedisServer
-from semantic.config import Settings
 
 LEASE_SECONDS = 10.0
 """How long a dead instance's agents wait for another: short, for a local cluster."""
-
-
-def _have_leases() -> bool:
-    """Whether this checkout's server has ``--leases`` yet (the parts of issue 37 land one
-    by one)."""
-    return "leases" in {f.name for f in dataclasses.fields(Settings)}
 
 
 class SharedStores:
@@ -29,7 +21,6 @@ class SharedStores:
         self.lease_seconds = lease_seconds
         self.postgres = PostgresServer(workdir / "postgres.log")
         self.redis = RedisServer(workdir / "redis")
-        self.leases = _have_leases()
 
     @property
     def database_url(self) -> str:
@@ -48,10 +39,11 @@ class SharedStores:
         self.postgres.close()  # its own temporary directory goes with it
 
     def server_args(self) -> list[str]:
-        args = ["--database-url", self.database_url, "--shared-blocks", self.shared_blocks_url]
-        if self.leases:
-            args += ["--leases", "--lease-seconds", str(self.lease_seconds)]
-        return args
+        return [
+            *("--database-url", self.database_url),  # and with it, leases (ADR 0025)
+            *("--lease-seconds", str(self.lease_seconds)),
+            *("--shared-blocks", self.shared_blocks_url),
+        ]
 
     def describe(self) -> list[str]:
         return [
