@@ -14,20 +14,20 @@ from pathlib import Path
 from typing import Any
 
 from semantic.adapters.grammar.llguidance_grammar import LlguidanceCompiler
-from semantic.adapters.mlx import attention, host_pass, jit
-from semantic.adapters.mlx.accelerations import accelerations
 from semantic.adapters.mlx.backend import MlxBackend
-from semantic.adapters.mlx.blas import preload_fast_blas, report_blas
+from semantic.adapters.mlx.cpu import attention, host_pass, jit
+from semantic.adapters.mlx.cpu.accelerations import accelerations
+from semantic.adapters.mlx.cpu.blas import preload_fast_blas, report_blas
+from semantic.adapters.mlx.cpu.memory import prefault_heap
 from semantic.adapters.mlx.devices import device_name, on_cpu, use_device
-from semantic.adapters.mlx.fingerprint import model_fingerprint
-from semantic.adapters.mlx.gguf import WeightFormat
-from semantic.adapters.mlx.host_codec import MlxHostCodec, check_at_rest, storage_format
-from semantic.adapters.mlx.kv_blocks import spec_from_model
-from semantic.adapters.mlx.loader import LoadedModel, load_model, resolve_model
-from semantic.adapters.mlx.memory import prefault_heap
-from semantic.adapters.mlx.model_cache import ModelCache, Progress, default_weight_format
-from semantic.adapters.mlx.restore_buffers import RestoreBuffers
-from semantic.adapters.mlx.tokenizer import MlxTokenizer
+from semantic.adapters.mlx.kv.host_codec import MlxHostCodec, check_at_rest, storage_format
+from semantic.adapters.mlx.kv.kv_blocks import spec_from_model
+from semantic.adapters.mlx.kv.restore_buffers import RestoreBuffers
+from semantic.adapters.mlx.models.fingerprint import model_fingerprint
+from semantic.adapters.mlx.models.gguf import WeightFormat
+from semantic.adapters.mlx.models.loader import LoadedModel, load_model, resolve_model
+from semantic.adapters.mlx.models.model_cache import ModelCache, Progress, default_weight_format
+from semantic.adapters.mlx.tokenizer.tokenizer import MlxTokenizer
 from semantic.adapters.storage.block_files import BlockFiles
 from semantic.adapters.storage.data_dir_lock import acquire_data_directory, release_data_directory
 from semantic.adapters.storage.kv_block_store import KVBlockStore

@@ -12,10 +12,10 @@ import pytest
 
 from semantic.adapters.cli.progress import ProgressPrinter
 from semantic.adapters.mlx.backend import MlxBackend
-from semantic.adapters.mlx.kv_blocks import spec_from_model
-from semantic.adapters.mlx.loader import LoadedModel, load_model
-from semantic.adapters.mlx.restore_buffers import RestoreBuffers
-from semantic.adapters.mlx.tokenizer import MlxTokenizer
+from semantic.adapters.mlx.kv.kv_blocks import spec_from_model
+from semantic.adapters.mlx.kv.restore_buffers import RestoreBuffers
+from semantic.adapters.mlx.models.loader import LoadedModel, load_model
+from semantic.adapters.mlx.tokenizer.tokenizer import MlxTokenizer
 from semantic.adapters.storage.sqlite_metadata import SqliteMetadataStore
 from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
 from semantic.bootstrap import grammar_compiler, prepare_model

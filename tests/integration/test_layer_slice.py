@@ -9,10 +9,10 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
-from semantic.adapters.mlx.attention import install
 from semantic.adapters.mlx.backend import MlxBackend
-from semantic.adapters.mlx.kv_blocks import spec_from_model
-from semantic.adapters.mlx.layer_slice import StepTimes
+from semantic.adapters.mlx.cpu.attention import install
+from semantic.adapters.mlx.cpu.layer_slice import StepTimes
+from semantic.adapters.mlx.kv.kv_blocks import spec_from_model
 from semantic.domain.generation import SamplingParams
 from semantic.ports.model_backend import PromptChunk, SliceProgress, StepOutput
 from tests.helpers import tiny_family

@@ -10,8 +10,8 @@ import pytest
 from mlx_lm.models import gemma3_text
 
 from semantic.adapters.mlx.backend import MlxBackend
-from semantic.adapters.mlx.kv_blocks import gather_cache, spec_from_model
-from semantic.adapters.mlx.kv_payloads import MlxKV
+from semantic.adapters.mlx.kv.kv_blocks import gather_cache, spec_from_model
+from semantic.adapters.mlx.kv.kv_payloads import MlxKV
 from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.blocks import AgentBlocks, KVBlock

@@ -19,10 +19,12 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 
+from semantic.adapters.mlx.cpu.fused_pass import MAX_ROWS, Group, supports_fusion
+from semantic.adapters.mlx.cpu.host_pass import HostPass
+from semantic.adapters.mlx.cpu.layer_slice import LayerSlice, StepTimes
+from semantic.adapters.mlx.cpu.side_by_side import step_beside_slice
 from semantic.adapters.mlx.decode_batch import Caches, DecodeBatch
-from semantic.adapters.mlx.fused_pass import MAX_ROWS, Group, supports_fusion
-from semantic.adapters.mlx.host_pass import HostPass
-from semantic.adapters.mlx.kv_blocks import (
+from semantic.adapters.mlx.kv.kv_blocks import (
     History,
     clone_prefix,
     cut_into_blocks,
@@ -32,12 +34,10 @@ from semantic.adapters.mlx.kv_blocks import (
     size_cache,
     window_history,
 )
-from semantic.adapters.mlx.layer_slice import LayerSlice, StepTimes
-from semantic.adapters.mlx.model_parts import BodyAndHead
-from semantic.adapters.mlx.restore_buffers import RestoreBuffers
-from semantic.adapters.mlx.restored_prefix import RestoredPrefix
+from semantic.adapters.mlx.kv.restore_buffers import RestoreBuffers
+from semantic.adapters.mlx.kv.restored_prefix import RestoredPrefix
+from semantic.adapters.mlx.models.model_parts import BodyAndHead
 from semantic.adapters.mlx.sampling import Sampler, log_softmax, make_sampler, top_prob
-from semantic.adapters.mlx.side_by_side import step_beside_slice
 from semantic.adapters.mlx.token_mask import masked
 from semantic.domain.blocks import AgentBlocks
 from semantic.domain.cache_spec import ModelCacheSpec

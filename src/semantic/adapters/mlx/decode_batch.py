@@ -19,9 +19,9 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
-from semantic.adapters.mlx.fused_pass import Group, fused_hidden
-from semantic.adapters.mlx.host_pass import HostPass, PreparedPass
-from semantic.adapters.mlx.model_parts import BodyAndHead
+from semantic.adapters.mlx.cpu.fused_pass import Group, fused_hidden
+from semantic.adapters.mlx.cpu.host_pass import HostPass, PreparedPass
+from semantic.adapters.mlx.models.model_parts import BodyAndHead
 from semantic.adapters.mlx.sampling import Sampler, top_prob
 from semantic.adapters.mlx.token_mask import masked
 from semantic.ports.grammar import GrammarMatcher

@@ -17,9 +17,9 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.base import create_attention_mask
 
-from semantic.adapters.mlx.attention import HostSoftmaxAttention
-from semantic.adapters.mlx.model_parts import BodyAndHead, not_llama_bodied
-from semantic.adapters.mlx.restored_prefix import RestoredPrefix
+from semantic.adapters.mlx.cpu.attention import HostSoftmaxAttention
+from semantic.adapters.mlx.kv.restored_prefix import RestoredPrefix
+from semantic.adapters.mlx.models.model_parts import BodyAndHead, not_llama_bodied
 
 MAX_ROWS = 32
 """Stacked rows up to which products use the batch-invariant kernel (ADR 0010)."""

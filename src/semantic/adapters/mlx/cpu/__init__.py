@@ -1,0 +1,1 @@
+"""The CPU accelerator (placeholder: the facade follows)."""
