@@ -15,10 +15,14 @@ from typing import Any
 
 from semantic.adapters.grammar.llguidance_grammar import LlguidanceCompiler
 from semantic.adapters.mlx.backend import MlxBackend
-from semantic.adapters.mlx.cpu import attention, host_pass, jit
-from semantic.adapters.mlx.cpu.accelerations import accelerations
-from semantic.adapters.mlx.cpu.blas import preload_fast_blas, report_blas
-from semantic.adapters.mlx.cpu.memory import prefault_heap
+from semantic.adapters.mlx.cpu import (
+    accelerations,
+    accelerator_for,
+    kernel_name,
+    prefault_heap,
+    preload_fast_blas,
+    report_blas,
+)
 from semantic.adapters.mlx.devices import device_name, on_cpu, use_device
 from semantic.adapters.mlx.kv.host_codec import MlxHostCodec, check_at_rest, storage_format
 from semantic.adapters.mlx.kv.kv_blocks import spec_from_model
@@ -217,11 +221,7 @@ async def _start_services(
 def _kernel_name(loaded: LoadedModel) -> str:
     """The kernels that computed the KV, for the fingerprint: KV from other kernels (or
     another device) differs in its last bits and is never mixed with this one's."""
-    kernel = attention.kernel_name() if loaded.host_attention else "mlx-sdpa"
-    if jit.use_native_jit():
-        kernel += f"+{jit.NAME}"
-    if host_pass.supported(loaded.model):
-        kernel += f"+{host_pass.NAME}"
+    kernel = kernel_name(loaded.model, loaded.host_attention)
     if not on_cpu():
         kernel = f"{device_name()}+{kernel}"
     return kernel
@@ -312,6 +312,7 @@ def _engine(
         loaded.model_id,
         tokenizer.eos_token_ids,
         buffers,
+        accelerator=accelerator_for(loaded.model),
     )
     config = EngineConfig(
         default_max_tokens=settings.default_max_tokens,

@@ -41,7 +41,7 @@ def test_the_startup_line_names_library_version_core_and_reason() -> None:
     code = (
         "import logging, sys\n"
         "logging.basicConfig(level=logging.INFO, stream=sys.stdout, format='%(message)s')\n"
-        "from semantic.adapters.mlx.cpu.process import prepare_process\n"
+        "from semantic.adapters.mlx.cpu import prepare_process\n"
         "from semantic.adapters.mlx.cpu.blas import report_blas\n"
         "prepare_process()\n"
         "report_blas()\n"

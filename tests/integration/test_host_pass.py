@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
-from semantic.adapters.mlx.cpu.fused_pass import Group
+from semantic.adapters.mlx.accelerator import Group
 from semantic.adapters.mlx.cpu.host_pass import HOST_PASS_ENV, HostPass
 from semantic.adapters.mlx.kv.kv_blocks import gather_cache
 from semantic.adapters.mlx.kv.kv_payloads import MlxKV, StackedKV

@@ -13,7 +13,7 @@ from typing import Any
 
 from mlx_lm import load as mlx_lm_load
 
-from semantic.adapters.mlx.cpu import attention
+from semantic.adapters.mlx.cpu import install_attention
 from semantic.adapters.mlx.errors import CorruptModelError, ModelDownloadError, UnknownModelError
 from semantic.adapters.mlx.models.gguf import WeightFormat
 from semantic.adapters.mlx.models.model_cache import (
@@ -69,7 +69,7 @@ def load_model(path: Path, model_id: str) -> LoadedModel:
             f"could not load the model in {path}: {error}. Fix: re-create it (for the "
             "embedded model: `semantic model pull --force`)."
         ) from error
-    fast = attention.install(model)
+    fast = install_attention(model)
     log.info(
         "loaded model %s from %s%s", model_id, path, " (host softmax attention)" if fast else ""
     )
