@@ -16,7 +16,7 @@ from typing import Any
 from semantic.adapters.grammar.llguidance_grammar import LlguidanceCompiler
 from semantic.adapters.mlx.backend import MlxBackend
 from semantic.adapters.mlx.cpu import (
-    accelerations,
+    accelerations_for,
     accelerator_for,
     kernel_name,
     prefault_heap,
@@ -265,7 +265,7 @@ def _log_serving(
 def _runtime(loaded: LoadedModel, kernel: str) -> dict[str, Any]:
     """What the model runs on, logged once and served by ``/v1/models/{id}``."""
     blas = preload_fast_blas()
-    found = accelerations(loaded.model, blas)
+    found = accelerations_for(loaded.model, blas)
     for acceleration in found:
         log.info("acceleration %s: %s", acceleration.name, acceleration.describe())
     return {

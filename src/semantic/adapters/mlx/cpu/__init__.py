@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BlasStatus",
     "PreparedProcess",
-    "accelerations",
+    "accelerations_for",
     "accelerator_for",
     "install_attention",
     "kernel_name",
@@ -65,7 +65,7 @@ def kernel_name(model: Any, host_attention: bool) -> str:
     return kernel
 
 
-def accelerations(model: Any, blas: BlasStatus) -> tuple[Acceleration, ...]:
+def accelerations_for(model: Any, blas: BlasStatus) -> tuple[Acceleration, ...]:
     """Which fast paths run for this model on this machine, and why the others do not."""
     from semantic.adapters.mlx.cpu.accelerations import accelerations as found
 
