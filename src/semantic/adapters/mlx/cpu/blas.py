@@ -45,7 +45,7 @@ INSTALL_OPENBLAS = (
     "Install OpenBLAS (Debian/Ubuntu: apt-get install libopenblas0-pthread) and restart."
 )
 IMPORT_FIRST = (
-    "Call semantic.adapters.mlx.cpu.process.prepare_process() before importing mlx.core: the fast"
+    "Call semantic.adapters.mlx.cpu.prepare_process() before importing mlx.core: the fast"
     " BLAS can only be put in front then."
 )
 
