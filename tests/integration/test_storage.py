@@ -17,9 +17,9 @@ from sqlalchemy import event
 from sqlalchemy.exc import OperationalError
 
 from semantic.adapters.mlx.errors import UnsupportedModelError
-from semantic.adapters.mlx.host_codec import MlxHostCodec, check_at_rest
-from semantic.adapters.mlx.kv_payloads import MlxKV, StackedKV, kv_arrays
-from semantic.adapters.mlx.restore_buffers import RestoreBuffers
+from semantic.adapters.mlx.kv.host_codec import MlxHostCodec, check_at_rest
+from semantic.adapters.mlx.kv.kv_payloads import MlxKV, StackedKV, kv_arrays
+from semantic.adapters.mlx.kv.restore_buffers import RestoreBuffers
 from semantic.adapters.storage.block_files import SPARES, BlockFiles, safetensors_parts
 from semantic.adapters.storage.kv_block_store import KVBlockStore
 from semantic.adapters.storage.schema_migrations import head

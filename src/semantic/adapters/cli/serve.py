@@ -438,7 +438,7 @@ def _env_path(name: str) -> Path | None:
 
 def _raise_descriptor_limit() -> DescriptorLimit:
     """The descriptor limit raised to the hard limit, before mlx-lm's import would lower it."""
-    from semantic.adapters.mlx.descriptor_limit import import_mlx_lm_keeping_descriptor_limit
+    from semantic.adapters.mlx.models.descriptor_limit import import_mlx_lm_keeping_descriptor_limit
 
     limit = raise_descriptor_limit()
     import_mlx_lm_keeping_descriptor_limit()
