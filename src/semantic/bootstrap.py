@@ -194,6 +194,7 @@ async def _start_services(
     limits = Limits(_max_context(loaded), settings.max_tokens_cap, settings.default_max_tokens)
     generation = GenerationService(loop, cache, limits, observer)
     agents = AgentService(generation, metadata, cache, tokenizer)
+    responses = await _responses(agents, metadata)
     _log_serving(settings, loaded, spec, pool)
     runtime = _runtime(loaded, kernel)
     return Services(
@@ -208,9 +209,17 @@ async def _start_services(
         agents,
         data_dir,
         calls=CallMemory(metadata),
-        responses=ResponsesService(agents, SqliteObjectStore(metadata)),
+        responses=responses,
         runtime=runtime,
     )
+
+
+async def _responses(agents: AgentService, metadata: SqliteMetadataStore) -> ResponsesService:
+    """The Responses API's store, swept of what a crash left (``collect_orphans``)."""
+    responses = ResponsesService(agents, SqliteObjectStore(metadata))
+    if orphans := await responses.collect_orphans():
+        log.info("deleted %d response agents no stored response points at", orphans)
+    return responses
 
 
 def _kernel_name(loaded: LoadedModel) -> str:

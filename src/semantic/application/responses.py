@@ -99,16 +99,13 @@ class ResponsesService:
         source = await self._source(namespace, ask)
         if source is not None:
             try:
-                info = await self._agents.fork(namespace, source, agent_id)
+                await self._agents.branch(namespace, source, agent_id, ask.instructions)
             except AgentNotFoundError:
                 if ask.previous_id is not None:
                     raise ObjectNotFoundError(
                         "response", ask.previous_id, param="previous_response_id"
                     ) from None
-            else:
-                if ask.instructions and ask.instructions != info.system_prompt:
-                    said = MessageRecord("system", ask.instructions)
-                    return dataclasses.replace(ask.turn, items=(said, *ask.turn.items))
+            else:  # this response's instructions only, as OpenAI has it: none carried over
                 return ask.turn
         try:
             await self._agents.create(namespace, agent_id, ask.instructions)
@@ -131,6 +128,22 @@ class ResponsesService:
             return None
         state = json.loads(found.body)
         return str(state["agent"]) if tuple(state["items"]) == ask.history_ids else None
+
+    async def collect_orphans(self) -> int:
+        """At start, before any response runs: delete the response agents no stored
+        response points at, with the blocks only they held, and say how many. A kill between
+        a response's commits (its fork, its turn, what it keeps) or before a ``store: false``
+        response's agent was dropped leaves one; nothing can find it again. Assumes no other
+        server shares the database meanwhile (its responses in flight would look orphaned)."""
+        agents = await self._agents.internal_agents(response_agent(""))
+        kept: dict[str, set[str]] = {}
+        for namespace in {n for n, _ in agents}:
+            chains = await self._objects.objects_of_kind(namespace, CHAIN)
+            kept[namespace] = {c.body for c in chains}
+        orphans = [(n, a) for n, a in agents if a not in kept[n]]
+        for namespace, agent_id in orphans:
+            await self._drop(namespace, agent_id)
+        return len(orphans)
 
     async def _drop(self, namespace: str, agent_id: str) -> None:
         with contextlib.suppress(AgentNotFoundError):
