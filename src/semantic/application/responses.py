@@ -1,9 +1,11 @@
 """The Responses API's chains and conversations on the stateful agents use case (ADR 0020).
 
 Every stored response owns an internal agent (``~resp:<id>``). A response on
-``previous_response_id`` forks the previous response's agent (every block and message shared,
-nothing copied) and sends its input as that fork's turn, so two responses on one previous id
-branch copy-on-write, and deleting a response frees only what its agent alone held. A
+``previous_response_id`` forks the previous response's agent in one transaction (every block
+shared, no KV copied; the message rows copied inside the database) and sends its input as
+that fork's turn, so two responses on one previous id branch copy-on-write, and deleting a
+response frees only what its agent alone held. A response's ``instructions`` are its own
+system prompt: as at OpenAI, a previous response's are not carried over. A
 conversation remembers the agent of its last response and the items it had then; a response
 with ``conversation`` forks that agent while the items are unchanged, else starts one from
 the items. What a response keeps (its body, its items) commits in one transaction before
@@ -95,7 +97,8 @@ class ResponsesService:
         await self._objects.put_objects(namespace, objects)
 
     async def _start_chain(self, namespace: str, ask: ResponseAsk, agent_id: str) -> Turn:
-        """Fork the agent the response continues, or make one; the turn to send it."""
+        """Fork the agent the response continues (with this response's instructions as its
+        system prompt), or make one; the turn to send it."""
         source = await self._source(namespace, ask)
         if source is not None:
             try:
