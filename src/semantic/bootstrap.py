@@ -209,6 +209,7 @@ async def _start_services(
     limits = Limits(_max_context(loaded), settings.max_tokens_cap, settings.default_max_tokens)
     generation = GenerationService(loop, cache, limits, observer)
     agents = AgentService(generation, metadata, cache, tokenizer, leases)
+    responses = await _responses(agents, metadata, sweep=leases is None)
     _log_serving(settings, loaded, spec, pool)
     runtime = _runtime(loaded, kernel)
     return Services(
@@ -223,7 +224,7 @@ async def _start_services(
         agents,
         data_dir,
         calls=CallMemory(metadata),
-        responses=ResponsesService(agents, SqliteObjectStore(metadata)),
+        responses=responses,
         runtime=runtime,
     )
 
@@ -238,6 +239,18 @@ def _leases(settings: Settings, metadata: SqliteMetadataStore) -> AgentLeases | 
     leases = AgentLeases(SqlLeases(metadata.engine), instance_holder(), config)
     log.info("agents' leases on, as %s (%.0f s each)", leases.holder, config.seconds)
     return leases
+
+
+async def _responses(
+    agents: AgentService, metadata: SqliteMetadataStore, *, sweep: bool
+) -> ResponsesService:
+    """The Responses API's store, swept of what a crash left (``collect_orphans``) where
+    this process is the database's only user: with instances sharing it (leases on), a
+    response another one is running would look orphaned, so nothing is swept."""
+    responses = ResponsesService(agents, SqliteObjectStore(metadata))
+    if sweep and (orphans := await responses.collect_orphans()):
+        log.info("deleted %d response agents no stored response points at", orphans)
+    return responses
 
 
 def _kernel_name(loaded: LoadedModel) -> str:
