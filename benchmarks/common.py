@@ -15,11 +15,12 @@ import benchmarks  # noqa: F401 - readies the process (OpenBLAS) before MLX load
 from benchmarks.machine import print_machine
 from semantic.adapters.cli.progress import ProgressPrinter
 from semantic.adapters.mlx.backend import MlxBackend
-from semantic.adapters.mlx.blas import report_blas
+from semantic.adapters.mlx.cpu import accelerator_for
+from semantic.adapters.mlx.cpu.blas import report_blas
 from semantic.adapters.mlx.devices import use_device
-from semantic.adapters.mlx.kv_blocks import spec_from_model
-from semantic.adapters.mlx.loader import LoadedModel, load_model
-from semantic.adapters.mlx.tokenizer import MlxTokenizer
+from semantic.adapters.mlx.kv.kv_blocks import spec_from_model
+from semantic.adapters.mlx.models.loader import LoadedModel, load_model
+from semantic.adapters.mlx.tokenizer.tokenizer import MlxTokenizer
 from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
 from semantic.bootstrap import freeze_startup_objects, prepare_model
 from semantic.config import Settings
@@ -41,6 +42,7 @@ class Bench:
             self.spec,
             self.loaded.model_id,
             self.tokenizer.eos_token_ids,
+            accelerator=accelerator_for(self.loaded.model),
         )
         pool = BlockPool.from_budget(self.spec, budget_bytes)
         return BlockPoolBatchEngine(backend, self.tokenizer, pool, EngineConfig(**config))

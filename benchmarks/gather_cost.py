@@ -15,8 +15,8 @@ import mlx.core as mx
 import numpy as np
 
 from benchmarks.common import load_bench, median
-from semantic.adapters.mlx.kv_blocks import gather_cache
-from semantic.adapters.mlx.kv_payloads import MlxKV
+from semantic.adapters.mlx.kv.kv_blocks import gather_cache
+from semantic.adapters.mlx.kv.kv_payloads import MlxKV
 from semantic.domain.blocks import AgentBlocks, KVBlock
 
 TOKENS = 4096

@@ -18,7 +18,7 @@ from pathlib import Path
 from benchmarks.common import load_bench
 from benchmarks.corpus import spread
 from benchmarks.warm_vs_cold import NEW_TOKENS, run
-from semantic.adapters.mlx.host_codec import AT_REST_BITS, MlxHostCodec
+from semantic.adapters.mlx.kv.host_codec import AT_REST_BITS, MlxHostCodec
 from semantic.adapters.storage.block_files import BlockFiles
 from semantic.adapters.storage.kv_block_store import KVBlockStore
 from semantic.application.scheduler.pacer import PacerConfig

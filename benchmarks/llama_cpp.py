@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from semantic.adapters.mlx.model_cache import SMOLLM2_135M
+from semantic.adapters.mlx.models.model_cache import SMOLLM2_135M
 from semantic.config import Settings
 
 N_THREADS = 2

@@ -14,8 +14,8 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from semantic.adapters.mlx.blas import preload_fast_blas
-from semantic.adapters.mlx.blas_core import cpu_flags
+from semantic.adapters.mlx.cpu.blas import preload_fast_blas
+from semantic.adapters.mlx.cpu.blas_core import cpu_flags
 
 FLAGS_THAT_MATTER = (
     "avx2",

@@ -26,7 +26,7 @@ from benchmarks.common import median
 from benchmarks.corpus import conversation
 from benchmarks.machine import print_machine
 from semantic.adapters.cli.progress import ProgressPrinter
-from semantic.adapters.mlx.host_codec import MlxHostCodec
+from semantic.adapters.mlx.kv.host_codec import MlxHostCodec
 from semantic.adapters.storage.block_files import BlockFiles
 from semantic.adapters.storage.kv_block_store import KVBlockStore
 from semantic.adapters.storage.redis_blocks import RedisSharedBlocks

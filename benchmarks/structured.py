@@ -19,6 +19,7 @@ import mlx.core as mx
 from benchmarks.common import Bench, load_bench, median, timed
 from semantic.adapters.grammar.llguidance_grammar import LlguidanceCompiler, LlguidanceMatcher
 from semantic.adapters.mlx.backend import MlxBackend
+from semantic.adapters.mlx.cpu import accelerator_for
 from semantic.adapters.mlx.token_mask import masked
 from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
 from semantic.application.scheduler.pacer import PacerConfig
@@ -45,7 +46,11 @@ TOPICS = ("rivers", "bread", "stars", "clocks", "bees", "glass", "maps", "salt")
 
 def engine(bench: Bench, compiler: LlguidanceCompiler) -> BlockPoolBatchEngine:
     backend = MlxBackend(
-        bench.loaded.model, bench.spec, bench.loaded.model_id, bench.tokenizer.eos_token_ids
+        bench.loaded.model,
+        bench.spec,
+        bench.loaded.model_id,
+        bench.tokenizer.eos_token_ids,
+        accelerator=accelerator_for(bench.loaded.model),
     )
     pool = BlockPool.from_budget(bench.spec, 4 << 30)
     config = EngineConfig(pacer=PacerConfig(fixed_tokens=4096))

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from reliability import (
     clean_exit,
+    cluster_load,
     corruption,
     crash_load,
     crash_responses,
@@ -89,6 +90,7 @@ def main() -> None:
         exits = clean_exit.run(runs=12, workdir=work)
         rows.append(("clean exits after two starts and stops", f"{exits.clean} of {exits.runs}"))
         filled = full_disk_rows(work, rows)
+        clustered = cluster_rows(work, rows)
         failures = (
             served.failures
             + crashed.failures
@@ -99,6 +101,7 @@ def main() -> None:
             + slow.failures
             + exits.failures
             + filled
+            + clustered
         )
     width = max(len(name) for name, _ in rows)
     print(f"{'check':<{width}}  result")
@@ -107,6 +110,23 @@ def main() -> None:
     print(f"\n{len(failures)} failures; took {(time.monotonic() - started) / 60:.0f} min")
     for failure in failures[:40]:
         print("  " + failure)
+
+
+def cluster_rows(work: Path, rows: list[tuple[str, str]]) -> list[str]:
+    """24 agents x 6 turns through HAProxy across 3 instances on one PostgreSQL and Redis."""
+    spread = cluster_load.run(agents=24, turns=6, workdir=work)
+    rows += [
+        ("cluster: requests through HAProxy (24 agents x 6 turns)", str(spread.requests)),
+        ("cluster: 5xx responses", str(spread.server_errors)),
+        ("cluster: transcripts lost", str(spread.transcripts_lost)),
+        ("cluster: 409 agent_busy, retried", str(spread.busy)),
+        ("cluster: requests away from their agent's usual instance", str(spread.away)),
+        (
+            "cluster: requests per instance",
+            ", ".join(f"{name} {count}" for name, count in sorted(spread.served_by.items())),
+        ),
+    ]
+    return spread.failures
 
 
 def full_disk_rows(work: Path, rows: list[tuple[str, str]]) -> list[str]:

@@ -17,7 +17,7 @@ from pathlib import Path
 CHILD = """
 import asyncio, sys
 from pathlib import Path
-from semantic.adapters.mlx.process import prepare_process
+from semantic.adapters.mlx.cpu import prepare_process
 prepare_process()
 from semantic.adapters.cli.progress import ProgressPrinter
 from semantic.bootstrap import start_services, stop_services

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import sqlite3
 import tempfile
 import threading
 import time
@@ -75,13 +76,27 @@ def trial(data_dir: Path, index: int, chains: int, rng: random.Random, summary: 
         server.kill_during(threads, stop, rng.uniform(0.5, 4.0))
     summary.trials += 1
     with ServerProcess(data_dir).start() as server:
+        orphans = orphan_agents(data_dir)  # the start collected them, before any new turn
         checked = [check(server.url, index, c, summary) for c in grown]
-    ok = all(checked)
+    ok = all(checked) and not orphans
+    if orphans:
+        summary.failures.append(f"trial {index}: {orphans} response agents no response owns")
     problems = block_problems(data_dir)
     if problems:
         ok = False
         summary.failures += [f"trial {index}: {p}" for p in problems]
     summary.survived += ok
+
+
+ORPHANS = """SELECT count(*) FROM agents WHERE agent_id LIKE '~resp:%' AND NOT EXISTS
+    (SELECT 1 FROM api_objects WHERE api_objects.namespace = agents.namespace
+     AND kind = 'chain' AND body = agents.agent_id)"""
+
+
+def orphan_agents(data_dir: Path) -> int:
+    """Response agents no stored response points at (what a kill between commits leaves)."""
+    with sqlite3.connect(data_dir / "semantic.db") as db:
+        return int(db.execute(ORPHANS).fetchone()[0])
 
 
 def check(url: str, index: int, chain: Chain, summary: Summary) -> bool:

@@ -34,14 +34,16 @@ class ServerProcess:
         env: dict[str, str] | None = None,
         nofile: tuple[int, int] | None = None,
         log: Path | None = None,
+        port: int | None = None,
     ) -> None:
         """``nofile``: the server's descriptor limit (soft, hard) at its start; ``log``: where
-        its output goes (default: a file in ``data_dir``)."""
+        its output goes (default: a file in ``data_dir``); ``port``: a given one (a restart
+        where a router expects it), else a free one."""
         self.data_dir = data_dir
         self.nofile = nofile
         self.args = args
         self.env = {**os.environ, **(env or {})}
-        self.port = free_port()
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen[bytes] | None = None
         self.log = log or data_dir / f"server-{self.port}.log"  # elsewhere for a disk to fill

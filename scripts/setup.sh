@@ -48,6 +48,18 @@ if ! command -v redis-server >/dev/null 2>&1 && command -v apt-get >/dev/null 2>
     || echo "warning: could not install Redis; the tests that use it will fail" >&2
 fi
 
+# HAProxy (Debian's): the router of scripts/cluster.sh and the cluster tests, run as a plain
+# process on loopback with deploy/haproxy.cfg (ADR 0023); the system's service is never used.
+if ! command -v haproxy >/dev/null 2>&1 && [ ! -x /usr/sbin/haproxy ] && command -v apt-get >/dev/null 2>&1; then
+  SUDO=""
+  [ "$(id -u)" = "0" ] || SUDO="sudo"
+  echo "installing HAProxy (haproxy) for the local cluster..."
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q haproxy >/dev/null 2>&1 \
+    || { $SUDO apt-get update -q >/dev/null \
+      && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q haproxy >/dev/null; } \
+    || echo "warning: could not install HAProxy; the cluster tests will fail" >&2
+fi
+
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 # MLX's backend on Linux is an extra: `cpu` here (`cuda` on an NVIDIA machine: SEMANTIC_EXTRAS=cuda).

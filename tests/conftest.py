@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 from reliability.services.postgres import PostgresServer
 
-from semantic.adapters.mlx.process import prepare_process
+from semantic.adapters.mlx.cpu import prepare_process
 
 prepare_process()  # OpenBLAS in scope, on its best core, before anything imports MLX
 

@@ -44,7 +44,7 @@ class PostgresServer:
 
     def __init__(self, log: Path | None = None) -> None:
         self.bin = postgres_bin()
-        self.root = Path(tempfile.mkdtemp(prefix="semantic-postgres-"))
+        self.root = Path(tempfile.mkdtemp(prefix="semantic-postgres-", dir=_reachable_tmp()))
         self.data = self.root / "data"
         self.port = free_port()
         self.log = log or self.root / "postgres.log"
@@ -150,3 +150,11 @@ class PostgresServer:
         if done.returncode != 0:
             said = (done.stderr or done.stdout).decode(errors="replace")[-2000:]
             raise RuntimeError(f"{done.args[0]} exited with {done.returncode}: {said}")
+
+
+def _reachable_tmp() -> str:
+    """Where the ``postgres`` user can reach: a process that loaded MLX points ``TMPDIR`` at
+    its kernel cache under the user's home (``adapters/mlx/jit.py``), which ``postgres``
+    cannot enter, so children of such a process would fail ``initdb``."""
+    here = tempfile.gettempdir()
+    return "/tmp" if here.startswith(str(Path.home())) and Path("/tmp").is_dir() else here

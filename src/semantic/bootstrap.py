@@ -14,20 +14,24 @@ from pathlib import Path
 from typing import Any
 
 from semantic.adapters.grammar.llguidance_grammar import LlguidanceCompiler
-from semantic.adapters.mlx import attention, host_pass, jit
-from semantic.adapters.mlx.accelerations import accelerations
 from semantic.adapters.mlx.backend import MlxBackend
-from semantic.adapters.mlx.blas import preload_fast_blas, report_blas
+from semantic.adapters.mlx.cpu import (
+    accelerations_for,
+    accelerator_for,
+    kernel_name,
+    prefault_heap,
+    preload_fast_blas,
+    report_blas,
+)
 from semantic.adapters.mlx.devices import device_name, on_cpu, use_device
-from semantic.adapters.mlx.fingerprint import model_fingerprint
-from semantic.adapters.mlx.gguf import WeightFormat
-from semantic.adapters.mlx.host_codec import MlxHostCodec, check_at_rest, storage_format
-from semantic.adapters.mlx.kv_blocks import spec_from_model
-from semantic.adapters.mlx.loader import LoadedModel, load_model, resolve_model
-from semantic.adapters.mlx.memory import prefault_heap
-from semantic.adapters.mlx.model_cache import ModelCache, Progress, default_weight_format
-from semantic.adapters.mlx.restore_buffers import RestoreBuffers
-from semantic.adapters.mlx.tokenizer import MlxTokenizer
+from semantic.adapters.mlx.kv.host_codec import MlxHostCodec, check_at_rest, storage_format
+from semantic.adapters.mlx.kv.kv_blocks import spec_from_model
+from semantic.adapters.mlx.kv.restore_buffers import RestoreBuffers
+from semantic.adapters.mlx.models.fingerprint import model_fingerprint
+from semantic.adapters.mlx.models.gguf import WeightFormat
+from semantic.adapters.mlx.models.loader import LoadedModel, load_model, resolve_model
+from semantic.adapters.mlx.models.model_cache import ModelCache, Progress, default_weight_format
+from semantic.adapters.mlx.tokenizer.tokenizer import MlxTokenizer
 from semantic.adapters.storage.block_files import BlockFiles
 from semantic.adapters.storage.data_dir_lock import acquire_data_directory, release_data_directory
 from semantic.adapters.storage.kv_block_store import KVBlockStore
@@ -200,7 +204,7 @@ async def _start_services(
     _warm_up_chat_template(tokenizer)
     freeze_startup_objects()
     engine = _Started(loaded, kernel, tokenizer, spec, pool, loop)
-    return _services(
+    return await _services(
         settings,
         engine,
         cache,
@@ -236,7 +240,7 @@ class _Started:
     loop: EngineLoop
 
 
-def _services(
+async def _services(
     settings: Settings,
     engine: _Started,
     cache: AgentCacheStore,
@@ -251,6 +255,7 @@ def _services(
     limits = Limits(_max_context(loaded), settings.max_tokens_cap, settings.default_max_tokens)
     generation = GenerationService(engine.loop, cache, limits, observer)
     agents = AgentService(generation, metadata, cache, engine.tokenizer, leases)
+    responses = await _responses(agents, metadata, sweep=leases is None)
     _log_serving(settings, loaded, engine.spec, engine.pool)
     return Services(
         loaded.model_id,
@@ -264,7 +269,7 @@ def _services(
         agents,
         data_dir,
         calls=CallMemory(metadata),
-        responses=ResponsesService(agents, SqliteObjectStore(metadata)),
+        responses=responses,
         runtime=_runtime(loaded, engine.kernel),
     )
 
@@ -281,14 +286,22 @@ def _leases(settings: Settings, metadata: SqliteMetadataStore) -> AgentLeases | 
     return leases
 
 
+async def _responses(
+    agents: AgentService, metadata: SqliteMetadataStore, *, sweep: bool
+) -> ResponsesService:
+    """The Responses API's store, swept of what a crash left (``collect_orphans``) where
+    this process is the database's only user: with instances sharing it (leases on), a
+    response another one is running would look orphaned, so nothing is swept."""
+    responses = ResponsesService(agents, SqliteObjectStore(metadata))
+    if sweep and (orphans := await responses.collect_orphans()):
+        log.info("deleted %d response agents no stored response points at", orphans)
+    return responses
+
+
 def _kernel_name(loaded: LoadedModel) -> str:
     """The kernels that computed the KV, for the fingerprint: KV from other kernels (or
     another device) differs in its last bits and is never mixed with this one's."""
-    kernel = attention.kernel_name() if loaded.host_attention else "mlx-sdpa"
-    if jit.use_native_jit():
-        kernel += f"+{jit.NAME}"
-    if host_pass.supported(loaded.model):
-        kernel += f"+{host_pass.NAME}"
+    kernel = kernel_name(loaded.model, loaded.host_attention)
     if not on_cpu():
         kernel = f"{device_name()}+{kernel}"
     return kernel
@@ -345,7 +358,7 @@ def _log_serving(
 def _runtime(loaded: LoadedModel, kernel: str) -> dict[str, Any]:
     """What the model runs on, logged once and served by ``/v1/models/{id}``."""
     blas = preload_fast_blas()
-    found = accelerations(loaded.model, blas)
+    found = accelerations_for(loaded.model, blas)
     for acceleration in found:
         log.info("acceleration %s: %s", acceleration.name, acceleration.describe())
     return {
@@ -392,6 +405,7 @@ def _engine(
         loaded.model_id,
         tokenizer.eos_token_ids,
         buffers,
+        accelerator=accelerator_for(loaded.model),
     )
     config = EngineConfig(
         default_max_tokens=settings.default_max_tokens,

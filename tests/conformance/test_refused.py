@@ -12,7 +12,7 @@ import pytest
 from mlx_lm.models.cache import ArraysCache, KVCache
 
 from semantic.adapters.mlx.errors import UnsupportedModelError
-from semantic.adapters.mlx.kv_blocks import spec_from_model
+from semantic.adapters.mlx.kv.kv_blocks import spec_from_model
 from semantic.bootstrap import start_services
 from tests.conformance.serving import settings_for
 from tests.conformance.tiny_models import VOCAB, write_model_dir

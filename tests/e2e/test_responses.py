@@ -33,15 +33,16 @@ def ask(server: ServerProcess, text: Any, **fields: Any) -> Any:
 
 def test_a_chain_resumes_from_its_blocks_after_a_restart(new_server: Start) -> None:
     first_server = new_server()
-    first = ask(first_server, "Name three colours.", instructions="Answer briefly.")
+    brief = {"instructions": "Answer briefly."}  # not carried along a chain: sent each turn
+    first = ask(first_server, "Name three colours.", **brief)
     assert first.status in ("completed", "incomplete")
     assert first.output_text
-    warm = ask(first_server, "Which one is the warmest?", previous_response_id=first.id)
+    warm = ask(first_server, "Which one is the warmest?", previous_response_id=first.id, **brief)
     done = first.usage.input_tokens + first.usage.output_tokens
     assert warm.usage.input_tokens_details.cached_tokens >= 0.9 * done
     first_server.stop()
     second_server = new_server(data_dir=first_server.data_dir)
-    again = ask(second_server, "Which one is the warmest?", previous_response_id=first.id)
+    again = ask(second_server, "Which one is the warmest?", previous_response_id=first.id, **brief)
     assert again.usage.input_tokens_details.cached_tokens >= 0.9 * done
     assert again.output_text == warm.output_text
     kept = client(second_server).responses.retrieve(warm.id)
@@ -88,9 +89,9 @@ def test_two_responses_on_one_previous_id_branch(server: ServerProcess) -> None:
     rules = " ".join(f"Rule {i}: answer in one short sentence." for i in range(60))
     root = ask(server, "Name a fruit.", instructions=rules)
     before = _blocks(server)
-    left = ask(server, "Is it sweet?", previous_response_id=root.id)
+    left = ask(server, "Is it sweet?", previous_response_id=root.id, instructions=rules)
     middle = _blocks(server)
-    right = ask(server, "What colour is it?", previous_response_id=root.id)
+    right = ask(server, "What colour is it?", previous_response_id=root.id, instructions=rules)
     after = _blocks(server)
     shared = root.usage.input_tokens + root.usage.output_tokens
     assert right.usage.input_tokens_details.cached_tokens >= 0.9 * shared
@@ -101,16 +102,17 @@ def test_two_responses_on_one_previous_id_branch(server: ServerProcess) -> None:
     )
     items = client(server).responses.input_items.list(right.id)
     assert [_text(i) for i in items.data] == ["What colour is it?"]
-    on_left = ask(server, "Why?", previous_response_id=left.id)
+    on_left = ask(server, "Why?", previous_response_id=left.id, instructions=rules)
     assert on_left.usage.input_tokens_details.cached_tokens >= left.usage.input_tokens
     client(server).responses.delete(left.id)
-    later = ask(server, "Really?", previous_response_id=on_left.id)  # on_left's blocks stay
+    # on_left's blocks stay when left is deleted
+    later = ask(server, "Really?", previous_response_id=on_left.id, instructions=rules)
     done = on_left.usage.input_tokens + on_left.usage.output_tokens
     assert later.usage.input_tokens_details.cached_tokens >= 0.9 * done
     client(server).responses.delete(later.id)
     client(server).responses.delete(on_left.id)
     assert _blocks(server) == before + (after - middle)  # what only they held is freed
-    again = ask(server, "What colour is it?", previous_response_id=root.id)
+    again = ask(server, "What colour is it?", previous_response_id=root.id, instructions=rules)
     assert again.output_text == right.output_text
 
 

@@ -12,10 +12,11 @@ import pytest
 
 from semantic.adapters.cli.progress import ProgressPrinter
 from semantic.adapters.mlx.backend import MlxBackend
-from semantic.adapters.mlx.kv_blocks import spec_from_model
-from semantic.adapters.mlx.loader import LoadedModel, load_model
-from semantic.adapters.mlx.restore_buffers import RestoreBuffers
-from semantic.adapters.mlx.tokenizer import MlxTokenizer
+from semantic.adapters.mlx.cpu import accelerator_for
+from semantic.adapters.mlx.kv.kv_blocks import spec_from_model
+from semantic.adapters.mlx.kv.restore_buffers import RestoreBuffers
+from semantic.adapters.mlx.models.loader import LoadedModel, load_model
+from semantic.adapters.mlx.tokenizer.tokenizer import MlxTokenizer
 from semantic.adapters.storage.sqlite_metadata import SqliteMetadataStore
 from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
 from semantic.bootstrap import grammar_compiler, prepare_model
@@ -66,8 +67,10 @@ def make_engine(real_model: RealModel) -> EngineFactory:
         grammars: GrammarCompiler | None = None,
         **config: Any,
     ) -> tuple[BlockPoolBatchEngine, MlxBackend]:
-        eos = real_model.tokenizer.eos_token_ids
-        backend = MlxBackend(real_model.loaded.model, real_model.spec, "test", eos, buffers)
+        eos, model = real_model.tokenizer.eos_token_ids, real_model.loaded.model
+        backend = MlxBackend(
+            model, real_model.spec, "test", eos, buffers, accelerator=accelerator_for(model)
+        )
         pool = BlockPool.from_budget(real_model.spec, budget_bytes)
         engine = BlockPoolBatchEngine(
             backend, real_model.tokenizer, pool, EngineConfig(**config), grammars=grammars

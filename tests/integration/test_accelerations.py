@@ -9,10 +9,10 @@ from mlx import nn
 from mlx.utils import tree_map
 from mlx_lm.models import gemma3_text
 
-from semantic.adapters.mlx import host_pass
-from semantic.adapters.mlx.accelerations import accelerations
-from semantic.adapters.mlx.attention import install
-from semantic.adapters.mlx.blas import blas_in_use
+from semantic.adapters.mlx.cpu import host_pass
+from semantic.adapters.mlx.cpu.accelerations import accelerations
+from semantic.adapters.mlx.cpu.attention import install
+from semantic.adapters.mlx.cpu.blas import blas_in_use
 from tests.helpers import tiny_family, tiny_llama
 from tests.integration.conftest import RealModel
 

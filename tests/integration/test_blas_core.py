@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from semantic.adapters.mlx.blas import blas_in_use
-from semantic.adapters.mlx.blas_core import CORETYPE_ENV
-from semantic.adapters.mlx.blas_probe import probe
+from semantic.adapters.mlx.cpu.blas import blas_in_use
+from semantic.adapters.mlx.cpu.blas_core import CORETYPE_ENV
+from semantic.adapters.mlx.cpu.blas_probe import probe
 from tests.helpers import run_python
 
 
@@ -41,8 +41,8 @@ def test_the_startup_line_names_library_version_core_and_reason() -> None:
     code = (
         "import logging, sys\n"
         "logging.basicConfig(level=logging.INFO, stream=sys.stdout, format='%(message)s')\n"
-        "from semantic.adapters.mlx.process import prepare_process\n"
-        "from semantic.adapters.mlx.blas import report_blas\n"
+        "from semantic.adapters.mlx.cpu import prepare_process\n"
+        "from semantic.adapters.mlx.cpu.blas import report_blas\n"
         "prepare_process()\n"
         "report_blas()\n"
     )

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from benchmarks.corpus import conversation
 
-from semantic.adapters.mlx import layer_slice
-from semantic.adapters.mlx.kv_blocks import cut_into_blocks, gather_cache
-from semantic.adapters.mlx.kv_payloads import MlxKV, StackedKV, kv_arrays
-from semantic.adapters.mlx.restore_buffers import RestoreBuffers
+from semantic.adapters.mlx.cpu import layer_slice
+from semantic.adapters.mlx.kv.kv_blocks import cut_into_blocks, gather_cache
+from semantic.adapters.mlx.kv.kv_payloads import MlxKV, StackedKV, kv_arrays
+from semantic.adapters.mlx.kv.restore_buffers import RestoreBuffers
 from semantic.application.events import CompletionEvent
 from semantic.application.scheduler.pacer import PacerConfig
 from semantic.domain.chat import ChatMessage

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from reliability.full_disk import MountRefusedError, fill, tmpfs
 
-from semantic.adapters.mlx.host_codec import MlxHostCodec
+from semantic.adapters.mlx.kv.host_codec import MlxHostCodec
 from semantic.adapters.storage.block_files import HEADROOM, BlockFiles
 from semantic.adapters.storage.kv_block_store import KVBlockStore
 from semantic.adapters.storage.sqlite_metadata import SqliteMetadataStore

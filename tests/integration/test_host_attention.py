@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from semantic.adapters.mlx import attention
-from semantic.adapters.mlx.attention import PendingAttention
+from semantic.adapters.mlx.cpu import attention
+from semantic.adapters.mlx.cpu.attention import PendingAttention
 
 import mlx.core as mx  # isort: skip
 import numpy as np  # isort: skip

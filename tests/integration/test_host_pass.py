@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
-from semantic.adapters.mlx.fused_pass import Group
-from semantic.adapters.mlx.host_pass import HOST_PASS_ENV, HostPass
-from semantic.adapters.mlx.kv_blocks import gather_cache
-from semantic.adapters.mlx.kv_payloads import MlxKV, StackedKV
-from semantic.adapters.mlx.restored_prefix import RestoredPrefix
+from semantic.adapters.mlx.accelerator import Group
+from semantic.adapters.mlx.cpu.host_pass import HOST_PASS_ENV, HostPass
+from semantic.adapters.mlx.kv.kv_blocks import gather_cache
+from semantic.adapters.mlx.kv.kv_payloads import MlxKV, StackedKV
+from semantic.adapters.mlx.kv.restored_prefix import RestoredPrefix
 from semantic.domain.blocks import AgentBlocks, KVBlock
 from tests.helpers import generate, tiny_family
 from tests.integration.conftest import EngineFactory, RealModel
@@ -270,7 +270,7 @@ def test_each_llama_bodied_family_gets_the_host_pass(family: str) -> None:
     RoPE frequencies, Qwen2 adds biases to q/k/v, Qwen3 RMS-norms each head's queries and
     keys: the same C pass reads each, and continues a prompt, a chunk then a decode step,
     as mlx-lm's own forward does, its new keys and values too."""
-    from semantic.adapters.mlx.attention import install
+    from semantic.adapters.mlx.cpu.attention import install
 
     model = tiny_family(family, seed=4)
     assert install(model)

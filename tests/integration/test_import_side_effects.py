@@ -40,3 +40,16 @@ def test_importing_every_module_changes_nothing_in_the_process(tmp_path: Path) -
     assert found["changed"] == []
     assert not found["global_blas"]
     assert not native.exists() or not any(native.iterdir())  # nothing was compiled
+
+
+def test_the_cpu_accelerators_facade_loads_no_mlx() -> None:
+    """``prepare_process`` comes from the facade and must run before ``mlx.core`` loads
+    (MLX binds to the BLAS in the global symbol scope then): importing it loads no MLX."""
+    code = (
+        "import sys\n"
+        "from semantic.adapters.mlx.cpu import prepare_process\n"
+        "print(sorted(m for m in ('mlx.core', 'mlx_lm', 'numpy') if m in sys.modules))\n"
+    )
+    done = run_python(code)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"

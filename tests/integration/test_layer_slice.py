@@ -9,10 +9,11 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
-from semantic.adapters.mlx.attention import install
 from semantic.adapters.mlx.backend import MlxBackend
-from semantic.adapters.mlx.kv_blocks import spec_from_model
-from semantic.adapters.mlx.layer_slice import StepTimes
+from semantic.adapters.mlx.cpu import accelerator_for
+from semantic.adapters.mlx.cpu.attention import install
+from semantic.adapters.mlx.cpu.layer_slice import StepTimes
+from semantic.adapters.mlx.kv.kv_blocks import spec_from_model
 from semantic.domain.generation import SamplingParams
 from semantic.ports.model_backend import PromptChunk, SliceProgress, StepOutput
 from tests.helpers import tiny_family
@@ -86,7 +87,9 @@ def test_a_sliced_prompt_beside_streams_and_a_ride_give_mlx_lms_greedy_tokens(
     reference = tiny_family(family, seed=5, **shape)
     model = tiny_family(family, seed=5, **shape)
     assert install(model)
-    backend = MlxBackend(model, spec_from_model(model), family, frozenset())
+    backend = MlxBackend(
+        model, spec_from_model(model), family, frozenset(), accelerator=accelerator_for(model)
+    )
     assert backend.can_slice
     rng = random.Random(family)
     prompts = {name: [rng.randrange(512) for _ in range(n)] for name, n in NEW_TOKENS.items()}

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
-from semantic.adapters.mlx.piece_encoder import PieceEncoder
+from semantic.adapters.mlx.tokenizer.piece_encoder import PieceEncoder
 from semantic.domain.chat import ChatMessage
 from tests.integration.conftest import RealModel
 
@@ -184,7 +184,7 @@ class StrippingTemplate:
 def test_a_template_that_rewrites_messages_refuses_spelled_control_tokens(
     real_model: RealModel,
 ) -> None:
-    from semantic.adapters.mlx.tokenizer import MlxTokenizer
+    from semantic.adapters.mlx.tokenizer.tokenizer import MlxTokenizer
     from semantic.domain.errors import InvalidRequestError
 
     tokenizer = MlxTokenizer(StrippingTemplate(real_model.loaded.tokenizer))

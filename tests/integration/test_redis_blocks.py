@@ -10,8 +10,8 @@ import redis
 import xxhash
 from reliability.services.redis import RedisServer
 
-from semantic.adapters.mlx.host_codec import MlxHostCodec
-from semantic.adapters.mlx.kv_payloads import kv_arrays
+from semantic.adapters.mlx.kv.host_codec import MlxHostCodec
+from semantic.adapters.mlx.kv.kv_payloads import kv_arrays
 from semantic.adapters.storage.block_files import BlockFiles
 from semantic.adapters.storage.kv_block_store import KVBlockStore
 from semantic.adapters.storage.redis_blocks import FIRST_BACKOFF_S, RedisSharedBlocks, redis_key

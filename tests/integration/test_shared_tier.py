@@ -13,7 +13,8 @@ from reliability.services.redis import RedisServer
 from sqlalchemy import select
 
 from semantic.adapters.mlx.backend import MlxBackend
-from semantic.adapters.mlx.host_codec import MlxHostCodec
+from semantic.adapters.mlx.cpu import accelerator_for
+from semantic.adapters.mlx.kv.host_codec import MlxHostCodec
 from semantic.adapters.storage.block_files import BlockFiles
 from semantic.adapters.storage.kv_block_store import KVBlockStore
 from semantic.adapters.storage.redis_blocks import RedisSharedBlocks, redis_key
@@ -39,7 +40,13 @@ class Instance:
         self.metadata = SqliteMetadataStore(data_dir / "semantic.db")
         self.pool = BlockPool.from_budget(model.spec, 512 << 20)
         eos = model.tokenizer.eos_token_ids
-        backend = MlxBackend(model.loaded.model, model.spec, "test", eos)
+        backend = MlxBackend(
+            model.loaded.model,
+            model.spec,
+            "test",
+            eos,
+            accelerator=accelerator_for(model.loaded.model),
+        )
         self.store = AgentCacheStore(
             self.pool,
             model.spec,

@@ -10,8 +10,9 @@ import pytest
 from mlx_lm.models import gemma3_text
 
 from semantic.adapters.mlx.backend import MlxBackend
-from semantic.adapters.mlx.kv_blocks import gather_cache, spec_from_model
-from semantic.adapters.mlx.kv_payloads import MlxKV
+from semantic.adapters.mlx.cpu import accelerator_for
+from semantic.adapters.mlx.kv.kv_blocks import gather_cache, spec_from_model
+from semantic.adapters.mlx.kv.kv_payloads import MlxKV
 from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.blocks import AgentBlocks, KVBlock
@@ -44,7 +45,7 @@ def tiny_gemma() -> gemma3_text.Model:
 
 def make_engine(model: gemma3_text.Model) -> BlockPoolBatchEngine:
     spec = spec_from_model(model)
-    backend = MlxBackend(model, spec, "tiny-gemma", frozenset())
+    backend = MlxBackend(model, spec, "tiny-gemma", frozenset(), accelerator=accelerator_for(model))
     tokenizer = ByteTokenizer([bytes([i]) for i in range(256)])
     return BlockPoolBatchEngine(backend, tokenizer, BlockPool(400), EngineConfig(max_context=4096))
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from semantic.adapters.mlx.blas import PIN_ENV, blas_in_use
+from semantic.adapters.mlx.cpu.blas import PIN_ENV, blas_in_use
 from tests.helpers import run_python
 
 import mlx.core as mx  # isort: skip
@@ -122,7 +122,7 @@ def test_importing_mlx_first_is_named_as_the_cause_of_a_slow_blas() -> None:
     imported it first is told to change its import order, not to install OpenBLAS."""
     code = (
         "import mlx.core\n"
-        "from semantic.adapters.mlx.blas import report_blas\n"
+        "from semantic.adapters.mlx.cpu.blas import report_blas\n"
         "print(report_blas().fast)\n"
     )
     done = run_python(code)

@@ -17,9 +17,9 @@ from sqlalchemy import event
 from sqlalchemy.exc import OperationalError
 
 from semantic.adapters.mlx.errors import UnsupportedModelError
-from semantic.adapters.mlx.host_codec import MlxHostCodec, check_at_rest
-from semantic.adapters.mlx.kv_payloads import MlxKV, StackedKV, kv_arrays
-from semantic.adapters.mlx.restore_buffers import RestoreBuffers
+from semantic.adapters.mlx.kv.host_codec import MlxHostCodec, check_at_rest
+from semantic.adapters.mlx.kv.kv_payloads import MlxKV, StackedKV, kv_arrays
+from semantic.adapters.mlx.kv.restore_buffers import RestoreBuffers
 from semantic.adapters.storage.block_files import SPARES, BlockFiles, safetensors_parts
 from semantic.adapters.storage.kv_block_store import KVBlockStore
 from semantic.adapters.storage.schema_migrations import head
@@ -655,4 +655,35 @@ async def test_a_block_list_naming_a_block_cut_meanwhile_is_refused_as_unavailab
         await db.save_agent_blocks(AgentRecord("default", "fork", ("k1", "gone"), 6), [])
     assert await db.agent("default", "fork") is None
     assert (await db.blocks(["k1"]))["k1"].ref_count == 1
+    await db.close()
+
+
+async def test_a_fork_shares_the_blocks_and_copies_the_transcript_in_one_go(
+    tmp_path: Path,
+) -> None:
+    db = SqliteMetadataStore(tmp_path / "semantic.db")
+    await db.open()
+    await db.save_agent_blocks(
+        AgentRecord("default", "a", ("k1", "k2"), 6, "old rules"), [record("k1"), record("k2")]
+    )
+    said = [MessageRecord("user", "hi", 1.0), MessageRecord("assistant", "yo", 2.0, raw="yo!")]
+    await db.append_messages("default", "a", said)
+    fork = await db.fork_agent("default", "a", "b", "new rules")
+    assert fork is not None
+    assert (fork.block_keys, fork.token_count, fork.system_prompt) == (("k1", "k2"), 6, "new rules")
+    assert fork.keeps_transcript
+    assert await db.agent("default", "b") == fork
+    assert await db.messages("default", "b") == said
+    await db.append_messages("default", "b", [MessageRecord("user", "more", 3.0)])
+    assert await db.messages("default", "a") == said  # the copies diverge
+    assert {k: r.ref_count for k, r in (await db.blocks(["k1", "k2"])).items()} == {
+        "k1": 2,
+        "k2": 2,
+    }
+    with pytest.raises(AgentExistsError):
+        await db.fork_agent("default", "a", "b", None)
+    assert await db.fork_agent("default", "missing", "c", None) is None
+    assert await db.fork_agent("elsewhere", "a", "c", None) is None
+    assert await db.delete_agent("default", "a") == []  # the fork still holds both
+    assert sorted(await db.delete_agent("default", "b")) == ["k1", "k2"]
     await db.close()

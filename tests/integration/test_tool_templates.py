@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from semantic.adapters.mlx.tokenizer import MlxTokenizer
+from semantic.adapters.mlx.tokenizer.tokenizer import MlxTokenizer
 from semantic.application.tool_replies import ReplyReader
 from semantic.domain.chat import ChatMessage
 from semantic.domain.tools import ToolCall, ToolChoice, checked_tools, tool_use

@@ -177,6 +177,31 @@ class FakeMetadataStore:
             agent, last_used=self.clock
         )
 
+    async def fork_agent(
+        self, namespace: str, source_id: str, new_id: str, system_prompt: str | None
+    ) -> AgentRecord | None:
+        self._write()
+        source = self.agent_rows.get((namespace, source_id))
+        if source is None or source.anonymous:
+            return None
+        if (namespace, new_id) in self.agent_rows:
+            raise AgentExistsError(new_id, namespace)
+        self.clock += 1
+        fork = dataclasses.replace(
+            source,
+            agent_id=new_id,
+            system_prompt=system_prompt,
+            keeps_transcript=True,
+            created_at=self.clock,
+            last_used=self.clock,
+        )
+        self.agent_rows[(namespace, new_id)] = fork
+        self.transcripts[(namespace, new_id)] = list(
+            self.transcripts.get((namespace, source_id), [])
+        )
+        self._recount(set(source.block_keys))
+        return fork
+
     async def delete_agent(
         self, namespace: str, agent_id: str, *, lease: Lease | None = None
     ) -> list[str]:

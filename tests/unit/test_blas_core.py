@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from semantic.adapters.mlx.blas_core import (
+from semantic.adapters.mlx.cpu.blas_core import (
     CoreReason,
     candidate_cores,
     cpu_flags,
     is_generic,
 )
-from semantic.adapters.mlx.blas_probe import ProbeResult, decide_core
+from semantic.adapters.mlx.cpu.blas_probe import ProbeResult, decide_core
 
 AVX512 = {"sse4_2", "avx", "avx2", "fma", "avx512f", "avx512dq", "avx512cd", "avx512bw", "avx512vl"}
 AVX512_BF16 = AVX512 | {"avx512_bf16", "amx_tile"}

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from semantic.adapters.cli.descriptors import raise_descriptor_limit
-from semantic.adapters.mlx.descriptor_limit import _descriptor_limit_only_raised
+from semantic.adapters.mlx.models.descriptor_limit import _descriptor_limit_only_raised
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from semantic.adapters.mlx.errors import UnsupportedRuntimeError
-from semantic.adapters.mlx.runtime import OVERRIDE_ENV, check_mlx_lm_version
+from semantic.adapters.mlx.models.runtime import OVERRIDE_ENV, check_mlx_lm_version
 
 
 @pytest.mark.parametrize("version", ["0.32.2", "0.32.9", "0.32.3rc1"])

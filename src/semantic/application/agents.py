@@ -228,6 +228,14 @@ class AgentService:
         infos = [await self._info(r, counts.get(r.agent_id, 0)) for r in page]
         return infos, len(page) < len(records)
 
+    async def internal_agents(self, prefix: str) -> list[tuple[str, str]]:
+        """(namespace, agent id) of every agent, in any namespace, whose id starts with
+        ``prefix`` (one of ``INTERNAL_PREFIX``'s), for their owner's sweep at start."""
+        if not prefix.startswith(INTERNAL_PREFIX):
+            raise ValueError(f"{prefix!r} names no internal agents")
+        found = await self._metadata.agents()
+        return [(r.namespace, r.agent_id) for r in found if r.agent_id.startswith(prefix)]
+
     async def delete(self, namespace: str, agent_id: str) -> None:
         """Ends the agent's queued and running turns and plain requests first (they keep
         nothing and say the agent was deleted), rather than waiting minutes for a long reply
@@ -276,29 +284,32 @@ class AgentService:
     async def fork(self, namespace: str, source_id: str, new_id: str) -> AgentInfo:
         """A new agent sharing every block and message of the source: nothing is copied but
         ids, and the two diverge from their next turn on."""
-        async with self._lock(namespace, source_id), self._leased(namespace, new_id) as lease:
+        async with self._lock(namespace, source_id), self._leased(namespace, new_id):
             source = await self._record(namespace, source_id)
-            record = AgentRecord(
-                namespace, new_id, system_prompt=source.system_prompt, keeps_transcript=True
-            )
-            await self._cache.keeping(
-                namespace, new_id, functools.partial(self._metadata.create_agent, record)
-            )
-            source = await self._record(namespace, source_id)  # room made may have cut it
-            fork = dataclasses.replace(source, agent_id=new_id, anonymous=False, last_used=0.0)
-            try:
-                await self._metadata.save_agent_blocks(fork, [], lease=lease)
-                history = await self._metadata.messages(namespace, source_id)
-                append = self._metadata.append_messages
-                await self._cache.keeping(
-                    namespace,
-                    new_id,
-                    functools.partial(append, namespace, new_id, history, lease=lease),
-                )
-            except BaseException:  # no half-made fork (the disk quota cut the source, say)
-                await self._cache.forget(await self._metadata.delete_agent(namespace, new_id))
-                raise
+            await self._branch(namespace, source_id, new_id, source.system_prompt)
         return await self.get(namespace, new_id)
+
+    async def branch(
+        self, namespace: str, source_id: str, new_id: str, system_prompt: str | None
+    ) -> AgentRecord:
+        """A fork whose system prompt is ``system_prompt`` (a response's own instructions,
+        which OpenAI does not carry along a chain), without the info ``fork`` reads back:
+        a chain's next turn pays for one commit before it starts."""
+        async with self._lock(namespace, source_id):
+            return await self._branch(namespace, source_id, new_id, system_prompt)
+
+    async def _branch(
+        self, namespace: str, source_id: str, new_id: str, system_prompt: str | None
+    ) -> AgentRecord:
+        """One transaction (the block list, the reference counts, a copy of the message
+        rows), so a crash leaves no half-made fork."""
+        write = functools.partial(
+            self._metadata.fork_agent, namespace, source_id, new_id, system_prompt
+        )
+        record = await self._cache.keeping(namespace, new_id, write)
+        if record is None:
+            raise AgentNotFoundError(source_id, namespace)
+        return record
 
     async def messages(self, namespace: str, agent_id: str) -> list[MessageRecord]:
         await self._record(namespace, agent_id)
@@ -411,16 +422,7 @@ class AgentService:
         try:
             self._generation.check(request)
         except PromptTooLongError as error:
-            if error.param == "max_tokens":  # the conversation fits; the reply asked for not
-                raise PromptTooLongError(
-                    f"{error}; ask for fewer max_tokens, or leave it out to get the room left",
-                    param="max_tokens",
-                ) from None
-            raise PromptTooLongError(
-                f"agent {agent_id!r} has outgrown the model's context with this message "
-                f"({error}); start a new agent, or delete this one",
-                param="content",
-            ) from None
+            raise _outgrown(error, agent_id) from None
         return request, len(history)
 
     @contextlib.contextmanager
@@ -472,6 +474,24 @@ class AgentService:
 
     def _lock(self, namespace: str, agent_id: str) -> AbstractAsyncContextManager[None]:
         return self._locks.hold((namespace, agent_id))
+
+
+def _outgrown(error: PromptTooLongError, agent_id: str) -> PromptTooLongError:
+    if error.param == "max_tokens":  # the conversation fits; the reply asked for not
+        return PromptTooLongError(
+            f"{error}; ask for fewer max_tokens, or leave it out to get the room left",
+            param="max_tokens",
+        )
+    if agent_id.startswith(INTERNAL_PREFIX):  # a response's: its front door names the field
+        return PromptTooLongError(
+            f"the conversation has outgrown the model's context with this input ({error})",
+            param="content",
+        )
+    return PromptTooLongError(
+        f"agent {agent_id!r} has outgrown the model's context with this message "
+        f"({error}); start a new agent, or delete this one",
+        param="content",
+    )
 
 
 def new_call_id() -> str:

@@ -1,9 +1,11 @@
 """The Responses API's chains and conversations on the stateful agents use case (ADR 0020).
 
 Every stored response owns an internal agent (``~resp:<id>``). A response on
-``previous_response_id`` forks the previous response's agent (every block and message shared,
-nothing copied) and sends its input as that fork's turn, so two responses on one previous id
-branch copy-on-write, and deleting a response frees only what its agent alone held. A
+``previous_response_id`` forks the previous response's agent in one transaction (every block
+shared, no KV copied; the message rows copied inside the database) and sends its input as
+that fork's turn, so two responses on one previous id branch copy-on-write, and deleting a
+response frees only what its agent alone held. A response's ``instructions`` are its own
+system prompt: as at OpenAI, a previous response's are not carried over. A
 conversation remembers the agent of its last response and the items it had then; a response
 with ``conversation`` forks that agent while the items are unchanged, else starts one from
 the items. What a response keeps (its body, its items) commits in one transaction before
@@ -95,20 +97,18 @@ class ResponsesService:
         await self._objects.put_objects(namespace, objects)
 
     async def _start_chain(self, namespace: str, ask: ResponseAsk, agent_id: str) -> Turn:
-        """Fork the agent the response continues, or make one; the turn to send it."""
+        """Fork the agent the response continues (with this response's instructions as its
+        system prompt), or make one; the turn to send it."""
         source = await self._source(namespace, ask)
         if source is not None:
             try:
-                info = await self._agents.fork(namespace, source, agent_id)
+                await self._agents.branch(namespace, source, agent_id, ask.instructions)
             except AgentNotFoundError:
                 if ask.previous_id is not None:
                     raise ObjectNotFoundError(
                         "response", ask.previous_id, param="previous_response_id"
                     ) from None
-            else:
-                if ask.instructions and ask.instructions != info.system_prompt:
-                    said = MessageRecord("system", ask.instructions)
-                    return dataclasses.replace(ask.turn, items=(said, *ask.turn.items))
+            else:  # this response's instructions only, as OpenAI has it: none carried over
                 return ask.turn
         try:
             await self._agents.create(namespace, agent_id, ask.instructions)
@@ -131,6 +131,22 @@ class ResponsesService:
             return None
         state = json.loads(found.body)
         return str(state["agent"]) if tuple(state["items"]) == ask.history_ids else None
+
+    async def collect_orphans(self) -> int:
+        """At start, before any response runs: delete the response agents no stored
+        response points at, with the blocks only they held, and say how many. A kill between
+        a response's commits (its fork, its turn, what it keeps) or before a ``store: false``
+        response's agent was dropped leaves one; nothing can find it again. Assumes no other
+        server shares the database meanwhile (its responses in flight would look orphaned)."""
+        agents = await self._agents.internal_agents(response_agent(""))
+        kept: dict[str, set[str]] = {}
+        for namespace in {n for n, _ in agents}:
+            chains = await self._objects.objects_of_kind(namespace, CHAIN)
+            kept[namespace] = {c.body for c in chains}
+        orphans = [(n, a) for n, a in agents if a not in kept[n]]
+        for namespace, agent_id in orphans:
+            await self._drop(namespace, agent_id)
+        return len(orphans)
 
     async def _drop(self, namespace: str, agent_id: str) -> None:
         with contextlib.suppress(AgentNotFoundError):

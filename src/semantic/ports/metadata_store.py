@@ -112,6 +112,14 @@ class MetadataStore(Protocol):
         """Raises ``AgentExistsError`` if the id is taken in its namespace."""
         ...
 
+    async def fork_agent(
+        self, namespace: str, source_id: str, new_id: str, system_prompt: str | None
+    ) -> AgentRecord | None:
+        """In one transaction, a new agent (``keeps_transcript``, ``system_prompt``) holding
+        the source's blocks and a copy of its messages; None if the source is gone, and
+        ``AgentExistsError`` if ``new_id`` is taken."""
+        ...
+
     async def delete_agent(
         self, namespace: str, agent_id: str, *, lease: Lease | None = None
     ) -> list[str]:

@@ -38,6 +38,10 @@ class ObjectStore(Protocol):
         """A parent's objects of ``kind``, oldest first."""
         ...
 
+    async def objects_of_kind(self, namespace: str, kind: str) -> list[StoredObject]:
+        """Every object of ``kind`` in the namespace, oldest first."""
+        ...
+
     async def delete_objects(self, namespace: str, kind: str, object_ids: Sequence[str]) -> int:
         """Delete those objects and their children (of any kind); returns how many of the
         named ones there were."""

@@ -75,7 +75,7 @@ def _check_sampling(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 
 def pull_model(args: argparse.Namespace) -> int:
     from semantic.adapters.mlx.errors import UnknownModelError
-    from semantic.adapters.mlx.model_cache import EMBEDDED_MODELS, ModelCache
+    from semantic.adapters.mlx.models.model_cache import EMBEDDED_MODELS, ModelCache
     from semantic.bootstrap import weight_format
 
     settings = settings_from(args)

@@ -51,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _prepare_process() -> None:
     """The one step that readies this process for MLX (BLAS, malloc, JIT), before any
     command imports it: importing semantic's modules changes nothing by itself."""
-    from semantic.adapters.mlx.process import prepare_process
+    from semantic.adapters.mlx.cpu import prepare_process
 
     prepare_process()
     try:

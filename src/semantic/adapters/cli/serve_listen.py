@@ -40,7 +40,7 @@ def keys_and_data_directory(settings: Settings) -> KeyRing:
 
 def raise_descriptors() -> DescriptorLimit:
     """The descriptor limit raised to the hard limit, before mlx-lm's import would lower it."""
-    from semantic.adapters.mlx.descriptor_limit import import_mlx_lm_keeping_descriptor_limit
+    from semantic.adapters.mlx.models.descriptor_limit import import_mlx_lm_keeping_descriptor_limit
 
     limit = raise_descriptor_limit()
     import_mlx_lm_keeping_descriptor_limit()

@@ -254,13 +254,32 @@ async def _first(
     except UnsupportedSchemaError as error:
         raise named_refusal(error, use) from None
     except PromptTooLongError as error:
-        if data.truncation == "auto":
-            raise PromptTooLongError(
-                f'{error}; truncation "auto" is not served: the chain no longer fits, start '
-                "a new one",
-                param="truncation",
-            ) from None
-        raise
+        raise _too_long(error, data) from None
+    except InvalidRequestError as error:
+        if error.param != "max_tokens":
+            raise
+        message = str(error).replace("max_tokens", "max_output_tokens")
+        raise InvalidRequestError(message, param="max_output_tokens") from None
+
+
+def _too_long(error: PromptTooLongError, data: ResponseRequest) -> PromptTooLongError:
+    """The agents' refusal in the Responses API's words: the reply asked for does not fit
+    (``max_output_tokens``), or the chain with this input does not (``input``; with
+    ``truncation: "auto"``, which would drop its oldest items, that field: not served)."""
+    message = str(error).replace("max_tokens", "max_output_tokens")
+    if error.param in ("max_tokens", "instructions"):
+        param = "max_output_tokens" if error.param == "max_tokens" else "instructions"
+        return PromptTooLongError(message, param=param)
+    if data.truncation == "auto":
+        return PromptTooLongError(
+            f'{message}; truncation "auto" is not served: the chain no longer fits, start '
+            "a new one",
+            param="truncation",
+        )
+    return PromptTooLongError(
+        f"{message} (truncation is disabled: the request fails rather than drop items)",
+        param="input",
+    )
 
 
 async def _last(first: GenerationEvent, rest: AsyncIterator[GenerationEvent]) -> None:

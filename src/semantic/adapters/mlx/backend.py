@@ -19,10 +19,9 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 
+from semantic.adapters.mlx.accelerator import Accelerator, Group, PromptSlice
 from semantic.adapters.mlx.decode_batch import Caches, DecodeBatch
-from semantic.adapters.mlx.fused_pass import MAX_ROWS, Group, supports_fusion
-from semantic.adapters.mlx.host_pass import HostPass
-from semantic.adapters.mlx.kv_blocks import (
+from semantic.adapters.mlx.kv.kv_blocks import (
     History,
     clone_prefix,
     cut_into_blocks,
@@ -32,12 +31,10 @@ from semantic.adapters.mlx.kv_blocks import (
     size_cache,
     window_history,
 )
-from semantic.adapters.mlx.layer_slice import LayerSlice, StepTimes
-from semantic.adapters.mlx.model_parts import BodyAndHead
-from semantic.adapters.mlx.restore_buffers import RestoreBuffers
-from semantic.adapters.mlx.restored_prefix import RestoredPrefix
+from semantic.adapters.mlx.kv.restore_buffers import RestoreBuffers
+from semantic.adapters.mlx.kv.restored_prefix import RestoredPrefix
+from semantic.adapters.mlx.models.model_parts import BodyAndHead
 from semantic.adapters.mlx.sampling import Sampler, log_softmax, make_sampler, top_prob
-from semantic.adapters.mlx.side_by_side import step_beside_slice
 from semantic.adapters.mlx.token_mask import masked
 from semantic.domain.blocks import AgentBlocks
 from semantic.domain.cache_spec import ModelCacheSpec
@@ -65,7 +62,7 @@ class _Sequence:
     chunk that is not also the last (a prompt prefilled whole sizes itself)."""
     prefix: RestoredPrefix | None = None
     """Restored positions not yet copied into ``caches``, which hold what follows them."""
-    slice: LayerSlice | None = None
+    slice: PromptSlice | None = None
     """A chunk part way through the layers (``prefill_slice``)."""
     matcher: GrammarMatcher | None = None
     """The grammar every token of a constrained sequence is drawn within."""
@@ -81,25 +78,28 @@ class MlxBackend:
         model_id: str,
         eos_token_ids: frozenset[int],
         buffers: RestoreBuffers | None = None,
+        *,
+        accelerator: Accelerator | None,
     ) -> None:
         """``buffers``: where finished sequences' blocks are copied (the restore buffers'
         recycled memory); without them, or for caches that cannot be stacked (sliding
-        windows, other than float32), each block layer is an MLX array of its own."""
+        windows, other than float32), each block layer is an MLX array of its own.
+        ``accelerator``: what may take passes off MLX (the CPU one, ``cpu.accelerator_for``);
+        without one, every pass is mlx-lm's own and a prompt is never sliced."""
         self._model = model
         self._buffers = buffers
         self._spec = spec
         self._model_id = model_id
-        self._host = HostPass.of(model)
-        self._decoder = DecodeBatch(model, eos_token_ids, self._host)
+        self._accelerator = accelerator
+        self._decoder = DecodeBatch(model, eos_token_ids, accelerator)
         self._streams: tuple[Any, ...] | None = None
         self._split = BodyAndHead.of(model)
-        self._fusion = supports_fusion(model)
-        self._capabilities = BackendCapabilities(
-            spec, model_id, self._split is not None, MAX_ROWS if self._fusion else 0
-        )
+        self._ride_rows = accelerator.ride_rows if accelerator is not None else 0
+        self._host_rows = accelerator.host_rows if accelerator is not None else 0
+        self._can_slice = self._split is not None and accelerator is not None
+        self._capabilities = BackendCapabilities(spec, model_id, self._can_slice, self._ride_rows)
         self._sequences: dict[str, _Sequence] = {}
-        self._step_times = StepTimes()  # a slice's last time for each step of a layer
-        self._beside = step_beside_slice(self._decoder, self._step_output) if self._host else None
+        self._beside = accelerator.beside(self._decoder, self._step_output) if accelerator else None
 
     @property
     def spec(self) -> ModelCacheSpec:
@@ -143,7 +143,7 @@ class MlxBackend:
     ) -> RestoredPrefix | None:
         """A returning agent whose new tokens fit one host pass skips the cache build before
         its first token: that pass reads the restored blocks where they lie."""
-        if self._host is None or restored is None or not 0 < n_new <= MAX_ROWS:
+        if not self._host_rows or restored is None or not 0 < n_new <= self._host_rows:
             return None
         return RestoredPrefix.of(restored, n_restored, self._spec)
 
@@ -206,7 +206,7 @@ class MlxBackend:
         must_progress: bool = True,
     ) -> SliceProgress:
         sequence = self._sequences[seq_id]
-        if self._split is None:  # no llama body to pause inside: the whole chunk now
+        if self._split is None or self._accelerator is None:  # nothing to pause: whole chunk
             if last:
                 return SliceProgress(True, self.prefill_and_sample(seq_id, tokens))
             self.prefill(seq_id, tokens)
@@ -217,12 +217,11 @@ class MlxBackend:
             caches = self._caches(sequence)
             room = 0 if last else room_to_reserve(caches, sequence.room)
             size = functools.partial(size_cache, room=room, spec=self._spec) if room else None
-            sequence.slice = LayerSlice.start(body, tokens, caches, self._step_times, size)
+            sequence.slice = self._accelerator.start_slice(body, tokens, caches, size)
         left = seconds - (time.perf_counter() - started)
         done = sequence.slice.advance(
             body, sequence.caches, left, must_progress=must_progress, between=self._catch_up
         )
-        self._step_times = sequence.slice.times
         if not done:
             return SliceProgress(False)
         hidden, sequence.slice = sequence.slice.hidden, None
@@ -250,9 +249,9 @@ class MlxBackend:
         return logits
 
     def _body(self, batch: mx.array, sequence: _Sequence) -> mx.array:
-        """The final hidden states of a llama model; a small pass runs on the host."""
-        if self._host is not None:
-            hidden = self._host.hidden([Group(batch, sequence.caches, sequence.prefix)])
+        """The final hidden states of a llama model; the accelerator may take a small pass."""
+        if self._accelerator is not None:
+            hidden = self._accelerator.hidden([Group(batch, sequence.caches, sequence.prefix)])
             if hidden is not None:
                 return hidden[0]
         assert self._split is not None  # callers checked: a llama model
@@ -309,7 +308,7 @@ class MlxBackend:
             riding = self._sequences[ride.seq_id]
             if not ride.last:
                 reserve_room(riding.caches, riding.room, self._spec)
-            if self._host is None or len(ride.tokens) + len(self._decoder) > MAX_ROWS:
+            if not self._host_rows or len(ride.tokens) + len(self._decoder) > self._host_rows:
                 self._caches(riding)  # a pass on MLX needs the prefix copied in first
             group = Group(mx.array([list(ride.tokens)]), riding.caches, riding.prefix)
         produced, ridden = self._decoder.step(group)
@@ -367,11 +366,11 @@ class MlxBackend:
 
     @property
     def can_slice(self) -> bool:
-        return self._split is not None
+        return self._can_slice
 
     def ride_capacity(self) -> int:
         rows = len(self._decoder)
-        return MAX_ROWS - rows if self._fusion and rows else 0
+        return self._ride_rows - rows if self._ride_rows and rows else 0
 
     def close_sequence(self, seq_id: str, keep_tokens: int) -> ExportedKV:
         sequence = self._sequences.pop(seq_id)

@@ -19,9 +19,8 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
-from semantic.adapters.mlx.fused_pass import Group, fused_hidden
-from semantic.adapters.mlx.host_pass import HostPass, PreparedPass
-from semantic.adapters.mlx.model_parts import BodyAndHead
+from semantic.adapters.mlx.accelerator import Group, Passes, PreparedBody
+from semantic.adapters.mlx.models.model_parts import BodyAndHead
 from semantic.adapters.mlx.sampling import Sampler, top_prob
 from semantic.adapters.mlx.token_mask import masked
 from semantic.ports.grammar import GrammarMatcher
@@ -35,7 +34,7 @@ Caches = list[Any] | Callable[[], list[Any]]
 class PendingStep:
     """A step begun by ``DecodeBatch.begin_step``: its body, and the tokens it feeds."""
 
-    body: PreparedPass
+    body: PreparedBody
     fed: mx.array
     fed_tops: mx.array
 
@@ -59,10 +58,12 @@ class DecodeBatch:
     client sending the reply back hits all of it), at no extra pass."""
 
     def __init__(
-        self, model: Any, stop_tokens: Iterable[int], host: HostPass | None = None
+        self, model: Any, stop_tokens: Iterable[int], passes: Passes | None = None
     ) -> None:
+        """``passes``: an accelerator's (``accelerator.py``), which may take a pass off
+        MLX or carry a prompt chunk along; without it, every pass is mlx-lm's own."""
         self._model = model
-        self._host = host
+        self._passes = passes
         self._parts = BodyAndHead.of(model)
         self._stop = frozenset(stop_tokens)
         self._rows: list[_Row] = []
@@ -141,7 +142,7 @@ class DecodeBatch:
     def step(self, ride: Group | None = None) -> tuple[list[DecodedToken], mx.array | None]:
         """A row that reaches its budget or a stop token leaves the batch, its cache kept
         for ``take_finished``. ``ride``: a prompt chunk computed in the same forward pass
-        (``fused_pass``); its final hidden states are returned, lazily."""
+        (the accelerator's ``fused_hidden``); its final hidden states are returned, lazily."""
         self._admit_joining()
         if not self._rows or self._inputs is None or self._tops is None:
             return [], None
@@ -152,14 +153,14 @@ class DecodeBatch:
     def begin_step(self) -> PendingStep | None:
         """A step whose body is to run elsewhere (``PendingStep.body.run``, on another
         thread while this one slices a prompt); ``finish_step`` after it ran. None: no rows,
-        or a body the host pass cannot take, and nothing started (``step`` then)."""
+        or a body the accelerator cannot take, and nothing started (``step`` then)."""
         self._admit_joining()
-        if not self._rows or self._inputs is None or self._tops is None or self._host is None:
+        if not self._rows or self._inputs is None or self._tops is None or self._passes is None:
             return None
         if self._parts is None:
             return None
         fed, fed_tops = self._inputs, self._tops
-        body = self._host.prepare([Group(fed[:, None], self._caches)])
+        body = self._passes.prepare([Group(fed[:, None], self._caches)])
         return None if body is None else PendingStep(body, fed, fed_tops)
 
     def finish_step(self, pending: PendingStep) -> list[DecodedToken]:
@@ -214,11 +215,13 @@ class DecodeBatch:
     def _forward(self, mine: Group, ride: Group | None) -> tuple[mx.array, mx.array | None]:
         """The batch's next-token logits, and the ride's final hidden states (lazily)."""
         groups = [mine] if ride is None else [mine, ride]
-        hidden = self._host.hidden(groups) if self._host is not None else None
+        hidden = self._passes.hidden(groups) if self._passes is not None else None
         if hidden is None and ride is None:
             return self._model(mine.tokens, cache=mine.caches)[:, -1, :], None
         if hidden is None:
-            hidden = fused_hidden(self._model, groups)
+            if self._passes is None:
+                raise TypeError("a prompt chunk rides a decode step only with an accelerator")
+            hidden = self._passes.fused_hidden(groups)
         if self._parts is None:
             raise TypeError("only a llama model's decode step can carry a prompt chunk")
         return self._parts.head(hidden[0])[:, -1, :], hidden[1] if ride is not None else None

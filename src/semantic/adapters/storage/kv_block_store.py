@@ -1,7 +1,7 @@
 """The block store port on block files: KV payloads in, KV payloads out.
 
 The payload tensors belong to the model adapter; a ``HostCodec`` (MLX's lives in
-``semantic.adapters.mlx.host_codec``) turns them into host arrays to write, and provides the
+``semantic.adapters.mlx.kv.host_codec``) turns them into host arrays to write, and provides the
 memory a read fills, so a restore copies each byte once, straight into the model's buffers.
 """
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import time
@@ -12,7 +13,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
-from sqlalchemy import delete, exists, func, insert, select, update
+from sqlalchemy import delete, exists, func, insert, literal, select, update
 from sqlalchemy.exc import DatabaseError, DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -320,6 +321,40 @@ class SqliteMetadataStore:
             raise AgentExistsError(agent.agent_id, agent.namespace) from None
 
     @unavailable_on_failure
+    async def fork_agent(
+        self, namespace: str, source_id: str, new_id: str, system_prompt: str | None
+    ) -> AgentRecord | None:
+        """A new agent holding the source's block list and a copy of its transcript, made
+        in one transaction with ``INSERT ... SELECT`` (nothing read into Python but the
+        block keys): a next turn on a fork waits for one commit, not four. None when the
+        source is gone; ``AgentExistsError`` when ``new_id`` is taken."""
+        now = time.time()
+        async with self._changing_blocks() as (connection, changed):
+            found = await connection.execute(
+                select(agents).where(_agent_where(agents, namespace, source_id))
+            )
+            source = found.first()
+            if source is None or source.anonymous:
+                return None
+            if await self._agent_exists(connection, AgentRecord(namespace, new_id)):
+                raise AgentExistsError(new_id, namespace)
+            fork = AgentRecord(
+                namespace,
+                new_id,
+                token_count=source.token_count,
+                system_prompt=system_prompt,
+                keeps_transcript=True,
+            )
+            await connection.execute(insert(agents).values(**agent_row(fork, now)))
+            keys = await self._agent_keys(connection, namespace, source_id)
+            await _copy_rows(connection, agent_blocks, namespace, source_id, new_id)
+            await _copy_rows(connection, messages, namespace, source_id, new_id)
+            await connection.execute(_recounted(namespace, new_id))
+            if self._copy:
+                changed.extend(await _select_rows(connection, keys))
+        return dataclasses.replace(fork, block_keys=tuple(keys), created_at=now, last_used=now)
+
+    @unavailable_on_failure
     async def delete_agent(
         self, namespace: str, agent_id: str, *, lease: Lease | None = None
     ) -> list[str]:
@@ -557,3 +592,29 @@ async def _select_rows(connection: AsyncConnection, keys: Sequence[str]) -> list
         rows = await connection.execute(select(blocks).where(blocks.c.key.in_(chunk)))
         out += (block_row_of(row) for row in rows)
     return out
+
+
+async def _copy_rows(
+    connection: AsyncConnection, table: Any, namespace: str, source_id: str, new_id: str
+) -> None:
+    """Copy an agent's rows of ``table`` to ``new_id`` inside the database, in their order
+    (an autoincrement id, where the table has one, follows it)."""
+    names = [c.name for c in table.c if c.name != "id"]
+    columns = [literal(new_id).label(n) if n == "agent_id" else table.c[n] for n in names]
+    query = select(*columns).where(_agent_where(table, namespace, source_id))
+    if "id" in table.c:
+        query = query.order_by(table.c.id)
+    await connection.execute(insert(table).from_select(names, query))
+
+
+def _recounted(namespace: str, agent_id: str) -> Any:
+    """Each block the agent holds gets its reference count recomputed in the database."""
+    holders = agent_blocks.alias("holders")
+    count = (
+        select(func.count())
+        .select_from(holders)
+        .where(holders.c.block_key == blocks.c.key)
+        .scalar_subquery()
+    )
+    held = select(agent_blocks.c.block_key).where(_agent_where(agent_blocks, namespace, agent_id))
+    return update(blocks).where(blocks.c.key.in_(held)).values(ref_count=count)

@@ -75,6 +75,16 @@ class SqliteObjectStore:
             return [_stored(row) for row in rows]
 
     @unavailable_on_failure
+    async def objects_of_kind(self, namespace: str, kind: str) -> list[StoredObject]:
+        async with self._metadata.engine().connect() as connection:
+            rows = await connection.execute(
+                select(api_objects)
+                .where(api_objects.c.namespace == namespace, api_objects.c.kind == kind)
+                .order_by(api_objects.c.seq)
+            )
+            return [_stored(row) for row in rows]
+
+    @unavailable_on_failure
     async def delete_objects(self, namespace: str, kind: str, object_ids: Sequence[str]) -> int:
         async with self._metadata.engine().begin() as connection:
             found = await connection.execute(

@@ -13,16 +13,16 @@ from typing import Any
 
 from mlx_lm import load as mlx_lm_load
 
-from semantic.adapters.mlx import attention
+from semantic.adapters.mlx.cpu import install_attention
 from semantic.adapters.mlx.errors import CorruptModelError, ModelDownloadError, UnknownModelError
-from semantic.adapters.mlx.gguf import WeightFormat
-from semantic.adapters.mlx.model_cache import (
+from semantic.adapters.mlx.models.gguf import WeightFormat
+from semantic.adapters.mlx.models.model_cache import (
     EMBEDDED_MODELS,
     ModelCache,
     Progress,
     check_model_dir,
 )
-from semantic.adapters.mlx.runtime import check_mlx_lm_version
+from semantic.adapters.mlx.models.runtime import check_mlx_lm_version
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ def load_model(path: Path, model_id: str) -> LoadedModel:
             f"could not load the model in {path}: {error}. Fix: re-create it (for the "
             "embedded model: `semantic model pull --force`)."
         ) from error
-    fast = attention.install(model)
+    fast = install_attention(model)
     log.info(
         "loaded model %s from %s%s", model_id, path, " (host softmax attention)" if fast else ""
     )

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from semantic.adapters.mlx.blas_core import (
+from semantic.adapters.mlx.cpu.blas_core import (
     CORETYPE_ENV,
     CoreDecision,
     CoreReason,

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from semantic.adapters.mlx.kv_blocks import block_slices
-from semantic.adapters.mlx.kv_payloads import host_rows
+from semantic.adapters.mlx.kv.kv_blocks import block_slices
+from semantic.adapters.mlx.kv.kv_payloads import host_rows
 from semantic.domain.blocks import AgentBlocks
 from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.errors import IncompatibleCacheError

@@ -15,7 +15,7 @@ import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from semantic.adapters.mlx.blas import ComputeThreads, compute_threads
+from semantic.adapters.mlx.cpu.blas import ComputeThreads, compute_threads
 from semantic.adapters.mlx.decode_batch import DecodeBatch, PendingStep
 from semantic.ports.model_backend import DecodedToken, StepOutput
 

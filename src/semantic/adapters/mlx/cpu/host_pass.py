@@ -25,12 +25,13 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
-from semantic.adapters.mlx import host_model
-from semantic.adapters.mlx.cache_growth import LEAD, GrowAhead, alike
-from semantic.adapters.mlx.fused_pass import MAX_ROWS, Group
-from semantic.adapters.mlx.host_model import HostModel
-from semantic.adapters.mlx.native_build import NATIVE_DIR, build_library
-from semantic.adapters.mlx.restored_prefix import RestoredPrefix
+from semantic.adapters.mlx.accelerator import Group
+from semantic.adapters.mlx.cpu import host_model
+from semantic.adapters.mlx.cpu.fused_pass import MAX_ROWS
+from semantic.adapters.mlx.cpu.host_model import HostModel
+from semantic.adapters.mlx.cpu.native_build import NATIVE_DIR, build_library
+from semantic.adapters.mlx.kv.cache_growth import LEAD, GrowAhead, alike
+from semantic.adapters.mlx.kv.restored_prefix import RestoredPrefix
 
 log = logging.getLogger(__name__)
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from semantic.adapters.mlx.blas import BlasStatus, preload_fast_blas
-from semantic.adapters.mlx.jit import use_native_jit
-from semantic.adapters.mlx.memory import tune_malloc
+from semantic.adapters.mlx.cpu.blas import BlasStatus, preload_fast_blas
+from semantic.adapters.mlx.cpu.jit import use_native_jit
+from semantic.adapters.mlx.cpu.memory import tune_malloc
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from semantic.adapters.mlx.native_build import cpu_key, native_cache_dir
+from semantic.adapters.mlx.cpu.native_build import cpu_key, native_cache_dir
 
 JIT_ENV = "SEMANTIC_MLX_JIT_NATIVE"
 NAME = "mlx-jit-native"

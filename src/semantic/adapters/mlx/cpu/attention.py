@@ -28,8 +28,8 @@ import mlx.core as mx
 import numpy as np
 from mlx import nn
 
-from semantic.adapters.mlx.model_parts import ATTENTIONS, is_llama_bodied, not_llama_bodied
-from semantic.adapters.mlx.native_build import NATIVE_DIR, build_library
+from semantic.adapters.mlx.cpu.native_build import NATIVE_DIR, build_library
+from semantic.adapters.mlx.models.model_parts import ATTENTIONS, is_llama_bodied, not_llama_bodied
 
 log = logging.getLogger(__name__)
 

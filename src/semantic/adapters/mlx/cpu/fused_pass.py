@@ -11,28 +11,17 @@ a pass of its own: riding changes when a chunk is computed, never what.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models.base import create_attention_mask
 
-from semantic.adapters.mlx.attention import HostSoftmaxAttention
-from semantic.adapters.mlx.model_parts import BodyAndHead, not_llama_bodied
-from semantic.adapters.mlx.restored_prefix import RestoredPrefix
+from semantic.adapters.mlx.accelerator import Group
+from semantic.adapters.mlx.cpu.attention import HostSoftmaxAttention
+from semantic.adapters.mlx.models.model_parts import BodyAndHead, not_llama_bodied
 
 MAX_ROWS = 32
 """Stacked rows up to which products use the batch-invariant kernel (ADR 0010)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Group:
-    """One sequence group's input tokens ``(batch, length)`` and its per-layer caches."""
-
-    tokens: mx.array
-    caches: list[Any]
-    prefix: RestoredPrefix | None = None
-    """Positions before the caches', read where they lie: only the host pass takes these."""
 
 
 def supports_fusion(model: Any) -> bool:

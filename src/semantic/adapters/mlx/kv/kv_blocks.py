@@ -15,8 +15,8 @@ import numpy as np
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 
 from semantic.adapters.mlx.errors import UnsupportedModelError
-from semantic.adapters.mlx.kv_payloads import HOST_DTYPES, MlxKV, StackedKV, kv_arrays
-from semantic.adapters.mlx.restore_buffers import RestoreBuffers
+from semantic.adapters.mlx.kv.kv_payloads import HOST_DTYPES, MlxKV, StackedKV, kv_arrays
+from semantic.adapters.mlx.kv.restore_buffers import RestoreBuffers
 from semantic.domain.blocks import AgentBlocks, KVBlock
 from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.errors import IncompatibleCacheError

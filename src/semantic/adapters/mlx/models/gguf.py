@@ -16,7 +16,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from semantic.adapters.mlx.gguf_tokenizer import write_tokenizer_files
+from semantic.adapters.mlx.models.gguf_tokenizer import write_tokenizer_files
 
 GGUF_GROUP_SIZE = 32
 

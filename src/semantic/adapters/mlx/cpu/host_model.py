@@ -18,9 +18,9 @@ import numpy as np
 from mlx import nn
 from mlx_lm.models.rope_utils import Llama3RoPE
 
-from semantic.adapters.mlx import attention
-from semantic.adapters.mlx.fused_pass import fusion_obstacle
-from semantic.adapters.mlx.model_parts import MLPS
+from semantic.adapters.mlx.cpu import attention
+from semantic.adapters.mlx.cpu.fused_pass import fusion_obstacle
+from semantic.adapters.mlx.models.model_parts import MLPS
 
 _Pointer = ctypes.c_void_p
 

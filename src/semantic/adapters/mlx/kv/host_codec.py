@@ -23,8 +23,8 @@ import mlx.core as mx
 import numpy as np
 
 from semantic.adapters.mlx.errors import UnsupportedModelError
-from semantic.adapters.mlx.kv_payloads import ALL, MlxKV, StackedKV, host_rows, kv_arrays
-from semantic.adapters.mlx.restore_buffers import RestoreBuffers
+from semantic.adapters.mlx.kv.kv_payloads import ALL, MlxKV, StackedKV, host_rows, kv_arrays
+from semantic.adapters.mlx.kv.restore_buffers import RestoreBuffers
 from semantic.adapters.storage.block_files import TensorSpan
 from semantic.domain.blocks import KVBlock
 from semantic.domain.cache_spec import ModelCacheSpec

@@ -22,9 +22,9 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from semantic.adapters.mlx.blas_core import CORETYPE_ENV, CoreDecision, CoreReason, user_core
-from semantic.adapters.mlx.blas_probe import decide_core, this_cpus_flags
-from semantic.adapters.mlx.native_build import NATIVE_DIR, build_library
+from semantic.adapters.mlx.cpu.blas_core import CORETYPE_ENV, CoreDecision, CoreReason, user_core
+from semantic.adapters.mlx.cpu.blas_probe import decide_core, this_cpus_flags
+from semantic.adapters.mlx.cpu.native_build import NATIVE_DIR, build_library
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ INSTALL_OPENBLAS = (
     "Install OpenBLAS (Debian/Ubuntu: apt-get install libopenblas0-pthread) and restart."
 )
 IMPORT_FIRST = (
-    "Call semantic.adapters.mlx.process.prepare_process() before importing mlx.core: the fast"
+    "Call semantic.adapters.mlx.cpu.prepare_process() before importing mlx.core: the fast"
     " BLAS can only be put in front then."
 )
 

@@ -7,7 +7,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from semantic.adapters.mlx.piece_encoder import PieceEncoder, quote_marks
+from semantic.adapters.mlx.tokenizer.piece_encoder import PieceEncoder, quote_marks
 from semantic.adapters.tool_formats import PromptFormat, format_for
 from semantic.domain.chat import ChatMessage
 from semantic.domain.errors import InvalidRequestError, PromptTooLongError

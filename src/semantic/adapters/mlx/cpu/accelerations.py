@@ -13,12 +13,12 @@ from typing import Any
 
 import mlx.core as mx
 
-from semantic.adapters.mlx import attention, host_pass
-from semantic.adapters.mlx.blas import SHIM_ENV, BlasStatus, compute_threads
-from semantic.adapters.mlx.fused_pass import fusion_obstacle
-from semantic.adapters.mlx.jit import JIT_ENV, use_native_jit
-from semantic.adapters.mlx.model_parts import BodyAndHead, not_llama_bodied
-from semantic.adapters.mlx.side_by_side import SIDE_BY_SIDE_ENV
+from semantic.adapters.mlx.cpu import attention, host_pass
+from semantic.adapters.mlx.cpu.blas import SHIM_ENV, BlasStatus, compute_threads
+from semantic.adapters.mlx.cpu.fused_pass import fusion_obstacle
+from semantic.adapters.mlx.cpu.jit import JIT_ENV, use_native_jit
+from semantic.adapters.mlx.cpu.side_by_side import SIDE_BY_SIDE_ENV
+from semantic.adapters.mlx.models.model_parts import BodyAndHead, not_llama_bodied
 
 
 @dataclass(frozen=True, slots=True)

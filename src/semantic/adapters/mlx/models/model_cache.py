@@ -28,7 +28,7 @@ from pathlib import Path
 
 from semantic.adapters.files import fsync_directory
 from semantic.adapters.mlx.errors import CorruptModelError, ModelDownloadError, UnknownModelError
-from semantic.adapters.mlx.gguf import WeightFormat, convert_gguf
+from semantic.adapters.mlx.models.gguf import WeightFormat, convert_gguf
 
 MANIFEST = "semantic-model.json"
 CONVERTER_VERSION = 1

@@ -27,8 +27,8 @@ import mlx.core as mx
 from mlx_lm.models.activations import swiglu
 from mlx_lm.models.base import create_attention_mask
 
-from semantic.adapters.mlx.attention import HostSoftmaxAttention, PendingAttention
-from semantic.adapters.mlx.model_parts import MLPS
+from semantic.adapters.mlx.cpu.attention import HostSoftmaxAttention, PendingAttention
+from semantic.adapters.mlx.models.model_parts import MLPS
 
 ONE_CORE_SLOWER = 1.6
 """A slice's steps on one core against both: a 4,043-token prompt alone took 22.1 s sliced

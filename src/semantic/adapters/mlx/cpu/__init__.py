@@ -1,0 +1,72 @@
+"""The CPU accelerator: everything that makes MLX's CPU backend fast for llama-bodied models.
+
+Inside: the host pass (``host_pass``, ``host_model``, ``native/llama_pass.c``), the fused
+pass that lets a prompt chunk ride a decode step (``fused_pass``), the host softmax
+attention (``attention``, ``native/softmax_pv.c``), the layer slice (``layer_slice``), the
+decode body beside it (``side_by_side``), the BLAS shim and its small-product kernel
+(``blas*``, ``native/small_sgemm.c``), MLX's JIT for this CPU (``jit``), building the C
+(``native_build``), malloc tuning and prefaulting (``memory``), the process preparation
+(``process``) and the report of which of these run (``accelerations``).
+
+This module is its one door (an import-linter contract keeps the rest of ``semantic`` out
+of the modules above). Importing it changes nothing and loads no MLX: ``prepare_process``
+must run before ``mlx.core`` loads, so what needs MLX is imported when first called.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from semantic.adapters.mlx.cpu.blas import BlasStatus, preload_fast_blas, report_blas
+from semantic.adapters.mlx.cpu.memory import prefault_heap
+from semantic.adapters.mlx.cpu.process import PreparedProcess, prepare_process
+
+if TYPE_CHECKING:
+    from semantic.adapters.mlx.accelerator import Accelerator
+    from semantic.adapters.mlx.cpu.accelerations import Acceleration
+
+__all__ = [
+    "BlasStatus",
+    "PreparedProcess",
+    "accelerations_for",
+    "accelerator_for",
+    "install_attention",
+    "kernel_name",
+    "prefault_heap",
+    "preload_fast_blas",
+    "prepare_process",
+    "report_blas",
+]
+
+
+def accelerator_for(model: Any) -> Accelerator:
+    """What the backend is handed: this model's fast paths on this machine."""
+    from semantic.adapters.mlx.cpu.cpu_accelerator import CpuAccelerator
+
+    return CpuAccelerator.of(model)
+
+
+def install_attention(model: Any) -> bool:
+    """Swap in the host softmax attention where the model allows it (ADR 0008), at load."""
+    from semantic.adapters.mlx.cpu.attention import install
+
+    return install(model)
+
+
+def kernel_name(model: Any, host_attention: bool) -> str:
+    """The kernels that compute this model's KV here, for the fingerprint."""
+    from semantic.adapters.mlx.cpu import attention, host_pass, jit
+
+    kernel = attention.kernel_name() if host_attention else "mlx-sdpa"
+    if jit.use_native_jit():
+        kernel += f"+{jit.NAME}"
+    if host_pass.supported(model):
+        kernel += f"+{host_pass.NAME}"
+    return kernel
+
+
+def accelerations_for(model: Any, blas: BlasStatus) -> tuple[Acceleration, ...]:
+    """Which fast paths run for this model on this machine, and why the others do not."""
+    from semantic.adapters.mlx.cpu.accelerations import accelerations as found
+
+    return found(model, blas)
