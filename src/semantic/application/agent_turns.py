@@ -1,0 +1,144 @@
+"""One turn of an agent: its conversation rendered with the new message, the reply
+generated, and both committed before the result is reported.
+
+The service (``AgentService.send``) holds the agent's lock and lease around this; a turn
+a delete ends keeps nothing. A reply's tool calls are read as it streams
+(``ReplyReader``): only the text before them is passed on as it comes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from collections.abc import AsyncIterator
+
+from semantic.application.agent_values import CommittedReply, Turn
+from semantic.application.cache.store import AgentCacheStore
+from semantic.application.generation import (
+    GenerationEvent,
+    GenerationInput,
+    GenerationResult,
+    GenerationService,
+    TextDelta,
+)
+from semantic.application.live_turns import LiveTurn
+from semantic.application.tool_replies import Reply, ReplyReader
+from semantic.application.transcript import (
+    answered,
+    asked,
+    chat_message,
+    check_answers,
+    new_call_id,
+    outgrown,
+    whole,
+)
+from semantic.domain.chat import ChatMessage
+from semantic.domain.errors import AgentDeletedError, PromptTooLongError
+from semantic.ports.leases import Lease
+from semantic.ports.metadata_store import AgentRecord, MetadataStore
+from semantic.ports.tokenizer import Tokenizer
+
+
+class TurnRunner:
+    """Builds a turn's request and runs it to its committed reply."""
+
+    def __init__(
+        self,
+        generation: GenerationService,
+        metadata: MetadataStore,
+        cache: AgentCacheStore,
+        tokenizer: Tokenizer,
+    ) -> None:
+        self._generation = generation
+        self._metadata = metadata
+        self._cache = cache
+        self._tokenizer = tokenizer
+
+    async def request(self, record: AgentRecord, turn: Turn) -> tuple[GenerationInput, int]:
+        """The whole conversation with the new message, checked against the context; and
+        how many messages the transcript holds before it."""
+        namespace, agent_id = record.namespace, record.agent_id
+        history = await self._metadata.messages(namespace, agent_id)
+        chat = [chat_message(m) for m in history]
+        if record.system_prompt:
+            chat.insert(0, ChatMessage("system", record.system_prompt))
+        chat.extend(chat_message(m) for m in asked(turn, 0.0))
+        check_answers(history, turn)
+        tools = turn.tools.tools if turn.tools else ()
+        use = turn.tools
+        request = GenerationInput(
+            tuple(self._tokenizer.render_chat(chat, scope=namespace, tools=tools)),
+            namespace,
+            agent_id,
+            turn.max_tokens,
+            turn.sampling,
+            turn.stop,
+            turn.priority,
+            (self._tokenizer.tool_format.constraint(use) if use else None) or turn.constraint,
+        )
+        try:
+            self._generation.check(request)
+        except PromptTooLongError as error:
+            raise outgrown(error, agent_id) from None
+        return request, len(history)
+
+    async def run(
+        self,
+        request: GenerationInput,
+        live: LiveTurn,
+        turn: Turn,
+        earlier: int,
+        lease: Lease | None,
+    ) -> AsyncIterator[GenerationEvent]:
+        """The turn's events. Its reply is committed with its question (after ``earlier``
+        messages) before the result is reported, unless a delete ended the turn."""
+        handle = await self._generation.start(request)
+        live.request_id = handle.request_id
+        asked_at = time.time()
+        offered = turn.tools is not None and turn.tools.offered
+        reader = ReplyReader(self._tokenizer.tool_format if offered else None, new_call_id)
+        async with contextlib.aclosing(handle.events()) as events:  # cut short by a delete
+            async for event in events:
+                if live.deleted:
+                    raise AgentDeletedError(live.agent_id, live.namespace)
+                if isinstance(event, GenerationResult):
+                    rest, answer = reader.finish()
+                    if rest:
+                        yield TextDelta(rest)
+                    place = await self._commit(live, turn, asked_at, answer, lease)
+                    yield _committed(event, answer, earlier + place)
+                elif isinstance(event, TextDelta):
+                    shown = reader.feed(event.text)
+                    if shown:
+                        yield TextDelta(shown)
+
+    async def _commit(
+        self, live: LiveTurn, turn: Turn, asked_at: float, answer: Reply, lease: Lease | None
+    ) -> int:
+        """The turn's question and reply appended to the transcript (room made on a full
+        disk), to the end even if the caller goes away; how many messages that was."""
+        records = [*asked(turn, asked_at), answered(answer)]
+        keep = functools.partial(
+            self._metadata.append_messages,
+            live.namespace,
+            live.agent_id,
+            records,
+            lease=lease,
+        )
+        await whole(self._cache.keeping(live.namespace, live.agent_id, keep))
+        return len(records)
+
+
+def _committed(event: GenerationResult, answer: Reply, place: int) -> CommittedReply:
+    """The result as reported once committed: the reply is message ``place``."""
+    return CommittedReply(
+        event.request_id,
+        answer.content,
+        event.finish_reason,
+        event.usage,
+        event.stats,
+        event.stop_string,
+        place=place,
+        calls=answer.calls,
+    )

@@ -1,0 +1,98 @@
+"""What the agent use case takes and gives: a turn, an agent's info, a committed reply.
+
+Its own module so the front doors (HTTP routes, the Responses service) read the shapes they
+build and render without the service that runs them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from semantic.application.generation import GenerationResult
+from semantic.application.tool_replies import Call
+from semantic.domain.constraints import OutputConstraint
+from semantic.domain.generation import GREEDY, Priority, SamplingParams
+from semantic.domain.tools import ToolUse
+from semantic.ports.metadata_store import AgentRecord, BlockRecord, MessageRecord
+
+INTERNAL_PREFIX = "~"
+"""Agents the server makes for itself (a response's, a conversation's): never a client's
+agent id, never listed."""
+
+
+@dataclass(frozen=True, slots=True)
+class CacheState:
+    """Where an agent's KV is: its blocks, how many are in memory, and on disk."""
+
+    tokens: int
+    blocks: int
+    hot_blocks: int
+    disk_blocks: int
+    bytes_on_disk: int
+
+    @classmethod
+    def of(cls, record: AgentRecord, on_disk: Mapping[str, BlockRecord], hot: int) -> CacheState:
+        """``record``'s blocks, ``on_disk`` those the metadata knows, ``hot`` in memory."""
+        return cls(
+            tokens=record.token_count,
+            blocks=len(record.block_keys),
+            hot_blocks=hot,
+            disk_blocks=len(on_disk),
+            bytes_on_disk=sum(b.nbytes for b in on_disk.values()),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class AgentInfo:
+    namespace: str
+    agent_id: str
+    system_prompt: str | None
+    created_at: float
+    last_used: float
+    messages: int
+    cache: CacheState
+
+    @classmethod
+    def of(cls, record: AgentRecord, n_messages: int, cache: CacheState) -> AgentInfo:
+        return cls(
+            record.namespace,
+            record.agent_id,
+            record.system_prompt,
+            record.created_at,
+            record.last_used,
+            n_messages,
+            cache,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CommittedReply(GenerationResult):
+    """A turn's result once its messages are committed: the reply is message ``place`` of
+    the transcript (``msg_<place>``), so a client can page on from it."""
+
+    place: int = 0
+    calls: tuple[Call, ...] = ()
+    """The reply's tool calls (``text`` is then the text before them)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    content: str
+    max_tokens: int | None = None
+    sampling: SamplingParams = GREEDY
+    stop: tuple[str, ...] = ()
+    priority: Priority = Priority.NORMAL
+    tool_call_id: str | None = None
+    """A tool's result: the call of the agent's last reply it answers."""
+    tools: ToolUse | None = None
+    """The tools this turn's reply may call."""
+    items: tuple[MessageRecord, ...] = ()
+    """Messages asked at once in place of ``content`` (the Responses API's input items:
+    messages, calls sent back and their results)."""
+    constraint: OutputConstraint | None = None
+    """What a reply that calls no tool must match (a JSON Schema)."""
+
+    @property
+    def role(self) -> str:
+        return "user" if self.tool_call_id is None else "tool"
