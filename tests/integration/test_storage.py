@@ -659,9 +659,9 @@ async def test_a_block_list_naming_a_block_cut_meanwhile_is_refused_as_unavailab
 
 
 async def test_a_fork_shares_the_blocks_and_copies_the_transcript_in_one_go(
-    tmp_path: Path,
+    new_store: StoreFactory,
 ) -> None:
-    db = SqliteMetadataStore(tmp_path / "semantic.db")
+    db = new_store()
     await db.open()
     await db.save_agent_blocks(
         AgentRecord("default", "a", ("k1", "k2"), 6, "old rules"), [record("k1"), record("k2")]
