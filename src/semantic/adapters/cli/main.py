@@ -34,6 +34,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         handlers=[handler],
     )
+    if not args.verbose:  # Alembic's own lines (its plugins, its context) say nothing to users
+        logging.getLogger("alembic").setLevel(logging.WARNING)
     try:
         _prepare_process()
         return int(args.handler(args))
