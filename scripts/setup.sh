@@ -10,54 +10,34 @@ import sys
 sys.exit(0 if sys.version_info >= (3, 11) else 1)
 PY
 
-# OpenBLAS: MLX's Linux CPU wheel bundles the reference BLAS, about 30x slower (ADR 0004).
-if [ "$(uname -s)" = "Linux" ] && ! ldconfig -p 2>/dev/null | grep -q 'libopenblas\.so\.0'; then
-  SUDO=""
-  [ "$(id -u)" = "0" ] || SUDO="sudo"
-  if command -v apt-get >/dev/null 2>&1; then
-    echo "installing OpenBLAS (libopenblas0-pthread) for fast matmuls..."
-    $SUDO apt-get install -y -q libopenblas0-pthread >/dev/null 2>&1 \
-      || { $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q libopenblas0-pthread >/dev/null; } \
-      || echo "warning: could not install OpenBLAS; semantic will run, about 30x slower" >&2
-  else
-    echo "warning: no apt-get; install OpenBLAS with your package manager for speed" >&2
+SUDO=""
+[ "$(id -u)" = "0" ] || SUDO="sudo"
+
+# debian_package PACKAGE PRESENT WHY: install Debian's PACKAGE unless the command PRESENT
+# succeeds (apt's lists are refreshed only if the first try fails); WHY says what it is for.
+debian_package() {
+  local package=$1 present=$2 why=$3
+  if bash -c "$present" >/dev/null 2>&1; then return 0; fi
+  if ! command -v apt-get >/dev/null 2>&1; then
+    echo "warning: no apt-get; install $package with your package manager ($why)" >&2
+    return 0
   fi
-fi
-
-# PostgreSQL (Debian's): the tests start their own server on loopback (metadata on PostgreSQL,
-# ADR 0021); the system's own cluster is never used.
-if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
-  SUDO=""
-  [ "$(id -u)" = "0" ] || SUDO="sudo"
-  echo "installing PostgreSQL (postgresql) for the tests..."
-  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql >/dev/null 2>&1 \
+  echo "installing $package ($why)..."
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$package" >/dev/null 2>&1 \
     || { $SUDO apt-get update -q >/dev/null \
-      && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql >/dev/null; } \
-    || echo "warning: could not install PostgreSQL; the tests that use it will fail" >&2
-fi
+      && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$package" >/dev/null; } \
+    || echo "warning: could not install $package ($why)" >&2
+}
 
-# Redis (Debian's redis-server): the shared block tier's tests start their own on loopback
-# (ADR 0022); the system's service is never used.
-if ! command -v redis-server >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
-  SUDO=""
-  [ "$(id -u)" = "0" ] || SUDO="sudo"
-  echo "installing Redis (redis-server) for the tests..."
-  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server >/dev/null 2>&1 \
-    || { $SUDO apt-get update -q >/dev/null \
-      && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server >/dev/null; } \
-    || echo "warning: could not install Redis; the tests that use it will fail" >&2
-fi
-
-# HAProxy (Debian's): the router of scripts/cluster.sh and the cluster tests, run as a plain
-# process on loopback with deploy/haproxy.cfg (ADR 0023); the system's service is never used.
-if ! command -v haproxy >/dev/null 2>&1 && [ ! -x /usr/sbin/haproxy ] && command -v apt-get >/dev/null 2>&1; then
-  SUDO=""
-  [ "$(id -u)" = "0" ] || SUDO="sudo"
-  echo "installing HAProxy (haproxy) for the local cluster..."
-  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q haproxy >/dev/null 2>&1 \
-    || { $SUDO apt-get update -q >/dev/null \
-      && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q haproxy >/dev/null; } \
-    || echo "warning: could not install HAProxy; the cluster tests will fail" >&2
+if [ "$(uname -s)" = "Linux" ]; then
+  # MLX's Linux CPU wheel bundles the reference BLAS, about 30x slower (ADR 0004).
+  debian_package libopenblas0-pthread "ldconfig -p | grep -q 'libopenblas\.so\.0'" \
+    "fast matmuls; without it semantic runs about 30x slower"
+  # The tests and scripts/cluster.sh start their own servers on loopback (ADRs 0021-0023);
+  # the system's own services are never used.
+  debian_package postgresql "ls /usr/lib/postgresql/*/bin/postgres" "metadata on PostgreSQL"
+  debian_package redis-server "command -v redis-server" "the shared block tier"
+  debian_package haproxy "command -v haproxy || [ -x /usr/sbin/haproxy ]" "the cluster's router"
 fi
 
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
