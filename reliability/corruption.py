@@ -48,8 +48,9 @@ def damage(data_dir: Path, kind: str, rng: random.Random) -> str:
         if kind == "dangling row":  # a row (and a reference) pointing at no file at all
             ghost = "f" * 64
             db.execute(
-                "INSERT INTO blocks SELECT ?, ?, namespace, n_tokens, tokens, nbytes, checksum, "
-                "1, tier, created_at FROM blocks WHERE key = ?",
+                "INSERT INTO blocks (key, parent_key, namespace, n_tokens, tokens, nbytes, "
+                "checksum, ref_count, tier, created_at) SELECT ?, ?, namespace, n_tokens, "
+                "tokens, nbytes, checksum, 1, tier, created_at FROM blocks WHERE key = ?",
                 (ghost, keys[-1], key),
             )
             db.execute(
