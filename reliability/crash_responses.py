@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import random
 import sqlite3
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ import httpx
 from reliability.crash_saves import QUESTIONS
 from reliability.integrity import block_problems
 from reliability.server import ServerProcess
+from reliability.trials import each_trial, print_failures
 
 
 @dataclass
@@ -120,12 +120,8 @@ def check(url: str, index: int, chain: Chain, summary: Summary) -> bool:
 
 
 def run(trials: int, chains: int = 3, seed: int = 1, workdir: Path | None = None) -> Summary:
-    rng = random.Random(seed)
     summary = Summary()
-    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
-        data_dir = Path(tmp) / "data"
-        for index in range(trials):
-            trial(data_dir, index, chains, rng, summary)
+    each_trial(trials, seed, workdir, lambda d, i, rng: trial(d, i, chains, rng, summary))
     return summary
 
 
@@ -142,9 +138,7 @@ def main() -> None:
         f"responses acknowledged before kills: {summary.acknowledged}, "
         f"chains checked after restart: {summary.checked_chains}"
     )
-    print(f"failures: {len(summary.failures)}")
-    for failure in summary.failures[:20]:
-        print("  " + failure)
+    print_failures(summary.failures)
     print(f"took {time.monotonic() - started:.0f} s")
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ import httpx
 
 from reliability.integrity import block_problems
 from reliability.server import ServerProcess
+from reliability.trials import each_trial, print_failures
 
 QUESTIONS = ("Name a fruit.", "Name a river.", "Name a colour.", "Name a city.", "Name a tree.")
 
@@ -116,12 +116,8 @@ def check(url: str, index: int, conversation: Conversation, summary: Summary) ->
 
 
 def run(trials: int, agents: int = 3, seed: int = 1, workdir: Path | None = None) -> Summary:
-    rng = random.Random(seed)
     summary = Summary()
-    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
-        data_dir = Path(tmp) / "data"
-        for index in range(trials):
-            trial(data_dir, index, agents, rng, summary)
+    each_trial(trials, seed, workdir, lambda d, i, rng: trial(d, i, agents, rng, summary))
     return summary
 
 
@@ -138,9 +134,7 @@ def main() -> None:
         f"acknowledged turns before kills: {summary.acknowledged_turns}, "
         f"agents checked after restart: {summary.checked_agents}"
     )
-    print(f"failures: {len(summary.failures)}")
-    for failure in summary.failures[:20]:
-        print("  " + failure)
+    print_failures(summary.failures)
     print(f"took {time.monotonic() - started:.0f} s")
 
 
