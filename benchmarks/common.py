@@ -36,16 +36,19 @@ class Bench:
     tokenizer: MlxTokenizer
     spec: ModelCacheSpec
 
-    def engine(self, budget_bytes: int = 4 << 30, **config: Any) -> BlockPoolBatchEngine:
-        backend = MlxBackend(
+    def backend(self) -> MlxBackend:
+        """A backend on the loaded model, to measure (or warm up) by itself."""
+        return MlxBackend(
             self.loaded.model,
             self.spec,
             self.loaded.model_id,
             self.tokenizer.eos_token_ids,
             accelerator=accelerator_for(self.loaded.model),
         )
+
+    def engine(self, budget_bytes: int = 4 << 30, **config: Any) -> BlockPoolBatchEngine:
         pool = BlockPool.from_budget(self.spec, budget_bytes)
-        return BlockPoolBatchEngine(backend, self.tokenizer, pool, EngineConfig(**config))
+        return BlockPoolBatchEngine(self.backend(), self.tokenizer, pool, EngineConfig(**config))
 
 
 def load_bench(settings: Settings | None = None) -> Bench:

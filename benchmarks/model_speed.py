@@ -20,7 +20,7 @@ REPEATS = 3
 
 def main() -> None:
     bench = load_bench()
-    backend = bench.engine()._backend  # noqa: SLF001 - measuring the backend itself
+    backend = bench.backend()
     backend.warm_up()
     rng = random.Random(0)
     vocab = bench.tokenizer.vocab_size

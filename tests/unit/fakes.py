@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from semantic.adapters.round_runner import RoundRunner
 from semantic.adapters.tool_formats import DefaultFormat
 from semantic.domain.blocks import AgentBlocks
 from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.chat import ChatMessage
 from semantic.domain.constraints import OutputConstraint, UnsupportedSchemaError
 from semantic.domain.errors import IncompatibleCacheError
-from semantic.domain.generation import SamplingParams
 from semantic.domain.tools import Tool
 from semantic.ports.grammar import GrammarMatcher
 from semantic.ports.model_backend import (
@@ -22,6 +23,8 @@ from semantic.ports.model_backend import (
     DecodedToken,
     ExportedKV,
     PromptChunk,
+    RoundResult,
+    RoundWork,
     SampledToken,
     SliceProgress,
     StepOutput,
@@ -180,18 +183,11 @@ class _Seq:
 
 @dataclass
 class FakeBackend:
-    """A model whose "KV" is the token ids themselves, so restores can be checked exactly."""
+    """A model whose "KV" is the token ids themselves, so restores can be checked exactly.
+    Its round runs on the steps below in ``RoundRunner``'s order, as the MLX backend's."""
 
     spec: ModelCacheSpec = field(
-        default_factory=lambda: ModelCacheSpec(
-            n_layers=2,
-            n_kv_heads=1,
-            k_head_dim=2,
-            v_head_dim=2,
-            kv_dtype="float32",
-            layer_windows=(None, None),
-            block_tokens=4,
-        )
+        default_factory=lambda: ModelCacheSpec(2, 1, 2, 2, "float32", (None, None), 4)
     )
     eos_at_length: int | None = None
     """Produce the end-of-turn token once a sequence holds this many positions."""
@@ -202,32 +198,32 @@ class FakeBackend:
     model_id: str = "fake"
     paused: threading.Event = field(default_factory=threading.Event)
     """While set, decode steps make no progress (a request stays in flight)."""
+    ride_rows: int = 0
+    """Rows a fused decode pass may hold (0: no riding, like a model without fusion)."""
+    can_slice: bool = True
+    slice_calls: int = 3
+    """Calls a sliced chunk takes when its time is bounded (the model's layers, in thirds)."""
+    side_by_side: bool = False
+    """Whether a sliced round's decode step may be begun beside its slice."""
+    fail_beside: bool = False
+    """A step begun beside a slice fails as it ends."""
+    reading_restored: set[str] = field(default_factory=set)
+    """Sequences that read their restored blocks in place (the MLX backend's first pass
+    over a returning agent's blocks), as they open and until taken out of this set."""
     sequences: dict[str, _Seq] = field(default_factory=dict)
     restored_tokens: dict[str, list[int]] = field(default_factory=dict)
     prefill_calls: list[tuple[str, int]] = field(default_factory=list)
     decode_batches: list[int] = field(default_factory=list)
     batched_prefills: list[int] = field(default_factory=list)
     copies: list[tuple[str, str, int]] = field(default_factory=list)
-    """(source, target, tokens) for each ``copy_prefix``."""
-    ride_rows: int = 0
-    """Rows a fused decode pass may hold (0: no riding, like a model without fusion)."""
     rides: list[tuple[str, int]] = field(default_factory=list)
-    can_slice: bool = True
-    slice_calls: int = 3
-    """Calls a sliced chunk takes when its time is bounded (the model's layers, in thirds)."""
     slices: list[tuple[str, int, bool]] = field(default_factory=list)
     """(sequence, chunk tokens, done) for each ``prefill_slice`` call."""
-    _slice_progress: dict[str, int] = field(default_factory=dict)
-    side_by_side: bool = False
-    """Whether a sliced round's decode step may be begun beside its slice."""
-    fail_beside: bool = False
-    """A step begun beside a slice fails as it ends."""
     beside: list[StepOutput] = field(default_factory=list)
     """The output of each step begun beside a slice, in order."""
+    _sliced: dict[str, int] = field(default_factory=dict)
     _begun: StepOutput | None = None
-    reading_restored: set[str] = field(default_factory=set)
-    """Sequences that still read their restored blocks in place (the MLX backend's first
-    pass over a returning agent's blocks)."""
+    _in_place: set[str] = field(default_factory=set)
 
     @property
     def capabilities(self) -> BackendCapabilities:
@@ -237,20 +233,30 @@ class FakeBackend:
     def decoding_count(self) -> int:
         return sum(1 for s in self.sequences.values() if s.decoding and not s.finished)
 
+    def clock(self) -> float:
+        return time.monotonic()
+
     def open_sequence(
         self,
         seq_id: str,
         *,
         restored: AgentBlocks | None,
         n_restored: int,
-        n_new: int,
-        sampling: SamplingParams,
-        track_top_prob: bool = False,
         matcher: GrammarMatcher | None = None,
-    ) -> None:
+        **_: object,
+    ) -> bool:
         tokens = _gather(restored, n_restored, self.spec) if restored else []
         self.restored_tokens[seq_id] = list(tokens)
         self.sequences[seq_id] = _Seq(tokens, matcher=matcher)
+        if seq_id in self.reading_restored:
+            self._in_place.add(seq_id)
+        return seq_id in self.reading_restored
+
+    def run(self, work: RoundWork) -> RoundResult:
+        outcomes = RoundRunner(self, self.clock).run(work)
+        copied = frozenset(self._in_place - self.reading_restored)
+        self._in_place -= copied
+        return RoundResult(outcomes, copied)
 
     def prefill(self, seq_id: str, tokens: Sequence[int]) -> None:
         if tokens and tokens[0] in self.fail_prefill_for:
@@ -271,13 +277,12 @@ class FakeBackend:
         last: bool,
         must_progress: bool = True,
     ) -> SliceProgress:
-        calls = self._slice_progress.get(seq_id, 0) + 1
+        calls = self._sliced.pop(seq_id, 0) + 1
         done = calls >= self.slice_calls or math.isinf(seconds)
         self.slices.append((seq_id, len(tokens), done))
         if not done:
-            self._slice_progress[seq_id] = calls
+            self._sliced[seq_id] = calls
             return SliceProgress(False)
-        self._slice_progress.pop(seq_id, None)
         if last:
             return SliceProgress(True, self.prefill_and_sample(seq_id, tokens))
         self.prefill(seq_id, tokens)
@@ -303,25 +308,20 @@ class FakeBackend:
         seq = self.sequences[seq_id]
         seq.pending, seq.remaining, seq.decoding = first_token, max_new_tokens, True
 
-    def ride_capacity(self) -> int:
-        return self.capabilities.ride_capacity(self.decoding_count)
-
-    def reads_restored(self, seq_id: str) -> bool:
-        return seq_id in self.reading_restored
-
     def decode_step(self, ride: PromptChunk | None = None) -> StepOutput:
-        if ride is not None and len(ride.tokens) > self.ride_capacity():
+        if ride is not None and len(ride.tokens) > self.capabilities.ride_capacity(
+            self.decoding_count
+        ):
             raise ValueError("too many tokens to ride")
         failed = self._failed_joins()
         tokens = self._decode_tokens()
-        first = None
-        if ride is not None:
-            self.rides.append((ride.seq_id, len(ride.tokens)))
-            if ride.last:
-                first = self.prefill_and_sample(ride.seq_id, ride.tokens)
-            else:
-                self.prefill(ride.seq_id, ride.tokens)
-        return StepOutput(tokens, first, failed)
+        if ride is None:
+            return StepOutput(tokens, None, failed)
+        self.rides.append((ride.seq_id, len(ride.tokens)))
+        if ride.last:
+            return StepOutput(tokens, self.prefill_and_sample(ride.seq_id, ride.tokens), failed)
+        self.prefill(ride.seq_id, ride.tokens)
+        return StepOutput(tokens, None, failed)
 
     def begin_decode_step(self) -> bool:
         if not self.side_by_side or self._begun is not None:
@@ -371,7 +371,8 @@ class FakeBackend:
         return out
 
     def close_sequence(self, seq_id: str, keep_tokens: int) -> ExportedKV:
-        self._slice_progress.pop(seq_id, None)
+        self._sliced.pop(seq_id, None)
+        self._in_place.discard(seq_id)
         seq = self.sequences.pop(seq_id)
         keep = min(keep_tokens, len(seq.tokens))
         size = self.spec.block_tokens
@@ -392,9 +393,6 @@ class FakeBackend:
                 ]
             )
         return ExportedKV(keep, layers)
-
-    def warm_up(self) -> None:
-        pass
 
     def _next(self, seq: _Seq) -> int:
         """The fake model's next token, drawn within a constrained sequence's grammar (which

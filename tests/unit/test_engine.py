@@ -242,10 +242,10 @@ def test_bad_requests_are_refused_before_they_queue() -> None:
 
 def test_a_request_whose_cache_cannot_be_built_fails_alone() -> None:
     class BrokenOpen(FakeBackend):
-        def open_sequence(self, seq_id: str, **kwargs: Any) -> None:
+        def open_sequence(self, seq_id: str, **kwargs: Any) -> bool:
             if kwargs["n_new"] == 7:
                 raise RuntimeError("cannot build this cache")
-            super().open_sequence(seq_id, **kwargs)
+            return super().open_sequence(seq_id, **kwargs)
 
     engine, _ = make_engine(backend=BrokenOpen())
     bad = engine.submit("bad", list(range(1, 8)), max_tokens=3)
@@ -309,6 +309,9 @@ class _TimedBackend(FakeBackend):
     now: float = 0.0
     step_s: float = 0.010
     budgets: list[float] = field(default_factory=list)
+
+    def clock(self) -> float:
+        return self.now
 
     def decode_step(self, ride: PromptChunk | None = None) -> StepOutput:
         self.now += self.step_s

@@ -6,7 +6,7 @@ request ends); the backend only executes it. Sequences are named by the caller's
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -64,12 +64,13 @@ class DecodedToken:
 
 @dataclass(frozen=True, slots=True)
 class PromptChunk:
-    """Prompt tokens of one prefilling sequence, to be computed in the decode step's own
-    forward pass; ``last``: the prompt's final chunk, whose first token is sampled."""
+    """Prompt tokens of one prefilling sequence, from ``position`` on; ``last``: the
+    prompt's final chunk, whose first token is sampled."""
 
     seq_id: str
     tokens: tuple[int, ...]
     last: bool
+    position: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +84,132 @@ class StepOutput:
 
 
 @dataclass(frozen=True, slots=True)
+class Join:
+    """A sequence whose prompt is in joins the batched decoder before the round's step:
+    ``first_token`` is fed next, then up to ``max_new_tokens`` more are made."""
+
+    seq_id: str
+    first_token: int
+    max_new_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class WholePrompts:
+    """Whole prompts of fresh sequences (nothing restored, nothing prefilled), in as few
+    forward passes as the backend can: a burst of short prompts pays a pass's fixed cost
+    once. Should the shared pass fail, each prompt runs alone, so only a prompt that fails
+    by itself fails."""
+
+    prompts: tuple[tuple[str, tuple[int, ...]], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SoFar:
+    """The round so far, as a slice's time is reckoned from it."""
+
+    elapsed: float | None
+    """Seconds since the round began, once its decode step ran or was begun beside the
+    slice; None if it had none."""
+    step_seconds: float | None
+    """The step's own time, when it ran before the slice (not beside it)."""
+    decoding: int
+    """Sequences in the decoder as the slice begins."""
+
+
+@dataclass(frozen=True, slots=True)
+class SlicedPrompt:
+    """A prompt computed a part of the model at a time while the next part is expected to
+    end within its time (``budget``, the engine's pacing rule, asked once as the slice
+    begins), then stopped; the same chunk continues in a later round where it stopped. A
+    chunk that ends early goes on into the next (``sizes``: this round's chunk, then the
+    ones after it) while time is left: their first parts may wait for the next round."""
+
+    seq_id: str
+    tokens: tuple[int, ...]
+    """The prompt from the chunk's start to its end."""
+    sizes: tuple[int, ...]
+    position: int
+    budget: Callable[[SoFar], float]
+
+
+PromptPart = WholePrompts | PromptChunk | SlicedPrompt
+
+
+@dataclass(frozen=True, slots=True)
+class RoundWork:
+    """One round: the sequences that join the decoder, one batched decode step for every
+    decoding sequence (``ride``: a chunk computed inside its forward pass), then the prompt
+    parts in order. ``elapsed``: seconds of the round gone before the backend has it."""
+
+    decode: bool
+    joins: tuple[Join, ...] = ()
+    ride: PromptChunk | None = None
+    parts: tuple[PromptPart, ...] = ()
+    elapsed: float = 0.0
+    sliced: bool = False
+    """Planned around a slice: where the backend can, its step runs beside the slice."""
+
+
+@dataclass(frozen=True, slots=True)
+class Stepped:
+    """The decode step ran: its tokens (and the ride's first token, and the sequences that
+    failed to join). ``beside``: it ran beside a slice, which makes its time not the
+    streams' own pace; ``seconds`` is then None."""
+
+    output: StepOutput
+    seconds: float | None
+    beside: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class StepFailed:
+    """The decode step failed: every sequence it stepped fails (and the riding one)."""
+
+    error: Exception
+    beside: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Prefilled:
+    """Chunks computed in one pass of ``seconds`` (None: sliced, not timed as a pass), at
+    ``position``; ``firsts``: each sequence's first token where its prompt ended."""
+
+    chunks: tuple[tuple[str, int], ...]
+    position: int
+    seconds: float | None
+    firsts: tuple[SampledToken | None, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class InFlight:
+    """A sliced chunk of ``tokens`` stopped part way through the layers."""
+
+    seq_id: str
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """A prompt part failed: only its sequence fails."""
+
+    seq_id: str
+    error: Exception
+
+
+Outcome = Stepped | StepFailed | Prefilled | InFlight | Failed
+
+
+@dataclass(frozen=True, slots=True)
+class RoundResult:
+    """What the round did, in the order it happened: the engine applies it afterwards.
+    ``copied``: sequences that read their restored blocks in place until this round and
+    hold a copy now (their blocks may be let go)."""
+
+    outcomes: tuple[Outcome, ...]
+    copied: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
 class BackendCapabilities:
     """What a backend is and can do, fixed when it is built: the engine reads it once,
     instead of asking mid-round."""
@@ -90,7 +217,7 @@ class BackendCapabilities:
     spec: ModelCacheSpec
     model_id: str
     can_slice: bool = False
-    """Whether ``prefill_slice`` can stop inside the model (else it runs whole chunks)."""
+    """Whether a ``SlicedPrompt`` can stop inside the model (else its chunks run whole)."""
     ride_rows: int = 0
     """Rows a decode step's forward pass may hold, prompt tokens riding it included
     (0: a prompt chunk never rides, as on a model without the fused pass)."""
@@ -102,13 +229,12 @@ class BackendCapabilities:
 
 
 class ModelBackend(Protocol):
-    """Executes the engine's plan on a real model.
+    """Executes the engine's plan on a real model, one call a round.
 
-    Lifecycle of a sequence: ``open_sequence`` (with restored blocks, gathered once into a
-    contiguous cache) -> ``prefill`` chunks -> ``prefill_and_sample`` (the last chunk, which
-    yields the first token) -> ``start_decoding`` -> ``decode_step`` until the engine decides
-    it ends -> ``close_sequence`` (cuts the KV into blocks). ``close_sequence`` may be called
-    at any stage, which is how cancellation works.
+    Lifecycle of a sequence: ``open_sequence`` (with restored blocks) -> its prompt in the
+    rounds' parts -> it joins the decoder (``RoundWork.joins``) and decodes in each round's
+    step until the engine decides it ends -> ``close_sequence`` (cuts the KV into blocks).
+    ``close_sequence`` may be called at any stage, which is how cancellation works.
     """
 
     @property
@@ -126,44 +252,14 @@ class ModelBackend(Protocol):
         sampling: SamplingParams,
         track_top_prob: bool = False,
         matcher: GrammarMatcher | None = None,
-    ) -> None:
+    ) -> bool:
         """Create the sequence's cache from the first ``n_restored`` tokens of ``restored``,
         sized once for the ``n_new`` prompt tokens that will be prefilled after them.
         ``matcher``: every token sampled for the sequence (its first one too) is drawn from
         the tokens it allows, with the sampling settings applied among them, and told to
-        it; free sequences in the same batch decode exactly as they would alone."""
-        ...
-
-    def prefill(self, seq_id: str, tokens: Sequence[int]) -> None:
-        """Run ``tokens`` through the model into the sequence's cache."""
-        ...
-
-    def prefill_and_sample(self, seq_id: str, tokens: Sequence[int]) -> SampledToken:
-        """Like ``prefill`` for the prompt's last chunk; samples the first new token."""
-        ...
-
-    def prefill_slice(
-        self,
-        seq_id: str,
-        tokens: Sequence[int],
-        seconds: float,
-        *,
-        last: bool,
-        must_progress: bool = True,
-    ) -> SliceProgress:
-        """Compute ``tokens`` a part of the model at a time while the next part is expected
-        to end within ``seconds``, then stop; called again with the same tokens, continue
-        where it stopped. At least one part runs, unless not ``must_progress`` (time left
-        over from another chunk). ``last``: the prompt's final chunk, whose first token is
-        sampled when the chunk is done."""
-        ...
-
-    def prefill_many_and_sample(
-        self, prompts: Sequence[tuple[str, Sequence[int]]]
-    ) -> list[SampledToken]:
-        """Whole prompts of fresh sequences (nothing restored, nothing prefilled) in as few
-        forward passes as the backend can; one first token each, in order. A burst of short
-        prompts then pays a pass's fixed cost once, not once per prompt."""
+        it; free sequences in the same batch decode exactly as they would alone. True: the
+        sequence reads the restored blocks where they lie (their memory is in use: keep them
+        pinned) until a round reports it ``copied``."""
         ...
 
     def copy_prefix(self, source_id: str, target_id: str, n_tokens: int, room: int) -> bool:
@@ -172,43 +268,13 @@ class ModelBackend(Protocol):
         changed) where the source's cache cannot be copied so."""
         ...
 
-    def start_decoding(self, seq_id: str, first_token: int, max_new_tokens: int) -> None:
-        """Join the batched decoder; ``first_token`` is fed next, then up to
-        ``max_new_tokens`` more are made."""
-        ...
-
-    def decode_step(self, ride: PromptChunk | None = None) -> StepOutput:
-        """One batched decode step for every decoding sequence; ``ride`` (at most
-        ``capabilities.ride_capacity(decoding_count)`` tokens) is prefilled in the same
-        forward pass."""
-        ...
-
-    def begin_decode_step(self) -> bool:
-        """Begin the decode step to run beside the prompt slices that follow in this round
-        (on another core, where the backend can); ``end_decode_step`` then gives its
-        output. False: nothing begun, call ``decode_step`` instead."""
-        ...
-
-    def end_decode_step(self) -> StepOutput:
-        """The output of the step ``begin_decode_step`` began, once it is done."""
-        ...
-
-    def reads_restored(self, seq_id: str) -> bool:
-        """True while the sequence still reads the blocks it restored from where they lie
-        (their memory is in use: keep them pinned); False once its cache holds a copy."""
-        ...
-
-    @property
-    def decoding_count(self) -> int:
-        """Sequences in the batched decoder right now."""
+    def run(self, work: RoundWork) -> RoundResult:
+        """Run one round. A failure fails the sequences it touched, as an outcome; the
+        backend decides itself whether the step can run beside a slice."""
         ...
 
     def close_sequence(self, seq_id: str, keep_tokens: int) -> ExportedKV:
         """End the sequence; return at most its first ``keep_tokens`` positions (fewer if
         the cache holds fewer) cut into blocks, one list per layer (a sliding layer only
         has the blocks its window reaches)."""
-        ...
-
-    def warm_up(self) -> None:
-        """Run one forward pass so the first real request does not pay for it."""
         ...

@@ -36,6 +36,7 @@ from semantic.adapters.mlx.kv.restored_prefix import RestoredPrefix
 from semantic.adapters.mlx.models.model_parts import BodyAndHead
 from semantic.adapters.mlx.sampling import Sampler, log_softmax, make_sampler, top_prob
 from semantic.adapters.mlx.token_mask import masked
+from semantic.adapters.round_runner import RoundRunner
 from semantic.domain.blocks import AgentBlocks
 from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.errors import InvalidRequestError
@@ -46,6 +47,8 @@ from semantic.ports.model_backend import (
     DecodedToken,
     ExportedKV,
     PromptChunk,
+    RoundResult,
+    RoundWork,
     SampledToken,
     SliceProgress,
     StepOutput,
@@ -100,6 +103,9 @@ class MlxBackend:
         self._capabilities = BackendCapabilities(spec, model_id, self._can_slice, self._ride_rows)
         self._sequences: dict[str, _Sequence] = {}
         self._beside = accelerator.beside(self._decoder, self._step_output) if accelerator else None
+        self._runner = RoundRunner(self, time.perf_counter)
+        self._in_place: set[str] = set()
+        """Sequences reading their restored blocks where they lie, as last reported."""
 
     @property
     def spec(self) -> ModelCacheSpec:
@@ -123,7 +129,7 @@ class MlxBackend:
         sampling: SamplingParams,
         track_top_prob: bool = False,
         matcher: GrammarMatcher | None = None,
-    ) -> None:
+    ) -> bool:
         if seq_id in self._sequences:
             raise InvalidRequestError(f"sequence {seq_id} is already open")
         prefix = self._prefix_in_place(restored, n_restored, n_new)
@@ -137,6 +143,18 @@ class MlxBackend:
         self._sequences[seq_id] = _Sequence(
             caches, sampler, track_top_prob, n_new, prefix, matcher=matcher
         )
+        if prefix is not None:
+            self._in_place.add(seq_id)
+        return prefix is not None
+
+    def run(self, work: RoundWork) -> RoundResult:
+        """The round in ``RoundRunner``'s order, on this backend's steps; then the sequences
+        whose restored prefix was copied since the last round (their first pass, a step
+        that built their cache, a copy for a follower)."""
+        outcomes = self._runner.run(work)
+        copied = frozenset(s for s in self._in_place if not self.reads_restored(s))
+        self._in_place -= copied
+        return RoundResult(outcomes, copied)
 
     def _prefix_in_place(
         self, restored: AgentBlocks | None, n_restored: int, n_new: int
@@ -373,6 +391,7 @@ class MlxBackend:
         return self._ride_rows - rows if self._ride_rows and rows else 0
 
     def close_sequence(self, seq_id: str, keep_tokens: int) -> ExportedKV:
+        self._in_place.discard(seq_id)
         sequence = self._sequences.pop(seq_id)
         if keep_tokens <= 0:  # nothing to keep: a pending cache build is not worth doing
             if seq_id in self._decoder:

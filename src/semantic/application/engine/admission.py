@@ -51,6 +51,8 @@ class Admission:
         self._running = state.running
         self._clock = state.clock
         self._refused: list[tuple[ActiveRequest, Exception]] = []
+        self._reading: set[str] = set()
+        """Requests whose sequence reads its restored blocks where they lie."""
 
     def admit(self, active: ActiveRequest) -> bool:
         """Reserve blocks and build the cache for a queued request; False if it must wait."""
@@ -83,10 +85,12 @@ class Admission:
         active.admitted_at = None
         del self._running[active.id]
 
-    def release_copied(self) -> None:
-        """Let go of the pinned prefixes the running requests' caches have copied."""
+    def release_copied(self, copied: frozenset[str] = frozenset()) -> None:
+        """Let go of the pinned prefixes the running requests' caches have copied
+        (``copied``: those a round reports copied since it opened them in place)."""
+        self._reading = (self._reading - copied) & self._running.keys()
         for active in self._running.values():
-            if active.request.cached is not None and not self._backend.reads_restored(active.id):
+            if active.request.cached is not None and active.id not in self._reading:
                 self._books.copied(active)
 
     def fail_refused(self, events: Events) -> None:
@@ -125,7 +129,7 @@ class Admission:
     def _open_sequence(self, active: ActiveRequest, cached: AgentBlocks | None, n: int) -> None:
         grammar = active.grammar  # a fresh matcher for each try: a failed one may have begun
         constrained = {"matcher": grammar.matcher()} if grammar is not None else {}
-        self._backend.open_sequence(
+        in_place = self._backend.open_sequence(
             active.id,
             restored=cached,
             n_restored=n,
@@ -134,6 +138,8 @@ class Admission:
             track_top_prob=active.request.criteria.min_top_prob is not None,
             **constrained,
         )
+        if in_place:  # its blocks stay pinned until a round reports them copied
+            self._reading.add(active.id)
 
     def _make_room(self, active: ActiveRequest) -> bool:
         if self._running:  # a request that ends will free memory: wait for it

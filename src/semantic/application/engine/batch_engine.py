@@ -95,7 +95,7 @@ class BlockPoolBatchEngine:
         self._running: dict[str, ActiveRequest] = {}
         sharing = PrefixSharing(self._spec)
         state = EngineState(self._queue, self._running, clock)
-        lifecycle = Lifecycle(backend, books, sharing, state)
+        self._lifecycle = lifecycle = Lifecycle(backend, books, sharing, state)
         self._intake = Intake(
             self._spec,
             tokenizer,
@@ -229,11 +229,12 @@ class BlockPoolBatchEngine:
         self._intake.apply_cancellations(events)
         self._rounds.run(self._plan(), events, started)
         prefilling = sum(1 for r in self._running.values() if r.phase is Phase.PREFILLING)
-        return StepResult(events, self._backend.decoding_count, prefilling, len(self._queue))
+        decoding = self._lifecycle.decoding_count()
+        return StepResult(events, decoding, prefilling, len(self._queue))
 
     def _plan(self) -> RoundPlan:
         running = sorted(self._running.values(), key=lambda r: r.phase is not Phase.PREFILLING)
-        decoding = self._backend.decoding_count
+        decoding = self._lifecycle.decoding_count()
         can_slice, ride = self._capabilities.can_slice, self._capabilities.ride_capacity(decoding)
         plan = self._adder.plan(
             running,

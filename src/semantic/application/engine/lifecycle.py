@@ -19,7 +19,7 @@ from semantic.application.prefix_sharing import PrefixSharing
 from semantic.domain.blocks import AgentBlocks
 from semantic.domain.errors import NoRoomCameError
 from semantic.domain.generation import FinishReason
-from semantic.ports.model_backend import ModelBackend, SampledToken, StepOutput
+from semantic.ports.model_backend import Join, ModelBackend, SampledToken, StepOutput
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +40,17 @@ class Lifecycle:
         self._queue = state.queue
         self._running = state.running
         self._clock = state.clock
+        self._joins: list[Join] = []
+        """Requests that got their first token, to join the decoder in the next round."""
+
+    def take_joins(self) -> tuple[Join, ...]:
+        """The joins for this round, of requests still running."""
+        joins = tuple(j for j in self._joins if j.seq_id in self._running)
+        self._joins.clear()
+        return joins
+
+    def decoding_count(self) -> int:
+        return sum(1 for r in self._running.values() if r.phase is Phase.DECODING)
 
     def decoding(self) -> list[ActiveRequest]:
         return [r for r in self._running.values() if r.phase is Phase.DECODING]
@@ -88,7 +99,7 @@ class Lifecycle:
         self.accept_token(active, first.token, first.top_prob, events)
         if active.id in self._running:
             remaining = active.request.criteria.max_tokens - 1
-            self._backend.start_decoding(active.id, first.token, remaining)
+            self._joins.append(Join(active.id, first.token, remaining))
 
     def accept_token(
         self, active: ActiveRequest, token: int, top_prob: float | None, events: Events

@@ -20,6 +20,7 @@ meanwhile. ADR 0009 has the measured curve.
 
 from __future__ import annotations
 
+import copy
 import math
 import statistics
 from collections import deque
@@ -27,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from semantic.domain.errors import InvalidRequestError
+from semantic.ports.model_backend import SoFar
 
 DECODE_WINDOW = 15
 """Decode steps the typical step's time is taken over (odd: the median is one of them)."""
@@ -175,6 +177,35 @@ class PrefillPacer:
         if seconds is not None and round_elapsed is not None and math.isfinite(seconds):
             seconds = self.slice_in_round(seconds, round_elapsed(), batch)
         return seconds
+
+    def slice_budget(
+        self, planned: float | None, *, in_flight: bool, batch: int
+    ) -> Callable[[SoFar], float]:
+        """The rule a sliced chunk's time follows this round, for the backend to apply as
+        the slice begins: ``chunk_seconds`` with the round so far, the pacer as it will be
+        once it has seen the round's step of ``batch`` streams (if it ran before the slice:
+        the engine observes it after the round)."""
+
+        def budget(so_far: SoFar) -> float:
+            pacer = self
+            if so_far.step_seconds is not None:
+                pacer = self._after_step(so_far.step_seconds, batch)
+            elapsed = so_far.elapsed
+            seconds = pacer.chunk_seconds(
+                planned,
+                in_flight=in_flight,
+                batch=so_far.decoding,
+                round_elapsed=None if elapsed is None else (lambda: elapsed),
+            )
+            return math.inf if seconds is None else seconds
+
+        return budget
+
+    def _after_step(self, seconds: float, batch: int) -> PrefillPacer:
+        """A copy that has seen a decode step (not plain: a slice is beside it)."""
+        twin = copy.deepcopy(self)  # a few small lists: once a sliced round
+        twin.observe_decode(seconds, batch=batch, plain=False)
+        return twin
 
     def ride_fits(self, tokens: int, position: int) -> bool:
         """Whether riding ``tokens`` is predicted to add at most ``ride_ratio`` steps."""

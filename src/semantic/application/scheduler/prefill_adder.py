@@ -241,11 +241,15 @@ class PrefillAdder:
                 left.tokens = 0  # the round's one chunk
         return out
 
-    def next_slice(self, request: ActiveRequest) -> int:
-        """The chunk a sliced prompt takes next, as its next sliced round would plan it: a
-        round whose chunk ended early goes on with it in the time it has left."""
-        end = len(request.prompt)
-        return self._chunk_at(request.prefilled, end, self._pacer.config.slice_tokens)
+    def slice_sizes(self, position: int, end: int, first: int) -> tuple[int, ...]:
+        """A sliced prompt's chunk this round (``first`` tokens from ``position``), then the
+        chunks after it to the prompt's ``end``, as its next sliced rounds would plan them:
+        a round whose chunk ends early goes on with the next in the time it has left."""
+        sizes, position = [first], position + first
+        while position < end:
+            sizes.append(self._chunk_at(position, end, self._pacer.config.slice_tokens))
+            position += sizes[-1]
+        return tuple(sizes)
 
     def _chunk_at(self, position: int, end: int, limit: int) -> int:
         """Tokens from ``position`` up to the next chunk boundary, the prompt's end or
