@@ -268,6 +268,12 @@ class FakeBackend:
         self.prefill(seq_id, tokens)
         return SampledToken(self._next(self.sequences[seq_id]), 0.5)
 
+    def _prefill(self, seq_id: str, tokens: Sequence[int], last: bool) -> SampledToken | None:
+        if last:
+            return self.prefill_and_sample(seq_id, tokens)
+        self.prefill(seq_id, tokens)
+        return None
+
     def prefill_slice(
         self,
         seq_id: str,
@@ -283,10 +289,7 @@ class FakeBackend:
         if not done:
             self._sliced[seq_id] = calls
             return SliceProgress(False)
-        if last:
-            return SliceProgress(True, self.prefill_and_sample(seq_id, tokens))
-        self.prefill(seq_id, tokens)
-        return SliceProgress(True)
+        return SliceProgress(True, self._prefill(seq_id, tokens, last))
 
     def prefill_many_and_sample(
         self, prompts: Sequence[tuple[str, Sequence[int]]]
@@ -313,15 +316,11 @@ class FakeBackend:
             self.decoding_count
         ):
             raise ValueError("too many tokens to ride")
-        failed = self._failed_joins()
-        tokens = self._decode_tokens()
-        if ride is None:
-            return StepOutput(tokens, None, failed)
-        self.rides.append((ride.seq_id, len(ride.tokens)))
-        if ride.last:
-            return StepOutput(tokens, self.prefill_and_sample(ride.seq_id, ride.tokens), failed)
-        self.prefill(ride.seq_id, ride.tokens)
-        return StepOutput(tokens, None, failed)
+        failed, tokens, first = self._failed_joins(), self._decode_tokens(), None
+        if ride is not None:
+            self.rides.append((ride.seq_id, len(ride.tokens)))
+            first = self._prefill(ride.seq_id, ride.tokens, ride.last)
+        return StepOutput(tokens, first, failed)
 
     def begin_decode_step(self) -> bool:
         if not self.side_by_side or self._begun is not None:
@@ -374,25 +373,7 @@ class FakeBackend:
         self._sliced.pop(seq_id, None)
         self._in_place.discard(seq_id)
         seq = self.sequences.pop(seq_id)
-        keep = min(keep_tokens, len(seq.tokens))
-        size = self.spec.block_tokens
-        layers = []
-        for layer in range(self.spec.n_layers):  # a sliding layer keeps its last window only
-            window = self.spec.window(layer)
-            first = 0 if window is None else max(0, keep - window)
-            layers.append(
-                [
-                    BlockPayload(
-                        i // size,
-                        max(first, i) - i,
-                        min(size, keep - i),
-                        tuple(seq.tokens[max(first, i) : min(i + size, keep)]),
-                    )
-                    for i in range(0, keep, size)
-                    if i + size > first
-                ]
-            )
-        return ExportedKV(keep, layers)
+        return _cut(seq.tokens, min(keep_tokens, len(seq.tokens)), self.spec)
 
     def _next(self, seq: _Seq) -> int:
         """The fake model's next token, drawn within a constrained sequence's grammar (which
@@ -405,6 +386,28 @@ class FakeBackend:
             token = masked_choice(token, seq.matcher.allowed())
             seq.matcher.accept(token)
         return token
+
+
+def _cut(tokens: list[int], keep: int, spec: ModelCacheSpec) -> ExportedKV:
+    """The first ``keep`` tokens as blocks, layer by layer: a sliding layer keeps its last
+    window only."""
+    size, layers = spec.block_tokens, []
+    for layer in range(spec.n_layers):
+        window = spec.window(layer)
+        first = 0 if window is None else max(0, keep - window)
+        layers.append(
+            [
+                BlockPayload(
+                    i // size,
+                    max(first, i) - i,
+                    min(size, keep - i),
+                    tuple(tokens[max(first, i) : min(i + size, keep)]),
+                )
+                for i in range(0, keep, size)
+                if i + size > first
+            ]
+        )
+    return ExportedKV(keep, layers)
 
 
 def _gather(blocks: AgentBlocks, n: int, spec: ModelCacheSpec) -> list[int]:

@@ -91,6 +91,8 @@ class _Round:
         """Whether the step ran (or was begun beside the slice): a slice has what is left
         of the round."""
         self._step_seconds: float | None = None
+        self._begin_failed = False
+        """Beginning the step beside the slice failed: its sequences fail, no step runs."""
 
     def run(self) -> tuple[Outcome, ...]:
         for join in self._work.joins:
@@ -99,7 +101,7 @@ class _Round:
             except Exception as error:  # noqa: BLE001 - only that sequence fails
                 self._fail(join.seq_id, error)
         beside = self._work.ride is None and self._begin_beside()
-        if not beside and self._work.decode:
+        if not beside and self._work.decode and not self._begin_failed:
             self._step(self._work.ride)
         try:
             for part in self._work.parts:
@@ -137,6 +139,7 @@ class _Round:
             begun = self._steps.begin_decode_step()
         except Exception as error:  # noqa: BLE001 - a failed step fails its sequences only
             self._out.append(StepFailed(error))
+            self._begin_failed = True
             return False
         self._stepped = begun
         return begun
