@@ -203,8 +203,20 @@ class PrefillPacer:
 
     def _after_step(self, seconds: float, batch: int) -> PrefillPacer:
         """A copy that has seen a decode step (not plain: a slice is beside it)."""
-        twin = copy.deepcopy(self)  # a few small lists: once a sliced round
+        twin = copy.copy(self)
         twin.observe_decode(seconds, batch=batch, plain=False)
+        return twin
+
+    def __copy__(self) -> PrefillPacer:
+        """The steps seen so far copied (a deep copy cost 0.2 ms a sliced round); the fits
+        shared, which a copy only reads."""
+        twin = PrefillPacer.__new__(PrefillPacer)
+        twin.__dict__.update(self.__dict__)
+        recent, plain = (
+            deque(self._recent_decodes, DECODE_WINDOW),
+            deque(self._plain, DECODE_WINDOW),
+        )
+        twin._recent_decodes, twin._plain = recent, plain  # noqa: SLF001 - this class's own state
         return twin
 
     def ride_fits(self, tokens: int, position: int) -> bool:
