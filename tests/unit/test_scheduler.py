@@ -12,6 +12,7 @@ from semantic.application.scheduler.pacer import PacerConfig, PrefillPacer
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.errors import QueueFullError
 from semantic.domain.generation import FinishReason, Priority
+from semantic.ports.model_backend import SoFar
 from tests.unit.fakes import FakeBackend, FakeTokenizer
 
 
@@ -120,6 +121,30 @@ def test_a_slice_gets_what_is_left_of_a_round_of_the_steps_before_the_prompt() -
     assert pacer.slice_in_round(0.050, elapsed=0.090, batch=4) == 0.0  # one step, no more
     pacer.observe_decode(0.030, batch=5, plain=False)  # another batch: its own pace, unknown
     assert pacer.slice_seconds(5) == pytest.approx(2 * 0.035)
+
+
+@pytest.mark.parametrize("batch", [4, 5])  # 5: a step of another batch forgets the plain ones
+def test_a_slices_budget_is_what_the_pacer_gives_once_it_has_seen_the_rounds_step(
+    batch: int,
+) -> None:
+    def paced() -> PrefillPacer:
+        pacer = PrefillPacer(PacerConfig(slice_ratio=2.0))
+        for seconds in [0.025] * 15 + [0.090] * 7:
+            pacer.observe_decode(seconds, batch=4, plain=seconds < 0.05)
+        return pacer
+
+    pacer, seen = paced(), paced()
+    budget = pacer.slice_budget(pacer.slice_seconds(batch), in_flight=False, batch=batch)
+    given = budget(SoFar(elapsed=0.1, step_seconds=0.1, decoding=batch))
+    seen.observe_decode(0.1, batch=batch, plain=False)
+    planned = pacer.slice_seconds(batch)
+    assert given == seen.chunk_seconds(
+        planned, in_flight=False, batch=batch, round_elapsed=lambda: 0.1
+    )
+    assert pacer.decode_seconds == paced().decode_seconds == 0.025  # the step is not seen yet
+    assert pacer.anchor(4) == paced().anchor(4)
+    beside = budget(SoFar(elapsed=0.03, step_seconds=None, decoding=batch))
+    assert beside == pacer.slice_in_round(planned or 0.0, 0.03, batch)
 
 
 def test_streams_after_an_idle_engine_are_not_held_to_the_pace_of_earlier_ones() -> None:

@@ -181,10 +181,9 @@ class PrefillPacer:
     def slice_budget(
         self, planned: float | None, *, in_flight: bool, batch: int
     ) -> Callable[[SoFar], float]:
-        """The rule a sliced chunk's time follows this round, for the backend to apply as
-        the slice begins: ``chunk_seconds`` with the round so far, the pacer as it will be
-        once it has seen the round's step of ``batch`` streams (if it ran before the slice:
-        the engine observes it after the round)."""
+        """A sliced chunk's time this round, for the backend to ask as the slice begins:
+        ``chunk_seconds`` with the round so far, from the pacer as it will be once it has
+        seen the round's step of ``batch`` streams (observed after the round)."""
 
         def budget(so_far: SoFar) -> float:
             pacer = self
@@ -208,15 +207,10 @@ class PrefillPacer:
         return twin
 
     def __copy__(self) -> PrefillPacer:
-        """The steps seen so far copied (a deep copy cost 0.2 ms a sliced round); the fits
-        shared, which a copy only reads."""
+        """Its own step windows (a deep copy cost 0.2 ms a sliced round); the fits shared."""
         twin = PrefillPacer.__new__(PrefillPacer)
-        twin.__dict__.update(self.__dict__)
-        recent, plain = (
-            deque(self._recent_decodes, DECODE_WINDOW),
-            deque(self._plain, DECODE_WINDOW),
-        )
-        twin._recent_decodes, twin._plain = recent, plain  # noqa: SLF001 - this class's own state
+        windows = {k: deque(v, DECODE_WINDOW) for k, v in vars(self).items() if type(v) is deque}
+        vars(twin).update(vars(self), **windows)
         return twin
 
     def ride_fits(self, tokens: int, position: int) -> bool:
