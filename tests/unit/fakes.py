@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from semantic.adapters.round_runner import RoundRunner
 from semantic.adapters.tool_formats import DefaultFormat
 from semantic.domain.blocks import AgentBlocks
 from semantic.domain.cache_spec import ModelCacheSpec
@@ -22,16 +21,28 @@ from semantic.ports.model_backend import (
     BlockPayload,
     DecodedToken,
     ExportedKV,
+    Failed,
+    InFlight,
+    Outcome,
+    Prefilled,
     PromptChunk,
+    PromptPart,
     RoundResult,
     RoundWork,
     SampledToken,
-    SliceProgress,
+    SlicedPrompt,
+    SoFar,
+    StepFailed,
     StepOutput,
+    Stepped,
+    WholePrompts,
 )
 
 EOS = 0
 VOCAB = 64
+PASS_S = 1e-4
+"""The seconds the fake backend reports for each pass (a slice's pace is twice a step's:
+with none, an in-flight chunk would run whole)."""
 
 
 class FakeTokenizer:
@@ -174,214 +185,132 @@ def masked_choice(preferred: int, allowed: bytes) -> int:
 @dataclass
 class _Seq:
     tokens: list[int]
-    pending: int | None = None
+    matcher: GrammarMatcher | None
     remaining: int = 0
     decoding: bool = False
-    finished: bool = False
-    matcher: GrammarMatcher | None = None
 
 
 @dataclass
 class FakeBackend:
-    """A model whose "KV" is the token ids themselves, so restores can be checked exactly.
-    Its round runs on the steps below in ``RoundRunner``'s order, as the MLX backend's."""
+    """A model whose "KV" is the token ids themselves, so restores can be checked exactly. It
+    answers a round at once in ``RoundRunner``'s order; ``step_fakes.StepBackend`` is a
+    backend that runs the runner itself, on steps made of this fake's rounds."""
 
     spec: ModelCacheSpec = field(
         default_factory=lambda: ModelCacheSpec(2, 1, 2, 2, "float32", (None, None), 4)
     )
-    eos_at_length: int | None = None
-    """Produce the end-of-turn token once a sequence holds this many positions."""
-    fail_prefill_for: set[int] = field(default_factory=set)
-    """First prompt tokens whose prefill raises, to test failure isolation."""
-    fail_join_for: set[str] = field(default_factory=set)
-    """Sequence ids whose cache fails to build as they join the decode batch."""
-    model_id: str = "fake"
-    paused: threading.Event = field(default_factory=threading.Event)
-    """While set, decode steps make no progress (a request stays in flight)."""
     ride_rows: int = 0
-    """Rows a fused decode pass may hold (0: no riding, like a model without fusion)."""
-    can_slice: bool = True
-    slice_calls: int = 3
-    """Calls a sliced chunk takes when its time is bounded (the model's layers, in thirds)."""
-    side_by_side: bool = False
-    """Whether a sliced round's decode step may be begun beside its slice."""
-    fail_beside: bool = False
-    """A step begun beside a slice fails as it ends."""
-    reading_restored: set[str] = field(default_factory=set)
-    """Sequences that read their restored blocks in place (the MLX backend's first pass
-    over a returning agent's blocks), as they open and until taken out of this set."""
+    eos_at_length: int | None = None  # the end-of-turn token once a sequence is this long
+    fail_prefill_for: set[int] = field(default_factory=set)  # first prompt tokens that fail
+    fail_join_for: set[str] = field(default_factory=set)  # caches that fail in their first step
+    reading_restored: set[str] = field(default_factory=set)  # read in place while in here
+    paused: threading.Event = field(default_factory=threading.Event)  # steps make no tokens
     sequences: dict[str, _Seq] = field(default_factory=dict)
     restored_tokens: dict[str, list[int]] = field(default_factory=dict)
     prefill_calls: list[tuple[str, int]] = field(default_factory=list)
-    decode_batches: list[int] = field(default_factory=list)
     batched_prefills: list[int] = field(default_factory=list)
+    decode_batches: list[int] = field(default_factory=list)
     copies: list[tuple[str, str, int]] = field(default_factory=list)
     rides: list[tuple[str, int]] = field(default_factory=list)
-    slices: list[tuple[str, int, bool]] = field(default_factory=list)
-    """(sequence, chunk tokens, done) for each ``prefill_slice`` call."""
-    beside: list[StepOutput] = field(default_factory=list)
-    """The output of each step begun beside a slice, in order."""
+    slices: list[tuple[str, int, bool]] = field(default_factory=list)  # (seq, tokens, done)
     _sliced: dict[str, int] = field(default_factory=dict)
-    _begun: StepOutput | None = None
+    _failed: dict[str, Exception] = field(default_factory=dict)
     _in_place: set[str] = field(default_factory=set)
 
     @property
     def capabilities(self) -> BackendCapabilities:
-        return BackendCapabilities(self.spec, self.model_id, self.can_slice, self.ride_rows)
+        return BackendCapabilities(self.spec, "fake", True, self.ride_rows)
 
     @property
     def decoding_count(self) -> int:
-        return sum(1 for s in self.sequences.values() if s.decoding and not s.finished)
+        return sum(s.decoding and s.remaining > 0 for s in self.sequences.values())
 
-    def clock(self) -> float:
-        return time.monotonic()
-
-    def open_sequence(
-        self,
-        seq_id: str,
-        *,
-        restored: AgentBlocks | None,
-        n_restored: int,
-        matcher: GrammarMatcher | None = None,
-        **_: object,
-    ) -> bool:
-        tokens = _gather(restored, n_restored, self.spec) if restored else []
+    def open_sequence(self, seq_id: str, *, restored: AgentBlocks | None, **kw: Any) -> bool:
+        tokens = _gather(restored, kw["n_restored"], self.spec) if restored else []
         self.restored_tokens[seq_id] = list(tokens)
-        self.sequences[seq_id] = _Seq(tokens, matcher=matcher)
-        if seq_id in self.reading_restored:
-            self._in_place.add(seq_id)
-        return seq_id in self.reading_restored
-
-    def run(self, work: RoundWork) -> RoundResult:
-        outcomes = RoundRunner(self, self.clock).run(work)
-        copied = frozenset(self._in_place - self.reading_restored)
-        self._in_place -= copied
-        return RoundResult(outcomes, copied)
-
-    def prefill(self, seq_id: str, tokens: Sequence[int]) -> None:
-        if tokens and tokens[0] in self.fail_prefill_for:
-            raise RuntimeError("prefill failed on purpose")
-        self.prefill_calls.append((seq_id, len(tokens)))
-        self.sequences[seq_id].tokens.extend(tokens)
-
-    def prefill_and_sample(self, seq_id: str, tokens: Sequence[int]) -> SampledToken:
-        self.prefill(seq_id, tokens)
-        return SampledToken(self._next(self.sequences[seq_id]), 0.5)
-
-    def _prefill(self, seq_id: str, tokens: Sequence[int], last: bool) -> SampledToken | None:
-        if last:
-            return self.prefill_and_sample(seq_id, tokens)
-        self.prefill(seq_id, tokens)
-        return None
-
-    def prefill_slice(
-        self,
-        seq_id: str,
-        tokens: Sequence[int],
-        seconds: float,
-        *,
-        last: bool,
-        must_progress: bool = True,
-    ) -> SliceProgress:
-        calls = self._sliced.pop(seq_id, 0) + 1
-        done = calls >= self.slice_calls or math.isinf(seconds)
-        self.slices.append((seq_id, len(tokens), done))
-        if not done:
-            self._sliced[seq_id] = calls
-            return SliceProgress(False)
-        return SliceProgress(True, self._prefill(seq_id, tokens, last))
-
-    def prefill_many_and_sample(
-        self, prompts: Sequence[tuple[str, Sequence[int]]]
-    ) -> list[SampledToken]:
-        if any(tokens and tokens[0] in self.fail_prefill_for for _, tokens in prompts):
-            raise RuntimeError("batched prefill failed on purpose")  # all or nothing, like MLX
-        self.batched_prefills.append(len(prompts))
-        return [self.prefill_and_sample(seq_id, tokens) for seq_id, tokens in prompts]
+        self.sequences[seq_id] = _Seq(tokens, kw.get("matcher"))
+        self._in_place |= {seq_id} & self.reading_restored
+        return seq_id in self._in_place
 
     def copy_prefix(self, source_id: str, target_id: str, n_tokens: int, room: int) -> bool:
-        source = self.sequences[source_id].tokens
-        if len(source) < n_tokens:
+        if len(self.sequences[source_id].tokens) < n_tokens:
             raise ValueError("the source has not prefilled that far")
         self.copies.append((source_id, target_id, n_tokens))
-        self.sequences[target_id].tokens = list(source[:n_tokens])
+        self.sequences[target_id].tokens = self.sequences[source_id].tokens[:n_tokens]
         return True
-
-    def start_decoding(self, seq_id: str, first_token: int, max_new_tokens: int) -> None:
-        seq = self.sequences[seq_id]
-        seq.pending, seq.remaining, seq.decoding = first_token, max_new_tokens, True
-
-    def decode_step(self, ride: PromptChunk | None = None) -> StepOutput:
-        if ride is not None and len(ride.tokens) > self.capabilities.ride_capacity(
-            self.decoding_count
-        ):
-            raise ValueError("too many tokens to ride")
-        failed, tokens, first = self._failed_joins(), self._decode_tokens(), None
-        if ride is not None:
-            self.rides.append((ride.seq_id, len(ride.tokens)))
-            first = self._prefill(ride.seq_id, ride.tokens, ride.last)
-        return StepOutput(tokens, first, failed)
-
-    def begin_decode_step(self) -> bool:
-        if not self.side_by_side or self._begun is not None:
-            return False
-        self._begun = self.decode_step()  # the work is done at once; only its report waits
-        return True
-
-    def end_decode_step(self) -> StepOutput:
-        output, self._begun = self._begun, None
-        if output is None:
-            raise RuntimeError("no decode step was begun beside a slice")
-        if self.fail_beside:
-            raise RuntimeError("the step beside the slice failed on purpose")
-        self.beside.append(output)
-        return output
-
-    def _failed_joins(self) -> dict[str, Exception]:
-        """Like the MLX decode batch: a joining sequence whose cache fails to build leaves
-        the batch, reported; the others decode."""
-        failed: dict[str, Exception] = {}
-        for seq_id in self.fail_join_for & self.sequences.keys():
-            seq = self.sequences[seq_id]
-            if seq.decoding and seq.pending is not None:
-                seq.decoding = False
-                failed[seq_id] = MemoryError("no room to build the cache, on purpose")
-        return failed
-
-    def _decode_tokens(self) -> list[DecodedToken]:
-        """Like the MLX backend's pipelined decode batch: a newly joined sequence only has
-        its first token fed in its first step; afterwards each token is fed before it is
-        returned."""
-        out: list[DecodedToken] = []
-        if self.paused.is_set():
-            return out
-        live = [(k, s) for k, s in self.sequences.items() if s.decoding and not s.finished]
-        self.decode_batches.append(len(live))
-        for seq_id, seq in live:
-            if seq.pending is not None:
-                seq.tokens.append(seq.pending)
-                seq.pending = None
-                continue
-            token = self._next(seq)
-            seq.tokens.append(token)
-            seq.remaining -= 1
-            seq.finished = seq.remaining <= 0 or token == EOS
-            out.append(DecodedToken(seq_id, token, 0.5, seq.finished))
-        return out
 
     def close_sequence(self, seq_id: str, keep_tokens: int) -> ExportedKV:
         self._sliced.pop(seq_id, None)
         self._in_place.discard(seq_id)
-        seq = self.sequences.pop(seq_id)
-        return _cut(seq.tokens, min(keep_tokens, len(seq.tokens)), self.spec)
+        tokens = self.sequences.pop(seq_id).tokens
+        return _cut(tokens, min(keep_tokens, len(tokens)), self.spec)
+
+    def run(self, work: RoundWork) -> RoundResult:
+        for join in work.joins:  # as in MLX's batch, a cache that fails to build fails alone
+            if join.seq_id in self.fail_join_for:  # at the next step
+                self._failed[join.seq_id] = MemoryError("no room to build the cache, on purpose")
+                continue
+            seq = self.sequences[join.seq_id]
+            seq.tokens.append(join.first_token)
+            seq.remaining, seq.decoding = join.max_new_tokens, True
+        step = [self._step(work.ride)] if work.decode else []
+        parts = [outcome for part in work.parts for outcome in self._part(part)]
+        copied = frozenset(self._in_place - self.reading_restored)
+        self._in_place -= copied
+        return RoundResult((*step, *parts), copied)
+
+    def _step(self, ride: PromptChunk | None) -> Outcome:
+        failed, self._failed = self._failed, {}
+        if ride and ride.tokens[0] in self.fail_prefill_for:
+            return StepFailed(RuntimeError("the ridden step failed on purpose"))
+        live = [(k, s) for k, s in self.sequences.items() if s.decoding and s.remaining > 0]
+        tokens = [] if self.paused.is_set() else [self._decode(k, s) for k, s in live]
+        self.decode_batches += [len(tokens)] if tokens else []
+        self.rides += [(ride.seq_id, len(ride.tokens))] if ride else []
+        first = self._prefill(ride.seq_id, ride.tokens, ride.last) if ride else None
+        return Stepped(StepOutput(tokens, first, failed), PASS_S)
+
+    def _decode(self, seq_id: str, seq: _Seq) -> DecodedToken:
+        seq.tokens.append(token := self._next(seq))
+        seq.remaining = 0 if token == EOS else seq.remaining - 1
+        return DecodedToken(seq_id, token, 0.5, seq.remaining == 0)
+
+    def _part(self, part: PromptPart) -> list[Outcome]:
+        """A pass of whole prompts fails as a whole (as MLX's), then each runs alone; a
+        sliced chunk is done in its third round (its first if its time is endless)."""
+        if isinstance(part, WholePrompts):
+            if any(tokens[0] in self.fail_prefill_for for _, tokens in part.prompts):
+                return [o for s, t in part.prompts for o in self._part(PromptChunk(s, t, True))]
+            self.batched_prefills.append(len(part.prompts))
+            firsts = tuple(self._prefill(s, t, True) for s, t in part.prompts)
+            return [Prefilled(tuple((s, len(t)) for s, t in part.prompts), 0, PASS_S, firsts)]
+        n, last = len(part.tokens), isinstance(part, PromptChunk) and part.last
+        if isinstance(part, SlicedPrompt):
+            n, last = part.sizes[0], part.sizes[0] == len(part.tokens)
+            rounds = self._sliced.pop(part.seq_id, 0) + 1
+            endless = math.isinf(part.budget(SoFar(None, None, self.decoding_count)))
+            self.slices.append((part.seq_id, n, endless or rounds == 3))
+            if not self.slices[-1][2]:
+                self._sliced[part.seq_id] = rounds
+                return [InFlight(part.seq_id, n)]
+        try:
+            first = self._prefill(part.seq_id, part.tokens[:n], last)
+        except RuntimeError as error:
+            return [Failed(part.seq_id, error)]
+        seconds = None if isinstance(part, SlicedPrompt) else PASS_S
+        return [Prefilled(((part.seq_id, n),), part.position, seconds, (first,))]
+
+    def _prefill(self, seq_id: str, tokens: Sequence[int], last: bool) -> SampledToken | None:
+        if tokens[0] in self.fail_prefill_for:
+            raise RuntimeError("prefill failed on purpose")
+        self.prefill_calls.append((seq_id, len(tokens)))
+        self.sequences[seq_id].tokens.extend(tokens)
+        return SampledToken(self._next(self.sequences[seq_id]), 0.5) if last else None
 
     def _next(self, seq: _Seq) -> int:
-        """The fake model's next token, drawn within a constrained sequence's grammar (which
-        is told it)."""
-        if self.eos_at_length is not None and len(seq.tokens) >= self.eos_at_length:
-            token = EOS
-        else:
-            token = next_token(seq.tokens)
+        """The model's next token, drawn within a constrained sequence's grammar (told it)."""
+        eos = self.eos_at_length is not None and len(seq.tokens) >= self.eos_at_length
+        token = EOS if eos else next_token(seq.tokens)
         if seq.matcher is not None:
             token = masked_choice(token, seq.matcher.allowed())
             seq.matcher.accept(token)

@@ -22,9 +22,10 @@ from semantic.domain.block_pool import BlockPool
 from semantic.domain.blocks import AgentBlocks
 from semantic.domain.errors import InvalidRequestError, PromptTooLongError
 from semantic.domain.generation import FinishReason
-from semantic.ports.model_backend import PromptChunk, SliceProgress, StepOutput
+from semantic.ports.model_backend import ModelBackend, PromptChunk, SliceProgress, StepOutput
 from tests.helpers import completions, run_until_idle
 from tests.unit.fakes import EOS, FakeBackend, FakeTokenizer, next_token
+from tests.unit.step_fakes import StepBackend
 
 
 def make_engine(
@@ -273,9 +274,17 @@ def sliced_engine(
     capacity: int = 200, ride_rows: int = 0, ride_ratio: float = 3.0
 ) -> tuple[BlockPoolBatchEngine, FakeBackend]:
     backend = FakeBackend(ride_rows=ride_rows)
+    return sliced_on(backend, capacity, ride_ratio), backend
+
+
+def sliced_on(
+    backend: ModelBackend, capacity: int = 200, ride_ratio: float = 3.0
+) -> BlockPoolBatchEngine:
+    """An engine that slices a lone prompt beside streams; a ``StepBackend`` where the test
+    needs the step beside a slice, which the MLX backend's own steps (``RoundRunner``) give."""
     pacer = PacerConfig(idle_tokens=4, slice_ratio=2.0, slice_tokens=4, ride_ratio=ride_ratio)
     config = EngineConfig(prefill_chunk_tokens=4, max_context=512, pacer=pacer)
-    return BlockPoolBatchEngine(backend, FakeTokenizer(), BlockPool(capacity), config), backend
+    return BlockPoolBatchEngine(backend, FakeTokenizer(), BlockPool(capacity), config)
 
 
 def test_a_sliced_chunk_spans_rounds_while_every_stream_gets_a_token_each_round() -> None:
@@ -303,7 +312,7 @@ def test_a_sliced_chunk_spans_rounds_while_every_stream_gets_a_token_each_round(
 
 
 @dataclass
-class _TimedBackend(FakeBackend):
+class _TimedBackend(StepBackend):
     """Decode steps take ``step_s`` of a clock of its own; slices note the time given."""
 
     now: float = 0.0
@@ -392,7 +401,7 @@ class _SteppedSlices(_TimedBackend):
         if done < self.chunk_steps:
             self.done_steps[seq_id] = done
             return SliceProgress(False)
-        return FakeBackend.prefill_slice(self, seq_id, tokens, math.inf, last=last)
+        return StepBackend.prefill_slice(self, seq_id, tokens, math.inf, last=last)
 
 
 def test_a_chunk_that_ends_early_hands_the_rest_of_its_round_to_the_next_chunk() -> None:
@@ -412,9 +421,9 @@ def test_a_chunk_that_ends_early_hands_the_rest_of_its_round_to_the_next_chunk()
 
 
 def test_a_sliced_rounds_decode_step_runs_beside_its_slice_and_changes_no_token() -> None:
-    def run(side_by_side: bool) -> tuple[dict[str, Any], FakeBackend]:
-        engine, backend = sliced_engine()
-        backend.side_by_side = side_by_side
+    def run(side_by_side: bool) -> tuple[dict[str, Any], StepBackend]:
+        backend = StepBackend(side_by_side=side_by_side)
+        engine = sliced_on(backend)
         stream = engine.submit("stream", [3, 1, 4], max_tokens=40)
         engine.step()
         late = engine.submit("late", [5, 9, 2, 7, 11, 3, 8, 1, 4, 6, 2, 9], max_tokens=3)
@@ -431,7 +440,8 @@ def test_a_sliced_rounds_decode_step_runs_beside_its_slice_and_changes_no_token(
 
 
 def test_a_step_that_fails_beside_a_slice_fails_the_streams_not_the_prompt() -> None:
-    engine, backend = sliced_engine()
+    backend = StepBackend()
+    engine = sliced_on(backend)
     stream = engine.submit("stream", [3, 1, 4], max_tokens=40)
     engine.step()
     engine.step()
