@@ -40,6 +40,7 @@ from semantic.ports.model_backend import (
 
 EOS = 0
 VOCAB = 64
+FAKE_SPEC = ModelCacheSpec(2, 1, 2, 2, "float32", (None, None), 4)
 PASS_S = 1e-4
 """The seconds the fake backend reports for each pass (a slice's pace is twice a step's:
 with none, an in-flight chunk would run whole)."""
@@ -186,8 +187,10 @@ def masked_choice(preferred: int, allowed: bytes) -> int:
 class _Seq:
     tokens: list[int]
     matcher: GrammarMatcher | None
+    pending: int | None = None
     remaining: int = 0
     decoding: bool = False
+    sliced: int = 0  # rounds its chunk in flight has had
 
 
 @dataclass
@@ -196,9 +199,7 @@ class FakeBackend:
     answers a round at once in ``RoundRunner``'s order; ``step_fakes.StepBackend`` is a
     backend that runs the runner itself, on steps made of this fake's rounds."""
 
-    spec: ModelCacheSpec = field(
-        default_factory=lambda: ModelCacheSpec(2, 1, 2, 2, "float32", (None, None), 4)
-    )
+    spec: ModelCacheSpec = FAKE_SPEC
     ride_rows: int = 0
     eos_at_length: int | None = None  # the end-of-turn token once a sequence is this long
     fail_prefill_for: set[int] = field(default_factory=set)  # first prompt tokens that fail
@@ -213,7 +214,6 @@ class FakeBackend:
     copies: list[tuple[str, str, int]] = field(default_factory=list)
     rides: list[tuple[str, int]] = field(default_factory=list)
     slices: list[tuple[str, int, bool]] = field(default_factory=list)  # (seq, tokens, done)
-    _sliced: dict[str, int] = field(default_factory=dict)
     _failed: dict[str, Exception] = field(default_factory=dict)
     _in_place: set[str] = field(default_factory=set)
 
@@ -240,7 +240,6 @@ class FakeBackend:
         return True
 
     def close_sequence(self, seq_id: str, keep_tokens: int) -> ExportedKV:
-        self._sliced.pop(seq_id, None)
         self._in_place.discard(seq_id)
         tokens = self.sequences.pop(seq_id).tokens
         return _cut(tokens, min(keep_tokens, len(tokens)), self.spec)
@@ -251,8 +250,7 @@ class FakeBackend:
                 self._failed[join.seq_id] = MemoryError("no room to build the cache, on purpose")
                 continue
             seq = self.sequences[join.seq_id]
-            seq.tokens.append(join.first_token)
-            seq.remaining, seq.decoding = join.max_new_tokens, True
+            seq.pending, seq.remaining, seq.decoding = join.first_token, join.max_new_tokens, True
         step = [self._step(work.ride)] if work.decode else []
         parts = [outcome for part in work.parts for outcome in self._part(part)]
         copied = frozenset(self._in_place - self.reading_restored)
@@ -264,16 +262,19 @@ class FakeBackend:
         if ride and ride.tokens[0] in self.fail_prefill_for:
             return StepFailed(RuntimeError("the ridden step failed on purpose"))
         live = [(k, s) for k, s in self.sequences.items() if s.decoding and s.remaining > 0]
-        tokens = [] if self.paused.is_set() else [self._decode(k, s) for k, s in live]
-        self.decode_batches += [len(tokens)] if tokens else []
+        tokens = []
+        for seq_id, seq in [] if self.paused.is_set() else live:
+            if seq.pending is not None:  # as MLX's pipelined batch: its first step feeds it
+                seq.tokens.append(seq.pending)
+                seq.pending = None
+                continue
+            seq.tokens.append(token := self._next(seq))
+            seq.remaining = 0 if token == EOS else seq.remaining - 1
+            tokens.append(DecodedToken(seq_id, token, 0.5, seq.remaining == 0))
+        self.decode_batches += [] if self.paused.is_set() else [len(live)]
         self.rides += [(ride.seq_id, len(ride.tokens))] if ride else []
         first = self._prefill(ride.seq_id, ride.tokens, ride.last) if ride else None
         return Stepped(StepOutput(tokens, first, failed), PASS_S)
-
-    def _decode(self, seq_id: str, seq: _Seq) -> DecodedToken:
-        seq.tokens.append(token := self._next(seq))
-        seq.remaining = 0 if token == EOS else seq.remaining - 1
-        return DecodedToken(seq_id, token, 0.5, seq.remaining == 0)
 
     def _part(self, part: PromptPart) -> list[Outcome]:
         """A pass of whole prompts fails as a whole (as MLX's), then each runs alone; a
@@ -287,12 +288,13 @@ class FakeBackend:
         n, last = len(part.tokens), isinstance(part, PromptChunk) and part.last
         if isinstance(part, SlicedPrompt):
             n, last = part.sizes[0], part.sizes[0] == len(part.tokens)
-            rounds = self._sliced.pop(part.seq_id, 0) + 1
+            seq = self.sequences[part.seq_id]
+            seq.sliced += 1
             endless = math.isinf(part.budget(SoFar(None, None, self.decoding_count)))
-            self.slices.append((part.seq_id, n, endless or rounds == 3))
+            self.slices.append((part.seq_id, n, endless or seq.sliced == 3))
             if not self.slices[-1][2]:
-                self._sliced[part.seq_id] = rounds
                 return [InFlight(part.seq_id, n)]
+            seq.sliced = 0
         try:
             first = self._prefill(part.seq_id, part.tokens[:n], last)
         except RuntimeError as error:
