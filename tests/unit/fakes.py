@@ -196,8 +196,8 @@ class _Seq:
 @dataclass
 class FakeBackend:
     """A model whose "KV" is the token ids themselves, so restores can be checked exactly. It
-    answers a round at once in ``RoundRunner``'s order; ``step_fakes.StepBackend`` is a
-    backend that runs the runner itself, on steps made of this fake's rounds."""
+    answers a round at once in ``RoundRunner``'s order (its step never beside a slice);
+    ``step_fakes.StepBackend`` runs the runner itself, on steps made of this fake's rounds."""
 
     spec: ModelCacheSpec = FAKE_SPEC
     ride_rows: int = 0
