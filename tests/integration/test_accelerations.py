@@ -55,7 +55,18 @@ def test_a_model_the_fast_paths_do_not_cover_is_told_why() -> None:
     found = _by_name(model)
     assert "gemma3_text" in (found["host softmax attention (ADR 0008)"] or "")
     assert found["host pass for small passes (ADR 0013)"]
-    assert "gemma3_text" in (found["long prompts sliced between decode steps (ADR 0009)"] or "")
+    assert "gemma3_text" in (found["prompt chunks ride decode steps (ADR 0009)"] or "")
+    assert found["long prompts sliced between decode steps (ADR 0009)"] is None  # layer by layer
+
+
+@pytest.mark.parametrize("family", ["gemma3_text", "phi3"])
+def test_gemma3_and_phi3_are_sliced_but_ride_nothing_and_say_why(family: str) -> None:
+    """Their layers run whole in a slice (test_layer_slice); the other paths read llama's
+    layer and say so."""
+    found = _by_name(tiny_family(family))
+    assert found["long prompts sliced between decode steps (ADR 0009)"] is None
+    for name in ("host softmax attention (ADR 0008)", "prompt chunks ride decode steps (ADR 0009)"):
+        assert family in (found[name] or "")
 
 
 def test_a_quantized_llama_says_the_host_pass_reads_float32_only() -> None:

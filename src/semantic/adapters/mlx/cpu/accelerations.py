@@ -18,7 +18,7 @@ from semantic.adapters.mlx.cpu.blas import SHIM_ENV, BlasStatus, compute_threads
 from semantic.adapters.mlx.cpu.fused_pass import fusion_obstacle
 from semantic.adapters.mlx.cpu.jit import JIT_ENV, use_native_jit
 from semantic.adapters.mlx.cpu.side_by_side import SIDE_BY_SIDE_ENV
-from semantic.adapters.mlx.models.model_parts import BodyAndHead, not_llama_bodied
+from semantic.adapters.mlx.models.model_parts import BodyAndHead, not_sliceable
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,8 +74,10 @@ def _jit_obstacle() -> str:
 
 
 def _slice_obstacle(model: Any) -> str | None:
+    """Llama-bodied layers are sliced into steps; Gemma 3's and Phi-3's run whole, one
+    step each (``layer_slice``)."""
     if BodyAndHead.of(model) is None:
-        return not_llama_bodied(model)
+        return not_sliceable(model)
     return None
 
 
