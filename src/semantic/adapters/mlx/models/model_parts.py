@@ -95,7 +95,7 @@ def _tied(model: Any) -> bool:
 
 def embedded(body: Any, tokens: mx.array) -> mx.array:
     """The hidden states a body's first layer gets, as its own ``__call__`` makes them."""
-    hidden = body.embed_tokens(tokens)
+    hidden: mx.array = body.embed_tokens(tokens)
     if isinstance(body, gemma3_text.Gemma3Model):  # its scale, rounded to bfloat16 as there
         hidden = hidden * mx.array(body.args.hidden_size**0.5, mx.bfloat16).astype(hidden.dtype)
     return hidden
