@@ -9,7 +9,8 @@ projections, its attention over a run of KV heads, or one of its MLP's products)
 round can end close to its time: attention grows with the context, and for a 256-token
 chunk at ~4,000 tokens a whole attention step took 27-35 ms against the MLP's 9-12; a round
 whose next step did not fit left that much of its time unused. Split so, a layer's steps
-took 4-14 ms at that context. Each KV head's scores are their own product in MLX's
+took 4-14 ms at that context. A layer of another family (Gemma 3's, Phi-3's) is one
+step, mlx-lm's own module. Each KV head's scores are their own product in MLX's
 batched matmul either way, so a step per head gives the whole step's bits. Evaluated layer
 by layer, a 4,043-token prompt in 256-token chunks took 10.3 s here, against 11.0 s
 in whole 512-token passes. ADR 0009 has the measured curve.
