@@ -5,7 +5,9 @@ import random
 from collections.abc import Callable
 from typing import Any
 
+import mlx.core as mx
 import pytest
+from mlx import nn
 
 from semantic.adapters.mlx.backend import MlxBackend
 from semantic.adapters.mlx.cpu import accelerator_for
@@ -110,27 +112,35 @@ NEW_TOKENS = {"stream": 40, "long": 300, "ride": 30}
 
 
 @pytest.mark.parametrize(
-    ("family", "shape"),
+    ("family", "shape", "packed"),
     [
-        ("gemma3_text", {"sliding_window": 48, "sliding_window_pattern": 2}),
-        ("gemma3_text", {"sliding_window": 100, "sliding_window_pattern": 3}),
-        ("phi3", {}),
+        ("gemma3_text", {"sliding_window": 48, "sliding_window_pattern": 2}, False),
+        ("gemma3_text", {"sliding_window": 100, "sliding_window_pattern": 3}, False),
+        ("gemma3_text", {"sliding_window": 48, "sliding_window_pattern": 2}, True),
+        ("phi3", {}, False),
+        ("phi3", {}, True),
     ],
 )
 def test_a_gemma3_or_phi3_prompt_sliced_layer_by_layer_gives_mlx_lms_greedy_tokens(
-    family: str, shape: dict[str, Any]
+    family: str, shape: dict[str, Any], packed: bool
 ) -> None:
     """Issue 36: slicing for every family of the matrix. Gemma 3 (scaled embeddings,
     sliding-window layers with their own mask over rotating caches, four norms a layer)
     and Phi-3 (fused q/k/v and gate/up) are sliced one whole layer at a time through
     mlx-lm's own layer modules: a 300-token prompt in 128-token chunks, well past the
-    window, beside a decoding stream, gives mlx-lm's own greedy tokens, as the stream does."""
+    window, beside a decoding stream, gives mlx-lm's own greedy tokens, as the stream does;
+    also with 4-bit weights and bfloat16 KV."""
     reference = tiny_family(family, seed=3, **shape)
     model = tiny_family(family, seed=3, **shape)
+    if packed:  # 4-bit weights, bfloat16 activations and KV: as the matrix's q4 rows
+        for each in (reference, model):
+            each.set_dtype(mx.bfloat16)  # cast, then quantized, as mlx_lm.convert does
+            nn.quantize(each, group_size=64, bits=4)  # type: ignore[attr-defined]  # mlx.nn's stubs omit it
     backend = MlxBackend(
         model, spec_from_model(model), family, frozenset(), accelerator=accelerator_for(model)
     )
     assert backend.can_slice
+    assert backend.spec.kv_dtype == ("bfloat16" if packed else "float32")
     rng = random.Random(family)
     prompts = {"stream": [rng.randrange(512) for _ in range(40)]}
     prompts["long"] = [rng.randrange(512) for _ in range(300)]
