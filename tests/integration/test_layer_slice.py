@@ -8,12 +8,14 @@ from typing import Any
 import mlx.core as mx
 import pytest
 from mlx import nn
+from mlx.utils import tree_flatten
 
 from semantic.adapters.mlx.backend import MlxBackend
 from semantic.adapters.mlx.cpu import accelerator_for
 from semantic.adapters.mlx.cpu.attention import install
 from semantic.adapters.mlx.cpu.layer_slice import StepTimes
 from semantic.adapters.mlx.kv.kv_blocks import spec_from_model
+from semantic.adapters.mlx.models.model_parts import BodyAndHead
 from semantic.domain.generation import SamplingParams
 from semantic.ports.model_backend import PromptChunk, SliceProgress, StepOutput
 from tests.helpers import mlx_lm_greedy, tiny_family
@@ -166,3 +168,25 @@ def test_a_gemma3_or_phi3_prompt_sliced_layer_by_layer_gives_mlx_lms_greedy_toke
         _collect(backend.decode_step(), got)
     for name, prompt in prompts.items():
         assert got[name] == mlx_lm_greedy(reference, prompt, len(got[name])), name
+
+
+@pytest.mark.parametrize(
+    ("family", "tied"), [("gemma3_text", True), ("gemma3_text", False), ("phi3", True)]
+)
+def test_the_body_and_head_of_gemma3_and_phi3_give_the_models_logits(
+    family: str, tied: bool
+) -> None:
+    """Gemma 3 ties its head when the weights have none (its ``sanitize`` drops
+    ``lm_head`` and says so on the model, not in its args); Phi-3 says so in its args."""
+    model = tiny_family(
+        family, seed=4, **({"tie_word_embeddings": True} if family == "phi3" else {})
+    )
+    if family == "gemma3_text" and tied:
+        weights = dict(tree_flatten(model.parameters()))
+        del weights["lm_head.weight"]
+        model.load_weights(list(model.sanitize(weights).items()))
+    split = BodyAndHead.of(model)
+    assert split is not None
+    assert ("lm_head" in model) != tied
+    tokens = mx.array([[5, 9, 200, 3, 77]])
+    assert mx.array_equal(split.head(split.body(tokens)), model(tokens))
