@@ -77,7 +77,7 @@ class BlasStatus:
         if self.small_kernels:
             parts.append("products of up to 32 rows by our own kernels")
         elif self.shim:
-            parts.append("up to three rows via sgemv (no AVX-512 here)")
+            parts.append("up to three rows via sgemv (our kernels are off: the fast paths say why)")
         return f"{name} ({'; '.join(parts)})"
 
     @property
