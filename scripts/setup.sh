@@ -38,6 +38,7 @@ if [ "$(uname -s)" = "Linux" ]; then
   debian_package postgresql "ls /usr/lib/postgresql/*/bin/postgres" "metadata on PostgreSQL"
   debian_package redis-server "command -v redis-server" "the shared block tier"
   debian_package haproxy "command -v haproxy || [ -x /usr/sbin/haproxy ]" "the cluster's router"
+  debian_package clang "command -v clang" "our C kernels built with clang too (a test)"
 fi
 
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv

@@ -91,3 +91,19 @@ def tiny_family(family: str, seed: int = 0, vocab: int = 512, **overrides: Any) 
     model.update(tree_map_with_path(spread, model.parameters()))
     mx.eval(model.parameters())
     return model
+
+
+def mlx_lm_greedy(model: Any, prompt: list[int], n: int) -> list[int]:
+    """mlx-lm's own forward, one whole prompt then one token at a time: the reference."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    logits = model(mx.array([prompt]), cache=cache)[0, -1]
+    out: list[int] = []
+    for _ in range(n):
+        token = mx.argmax(logits).item()
+        assert isinstance(token, int)
+        out.append(token)
+        logits = model(mx.array([out[-1:]]), cache=cache)[0, -1]
+    return out

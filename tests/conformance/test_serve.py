@@ -82,14 +82,18 @@ LLAMA_BODIED = {"llama", "llama3", "mistral", "qwen2", "qwen3"}
 def test_each_served_model_says_which_fast_paths_run(
     variant: Variant, servers: dict[Variant, Future[ServerProcess]]
 ) -> None:
-    """``GET /v1/models/{id}``: slicing and (on the CPU) riding for every llama-bodied
-    family, the host softmax for those in float32, and every path that is off says why."""
+    """``GET /v1/models/{id}``, as the start's log lines say: slicing for every family
+    (Gemma 3's and Phi-3's layers whole), riding (on the CPU) for every llama-bodied one,
+    the host softmax for those in float32, and every path that is off says why."""
     server = servers[variant].result()
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
     said = (client.models.retrieve(variant.name).model_extra or {})["runtime"]["accelerations"]
     assert all(value == "on" or value.startswith("off: ") for value in said.values())
+    logged = server.log.read_text()
+    for name, value in said.items():  # the same, one line each at start
+        assert f"acceleration {name}: {value}" in logged
     bodied = variant.family in LLAMA_BODIED
-    assert (said["long prompts sliced between decode steps (ADR 0009)"] == "on") == bodied
+    assert said["long prompts sliced between decode steps (ADR 0009)"] == "on"
     if device_choice() == "cpu":  # on a GPU the host paths are off, and say so
         assert (said["prompt chunks ride decode steps (ADR 0009)"] == "on") == bodied
         host_softmax = bodied and variant.dtype == "float32"

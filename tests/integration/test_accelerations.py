@@ -3,6 +3,8 @@ one that is off says why."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import mlx.core as mx
 import pytest
 from mlx import nn
@@ -10,9 +12,9 @@ from mlx.utils import tree_map
 from mlx_lm.models import gemma3_text
 
 from semantic.adapters.mlx.cpu import host_pass
-from semantic.adapters.mlx.cpu.accelerations import accelerations
+from semantic.adapters.mlx.cpu.accelerations import accelerations, kernels_obstacle
 from semantic.adapters.mlx.cpu.attention import install
-from semantic.adapters.mlx.cpu.blas import blas_in_use
+from semantic.adapters.mlx.cpu.blas import BlasStatus, blas_in_use
 from tests.helpers import tiny_family, tiny_llama
 from tests.integration.conftest import RealModel
 
@@ -55,7 +57,18 @@ def test_a_model_the_fast_paths_do_not_cover_is_told_why() -> None:
     found = _by_name(model)
     assert "gemma3_text" in (found["host softmax attention (ADR 0008)"] or "")
     assert found["host pass for small passes (ADR 0013)"]
-    assert "gemma3_text" in (found["long prompts sliced between decode steps (ADR 0009)"] or "")
+    assert "gemma3_text" in (found["prompt chunks ride decode steps (ADR 0009)"] or "")
+    assert found["long prompts sliced between decode steps (ADR 0009)"] is None  # layer by layer
+
+
+@pytest.mark.parametrize("family", ["gemma3_text", "phi3"])
+def test_gemma3_and_phi3_are_sliced_but_ride_nothing_and_say_why(family: str) -> None:
+    """Their layers run whole in a slice (test_layer_slice); the other paths read llama's
+    layer and say so."""
+    found = _by_name(tiny_family(family))
+    assert found["long prompts sliced between decode steps (ADR 0009)"] is None
+    for name in ("host softmax attention (ADR 0008)", "prompt chunks ride decode steps (ADR 0009)"):
+        assert family in (found[name] or "")
 
 
 def test_a_quantized_llama_says_the_host_pass_reads_float32_only() -> None:
@@ -100,3 +113,39 @@ def test_a_bfloat16_model_is_told_its_attention_runs_on_mlx() -> None:
     assert "bfloat16 activations" in (found["host softmax attention (ADR 0008)"] or "")
     assert "float32 only" in (found["host pass for small passes (ADR 0013)"] or "")
     assert found["long prompts sliced between decode steps (ADR 0009)"] is None
+
+
+_SHIM = BlasStatus("OpenBLAS", "/lib/libopenblas.so.0", True, shim=True, compiler="gcc 12.2.0")
+_X86_AVX512 = frozenset({"avx2", "avx512f"})
+
+
+@pytest.mark.parametrize(
+    ("blas", "machine", "flags", "switch", "said"),
+    [
+        (replace(_SHIM, small_kernels=True), "x86_64", _X86_AVX512, None, None),
+        (_SHIM, "x86_64", frozenset({"avx2", "fma"}), None, "no AVX-512 on this CPU (AVX2 only)"),
+        (_SHIM, "x86_64", frozenset({"sse4_2"}), None, "(not even AVX2)"),
+        (_SHIM, "aarch64", frozenset({"asimd", "fp"}), None, "aarch64 CPU: the kernels are x86-64"),
+        (
+            replace(_SHIM, compiler="clang 14.0.6"),
+            "x86_64",
+            _X86_AVX512,
+            None,
+            "this CPU has AVX-512 but clang 14.0.6 built the kernels without it",
+        ),
+        (replace(_SHIM, shim=False), "x86_64", _X86_AVX512, "0", "SEMANTIC_BLAS_SHIM=0"),
+        (replace(_SHIM, shim=False), "x86_64", _X86_AVX512, None, "the shim did not build"),
+        (BlasStatus("reference BLAS", None, False), "aarch64", frozenset(), None, "needs OpenBLAS"),
+    ],
+)
+def test_the_small_kernels_say_why_not_on_avx2_arm64_and_a_compiler_that_left_them_out(
+    blas: BlasStatus, machine: str, flags: frozenset[str], switch: str | None, said: str | None
+) -> None:
+    """Issue 36: AVX2-only x86, arm64 Linux and a compiler that built the kernels without
+    AVX-512 each get a reason in the log and the models API (the shim's sgemv path runs)."""
+    why = kernels_obstacle(blas, machine, flags, switch)
+    if said is None:
+        assert why is None
+    else:
+        assert why is not None
+        assert said in why

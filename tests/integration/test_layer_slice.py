@@ -7,16 +7,18 @@ from typing import Any
 
 import mlx.core as mx
 import pytest
-from mlx_lm.models.cache import make_prompt_cache
+from mlx import nn
+from mlx.utils import tree_flatten
 
 from semantic.adapters.mlx.backend import MlxBackend
 from semantic.adapters.mlx.cpu import accelerator_for
 from semantic.adapters.mlx.cpu.attention import install
 from semantic.adapters.mlx.cpu.layer_slice import StepTimes
 from semantic.adapters.mlx.kv.kv_blocks import spec_from_model
+from semantic.adapters.mlx.models.model_parts import BodyAndHead
 from semantic.domain.generation import SamplingParams
 from semantic.ports.model_backend import PromptChunk, SliceProgress, StepOutput
-from tests.helpers import tiny_family
+from tests.helpers import mlx_lm_greedy, tiny_family
 
 
 @pytest.mark.parametrize(
@@ -36,19 +38,6 @@ def test_a_chunks_step_times_carry_over_by_kind(
     """A short chunk attends in one step where others took three: the MLP must still be
     predicted from the MLP, or the first layer of the next chunk runs past its round."""
     assert times.predict(*layout) == predicted
-
-
-def mlx_lm_greedy(model: Any, prompt: list[int], n: int) -> list[int]:
-    """mlx-lm's own forward, one whole prompt then one token at a time: the reference."""
-    cache = make_prompt_cache(model)
-    logits = model(mx.array([prompt]), cache=cache)[0, -1]
-    out: list[int] = []
-    for _ in range(n):
-        token = mx.argmax(logits).item()
-        assert isinstance(token, int)
-        out.append(token)
-        logits = model(mx.array([out[-1:]]), cache=cache)[0, -1]
-    return out
 
 
 def _collect(output: StepOutput, got: dict[str, list[int]]) -> None:
@@ -122,3 +111,82 @@ def test_a_sliced_prompt_beside_streams_and_a_ride_give_mlx_lms_greedy_tokens(
 
 
 NEW_TOKENS = {"stream": 40, "long": 300, "ride": 30}
+
+
+@pytest.mark.parametrize(
+    ("family", "shape", "packed"),
+    [
+        ("gemma3_text", {"sliding_window": 48, "sliding_window_pattern": 2}, False),
+        ("gemma3_text", {"sliding_window": 100, "sliding_window_pattern": 3}, False),
+        ("gemma3_text", {"sliding_window": 48, "sliding_window_pattern": 2}, True),
+        ("phi3", {}, False),
+        ("phi3", {}, True),
+    ],
+)
+def test_a_gemma3_or_phi3_prompt_sliced_layer_by_layer_gives_mlx_lms_greedy_tokens(
+    family: str, shape: dict[str, Any], packed: bool
+) -> None:
+    """Issue 36: slicing for every family of the matrix. Gemma 3 (scaled embeddings,
+    sliding-window layers with their own mask over rotating caches, four norms a layer)
+    and Phi-3 (fused q/k/v and gate/up) are sliced one whole layer at a time through
+    mlx-lm's own layer modules: a 300-token prompt in 128-token chunks, well past the
+    window, beside a decoding stream, gives mlx-lm's own greedy tokens, as the stream does;
+    also with 4-bit weights and bfloat16 KV."""
+    reference = tiny_family(family, seed=3, **shape)
+    model = tiny_family(family, seed=3, **shape)
+    if packed:  # 4-bit weights, bfloat16 activations and KV: as the matrix's q4 rows
+        for each in (reference, model):
+            each.set_dtype(mx.bfloat16)  # cast, then quantized, as mlx_lm.convert does
+            nn.quantize(each, group_size=64, bits=4)  # type: ignore[attr-defined]  # mlx.nn's stubs omit it
+    backend = MlxBackend(
+        model, spec_from_model(model), family, frozenset(), accelerator=accelerator_for(model)
+    )
+    assert backend.can_slice
+    assert backend.spec.kv_dtype == ("bfloat16" if packed else "float32")
+    rng = random.Random(family)
+    prompts = {"stream": [rng.randrange(512) for _ in range(40)]}
+    prompts["long"] = [rng.randrange(512) for _ in range(300)]
+    got: dict[str, list[int]] = {name: [] for name in prompts}
+    _open(backend, "stream", 40)
+    got["stream"].append(backend.prefill_and_sample("stream", prompts["stream"]).token)
+    backend.start_decoding("stream", got["stream"][0], 40)
+    _open(backend, "long", 300)
+    chunks = [prompts["long"][at : at + 128] for at in range(0, 300, 128)]
+    calls = 0
+    for index, chunk in enumerate(chunks):
+        last, progress = index == len(chunks) - 1, SliceProgress(False)
+        while not progress.done:
+            work = functools.partial(backend.prefill_slice, "long", chunk, 0.0, last=last)
+            progress, output = _step_beside(backend, work)
+            _collect(output, got)
+            calls += 1
+    assert calls == len(chunks) * len(model.model.layers)  # one layer a call: it paused
+    assert progress.first_token is not None
+    got["long"].append(progress.first_token.token)
+    backend.start_decoding("long", got["long"][0], 10)
+    while backend.decoding_count:
+        _collect(backend.decode_step(), got)
+    for name, prompt in prompts.items():
+        assert got[name] == mlx_lm_greedy(reference, prompt, len(got[name])), name
+
+
+@pytest.mark.parametrize(
+    ("family", "tied"), [("gemma3_text", True), ("gemma3_text", False), ("phi3", True)]
+)
+def test_the_body_and_head_of_gemma3_and_phi3_give_the_models_logits(
+    family: str, tied: bool
+) -> None:
+    """Gemma 3 ties its head when the weights have none (its ``sanitize`` drops
+    ``lm_head`` and says so on the model, not in its args); Phi-3 says so in its args."""
+    model = tiny_family(
+        family, seed=4, **({"tie_word_embeddings": True} if family == "phi3" else {})
+    )
+    if family == "gemma3_text" and tied:
+        weights = dict(tree_flatten(model.parameters()))
+        del weights["lm_head.weight"]
+        model.load_weights(list(model.sanitize(weights).items()))
+    split = BodyAndHead.of(model)
+    assert split is not None
+    assert ("lm_head" in model) != tied
+    tokens = mx.array([[5, 9, 200, 3, 77]])
+    assert mx.array_equal(split.head(split.body(tokens)), model(tokens))

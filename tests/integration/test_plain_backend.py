@@ -8,8 +8,7 @@ import random
 from semantic.adapters.mlx.backend import MlxBackend
 from semantic.adapters.mlx.kv.kv_blocks import spec_from_model
 from semantic.domain.generation import SamplingParams
-from tests.helpers import tiny_family
-from tests.integration.test_layer_slice import mlx_lm_greedy
+from tests.helpers import mlx_lm_greedy, tiny_family
 
 
 def test_without_an_accelerator_nothing_slices_or_rides_and_tokens_are_mlx_lms() -> None:

@@ -8,17 +8,19 @@ server logs one line per acceleration at start and serves the list in
 
 from __future__ import annotations
 
+import os
+import platform
 from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
 
-from semantic.adapters.mlx.cpu import attention, host_pass
+from semantic.adapters.mlx.cpu import attention, host_pass, jit
 from semantic.adapters.mlx.cpu.blas import SHIM_ENV, BlasStatus, compute_threads
+from semantic.adapters.mlx.cpu.blas_probe import this_cpus_flags
 from semantic.adapters.mlx.cpu.fused_pass import fusion_obstacle
-from semantic.adapters.mlx.cpu.jit import JIT_ENV, use_native_jit
 from semantic.adapters.mlx.cpu.side_by_side import SIDE_BY_SIDE_ENV
-from semantic.adapters.mlx.models.model_parts import BodyAndHead, not_llama_bodied
+from semantic.adapters.mlx.models.model_parts import BodyAndHead, not_sliceable
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,8 +41,8 @@ def accelerations(model: Any, blas: BlasStatus) -> tuple[Acceleration, ...]:
     host = host_pass.obstacle(model)
     return (
         Acceleration("fast BLAS", None if blas.fast else blas.remedy),
-        Acceleration("small-product matmul kernels (ADR 0010)", _kernels_obstacle(blas)),
-        Acceleration("native MLX JIT (ADR 0012)", None if use_native_jit() else _jit_obstacle()),
+        Acceleration("small-product matmul kernels (ADR 0010)", _kernels_here(blas)),
+        Acceleration("native MLX JIT (ADR 0012)", jit.obstacle()),
         Acceleration("host softmax attention (ADR 0008)", _attention_obstacle(model)),
         Acceleration("host pass for small passes (ADR 0013)", host),
         Acceleration("prompt chunks ride decode steps (ADR 0009)", fusion_obstacle(model)),
@@ -49,12 +51,38 @@ def accelerations(model: Any, blas: BlasStatus) -> tuple[Acceleration, ...]:
     )
 
 
-def _kernels_obstacle(blas: BlasStatus) -> str | None:
+def _kernels_here(blas: BlasStatus) -> str | None:
+    return kernels_obstacle(blas, platform.machine(), this_cpus_flags(), os.environ.get(SHIM_ENV))
+
+
+SGEMV_FALLBACK = "products of up to three rows go to sgemv, the rest to OpenBLAS"
+
+
+def kernels_obstacle(
+    blas: BlasStatus, machine: str, flags: frozenset[str], shim_switch: str | None
+) -> str | None:
+    """Why our small-product kernels do not run, from what the machine is (``machine`` as
+    ``platform.machine()`` says, the CPU's flags) and what the shim says it was built with:
+    the kernels are AVX-512 code, so an AVX2-only x86 CPU or an arm64 one gets the shim's
+    sgemv path, and a compiler that built them without AVX-512 on a CPU that has it is named."""
     if blas.small_kernels:
         return None
     if not blas.shim:
-        return f"not built or {SHIM_ENV}=0 (needs OpenBLAS and a C compiler)"
-    return "no AVX-512 here: up to three rows go to sgemv"
+        if shim_switch == "0":
+            return f"{SHIM_ENV}=0"
+        if "openblas" not in blas.name.lower():
+            return f"needs OpenBLAS ({blas.name} here)"
+        return "the shim did not build or load (no C compiler? the log says why)"
+    if machine.lower() not in ("x86_64", "amd64"):
+        return f"{machine} CPU: the kernels are x86-64 AVX-512 code; {SGEMV_FALLBACK}"
+    if "avx512f" not in flags:
+        has = "AVX2 only" if "avx2" in flags else "not even AVX2"
+        return f"no AVX-512 on this CPU ({has}); {SGEMV_FALLBACK}"
+    built = blas.compiler or "the C compiler"
+    return (
+        f"this CPU has AVX-512 but {built} built the kernels without it (the log says if it"
+        f" rejected -march=native); {SGEMV_FALLBACK}"
+    )
 
 
 def _attention_obstacle(model: Any) -> str | None:
@@ -69,13 +97,11 @@ def _attention_obstacle(model: Any) -> str | None:
     return None
 
 
-def _jit_obstacle() -> str:
-    return f"{JIT_ENV}=0, or no g++ on PATH"
-
-
 def _slice_obstacle(model: Any) -> str | None:
+    """Llama-bodied layers are sliced into steps; Gemma 3's and Phi-3's run whole, one
+    step each (``layer_slice``)."""
     if BodyAndHead.of(model) is None:
-        return not_llama_bodied(model)
+        return not_sliceable(model)
     return None
 
 

@@ -65,6 +65,8 @@ class BlasStatus:
     version: str | None = None
     core: CoreDecision | None = None
     """OpenBLAS's kernel set (its "core") and why it is the one."""
+    compiler: str | None = None
+    """The C compiler that built our shim, as the shim reports it (``__VERSION__``)."""
 
     def describe(self) -> str:
         """One line: the library, its version, where it was found, the core and why."""
@@ -75,7 +77,7 @@ class BlasStatus:
         if self.small_kernels:
             parts.append("products of up to 32 rows by our own kernels")
         elif self.shim:
-            parts.append("up to three rows via sgemv (no AVX-512 here)")
+            parts.append("up to three rows via sgemv (our kernels are off: the fast paths say why)")
         return f"{name} ({'; '.join(parts)})"
 
     @property
@@ -167,18 +169,32 @@ def blas_in_use(reason: CoreReason | None = None) -> BlasStatus:
     if provider is None:
         return BlasStatus("reference BLAS (bundled with mlx-cpu)", None, fast=False)
     shim = SHIM_NAME in os.path.basename(provider)
-    kernels = False
+    kernels, compiler = False, None
     if shim:
-        kernels = bool(ctypes.CDLL(provider, mode=os.RTLD_NOLOAD).semantic_blas_small_kernels())
+        kernels, compiler = _shim_build(provider)
         provider = _global_provider("cblas_sgemv") or provider
     if "openblas" not in os.path.basename(provider).lower():
-        return BlasStatus("BLAS", provider, fast=True, shim=shim, small_kernels=kernels)
+        return BlasStatus("BLAS", provider, True, shim, kernels, compiler=compiler)
     version, core = _openblas_identity(provider)
     if reason is None:
         in_env = user_core(os.environ) is not None
         reason = CoreReason.ENVIRONMENT if in_env else CoreReason.DETECTED
     decision = CoreDecision(core, reason)
-    return BlasStatus("OpenBLAS", provider, True, shim, kernels, version=version, core=decision)
+    return BlasStatus(
+        "OpenBLAS", provider, True, shim, kernels, version=version, core=decision, compiler=compiler
+    )
+
+
+def _shim_build(provider: str) -> tuple[bool, str | None]:
+    """Whether our shim has its kernels, and the compiler that built it (a shim built
+    before it said so says nothing)."""
+    shim = ctypes.CDLL(provider, mode=os.RTLD_NOLOAD)
+    kernels = bool(shim.semantic_blas_small_kernels())
+    if not hasattr(shim, "semantic_blas_compiler"):
+        return kernels, None
+    shim.semantic_blas_compiler.restype = ctypes.c_char_p
+    named = shim.semantic_blas_compiler()
+    return kernels, named.decode(errors="replace") if isinstance(named, bytes) else None
 
 
 def _openblas_identity(path: str) -> tuple[str | None, str | None]:

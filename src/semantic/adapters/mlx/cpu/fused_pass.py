@@ -18,7 +18,7 @@ from mlx_lm.models.base import create_attention_mask
 
 from semantic.adapters.mlx.accelerator import Group
 from semantic.adapters.mlx.cpu.attention import HostSoftmaxAttention
-from semantic.adapters.mlx.models.model_parts import BodyAndHead, not_llama_bodied
+from semantic.adapters.mlx.models.model_parts import is_llama_bodied, not_llama_bodied
 
 MAX_ROWS = 32
 """Stacked rows up to which products use the batch-invariant kernel (ADR 0010)."""
@@ -31,7 +31,7 @@ def supports_fusion(model: Any) -> bool:
 
 def fusion_obstacle(model: Any) -> str | None:
     """Why prompt chunks of this model cannot join a decode step's pass; None if they can."""
-    if BodyAndHead.of(model) is None:
+    if not is_llama_bodied(model):
         return not_llama_bodied(model)
     inner = model.model
     if getattr(inner, "swa_idx", None) is not None:

@@ -56,6 +56,19 @@ def use_native_jit() -> bool:
     return True
 
 
+def obstacle() -> str | None:
+    """Why MLX's kernels are not built for this CPU; None when they are."""
+    if use_native_jit():
+        return None
+    if os.environ.get(JIT_ENV) == "0":
+        return f"{JIT_ENV}=0"
+    if sys.platform == "darwin":
+        return "macOS: the model runs on Metal"
+    if shutil.which("g++") is None:
+        return "no g++ on PATH (MLX builds its CPU kernels with g++)"
+    return "g++ rejects -march=native: MLX's kernels keep the baseline instruction set"
+
+
 def _takes_march_native(compiler: str) -> bool:
     try:
         subprocess.run(

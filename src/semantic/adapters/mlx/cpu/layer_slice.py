@@ -9,7 +9,8 @@ projections, its attention over a run of KV heads, or one of its MLP's products)
 round can end close to its time: attention grows with the context, and for a 256-token
 chunk at ~4,000 tokens a whole attention step took 27-35 ms against the MLP's 9-12; a round
 whose next step did not fit left that much of its time unused. Split so, a layer's steps
-took 4-14 ms at that context. Each KV head's scores are their own product in MLX's
+took 4-14 ms at that context. A layer of another family (Gemma 3's, Phi-3's) is one
+step, mlx-lm's own module. Each KV head's scores are their own product in MLX's
 batched matmul either way, so a step per head gives the whole step's bits. Evaluated layer
 by layer, a 4,043-token prompt in 256-token chunks took 10.3 s here, against 11.0 s
 in whole 512-token passes. ADR 0009 has the measured curve.
@@ -25,10 +26,9 @@ from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models.activations import swiglu
-from mlx_lm.models.base import create_attention_mask
 
 from semantic.adapters.mlx.cpu.attention import HostSoftmaxAttention, PendingAttention
-from semantic.adapters.mlx.models.model_parts import MLPS
+from semantic.adapters.mlx.models.model_parts import LLAMA_LAYERS, MLPS, embedded, layer_masks
 
 ONE_CORE_SLOWER = 1.6
 """A slice's steps on one core against both: a 4,043-token prompt alone took 22.1 s sliced
@@ -74,6 +74,9 @@ class LayerSlice:
     hands them from one chunk to the next)."""
     split_mlp: bool = False
     """Whether a layer's MLP is three steps: the gate, the up and gated product, the down."""
+    whole_layers: bool = False
+    """Whether each layer is one step, mlx-lm's own module called whole (a layer that is not
+    llama's, such as Gemma 3's or Phi-3's: its bits are mlx-lm's by construction)."""
     _attending: _Attending | None = None
     _gating: tuple[mx.array, mx.array] | None = None
     _gated: mx.array | None = None
@@ -87,18 +90,14 @@ class LayerSlice:
         timings: StepTimes,
         size_cache: Callable[[Any], None] | None = None,
     ) -> LayerSlice:
-        """Embed the chunk and make its masks, as mlx-lm's llama body does before its
-        first layer (the masks depend on the caches' offsets, which the layers move)."""
-        hidden = body.embed_tokens(mx.array([list(tokens)]))
-        full = create_attention_mask(hidden, caches[getattr(body, "fa_idx", 0)])
-        swa_idx = getattr(body, "swa_idx", None)
-        window = None
-        if swa_idx is not None:
-            window = create_attention_mask(hidden, caches[swa_idx], window_size=body.sliding_window)
-        masks = [window if getattr(layer, "use_sliding", False) else full for layer in body.layers]
-        runs = _head_runs(body.layers) if len(tokens) >= SPLIT_MIN_TOKENS else ()
+        """Embed the chunk and make its masks, as mlx-lm's body does before its first
+        layer (the masks depend on the caches' offsets, which the layers move)."""
+        hidden = embedded(body, mx.array([list(tokens)]))
+        masks = layer_masks(body, hidden, caches)
+        whole = not all(type(layer) in LLAMA_LAYERS for layer in body.layers)
+        runs = _head_runs(body.layers) if len(tokens) >= SPLIT_MIN_TOKENS and not whole else ()
         split_mlp = bool(runs) and all(type(layer.mlp) in MLPS for layer in body.layers)
-        chunk = cls(hidden, masks, size_cache, runs, split_mlp=split_mlp)
+        chunk = cls(hidden, masks, size_cache, runs, split_mlp=split_mlp, whole_layers=whole)
         chunk.last_seconds = timings.predict(chunk.attention_steps, chunk.mlp_steps)
         return chunk
 
@@ -113,6 +112,8 @@ class LayerSlice:
 
     @property
     def mlp_steps(self) -> int:
+        if self.whole_layers:
+            return 0  # in the layer's one step
         return 3 if self.split_mlp else 1
 
     @property
@@ -160,7 +161,10 @@ class LayerSlice:
         part = self.next_step % self.steps_per_layer
         if part == 0 and self.size_cache is not None:
             self.size_cache(cache)
-        if part >= self.attention_steps:
+        if self.whole_layers:
+            self.hidden = layer(self.hidden, mask, cache)
+            mx.eval(self.hidden, cache.keys, cache.values)
+        elif part >= self.attention_steps:
             self._mlp_step(layer.mlp, layer.post_attention_layernorm, part - self.attention_steps)
         elif self.head_runs:
             self._attend_heads(layer, cache, mask, part)
@@ -239,7 +243,7 @@ class StepTimes:
 
 
 def _spread(times: Sequence[float], steps: int) -> list[float]:
-    return [sum(times) / steps] * steps
+    return [sum(times) / steps] * steps if steps else []
 
 
 def _head_runs(layers: Sequence[Any]) -> tuple[range, ...]:

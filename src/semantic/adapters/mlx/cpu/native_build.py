@@ -46,10 +46,23 @@ def build_library(source: Path, name: str, options: Sequence[str] = ()) -> Path 
         compile_ = functools.partial(subprocess.run, check=True, capture_output=True, timeout=120)
         try:
             compile_([*command, "-march=native"])
-        except subprocess.CalledProcessError:  # not every compiler knows -march=native
+        except subprocess.CalledProcessError as error:  # not every compiler knows the flag
+            log.warning(
+                "%s rejected %s with -march=native (%s); built for the baseline instruction"
+                " set instead, without this CPU's vector units",
+                compiler,
+                source.name,
+                _first_error(error.stderr),
+            )
             compile_(command)
         os.replace(built, target)
     return target
+
+
+def _first_error(stderr: bytes | None) -> str:
+    lines = (stderr or b"").decode(errors="replace").splitlines()
+    errors = [line.strip() for line in lines if "error" in line.lower()]
+    return (errors or [line.strip() for line in lines if line.strip()] or ["no message"])[0]
 
 
 def cpu_key() -> str:

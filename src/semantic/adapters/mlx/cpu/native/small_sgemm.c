@@ -44,6 +44,15 @@ typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float *, int
 typedef void (*sgemv_fn)(int, int, int, int, float, const float *, int, const float *, int,
                          float, float *, int);
 
+/* A spin-wait hint: x86's pause, arm64's yield, nothing elsewhere (the loop still works). */
+#if defined(__x86_64__) || defined(__i386__)
+#define CPU_RELAX() __builtin_ia32_pause()
+#elif defined(__aarch64__)
+#define CPU_RELAX() __asm__ __volatile__("yield")
+#else
+#define CPU_RELAX() ((void)0)
+#endif
+
 static sgemm_fn real_sgemm;
 static sgemv_fn real_sgemv;
 
@@ -94,25 +103,30 @@ typedef float v16 __attribute__((vector_size(64), aligned(4))); /* unaligned loa
 typedef int lanes16 __attribute__((vector_size(64)));
 #define LOAD(ptr) (*(const v16 *)(ptr))
 
-static inline v16 fold(v16 x, v16 y, lanes16 low, lanes16 high) {
-    return __builtin_shuffle(x, y, low) + __builtin_shuffle(x, y, high);
-}
+#define LO1 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23
+#define HI1 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31
+#define LO2 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27
+#define HI2 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31
+#define LO3 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29
+#define HI3 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31
+#define LO4 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30
+#define HI4 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31
+/* The same two shuffles and one add in either compiler's spelling (clang has no
+ * __builtin_shuffle, GCC before 12 no __builtin_shufflevector). */
+#if defined(__clang__)
+#define FOLD(x, y, low, high) (__builtin_shufflevector(x, y, low) + __builtin_shufflevector(x, y, high))
+#else
+#define FOLD(x, y, low, high) \
+    (__builtin_shuffle(x, y, (lanes16){low}) + __builtin_shuffle(x, y, (lanes16){high}))
+#endif
 
 /* Lane i of the result is the sum of the 16 lanes of v[i]: a transposing add tree. */
 static inline v16 sum_lanes16(const v16 *v) {
-    const lanes16 lo1 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
-    const lanes16 hi1 = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
-    const lanes16 lo2 = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
-    const lanes16 hi2 = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
-    const lanes16 lo3 = {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29};
-    const lanes16 hi3 = {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31};
-    const lanes16 lo4 = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
-    const lanes16 hi4 = {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
     v16 eights[8], fours[4], twos[2];
-    for (int i = 0; i < 8; i++) eights[i] = fold(v[2 * i], v[2 * i + 1], lo1, hi1);
-    for (int i = 0; i < 4; i++) fours[i] = fold(eights[2 * i], eights[2 * i + 1], lo2, hi2);
-    for (int i = 0; i < 2; i++) twos[i] = fold(fours[2 * i], fours[2 * i + 1], lo3, hi3);
-    return fold(twos[0], twos[1], lo4, hi4);
+    for (int i = 0; i < 8; i++) eights[i] = FOLD(v[2 * i], v[2 * i + 1], LO1, HI1);
+    for (int i = 0; i < 4; i++) fours[i] = FOLD(eights[2 * i], eights[2 * i + 1], LO2, HI2);
+    for (int i = 0; i < 2; i++) twos[i] = FOLD(fours[2 * i], fours[2 * i + 1], LO3, HI3);
+    return FOLD(twos[0], twos[1], LO4, HI4);
 }
 
 /* dots[4 * i + j] = a[i] . b[j] over k; while at it, prefetch the next four rows of B
@@ -238,7 +252,7 @@ static void await_post(int seen) {
     long long deadline = now_ns() + SPIN_NS;
     for (int spins = 0; atomic_load_explicit(&helper.posted, memory_order_acquire) == seen;) {
         if (++spins % 256 != 0) {
-            __builtin_ia32_pause();
+            CPU_RELAX();
         } else if (now_ns() > deadline) {
             syscall(SYS_futex, &helper.posted, FUTEX_WAIT_PRIVATE, seen, NULL, NULL, 0);
         }
@@ -322,7 +336,7 @@ static void share(work_fn work, const void *context, int total, int chunk) {
     if (!atomic_compare_exchange_strong(&helper.offered, &still_offered, NULL)) {
         /* the helper took the job: wait until it has finished its last chunk */
         for (int spins = 0; !atomic_load_explicit(&job.let_go, memory_order_acquire);)
-            if (++spins % 1024 == 0) sched_yield(); else __builtin_ia32_pause();
+            if (++spins % 1024 == 0) sched_yield(); else CPU_RELAX();
     }
     atomic_flag_clear(&helper.busy);
 }
@@ -353,8 +367,18 @@ void semantic_set_helper_cpu(int cpu) { (void)cpu; } /* no helper without the ke
 void semantic_set_helper_enabled(int enabled) { (void)enabled; }
 #endif
 
-/* Python reads this to say which products run here. */
+/* Python reads these to say which products run here, and if not, why. */
 int semantic_blas_small_kernels(void) { return HAVE_KERNELS; }
+
+const char *semantic_blas_compiler(void) {
+#if defined(__clang__)
+    return "clang " __clang_version__;
+#elif defined(__GNUC__)
+    return "gcc " __VERSION__;
+#else
+    return "an unknown C compiler";
+#endif
+}
 
 void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k, float alpha,
                  const float *a, int lda, const float *b, int ldb, float beta, float *c, int ldc) {
