@@ -120,6 +120,19 @@ class MetadataStore(Protocol):
         ``AgentExistsError`` if ``new_id`` is taken."""
         ...
 
+    async def commit_branch(
+        self,
+        agent: AgentRecord,
+        transcript: Sequence[MessageRecord],
+        *,
+        lease: Lease | None = None,
+    ) -> None:
+        """In one transaction, the agent (``keeps_transcript``, its ``system_prompt``)
+        holding ``agent.block_keys`` (up to the first whose block is gone) and
+        ``transcript`` as its messages: a turn whose agent is made with its reply. A row a
+        save already made for it keeps its block list and takes the rest."""
+        ...
+
     async def delete_agent(
         self, namespace: str, agent_id: str, *, lease: Lease | None = None
     ) -> list[str]:

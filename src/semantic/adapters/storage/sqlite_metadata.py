@@ -224,18 +224,7 @@ class SqliteMetadataStore:
             where = _agent_where(agent_blocks, agent.namespace, agent.agent_id)
             await connection.execute(delete(agent_blocks).where(where))
             if agent.block_keys:
-                await connection.execute(
-                    insert(agent_blocks),
-                    [
-                        {
-                            "namespace": agent.namespace,
-                            "agent_id": agent.agent_id,
-                            "position": i,
-                            "block_key": key,
-                        }
-                        for i, key in enumerate(agent.block_keys)
-                    ],
-                )
+                await connection.execute(insert(agent_blocks), _held(agent, agent.block_keys))
             orphans = await self._recount(connection, set(old) | set(agent.block_keys))
             if self._copy:
                 read_back = [*agent.block_keys, *old, *(r.key for r in new_blocks)]
@@ -355,6 +344,38 @@ class SqliteMetadataStore:
         return dataclasses.replace(fork, block_keys=tuple(keys), created_at=now, last_used=now)
 
     @unavailable_on_failure
+    async def commit_branch(
+        self,
+        agent: AgentRecord,
+        transcript: Sequence[MessageRecord],
+        *,
+        lease: Lease | None = None,
+    ) -> None:
+        """One transaction: the agent (``keeps_transcript``, its system prompt) holding the
+        blocks of ``agent.block_keys`` still stored (up to the first gone), and
+        ``transcript`` as its messages. A row a save of its turn already made keeps the
+        block list that save gave it."""
+        now = time.time()
+        namespace, agent_id = agent.namespace, agent.agent_id
+        async with self._changing_blocks() as (connection, changed):
+            await check_lease(connection, lease)
+            found = await connection.execute(
+                update(agents)
+                .where(_agent_where(agents, namespace, agent_id))
+                .values(system_prompt=agent.system_prompt, keeps_transcript=True)
+            )
+            if found.rowcount == 0:
+                kept = dataclasses.replace(agent, keeps_transcript=True, anonymous=False)
+                await connection.execute(insert(agents).values(**agent_row(kept, now)))
+                keys = await _still_stored(connection, agent.block_keys)
+                if keys:
+                    await connection.execute(insert(agent_blocks), _held(agent, keys))
+                    await connection.execute(_recounted(namespace, agent_id))
+                    if self._copy:
+                        changed.extend(await _select_rows(connection, keys))
+            await _insert_messages(connection, namespace, agent_id, transcript, now)
+
+    @unavailable_on_failure
     async def delete_agent(
         self, namespace: str, agent_id: str, *, lease: Lease | None = None
     ) -> list[str]:
@@ -427,22 +448,7 @@ class SqliteMetadataStore:
         now = time.time()
         async with self._db().begin() as connection:
             await check_lease(connection, lease)
-            await connection.execute(
-                insert(messages),
-                [
-                    {
-                        "namespace": namespace,
-                        "agent_id": agent_id,
-                        "role": m.role,
-                        "content": m.content,
-                        "created_at": m.created_at or now,
-                        "tool_calls": m.tool_calls,
-                        "tool_call_id": m.tool_call_id,
-                        "raw": m.raw,
-                    }
-                    for m in records
-                ],
-            )
+            await _insert_messages(connection, namespace, agent_id, records, now)
 
     @unavailable_on_failure
     async def messages(self, namespace: str, agent_id: str) -> list[MessageRecord]:
@@ -618,3 +624,47 @@ def _recounted(namespace: str, agent_id: str) -> Any:
     )
     held = select(agent_blocks.c.block_key).where(_agent_where(agent_blocks, namespace, agent_id))
     return update(blocks).where(blocks.c.key.in_(held)).values(ref_count=count)
+
+
+def _held(agent: AgentRecord, keys: Sequence[str]) -> list[dict[str, Any]]:
+    """The agent's block list as ``agent_blocks`` rows, in order."""
+    return [
+        {"namespace": agent.namespace, "agent_id": agent.agent_id, "position": i, "block_key": key}
+        for i, key in enumerate(keys)
+    ]
+
+
+async def _still_stored(connection: AsyncConnection, keys: Sequence[str]) -> list[str]:
+    """``keys`` up to the first whose block is gone (a delete since they were read)."""
+    present = {row.key for row in await _select_rows(connection, keys)}
+    kept: list[str] = []
+    for key in keys:
+        if key not in present:
+            break
+        kept.append(key)
+    return kept
+
+
+async def _insert_messages(
+    connection: AsyncConnection,
+    namespace: str,
+    agent_id: str,
+    records: Sequence[MessageRecord],
+    now: float,
+) -> None:
+    if not records:
+        return
+    rows = [
+        {
+            "namespace": namespace,
+            "agent_id": agent_id,
+            "role": m.role,
+            "content": m.content,
+            "created_at": m.created_at or now,
+            "tool_calls": m.tool_calls,
+            "tool_call_id": m.tool_call_id,
+            "raw": m.raw,
+        }
+        for m in records
+    ]
+    await connection.execute(insert(messages), rows)
