@@ -687,3 +687,38 @@ async def test_a_fork_shares_the_blocks_and_copies_the_transcript_in_one_go(
     assert await db.delete_agent("default", "a") == []  # the fork still holds both
     assert sorted(await db.delete_agent("default", "b")) == ["k1", "k2"]
     await db.close()
+
+
+async def test_a_branch_commits_with_its_turn_sharing_the_blocks_still_stored(
+    new_store: StoreFactory,
+) -> None:
+    """A response's agent is made with its reply (``commit_branch``): the source's block
+    list read before generating, up to a block deleted since; a row the turn's save made
+    first keeps its list and takes the system prompt and the transcript."""
+    db = new_store()
+    await db.open()
+    await db.save_agent_blocks(
+        AgentRecord("default", "a", ("k1", "k2"), 6, "old rules"), [record("k1"), record("k2")]
+    )
+    said = [MessageRecord("user", "hi", 1.0), MessageRecord("assistant", "yo", 2.0, raw="yo!")]
+    branch = AgentRecord("default", "b", ("k1", "k2", "k3"), 6, "new rules")
+    await db.commit_branch(branch, said)
+    made = await db.agent("default", "b")
+    assert made is not None
+    assert (made.block_keys, made.token_count, made.system_prompt) == (("k1", "k2"), 6, "new rules")
+    assert made.keeps_transcript and not made.anonymous
+    assert await db.messages("default", "b") == said
+    assert {k: r.ref_count for k, r in (await db.blocks(["k1", "k2"])).items()} == {
+        "k1": 2,
+        "k2": 2,
+    }
+    saved = AgentRecord("default", "c", ("k1", "k3"), 9)  # its turn's save came first
+    await db.save_agent_blocks(saved, [record("k3")])
+    await db.commit_branch(AgentRecord("default", "c", ("k1",), 6, "rules"), said[:1])
+    made = await db.agent("default", "c")
+    assert made is not None
+    assert (made.block_keys, made.token_count, made.system_prompt) == (("k1", "k3"), 9, "rules")
+    assert made.keeps_transcript
+    assert await db.messages("default", "c") == said[:1]
+    assert (await db.blocks(["k1"]))["k1"].ref_count == 3
+    await db.close()
