@@ -706,7 +706,8 @@ async def test_a_branch_commits_with_its_turn_sharing_the_blocks_still_stored(
     made = await db.agent("default", "b")
     assert made is not None
     assert (made.block_keys, made.token_count, made.system_prompt) == (("k1", "k2"), 6, "new rules")
-    assert made.keeps_transcript and not made.anonymous
+    assert made.keeps_transcript
+    assert not made.anonymous
     assert await db.messages("default", "b") == said
     assert {k: r.ref_count for k, r in (await db.blocks(["k1", "k2"])).items()} == {
         "k1": 2,

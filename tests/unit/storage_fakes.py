@@ -277,6 +277,14 @@ class FakeMetadataStore:
     async def messages(self, namespace: str, agent_id: str) -> list[MessageRecord]:
         return list(self.transcripts.get((namespace, agent_id), []))
 
+    async def transcript(
+        self, namespace: str, agent_id: str
+    ) -> tuple[AgentRecord, list[MessageRecord]] | None:
+        record = self.agent_rows.get((namespace, agent_id))
+        if record is None:
+            return None
+        return record, await self.messages(namespace, agent_id)
+
     async def remember_reply(self, namespace: str, key: str, body: str) -> None:
         self.replies.setdefault((namespace, key), body)
 

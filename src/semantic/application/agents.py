@@ -237,8 +237,10 @@ class AgentService:
         self, namespace: str, agent_id: str
     ) -> tuple[AgentRecord, list[MessageRecord]]:
         """The agent's record and messages, for a branch of it (``send_new``)."""
-        record = await self._record(namespace, agent_id)
-        return record, await self._metadata.messages(namespace, agent_id)
+        found = await self._metadata.transcript(namespace, agent_id)
+        if found is None or found[0].anonymous:
+            raise AgentNotFoundError(agent_id, namespace)
+        return found
 
     async def send(
         self, namespace: str, agent_id: str, turn: Turn

@@ -112,28 +112,22 @@ class ResponsesService:
         new = AgentRecord(
             namespace, agent_id, system_prompt=ask.instructions, keeps_transcript=True
         )
-        source = await self._source(namespace, ask)
-        if source is not None:
-            try:
-                record, history = await self._agents.transcript(namespace, source)
-            except AgentNotFoundError:
-                if ask.previous_id is not None:
-                    raise ObjectNotFoundError(
-                        "response", ask.previous_id, param="previous_response_id"
-                    ) from None
-            else:
-                branch = dataclasses.replace(
-                    new, block_keys=record.block_keys, token_count=record.token_count
-                )
-                return branch, history, ask.turn
-        return new, [], dataclasses.replace(ask.turn, items=(*ask.history, *ask.turn.items))
+        found = await self._continued(namespace, ask)
+        if found is None:
+            return new, [], dataclasses.replace(ask.turn, items=(*ask.history, *ask.turn.items))
+        record, history = found
+        branch = dataclasses.replace(
+            new, block_keys=record.block_keys, token_count=record.token_count
+        )
+        return branch, history, ask.turn
 
-    async def _source(self, namespace: str, ask: ResponseAsk) -> str | None:
+    async def _continued(
+        self, namespace: str, ask: ResponseAsk
+    ) -> tuple[AgentRecord, list[MessageRecord]] | None:
+        """The agent the response continues, with its transcript: the previous response's,
+        or the conversation's while its items are unchanged (else None)."""
         if ask.previous_id is not None:
-            found = await self._objects.stored_object(namespace, CHAIN, ask.previous_id)
-            if found is None:
-                raise ObjectNotFoundError("response", ask.previous_id, param="previous_response_id")
-            return found.body
+            return await self._previous(namespace, ask.previous_id)
         if ask.conversation_id is None:
             return None
         found = await self._objects.stored_object(
@@ -142,7 +136,34 @@ class ResponsesService:
         if found is None:
             return None
         state = json.loads(found.body)
-        return str(state["agent"]) if tuple(state["items"]) == ask.history_ids else None
+        if tuple(state["items"]) != ask.history_ids:
+            return None
+        return await self._transcript(namespace, str(state["agent"]))
+
+    async def _previous(
+        self, namespace: str, previous_id: str
+    ) -> tuple[AgentRecord, list[MessageRecord]]:
+        """The previous response's agent and transcript. Its chain row (whether it is
+        stored) and its agent (named after it) are read side by side: nothing else stands
+        between the request and its first token."""
+        named = response_agent(previous_id)
+        chain, found = await asyncio.gather(
+            self._objects.stored_object(namespace, CHAIN, previous_id),
+            self._transcript(namespace, named),
+        )
+        if chain is not None and chain.body != named:  # not named after it: read it now
+            found = await self._transcript(namespace, chain.body)
+        if chain is None or found is None:
+            raise ObjectNotFoundError("response", previous_id, param="previous_response_id")
+        return found
+
+    async def _transcript(
+        self, namespace: str, agent_id: str
+    ) -> tuple[AgentRecord, list[MessageRecord]] | None:
+        try:
+            return await self._agents.transcript(namespace, agent_id)
+        except AgentNotFoundError:
+            return None
 
     async def collect_orphans(self) -> int:
         """At start, before any response runs: delete the response agents no stored

@@ -160,6 +160,12 @@ class MetadataStore(Protocol):
 
     async def messages(self, namespace: str, agent_id: str) -> list[MessageRecord]: ...
 
+    async def transcript(
+        self, namespace: str, agent_id: str
+    ) -> tuple[AgentRecord, list[MessageRecord]] | None:
+        """The agent and its messages, read together (None: no such agent)."""
+        ...
+
     async def message_counts(self, namespace: str) -> dict[str, int]:
         """Each agent's transcript length in the namespace (agents with none are absent)."""
         ...

@@ -453,17 +453,24 @@ class SqliteMetadataStore:
     @unavailable_on_failure
     async def messages(self, namespace: str, agent_id: str) -> list[MessageRecord]:
         async with self._db().connect() as connection:
-            rows = await connection.execute(
-                select(messages)
-                .where(_agent_where(messages, namespace, agent_id))
-                .order_by(messages.c.id)
-            )
-            return [
-                MessageRecord(
-                    row.role, row.content, row.created_at, row.tool_calls, row.tool_call_id, row.raw
+            return await _messages_of(connection, namespace, agent_id)
+
+    @unavailable_on_failure
+    async def transcript(
+        self, namespace: str, agent_id: str
+    ) -> tuple[AgentRecord, list[MessageRecord]] | None:
+        """The agent and its messages read on one connection: what a branch of it starts
+        from, before its first token."""
+        async with self._db().connect() as connection:
+            row = (
+                await connection.execute(
+                    select(agents).where(_agent_where(agents, namespace, agent_id))
                 )
-                for row in rows
-            ]
+            ).first()
+            if row is None:
+                return None
+            keys = await self._agent_keys(connection, namespace, agent_id)
+            return agent_of(row, keys), await _messages_of(connection, namespace, agent_id)
 
     @unavailable_on_failure
     async def message_counts(self, namespace: str) -> dict[str, int]:
@@ -668,3 +675,17 @@ async def _insert_messages(
         for m in records
     ]
     await connection.execute(insert(messages), rows)
+
+
+async def _messages_of(
+    connection: AsyncConnection, namespace: str, agent_id: str
+) -> list[MessageRecord]:
+    rows = await connection.execute(
+        select(messages).where(_agent_where(messages, namespace, agent_id)).order_by(messages.c.id)
+    )
+    return [
+        MessageRecord(
+            row.role, row.content, row.created_at, row.tool_calls, row.tool_call_id, row.raw
+        )
+        for row in rows
+    ]
