@@ -23,7 +23,7 @@ from semantic.adapters.mlx.kv.restore_buffers import RestoreBuffers
 from semantic.adapters.storage.block_files import SPARES, BlockFiles, safetensors_parts
 from semantic.adapters.storage.kv_block_store import KVBlockStore
 from semantic.adapters.storage.schema_migrations import head
-from semantic.adapters.storage.sqlite_metadata import SqliteMetadataStore
+from semantic.adapters.storage.sql_metadata import SqlMetadataStore
 from semantic.adapters.storage.sqlite_objects import SqliteObjectStore
 from semantic.domain.blocks import KVBlock
 from semantic.domain.cache_spec import ModelCacheSpec
@@ -36,7 +36,7 @@ from semantic.domain.errors import (
 from semantic.ports.metadata_store import AgentRecord, BlockRecord, MessageRecord
 from tests.integration.legacy_schema import old_database
 
-StoreFactory = Callable[[], SqliteMetadataStore]
+StoreFactory = Callable[[], SqlMetadataStore]
 
 
 def kv_blocks(
@@ -304,7 +304,7 @@ def record(key: str, parent: str = "root", tokens: tuple[int, ...] = (1, 2, 3)) 
 
 
 async def test_the_metadata_schema_is_created_in_wal_mode_and_reopens(tmp_path: Path) -> None:
-    db = SqliteMetadataStore(tmp_path / "semantic.db")
+    db = SqlMetadataStore(tmp_path / "semantic.db")
     await db.open()
     created = db.created
     await db.close()
@@ -328,7 +328,7 @@ async def test_a_data_directory_with_files_where_its_parts_belong_is_named(
         BlockFiles(tmp_path / "blocks")
     (tmp_path / "semantic.db").write_bytes(b"not a database, just bytes" * 100)
     with pytest.raises(DataDirectoryUnusableError, match="cannot be read"):
-        await SqliteMetadataStore(tmp_path / "semantic.db").open()
+        await SqlMetadataStore(tmp_path / "semantic.db").open()
 
 
 async def test_reference_counts_follow_agents_and_orphans_are_returned(
@@ -397,7 +397,7 @@ async def test_a_version_1_database_learns_which_agents_keep_transcripts(tmp_pat
             " VALUES ('ns', 'talked', 'user', 'hi', 0)"
         )
         raw.commit()
-    db = SqliteMetadataStore(tmp_path / "semantic.db")
+    db = SqlMetadataStore(tmp_path / "semantic.db")
     await db.open()
     assert not db.created
     kept = {a.agent_id: a.keeps_transcript for a in await db.agents("ns")}
@@ -428,7 +428,7 @@ async def test_a_version_4_database_upgrades_in_place_keeping_its_data(tmp_path:
             " VALUES ('ns', 'response', 'resp_1', '{}', 0)"
         )
         raw.commit()
-    db = SqliteMetadataStore(tmp_path / "semantic.db")
+    db = SqlMetadataStore(tmp_path / "semantic.db")
     await db.open()
     assert not db.created, "an old database is upgraded, not taken for a new one"
     agent = await db.agent("ns", "a")
@@ -458,7 +458,7 @@ async def test_an_upgrade_that_fails_part_way_leaves_the_database_as_it_was(
         raw.execute("CREATE TABLE agent_leases (squatter TEXT)")  # revision 0005 will fail
         raw.commit()
     with pytest.raises(OperationalError, match="agent_leases already exists"):
-        await SqliteMetadataStore(tmp_path / "semantic.db").open()
+        await SqlMetadataStore(tmp_path / "semantic.db").open()
     with sqlite3.connect(tmp_path / "semantic.db") as raw:
         tables = {row[0] for row in raw.execute("SELECT name FROM sqlite_master")}
         assert "api_objects" not in tables, "revision 0004 was undone with 0005"
@@ -478,7 +478,7 @@ async def test_a_database_from_a_newer_release_is_refused_untouched(
             raw.execute("INSERT INTO alembic_version VALUES ('ffff')")
         raw.commit()
     with pytest.raises(DataDirectoryUnusableError, match="newer"):
-        await SqliteMetadataStore(tmp_path / "semantic.db").open()
+        await SqlMetadataStore(tmp_path / "semantic.db").open()
     with sqlite3.connect(tmp_path / "semantic.db") as raw:
         tables = {row[0] for row in raw.execute("SELECT name FROM sqlite_master")}
         assert newer == "revision ffff" or "alembic_version" not in tables
@@ -489,7 +489,7 @@ async def test_a_full_disk_is_storage_unavailable_and_keeps_nothing_half_done(
 ) -> None:
     """SQLite's own failure, not a fake: the database may grow no further (as on a full
     disk), so appending a long message fails inside the transaction."""
-    db = SqliteMetadataStore(tmp_path / "semantic.db")
+    db = SqlMetadataStore(tmp_path / "semantic.db")
     await db.open()
     await db.create_agent(AgentRecord("ns", "helper"))
     await db.append_messages("ns", "helper", [MessageRecord("user", "hi")])
