@@ -143,17 +143,11 @@ class ResponsesService:
     async def _previous(
         self, namespace: str, previous_id: str
     ) -> tuple[AgentRecord, list[MessageRecord]]:
-        """The previous response's agent and transcript. Its chain row (whether it is
-        stored) and its agent (named after it) are read side by side: nothing else stands
-        between the request and its first token."""
-        named = response_agent(previous_id)
-        chain, found = await asyncio.gather(
-            self._objects.stored_object(namespace, CHAIN, previous_id),
-            self._transcript(namespace, named),
-        )
-        if chain is not None and chain.body != named:  # not named after it: read it now
-            found = await self._transcript(namespace, chain.body)
-        if chain is None or found is None:
+        """The previous response's agent and transcript: two reads (its chain row, then the
+        agent with its messages on one connection) and nothing written."""
+        chain = await self._objects.stored_object(namespace, CHAIN, previous_id)
+        found = None if chain is None else await self._transcript(namespace, chain.body)
+        if found is None:
             raise ObjectNotFoundError("response", previous_id, param="previous_response_id")
         return found
 
