@@ -22,7 +22,7 @@ from pathlib import Path
 from benchmarks.common import median
 from benchmarks.machine import print_machine
 from semantic.adapters.storage.sql_leases import SqlLeases
-from semantic.adapters.storage.sqlite_metadata import SqliteMetadataStore
+from semantic.adapters.storage.sql_metadata import SqlMetadataStore
 from semantic.ports.metadata_store import AgentRecord, MessageRecord
 
 NS, AGENT, HOLDER = "bench", "agent", "bench:1:0"
@@ -35,7 +35,7 @@ async def timed(step: Callable[[], Awaitable[object]]) -> float:
 
 
 async def measure(directory: Path, runs: int, url: str | None) -> dict[str, list[float]]:
-    metadata = SqliteMetadataStore(directory / "semantic.db", url)
+    metadata = SqlMetadataStore(directory / "semantic.db", url)
     await metadata.open()
     leases = SqlLeases(metadata.engine)
     await metadata.create_agent(AgentRecord(NS, AGENT, keeps_transcript=True))
@@ -49,7 +49,7 @@ async def measure(directory: Path, runs: int, url: str | None) -> dict[str, list
     return times
 
 
-async def one_turn(metadata: SqliteMetadataStore, leases: SqlLeases) -> dict[str, float]:
+async def one_turn(metadata: SqlMetadataStore, leases: SqlLeases) -> dict[str, float]:
     """A turn's lease writes, each timed, with a transcript append with and without it."""
     turn = [MessageRecord("user", "hi"), MessageRecord("assistant", "hello")]
     started = time.perf_counter()

@@ -30,7 +30,7 @@ from semantic.adapters.mlx.kv.host_codec import MlxHostCodec
 from semantic.adapters.storage.block_files import BlockFiles
 from semantic.adapters.storage.kv_block_store import KVBlockStore
 from semantic.adapters.storage.redis_blocks import RedisSharedBlocks
-from semantic.adapters.storage.sqlite_metadata import SqliteMetadataStore
+from semantic.adapters.storage.sql_metadata import SqlMetadataStore
 from semantic.application.cache.store import AgentCacheStore
 from semantic.application.generation import GenerationInput
 from semantic.bootstrap import Services, start_services, stop_services
@@ -43,7 +43,7 @@ async def from_redis(
 ) -> tuple[float, int]:
     """Milliseconds for a cache on an empty directory (another instance's) to restore
     ``prompt``'s prefix from Redis, and the tokens it restored."""
-    metadata = SqliteMetadataStore(directory / "semantic.db")
+    metadata = SqlMetadataStore(directory / "semantic.db")
     await metadata.open()
     store = AgentCacheStore(
         BlockPool.from_budget(services.spec, 2 << 30),

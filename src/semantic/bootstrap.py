@@ -37,7 +37,7 @@ from semantic.adapters.storage.data_dir_lock import acquire_data_directory, rele
 from semantic.adapters.storage.kv_block_store import KVBlockStore
 from semantic.adapters.storage.redis_blocks import RedisSharedBlocks
 from semantic.adapters.storage.sql_leases import SqlLeases
-from semantic.adapters.storage.sqlite_metadata import SqliteMetadataStore
+from semantic.adapters.storage.sql_metadata import SqlMetadataStore
 from semantic.adapters.storage.sqlite_objects import SqliteObjectStore
 from semantic.application.agents import AgentService
 from semantic.application.cache.store import AgentCacheStore, CacheConfig
@@ -89,7 +89,7 @@ class Services:
     pool: BlockPool
     loop: EngineLoop
     cache: AgentCacheStore
-    metadata: SqliteMetadataStore
+    metadata: SqlMetadataStore
     generation: GenerationService
     agents: AgentService
     data_dir: Path
@@ -171,7 +171,7 @@ async def _start_services(
     # Workers that touch MLX (loading, block writes) must be gone before the process ends.
     install_default_executor(asyncio.get_running_loop())
     # First: a database out of reach is said in a second, not after the model has loaded.
-    metadata = SqliteMetadataStore(settings.data_dir / "semantic.db", settings.database_url)
+    metadata = SqlMetadataStore(settings.data_dir / "semantic.db", settings.database_url)
     await metadata.open()
     leases = _leases(settings, metadata)
     loaded, tokenizer, spec, kernel, fingerprint = await _model(settings, progress)
@@ -245,7 +245,7 @@ async def _services(
     engine: _Started,
     cache: AgentCacheStore,
     *,
-    metadata: SqliteMetadataStore,
+    metadata: SqlMetadataStore,
     leases: AgentLeases | None,
     observer: GenerationObserver | None,
     data_dir: Path,
@@ -274,7 +274,7 @@ async def _services(
     )
 
 
-def _leases(settings: Settings, metadata: SqliteMetadataStore) -> AgentLeases | None:
+def _leases(settings: Settings, metadata: SqlMetadataStore) -> AgentLeases | None:
     """Each agent's lease in the database, when instances may share it: asked for, or a
     database by URL (ADR 0025). Off for SQLite in the data directory: its lock makes this
     process the database's only writer."""
@@ -287,7 +287,7 @@ def _leases(settings: Settings, metadata: SqliteMetadataStore) -> AgentLeases | 
 
 
 async def _responses(
-    agents: AgentService, metadata: SqliteMetadataStore, *, sweep: bool
+    agents: AgentService, metadata: SqlMetadataStore, *, sweep: bool
 ) -> ResponsesService:
     """The Responses API's store, swept of what a crash left (``collect_orphans``) where
     this process is the database's only user: with instances sharing it (leases on), a
@@ -313,7 +313,7 @@ def _cache_store(
     fingerprint: str,
     *,
     spec: ModelCacheSpec,
-    metadata: SqliteMetadataStore,
+    metadata: SqlMetadataStore,
     restore_buffers: RestoreBuffers,
     leases: AgentLeases | None,
 ) -> AgentCacheStore:

@@ -17,7 +17,7 @@ import pytest
 from reliability.server import ServerProcess
 
 from semantic.adapters.storage.sql_leases import SqlLeases
-from semantic.adapters.storage.sqlite_metadata import SqliteMetadataStore
+from semantic.adapters.storage.sql_metadata import SqlMetadataStore
 from semantic.domain.errors import AgentBusyError, StorageUnavailableError
 from semantic.ports.leases import Lease
 
@@ -43,7 +43,7 @@ class OtherInstance:
     """Another instance on the server's database: its leases and its transcript writes."""
 
     def __init__(self, path: Path) -> None:
-        self.metadata = SqliteMetadataStore(path)
+        self.metadata = SqlMetadataStore(path)
         self.leases = SqlLeases(self.metadata.engine)
 
     async def take(self, agent_id: str, seconds: float) -> Lease:

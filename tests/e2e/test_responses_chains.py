@@ -14,7 +14,7 @@ import httpx
 import pytest
 from reliability.server import ServerProcess
 
-from semantic.adapters.storage.sqlite_metadata import SqliteMetadataStore
+from semantic.adapters.storage.sql_metadata import SqlMetadataStore
 from semantic.ports.metadata_store import AgentRecord, MessageRecord
 from tests.e2e.test_responses import ask, client
 
@@ -83,7 +83,7 @@ async def _leave_orphans(server: ServerProcess, chained_agent: str) -> None:
     """What kills between a response's commits leave: its agent forked from a kept
     response's, with its turn's messages, but no response pointing at it; a ``store: false``
     response's agent never dropped; one in another namespace."""
-    store = SqliteMetadataStore(server.data_dir / "semantic.db")
+    store = SqlMetadataStore(server.data_dir / "semantic.db")
     await store.open()
     try:
         assert await store.fork_agent("default", chained_agent, "~resp:resp_lost", None)

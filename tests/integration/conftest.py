@@ -17,7 +17,7 @@ from semantic.adapters.mlx.kv.kv_blocks import spec_from_model
 from semantic.adapters.mlx.kv.restore_buffers import RestoreBuffers
 from semantic.adapters.mlx.models.loader import LoadedModel, load_model
 from semantic.adapters.mlx.tokenizer.tokenizer import MlxTokenizer
-from semantic.adapters.storage.sqlite_metadata import SqliteMetadataStore
+from semantic.adapters.storage.sql_metadata import SqlMetadataStore
 from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
 from semantic.bootstrap import grammar_compiler, prepare_model
 from semantic.config import Settings
@@ -36,7 +36,7 @@ class RealModel:
 
 
 EngineFactory = Callable[..., tuple[BlockPoolBatchEngine, MlxBackend]]
-StoreFactory = Callable[[], SqliteMetadataStore]
+StoreFactory = Callable[[], SqlMetadataStore]
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -46,7 +46,7 @@ def new_store(request: pytest.FixtureRequest, tmp_path: Path) -> StoreFactory:
     url = None
     if request.param == "postgresql":
         url = request.getfixturevalue("postgres").create_database(f"t_{uuid4().hex[:16]}")
-    return lambda: SqliteMetadataStore(tmp_path / "semantic.db", url)
+    return lambda: SqlMetadataStore(tmp_path / "semantic.db", url)
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ from reliability.full_disk import MountRefusedError, fill, tmpfs
 from semantic.adapters.mlx.kv.host_codec import MlxHostCodec
 from semantic.adapters.storage.block_files import HEADROOM, BlockFiles
 from semantic.adapters.storage.kv_block_store import KVBlockStore
-from semantic.adapters.storage.sqlite_metadata import SqliteMetadataStore
+from semantic.adapters.storage.sql_metadata import SqlMetadataStore
 from semantic.domain.errors import DiskFullError
 from semantic.ports.metadata_store import AgentRecord, MessageRecord
 from tests.integration.test_storage import kv_blocks
@@ -64,7 +64,7 @@ def test_the_headroom_is_set_aside_given_up_and_taken_back_from_a_collected_bloc
 async def test_a_full_disk_is_a_disk_full_error_naming_the_directory_until_space_returns(
     disk: Path,
 ) -> None:
-    metadata = SqliteMetadataStore(disk / "data" / "semantic.db")
+    metadata = SqlMetadataStore(disk / "data" / "semantic.db")
     await metadata.open()
     try:
         await metadata.create_agent(AgentRecord("default", "a"))

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import pytest
 
 from semantic.adapters.storage.sql_leases import SqlLeases
-from semantic.adapters.storage.sqlite_metadata import SqliteMetadataStore
+from semantic.adapters.storage.sql_metadata import SqlMetadataStore
 from semantic.domain.errors import AgentBusyError, LeaseLostError
 from semantic.ports.leases import Lease
 from semantic.ports.metadata_store import AgentRecord, BlockRecord, MessageRecord
@@ -32,7 +32,7 @@ class Clock:
 
 @dataclass
 class Instance:
-    metadata: SqliteMetadataStore
+    metadata: SqlMetadataStore
     leases: SqlLeases
     holder: str
 

@@ -6,14 +6,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from semantic.adapters.storage.sqlite_metadata import SqliteMetadataStore
+from semantic.adapters.storage.sql_metadata import SqlMetadataStore
 from semantic.adapters.storage.sqlite_objects import SqliteObjectStore
 from semantic.ports.object_store import StoredObject
 
-StoreFactory = Callable[[], SqliteMetadataStore]
+StoreFactory = Callable[[], SqlMetadataStore]
 
 
-async def _objects(new_store: StoreFactory) -> tuple[SqliteMetadataStore, SqliteObjectStore]:
+async def _objects(new_store: StoreFactory) -> tuple[SqlMetadataStore, SqliteObjectStore]:
     metadata = new_store()
     await metadata.open()
     return metadata, SqliteObjectStore(metadata)

@@ -11,7 +11,7 @@ import pytest
 from reliability.server import free_port
 from reliability.services.postgres import PostgresServer
 
-from semantic.adapters.storage.sqlite_metadata import SqliteMetadataStore
+from semantic.adapters.storage.sql_metadata import SqlMetadataStore
 from semantic.domain.errors import StorageUnavailableError
 from semantic.ports.metadata_store import AgentRecord, BlockRecord, MessageRecord
 
@@ -26,7 +26,7 @@ async def test_blocks_one_instance_saves_are_found_by_another(
     """No in-memory copy of the blocks table on a shared database: a lookup in instance B
     finds what A saved after B opened, and stops finding what A's deletion dropped."""
     url = postgres.create_database("shared_lookups")
-    a, b = SqliteMetadataStore(tmp_path / "a.db", url), SqliteMetadataStore(tmp_path / "b.db", url)
+    a, b = SqlMetadataStore(tmp_path / "a.db", url), SqlMetadataStore(tmp_path / "b.db", url)
     await a.open()
     await b.open()
     assert await b.blocks(["k1"]) == {}
@@ -49,8 +49,8 @@ async def test_instances_starting_together_on_a_new_database_take_turns_creating
     """PostgreSQL's advisory lock between processes; in one process (here) also a lock of
     Alembic's own, whose proxies are process-wide: a SQLite store opens beside them."""
     url = postgres.create_database("started_together")
-    stores = [SqliteMetadataStore(tmp_path / f"{i}.db", url) for i in range(3)]
-    embedded = SqliteMetadataStore(tmp_path / "embedded.db")
+    stores = [SqlMetadataStore(tmp_path / f"{i}.db", url) for i in range(3)]
+    embedded = SqlMetadataStore(tmp_path / "embedded.db")
     await asyncio.gather(embedded.open(), *(store.open() for store in stores))
     assert sorted(store.created for store in stores) == [False, False, True]
     assert embedded.created
@@ -65,7 +65,7 @@ async def test_postgresql_going_away_is_unavailable_then_comes_back_intact(
     meanwhile every call is ``StorageUnavailableError`` (503) and nothing of the turn that
     failed is kept; afterwards the same store works again on fresh connections."""
     url = postgres.create_database("goes_away")
-    db = SqliteMetadataStore(tmp_path / "semantic.db", url)
+    db = SqlMetadataStore(tmp_path / "semantic.db", url)
     await db.open()
     await db.append_messages("ns", "a", [MessageRecord("user", "hi")])
     postgres.stop()
@@ -87,7 +87,7 @@ async def test_an_unreachable_database_is_named_at_open_without_its_password(
     tmp_path: Path,
 ) -> None:
     url = f"postgresql+asyncpg://semantic:s3cret@127.0.0.1:{free_port()}/semantic"
-    db = SqliteMetadataStore(tmp_path / "semantic.db", url)
+    db = SqlMetadataStore(tmp_path / "semantic.db", url)
     with pytest.raises(StorageUnavailableError) as refused:
         await db.open()
     message = str(refused.value)

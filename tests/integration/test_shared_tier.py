@@ -19,7 +19,7 @@ from semantic.adapters.storage.block_files import BlockFiles
 from semantic.adapters.storage.kv_block_store import KVBlockStore
 from semantic.adapters.storage.redis_blocks import RedisSharedBlocks, redis_key
 from semantic.adapters.storage.schema import blocks
-from semantic.adapters.storage.sqlite_metadata import SqliteMetadataStore
+from semantic.adapters.storage.sql_metadata import SqlMetadataStore
 from semantic.application.cache.store import AgentCacheStore, CachedPrefix
 from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
 from semantic.application.events import CompletionEvent
@@ -37,7 +37,7 @@ class Instance:
 
     def __init__(self, model: RealModel, data_dir: Path, redis_url: str | None) -> None:
         self.files = BlockFiles(data_dir / "blocks")
-        self.metadata = SqliteMetadataStore(data_dir / "semantic.db")
+        self.metadata = SqlMetadataStore(data_dir / "semantic.db")
         self.pool = BlockPool.from_budget(model.spec, 512 << 20)
         eos = model.tokenizer.eos_token_ids
         backend = MlxBackend(

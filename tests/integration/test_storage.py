@@ -23,7 +23,7 @@ from semantic.adapters.mlx.kv.restore_buffers import RestoreBuffers
 from semantic.adapters.storage.block_files import SPARES, BlockFiles, safetensors_parts
 from semantic.adapters.storage.kv_block_store import KVBlockStore
 from semantic.adapters.storage.schema_migrations import head
-from semantic.adapters.storage.sqlite_metadata import SqliteMetadataStore
+from semantic.adapters.storage.sql_metadata import SqlMetadataStore
 from semantic.adapters.storage.sqlite_objects import SqliteObjectStore
 from semantic.domain.blocks import KVBlock
 from semantic.domain.cache_spec import ModelCacheSpec
@@ -36,7 +36,7 @@ from semantic.domain.errors import (
 from semantic.ports.metadata_store import AgentRecord, BlockRecord, MessageRecord
 from tests.integration.legacy_schema import old_database
 
-StoreFactory = Callable[[], SqliteMetadataStore]
+StoreFactory = Callable[[], SqlMetadataStore]
 
 
 def kv_blocks(
@@ -304,7 +304,7 @@ def record(key: str, parent: str = "root", tokens: tuple[int, ...] = (1, 2, 3)) 
 
 
 async def test_the_metadata_schema_is_created_in_wal_mode_and_reopens(tmp_path: Path) -> None:
-    db = SqliteMetadataStore(tmp_path / "semantic.db")
+    db = SqlMetadataStore(tmp_path / "semantic.db")
     await db.open()
     created = db.created
     await db.close()
@@ -328,7 +328,7 @@ async def test_a_data_directory_with_files_where_its_parts_belong_is_named(
         BlockFiles(tmp_path / "blocks")
     (tmp_path / "semantic.db").write_bytes(b"not a database, just bytes" * 100)
     with pytest.raises(DataDirectoryUnusableError, match="cannot be read"):
-        await SqliteMetadataStore(tmp_path / "semantic.db").open()
+        await SqlMetadataStore(tmp_path / "semantic.db").open()
 
 
 async def test_reference_counts_follow_agents_and_orphans_are_returned(
@@ -397,7 +397,7 @@ async def test_a_version_1_database_learns_which_agents_keep_transcripts(tmp_pat
             " VALUES ('ns', 'talked', 'user', 'hi', 0)"
         )
         raw.commit()
-    db = SqliteMetadataStore(tmp_path / "semantic.db")
+    db = SqlMetadataStore(tmp_path / "semantic.db")
     await db.open()
     assert not db.created
     kept = {a.agent_id: a.keeps_transcript for a in await db.agents("ns")}
@@ -428,7 +428,7 @@ async def test_a_version_4_database_upgrades_in_place_keeping_its_data(tmp_path:
             " VALUES ('ns', 'response', 'resp_1', '{}', 0)"
         )
         raw.commit()
-    db = SqliteMetadataStore(tmp_path / "semantic.db")
+    db = SqlMetadataStore(tmp_path / "semantic.db")
     await db.open()
     assert not db.created, "an old database is upgraded, not taken for a new one"
     agent = await db.agent("ns", "a")
@@ -458,7 +458,7 @@ async def test_an_upgrade_that_fails_part_way_leaves_the_database_as_it_was(
         raw.execute("CREATE TABLE agent_leases (squatter TEXT)")  # revision 0005 will fail
         raw.commit()
     with pytest.raises(OperationalError, match="agent_leases already exists"):
-        await SqliteMetadataStore(tmp_path / "semantic.db").open()
+        await SqlMetadataStore(tmp_path / "semantic.db").open()
     with sqlite3.connect(tmp_path / "semantic.db") as raw:
         tables = {row[0] for row in raw.execute("SELECT name FROM sqlite_master")}
         assert "api_objects" not in tables, "revision 0004 was undone with 0005"
@@ -478,7 +478,7 @@ async def test_a_database_from_a_newer_release_is_refused_untouched(
             raw.execute("INSERT INTO alembic_version VALUES ('ffff')")
         raw.commit()
     with pytest.raises(DataDirectoryUnusableError, match="newer"):
-        await SqliteMetadataStore(tmp_path / "semantic.db").open()
+        await SqlMetadataStore(tmp_path / "semantic.db").open()
     with sqlite3.connect(tmp_path / "semantic.db") as raw:
         tables = {row[0] for row in raw.execute("SELECT name FROM sqlite_master")}
         assert newer == "revision ffff" or "alembic_version" not in tables
@@ -489,7 +489,7 @@ async def test_a_full_disk_is_storage_unavailable_and_keeps_nothing_half_done(
 ) -> None:
     """SQLite's own failure, not a fake: the database may grow no further (as on a full
     disk), so appending a long message fails inside the transaction."""
-    db = SqliteMetadataStore(tmp_path / "semantic.db")
+    db = SqlMetadataStore(tmp_path / "semantic.db")
     await db.open()
     await db.create_agent(AgentRecord("ns", "helper"))
     await db.append_messages("ns", "helper", [MessageRecord("user", "hi")])
@@ -686,4 +686,40 @@ async def test_a_fork_shares_the_blocks_and_copies_the_transcript_in_one_go(
     assert await db.fork_agent("elsewhere", "a", "c", None) is None
     assert await db.delete_agent("default", "a") == []  # the fork still holds both
     assert sorted(await db.delete_agent("default", "b")) == ["k1", "k2"]
+    await db.close()
+
+
+async def test_a_branch_commits_with_its_turn_sharing_the_blocks_still_stored(
+    new_store: StoreFactory,
+) -> None:
+    """A response's agent is made with its reply (``commit_branch``): the source's block
+    list read before generating, up to a block deleted since; a row the turn's save made
+    first keeps its list and takes the system prompt and the transcript."""
+    db = new_store()
+    await db.open()
+    await db.save_agent_blocks(
+        AgentRecord("default", "a", ("k1", "k2"), 6, "old rules"), [record("k1"), record("k2")]
+    )
+    said = [MessageRecord("user", "hi", 1.0), MessageRecord("assistant", "yo", 2.0, raw="yo!")]
+    branch = AgentRecord("default", "b", ("k1", "k2", "k3"), 6, "new rules")
+    await db.commit_branch(branch, said)
+    made = await db.agent("default", "b")
+    assert made is not None
+    assert (made.block_keys, made.token_count, made.system_prompt) == (("k1", "k2"), 6, "new rules")
+    assert made.keeps_transcript
+    assert not made.anonymous
+    assert await db.messages("default", "b") == said
+    assert {k: r.ref_count for k, r in (await db.blocks(["k1", "k2"])).items()} == {
+        "k1": 2,
+        "k2": 2,
+    }
+    saved = AgentRecord("default", "c", ("k1", "k3"), 9)  # its turn's save came first
+    await db.save_agent_blocks(saved, [record("k3")])
+    await db.commit_branch(AgentRecord("default", "c", ("k1",), 6, "rules"), said[:1])
+    made = await db.agent("default", "c")
+    assert made is not None
+    assert (made.block_keys, made.token_count, made.system_prompt) == (("k1", "k3"), 9, "rules")
+    assert made.keeps_transcript
+    assert await db.messages("default", "c") == said[:1]
+    assert (await db.blocks(["k1"]))["k1"].ref_count == 3
     await db.close()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from semantic.adapters.storage.sqlite_metadata import SqliteMetadataStore
+from semantic.adapters.storage.sql_metadata import SqlMetadataStore
 from semantic.application.call_memory import CallMemory
 from semantic.application.tool_replies import ReplyReader
 from semantic.domain.chat import ChatMessage
@@ -38,12 +38,12 @@ async def test_a_call_sent_back_renders_as_generated_also_after_a_restart(
     reader.feed(raw)
     _, reply = reader.finish()
     assert [c.name for c in reply.calls] == ["get_weather"]
-    store = SqliteMetadataStore(tmp_path / "semantic.db")
+    store = SqlMetadataStore(tmp_path / "semantic.db")
     await store.open()
     await CallMemory(store).remember("ns", reply)
     await store.close()
 
-    reopened = SqliteMetadataStore(tmp_path / "semantic.db")  # as after a restart
+    reopened = SqlMetadataStore(tmp_path / "semantic.db")  # as after a restart
     await reopened.open()
     resent = json.dumps({"days": 2, "city": "Paris"})  # the client's spacing and key order
     back = ChatMessage(

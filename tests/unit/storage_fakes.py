@@ -202,6 +202,40 @@ class FakeMetadataStore:
         self._recount(set(source.block_keys))
         return fork
 
+    async def commit_branch(
+        self,
+        agent: AgentRecord,
+        transcript: Sequence[MessageRecord],
+        *,
+        lease: Lease | None = None,
+    ) -> None:
+        self._fence(lease)
+        self._write()
+        where = (agent.namespace, agent.agent_id)
+        old = self.agent_rows.get(where)
+        self.clock += 1
+        if old is not None:  # a save made it first: its block list stays
+            made = dataclasses.replace(
+                old, system_prompt=agent.system_prompt, keeps_transcript=True
+            )
+        else:
+            keys: list[str] = []
+            for key in agent.block_keys:
+                if key not in self.block_rows:
+                    break
+                keys.append(key)
+            made = dataclasses.replace(
+                agent,
+                block_keys=tuple(keys),
+                keeps_transcript=True,
+                anonymous=False,
+                created_at=self.clock,
+                last_used=self.clock,
+            )
+        self.agent_rows[where] = made
+        self.transcripts.setdefault(where, []).extend(transcript)
+        self._recount(set(made.block_keys))
+
     async def delete_agent(
         self, namespace: str, agent_id: str, *, lease: Lease | None = None
     ) -> list[str]:
@@ -242,6 +276,14 @@ class FakeMetadataStore:
 
     async def messages(self, namespace: str, agent_id: str) -> list[MessageRecord]:
         return list(self.transcripts.get((namespace, agent_id), []))
+
+    async def transcript(
+        self, namespace: str, agent_id: str
+    ) -> tuple[AgentRecord, list[MessageRecord]] | None:
+        record = self.agent_rows.get((namespace, agent_id))
+        if record is None:
+            return None
+        return record, await self.messages(namespace, agent_id)
 
     async def remember_reply(self, namespace: str, key: str, body: str) -> None:
         self.replies.setdefault((namespace, key), body)

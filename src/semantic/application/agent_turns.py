@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from semantic.application.agent_values import CommittedReply, Turn
 from semantic.application.cache.store import AgentCacheStore
@@ -35,9 +35,11 @@ from semantic.application.transcript import (
 )
 from semantic.domain.chat import ChatMessage
 from semantic.domain.errors import AgentDeletedError, PromptTooLongError
-from semantic.ports.leases import Lease
-from semantic.ports.metadata_store import AgentRecord, MetadataStore
+from semantic.ports.metadata_store import AgentRecord, MessageRecord, MetadataStore
 from semantic.ports.tokenizer import Tokenizer
+
+Write = Callable[[Sequence[MessageRecord]], Awaitable[None]]
+"""Commits a turn's question and reply (appended to the transcript, or with the agent)."""
 
 
 class TurnRunner:
@@ -58,8 +60,14 @@ class TurnRunner:
     async def request(self, record: AgentRecord, turn: Turn) -> tuple[GenerationInput, int]:
         """The whole conversation with the new message, checked against the context; and
         how many messages the transcript holds before it."""
+        history = await self._metadata.messages(record.namespace, record.agent_id)
+        return self.request_of(record, history, turn), len(history)
+
+    def request_of(
+        self, record: AgentRecord, history: Sequence[MessageRecord], turn: Turn
+    ) -> GenerationInput:
+        """``history`` with the new message, rendered and checked against the context."""
         namespace, agent_id = record.namespace, record.agent_id
-        history = await self._metadata.messages(namespace, agent_id)
         chat = [chat_message(m) for m in history]
         if record.system_prompt:
             chat.insert(0, ChatMessage("system", record.system_prompt))
@@ -81,7 +89,7 @@ class TurnRunner:
             self._generation.check(request)
         except PromptTooLongError as error:
             raise outgrown(error, agent_id) from None
-        return request, len(history)
+        return request
 
     async def run(
         self,
@@ -89,10 +97,11 @@ class TurnRunner:
         live: LiveTurn,
         turn: Turn,
         earlier: int,
-        lease: Lease | None,
+        write: Write,
     ) -> AsyncIterator[GenerationEvent]:
         """The turn's events. Its reply is committed with its question (after ``earlier``
-        messages) before the result is reported, unless a delete ended the turn."""
+        messages; ``write`` commits them) before the result is reported, unless a delete
+        ended the turn."""
         handle = await self._generation.start(request)
         live.request_id = handle.request_id
         asked_at = time.time()
@@ -106,7 +115,7 @@ class TurnRunner:
                     rest, answer = reader.finish()
                     if rest:
                         yield TextDelta(rest)
-                    place = await self._commit(live, turn, asked_at, answer, lease)
+                    place = await self._commit(live, turn, asked_at, answer, write)
                     yield _committed(event, answer, earlier + place)
                 elif isinstance(event, TextDelta):
                     shown = reader.feed(event.text)
@@ -114,18 +123,12 @@ class TurnRunner:
                         yield TextDelta(shown)
 
     async def _commit(
-        self, live: LiveTurn, turn: Turn, asked_at: float, answer: Reply, lease: Lease | None
+        self, live: LiveTurn, turn: Turn, asked_at: float, answer: Reply, write: Write
     ) -> int:
-        """The turn's question and reply appended to the transcript (room made on a full
-        disk), to the end even if the caller goes away; how many messages that was."""
+        """The turn's question and reply committed (room made on a full disk), to the end
+        even if the caller goes away; how many messages that was."""
         records = [*asked(turn, asked_at), answered(answer)]
-        keep = functools.partial(
-            self._metadata.append_messages,
-            live.namespace,
-            live.agent_id,
-            records,
-            lease=lease,
-        )
+        keep = functools.partial(write, records)
         await whole(self._cache.keeping(live.namespace, live.agent_id, keep))
         return len(records)
 

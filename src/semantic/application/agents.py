@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
 
 from semantic.application.agent_turns import TurnRunner
@@ -82,16 +82,7 @@ class AgentService:
         """Leases of plain requests being released (kept referenced till they are)."""
 
     async def create(self, namespace: str, agent_id: str, system_prompt: str | None) -> AgentInfo:
-        if system_prompt:  # an agent no turn could ever fit is refused now, not at each turn
-            try:
-                chat = [ChatMessage("system", system_prompt)]
-                prompt = tuple(self._tokenizer.render_chat(chat, scope=namespace))
-                self._generation.check(GenerationInput(prompt, namespace, agent_id))
-            except PromptTooLongError as error:
-                raise PromptTooLongError(
-                    f"the system prompt leaves no room for a conversation: {error}",
-                    param="system_prompt",
-                ) from None
+        self._check_system(namespace, agent_id, system_prompt)  # refused now, not each turn
         record = AgentRecord(
             namespace, agent_id, system_prompt=system_prompt, keeps_transcript=True
         )
@@ -99,6 +90,20 @@ class AgentService:
             namespace, agent_id, functools.partial(self._metadata.create_agent, record)
         )
         return await self.get(namespace, agent_id)
+
+    def _check_system(self, namespace: str, agent_id: str, system_prompt: str | None) -> None:
+        """An agent whose system prompt leaves no room for any turn is refused by name."""
+        if not system_prompt:
+            return
+        try:
+            chat = [ChatMessage("system", system_prompt)]
+            prompt = tuple(self._tokenizer.render_chat(chat, scope=namespace))
+            self._generation.check(GenerationInput(prompt, namespace, agent_id))
+        except PromptTooLongError as error:
+            raise PromptTooLongError(
+                f"the system prompt leaves no room for a conversation: {error}",
+                param="system_prompt",
+            ) from None
 
     async def get(self, namespace: str, agent_id: str) -> AgentInfo:
         record = await self._record(namespace, agent_id)
@@ -211,15 +216,6 @@ class AgentService:
             await self._branch(namespace, source_id, new_id, source.system_prompt)
         return await self.get(namespace, new_id)
 
-    async def branch(
-        self, namespace: str, source_id: str, new_id: str, system_prompt: str | None
-    ) -> AgentRecord:
-        """A fork whose system prompt is ``system_prompt`` (a response's own instructions,
-        which OpenAI does not carry along a chain), without the info ``fork`` reads back:
-        a chain's next turn pays for one commit before it starts."""
-        async with self._lock(namespace, source_id):
-            return await self._branch(namespace, source_id, new_id, system_prompt)
-
     async def _branch(
         self, namespace: str, source_id: str, new_id: str, system_prompt: str | None
     ) -> AgentRecord:
@@ -236,6 +232,15 @@ class AgentService:
     async def messages(self, namespace: str, agent_id: str) -> list[MessageRecord]:
         await self._record(namespace, agent_id)
         return await self._metadata.messages(namespace, agent_id)
+
+    async def transcript(
+        self, namespace: str, agent_id: str
+    ) -> tuple[AgentRecord, list[MessageRecord]]:
+        """The agent's record and messages, for a branch of it (``send_new``)."""
+        found = await self._metadata.transcript(namespace, agent_id)
+        if found is None or found[0].anonymous:
+            raise AgentNotFoundError(agent_id, namespace)
+        return found
 
     async def send(
         self, namespace: str, agent_id: str, turn: Turn
@@ -255,8 +260,58 @@ class AgentService:
                 async with self._leased(namespace, agent_id) as lease:
                     record = await self._record(namespace, agent_id)
                     request, earlier = await self._runner.request(record, turn)
-                    async for event in self._runner.run(request, live, turn, earlier, lease):
+                    write = functools.partial(
+                        self._metadata.append_messages, namespace, agent_id, lease=lease
+                    )
+                    async for event in self._runner.run(request, live, turn, earlier, write):
                         yield event
+
+    async def send_new(
+        self,
+        agent: AgentRecord,
+        history: Sequence[MessageRecord],
+        turn: Turn,
+        *,
+        keep: bool = True,
+    ) -> AsyncGenerator[GenerationEvent, None]:
+        """A turn of an agent made with its reply: ``agent`` (with the block list it shares
+        with the agent it branches from, nothing copied) and ``history`` as its transcript.
+        Nothing is written before the reply, so a chain's next turn waits for no commit;
+        the agent, ``history`` and the turn then commit in one transaction before the
+        result is reported (``commit_branch``). ``keep=False`` commits nothing."""
+        namespace, agent_id = agent.namespace, agent.agent_id
+        live = LiveTurn(namespace, agent_id)
+        with self._turns.tracked(live):
+            async with self._lock(namespace, agent_id):
+                if live.deleted:
+                    raise AgentDeletedError(agent_id, namespace)
+                self._cache.check_room()
+                async with self._leased(namespace, agent_id) as lease:
+                    request = self._new_request(agent, history, turn)
+                    write = functools.partial(self._write_new, agent, history, keep, lease)
+                    events = self._runner.run(request, live, turn, len(history), write)
+                    async for event in events:
+                        yield event
+
+    def _new_request(
+        self, agent: AgentRecord, history: Sequence[MessageRecord], turn: Turn
+    ) -> GenerationInput:
+        try:
+            return self._runner.request_of(agent, history, turn)
+        except PromptTooLongError:  # the system prompt alone, if it is what does not fit
+            self._check_system(agent.namespace, agent.agent_id, agent.system_prompt)
+            raise
+
+    async def _write_new(
+        self,
+        agent: AgentRecord,
+        history: Sequence[MessageRecord],
+        keep: bool,
+        lease: Lease | None,
+        records: Sequence[MessageRecord],
+    ) -> None:
+        if keep:
+            await self._metadata.commit_branch(agent, [*history, *records], lease=lease)
 
     @contextlib.asynccontextmanager
     async def _leased(self, namespace: str, agent_id: str) -> AsyncIterator[Lease | None]:

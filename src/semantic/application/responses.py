@@ -1,14 +1,15 @@
 """The Responses API's chains and conversations on the stateful agents use case (ADR 0020).
 
 Every stored response owns an internal agent (``~resp:<id>``). A response on
-``previous_response_id`` forks the previous response's agent in one transaction (every block
-shared, no KV copied; the message rows copied inside the database) and sends its input as
-that fork's turn, so two responses on one previous id branch copy-on-write, and deleting a
-response frees only what its agent alone held. A response's ``instructions`` are its own
+``previous_response_id`` generates from the previous response's transcript and blocks, and
+its agent, a branch of the previous one (every block shared, no KV copied), is made with
+its reply in one transaction (nothing is written before generation starts), so two
+responses on one previous id branch copy-on-write, and deleting a response frees only what
+its agent alone held. A response's ``instructions`` are its own
 system prompt: as at OpenAI, a previous response's are not carried over. A
 conversation remembers the agent of its last response and the items it had then; a response
-with ``conversation`` forks that agent while the items are unchanged, else starts one from
-the items. What a response keeps (its body, its items) commits in one transaction before
+with ``conversation`` branches from that agent while the items are unchanged, else starts
+one from the items. What a response keeps (its body, its items) commits in one transaction before
 the client is told it completed.
 """
 
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from semantic.application.agents import INTERNAL_PREFIX, AgentService, CommittedReply, Turn
 from semantic.application.generation import GenerationEvent
 from semantic.domain.errors import AgentNotFoundError, ObjectNotFoundError, PromptTooLongError
-from semantic.ports.metadata_store import MessageRecord
+from semantic.ports.metadata_store import AgentRecord, MessageRecord
 from semantic.ports.object_store import ObjectStore, StoredObject
 
 RESPONSE = "response"
@@ -70,8 +71,8 @@ class ResponsesService:
         """The response's events; the last, a ``CommittedReply``, comes once what ``keep``
         gives is committed (with ``store``), or once the response's agent is gone (without)."""
         agent_id = response_agent(ask.response_id)
-        turn = await self._start_chain(namespace, ask, agent_id)
-        events = self._agents.send(namespace, agent_id, turn)
+        agent, history, turn = await self._chain(namespace, ask, agent_id)
+        events = self._agents.send_new(agent, history, turn, keep=ask.store)
         try:
             async with contextlib.aclosing(events):  # its turn lets go of the agent first
                 async for event in events:
@@ -80,10 +81,15 @@ class ResponsesService:
                     elif isinstance(event, CommittedReply):
                         keep(event)
                     yield event
+        except PromptTooLongError as error:
+            await asyncio.shield(self._drop(namespace, agent_id))
+            if error.param != "system_prompt":
+                raise
+            raise PromptTooLongError(str(error), param="instructions") from None
         except BaseException:
             await asyncio.shield(self._drop(namespace, agent_id))
             raise
-        if not ask.store:  # once its turn let go of the agent: nothing is kept
+        if not ask.store:  # once its turn let go of the agent: what a save made goes
             await self._drop(namespace, agent_id)
 
     async def _finish(
@@ -96,32 +102,32 @@ class ResponsesService:
             objects.append(StoredObject(CONVERSATION_CHAIN, ask.conversation_id, state))
         await self._objects.put_objects(namespace, objects)
 
-    async def _start_chain(self, namespace: str, ask: ResponseAsk, agent_id: str) -> Turn:
-        """Fork the agent the response continues (with this response's instructions as its
-        system prompt), or make one; the turn to send it."""
-        source = await self._source(namespace, ask)
-        if source is not None:
-            try:
-                await self._agents.branch(namespace, source, agent_id, ask.instructions)
-            except AgentNotFoundError:
-                if ask.previous_id is not None:
-                    raise ObjectNotFoundError(
-                        "response", ask.previous_id, param="previous_response_id"
-                    ) from None
-            else:  # this response's instructions only, as OpenAI has it: none carried over
-                return ask.turn
-        try:
-            await self._agents.create(namespace, agent_id, ask.instructions)
-        except PromptTooLongError as error:
-            raise PromptTooLongError(str(error), param="instructions") from None
-        return dataclasses.replace(ask.turn, items=(*ask.history, *ask.turn.items))
+    async def _chain(
+        self, namespace: str, ask: ResponseAsk, agent_id: str
+    ) -> tuple[AgentRecord, list[MessageRecord], Turn]:
+        """The response's agent, not yet made (``AgentService.send_new``): a branch of the
+        agent it continues (its blocks shared, its messages as the history, this
+        response's instructions as its system prompt: none are carried over, as OpenAI has
+        it), or a new one; its history and the turn to send it."""
+        new = AgentRecord(
+            namespace, agent_id, system_prompt=ask.instructions, keeps_transcript=True
+        )
+        found = await self._continued(namespace, ask)
+        if found is None:
+            return new, [], dataclasses.replace(ask.turn, items=(*ask.history, *ask.turn.items))
+        record, history = found
+        branch = dataclasses.replace(
+            new, block_keys=record.block_keys, token_count=record.token_count
+        )
+        return branch, history, ask.turn
 
-    async def _source(self, namespace: str, ask: ResponseAsk) -> str | None:
+    async def _continued(
+        self, namespace: str, ask: ResponseAsk
+    ) -> tuple[AgentRecord, list[MessageRecord]] | None:
+        """The agent the response continues, with its transcript: the previous response's,
+        or the conversation's while its items are unchanged (else None)."""
         if ask.previous_id is not None:
-            found = await self._objects.stored_object(namespace, CHAIN, ask.previous_id)
-            if found is None:
-                raise ObjectNotFoundError("response", ask.previous_id, param="previous_response_id")
-            return found.body
+            return await self._previous(namespace, ask.previous_id)
         if ask.conversation_id is None:
             return None
         found = await self._objects.stored_object(
@@ -130,12 +136,34 @@ class ResponsesService:
         if found is None:
             return None
         state = json.loads(found.body)
-        return str(state["agent"]) if tuple(state["items"]) == ask.history_ids else None
+        if tuple(state["items"]) != ask.history_ids:
+            return None
+        return await self._transcript(namespace, str(state["agent"]))
+
+    async def _previous(
+        self, namespace: str, previous_id: str
+    ) -> tuple[AgentRecord, list[MessageRecord]]:
+        """The previous response's agent and transcript: two reads (its chain row, then the
+        agent with its messages on one connection) and nothing written."""
+        chain = await self._objects.stored_object(namespace, CHAIN, previous_id)
+        found = None if chain is None else await self._transcript(namespace, chain.body)
+        if found is None:
+            raise ObjectNotFoundError("response", previous_id, param="previous_response_id")
+        return found
+
+    async def _transcript(
+        self, namespace: str, agent_id: str
+    ) -> tuple[AgentRecord, list[MessageRecord]] | None:
+        try:
+            return await self._agents.transcript(namespace, agent_id)
+        except AgentNotFoundError:
+            return None
 
     async def collect_orphans(self) -> int:
         """At start, before any response runs: delete the response agents no stored
         response points at, with the blocks only they held, and say how many. A kill between
-        a response's commits (its fork, its turn, what it keeps) or before a ``store: false``
+        a response's commits (the save of its blocks, which makes its agent's row when it
+        comes first; its agent with its turn; what it keeps) or before a ``store: false``
         response's agent was dropped leaves one; nothing can find it again. Assumes no other
         server shares the database meanwhile (its responses in flight would look orphaned)."""
         agents = await self._agents.internal_agents(response_agent(""))

@@ -12,7 +12,7 @@ import dataclasses
 import json
 import time
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from typing import Any
 
 from semantic.application.agent_values import INTERNAL_PREFIX, Turn
@@ -82,7 +82,7 @@ def chat_message(record: MessageRecord) -> ChatMessage:
     return ChatMessage(record.role, record.content, tool_calls=record_calls(record))
 
 
-def check_answers(history: list[MessageRecord], turn: Turn) -> None:
+def check_answers(history: Sequence[MessageRecord], turn: Turn) -> None:
     """A tool result answers a call of the agent's transcript (or of the turn's items
     before it)."""
     called = {c.id for m in history for c in record_calls(m)}

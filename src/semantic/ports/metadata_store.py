@@ -120,6 +120,19 @@ class MetadataStore(Protocol):
         ``AgentExistsError`` if ``new_id`` is taken."""
         ...
 
+    async def commit_branch(
+        self,
+        agent: AgentRecord,
+        transcript: Sequence[MessageRecord],
+        *,
+        lease: Lease | None = None,
+    ) -> None:
+        """In one transaction, the agent (``keeps_transcript``, its ``system_prompt``)
+        holding ``agent.block_keys`` (up to the first whose block is gone) and
+        ``transcript`` as its messages: a turn whose agent is made with its reply. A row a
+        save already made for it keeps its block list and takes the rest."""
+        ...
+
     async def delete_agent(
         self, namespace: str, agent_id: str, *, lease: Lease | None = None
     ) -> list[str]:
@@ -146,6 +159,12 @@ class MetadataStore(Protocol):
     ) -> None: ...
 
     async def messages(self, namespace: str, agent_id: str) -> list[MessageRecord]: ...
+
+    async def transcript(
+        self, namespace: str, agent_id: str
+    ) -> tuple[AgentRecord, list[MessageRecord]] | None:
+        """The agent and its messages, read together (None: no such agent)."""
+        ...
 
     async def message_counts(self, namespace: str) -> dict[str, int]:
         """Each agent's transcript length in the namespace (agents with none are absent)."""

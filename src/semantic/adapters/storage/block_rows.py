@@ -4,7 +4,7 @@ Every restore first asks which of the prompt's block keys are stored, and which 
 block continues the last one. Through SQLAlchemy's async engine and aiosqlite each such query
 costs ~1.2 ms on an idle machine and 4-12 ms while the block readers keep both cores busy,
 against microseconds for a dict; the table is small beside the KV it describes (1 KB of
-token ids per block, whose file holds ~12 MB). ``SqliteMetadataStore`` keeps this copy:
+token ids per block, whose file holds ~12 MB). ``SqlMetadataStore`` keeps this copy:
 loaded when it opens, changed by the same methods that change the table, under one lock, so
 lookups always see a committed state. Rows about to leave the table leave the copy first
 (a lookup never finds a block whose file is being deleted); rows a transaction adds or

@@ -25,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from semantic.adapters.storage.lease_fence import current, lease_row
 from semantic.adapters.storage.schema import agent_leases
-from semantic.adapters.storage.sqlite_metadata import unavailable_on_failure
+from semantic.adapters.storage.sql_metadata import unavailable_on_failure
 from semantic.domain.errors import AgentBusyError, LeaseLostError
 from semantic.ports.leases import Lease
 

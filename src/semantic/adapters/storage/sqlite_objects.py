@@ -12,14 +12,14 @@ from sqlalchemy.engine import Row
 
 from semantic.adapters.storage.schema import api_objects
 from semantic.adapters.storage.sql_engines import upsert
-from semantic.adapters.storage.sqlite_metadata import SqliteMetadataStore, unavailable_on_failure
+from semantic.adapters.storage.sql_metadata import SqlMetadataStore, unavailable_on_failure
 from semantic.ports.object_store import StoredObject
 
 
 class SqliteObjectStore:
     """Shares the metadata store's database (opened and migrated by it)."""
 
-    def __init__(self, metadata: SqliteMetadataStore) -> None:
+    def __init__(self, metadata: SqlMetadataStore) -> None:
         self._metadata = metadata
         self.path: Path = metadata.path
 

@@ -1,0 +1,114 @@
+"""SQL on the ``agents`` and ``agent_blocks`` tables: an agent's row and its block list."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import exists, insert, literal, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from semantic.adapters.storage.schema import agent_blocks, agents
+from semantic.adapters.storage.sqlite_rows import agent_of, agent_row
+from semantic.ports.metadata_store import AgentRecord
+
+
+def agent_where(table: Any, namespace: str, agent_id: str) -> Any:
+    return (table.c.namespace == namespace) & (table.c.agent_id == agent_id)
+
+
+def same_agent(left: Any, right: Any) -> Any:
+    return (left.c.namespace == right.c.namespace) & (left.c.agent_id == right.c.agent_id)
+
+
+async def agent_keys(connection: AsyncConnection, namespace: str, agent_id: str) -> list[str]:
+    rows = await connection.execute(
+        select(agent_blocks.c.block_key)
+        .where(agent_where(agent_blocks, namespace, agent_id))
+        .order_by(agent_blocks.c.position)
+    )
+    return [row.block_key for row in rows]
+
+
+async def read_agent(
+    connection: AsyncConnection, namespace: str, agent_id: str
+) -> AgentRecord | None:
+    found = await connection.execute(select(agents).where(agent_where(agents, namespace, agent_id)))
+    row = found.first()
+    if row is None:
+        return None
+    return agent_of(row, await agent_keys(connection, namespace, agent_id))
+
+
+async def read_agents(connection: AsyncConnection, namespace: str | None) -> list[AgentRecord]:
+    """Every agent (of the namespace) by id, their block lists in one query."""
+    query = select(agents).order_by(agents.c.namespace, agents.c.agent_id)
+    held = select(agent_blocks).order_by(agent_blocks.c.position)
+    if namespace is not None:
+        query = query.where(agents.c.namespace == namespace)
+        held = held.where(agent_blocks.c.namespace == namespace)
+    keys: dict[tuple[str, str], list[str]] = {}
+    for row in await connection.execute(held):  # one query, not one per agent
+        keys.setdefault((row.namespace, row.agent_id), []).append(row.block_key)
+    rows = await connection.execute(query)
+    return [agent_of(row, keys.get((row.namespace, row.agent_id), [])) for row in rows]
+
+
+async def anonymous_ending_at(
+    connection: AsyncConnection, namespace: str, keys: Sequence[str]
+) -> set[str]:
+    """Ids of the namespace's anonymous agents whose block list ends with one of ``keys``."""
+    following = agent_blocks.alias("following")
+    is_last = ~exists().where(
+        following.c.namespace == agent_blocks.c.namespace,
+        following.c.agent_id == agent_blocks.c.agent_id,
+        following.c.position == agent_blocks.c.position + 1,
+    )
+    query = (
+        select(agent_blocks.c.agent_id)
+        .join(agents, same_agent(agents, agent_blocks))
+        .where(agent_blocks.c.namespace == namespace, agents.c.anonymous, is_last)
+    )
+    found: set[str] = set()
+    unique = sorted(set(keys))
+    for start in range(0, len(unique), 500):
+        chunk = agent_blocks.c.block_key.in_(unique[start : start + 500])
+        found.update(row.agent_id for row in await connection.execute(query.where(chunk)))
+    return found
+
+
+async def agent_exists(connection: AsyncConnection, agent: AgentRecord) -> bool:
+    where = agent_where(agents, agent.namespace, agent.agent_id)
+    found = await connection.execute(select(agents.c.agent_id).where(where).limit(1))
+    return found.first() is not None
+
+
+async def upsert_agent(connection: AsyncConnection, agent: AgentRecord, now: float) -> None:
+    where = agent_where(agents, agent.namespace, agent.agent_id)
+    used = agent.last_used or now
+    updated = await connection.execute(
+        update(agents).where(where).values(token_count=agent.token_count, last_used=used)
+    )
+    if updated.rowcount == 0:
+        await connection.execute(insert(agents).values(**agent_row(agent, now)))
+
+
+def held(agent: AgentRecord, keys: Sequence[str]) -> list[dict[str, Any]]:
+    """The agent's block list as ``agent_blocks`` rows, in order."""
+    return [
+        {"namespace": agent.namespace, "agent_id": agent.agent_id, "position": i, "block_key": key}
+        for i, key in enumerate(keys)
+    ]
+
+
+async def copy_rows(
+    connection: AsyncConnection, table: Any, namespace: str, source_id: str, new_id: str
+) -> None:
+    """Copy an agent's rows of ``table`` to ``new_id`` inside the database, in their order
+    (an autoincrement id, where the table has one, follows it)."""
+    names = [c.name for c in table.c if c.name != "id"]
+    columns = [literal(new_id).label(n) if n == "agent_id" else table.c[n] for n in names]
+    query = select(*columns).where(agent_where(table, namespace, source_id))
+    if "id" in table.c:
+        query = query.order_by(table.c.id)
+    await connection.execute(insert(table).from_select(names, query))
