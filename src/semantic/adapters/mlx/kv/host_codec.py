@@ -113,8 +113,8 @@ class MlxHostCodec:
 class MlxHostReader:
     """Reads a block file into one MLX buffer; each tensor is a view into it (no copy).
 
-    Without ``buffers`` (device memory numpy may not write in place), the file is read into host
-    memory of its own, and the MLX buffer is made from it when the read is done."""
+    Without ``buffers`` (device memory, which numpy may not write in place), the file is
+    read into host memory of its own, and the MLX buffer is made from it once read."""
 
     def __init__(self, storage: str, bits: int | None, buffers: RestoreBuffers | None) -> None:
         self._buffer: mx.array | None = None
