@@ -23,7 +23,13 @@ from semantic.adapters.mlx.cpu import (
     preload_fast_blas,
     report_blas,
 )
-from semantic.adapters.mlx.devices import device_name, on_cpu, use_device
+from semantic.adapters.mlx.devices import (
+    HostMemory,
+    device_name,
+    host_memory,
+    on_cpu,
+    use_device,
+)
 from semantic.adapters.mlx.kv.host_codec import MlxHostCodec, check_at_rest, storage_format
 from semantic.adapters.mlx.kv.kv_blocks import spec_from_model
 from semantic.adapters.mlx.kv.restore_buffers import RestoreBuffers
@@ -177,8 +183,10 @@ async def _start_services(
     loaded, tokenizer, spec, kernel, fingerprint = await _model(settings, progress)
     pool = BlockPool.from_budget(spec, settings.kv_budget_bytes)
     prefault = min(settings.prefault_bytes, settings.kv_budget_bytes)
-    lossless = settings.kv_at_rest == "lossless"  # quantized blocks are decoded, not viewed
-    restore_buffers = RestoreBuffers(max_bytes=prefault // 2 if lossless else 0)
+    host = host_memory()  # the device is chosen: may numpy view the KV where it lies?
+    # quantized blocks are decoded, not viewed; device memory is never viewed
+    viewed = settings.kv_at_rest == "lossless" and host.addressable
+    restore_buffers = RestoreBuffers(max_bytes=prefault // 2 if viewed else 0)
     cache = _cache_store(
         settings,
         pool,
@@ -187,6 +195,7 @@ async def _start_services(
         metadata=metadata,
         restore_buffers=restore_buffers,
         leases=leases,
+        host=host,
     )
     await cache.start()
     backend, _, loop = _engine(
@@ -197,13 +206,14 @@ async def _start_services(
         pool=pool,
         cache=cache,
         buffers=restore_buffers if restore_buffers.max_bytes else None,  # else nothing reused
+        host=host,
     )
     loop.start()
     await asyncio.to_thread(loop.run_sync, backend.warm_up)
     await asyncio.to_thread(_prepare_memory, prefault, spec, restore_buffers)
     _warm_up_chat_template(tokenizer)
     freeze_startup_objects()
-    engine = _Started(loaded, kernel, tokenizer, spec, pool, loop)
+    engine = _Started(loaded, kernel, tokenizer, spec, pool, loop, host)
     return await _services(
         settings,
         engine,
@@ -238,6 +248,7 @@ class _Started:
     spec: ModelCacheSpec
     pool: BlockPool
     loop: EngineLoop
+    host: HostMemory
 
 
 async def _services(
@@ -270,7 +281,7 @@ async def _services(
         data_dir,
         calls=CallMemory(metadata),
         responses=responses,
-        runtime=_runtime(loaded, engine.kernel),
+        runtime=_runtime(loaded, engine.kernel, engine.host),
     )
 
 
@@ -316,10 +327,11 @@ def _cache_store(
     metadata: SqlMetadataStore,
     restore_buffers: RestoreBuffers,
     leases: AgentLeases | None,
+    host: HostMemory,
 ) -> AgentCacheStore:
     blocks = KVBlockStore(
         BlockFiles(settings.data_dir / "blocks"),
-        MlxHostCodec(settings.kv_at_rest, restore_buffers),
+        MlxHostCodec(settings.kv_at_rest, restore_buffers, host),
     )
     config = CacheConfig(
         disk_quota_bytes=settings.disk_quota_bytes,
@@ -355,14 +367,16 @@ def _log_serving(
     )
 
 
-def _runtime(loaded: LoadedModel, kernel: str) -> dict[str, Any]:
+def _runtime(loaded: LoadedModel, kernel: str, host: HostMemory) -> dict[str, Any]:
     """What the model runs on, logged once and served by ``/v1/models/{id}``."""
     blas = preload_fast_blas()
     found = accelerations_for(loaded.model, blas)
     for acceleration in found:
         log.info("acceleration %s: %s", acceleration.name, acceleration.describe())
+    log.info("kv restore and export: %s", host.describe())
     return {
         "device": device_name(),
+        "kv_memory": host.describe(),
         "blas": blas.describe(),
         "kernels": kernel,
         "accelerations": {a.name: a.describe() for a in found},
@@ -398,6 +412,7 @@ def _engine(
     pool: BlockPool,
     cache: AgentCacheStore | None,
     buffers: RestoreBuffers | None = None,
+    host: HostMemory | None = None,
 ) -> tuple[MlxBackend, BlockPoolBatchEngine, EngineLoop]:
     backend = MlxBackend(
         loaded.model,
@@ -406,6 +421,7 @@ def _engine(
         tokenizer.eos_token_ids,
         buffers,
         accelerator=accelerator_for(loaded.model),
+        host=host or host_memory(),
     )
     config = EngineConfig(
         default_max_tokens=settings.default_max_tokens,

@@ -56,6 +56,7 @@ def test_openai_completions_and_models(server: ServerProcess) -> None:
     runtime = (client.models.retrieve("smollm2-135m-instruct").model_extra or {})["runtime"]
     assert "core " in runtime["blas"] or not runtime["blas"].startswith("OpenBLAS")
     assert runtime["device"] == "cpu"
+    assert runtime["kv_memory"] == "host views (the model runs on the CPU)"
     said = runtime["accelerations"]
     assert said["host softmax attention (ADR 0008)"] == "on"
     assert all(value == "on" or value.startswith("off: ") for value in said.values())

@@ -21,6 +21,7 @@ from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 
 from semantic.adapters.mlx.accelerator import Accelerator, Group, PromptSlice
 from semantic.adapters.mlx.decode_batch import Caches, DecodeBatch
+from semantic.adapters.mlx.devices import HOST_VIEWS, HostMemory
 from semantic.adapters.mlx.kv.kv_blocks import (
     History,
     clone_prefix,
@@ -83,14 +84,19 @@ class MlxBackend:
         buffers: RestoreBuffers | None = None,
         *,
         accelerator: Accelerator | None,
+        host: HostMemory = HOST_VIEWS,
     ) -> None:
         """``buffers``: where finished sequences' blocks are copied (the restore buffers'
         recycled memory); without them, or for caches that cannot be stacked (sliding
         windows, other than float32), each block layer is an MLX array of its own.
         ``accelerator``: what may take passes off MLX (the CPU one, ``cpu.accelerator_for``);
-        without one, every pass is mlx-lm's own and a prompt is never sliced."""
+        without one, every pass is mlx-lm's own and a prompt is never sliced.
+        ``host``: whether numpy may view the KV where it lies (``devices.host_memory``);
+        where not, blocks are cut and gathered by MLX ops on the device's own stream, and
+        no restored prefix is read in place."""
         self._model = model
-        self._buffers = buffers
+        self._host = host
+        self._buffers = buffers if host.addressable else None
         self._spec = spec
         self._model_id = model_id
         self._accelerator = accelerator
@@ -162,6 +168,8 @@ class MlxBackend:
         """A returning agent whose new tokens fit one host pass skips the cache build before
         its first token: that pass reads the restored blocks where they lie."""
         if not self._host_rows or restored is None or not 0 < n_new <= self._host_rows:
+            return None
+        if not self._host.addressable:
             return None
         return RestoredPrefix.of(restored, n_restored, self._spec)
 
@@ -419,9 +427,11 @@ class MlxBackend:
         self.close_sequence("warm-up", 0)
 
     def _copy_streams(self) -> tuple[Any, ...]:
-        """Two CPU streams (two threads) for restore copies, made on the engine thread."""
+        """Two CPU streams (two threads) for restore copies, made on the engine thread; the
+        device's own stream alone where its memory is not the host's."""
         if self._streams is None:
-            self._streams = (mx.default_stream(mx.default_device()), mx.new_stream(mx.cpu))
+            own = mx.default_stream(mx.default_device())
+            self._streams = (own, mx.new_stream(mx.cpu)) if self._host.addressable else (own,)
         return self._streams
 
 

@@ -11,6 +11,10 @@ dimension, or 32 where a head's size is no multiple of 64 (Phi-3's 96), a float3
 and bias per group; the reader infers the group from the shapes): lossy, so it is opt-in,
 and the mode is part of the storage format and so of the model fingerprint (blocks written
 one way are never read as the other). Memory (the hot tier) always holds the exact KV.
+
+Where the device's memory is not host-addressable (``devices.HostMemory``: CUDA), nothing
+here views an MLX array: a file is read into host memory and becomes an MLX array of its
+own (one copy to the device), and a block is written from host copies of its tensors.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 import mlx.core as mx
 import numpy as np
 
+from semantic.adapters.mlx.devices import HOST_VIEWS, HostMemory
 from semantic.adapters.mlx.errors import UnsupportedModelError
 from semantic.adapters.mlx.kv.kv_payloads import ALL, MlxKV, StackedKV, host_rows, kv_arrays
 from semantic.adapters.mlx.kv.restore_buffers import RestoreBuffers
@@ -65,10 +70,18 @@ def _group(size: int) -> int | None:
 
 
 class MlxHostCodec:
-    def __init__(self, at_rest: str = "lossless", buffers: RestoreBuffers | None = None) -> None:
+    def __init__(
+        self,
+        at_rest: str = "lossless",
+        buffers: RestoreBuffers | None = None,
+        host: HostMemory = HOST_VIEWS,
+    ) -> None:
+        """``host``: whether block memory may be viewed by numpy (``devices.host_memory``);
+        where not, ``buffers`` are never used."""
         self._format = storage_format(at_rest)
         self._bits = AT_REST_BITS[at_rest]
-        self._buffers = buffers or RestoreBuffers(max_bytes=0)
+        self._buffers = (buffers or RestoreBuffers(max_bytes=0)) if host.addressable else None
+        self._host = host
 
     def to_host(self, blocks: Sequence[KVBlock]) -> tuple[dict[str, np.ndarray], dict[str, str]]:
         tensors: dict[str, np.ndarray] = {}
@@ -77,7 +90,8 @@ class MlxHostCodec:
         views: dict[int, np.ndarray] = {}
         for block in blocks:
             layers.append(f"{block.layer}:{block.start}:{block.n_tokens}")
-            rows = host_rows(block.payload, ALL, views) if self._bits is None else None
+            in_place = self._bits is None and self._host.addressable
+            rows = host_rows(block.payload, ALL, views) if in_place else None
             if rows is not None:  # float32 memory as it lies: no MLX op on the writer's thread
                 tensors[f"{block.layer}.keys"], tensors[f"{block.layer}.values"] = rows
                 dtype = str(rows[0].dtype)
@@ -87,7 +101,7 @@ class MlxHostCodec:
             for part, array in (("keys", keys), ("values", values)):
                 name = f"{block.layer}.{part}"
                 if self._bits is None:
-                    tensors[name] = _host_view(array)
+                    tensors[name] = _host_view(array, copy=not self._host.addressable)
                 else:
                     tensors |= _quantized(name, array, self._bits)
         return tensors, {"format": self._format, "dtype": dtype, "layers": ",".join(layers)}
@@ -97,17 +111,22 @@ class MlxHostCodec:
 
 
 class MlxHostReader:
-    """Reads a block file into one MLX buffer; each tensor is a view into it (no copy)."""
+    """Reads a block file into one MLX buffer; each tensor is a view into it (no copy).
 
-    def __init__(
-        self, storage: str = FORMAT, bits: int | None = None, buffers: RestoreBuffers | None = None
-    ) -> None:
+    Without ``buffers`` (device memory, which numpy may not write in place), the file is
+    read into host memory of its own, and the MLX buffer is made from it once read."""
+
+    def __init__(self, storage: str, bits: int | None, buffers: RestoreBuffers | None) -> None:
         self._buffer: mx.array | None = None
+        self._staged: np.ndarray | None = None
         self._format = storage
         self._bits = bits
-        self._buffers = buffers or RestoreBuffers(max_bytes=0)
+        self._buffers = buffers
 
     def allocate(self, n_bytes: int) -> np.ndarray:
+        if self._buffers is None:
+            self._staged = np.empty(n_bytes, dtype=np.uint8)
+            return self._staged
         self._buffer = self._buffers.take(n_bytes)
         view: np.ndarray = np.asarray(self._buffer)
         return view
@@ -115,6 +134,8 @@ class MlxHostReader:
     def finish(
         self, spans: Mapping[str, TensorSpan], metadata: Mapping[str, str]
     ) -> list[LayerPayload]:
+        if self._staged is not None:  # one copy onto the device, on this thread
+            self._buffer, self._staged = mx.array(self._staged), None
         if metadata.get("format") != self._format or self._buffer is None:
             raise CacheCorruptionError(f"unexpected block format {metadata.get('format')!r}")
         dtype = _BY_NAME[metadata["dtype"]]
@@ -125,14 +146,19 @@ class MlxHostReader:
         buffer, self._buffer = self._buffer, None
         # The tensors view the buffer (exact) or were computed from it (quantized): only
         # in the first case must it live as long as they do.
-        owner = self._buffers.lease(buffer) if self._bits is None else None
+        owner = self._lease(buffer) if self._bits is None else None
         out = []
         for layer, start, n_tokens in _layers(metadata):
             kv = MlxKV(tensors[f"{layer}.keys"], tensors[f"{layer}.values"], owner)
             out.append(LayerPayload(layer, start, n_tokens, kv))
-        if owner is None:
+        if self._bits is not None and self._buffers is not None:
             self._buffers.give_back(buffer)
         return out
+
+    def _lease(self, buffer: mx.array) -> object | None:
+        """What keeps ``buffer`` from reuse while payloads view it (nothing where it is not
+        a restore buffer: it then lives as long as they do)."""
+        return self._buffers.lease(buffer) if self._buffers is not None else None
 
     def _stacked(
         self,
@@ -148,7 +174,7 @@ class MlxHostReader:
         shape = (len(order), *next(iter(spans.values())).shape)  # each (heads, n, head_dim)
         if math.prod(shape) * dtype.size != buffer.nbytes:  # caught here, not in a gather
             raise CacheCorruptionError(f"block data is not {len(order)} {dtype} tensors")
-        owner = self._buffers.lease(buffer)
+        owner = self._lease(buffer)
         out = []
         for layer, start, n_tokens in _layers(metadata):
             at_keys, at_values = order[f"{layer}.keys"], order[f"{layer}.values"]
@@ -232,8 +258,9 @@ def _quantized(name: str, array: mx.array, bits: int) -> dict[str, np.ndarray]:
     return {f"{name}.q": packed, f"{name}.scales": scales, f"{name}.biases": biases}
 
 
-def _host_view(array: mx.array) -> np.ndarray:
+def _host_view(array: mx.array, *, copy: bool = False) -> np.ndarray:
+    """The tensor's memory as numpy sees it; with ``copy``, a host copy of its own."""
     stored = array.view(_BITS_AS[array.dtype]) if array.dtype in _BITS_AS else array
     mx.eval(stored)
-    view: np.ndarray = np.asarray(stored)[0]
+    view: np.ndarray = np.array(stored, copy=True)[0] if copy else np.asarray(stored)[0]
     return view
