@@ -148,3 +148,41 @@ class StepBackend:
             return SliceProgress(True, self.prefill_and_sample(seq_id, tokens))
         self.prefill(seq_id, tokens)
         return SliceProgress(True)
+
+
+@dataclass
+class ClockedStepBackend(StepBackend):
+    """Steps of ``step_s`` and slice calls of ``slice_s`` on a clock of its own; each slice
+    call noted as (tokens, seconds given, must progress)."""
+
+    now: float = 0.0
+    step_s: float = 0.010
+    slice_s: float = 0.0
+    calls: list[tuple[int, float, bool]] = field(default_factory=list)
+
+    @property
+    def budgets(self) -> list[float]:
+        """The seconds each slice call was given, in order."""
+        return [seconds for _, seconds, _ in self.calls]
+
+    def clock(self) -> float:
+        return self.now
+
+    def decode_step(self, ride: PromptChunk | None = None) -> StepOutput:
+        self.now += self.step_s
+        return super().decode_step(ride)
+
+    def prefill_slice(
+        self,
+        seq_id: str,
+        tokens: Sequence[int],
+        seconds: float,
+        *,
+        last: bool,
+        must_progress: bool = True,
+    ) -> SliceProgress:
+        self.calls.append((len(tokens), seconds, must_progress))
+        self.now += self.slice_s
+        return super().prefill_slice(
+            seq_id, tokens, seconds, last=last, must_progress=must_progress
+        )

@@ -25,7 +25,7 @@ from semantic.domain.generation import FinishReason
 from semantic.ports.model_backend import ModelBackend, PromptChunk, SliceProgress, StepOutput
 from tests.helpers import completions, run_until_idle
 from tests.unit.fakes import EOS, FakeBackend, FakeTokenizer, next_token
-from tests.unit.step_fakes import StepBackend
+from tests.unit.step_fakes import ClockedStepBackend, StepBackend
 
 
 def make_engine(
@@ -311,37 +311,7 @@ def test_a_sliced_chunk_spans_rounds_while_every_stream_gets_a_token_each_round(
     assert done[stream].finish_reason is FinishReason.MAX_TOKENS
 
 
-@dataclass
-class _TimedBackend(StepBackend):
-    """Decode steps take ``step_s`` of a clock of its own; slices note the time given."""
-
-    now: float = 0.0
-    step_s: float = 0.010
-    budgets: list[float] = field(default_factory=list)
-
-    def clock(self) -> float:
-        return self.now
-
-    def decode_step(self, ride: PromptChunk | None = None) -> StepOutput:
-        self.now += self.step_s
-        return super().decode_step(ride)
-
-    def prefill_slice(
-        self,
-        seq_id: str,
-        tokens: Sequence[int],
-        seconds: float,
-        *,
-        last: bool,
-        must_progress: bool = True,
-    ) -> SliceProgress:
-        self.budgets.append(seconds)
-        return super().prefill_slice(
-            seq_id, tokens, seconds, last=last, must_progress=must_progress
-        )
-
-
-def _paced_engine(backend: _TimedBackend) -> BlockPoolBatchEngine:
+def _paced_engine(backend: ClockedStepBackend) -> BlockPoolBatchEngine:
     """An engine on ``backend``'s clock, sliced at 2 steps a round, with one stream."""
     pacer = PacerConfig(idle_tokens=4, slice_ratio=2.0, slice_tokens=4, ride_ratio=None)
     config = EngineConfig(prefill_chunk_tokens=4, max_context=512, pacer=pacer)
@@ -353,7 +323,7 @@ def _paced_engine(backend: _TimedBackend) -> BlockPoolBatchEngine:
 
 
 def test_a_sliced_prompts_rounds_are_held_to_the_streams_pace_before_it_came() -> None:
-    backend = _TimedBackend()
+    backend = ClockedStepBackend()
     engine = _paced_engine(backend)
     for _ in range(20):  # 10 ms steps, nothing beside them
         engine.step()
@@ -368,7 +338,7 @@ def test_a_sliced_prompts_rounds_are_held_to_the_streams_pace_before_it_came() -
 
 
 @dataclass
-class _SteppedSlices(_TimedBackend):
+class _SteppedSlices(ClockedStepBackend):
     """A chunk is ``chunk_steps`` steps of ``slice_step_s``, run while they fit the time
     given; ``rounds`` holds each round's slice time, a round starting at its decode step."""
 
@@ -390,7 +360,7 @@ class _SteppedSlices(_TimedBackend):
         last: bool,
         must_progress: bool = True,
     ) -> SliceProgress:
-        self.budgets.append(seconds)
+        self.calls.append((len(tokens), seconds, must_progress))
         done, used = self.done_steps.pop(seq_id, 0), 0.0
         while done < self.chunk_steps and (
             used + self.slice_step_s <= seconds + 1e-9 or (must_progress and not used)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 from semantic.domain.generation import GREEDY
 from semantic.ports.model_backend import (
@@ -14,15 +13,13 @@ from semantic.ports.model_backend import (
     PromptChunk,
     RoundWork,
     SlicedPrompt,
-    SliceProgress,
     SoFar,
     StepFailed,
-    StepOutput,
     Stepped,
     WholePrompts,
 )
 from tests.unit.fakes import FakeBackend
-from tests.unit.step_fakes import StepBackend
+from tests.unit.step_fakes import ClockedStepBackend, StepBackend
 
 
 def _opened(backend: StepBackend, *ids: str) -> None:
@@ -144,41 +141,8 @@ def test_a_sequence_that_fails_to_join_in_the_step_runs_none_of_its_parts() -> N
     assert backend.model.prefill_calls == [("good", 1)]
 
 
-@dataclass
-class _Clocked(StepBackend):
-    """Steps of ``step_s`` and slice calls of ``slice_s`` on a clock of its own; each slice
-    call noted as (tokens, seconds given, must progress)."""
-
-    now: float = 0.0
-    step_s: float = 0.010
-    slice_s: float = 0.0
-    calls: list[tuple[int, float, bool]] = field(default_factory=list)
-
-    def clock(self) -> float:
-        return self.now
-
-    def decode_step(self, ride: PromptChunk | None = None) -> StepOutput:
-        self.now += self.step_s
-        return super().decode_step(ride)
-
-    def prefill_slice(
-        self,
-        seq_id: str,
-        tokens: Sequence[int],
-        seconds: float,
-        *,
-        last: bool,
-        must_progress: bool = True,
-    ) -> SliceProgress:
-        self.calls.append((len(tokens), seconds, must_progress))
-        self.now += self.slice_s
-        return super().prefill_slice(
-            seq_id, tokens, seconds, last=last, must_progress=must_progress
-        )
-
-
 def test_a_slice_is_given_the_round_so_far() -> None:
-    backend = _Clocked()
+    backend = ClockedStepBackend()
     _opened(backend, "stream", "long")
     seen: list[SoFar] = []
 
@@ -194,7 +158,7 @@ def test_a_slice_is_given_the_round_so_far() -> None:
 
 
 def test_a_chunk_that_ends_in_time_goes_on_into_the_next_while_time_is_left() -> None:
-    backend = _Clocked(slice_calls=1, slice_s=0.6)
+    backend = ClockedStepBackend(slice_calls=1, slice_s=0.6)
     _opened(backend, "long")
     sliced = _sliced("long", list(range(1, 13)), (4, 4, 4))
     outcomes = backend.run(RoundWork(decode=False, parts=(sliced,))).outcomes
@@ -212,7 +176,7 @@ def test_a_chunk_that_ends_in_time_goes_on_into_the_next_while_time_is_left() ->
 
 
 def test_a_chunk_stopped_part_way_is_in_flight_and_the_next_waits() -> None:
-    backend = _Clocked()
+    backend = ClockedStepBackend()
     _opened(backend, "long")
     sliced = _sliced("long", list(range(1, 9)), (4, 4))
     outcomes = backend.run(RoundWork(decode=False, parts=(sliced,))).outcomes
