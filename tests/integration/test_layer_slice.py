@@ -17,7 +17,7 @@ from semantic.adapters.mlx.cpu.layer_slice import StepTimes
 from semantic.adapters.mlx.kv.kv_blocks import spec_from_model
 from semantic.adapters.mlx.models.model_parts import BodyAndHead
 from semantic.domain.generation import SamplingParams
-from semantic.ports.model_backend import PromptChunk, SliceProgress, StepOutput
+from semantic.ports.model_backend import PromptChunk, SampledToken, SliceProgress, StepOutput
 from tests.helpers import mlx_lm_greedy, tiny_family
 
 
@@ -87,15 +87,8 @@ def test_a_sliced_prompt_beside_streams_and_a_ride_give_mlx_lms_greedy_tokens(
     got["stream"].append(backend.prefill_and_sample("stream", prompts["stream"]).token)
     backend.start_decoding("stream", got["stream"][0], 60)
     _open(backend, "long", 300)
-    chunks = [prompts["long"][at : at + 128] for at in range(0, 300, 128)]
-    for index, chunk in enumerate(chunks):
-        last, progress = index == len(chunks) - 1, SliceProgress(False)
-        while not progress.done:
-            work = functools.partial(backend.prefill_slice, "long", chunk, 0.0, last=last)
-            progress, output = _step_beside(backend, work)
-            _collect(output, got)
-    assert progress.first_token is not None
-    got["long"].append(progress.first_token.token)
+    _, first = _slice_long_beside_stream(backend, prompts["long"], got)
+    got["long"].append(first.token)
     backend.start_decoding("long", got["long"][0], 8)
     _open(backend, "ride", 30)
     backend.prefill("ride", prompts["ride"][:10])
@@ -108,6 +101,24 @@ def test_a_sliced_prompt_beside_streams_and_a_ride_give_mlx_lms_greedy_tokens(
         _collect(backend.decode_step(), got)
     for name, prompt in prompts.items():
         assert got[name] == mlx_lm_greedy(reference, prompt, len(got[name])), name
+
+
+def _slice_long_beside_stream(
+    backend: MlxBackend, prompt: list[int], got: dict[str, list[int]]
+) -> tuple[int, SampledToken]:
+    """``prompt`` in chunks of 128, each sliced with no time to spare (one step a call)
+    beside the decoding stream; the slice calls made and the prompt's first token."""
+    chunks = [prompt[at : at + 128] for at in range(0, len(prompt), 128)]
+    calls = 0
+    for index, chunk in enumerate(chunks):
+        last, progress = index == len(chunks) - 1, SliceProgress(False)
+        while not progress.done:
+            work = functools.partial(backend.prefill_slice, "long", chunk, 0.0, last=last)
+            progress, output = _step_beside(backend, work)
+            _collect(output, got)
+            calls += 1
+    assert progress.first_token is not None
+    return calls, progress.first_token
 
 
 NEW_TOKENS = {"stream": 40, "long": 300, "ride": 30}
@@ -151,18 +162,10 @@ def test_a_gemma3_or_phi3_prompt_sliced_layer_by_layer_gives_mlx_lms_greedy_toke
     got["stream"].append(backend.prefill_and_sample("stream", prompts["stream"]).token)
     backend.start_decoding("stream", got["stream"][0], 40)
     _open(backend, "long", 300)
-    chunks = [prompts["long"][at : at + 128] for at in range(0, 300, 128)]
-    calls = 0
-    for index, chunk in enumerate(chunks):
-        last, progress = index == len(chunks) - 1, SliceProgress(False)
-        while not progress.done:
-            work = functools.partial(backend.prefill_slice, "long", chunk, 0.0, last=last)
-            progress, output = _step_beside(backend, work)
-            _collect(output, got)
-            calls += 1
-    assert calls == len(chunks) * len(model.model.layers)  # one layer a call: it paused
-    assert progress.first_token is not None
-    got["long"].append(progress.first_token.token)
+    calls, first = _slice_long_beside_stream(backend, prompts["long"], got)
+    chunks = -(-len(prompts["long"]) // 128)
+    assert calls == chunks * len(model.model.layers)  # one layer a call: it paused
+    got["long"].append(first.token)
     backend.start_decoding("long", got["long"][0], 10)
     while backend.decoding_count:
         _collect(backend.decode_step(), got)
