@@ -32,7 +32,9 @@ def chain() -> list[list[ChatMessage]]:
         [
             ChatMessage("assistant", "Let me look at the weather before we plan it.", (call,)),
             ChatMessage(
-                "tool", "Sunny, 24 degrees, light wind from the north-west. " * 2, None, "call_1"
+                "tool",
+                "Sunny, 24 degrees, light wind from the north-west. " * 2,
+                tool_call_id="call_1",
             ),
         ],
         [
