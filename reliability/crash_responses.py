@@ -90,7 +90,9 @@ def trial(data_dir: Path, index: int, chains: int, rng: random.Random, summary: 
 
 ORPHANS = """SELECT count(*) FROM agents WHERE agent_id LIKE '~resp:%' AND NOT EXISTS
     (SELECT 1 FROM api_objects WHERE api_objects.namespace = agents.namespace
-     AND kind = 'chain' AND body = agents.agent_id)"""
+     AND kind = 'chain' AND agents.agent_id =
+     CASE WHEN body LIKE '{%' THEN json_extract(body, '$.agent') ELSE body END)"""
+"""A chain row's body is its agent's id, or JSON naming it (``responses.chain_body``)."""
 
 
 def orphan_agents(data_dir: Path) -> int:

@@ -77,6 +77,7 @@ class FakeTokenizer:
         scope: str = "",
         continue_final: bool = False,
         tools: Sequence[Tool] = (),
+        known: Sequence[int] = (),
     ) -> list[int]:
         return [t for m in messages for t in self.encode(m.content)]
 
@@ -113,6 +114,7 @@ class ByteTokenizer:
         scope: str = "",
         continue_final: bool = False,
         tools: Sequence[Tool] = (),
+        known: Sequence[int] = (),
     ) -> list[int]:
         raise NotImplementedError
 

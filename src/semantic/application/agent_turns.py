@@ -23,6 +23,7 @@ from semantic.application.generation import (
     TextDelta,
 )
 from semantic.application.live_turns import LiveTurn
+from semantic.application.prompt_marks import mark
 from semantic.application.tool_replies import Reply, ReplyReader
 from semantic.application.transcript import (
     answered,
@@ -64,9 +65,14 @@ class TurnRunner:
         return self.request_of(record, history, turn), len(history)
 
     def request_of(
-        self, record: AgentRecord, history: Sequence[MessageRecord], turn: Turn
+        self,
+        record: AgentRecord,
+        history: Sequence[MessageRecord],
+        turn: Turn,
+        known: Sequence[int] = (),
     ) -> GenerationInput:
-        """``history`` with the new message, rendered and checked against the context."""
+        """``history`` with the new message, rendered and checked against the context;
+        ``known``: an earlier prompt's ids it likely repeats (``Tokenizer.render_chat``)."""
         namespace, agent_id = record.namespace, record.agent_id
         chat = [chat_message(m) for m in history]
         if record.system_prompt:
@@ -76,7 +82,7 @@ class TurnRunner:
         tools = turn.tools.tools if turn.tools else ()
         use = turn.tools
         request = GenerationInput(
-            tuple(self._tokenizer.render_chat(chat, scope=namespace, tools=tools)),
+            tuple(self._tokenizer.render_chat(chat, scope=namespace, tools=tools, known=known)),
             namespace,
             agent_id,
             turn.max_tokens,
@@ -116,7 +122,8 @@ class TurnRunner:
                     if rest:
                         yield TextDelta(rest)
                     place = await self._commit(live, turn, asked_at, answer, write)
-                    yield _committed(event, answer, earlier + place)
+                    rendered = mark(self._cache.fingerprint, request.prompt_tokens)
+                    yield _committed(event, answer, earlier + place, rendered)
                 elif isinstance(event, TextDelta):
                     shown = reader.feed(event.text)
                     if shown:
@@ -133,7 +140,7 @@ class TurnRunner:
         return len(records)
 
 
-def _committed(event: GenerationResult, answer: Reply, place: int) -> CommittedReply:
+def _committed(event: GenerationResult, answer: Reply, place: int, rendered: str) -> CommittedReply:
     """The result as reported once committed: the reply is message ``place``."""
     return CommittedReply(
         event.request_id,
@@ -144,4 +151,5 @@ def _committed(event: GenerationResult, answer: Reply, place: int) -> CommittedR
         event.stop_string,
         place=place,
         calls=answer.calls,
+        rendered=rendered,
     )

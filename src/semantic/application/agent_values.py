@@ -74,6 +74,8 @@ class CommittedReply(GenerationResult):
     place: int = 0
     calls: tuple[Call, ...] = ()
     """The reply's tool calls (``text`` is then the text before them)."""
+    rendered: str = ""
+    """The prompt's mark (``prompt_marks``), for a branch's next turn to find it again."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,7 @@ from semantic.application.generation import (
 from semantic.application.keyed_locks import KeyedLocks
 from semantic.application.leases import AgentLeases
 from semantic.application.live_turns import LiveTurn, LiveTurns
+from semantic.application.prompt_marks import marked
 from semantic.application.transcript import new_call_id, record_calls
 from semantic.domain.chat import ChatMessage
 from semantic.domain.errors import (
@@ -273,12 +274,16 @@ class AgentService:
         turn: Turn,
         *,
         keep: bool = True,
+        rendered: str = "",
     ) -> AsyncGenerator[GenerationEvent, None]:
         """A turn of an agent made with its reply: ``agent`` (with the block list it shares
         with the agent it branches from, nothing copied) and ``history`` as its transcript.
         Nothing is written before the reply, so a chain's next turn waits for no commit;
         the agent, ``history`` and the turn then commit in one transaction before the
-        result is reported (``commit_branch``). ``keep=False`` commits nothing."""
+        result is reported (``commit_branch``). ``keep=False`` commits nothing.
+        ``rendered``: the mark of the prompt that made the blocks ``agent`` starts from
+        (``CommittedReply.rendered``), whose ids the rendering then takes for the text it
+        repeats rather than tokenize it again (after a restart, the whole history)."""
         namespace, agent_id = agent.namespace, agent.agent_id
         live = LiveTurn(namespace, agent_id)
         with self._turns.tracked(live):
@@ -287,17 +292,34 @@ class AgentService:
                     raise AgentDeletedError(agent_id, namespace)
                 self._cache.check_room()
                 async with self._leased(namespace, agent_id) as lease:
-                    request = self._new_request(agent, history, turn)
+                    known = await self._known(agent, rendered) if rendered else ()
+                    request = self._new_request(agent, history, turn, known)
                     write = functools.partial(self._write_new, agent, history, keep, lease)
                     events = self._runner.run(request, live, turn, len(history), write)
                     async for event in events:
                         yield event
 
+    async def _known(self, agent: AgentRecord, rendered: str) -> Sequence[int]:
+        """The ids of the prompt ``rendered`` marks, from the agent's blocks (the metadata's
+        copy in memory); none if the blocks do not start with exactly that prompt."""
+        records = await self._metadata.blocks(agent.block_keys)
+        tokens: list[int] = []
+        for key in agent.block_keys:
+            record = records.get(key)
+            if record is None:
+                break
+            tokens.extend(record.tokens)
+        return marked(self._cache.fingerprint, rendered, tokens)
+
     def _new_request(
-        self, agent: AgentRecord, history: Sequence[MessageRecord], turn: Turn
+        self,
+        agent: AgentRecord,
+        history: Sequence[MessageRecord],
+        turn: Turn,
+        known: Sequence[int] = (),
     ) -> GenerationInput:
         try:
-            return self._runner.request_of(agent, history, turn)
+            return self._runner.request_of(agent, history, turn, known)
         except PromptTooLongError:  # the system prompt alone, if it is what does not fit
             self._check_system(agent.namespace, agent.agent_id, agent.system_prompt)
             raise

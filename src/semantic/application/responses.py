@@ -31,11 +31,12 @@ from semantic.ports.object_store import ObjectStore, StoredObject
 RESPONSE = "response"
 INPUT_ITEM = "input_item"
 CHAIN = "chain"
-"""A response's agent (the body is the agent id)."""
+"""A response's agent and its prompt's mark (``chain_body``; a bare agent id before marks)."""
 CONVERSATION = "conversation"
 ITEM = "item"
 CONVERSATION_CHAIN = "conversation_chain"
-"""A conversation's last response's agent and the item ids it had then (JSON)."""
+"""A conversation's last response's agent, the item ids it had then and its prompt's mark
+(JSON)."""
 
 Keep = Callable[[CommittedReply], Sequence[StoredObject]]
 """What to store of a finished response: its body, its input items, conversation items."""
@@ -60,6 +61,23 @@ def response_agent(response_id: str) -> str:
     return f"{INTERNAL_PREFIX}resp:{response_id}"
 
 
+def chain_body(agent_id: str, rendered: str) -> str:
+    return json.dumps({"agent": agent_id, "rendered": rendered})
+
+
+def chain_of(body: str) -> tuple[str, str]:
+    """A chain row's agent and prompt mark; a row stored before marks is the bare agent id
+    (internal ids start with ``INTERNAL_PREFIX``, never ``{``)."""
+    if not body.startswith("{"):
+        return body, ""
+    state = json.loads(body)
+    return str(state["agent"]), str(state.get("rendered", ""))
+
+
+Continued = tuple[AgentRecord, list[MessageRecord], str]
+"""The agent a response continues, its transcript and its prompt's mark."""
+
+
 class ResponsesService:
     def __init__(self, agents: AgentService, objects: ObjectStore) -> None:
         self._agents = agents
@@ -71,13 +89,13 @@ class ResponsesService:
         """The response's events; the last, a ``CommittedReply``, comes once what ``keep``
         gives is committed (with ``store``), or once the response's agent is gone (without)."""
         agent_id = response_agent(ask.response_id)
-        agent, history, turn = await self._chain(namespace, ask, agent_id)
-        events = self._agents.send_new(agent, history, turn, keep=ask.store)
+        agent, history, turn, rendered = await self._chain(namespace, ask, agent_id)
+        events = self._agents.send_new(agent, history, turn, keep=ask.store, rendered=rendered)
         try:
             async with contextlib.aclosing(events):  # its turn lets go of the agent first
                 async for event in events:
                     if isinstance(event, CommittedReply) and ask.store:
-                        await self._finish(namespace, ask, agent_id, keep(event))
+                        await self._finish(namespace, ask, agent_id, keep(event), event.rendered)
                     elif isinstance(event, CommittedReply):
                         keep(event)
                     yield event
@@ -93,37 +111,42 @@ class ResponsesService:
             await self._drop(namespace, agent_id)
 
     async def _finish(
-        self, namespace: str, ask: ResponseAsk, agent_id: str, kept: Sequence[StoredObject]
+        self,
+        namespace: str,
+        ask: ResponseAsk,
+        agent_id: str,
+        kept: Sequence[StoredObject],
+        rendered: str,
     ) -> None:
-        objects = [StoredObject(CHAIN, ask.response_id, agent_id), *kept]
+        objects = [StoredObject(CHAIN, ask.response_id, chain_body(agent_id, rendered)), *kept]
         if ask.conversation_id is not None:
             ids = [*ask.history_ids, *(o.object_id for o in kept if o.kind == ITEM)]
-            state = json.dumps({"agent": agent_id, "items": ids})
+            state = json.dumps({"agent": agent_id, "items": ids, "rendered": rendered})
             objects.append(StoredObject(CONVERSATION_CHAIN, ask.conversation_id, state))
         await self._objects.put_objects(namespace, objects)
 
     async def _chain(
         self, namespace: str, ask: ResponseAsk, agent_id: str
-    ) -> tuple[AgentRecord, list[MessageRecord], Turn]:
+    ) -> tuple[AgentRecord, list[MessageRecord], Turn, str]:
         """The response's agent, not yet made (``AgentService.send_new``): a branch of the
         agent it continues (its blocks shared, its messages as the history, this
         response's instructions as its system prompt: none are carried over, as OpenAI has
-        it), or a new one; its history and the turn to send it."""
+        it), or a new one; its history, the turn to send it and the mark of the prompt its
+        blocks start with."""
         new = AgentRecord(
             namespace, agent_id, system_prompt=ask.instructions, keeps_transcript=True
         )
         found = await self._continued(namespace, ask)
         if found is None:
-            return new, [], dataclasses.replace(ask.turn, items=(*ask.history, *ask.turn.items))
-        record, history = found
+            turn = dataclasses.replace(ask.turn, items=(*ask.history, *ask.turn.items))
+            return new, [], turn, ""
+        record, history, rendered = found
         branch = dataclasses.replace(
             new, block_keys=record.block_keys, token_count=record.token_count
         )
-        return branch, history, ask.turn
+        return branch, history, ask.turn, rendered
 
-    async def _continued(
-        self, namespace: str, ask: ResponseAsk
-    ) -> tuple[AgentRecord, list[MessageRecord]] | None:
+    async def _continued(self, namespace: str, ask: ResponseAsk) -> Continued | None:
         """The agent the response continues, with its transcript: the previous response's,
         or the conversation's while its items are unchanged (else None)."""
         if ask.previous_id is not None:
@@ -138,26 +161,24 @@ class ResponsesService:
         state = json.loads(found.body)
         if tuple(state["items"]) != ask.history_ids:
             return None
-        return await self._transcript(namespace, str(state["agent"]))
+        rendered = str(state.get("rendered", ""))
+        return await self._transcript(namespace, str(state["agent"]), rendered)
 
-    async def _previous(
-        self, namespace: str, previous_id: str
-    ) -> tuple[AgentRecord, list[MessageRecord]]:
+    async def _previous(self, namespace: str, previous_id: str) -> Continued:
         """The previous response's agent and transcript: two reads (its chain row, then the
         agent with its messages on one connection) and nothing written."""
         chain = await self._objects.stored_object(namespace, CHAIN, previous_id)
-        found = None if chain is None else await self._transcript(namespace, chain.body)
+        found = None if chain is None else await self._transcript(namespace, *chain_of(chain.body))
         if found is None:
             raise ObjectNotFoundError("response", previous_id, param="previous_response_id")
         return found
 
-    async def _transcript(
-        self, namespace: str, agent_id: str
-    ) -> tuple[AgentRecord, list[MessageRecord]] | None:
+    async def _transcript(self, namespace: str, agent_id: str, rendered: str) -> Continued | None:
         try:
-            return await self._agents.transcript(namespace, agent_id)
+            record, history = await self._agents.transcript(namespace, agent_id)
         except AgentNotFoundError:
             return None
+        return record, history, rendered
 
     async def collect_orphans(self) -> int:
         """At start, before any response runs: delete the response agents no stored
@@ -170,7 +191,7 @@ class ResponsesService:
         kept: dict[str, set[str]] = {}
         for namespace in {n for n, _ in agents}:
             chains = await self._objects.objects_of_kind(namespace, CHAIN)
-            kept[namespace] = {c.body for c in chains}
+            kept[namespace] = {chain_of(c.body)[0] for c in chains}
         orphans = [(n, a) for n, a in agents if a not in kept[n]]
         for namespace, agent_id in orphans:
             await self._drop(namespace, agent_id)
@@ -194,7 +215,7 @@ class ResponsesService:
             raise ObjectNotFoundError("response", response_id)
         await self._objects.delete_objects(namespace, CHAIN, [response_id])
         if chain is not None:
-            await self._drop(namespace, chain.body)
+            await self._drop(namespace, chain_of(chain.body)[0])
 
     async def put(self, namespace: str, objects: Sequence[StoredObject]) -> None:
         await self._objects.put_objects(namespace, objects)

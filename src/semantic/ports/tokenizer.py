@@ -41,13 +41,18 @@ class Tokenizer(Protocol):
         scope: str = "",
         continue_final: bool = False,
         tools: Sequence[Tool] = (),
+        known: Sequence[int] = (),
     ) -> list[int]:
         """Token ids of ``messages`` rendered with the model's chat template. What a
         tokenizer remembers between calls to go faster stays within ``scope`` (the
         namespace), so one tenant's text never makes another's request measurably faster.
         ``continue_final``: the last message (the assistant's) is left open, for the reply
         to continue it. ``tools`` are listed as the model's tool format lists them
-        (``tool_format``); messages with calls and tool results are rendered in it too."""
+        (``tool_format``); messages with calls and tool results are rendered in it too.
+        ``known``: ids an earlier ``render_chat`` of this tokenizer gave in ``scope`` (any
+        prefix of them, such as a chain's previous prompt read from its stored blocks), which
+        this rendering may take the ids of text it repeats from rather than tokenize it
+        again; the ids returned are the same either way."""
         ...
 
     @property

@@ -25,7 +25,7 @@ import sys
 import threading
 from array import array
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 # Pieces shorter than this are encoded each time: remembering them saves nothing.
@@ -53,9 +53,15 @@ class PieceEncoder:
     the time of a request tells nothing about what others sent."""
 
     def __init__(
-        self, backend: Any, special: dict[str, int], max_bytes: int, as_text: Any = None
+        self,
+        backend: Any,
+        special: dict[str, int],
+        max_bytes: int,
+        as_text: Any = None,
+        decodes_exactly: bool = False,
     ) -> None:
         self._backend = backend
+        self._decodes_exactly = decodes_exactly
         self._as_text = as_text  # the same tokenizer reading special tokens' text as text
         self._special = special
         # Longest first: at one position the alternation takes the first that matches,
@@ -87,7 +93,8 @@ class PieceEncoder:
             special[token.content] = int(token_id)
         if not special:
             return None
-        encoder = cls(own, special, max_bytes, _reading_special_as_text(backend, special))
+        as_text = _reading_special_as_text(backend, special)
+        encoder = cls(own, special, max_bytes, as_text, _decodes_exactly(own))
         tokens = list(special)
         sample = " x 12 ".join(["Hello, world!", *tokens, " end\n", *tokens]) + "".join(
             f"{token}a{token}\na " for token in tokens
@@ -95,14 +102,24 @@ class PieceEncoder:
         plain = list(own.encode(sample, add_special_tokens=False).ids)
         return encoder if encoder.encode(sample) == plain else None
 
-    def encode(self, text: str, scope: str = "") -> list[int]:
+    def encode(self, text: str, scope: str = "", known: Sequence[int] = ()) -> list[int]:
+        """``known``: ids this encoder gave for an earlier text in ``scope`` (any prefix of
+        them); a piece not in memory is taken from them where they spell it."""
         ids: list[int] = []
+        recall = _Recall(known, self) if known and self._decodes_exactly else None
         for index, piece in enumerate(self._splitter.split(text)):
             if index % 2:  # the splitter's group: a special token
                 ids.append(self._special[piece])
             elif piece:
-                ids.extend(self._piece(piece, scope))
+                ids.extend(self._piece(piece, scope, recall))
         return ids
+
+    def decode_piece(self, ids: Sequence[int]) -> str:
+        return str(self._backend.decode(list(ids), skip_special_tokens=False))
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        return frozenset(self._special.values())
 
     def mentions_special(self, text: str) -> bool:
         return self._splitter.search(text) is not None
@@ -138,7 +155,7 @@ class PieceEncoder:
     def _plain(self, text: str) -> list[int]:
         return list(self._as_text.encode(text, add_special_tokens=False).ids) if text else []
 
-    def _piece(self, piece: str, scope: str) -> array[int] | list[int]:
+    def _piece(self, piece: str, scope: str, recall: _Recall | None) -> array[int] | list[int]:
         if len(piece) < _SHORTEST_KEPT:
             return list(self._backend.encode(piece, add_special_tokens=False).ids)
         key = (scope, piece)
@@ -147,7 +164,12 @@ class PieceEncoder:
             if known is not None:
                 self._pieces.move_to_end(key)
                 return known
-        ids = array("I", self._backend.encode(piece, add_special_tokens=False).ids)
+        recalled = recall.get(piece) if recall is not None else None
+        ids = (
+            recalled
+            if recalled is not None
+            else array("I", self._backend.encode(piece, add_special_tokens=False).ids)
+        )
         size = _size(key, ids)
         if size > self._max_bytes // _LARGEST_SHARE:
             return ids
@@ -158,6 +180,48 @@ class PieceEncoder:
             while self._kept_bytes > self._max_bytes:
                 self._kept_bytes -= _size(*self._pieces.popitem(last=False))
         return ids
+
+
+class _Recall:
+    """The pieces of ``known`` ids by their text, read back on the first look-up: each
+    stretch between two special ids (a stretch cut off by the end is left out)."""
+
+    def __init__(self, known: Sequence[int], encoder: PieceEncoder) -> None:
+        self._known = known
+        self._encoder = encoder
+        self._texts: dict[str, array[int]] | None = None
+
+    def get(self, piece: str) -> array[int] | None:
+        if self._texts is None:
+            self._texts = self._read()
+        return self._texts.get(piece)
+
+    def _read(self) -> dict[str, array[int]]:
+        special = self._encoder.special_ids
+        texts: dict[str, array[int]] = {}
+        start = 0
+        for index, token in enumerate(self._known):
+            if token not in special:
+                continue
+            if index - start > 1:  # one token is shorter than any piece worth keeping
+                stretch = array("I", self._known[start:index])
+                texts[self._encoder.decode_piece(stretch)] = stretch
+            start = index + 1
+        return texts
+
+
+def _decodes_exactly(backend: Any) -> bool:
+    """Whether reading a text's ids back gives the text: a byte-level decoder (one
+    vocabulary character per byte) and no normalizer, and a sample that comes back."""
+    decoder = getattr(backend, "decoder", None)
+    if type(decoder).__name__ != "ByteLevel" or getattr(backend, "normalizer", None) is not None:
+        return False
+    sample = "Hello, world!\n  leading spaces, digits 1234 3.14, déjà vu 漢字 🙂\t end  "
+    try:
+        ids = backend.encode(sample, add_special_tokens=False).ids
+        return bool(backend.decode(ids, skip_special_tokens=False) == sample)
+    except (AttributeError, TypeError):
+        return False
 
 
 def _own_copy(backend: Any) -> Any:

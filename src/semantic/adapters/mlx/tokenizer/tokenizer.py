@@ -59,10 +59,10 @@ class MlxTokenizer:
         copied.no_truncation()
         return str(copied.to_str())
 
-    def encode(self, text: str, scope: str = "") -> list[int]:
+    def encode(self, text: str, scope: str = "", known: Sequence[int] = ()) -> list[int]:
         self._refuse_if_certainly_too_long(text)
         if self._pieces is not None:
-            return self._pieces.encode(text, scope)
+            return self._pieces.encode(text, scope, known)
         return list(self._wrapper.encode(text, add_special_tokens=False))
 
     def decode(self, token_ids: Sequence[int]) -> str:
@@ -76,6 +76,7 @@ class MlxTokenizer:
         scope: str = "",
         continue_final: bool = False,
         tools: Sequence[Tool] = (),
+        known: Sequence[int] = (),
     ) -> list[int]:
         turns, listed = self._tools.render(messages, tools)
         text = self._template(turns, listed, add_generation_prompt, continue_final)
@@ -83,7 +84,7 @@ class MlxTokenizer:
             return self._encode_quoting(turns, listed, text, add_generation_prompt, continue_final)
         if any(self._spells_special(part) for part in _outside_content(turns, listed)):
             raise _cannot_quote("this text is not quoted where the template writes it")
-        return self.encode(text, scope)
+        return self.encode(text, scope, known)
 
     def _template(
         self,
