@@ -252,20 +252,14 @@ class AgentService:
         never answered."""
         if not turn.content and turn.tool_call_id is None and not turn.items:
             raise InvalidRequestError("the message is empty", param="content")
-        live = LiveTurn(namespace, agent_id)
-        with self._turns.tracked(live):
-            async with self._lock(namespace, agent_id):
-                if live.deleted:
-                    raise AgentDeletedError(agent_id, namespace)
-                self._cache.check_room()
-                async with self._leased(namespace, agent_id) as lease:
-                    record = await self._record(namespace, agent_id)
-                    request, earlier = await self._runner.request(record, turn)
-                    write = functools.partial(
-                        self._metadata.append_messages, namespace, agent_id, lease=lease
-                    )
-                    async for event in self._runner.run(request, live, turn, earlier, write):
-                        yield event
+        async with self._turn(namespace, agent_id) as (live, lease):
+            record = await self._record(namespace, agent_id)
+            request, earlier = await self._runner.request(record, turn)
+            write = functools.partial(
+                self._metadata.append_messages, namespace, agent_id, lease=lease
+            )
+            async for event in self._runner.run(request, live, turn, earlier, write):
+                yield event
 
     async def send_new(
         self,
@@ -284,20 +278,12 @@ class AgentService:
         ``rendered``: the mark of the prompt that made the blocks ``agent`` starts from
         (``CommittedReply.rendered``), whose ids the rendering then takes for the text it
         repeats rather than tokenize it again (after a restart, the whole history)."""
-        namespace, agent_id = agent.namespace, agent.agent_id
-        live = LiveTurn(namespace, agent_id)
-        with self._turns.tracked(live):
-            async with self._lock(namespace, agent_id):
-                if live.deleted:
-                    raise AgentDeletedError(agent_id, namespace)
-                self._cache.check_room()
-                async with self._leased(namespace, agent_id) as lease:
-                    known = await self._known(agent, rendered) if rendered else ()
-                    request = self._new_request(agent, history, turn, known)
-                    write = functools.partial(self._write_new, agent, history, keep, lease)
-                    events = self._runner.run(request, live, turn, len(history), write)
-                    async for event in events:
-                        yield event
+        async with self._turn(agent.namespace, agent.agent_id) as (live, lease):
+            known = await self._known(agent, rendered) if rendered else ()
+            request = self._new_request(agent, history, turn, known)
+            write = functools.partial(self._write_new, agent, history, keep, lease)
+            async for event in self._runner.run(request, live, turn, len(history), write):
+                yield event
 
     async def _known(self, agent: AgentRecord, rendered: str) -> Sequence[int]:
         """The ids of the prompt ``rendered`` marks, from the agent's blocks (the metadata's
@@ -334,6 +320,21 @@ class AgentService:
     ) -> None:
         if keep:
             await self._metadata.commit_branch(agent, [*history, *records], lease=lease)
+
+    @contextlib.asynccontextmanager
+    async def _turn(
+        self, namespace: str, agent_id: str
+    ) -> AsyncIterator[tuple[LiveTurn, Lease | None]]:
+        """What every turn runs inside: tracked (a delete ends it), one at a time under the
+        agent's lock, refused on a full disk before any work, holding the agent's lease."""
+        live = LiveTurn(namespace, agent_id)
+        with self._turns.tracked(live):
+            async with self._lock(namespace, agent_id):
+                if live.deleted:
+                    raise AgentDeletedError(agent_id, namespace)
+                self._cache.check_room()
+                async with self._leased(namespace, agent_id) as lease:
+                    yield live, lease
 
     @contextlib.asynccontextmanager
     async def _leased(self, namespace: str, agent_id: str) -> AsyncIterator[Lease | None]:
