@@ -1,17 +1,15 @@
 """Stateful agents: the server keeps each agent's transcript and KV; clients send only the
 new message. A reply is acknowledged only after it is committed with its question.
 
-This module is the agents' lifecycle (create, fork, delete, list) and the locks and leases
-around a turn; the turn itself is ``agent_turns``, the transcript's rendering
-``transcript``, what a delete ends ``live_turns``, and the values ``agent_values``."""
+This module is the agents' lifecycle (create, fork, delete, list) and their turns; the
+locks and leases around a turn are ``turn_gate``, the turn itself ``agent_turns``, plain
+requests naming an agent ``plain_requests``, the transcript's rendering ``transcript``,
+what a delete ends ``live_turns``, and the values ``agent_values``."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import functools
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncGenerator, Sequence
 
 from semantic.application.agent_turns import TurnRunner
 from semantic.application.agent_values import (
@@ -29,15 +27,14 @@ from semantic.application.generation import (
     GenerationInput,
     GenerationService,
 )
-from semantic.application.keyed_locks import KeyedLocks
 from semantic.application.leases import AgentLeases
-from semantic.application.live_turns import LiveTurn, LiveTurns
+from semantic.application.live_turns import LiveTurns
+from semantic.application.plain_requests import PlainRequests
 from semantic.application.prompt_marks import marked
 from semantic.application.transcript import new_call_id, record_calls
+from semantic.application.turn_gate import TurnGate
 from semantic.domain.chat import ChatMessage
 from semantic.domain.errors import (
-    AgentDeletedError,
-    AgentKeepsTranscriptError,
     AgentNotFoundError,
     InvalidRequestError,
     PromptTooLongError,
@@ -75,12 +72,10 @@ class AgentService:
         self._metadata = metadata
         self._cache = cache
         self._tokenizer = tokenizer
-        self._leases = leases
-        self._locks = KeyedLocks()
-        self._turns = LiveTurns(generation.cancel)
+        self._gate = TurnGate(cache, LiveTurns(generation.cancel), leases)
+        self._turns = self._gate.turns
+        self._plain = PlainRequests(generation, metadata, self._gate)
         self._runner = TurnRunner(generation, metadata, cache, tokenizer)
-        self._letting_go: set[asyncio.Future[None]] = set()
-        """Leases of plain requests being released (kept referenced till they are)."""
 
     async def create(self, namespace: str, agent_id: str, system_prompt: str | None) -> AgentInfo:
         self._check_system(namespace, agent_id, system_prompt)  # refused now, not each turn
@@ -112,47 +107,8 @@ class AgentService:
         return await self._info(record, counts.get(agent_id, 0))
 
     async def start_plain(self, request: GenerationInput) -> GenerationHandle:
-        """Start a plain (OpenAI or Anthropic) request. One naming an agent is tracked like
-        a turn, so deleting the agent ends it and it keeps nothing; with leases it holds the
-        agent's lease till it ends, as a turn does (``AgentBusyError`` if another instance
-        keeps it past the wait)."""
-        if request.agent_id is None:
-            return await self._generation.start(request)
-        await self.check_plain_use(request.namespace, request.agent_id)
-        live = LiveTurn(request.namespace, request.agent_id)
-        self._turns.track(live)
-        if live.deleted:
-            self._turns.untrack(live)
-            raise AgentDeletedError(request.agent_id, request.namespace)
-        lease = contextlib.AsyncExitStack()
-        try:
-            await lease.enter_async_context(self._leased(request.namespace, request.agent_id))
-            handle = await self._generation.start(
-                request, check=live.check, on_end=functools.partial(self._end_plain, live, lease)
-            )
-        except BaseException:
-            await lease.aclose()
-            self._turns.untrack(live)
-            raise
-        live.request_id = handle.request_id
-        return handle
-
-    def _end_plain(self, live: LiveTurn, lease: contextlib.AsyncExitStack) -> None:
-        """A plain request naming an agent is over: its save was fenced by the lease it
-        held (taken when it started, like a turn's), which goes now."""
-        self._turns.untrack(live)
-        if self._leases is not None:
-            letting_go = asyncio.ensure_future(lease.aclose())
-            self._letting_go.add(letting_go)
-            letting_go.add_done_callback(self._letting_go.discard)
-
-    async def check_plain_use(self, namespace: str, agent_id: str) -> None:
-        """A plain (OpenAI or Anthropic) request may name any agent but one whose transcript
-        this server keeps, from its creation on: its reply's KV would take the place of the
-        transcript's."""
-        record = await self._metadata.agent(namespace, agent_id)
-        if record is not None and record.keeps_transcript:
-            raise AgentKeepsTranscriptError(agent_id)
+        """A plain (OpenAI or Anthropic) request, one naming an agent tracked like a turn."""
+        return await self._plain.start(request)
 
     async def list_agents(
         self, namespace: str, after: str | None = None, limit: int | None = None
@@ -194,7 +150,10 @@ class AgentService:
         # Saves still queued (of one that finished first, or of a plain request whose
         # client left while its save waited) would bring the agent back after the delete.
         await self._cache.flush()
-        async with self._lock(namespace, agent_id), self._leased(namespace, agent_id) as lease:
+        async with (
+            self._gate.lock(namespace, agent_id),
+            self._gate.leased(namespace, agent_id) as lease,
+        ):
             record = await self._metadata.agent(namespace, agent_id)
             if record is None or record.anonymous:
                 if live:  # its first requests were running: they are ended, nothing kept
@@ -212,7 +171,7 @@ class AgentService:
     async def fork(self, namespace: str, source_id: str, new_id: str) -> AgentInfo:
         """A new agent sharing every block and message of the source: nothing is copied but
         ids, and the two diverge from their next turn on."""
-        async with self._lock(namespace, source_id), self._leased(namespace, new_id):
+        async with self._gate.lock(namespace, source_id), self._gate.leased(namespace, new_id):
             source = await self._record(namespace, source_id)
             await self._branch(namespace, source_id, new_id, source.system_prompt)
         return await self.get(namespace, new_id)
@@ -252,7 +211,7 @@ class AgentService:
         never answered."""
         if not turn.content and turn.tool_call_id is None and not turn.items:
             raise InvalidRequestError("the message is empty", param="content")
-        async with self._turn(namespace, agent_id) as (live, lease):
+        async with self._gate.turn(namespace, agent_id) as (live, lease):
             record = await self._record(namespace, agent_id)
             request, earlier = await self._runner.request(record, turn)
             write = functools.partial(
@@ -278,7 +237,7 @@ class AgentService:
         ``rendered``: the mark of the prompt that made the blocks ``agent`` starts from
         (``CommittedReply.rendered``), whose ids the rendering then takes for the text it
         repeats rather than tokenize it again (after a restart, the whole history)."""
-        async with self._turn(agent.namespace, agent.agent_id) as (live, lease):
+        async with self._gate.turn(agent.namespace, agent.agent_id) as (live, lease):
             known = await self._known(agent, rendered) if rendered else ()
             request = self._new_request(agent, history, turn, known)
             write = functools.partial(self._write_new, agent, history, keep, lease)
@@ -321,32 +280,6 @@ class AgentService:
         if keep:
             await self._metadata.commit_branch(agent, [*history, *records], lease=lease)
 
-    @contextlib.asynccontextmanager
-    async def _turn(
-        self, namespace: str, agent_id: str
-    ) -> AsyncIterator[tuple[LiveTurn, Lease | None]]:
-        """What every turn runs inside: tracked (a delete ends it), one at a time under the
-        agent's lock, refused on a full disk before any work, holding the agent's lease."""
-        live = LiveTurn(namespace, agent_id)
-        with self._turns.tracked(live):
-            async with self._lock(namespace, agent_id):
-                if live.deleted:
-                    raise AgentDeletedError(agent_id, namespace)
-                self._cache.check_room()
-                async with self._leased(namespace, agent_id) as lease:
-                    yield live, lease
-
-    @contextlib.asynccontextmanager
-    async def _leased(self, namespace: str, agent_id: str) -> AsyncIterator[Lease | None]:
-        """The agent's lease (waiting a little for another instance to let it go; else
-        ``AgentBusyError``), or None without leases. Taken before the transcript is read,
-        so the turn reads what the last holder committed."""
-        if self._leases is None:
-            yield None
-            return
-        async with self._leases.holding(namespace, agent_id) as lease:
-            yield lease
-
     async def _record(self, namespace: str, agent_id: str) -> AgentRecord:
         record = await self._metadata.agent(namespace, agent_id)
         if record is None or record.anonymous:
@@ -357,6 +290,3 @@ class AgentService:
         blocks = await self._metadata.blocks(record.block_keys)
         hot = sum(1 for key in record.block_keys if key in self._cache.hot)
         return AgentInfo.of(record, n_messages, CacheState.of(record, blocks, hot))
-
-    def _lock(self, namespace: str, agent_id: str) -> AbstractAsyncContextManager[None]:
-        return self._locks.hold((namespace, agent_id))
