@@ -184,9 +184,7 @@ async def _start_services(
     pool = BlockPool.from_budget(spec, settings.kv_budget_bytes)
     prefault = min(settings.prefault_bytes, settings.kv_budget_bytes)
     host = host_memory()  # the device is chosen: may numpy view the KV where it lies?
-    # quantized blocks are decoded, not viewed; device memory is never viewed
-    viewed = settings.kv_at_rest == "lossless" and host.addressable
-    restore_buffers = RestoreBuffers(max_bytes=prefault // 2 if viewed else 0)
+    restore_buffers = _restore_buffers(settings, host, prefault)
     cache = _cache_store(
         settings,
         pool,
@@ -223,6 +221,13 @@ async def _start_services(
         observer=observer,
         data_dir=data_dir,
     )
+
+
+def _restore_buffers(settings: Settings, host: HostMemory, prefault: int) -> RestoreBuffers:
+    """Memory restores reuse, where numpy views the KV where it lies: quantized blocks are
+    decoded, not viewed, and device memory is never viewed (then none is kept)."""
+    viewed = settings.kv_at_rest == "lossless" and host.addressable
+    return RestoreBuffers(max_bytes=prefault // 2 if viewed else 0)
 
 
 async def _model(
