@@ -211,10 +211,9 @@ async def _start_services(
     await asyncio.to_thread(_prepare_memory, prefault, spec, restore_buffers)
     _warm_up_chat_template(tokenizer)
     freeze_startup_objects()
-    engine = _Started(loaded, kernel, tokenizer, spec, pool, loop, host)
     return await _services(
         settings,
-        engine,
+        _Started(loaded, kernel, tokenizer, spec, pool, loop, host),
         cache,
         metadata=metadata,
         leases=leases,
