@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,7 +21,6 @@ from semantic.ports.model_backend import (
     DecodedToken,
     ExportedKV,
     Failed,
-    InFlight,
     Outcome,
     Prefilled,
     PromptChunk,
@@ -31,7 +29,6 @@ from semantic.ports.model_backend import (
     RoundWork,
     SampledToken,
     SlicedPrompt,
-    SoFar,
     StepFailed,
     StepOutput,
     Stepped,
@@ -189,70 +186,97 @@ def masked_choice(preferred: int, allowed: bytes) -> int:
 class _Seq:
     tokens: list[int]
     matcher: GrammarMatcher | None
-    pending: int | None = None
-    remaining: int = 0
-    decoding: bool = False
-    sliced: int = 0  # rounds its chunk in flight has had
+    pending: int | None = None  # the first token, fed by the first step after it joins
+    remaining: int = 0  # tokens it may still make: it decodes while there are any
+
+
+@dataclass
+class FakeModel:
+    """The model behind the fake backend: a sequence's "KV" is its token ids, and its next
+    token a function of them (``next_token``), drawn within its grammar where it has one."""
+
+    eos_at_length: int | None = None  # the end-of-turn token once a sequence is this long
+    sequences: dict[str, _Seq] = field(default_factory=dict)
+
+    def decoding(self) -> list[str]:
+        return [seq_id for seq_id, seq in self.sequences.items() if seq.remaining > 0]
+
+    def feed(self, seq_id: str, tokens: Sequence[int], sample: bool) -> SampledToken | None:
+        self.sequences[seq_id].tokens.extend(tokens)
+        return SampledToken(self._next(self.sequences[seq_id]), 0.5) if sample else None
+
+    def decode(self, seq_id: str) -> DecodedToken | None:
+        seq = self.sequences[seq_id]
+        if seq.pending is not None:  # as MLX's pipelined batch: its first step feeds it
+            seq.tokens.append(seq.pending)
+            seq.pending = None
+            return None
+        seq.tokens.append(token := self._next(seq))
+        seq.remaining = 0 if token == EOS else seq.remaining - 1
+        return DecodedToken(seq_id, token, 0.5, seq.remaining == 0)
+
+    def _next(self, seq: _Seq) -> int:
+        eos = self.eos_at_length is not None and len(seq.tokens) >= self.eos_at_length
+        token = EOS if eos else next_token(seq.tokens)
+        if seq.matcher is not None:
+            token = masked_choice(token, seq.matcher.allowed())
+            seq.matcher.accept(token)
+        return token
 
 
 @dataclass
 class FakeBackend:
-    """A model whose "KV" is the token ids themselves, so restores can be checked exactly. It
-    answers a round at once in ``RoundRunner``'s order (its step never beside a slice);
-    ``step_fakes.StepBackend`` runs the runner itself, on steps made of this fake's rounds."""
+    """The port on ``FakeModel``: a round at once, in ``RoundRunner``'s order, each call
+    logged (``made``); failures where the test asks. It cannot slice:
+    ``step_fakes.StepBackend`` can, running the runner itself on this fake's rounds."""
 
+    model: FakeModel = field(default_factory=FakeModel)
     spec: ModelCacheSpec = FAKE_SPEC
     ride_rows: int = 0
-    eos_at_length: int | None = None  # the end-of-turn token once a sequence is this long
     fail_prefill_for: set[int] = field(default_factory=set)  # first prompt tokens that fail
     fail_join_for: set[str] = field(default_factory=set)  # caches that fail in their first step
     reading_restored: set[str] = field(default_factory=set)  # read in place while in here
     paused: threading.Event = field(default_factory=threading.Event)  # steps make no tokens
-    sequences: dict[str, _Seq] = field(default_factory=dict)
-    restored_tokens: dict[str, list[int]] = field(default_factory=dict)
-    prefill_calls: list[tuple[str, int]] = field(default_factory=list)
-    batched_prefills: list[int] = field(default_factory=list)
-    decode_batches: list[int] = field(default_factory=list)
-    copies: list[tuple[str, str, int]] = field(default_factory=list)
-    rides: list[tuple[str, int]] = field(default_factory=list)
-    slices: list[tuple[str, int, bool]] = field(default_factory=list)  # (seq, tokens, done)
+    log: list[tuple[Any, ...]] = field(default_factory=list)  # (kind, *what), in order
     _failed: dict[str, Exception] = field(default_factory=dict)
     _in_place: set[str] = field(default_factory=set)
 
-    @property
-    def capabilities(self) -> BackendCapabilities:
-        return BackendCapabilities(self.spec, "fake", True, self.ride_rows)
+    def made(self, kind: str) -> list[Any]:
+        """Each logged call of a kind: "restore" (seq, tokens), "copy" (source, target, n),
+        "prefill" (seq, n), "batch" prompts, "step" rows, "ride" (seq, n)."""
+        return [what[1] if len(what) == 2 else what[1:] for what in self.log if what[0] == kind]
 
     @property
-    def decoding_count(self) -> int:
-        return sum(s.decoding and s.remaining > 0 for s in self.sequences.values())
+    def capabilities(self) -> BackendCapabilities:
+        return BackendCapabilities(self.spec, "fake", False, self.ride_rows)
 
     def open_sequence(self, seq_id: str, *, restored: AgentBlocks | None, **kw: Any) -> bool:
         tokens = _gather(restored, kw["n_restored"], self.spec) if restored else []
-        self.restored_tokens[seq_id] = list(tokens)
-        self.sequences[seq_id] = _Seq(tokens, kw.get("matcher"))
+        self.log.append(("restore", seq_id, list(tokens)))
+        self.model.sequences[seq_id] = _Seq(tokens, kw.get("matcher"))
         self._in_place |= {seq_id} & self.reading_restored
         return seq_id in self._in_place
 
     def copy_prefix(self, source_id: str, target_id: str, n_tokens: int, room: int) -> bool:
-        if len(self.sequences[source_id].tokens) < n_tokens:
+        tokens = self.model.sequences[source_id].tokens
+        if len(tokens) < n_tokens:
             raise ValueError("the source has not prefilled that far")
-        self.copies.append((source_id, target_id, n_tokens))
-        self.sequences[target_id].tokens = self.sequences[source_id].tokens[:n_tokens]
+        self.log.append(("copy", source_id, target_id, n_tokens))
+        self.model.sequences[target_id].tokens = tokens[:n_tokens]
         return True
 
     def close_sequence(self, seq_id: str, keep_tokens: int) -> ExportedKV:
         self._in_place.discard(seq_id)
-        tokens = self.sequences.pop(seq_id).tokens
+        tokens = self.model.sequences.pop(seq_id).tokens
         return _cut(tokens, min(keep_tokens, len(tokens)), self.spec)
 
     def run(self, work: RoundWork) -> RoundResult:
         for join in work.joins:  # as in MLX's batch, a cache that fails to build fails alone
             if join.seq_id in self.fail_join_for:  # at the next step
                 self._failed[join.seq_id] = MemoryError("no room to build the cache, on purpose")
-                continue
-            seq = self.sequences[join.seq_id]
-            seq.pending, seq.remaining, seq.decoding = join.first_token, join.max_new_tokens, True
+            else:
+                seq = self.model.sequences[join.seq_id]
+                seq.pending, seq.remaining = join.first_token, join.max_new_tokens
         step = [self._step(work.ride)] if work.decode else []
         parts = [outcome for part in work.parts for outcome in self._part(part)]
         copied = frozenset(self._in_place - self.reading_restored)
@@ -263,62 +287,33 @@ class FakeBackend:
         failed, self._failed = self._failed, {}
         if ride and ride.tokens[0] in self.fail_prefill_for:
             return StepFailed(RuntimeError("the ridden step failed on purpose"))
-        live = [(k, s) for k, s in self.sequences.items() if s.decoding and s.remaining > 0]
-        tokens = []
-        for seq_id, seq in [] if self.paused.is_set() else live:
-            if seq.pending is not None:  # as MLX's pipelined batch: its first step feeds it
-                seq.tokens.append(seq.pending)
-                seq.pending = None
-                continue
-            seq.tokens.append(token := self._next(seq))
-            seq.remaining = 0 if token == EOS else seq.remaining - 1
-            tokens.append(DecodedToken(seq_id, token, 0.5, seq.remaining == 0))
-        self.decode_batches += [] if self.paused.is_set() else [len(live)]
-        self.rides += [(ride.seq_id, len(ride.tokens))] if ride else []
+        live = [] if self.paused.is_set() else self.model.decoding()
+        self.log.append(("step", len(live)))
+        self.log += [("ride", ride.seq_id, len(ride.tokens))] if ride else []
+        tokens = [token for seq_id in live if (token := self.model.decode(seq_id))]
         first = self._prefill(ride.seq_id, ride.tokens, ride.last) if ride else None
         return Stepped(StepOutput(tokens, first, failed), PASS_S)
 
     def _part(self, part: PromptPart) -> list[Outcome]:
-        """A pass of whole prompts fails as a whole (as MLX's), then each runs alone; a
-        sliced chunk is done in its third round (its first if its time is endless)."""
+        """A pass of whole prompts fails as a whole (as MLX's), then each runs alone."""
+        assert not isinstance(part, SlicedPrompt), "this fake cannot slice: a StepBackend can"
         if isinstance(part, WholePrompts):
             if any(tokens[0] in self.fail_prefill_for for _, tokens in part.prompts):
                 return [o for s, t in part.prompts for o in self._part(PromptChunk(s, t, True))]
-            self.batched_prefills.append(len(part.prompts))
+            self.log.append(("batch", len(part.prompts)))
             firsts = tuple(self._prefill(s, t, True) for s, t in part.prompts)
             return [Prefilled(tuple((s, len(t)) for s, t in part.prompts), 0, PASS_S, firsts)]
-        n, last = len(part.tokens), isinstance(part, PromptChunk) and part.last
-        if isinstance(part, SlicedPrompt):
-            n, last = part.sizes[0], part.sizes[0] == len(part.tokens)
-            seq = self.sequences[part.seq_id]
-            seq.sliced += 1
-            endless = math.isinf(part.budget(SoFar(None, None, self.decoding_count)))
-            self.slices.append((part.seq_id, n, endless or seq.sliced == 3))
-            if not self.slices[-1][2]:
-                return [InFlight(part.seq_id, n)]
-            seq.sliced = 0
         try:
-            first = self._prefill(part.seq_id, part.tokens[:n], last)
+            first = self._prefill(part.seq_id, part.tokens, part.last)
         except RuntimeError as error:
             return [Failed(part.seq_id, error)]
-        seconds = None if isinstance(part, SlicedPrompt) else PASS_S
-        return [Prefilled(((part.seq_id, n),), part.position, seconds, (first,))]
+        return [Prefilled(((part.seq_id, len(part.tokens)),), part.position, PASS_S, (first,))]
 
     def _prefill(self, seq_id: str, tokens: Sequence[int], last: bool) -> SampledToken | None:
         if tokens[0] in self.fail_prefill_for:
             raise RuntimeError("prefill failed on purpose")
-        self.prefill_calls.append((seq_id, len(tokens)))
-        self.sequences[seq_id].tokens.extend(tokens)
-        return SampledToken(self._next(self.sequences[seq_id]), 0.5) if last else None
-
-    def _next(self, seq: _Seq) -> int:
-        """The model's next token, drawn within a constrained sequence's grammar (told it)."""
-        eos = self.eos_at_length is not None and len(seq.tokens) >= self.eos_at_length
-        token = EOS if eos else next_token(seq.tokens)
-        if seq.matcher is not None:
-            token = masked_choice(token, seq.matcher.allowed())
-            seq.matcher.accept(token)
-        return token
+        self.log.append(("prefill", seq_id, len(tokens)))
+        return self.model.feed(seq_id, tokens, last)
 
 
 def _cut(tokens: list[int], keep: int, spec: ModelCacheSpec) -> ExportedKV:

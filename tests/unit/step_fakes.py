@@ -1,7 +1,7 @@
 """A backend made of steps, as the MLX backend is, for the tests of ``RoundRunner``.
 
 ``StepBackend`` answers the port's ``run`` with ``RoundRunner`` driving steps of its own;
-each step is one small round of the plain fake (``model``: its tokens and its records), and
+each step is one small round of the plain fake (``fake``: its tokens and its log), and
 raises what that round failed with, as a real step raises. What the runner adds (the
 order, the clock a slice is reckoned by, a slice going on into the next chunk, the step
 beside a slice, each failure failing only its sequences) is the runner's own.
@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from semantic.adapters.round_runner import RoundRunner
@@ -39,7 +39,7 @@ from tests.unit.fakes import FakeBackend
 
 @dataclass
 class StepBackend:
-    model: FakeBackend = field(default_factory=FakeBackend)
+    fake: FakeBackend = field(default_factory=FakeBackend)
     slice_calls: int = 3
     """Calls a sliced chunk takes when its time is bounded (the model's layers, in thirds)."""
     side_by_side: bool = False
@@ -55,31 +55,31 @@ class StepBackend:
 
     @property
     def capabilities(self) -> BackendCapabilities:
-        return self.model.capabilities
+        return replace(self.fake.capabilities, can_slice=True)
 
     @property
     def decoding_count(self) -> int:
-        return self.model.decoding_count
+        return len(self.fake.model.decoding())
 
     def clock(self) -> float:
         return time.monotonic()
 
     def open_sequence(self, seq_id: str, **kwargs: Any) -> bool:
-        return self.model.open_sequence(seq_id, **kwargs)
+        return self.fake.open_sequence(seq_id, **kwargs)
 
     def copy_prefix(self, source_id: str, target_id: str, n_tokens: int, room: int) -> bool:
-        return self.model.copy_prefix(source_id, target_id, n_tokens, room)
+        return self.fake.copy_prefix(source_id, target_id, n_tokens, room)
 
     def close_sequence(self, seq_id: str, keep_tokens: int) -> ExportedKV:
         self._sliced.pop(seq_id, None)
-        return self.model.close_sequence(seq_id, keep_tokens)
+        return self.fake.close_sequence(seq_id, keep_tokens)
 
     def run(self, work: RoundWork) -> RoundResult:
         return RoundResult(RoundRunner(self, self.clock).run(work))
 
     def _one(self, *, decode: bool = False, ride: PromptChunk | None = None, **kw: Any) -> Outcome:
         """One step, as a round of the model with nothing else in it."""
-        outcomes = self.model.run(RoundWork(decode=decode, ride=ride, **kw)).outcomes
+        outcomes = self.fake.run(RoundWork(decode=decode, ride=ride, **kw)).outcomes
         for outcome in outcomes:
             if isinstance(outcome, Failed | StepFailed):
                 raise outcome.error
@@ -91,7 +91,7 @@ class StepBackend:
         return done
 
     def start_decoding(self, seq_id: str, first_token: int, max_new_tokens: int) -> None:
-        self.model.run(RoundWork(decode=False, joins=(Join(seq_id, first_token, max_new_tokens),)))
+        self.fake.run(RoundWork(decode=False, joins=(Join(seq_id, first_token, max_new_tokens),)))
 
     def decode_step(self, ride: PromptChunk | None = None) -> StepOutput:
         stepped = self._one(decode=True, ride=ride)
@@ -124,7 +124,7 @@ class StepBackend:
     def prefill_many_and_sample(
         self, prompts: Sequence[tuple[str, Sequence[int]]]
     ) -> list[SampledToken]:
-        if any(tokens[0] in self.model.fail_prefill_for for _, tokens in prompts):
+        if any(tokens[0] in self.fake.fail_prefill_for for _, tokens in prompts):
             raise RuntimeError("batched prefill failed on purpose")  # all or nothing, like MLX
         done = self._prefilled(WholePrompts(tuple((s, tuple(t)) for s, t in prompts)))
         return [first for first in done.firsts if first is not None]

@@ -77,7 +77,7 @@ def test_a_schema_the_grammar_engine_refuses_is_refused_at_submission() -> None:
         engine.submit("a", PROMPT, max_tokens=5, constraint=refused)
     assert caught.value.keywords == ("not",)
     assert not engine.has_work()
-    assert not backend.sequences
+    assert not backend.model.sequences
 
 
 def test_each_request_gets_a_matcher_of_its_own() -> None:

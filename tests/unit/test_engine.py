@@ -24,7 +24,7 @@ from semantic.domain.errors import InvalidRequestError, PromptTooLongError
 from semantic.domain.generation import FinishReason
 from semantic.ports.model_backend import ModelBackend, PromptChunk, SliceProgress, StepOutput
 from tests.helpers import completions, run_until_idle
-from tests.unit.fakes import EOS, FakeBackend, FakeTokenizer, next_token
+from tests.unit.fakes import EOS, FakeBackend, FakeModel, FakeTokenizer, next_token
 from tests.unit.step_fakes import ClockedStepBackend, StepBackend
 
 
@@ -79,7 +79,7 @@ def test_restored_blocks_continue_exactly_as_a_cold_prefill() -> None:
     done = completions(run_until_idle(engine))[rid]
     assert list(done.token_ids) == cold_tokens(follow_up, 7)
     assert done.stats.cached_tokens == len(earlier.blocks.token_ids)
-    assert backend.restored_tokens[rid] == follow_up[: done.stats.cached_tokens]
+    assert dict(backend.made("restore"))[rid] == follow_up[: done.stats.cached_tokens]
     engine.release_blocks(rid)
     assert engine.pool.used_count == 0
 
@@ -113,25 +113,25 @@ def test_a_cache_covering_the_whole_prompt_still_feeds_the_last_token() -> None:
     assert done.stats.cached_tokens == len(PROMPT) - 1
     assert done.stats.computed_tokens == 1
     assert list(done.token_ids) == cold_tokens(PROMPT, 3)
-    assert backend.prefill_calls[-1] == (rid, 1)
+    assert backend.made("prefill")[-1] == (rid, 1)
 
 
 def test_long_prompts_prefill_in_aligned_chunks_within_the_round_budget() -> None:
     engine, backend = make_engine(prefill_chunk_tokens=4, prefill_token_budget=6)
     rid = engine.submit("agent", list(range(1, 20)), max_tokens=2)
     engine.step()
-    assert [n for seq, n in backend.prefill_calls if seq == rid] == [4, 2]
+    assert [n for seq, n in backend.made("prefill") if seq == rid] == [4, 2]
     engine.step()
-    assert [n for seq, n in backend.prefill_calls if seq == rid] == [4, 2, 2, 4]
+    assert [n for seq, n in backend.made("prefill") if seq == rid] == [4, 2, 2, 4]
     run_until_idle(engine)
-    assert sum(n for seq, n in backend.prefill_calls if seq == rid) == 19
+    assert sum(n for seq, n in backend.made("prefill") if seq == rid) == 19
 
 
 def test_requests_decode_together_in_one_batch() -> None:
     engine, backend = make_engine(prefill_token_budget=256)
     ids = [engine.submit(f"a{i}", [i + 1, i + 2, i + 3], max_tokens=8) for i in range(8)]
     events = run_until_idle(engine)
-    assert max(backend.decode_batches) == 8
+    assert max(backend.made("step")) == 8
     done = completions(events)
     for i, rid in enumerate(ids):
         assert list(done[rid].token_ids) == cold_tokens([i + 1, i + 2, i + 3], 8)
@@ -164,7 +164,7 @@ def test_a_dry_pool_mid_decode_ends_the_request_gracefully_with_its_kv() -> None
 
 
 def test_an_end_of_turn_token_finishes_the_request_and_is_kept() -> None:
-    engine, _ = make_engine(backend=FakeBackend(eos_at_length=len(PROMPT) + 3))
+    engine, _ = make_engine(backend=FakeBackend(FakeModel(eos_at_length=len(PROMPT) + 3)))
     rid = engine.submit("agent", PROMPT, max_tokens=20)
     done = completions(run_until_idle(engine))[rid]
     assert done.finish_reason is FinishReason.END_OF_TURN
@@ -176,7 +176,7 @@ def test_fresh_prompts_arriving_together_share_one_prefill_pass() -> None:
     prompts = [PROMPT, PROMPT[:4], [3, 1, 4, 1, 5]]
     ids = [engine.submit(f"a{i}", p, max_tokens=4) for i, p in enumerate(prompts)]
     done = completions(run_until_idle(engine))
-    assert backend.batched_prefills == [3]
+    assert backend.made("batch") == [3]
     assert [list(done[i].token_ids) for i in ids] == [cold_tokens(p, 4) for p in prompts]
 
 
@@ -272,8 +272,8 @@ def test_a_cache_that_fails_as_it_joins_the_decode_batch_fails_only_its_request(
 
 def sliced_engine(
     capacity: int = 200, ride_rows: int = 0, ride_ratio: float = 3.0
-) -> tuple[BlockPoolBatchEngine, FakeBackend]:
-    backend = FakeBackend(ride_rows=ride_rows)
+) -> tuple[BlockPoolBatchEngine, StepBackend]:
+    backend = StepBackend(FakeBackend(ride_rows=ride_rows))
     return sliced_on(backend, capacity, ride_ratio), backend
 
 
@@ -485,7 +485,7 @@ def test_a_chunk_cheap_enough_to_ride_rides_instead_of_being_sliced(
     engine.step()
     late = engine.submit("late", [5, 9, 2, 7, 11, 3, 8, 1], max_tokens=3)
     done = completions(run_until_idle(engine))
-    assert (backend.rides == [(late, 4), (late, 4)]) is rides
+    assert (backend.fake.made("ride") == [(late, 4), (late, 4)]) is rides
     assert (backend.slices == []) is rides
     assert list(done[late].token_ids) == cold_tokens([5, 9, 2, 7, 11, 3, 8, 1], 3)
 
@@ -734,9 +734,9 @@ def test_prompts_admitted_together_compute_their_shared_prefix_once() -> None:
     ids = [engine.submit(f"a{i}", p, max_tokens=3) for i, p in enumerate(prompts)]
     done = completions(run_until_idle(engine))
     assert [list(done[i].token_ids) for i in ids] == [cold_tokens(p, 3) for p in prompts]
-    computed = {rid: sum(n for seq, n in backend.prefill_calls if seq == rid) for rid in ids}
+    computed = {rid: sum(n for seq, n in backend.made("prefill") if seq == rid) for rid in ids}
     assert computed == {ids[0]: 14, ids[1]: 2, ids[2]: 2, ids[3]: 2}
-    assert [(source, n) for source, _, n in backend.copies] == [(ids[0], 12)] * 3
+    assert [(source, n) for source, _, n in backend.made("copy")] == [(ids[0], 12)] * 3
     assert [done[i].stats.cached_tokens for i in ids] == [0, 12, 12, 12]
     for rid in ids:
         engine.release_blocks(rid)
@@ -752,7 +752,7 @@ def test_followers_of_a_leader_that_fails_first_are_let_go_and_nothing_leaks() -
     ids = [engine.submit(f"a{i}", [*SHARED, 20 + i, 30 + i], max_tokens=3) for i in range(3)]
     done = completions(run_until_idle(engine))
     assert [done[i].finish_reason for i in ids] == [FinishReason.ERROR] * 3
-    assert not backend.copies
+    assert not backend.made("copy")
     assert engine.pool.used_count == 0
     engine.pool.check_integrity()
 
@@ -766,7 +766,7 @@ def test_a_leader_that_fails_after_the_shared_prefix_fails_alone() -> None:
     done = completions(run_until_idle(engine))
     assert done[leader].finish_reason is FinishReason.ERROR
     assert list(done[follower].token_ids) == cold_tokens([*SHARED, 30, 31], 3)
-    assert [(s, t, n) for s, t, n in backend.copies] == [(leader, follower, 12)]
+    assert [(s, t, n) for s, t, n in backend.made("copy")] == [(leader, follower, 12)]
     engine.release_blocks(follower)
     assert engine.pool.used_count == 0
 
@@ -776,13 +776,13 @@ def test_a_request_arriving_while_its_leader_decodes_copies_the_prefix_at_once()
     leader = engine.submit("leader", [*SHARED, 20, 21], max_tokens=8)
     engine.step()
     engine.step()
-    assert backend.decoding_count == 1
+    assert len(backend.model.decoding()) == 1
     follower = engine.submit("follower", [*SHARED, 30, 31], max_tokens=3)
     done = completions(run_until_idle(engine))
     assert list(done[follower].token_ids) == cold_tokens([*SHARED, 30, 31], 3)
     assert list(done[leader].token_ids) == cold_tokens([*SHARED, 20, 21], 8)
-    assert backend.copies == [(leader, follower, 12)]
-    assert sum(n for seq, n in backend.prefill_calls if seq == follower) == 2
+    assert backend.made("copy") == [(leader, follower, 12)]
+    assert sum(n for seq, n in backend.made("prefill") if seq == follower) == 2
 
 
 def test_requests_of_other_namespaces_never_copy_each_others_prefix() -> None:
@@ -793,7 +793,7 @@ def test_requests_of_other_namespaces_never_copy_each_others_prefix() -> None:
         for prompt, tenant in zip(prompts, ("tenant-a", "tenant-b"), strict=True)
     ]
     done = completions(run_until_idle(engine))
-    assert not backend.copies
+    assert not backend.made("copy")
     assert [done[i].stats.cached_tokens for i in ids] == [0, 0]
 
 
@@ -815,8 +815,8 @@ def test_a_request_queued_behind_another_tenant_restores_the_prefix_its_leader_l
     done = completions(events + run_until_idle(engine))
     assert list(completions(events)) == [first]  # r1 ended before r2 was admitted
     assert list(done[second].token_ids) == cold_tokens([*SHARED, 30, 31], 3)
-    assert backend.restored_tokens[second] == SHARED
-    assert sum(n for seq, n in backend.prefill_calls if seq == second) == 2
+    assert dict(backend.made("restore"))[second] == SHARED
+    assert sum(n for seq, n in backend.made("prefill") if seq == second) == 2
     assert [done[i].stats.cached_tokens for i in (first, other, second)] == [0, 0, 12]
     for rid in (first, other, second):
         engine.release_blocks(rid)
@@ -849,7 +849,7 @@ def test_a_restore_the_backend_cannot_build_is_dropped_and_the_prompt_computed(
         assert done.error is None
         assert list(done.token_ids) == cold_tokens(follow_up, 5)
         assert (done.stats.cached_tokens, done.stats.dropped_tokens) == (0, len(stored.token_ids))
-        assert backend.restored_tokens[rid] == []
+        assert dict(backend.made("restore"))[rid] == []
         engine.release_blocks(rid)
     assert any(rid in r.getMessage() and r.exc_info for r in caplog.records)
 
@@ -865,7 +865,7 @@ def test_a_prefix_is_restored_only_as_far_as_every_layer_holds_it() -> None:
     assert list(done.token_ids) == cold_tokens(follow_up, 5)
     assert done.stats.cached_tokens == 8
     assert done.stats.dropped_tokens == len(stored.token_ids) - 8
-    assert backend.restored_tokens[rid] == list(stored.token_ids[:8])
+    assert dict(backend.made("restore"))[rid] == list(stored.token_ids[:8])
 
 
 def test_a_request_that_fails_in_the_engine_logs_its_traceback_under_its_id(

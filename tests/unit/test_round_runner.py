@@ -39,7 +39,7 @@ def test_a_join_that_fails_fails_its_sequence_alone_and_the_step_runs() -> None:
     assert [type(o) for o in outcomes] == [Failed, Stepped]
     assert isinstance(outcomes[0], Failed)
     assert outcomes[0].seq_id == "gone"
-    assert backend.model.decode_batches == [1]  # "a" joined and stepped
+    assert backend.fake.made("step") == [1]  # "a" joined and stepped
     chunk = PromptChunk("b", (1, 2, 3, 4), last=True)
     done = backend.run(RoundWork(decode=True, parts=(chunk,))).outcomes[-1]
     assert isinstance(done, Prefilled)
@@ -66,8 +66,8 @@ def test_a_round_runs_joins_then_the_step_then_its_parts_in_order() -> None:
         (("plain", 2),),
         (("long", 3),),
     ]
-    assert backend.model.batched_prefills == [2]
-    assert backend.model.decode_batches == [1]
+    assert backend.fake.made("batch") == [2]
+    assert backend.fake.made("step") == [1]
 
 
 def test_a_step_beside_a_slice_is_begun_first_and_reported_after_it() -> None:
@@ -95,8 +95,8 @@ def test_a_failed_pass_of_whole_prompts_is_run_again_one_by_one() -> None:
         (("also", 2),),
     ]
     assert all(o.firsts[0] for o in outcomes if isinstance(o, Prefilled))
-    assert backend.model.batched_prefills == []
-    assert backend.model.prefill_calls == [("good", 3), ("also", 2)]
+    assert backend.fake.made("batch") == []
+    assert backend.fake.made("prefill") == [("good", 3), ("also", 2)]
 
 
 def test_a_failed_step_fails_its_sequences_and_the_other_prompts_go_on() -> None:
@@ -138,7 +138,7 @@ def test_a_sequence_that_fails_to_join_in_the_step_runs_none_of_its_parts() -> N
     assert [type(o) for o in outcomes] == [Stepped, Prefilled]
     assert isinstance(outcomes[0], Stepped)
     assert list(outcomes[0].output.failed) == ["bad"]
-    assert backend.model.prefill_calls == [("good", 1)]
+    assert backend.fake.made("prefill") == [("good", 1)]
 
 
 def test_a_slice_is_given_the_round_so_far() -> None:
@@ -204,5 +204,5 @@ def test_a_step_that_cannot_begin_beside_its_slice_fails_and_no_step_runs() -> N
     assert isinstance(outcomes[0], StepFailed)
     assert not outcomes[0].beside
     assert not any(isinstance(o, Stepped) for o in outcomes)
-    assert backend.model.decode_batches == []
+    assert backend.fake.made("step") == []
     assert seen == [SoFar(elapsed=None, step_seconds=None, decoding=1)]  # no step: no round yet

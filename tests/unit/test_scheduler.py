@@ -14,6 +14,7 @@ from semantic.domain.errors import QueueFullError
 from semantic.domain.generation import FinishReason, Priority
 from semantic.ports.model_backend import SoFar
 from tests.unit.fakes import FakeBackend, FakeTokenizer
+from tests.unit.step_fakes import StepBackend
 
 
 def engine(capacity: int = 200, **config: Any) -> BlockPoolBatchEngine:
@@ -219,7 +220,7 @@ def test_short_prompts_arriving_every_round_do_not_starve_a_long_one() -> None:
 def test_an_idle_engine_slices_a_lone_prompt_so_an_arrival_starts_within_a_round() -> None:
     """With nothing decoding, a 1,024-token pass made a request arriving meanwhile wait
     ~3 s here; sliced rounds let it in after one of them."""
-    backend = FakeBackend()
+    backend = StepBackend()
     pacer = PacerConfig(idle_slice_seconds=0.25, idle_tokens=8)
     config = EngineConfig(prefill_chunk_tokens=4, max_context=512, pacer=pacer)
     e = BlockPoolBatchEngine(backend, FakeTokenizer(), BlockPool(200), config)
@@ -231,7 +232,7 @@ def test_an_idle_engine_slices_a_lone_prompt_so_an_arrival_starts_within_a_round
 
 
 def test_an_idle_engine_slices_a_long_prompt_to_its_last_chunk_but_not_a_short_one() -> None:
-    backend = FakeBackend()
+    backend = StepBackend()
     pacer = PacerConfig(idle_slice_seconds=0.25, idle_tokens=8)
     config = EngineConfig(prefill_chunk_tokens=4, max_context=512, pacer=pacer)
     e = BlockPoolBatchEngine(backend, FakeTokenizer(), BlockPool(200), config)
@@ -242,13 +243,13 @@ def test_an_idle_engine_slices_a_long_prompt_to_its_last_chunk_but_not_a_short_o
     short_id = e.submit("short", [7, 3, 9], max_tokens=2)
     drain(e)
     assert all(seq != short_id for seq, _, _ in backend.slices), "a short prompt alone: a pass"
-    assert (short_id, 3) in backend.prefill_calls
+    assert (short_id, 3) in backend.fake.made("prefill")
 
 
 def test_an_idle_engine_slices_a_long_prompt_with_others_queued_behind_it() -> None:
     """QA pass 12's shape: a second long prompt queued kept the rounds whole passes, and a
     short arrival waited for the pass in progress."""
-    backend = FakeBackend()
+    backend = StepBackend()
     pacer = PacerConfig(idle_slice_seconds=0.25, idle_tokens=8)
     config = EngineConfig(prefill_chunk_tokens=4, max_context=512, pacer=pacer)
     e = BlockPoolBatchEngine(backend, FakeTokenizer(), BlockPool(200), config)
@@ -256,7 +257,7 @@ def test_an_idle_engine_slices_a_long_prompt_with_others_queued_behind_it() -> N
     queued_id = e.submit("queued", list(range(2, 62)), max_tokens=2)
     e.step()
     assert [call[0] for call in backend.slices] == [long_id], "one sliced chunk, no pass"
-    assert not backend.prefill_calls
+    assert not backend.fake.made("prefill")
     short_id = e.submit("short", [7, 3, 9], max_tokens=2)
     assert first_token_order(e) == [short_id, long_id, queued_id]
 
@@ -289,8 +290,8 @@ def test_a_lone_prompt_beside_streams_rides_their_decode_steps_with_the_same_res
     events, long_id = stream_then_long_prompt(riding)
     plain, unridden = riding_engine(ride_rows=0)
     expected, _ = stream_then_long_prompt(plain)
-    assert sum(n for s, n in ridden.rides if s == long_id) == 40  # every prompt token rode
-    assert not unridden.rides
+    assert sum(n for s, n in ridden.made("ride") if s == long_id) == 40  # every prompt token rode
+    assert not unridden.made("ride")
     ours = {e.agent_id: e.token_ids for e in events if isinstance(e, CompletionEvent)}
     theirs = {e.agent_id: e.token_ids for e in expected if isinstance(e, CompletionEvent)}
     assert ours == theirs
@@ -299,8 +300,8 @@ def test_a_lone_prompt_beside_streams_rides_their_decode_steps_with_the_same_res
 def test_a_ride_never_exceeds_the_rows_the_fused_pass_may_hold() -> None:
     e, backend = riding_engine(ride_rows=6, ride_ratio=100.0)  # time allows any chunk
     stream_then_long_prompt(e)
-    assert backend.rides
-    assert max(n for _, n in backend.rides) <= 6 - 2
+    assert backend.made("ride")
+    assert max(n for _, n in backend.made("ride")) <= 6 - 2
 
 
 def test_several_waiting_prompts_take_the_token_budget_instead_of_riding() -> None:
@@ -311,5 +312,5 @@ def test_several_waiting_prompts_take_the_token_budget_instead_of_riding() -> No
     e.submit("a", list(range(1, 30)), max_tokens=2)
     e.submit("b", list(range(2, 31)), max_tokens=2)
     e.step()
-    assert not backend.rides
-    assert backend.prefill_calls or backend.batched_prefills
+    assert not backend.made("ride")
+    assert backend.made("prefill") or backend.made("batch")
