@@ -70,8 +70,7 @@ def main() -> None:
     bench = load_bench()
     tokenizer = bench.tokenizer
     engine = bench.engine(pacer=PacerConfig(fixed_tokens=256))
-    backend = engine._backend  # noqa: SLF001 - probing the same backend the engine uses
-    assert isinstance(backend, MlxBackend)
+    backend = bench.backend()  # a second backend on the same model, for the probes alone
     agree, worst = 0, 0.0
     print(f"{'conv':>4} {'history':>7} {'cached':>6} {'equal':>5} {'max |dlogprob|':>14}")
     count = lambda m: len(tokenizer.render_chat(m))  # noqa: E731 - a one-line measure
