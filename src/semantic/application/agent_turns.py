@@ -11,12 +11,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 
-from semantic.application.agent_values import CommittedReply, Turn
+from semantic.application.agent_values import CommittedReply, Turn, TurnStarted
 from semantic.application.cache.store import AgentCacheStore
 from semantic.application.generation import (
     GenerationEvent,
+    GenerationHandle,
     GenerationInput,
     GenerationResult,
     GenerationService,
@@ -108,8 +109,42 @@ class TurnRunner:
         """The turn's events. Its reply is committed with its question (after ``earlier``
         messages; ``write`` commits them) before the result is reported, unless a delete
         ended the turn."""
+        events = self.announced(request, live, turn, earlier, write)
+        async with contextlib.aclosing(events) as announced:
+            async for event in announced:
+                if not isinstance(event, TurnStarted):
+                    yield event
+
+    async def announced(
+        self,
+        request: GenerationInput,
+        live: LiveTurn,
+        turn: Turn,
+        earlier: int,
+        write: Write,
+    ) -> AsyncGenerator[GenerationEvent | TurnStarted, None]:
+        """``run``'s events after a ``TurnStarted`` once the request is queued."""
         handle = await self._generation.start(request)
         live.request_id = handle.request_id
+        try:
+            yield TurnStarted(handle.request_id)
+            relay = self._relay(handle, request, live, turn, earlier=earlier, write=write)
+            async with contextlib.aclosing(relay) as events:
+                async for event in events:
+                    yield event
+        finally:  # also where the reader left before the first token
+            handle.close()
+
+    async def _relay(
+        self,
+        handle: GenerationHandle,
+        request: GenerationInput,
+        live: LiveTurn,
+        turn: Turn,
+        *,
+        earlier: int,
+        write: Write,
+    ) -> AsyncGenerator[GenerationEvent, None]:
         asked_at = time.time()
         offered = turn.tools is not None and turn.tools.offered
         reader = ReplyReader(self._tokenizer.tool_format if offered else None, new_call_id)

@@ -67,6 +67,15 @@ class AgentInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class TurnStarted:
+    """A turn's request is queued: nothing can refuse it any more with an error code, so a
+    front door may open its stream now (the Responses API sends ``response.created`` at
+    once, not with the first token)."""
+
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class CommittedReply(GenerationResult):
     """A turn's result once its messages are committed: the reply is message ``place`` of
     the transcript (``msg_<place>``), so a client can page on from it."""

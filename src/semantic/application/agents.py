@@ -18,6 +18,7 @@ from semantic.application.agent_values import (
     CacheState,
     CommittedReply,
     Turn,
+    TurnStarted,
 )
 from semantic.application.cache.lineage import branch_prefix
 from semantic.application.cache.store import AgentCacheStore
@@ -50,6 +51,7 @@ __all__ = [
     "CacheState",
     "CommittedReply",
     "Turn",
+    "TurnStarted",
     "new_call_id",
     "record_calls",
 ]
@@ -228,7 +230,7 @@ class AgentService:
         *,
         keep: bool = True,
         rendered: str = "",
-    ) -> AsyncGenerator[GenerationEvent, None]:
+    ) -> AsyncGenerator[GenerationEvent | TurnStarted, None]:
         """A turn of an agent made with its reply: ``agent`` (with the block list it shares
         with the agent it branches from, nothing copied) and ``history`` as its transcript.
         Nothing is written before the reply, so a chain's next turn waits for no commit;
@@ -241,7 +243,8 @@ class AgentService:
             known = await self._known(agent, rendered) if rendered else ()
             request = self._new_request(agent, history, turn, known)
             write = functools.partial(self._write_new, agent, history, keep, lease)
-            async for event in self._runner.run(request, live, turn, len(history), write):
+            events = self._runner.announced(request, live, turn, len(history), write)
+            async for event in events:
                 yield event
 
     async def _known(self, agent: AgentRecord, rendered: str) -> Sequence[int]:

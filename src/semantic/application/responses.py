@@ -22,7 +22,13 @@ import json
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 
-from semantic.application.agents import INTERNAL_PREFIX, AgentService, CommittedReply, Turn
+from semantic.application.agents import (
+    INTERNAL_PREFIX,
+    AgentService,
+    CommittedReply,
+    Turn,
+    TurnStarted,
+)
 from semantic.application.generation import GenerationEvent
 from semantic.domain.errors import AgentNotFoundError, ObjectNotFoundError, PromptTooLongError
 from semantic.ports.metadata_store import AgentRecord, MessageRecord
@@ -37,6 +43,9 @@ ITEM = "item"
 CONVERSATION_CHAIN = "conversation_chain"
 """A conversation's last response's agent, the item ids it had then and its prompt's mark
 (JSON)."""
+
+ResponseEvent = GenerationEvent | TurnStarted
+"""What a response's generation gives: ``TurnStarted`` once queued, its text, its reply."""
 
 Keep = Callable[[CommittedReply], Sequence[StoredObject]]
 """What to store of a finished response: its body, its input items, conversation items."""
@@ -85,9 +94,10 @@ class ResponsesService:
 
     async def create(
         self, namespace: str, ask: ResponseAsk, keep: Keep
-    ) -> AsyncGenerator[GenerationEvent, None]:
-        """The response's events; the last, a ``CommittedReply``, comes once what ``keep``
-        gives is committed (with ``store``), or once the response's agent is gone (without)."""
+    ) -> AsyncGenerator[ResponseEvent, None]:
+        """The response's events: ``TurnStarted`` once it is queued, and last a
+        ``CommittedReply``, once what ``keep`` gives is committed (with ``store``), or once
+        the response's agent is gone (without)."""
         agent_id = response_agent(ask.response_id)
         agent, history, turn, rendered = await self._chain(namespace, ask, agent_id)
         events = self._agents.send_new(agent, history, turn, keep=ask.store, rendered=rendered)

@@ -26,8 +26,8 @@ from semantic.adapters.http.responses_stream import ResponseEvents
 from semantic.adapters.http.tool_translate import named_refusal, reply_shape, response_schema
 from semantic.adapters.http.translate import check_model, must_default, sampling
 from semantic.application.agents import CommittedReply, Turn
-from semantic.application.generation import GenerationEvent, GenerationResult
-from semantic.application.responses import INPUT_ITEM, ITEM, RESPONSE, ResponseAsk
+from semantic.application.generation import GenerationResult
+from semantic.application.responses import INPUT_ITEM, ITEM, RESPONSE, ResponseAsk, ResponseEvent
 from semantic.domain.constraints import UnsupportedSchemaError
 from semantic.domain.errors import InvalidRequestError, PromptTooLongError, SemanticError
 from semantic.domain.generation import FinishReason
@@ -244,11 +244,13 @@ class _Body:
 
 async def _first(
     request: Request[Any, Any, Any],
-    events: AsyncIterator[GenerationEvent],
+    events: AsyncIterator[ResponseEvent],
     use: ToolUse | None,
     data: ResponseRequest,
-) -> GenerationEvent:
-    """The first event surfaces errors (unknown previous response, bad input) as codes."""
+) -> ResponseEvent:
+    """The first event, ``TurnStarted`` once the request is queued, surfaces errors
+    (unknown previous response, bad input, a full queue) as codes; a stream opens then,
+    with ``response.created``, as OpenAI's does, not at the first token."""
     try:
         return await unless_client_leaves(request, anext(events))
     except UnsupportedSchemaError as error:
@@ -282,7 +284,7 @@ def _too_long(error: PromptTooLongError, data: ResponseRequest) -> PromptTooLong
     )
 
 
-async def _last(first: GenerationEvent, rest: AsyncIterator[GenerationEvent]) -> None:
+async def _last(first: ResponseEvent, rest: AsyncIterator[ResponseEvent]) -> None:
     result = first
     async for event in rest:
         result = event

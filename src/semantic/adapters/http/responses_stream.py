@@ -11,7 +11,8 @@ from typing import Any
 from semantic.adapters.http.common import sse_data
 from semantic.adapters.http.errors import problem_for
 from semantic.application.agents import CommittedReply
-from semantic.application.generation import GenerationEvent, TextDelta
+from semantic.application.generation import TextDelta
+from semantic.application.responses import ResponseEvent
 from semantic.domain.errors import SemanticError
 
 
@@ -29,15 +30,15 @@ class ResponseEvents:
 
     async def stream(
         self,
-        first: GenerationEvent,
-        rest: AsyncIterator[GenerationEvent],
+        first: ResponseEvent,
+        rest: AsyncIterator[ResponseEvent],
         final: Callable[[], dict[str, Any]],
     ) -> AsyncIterator[str]:
         """``final`` gives the stored response once the reply is committed."""
         yield self.event("response.created", response=self._started)
         yield self.event("response.in_progress", response=self._started)
         try:
-            event: GenerationEvent | None = first
+            event: ResponseEvent | None = first
             while event is not None:
                 if isinstance(event, TextDelta) and event.text:
                     for line in self._delta(event.text):
