@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import types
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -130,10 +131,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"starting {args.instances} instances in {workdir} ...", flush=True)
         with cluster:
             _describe(cluster)
-            try:
-                signal.pause()
-            except KeyboardInterrupt:
-                print("\nstopping the cluster ...", flush=True)
+            _until_asked_to_stop()
+            print("\nstopping the cluster ...", flush=True)
     print("stopped", flush=True)
 
 
@@ -171,6 +170,16 @@ def _describe(cluster: LocalCluster) -> None:
 
 def _interrupt(_signum: int, _frame: types.FrameType | None) -> None:
     raise KeyboardInterrupt
+
+
+def _until_asked_to_stop() -> None:
+    """Wait for Ctrl-C or SIGTERM. A flag the handlers set, not ``signal.pause()``: a
+    signal that landed between the last line printed and the pause was taken by its
+    handler, and the pause then waited for another one for ever (a CI run hung so)."""
+    asked = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda _signum, _frame: asked.set())
+    asked.wait()
 
 
 if __name__ == "__main__":
