@@ -613,39 +613,3 @@ async def test_a_turn_after_a_fork_restores_from_its_own_last_turn_not_the_forks
     assert prefix.matched_tokens == len(stored)
     assert h.store.stats.hit_tokens == 2 * len(stored)
     assert h.pool.held_by(prefix.pin) == set(), "the tail not taken was let go"
-
-
-async def test_blocks_read_ahead_are_what_the_prompt_restores_counted_from_disk_once() -> None:
-    """A chain's next turn reads its history's blocks while its prompt renders: the
-    prompt's lookup then finds them in memory, restores what it would have, and the
-    metrics say they came from disk (each block read once)."""
-    h, _ = await restarted_after_a_long_prompt()
-    await h.store.read_ahead("default", LONG_PROMPT[:-3])  # the earlier prompt it repeats
-    assert not pinned(h), "read ahead, then let go"
-    read_ahead = list(h.block_store.loads)
-    assert read_ahead
-    prefix = await h.store.prepare("default", LONG_PROMPT)
-    loads = h.block_store.loads
-    assert loads[: len(read_ahead)] == read_ahead
-    assert len(set(loads)) == len(loads), "nothing read twice (the prompt's next block once)"
-    assert prefix.matched_tokens == len(LONG_PROMPT)
-    stats = h.store.stats
-    assert (stats.disk_restored_tokens, stats.hot_restored_tokens) == (len(LONG_PROMPT), 0)
-    h.store.release(prefix)
-    assert not pinned(h)
-
-
-async def test_a_read_ahead_no_prompt_follows_changes_no_later_count() -> None:
-    h, _ = await restarted_after_a_long_prompt()
-    await h.store.read_ahead("elsewhere", LONG_PROMPT)  # another namespace's chain: nothing
-    assert not h.block_store.loads
-    await h.store.read_ahead("default", LONG_PROMPT)
-    prefix = await h.store.prepare("default", LONG_PROMPT)
-    h.store.release(prefix)
-    again = await h.store.prepare("default", LONG_PROMPT)  # hot now, counted so
-    stats = h.store.stats
-    assert (stats.disk_restored_tokens, stats.hot_restored_tokens) == (
-        len(LONG_PROMPT),
-        len(LONG_PROMPT),
-    )
-    h.store.release(again)

@@ -8,7 +8,6 @@ a delete ends keeps nothing. A reply's tool calls are read as it streams
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import time
@@ -25,7 +24,7 @@ from semantic.application.generation import (
     TextDelta,
 )
 from semantic.application.live_turns import LiveTurn
-from semantic.application.prompt_marks import mark, marked
+from semantic.application.prompt_marks import mark
 from semantic.application.tool_replies import Reply, ReplyReader
 from semantic.application.transcript import (
     answered,
@@ -65,34 +64,6 @@ class TurnRunner:
         how many messages the transcript holds before it."""
         history = await self._metadata.messages(record.namespace, record.agent_id)
         return self.request_of(record, history, turn), len(history)
-
-    async def known(self, record: AgentRecord, rendered: str) -> Sequence[int]:
-        """The ids of the prompt ``rendered`` marks, from the agent's blocks (the metadata's
-        copy in memory); none if the blocks do not start with exactly that prompt."""
-        records = await self._metadata.blocks(record.block_keys)
-        tokens: list[int] = []
-        for key in record.block_keys:
-            block = records.get(key)
-            if block is None:
-                break
-            tokens.extend(block.tokens)
-        return marked(self._cache.fingerprint, rendered, tokens)
-
-    async def reading_ahead(
-        self, namespace: str, known: Sequence[int], render: Callable[[], GenerationInput]
-    ) -> GenerationInput:
-        """``render()``'s request, rendered while the blocks of the prompt it repeats
-        (``known``) are read into memory: a branch's next turn knows them before its
-        prompt, so its lookup finds them there instead of reading them after the render."""
-        if not known:
-            return render()
-        ahead = asyncio.create_task(self._cache.read_ahead(namespace, known))
-        await asyncio.sleep(0)  # its reads are under way before the render holds the loop
-        try:
-            return render()
-        finally:
-            with contextlib.suppress(Exception):  # only a head start: the prompt's own lookup
-                await ahead  # meets a failure again and answers for it
 
     def request_of(
         self,

@@ -31,6 +31,7 @@ from semantic.application.generation import (
 from semantic.application.leases import AgentLeases
 from semantic.application.live_turns import LiveTurns
 from semantic.application.plain_requests import PlainRequests
+from semantic.application.prompt_marks import marked
 from semantic.application.transcript import new_call_id, record_calls
 from semantic.application.turn_gate import TurnGate
 from semantic.domain.chat import ChatMessage
@@ -239,13 +240,24 @@ class AgentService:
         (``CommittedReply.rendered``), whose ids the rendering then takes for the text it
         repeats rather than tokenize it again (after a restart, the whole history)."""
         async with self._gate.turn(agent.namespace, agent.agent_id) as (live, lease):
-            known = await self._runner.known(agent, rendered) if rendered else ()
-            render = functools.partial(self._new_request, agent, history, turn, known)
-            request = await self._runner.reading_ahead(agent.namespace, known, render)
+            known = await self._known(agent, rendered) if rendered else ()
+            request = self._new_request(agent, history, turn, known)
             write = functools.partial(self._write_new, agent, history, keep, lease)
             events = self._runner.announced(request, live, turn, len(history), write)
             async for event in events:
                 yield event
+
+    async def _known(self, agent: AgentRecord, rendered: str) -> Sequence[int]:
+        """The ids of the prompt ``rendered`` marks, from the agent's blocks (the metadata's
+        copy in memory); none if the blocks do not start with exactly that prompt."""
+        records = await self._metadata.blocks(agent.block_keys)
+        tokens: list[int] = []
+        for key in agent.block_keys:
+            record = records.get(key)
+            if record is None:
+                break
+            tokens.extend(record.tokens)
+        return marked(self._cache.fingerprint, rendered, tokens)
 
     def _new_request(
         self,

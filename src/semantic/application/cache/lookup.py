@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -72,7 +72,6 @@ class PrefixLookup:
         self._plan = plan
         self._pins = itertools.count(1)
         self._readers = LaneReaders()
-        self._read_ahead = ReadAhead()
 
     def shutdown(self) -> None:
         """Stop the reader threads."""
@@ -84,7 +83,6 @@ class PrefixLookup:
         self._stats.queried_tokens += len(prompt)
         candidates = await self._walk.walk(namespace, prompt)
         chain, corrupt = await self._read(candidates, pin)
-        chain = self._read_ahead.counted(chain)
         if corrupt is not None:
             await self._quarantine(corrupt, pin)
         if len(chain) == len(candidates):
@@ -100,17 +98,6 @@ class PrefixLookup:
         good = list(itertools.takewhile(lambda c: c.key != corrupt, candidates))
         stored = self._plan.stored(good, prompt, asyncio.get_running_loop(), counted)
         return CachedPrefix(held, pin, hot_tokens, disk_tokens, matched, stored)
-
-    async def read_ahead(self, namespace: str, tokens: Sequence[int]) -> None:
-        """Read the stored blocks of ``tokens`` into memory and let them go (they stay hot
-        until evicted), for a prompt known to start with them before it is rendered (a
-        chain's next turn): its own lookup then finds them in memory. A block that fails
-        verification is left for that lookup to set aside."""
-        pin = f"pin-{next(self._pins)}"
-        candidates = await self._walk.walk(namespace, tokens)
-        chain, _ = await self._read(candidates, pin)
-        self._read_ahead.note(block.key for block, from_disk in chain if from_disk)
-        self._pool.release_owner(pin)
 
     async def _read(self, candidates: list[Candidate], pin: str) -> tuple[Chain, str | None]:
         """Pin the candidates over the reader lanes; the chain that pinned, and the key of
@@ -210,26 +197,3 @@ class PrefixLookup:
             if usable > best:
                 chain, candidates, best = trial, [*candidates[:cut], other], usable
         return chain, candidates, best
-
-
-class ReadAhead:
-    """The keys of blocks ``read_ahead`` brought from disk, until a lookup pins them: that
-    lookup counts them as restored from disk, which is where its prompt's blocks came from
-    (only the last ``LIMIT`` are remembered, for read-aheads no prompt followed)."""
-
-    LIMIT = 4096
-
-    def __init__(self) -> None:
-        self._keys: dict[str, bool] = {}
-
-    def note(self, keys: Iterable[str]) -> None:
-        self._keys.update(dict.fromkeys(keys, True))
-        while len(self._keys) > self.LIMIT:
-            del self._keys[next(iter(self._keys))]
-
-    def counted(self, chain: Chain) -> Chain:
-        if not self._keys:
-            return chain
-        return [
-            (block, from_disk or self._keys.pop(block.key, False)) for block, from_disk in chain
-        ]

@@ -152,11 +152,6 @@ class AgentCacheStore:
         """Pin the longest stored prefix of ``prompt`` (loading disk blocks into memory)."""
         return await self._lookup.prepare(namespace, prompt)
 
-    async def read_ahead(self, namespace: str, tokens: Sequence[int]) -> None:
-        """Bring the stored blocks of ``tokens`` into memory ahead of a prompt that starts
-        with them (``PrefixLookup.read_ahead``)."""
-        await self._lookup.read_ahead(namespace, tokens)
-
     def release(self, prefix: CachedPrefix) -> None:
         self._pool.release_owner(prefix.pin)
 
