@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 
 from semantic.application.agent_values import CommittedReply, Turn, TurnStarted
 from semantic.application.cache.store import AgentCacheStore
@@ -105,25 +105,11 @@ class TurnRunner:
         turn: Turn,
         earlier: int,
         write: Write,
-    ) -> AsyncIterator[GenerationEvent]:
-        """The turn's events. Its reply is committed with its question (after ``earlier``
-        messages; ``write`` commits them) before the result is reported, unless a delete
-        ended the turn."""
-        events = self.announced(request, live, turn, earlier, write)
-        async with contextlib.aclosing(events) as announced:
-            async for event in announced:
-                if not isinstance(event, TurnStarted):
-                    yield event
-
-    async def announced(
-        self,
-        request: GenerationInput,
-        live: LiveTurn,
-        turn: Turn,
-        earlier: int,
-        write: Write,
     ) -> AsyncGenerator[GenerationEvent | TurnStarted, None]:
-        """``run``'s events after a ``TurnStarted`` once the request is queued."""
+        """The turn's events: ``TurnStarted`` once its request is queued, then its text and
+        result. Its reply is committed with its question (after ``earlier`` messages;
+        ``write`` commits them) before the result is reported, unless a delete ended the
+        turn."""
         handle = await self._generation.start(request)
         live.request_id = handle.request_id
         try:

@@ -220,7 +220,8 @@ class AgentService:
                 self._metadata.append_messages, namespace, agent_id, lease=lease
             )
             async for event in self._runner.run(request, live, turn, earlier, write):
-                yield event
+                if not isinstance(event, TurnStarted):  # its callers open no stream early
+                    yield event
 
     async def send_new(
         self,
@@ -243,7 +244,7 @@ class AgentService:
             known = await self._known(agent, rendered) if rendered else ()
             request = self._new_request(agent, history, turn, known)
             write = functools.partial(self._write_new, agent, history, keep, lease)
-            events = self._runner.announced(request, live, turn, len(history), write)
+            events = self._runner.run(request, live, turn, len(history), write)
             async for event in events:
                 yield event
 
