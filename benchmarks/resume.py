@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import mlx.core as mx
@@ -35,6 +35,7 @@ RESTARTS = 3
 many loads): one sample of ~200 ms moved by ~10% from run to run on this VM."""
 
 Ttft = tuple[float, str, int]
+T = TypeVar("T")
 
 
 @dataclass
@@ -77,18 +78,24 @@ def stream_ttft(
 
 
 def after_restarts(work: Path, measure: Callable[[str], dict[int, Ttft]]) -> list[dict[int, Ttft]]:
-    """``measure(url)`` on a server restarted on a fresh copy of ``work / "data"`` as the
-    earlier servers left it, ``RESTARTS`` times: a turn saves its blocks, so a second turn
-    on the same directory would find more of its prompt stored than the first did."""
-    runs = []
-    for index in range(RESTARTS):
-        data = work / f"restart-{index}"
-        shutil.copytree(work / "data", data, ignore=shutil.ignore_patterns("lock", "*.log"))
+    """``measure(url)`` on a server restarted on a fresh copy of ``work / "data"``,
+    ``RESTARTS`` times (``on_a_fresh_copy``)."""
+    return [on_a_fresh_copy(work, index, measure) for index in range(RESTARTS)]
+
+
+def on_a_fresh_copy(work: Path, index: int, measure: Callable[[str], T]) -> T:
+    """``measure(url)`` on a server started on a fresh copy of ``work / "data"`` as the
+    earlier servers left it: a turn saves its blocks, so a second turn on the same
+    directory would find more of its prompt stored than the first did."""
+    data = work / f"restart-{index}"
+    shutil.copytree(work / "data", data, ignore=shutil.ignore_patterns("lock", "*.log"))
+    try:
         with ServerProcess(data).start() as server:
-            runs.append(measure(server.url))
+            measured = measure(server.url)
             server.stop()
+    finally:
         shutil.rmtree(data)
-    return runs
+    return measured
 
 
 def middle(runs: Iterable[Ttft]) -> Ttft:
