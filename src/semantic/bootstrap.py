@@ -307,9 +307,11 @@ async def _responses(
     """The Responses API's store, swept of what a crash left (``collect_orphans``) where
     this process is the database's only user: with instances sharing it (leases on), a
     response another one is running would look orphaned, so nothing is swept."""
-    responses = ResponsesService(agents, SqliteObjectStore(metadata))
+    objects = SqliteObjectStore(metadata)
+    responses = ResponsesService(agents, objects)
     if sweep and (orphans := await responses.collect_orphans()):
         log.info("deleted %d response agents no stored response points at", orphans)
+    await objects.warm_up()
     return responses
 
 

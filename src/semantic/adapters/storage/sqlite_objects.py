@@ -13,6 +13,7 @@ from sqlalchemy.engine import Row
 from semantic.adapters.storage.schema import api_objects
 from semantic.adapters.storage.sql_engines import upsert
 from semantic.adapters.storage.sql_metadata import SqlMetadataStore, unavailable_on_failure
+from semantic.adapters.storage.sql_metadata.warm_up import NOBODY
 from semantic.ports.object_store import StoredObject
 
 
@@ -44,6 +45,11 @@ class SqliteObjectStore:
                         set_={"body": stored.body},
                     )
                 )
+
+    async def warm_up(self) -> None:
+        """Run the read a chain's next turn starts with once, finding nothing: its first
+        run compiles it (``sql_metadata.warm_up``)."""
+        await self.stored_object(NOBODY, NOBODY, NOBODY)
 
     @unavailable_on_failure
     async def stored_object(self, namespace: str, kind: str, object_id: str) -> StoredObject | None:

@@ -40,6 +40,7 @@ from semantic.adapters.storage.sql_metadata.agent_table import (
 )
 from semantic.adapters.storage.sql_metadata.failures import unavailable_on_failure
 from semantic.adapters.storage.sql_metadata.opening import open_embedded, open_shared
+from semantic.adapters.storage.sql_metadata.warm_up import warm_up_reads
 from semantic.adapters.storage.sqlite_rows import QUARANTINED, agent_row
 from semantic.domain.errors import AgentExistsError
 from semantic.ports.leases import Lease
@@ -63,13 +64,16 @@ class SqlMetadataStore:
         self.created = False
 
     async def open(self) -> None:
-        """Create the schema or upgrade it to this release's (``schema_migrations``)."""
+        """Create the schema or upgrade it to this release's (``schema_migrations``); then
+        run a turn's reads once (``warm_up_reads``)."""
         if self._copy:
             engine, self.created, rows = await open_embedded(self.path, self.url)
             self._rows.put(rows)
         else:
             engine, self.created = await open_shared(self.url)
         self._engine = engine
+        async with engine.connect() as connection:
+            await warm_up_reads(connection)
 
     async def close(self) -> None:
         if self._engine is not None:
