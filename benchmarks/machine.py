@@ -3,7 +3,7 @@
 A figure is only true for the machine it came from: the same commit ran a cold 4K prompt in
 8.5 s on one VM of this kind and 28.8 s on another, whose OpenBLAS did not know the CPU and
 ran its oldest kernels (issue 31). So every output starts with the CPU, the flags its
-kernels depend on, the BLAS and its core, and the library versions.
+kernels depend on, the variant our kernels run as, the BLAS and its core, and the library versions.
 """
 
 from __future__ import annotations
@@ -16,6 +16,12 @@ from pathlib import Path
 
 from semantic.adapters.mlx.cpu.blas import preload_fast_blas
 from semantic.adapters.mlx.cpu.blas_core import cpu_flags
+from semantic.adapters.mlx.cpu.blas_probe import this_cpus_flags
+from semantic.adapters.mlx.cpu.kernel_variant import (
+    VARIANT_ENV,
+    this_process_variant,
+    variants_here,
+)
 
 FLAGS_THAT_MATTER = (
     "avx2",
@@ -41,6 +47,7 @@ def machine() -> dict[str, str]:
             len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         ),
         "blas": preload_fast_blas().describe(),
+        "kernels": _kernel_variant(),
         "mlx": _version("mlx"),
         "mlx-lm": _version("mlx-lm"),
         "python": platform.python_version(),
@@ -52,7 +59,8 @@ def machine_line(found: dict[str, str] | None = None) -> str:
     found = found or machine()
     return (
         f"machine: {found['cpu']}, {found['cores']} cores, flags {found['flags']}; "
-        f"BLAS {found['blas']}; mlx {found['mlx']}, mlx-lm {found['mlx-lm']}, "
+        f"kernels {found.get('kernels', '?')}; BLAS {found['blas']}; "
+        f"mlx {found['mlx']}, mlx-lm {found['mlx-lm']}, "
         f"Python {found['python']}, {found['os']}"
     )
 
@@ -61,6 +69,15 @@ def print_machine() -> dict[str, str]:
     found = machine()
     print(machine_line(found), flush=True)
     return found
+
+
+def _kernel_variant() -> str:
+    """The variant our kernels run as, and why (the widest here, or asked for by name)."""
+    running = preload_fast_blas().variant or this_process_variant().name
+    widest = variants_here(platform.machine(), this_cpus_flags())[0]
+    if running == widest:
+        return f"{running} (the widest here)"
+    return f"{running} (asked for by {VARIANT_ENV}; the widest here is {widest})"
 
 
 def _cpuinfo() -> str:

@@ -116,34 +116,52 @@ def test_a_bfloat16_model_is_told_its_attention_runs_on_mlx() -> None:
 
 
 _SHIM = BlasStatus("OpenBLAS", "/lib/libopenblas.so.0", True, shim=True, compiler="gcc 12.2.0")
-_X86_AVX512 = frozenset({"avx2", "avx512f"})
+_KERNELS = replace(_SHIM, small_kernels=True)
+_X86_AVX512 = frozenset({"avx2", "fma", "avx512f"})
+_X86_AVX2 = frozenset({"avx2", "fma"})
+_ARM64 = frozenset({"asimd", "fp"})
+_BASELINE = {"SEMANTIC_CPU_VARIANT": "baseline"}
 
 
 @pytest.mark.parametrize(
-    ("blas", "machine", "flags", "switch", "said"),
+    ("blas", "machine", "flags", "environ", "said"),
     [
-        (replace(_SHIM, small_kernels=True), "x86_64", _X86_AVX512, None, None),
-        (_SHIM, "x86_64", frozenset({"avx2", "fma"}), None, "no AVX-512 on this CPU (AVX2 only)"),
-        (_SHIM, "x86_64", frozenset({"sse4_2"}), None, "(not even AVX2)"),
-        (_SHIM, "aarch64", frozenset({"asimd", "fp"}), None, "aarch64 CPU: the kernels are x86-64"),
+        (_KERNELS, "x86_64", _X86_AVX512, {}, None),
+        (_KERNELS, "x86_64", _X86_AVX2, {}, None),
+        (_KERNELS, "aarch64", _ARM64, {}, None),
+        (_SHIM, "x86_64", frozenset({"avx", "sse4_2"}), {}, "no AVX2 + FMA, AVX-512 or NEON"),
+        (_SHIM, "riscv64", frozenset(), {}, "on this riscv64 CPU"),
+        (_SHIM, "x86_64", _X86_AVX512, _BASELINE, "SEMANTIC_CPU_VARIANT=baseline"),
         (
             replace(_SHIM, compiler="clang 14.0.6"),
             "x86_64",
-            _X86_AVX512,
-            None,
-            "this CPU has AVX-512 but clang 14.0.6 built the kernels without it",
+            _X86_AVX2,
+            {},
+            "this CPU runs avx2 but clang 14.0.6 built the kernels without fused multiply-add",
         ),
-        (replace(_SHIM, shim=False), "x86_64", _X86_AVX512, "0", "SEMANTIC_BLAS_SHIM=0"),
-        (replace(_SHIM, shim=False), "x86_64", _X86_AVX512, None, "the shim did not build"),
-        (BlasStatus("reference BLAS", None, False), "aarch64", frozenset(), None, "needs OpenBLAS"),
+        (
+            replace(_SHIM, shim=False),
+            "x86_64",
+            _X86_AVX512,
+            {"SEMANTIC_BLAS_SHIM": "0"},
+            "SEMANTIC_BLAS_SHIM=0",
+        ),
+        (replace(_SHIM, shim=False), "x86_64", _X86_AVX512, {}, "the shim did not build"),
+        (BlasStatus("reference BLAS", None, False), "aarch64", frozenset(), {}, "needs OpenBLAS"),
     ],
 )
-def test_the_small_kernels_say_why_not_on_avx2_arm64_and_a_compiler_that_left_them_out(
-    blas: BlasStatus, machine: str, flags: frozenset[str], switch: str | None, said: str | None
+def test_the_small_kernels_run_on_every_variant_and_say_why_not_where_none_fits(
+    blas: BlasStatus,
+    machine: str,
+    flags: frozenset[str],
+    environ: dict[str, str],
+    said: str | None,
 ) -> None:
-    """Issue 36: AVX2-only x86, arm64 Linux and a compiler that built the kernels without
-    AVX-512 each get a reason in the log and the models API (the shim's sgemv path runs)."""
-    why = kernels_obstacle(blas, machine, flags, switch)
+    """Issue 44: AVX-512, AVX2 + FMA and NEON all run the kernels; an x86 CPU without FMA,
+    another architecture, the baseline asked for by name and a compiler that built the
+    kernels without this CPU's vector units each get a reason in the log and the models
+    API (the shim's sgemv path runs)."""
+    why = kernels_obstacle(blas, machine, flags, environ)
     if said is None:
         assert why is None
     else:

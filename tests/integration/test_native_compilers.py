@@ -1,5 +1,6 @@
-"""Our C kernels build with clang as with gcc (issue 36): the same sources, the kernels in
-(AVX-512 where the CPU has it), the products right, and the shim names its compiler."""
+"""Our C kernels build with clang as with gcc (issue 36), and as every variant this CPU can
+run (issue 44): the same sources, the kernels in wherever there is fused multiply-add, the
+products right, and the shim names its compiler and variant."""
 
 from __future__ import annotations
 
@@ -30,14 +31,20 @@ for rows in (1, 4, 17, 32):
     worst = max(worst, float(np.abs(got - x @ w.T).max()))
 print(json.dumps({
     "shim": status.shim, "kernels": status.small_kernels, "compiler": status.compiler,
+    "variant": status.variant,
     "why_not": _kernels_here(status), "worst": worst,
     "softmax": attention._kernel_library() is not None, "pass": host_pass._library() is not None,
 }))
 """
 
 
-def _probe(tmp_path: Path, compiler: str) -> tuple[dict[str, Any], str]:
-    done = run_python(_PROBE, CC=compiler, SEMANTIC_NATIVE_CACHE=str(tmp_path / "native"))
+def _probe(tmp_path: Path, compiler: str, variant: str = "auto") -> tuple[dict[str, Any], str]:
+    done = run_python(
+        _PROBE,
+        CC=compiler,
+        SEMANTIC_NATIVE_CACHE=str(tmp_path / "native"),
+        SEMANTIC_CPU_VARIANT=variant,
+    )
     assert done.returncode == 0, done.stderr
     found = json.loads(done.stdout.strip().splitlines()[-1])
     if not found["shim"]:
@@ -57,23 +64,52 @@ def test_clang_builds_every_kernel_and_the_shim_has_its_kernels_where_the_cpu_al
     found, log = _probe(tmp_path, "clang")
     assert "rejected" not in log, log  # -march=native taken
     assert found["compiler"].startswith("clang"), found
-    avx512 = "avx512f" in Path("/proc/cpuinfo").read_text()
-    assert found["kernels"] == avx512, found
-    assert (found["why_not"] is None) == avx512, found
+    fma = {"avx2", "fma"} <= _flags()
+    assert found["kernels"] == fma, found
+    assert (found["why_not"] is None) == fma, found
 
 
-def test_a_build_without_avx512_runs_right_and_says_why_its_kernels_are_off(
+def _flags() -> set[str]:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            return set(line.partition(":")[2].split())
+    return set()
+
+
+def _needs(*flags: str) -> None:
+    if not set(flags) <= _flags():
+        pytest.skip(f"this CPU lacks {', '.join(sorted(set(flags) - _flags()))}")
+
+
+def test_the_avx2_variant_runs_its_kernels_on_a_wider_cpu(tmp_path: Path) -> None:
+    """``SEMANTIC_CPU_VARIANT=avx2`` on an AVX-512 machine: the kernels built without
+    AVX-512, in use, the products right, and the shim says which variant it is."""
+    _needs("avx2", "fma")
+    found, _ = _probe(tmp_path, "gcc", variant="avx2")
+    assert found["kernels"], found
+    assert found["variant"] == "avx2", found
+    assert found["why_not"] is None, found
+
+
+def test_the_baseline_asked_for_by_name_runs_right_and_says_why_its_kernels_are_off(
     tmp_path: Path,
 ) -> None:
-    """An AVX2-only x86 build, as on a CPU without AVX-512 (gcc told ``-mno-avx512f``
-    after ``-march=native``): the products still come out right (sgemv and OpenBLAS), the
-    host softmax's kernel still builds, and the fast paths say why the small kernels and
-    the host pass are off."""
-    compiler = tmp_path / "gcc-avx2"
-    compiler.write_text('#!/bin/sh\nexec gcc "$@" -mno-avx512f\n')
+    """The variant without fused multiply-add (x86 before AVX2): the products still come
+    out right (sgemv and OpenBLAS), the host softmax's kernel still builds, and the fast
+    paths say why the small kernels and the host pass are off."""
+    found, _ = _probe(tmp_path, "gcc", variant="baseline")
+    assert not found["kernels"], found
+    assert found["variant"] == "baseline", found
+    assert "SEMANTIC_CPU_VARIANT=baseline" in found["why_not"], found
+
+
+def test_a_compiler_that_leaves_out_fma_is_named(tmp_path: Path) -> None:
+    """gcc told ``-mno-fma`` after our flags, as a compiler that does not know this CPU:
+    the kernels are off and the reason names the compiler, not the CPU."""
+    _needs("avx2", "fma")
+    compiler = tmp_path / "gcc-no-fma"
+    compiler.write_text('#!/bin/sh\nexec gcc "$@" -mno-fma -mno-avx512f\n')
     compiler.chmod(0o755)
     found, _ = _probe(tmp_path, str(compiler))
     assert not found["kernels"], found
-    avx512 = "avx512f" in Path("/proc/cpuinfo").read_text()
-    said = "built the kernels without it" if avx512 else "no AVX-512 on this CPU"
-    assert said in found["why_not"], found
+    assert "built the kernels without fused multiply-add" in found["why_not"], found

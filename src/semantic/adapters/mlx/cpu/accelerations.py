@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import platform
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,7 @@ from semantic.adapters.mlx.cpu import attention, host_pass, jit
 from semantic.adapters.mlx.cpu.blas import SHIM_ENV, BlasStatus, compute_threads
 from semantic.adapters.mlx.cpu.blas_probe import this_cpus_flags
 from semantic.adapters.mlx.cpu.fused_pass import fusion_obstacle
+from semantic.adapters.mlx.cpu.kernel_variant import VARIANT_ENV, choose_variant, variants_here
 from semantic.adapters.mlx.cpu.side_by_side import SIDE_BY_SIDE_ENV
 from semantic.adapters.mlx.models.model_parts import BodyAndHead, not_sliceable
 
@@ -52,36 +54,38 @@ def accelerations(model: Any, blas: BlasStatus) -> tuple[Acceleration, ...]:
 
 
 def _kernels_here(blas: BlasStatus) -> str | None:
-    return kernels_obstacle(blas, platform.machine(), this_cpus_flags(), os.environ.get(SHIM_ENV))
+    return kernels_obstacle(blas, platform.machine(), this_cpus_flags(), os.environ)
 
 
 SGEMV_FALLBACK = "products of up to three rows go to sgemv, the rest to OpenBLAS"
 
 
 def kernels_obstacle(
-    blas: BlasStatus, machine: str, flags: frozenset[str], shim_switch: str | None
+    blas: BlasStatus, machine: str, flags: frozenset[str], environ: Mapping[str, str]
 ) -> str | None:
     """Why our small-product kernels do not run, from what the machine is (``machine`` as
-    ``platform.machine()`` says, the CPU's flags) and what the shim says it was built with:
-    the kernels are AVX-512 code, so an AVX2-only x86 CPU or an arm64 one gets the shim's
-    sgemv path, and a compiler that built them without AVX-512 on a CPU that has it is named."""
+    ``platform.machine()`` says, the CPU's flags) and what the shim says it was built as:
+    every variant with fused multiply-add has them (AVX-512, AVX2 + FMA, NEON), so only a
+    CPU without one, the baseline asked for by name, or a compiler that built the shim
+    without this CPU's vector units leaves them off; each is named."""
     if blas.small_kernels:
         return None
     if not blas.shim:
-        if shim_switch == "0":
+        if environ.get(SHIM_ENV) == "0":
             return f"{SHIM_ENV}=0"
         if "openblas" not in blas.name.lower():
             return f"needs OpenBLAS ({blas.name} here)"
         return "the shim did not build or load (no C compiler? the log says why)"
-    if machine.lower() not in ("x86_64", "amd64"):
-        return f"{machine} CPU: the kernels are x86-64 AVX-512 code; {SGEMV_FALLBACK}"
-    if "avx512f" not in flags:
-        has = "AVX2 only" if "avx2" in flags else "not even AVX2"
-        return f"no AVX-512 on this CPU ({has}); {SGEMV_FALLBACK}"
+    variant = choose_variant(environ, machine, flags)
+    if variant.name == "baseline" and variant.asked:
+        return f"{VARIANT_ENV}=baseline; {SGEMV_FALLBACK}"
+    if variants_here(machine, flags) == ("baseline",):
+        has = f"{machine} CPU" if machine.lower() not in ("x86_64", "amd64") else "x86 CPU"
+        return f"no AVX2 + FMA, AVX-512 or NEON on this {has}; {SGEMV_FALLBACK}"
     built = blas.compiler or "the C compiler"
     return (
-        f"this CPU has AVX-512 but {built} built the kernels without it (the log says if it"
-        f" rejected -march=native); {SGEMV_FALLBACK}"
+        f"this CPU runs {variant.name} but {built} built the kernels without fused"
+        f" multiply-add (the log says if it rejected -march=native); {SGEMV_FALLBACK}"
     )
 
 

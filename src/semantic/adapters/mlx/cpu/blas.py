@@ -58,8 +58,8 @@ class BlasStatus:
     shim: bool = False
     """Our ``cblas_sgemm`` is in front of the library."""
     small_kernels: bool = False
-    """...and was built with its AVX-512 kernels (without them it only sends up to three
-    rows to sgemv)."""
+    """...and was built with its small-product kernels (a variant with fused multiply-add;
+    without them it only sends up to three rows to sgemv)."""
     remedy: str = INSTALL_OPENBLAS
     """What to do when it is slow."""
     version: str | None = None
@@ -67,6 +67,9 @@ class BlasStatus:
     """OpenBLAS's kernel set (its "core") and why it is the one."""
     compiler: str | None = None
     """The C compiler that built our shim, as the shim reports it (``__VERSION__``)."""
+    variant: str | None = None
+    """The kernel variant the shim was built as (``avx512``, ``avx2``, ``neon``,
+    ``baseline``), as the shim reports it."""
 
     def describe(self) -> str:
         """One line: the library, its version, where it was found, the core and why."""
@@ -75,7 +78,7 @@ class BlasStatus:
         if self.core is not None and self.core.core is not None:
             parts.append(self.core.describe())
         if self.small_kernels:
-            parts.append("products of up to 32 rows by our own kernels")
+            parts.append(f"products of up to 32 rows by our own {self.variant} kernels")
         elif self.shim:
             parts.append("up to three rows via sgemv (our kernels are off: the fast paths say why)")
         return f"{name} ({'; '.join(parts)})"
@@ -169,32 +172,45 @@ def blas_in_use(reason: CoreReason | None = None) -> BlasStatus:
     if provider is None:
         return BlasStatus("reference BLAS (bundled with mlx-cpu)", None, fast=False)
     shim = SHIM_NAME in os.path.basename(provider)
-    kernels, compiler = False, None
+    kernels, compiler, variant = False, None, None
     if shim:
-        kernels, compiler = _shim_build(provider)
+        kernels, compiler, variant = _shim_build(provider)
         provider = _global_provider("cblas_sgemv") or provider
     if "openblas" not in os.path.basename(provider).lower():
-        return BlasStatus("BLAS", provider, True, shim, kernels, compiler=compiler)
+        return BlasStatus("BLAS", provider, True, shim, kernels, compiler=compiler, variant=variant)
     version, core = _openblas_identity(provider)
     if reason is None:
         in_env = user_core(os.environ) is not None
         reason = CoreReason.ENVIRONMENT if in_env else CoreReason.DETECTED
     decision = CoreDecision(core, reason)
     return BlasStatus(
-        "OpenBLAS", provider, True, shim, kernels, version=version, core=decision, compiler=compiler
+        "OpenBLAS",
+        provider,
+        True,
+        shim,
+        kernels,
+        version=version,
+        core=decision,
+        compiler=compiler,
+        variant=variant,
     )
 
 
-def _shim_build(provider: str) -> tuple[bool, str | None]:
-    """Whether our shim has its kernels, and the compiler that built it (a shim built
-    before it said so says nothing)."""
+def _shim_build(provider: str) -> tuple[bool, str | None, str | None]:
+    """Whether our shim has its kernels, the compiler that built it and the variant it was
+    built as (a shim built before it said so says nothing)."""
     shim = ctypes.CDLL(provider, mode=os.RTLD_NOLOAD)
     kernels = bool(shim.semantic_blas_small_kernels())
-    if not hasattr(shim, "semantic_blas_compiler"):
-        return kernels, None
-    shim.semantic_blas_compiler.restype = ctypes.c_char_p
-    named = shim.semantic_blas_compiler()
-    return kernels, named.decode(errors="replace") if isinstance(named, bytes) else None
+    return kernels, _said(shim, "semantic_blas_compiler"), _said(shim, "semantic_kernel_variant")
+
+
+def _said(library: ctypes.CDLL, function: str) -> str | None:
+    """The string a ``const char *f(void)`` of ``library`` returns; None if it has none."""
+    if not hasattr(library, function):
+        return None
+    getattr(library, function).restype = ctypes.c_char_p
+    named = getattr(library, function)()
+    return named.decode(errors="replace") if isinstance(named, bytes) else None
 
 
 def _openblas_identity(path: str) -> tuple[str | None, str | None]:

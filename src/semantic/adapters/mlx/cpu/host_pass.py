@@ -74,7 +74,7 @@ def obstacle(model: Any) -> str | None:
     if not _wanted():
         return f"{HOST_PASS_ENV}=0"
     if not _small_kernels_loaded():
-        return "our matmul kernel is not in front of the BLAS (OpenBLAS, a C compiler, AVX-512)"
+        return "our matmul kernels are not in front of the BLAS (their own line says why)"
     if _library() is None:
         return "native/llama_pass.c did not build (no C compiler?)"
     return host_model.obstacle(model)

@@ -1,8 +1,10 @@
 """Compile our C kernels (``native/*.c``) once per machine, for its CPU, into a cache dir.
 
-Built with ``-O3 -march=native`` (AVX-512 where there is one; plain ``-O3`` if the compiler
-does not know the flag) and keyed by source, build options and CPU identity, so a home
-directory shared between machines never loads code built for another CPU.
+Built with ``-O3`` and the flags of this process's kernel variant (``kernel_variant``:
+``-march=native``, narrowed where a narrower variant is asked for; without
+``-march=native`` if the compiler does not know it) and keyed by source, compiler, build
+options and CPU identity, so a home directory shared between machines never loads code built for
+another CPU.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from semantic.adapters.mlx.cpu.kernel_variant import this_process_variant
+
 log = logging.getLogger(__name__)
 
 NATIVE_DIR = Path(__file__).parent / "native"
@@ -29,23 +33,26 @@ def native_cache_dir() -> Path:
 
 def build_library(source: Path, name: str, options: Sequence[str] = ()) -> Path | None:
     """The shared library built from ``source``; None if there is no C compiler."""
-    text = source.read_bytes() + b"".join(h.read_bytes() for h in sorted(NATIVE_DIR.glob("*.h")))
-    key = hashlib.sha256(text + "\0".join(options).encode() + _cpu_identity()).hexdigest()[:16]
-    target = native_cache_dir() / f"{name}-{key}.so"
-    if target.exists():
-        return target
+    variant = this_process_variant()
+    flags = [*options, *variant.flags]
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if compiler is None:
         log.info("no C compiler found; running without %s", source.name)
         return None
+    text = source.read_bytes() + b"".join(h.read_bytes() for h in sorted(NATIVE_DIR.glob("*.h")))
+    built_by = "\0".join([compiler, *flags]).encode()
+    key = hashlib.sha256(text + built_by + _cpu_identity()).hexdigest()[:16]
+    target = native_cache_dir() / f"{name}-{key}.so"
+    if target.exists():
+        return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         built = Path(tmp) / target.name
-        command = [compiler, "-O3", "-shared", "-fPIC", *options, "-o", str(built), str(source)]
+        command = [compiler, "-O3", "-shared", "-fPIC", "-o", str(built), str(source)]
         command += ["-ldl", "-lpthread", "-lm"]
         compile_ = functools.partial(subprocess.run, check=True, capture_output=True, timeout=120)
         try:
-            compile_([*command, "-march=native"])
+            compile_([*command, *flags])
         except subprocess.CalledProcessError as error:  # not every compiler knows the flag
             log.warning(
                 "%s rejected %s with -march=native (%s); built for the baseline instruction"
@@ -54,7 +61,7 @@ def build_library(source: Path, name: str, options: Sequence[str] = ()) -> Path 
                 source.name,
                 _first_error(error.stderr),
             )
-            compile_(command)
+            compile_([*command, *options, *variant.portable_flags])
         os.replace(built, target)
     return target
 

@@ -10,7 +10,8 @@
  * and values written into the caches' buffers, scores, softmax and values (our softmax_pv
  * kernel), the output product, the residual, RMS norm, gate and up products, SwiGLU, the
  * down product, the residual. The products go through cblas_sgemm, which for up to 32 rows
- * is our batch-invariant kernel (small_sgemm.c); the elementwise steps are 16-lane loops.
+ * is our batch-invariant kernel (small_sgemm.c); the elementwise steps are
+ * vector loops (simd.h), sums in 16 logical lanes.
  *
  * Bits: every step works row by row (a row's norm, RoPE and SwiGLU never see another row),
  * the products are batch-invariant up to 32 rows (scores too: they are taken 32 query rows
@@ -134,13 +135,15 @@ static void rms_norm(const float *x, const float *weight, float *out, int rows, 
     int body = n - n % 16;
     for (int r = 0; r < rows; r++) {
         const float *row = x + (long)r * n;
-        v16 sum16 = splat(0.0f);
-        for (int j = 0; j < body; j += 16) {
-            v16 v = load(row + j);
-            sum16 += v * v;
-        }
+        vf sum16[PARTS];
+        for (int q = 0; q < PARTS; q++) sum16[q] = splat(0.0f);
+        for (int j = 0; j < body; j += 16)
+            for (int q = 0; q < PARTS; q++) {
+                vf v = load(row + j + q * LANES);
+                sum16[q] += v * v;
+            }
         float sum = fold(sum16);
-        for (int j = body; j < n; j++) sum += row[j] * row[j];
+        for (int j = body; j < n; j++) sum = fmaf(row[j], row[j], sum);
         float inverse = 1.0f / sqrtf(sum / (float)n + eps);
         float *dest = out + (long)r * n;
         for (int j = 0; j < n; j++) dest[j] = row[j] * inverse * weight[j];
@@ -153,13 +156,13 @@ static void add_into(float *x, const float *y, long n) {
 
 /* gate = silu(gate) * up, with silu(g) = g * sigmoid(g) and e^-|g| from vexp (x <= 0). */
 static void swiglu(float *gate, const float *up, long n) {
-    long body = n - n % 16;
-    for (long j = 0; j < body; j += 16) {
-        v16 g = load(gate + j);
-        i16 negative = g < splat(0.0f);
-        v16 e = vexp((v16)((i16)g | (i16)splat(-0.0f))); /* e^-|g|: the sign bit set */
-        v16 one = splat(1.0f);
-        v16 numerator = (v16)((negative & (i16)e) | (~negative & (i16)one));
+    long body = n - n % LANES;
+    for (long j = 0; j < body; j += LANES) {
+        vf g = load(gate + j);
+        vi negative = g < splat(0.0f);
+        vf e = vexp((vf)((vi)g | (vi)splat(-0.0f))); /* e^-|g|: the sign bit set */
+        vf one = splat(1.0f);
+        vf numerator = (vf)((negative & (vi)e) | (~negative & (vi)one));
         store(gate + j, g * (numerator / (one + e)) * load(up + j));
     }
     for (long j = body; j < n; j++) {

@@ -1,33 +1,73 @@
 /*
- * 16-lane float vectors (AVX-512 where built with -march=native; GCC splits them otherwise)
- * and the few operations our kernels share. Included by each kernel's source; the build
- * key covers this file too (native_build.py).
+ * Float vectors of the CPU's own width and the few operations our kernels share: the one
+ * source of every kernel variant (docs/adr/0026-one-kernel-source-for-every-cpu.md).
+ *
+ * A vf is one register in GCC's and clang's vector extensions: 16 floats with AVX-512, 8
+ * with AVX2, 4 with NEON (and the SSE2 baseline). Sums run in blocks of 16 logical lanes
+ * (PARTS registers) and fold in a fixed order, and every variant contracts a * b + c into
+ * one rounding (AVX-512, AVX2 + FMA and NEON all do; the scalar tails use fmaf), so a
+ * kernel gives the same bits on every variant: only the tile shapes, chosen for each
+ * variant's register count, differ. Wider logical vectors than a register would be simpler
+ * to write, but GCC keeps a vector wider than the target's registers in memory, and AVX2
+ * ran our products 2-3x slower that way. Included by each kernel's source; the build key
+ * covers this file too (native_build.py).
  */
 #ifndef SEMANTIC_SIMD_H
 #define SEMANTIC_SIMD_H
 #include <string.h>
 
-typedef float v16 __attribute__((vector_size(64), aligned(4))); /* unaligned loads */
-typedef int i16 __attribute__((vector_size(64)));
+/* The variant this file was built as (native_build.py asks for one with its flags). */
+#if defined(SIMD_FORCE_BASELINE)
+#define SIMD_VARIANT "baseline" /* asked for by name (SEMANTIC_CPU_VARIANT=baseline) */
+#define SIMD_FMA 0
+#define LANES 4
+#elif defined(__AVX512F__) && defined(__FMA__)
+#define SIMD_VARIANT "avx512"
+#define SIMD_FMA 1
+#define LANES 16
+#elif defined(__AVX2__) && defined(__FMA__)
+#define SIMD_VARIANT "avx2"
+#define SIMD_FMA 1
+#define LANES 8
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#define SIMD_VARIANT "neon"
+#define SIMD_FMA 1
+#define LANES 4
+#else
+#define SIMD_VARIANT "baseline" /* no fused multiply-add: the small kernels stay off */
+#define SIMD_FMA 0
+#define LANES 4
+#endif
 
-static inline v16 splat(float x) { return (v16){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
+/* Registers in a block of 16 logical lanes. */
+#define PARTS (16 / LANES)
 
-static inline v16 load(const float *p) { return *(const v16 *)p; }
+typedef float vf __attribute__((vector_size(4 * LANES), aligned(4))); /* unaligned loads */
+typedef int vi __attribute__((vector_size(4 * LANES)));
 
-static inline void store(float *p, v16 x) { *(v16 *)p = x; }
+/* Every lane x (not (vf){0} + x, which turns -0.0 into +0.0). */
+static inline vf splat(float x) {
+    vf v;
+    for (int i = 0; i < LANES; i++) v[i] = x;
+    return v;
+}
 
-static inline v16 vmax(v16 a, v16 b) {
-    i16 take_a = a > b;
-    return (v16)((take_a & (i16)a) | (~take_a & (i16)b));
+static inline vf load(const float *p) { return *(const vf *)p; }
+
+static inline void store(float *p, vf x) { *(vf *)p = x; }
+
+static inline vf vmax(vf a, vf b) {
+    vi take_a = a > b;
+    return (vf)((take_a & (vi)a) | (~take_a & (vi)b));
 }
 
 /* e^x for x <= 0 (scores minus their maximum); below -87 it returns ~1e-38, not 0. */
-static inline v16 vexp(v16 x) {
+static inline vf vexp(vf x) {
     x = vmax(x, splat(-87.0f));
-    v16 t = x * splat(1.44269504088896341f);
-    i16 n = __builtin_convertvector(t, i16); /* toward zero: n = ceil(t) for t <= 0 */
-    v16 y = (t - __builtin_convertvector(n, v16)) * splat(0.693147180559945309f); /* (-ln2, 0] */
-    v16 p = splat(1.0f / 40320.0f);
+    vf t = x * splat(1.44269504088896341f);
+    vi n = __builtin_convertvector(t, vi); /* toward zero: n = ceil(t) for t <= 0 */
+    vf y = (t - __builtin_convertvector(n, vf)) * splat(0.693147180559945309f); /* (-ln2, 0] */
+    vf p = splat(1.0f / 40320.0f);
     p = p * y + splat(1.0f / 5040.0f);
     p = p * y + splat(1.0f / 720.0f);
     p = p * y + splat(1.0f / 120.0f);
@@ -36,16 +76,28 @@ static inline v16 vexp(v16 x) {
     p = p * y + splat(0.5f);
     p = p * y + splat(1.0f);
     p = p * y + splat(1.0f);
-    i16 bits = (n + 127) << 23;
-    v16 scale;
+    vi bits = (n + 127) << 23;
+    vf scale;
     memcpy(&scale, &bits, sizeof scale);
     return p * scale;
 }
 
-static inline float fold(v16 x) {
+/* The 16 logical lanes of a block summed one after the other, lane 0 first. */
+static inline float fold(const vf part[PARTS]) {
     float total = 0.0f;
-    for (int i = 0; i < 16; i++) total += x[i];
+    for (int p = 0; p < PARTS; p++)
+        for (int i = 0; i < LANES; i++) total += part[p][i];
     return total;
+}
+
+/* The 16 logical lanes of a block summed by halving: lane i + lane i+8, then i + i+4,
+ * i + i+2, i + i+1 (the small products' order, small_sgemm.c). */
+static inline float halve(const vf part[PARTS]) {
+    float h[16];
+    memcpy(h, part, sizeof h);
+    for (int width = 8; width > 0; width /= 2)
+        for (int i = 0; i < width; i++) h[i] = h[i] + h[i + width];
+    return h[0];
 }
 
 #endif

@@ -13,8 +13,10 @@
  *   row-major, A not transposed, m <= SMALL_MAX_ROWS:
  *     B transposed (x @ W^T: every linear layer, attention scores)  -> dot-product tiles
  *     B plain (probabilities @ V)                                   -> broadcast tiles
- * and passes everything else to OpenBLAS's sgemm unchanged. Without AVX-512 it keeps the
- * older behaviour: up to three rows go to OpenBLAS's sgemv.
+ * and passes everything else to OpenBLAS's sgemm unchanged. Built for a CPU without fused
+ * multiply-add (x86 before AVX2) it keeps the older behaviour: up to three rows go to
+ * OpenBLAS's sgemv. Every variant (AVX-512, AVX2 + FMA, NEON) runs the same source
+ * (simd.h), with a tile shape of its own.
  *
  * Every output element is computed by the same instruction sequence whatever the number
  * of rows, the row's position and the thread split, so a sequence's products are the same
@@ -23,6 +25,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <linux/futex.h>
+#include <math.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -31,6 +34,8 @@
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "simd.h"
 
 enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 };
 enum { GEMV_MAX_ROWS = 3, SMALL_MAX_ROWS = 32 };
@@ -78,7 +83,7 @@ struct product {
     void (*columns)(const product_t *, int, int); /* computes columns [from, to) */
 };
 
-static void store(const product_t *p, int row, int col, float sum) {
+static void put(const product_t *p, int row, int col, float sum) {
     float *out = p->c + (size_t)row * p->ldc + col;
     float value = p->alpha * sum;
     *out = p->beta == 0.0f ? value : value + p->beta * *out;
@@ -96,13 +101,32 @@ static void gemv_rows(int trans_b, const product_t *p) {
     }
 }
 
-#if defined(__AVX512F__)
+#if SIMD_FMA
 #define HAVE_KERNELS 1
 
-typedef float v16 __attribute__((vector_size(64), aligned(4))); /* unaligned loads */
-typedef int lanes16 __attribute__((vector_size(64)));
-#define LOAD(ptr) (*(const v16 *)(ptr))
+/* Tile shapes for the variant's register file: a tile's rows x cols accumulators (each a
+ * block of 16 logical lanes, PARTS registers) and one row of each operand stay in
+ * registers. TILE_* serve products of several rows, ROW_COLS products of one (a lone
+ * decode step, where a taller tile would only repeat the row). AVX-512: 16 + 8 of 32 zmm;
+ * AVX2: 8 + 6 of 16 ymm; NEON: 16 + 12 of 32 q. The shape never changes a bit of a result:
+ * each output is summed in the same lanes and halved in the same order (simd.h). */
+#if defined(TILE_ROWS) && defined(TILE_COLS)
+/* given at build time (a tuning experiment) */
+#elif LANES == 16
+#define TILE_ROWS 4
+#define TILE_COLS 4
+#elif LANES == 8
+#define TILE_ROWS 2
+#define TILE_COLS 2
+#else
+#define TILE_ROWS 2
+#define TILE_COLS 2
+#endif
+#define ROW_COLS 4
+#define MOST_COLS (TILE_COLS > ROW_COLS ? TILE_COLS : ROW_COLS)
+#define MOST_DOTS (TILE_ROWS * TILE_COLS > ROW_COLS ? TILE_ROWS * TILE_COLS : ROW_COLS)
 
+#if LANES == 16
 #define LO1 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23
 #define HI1 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31
 #define LO2 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27
@@ -117,40 +141,55 @@ typedef int lanes16 __attribute__((vector_size(64)));
 #define FOLD(x, y, low, high) (__builtin_shufflevector(x, y, low) + __builtin_shufflevector(x, y, high))
 #else
 #define FOLD(x, y, low, high) \
-    (__builtin_shuffle(x, y, (lanes16){low}) + __builtin_shuffle(x, y, (lanes16){high}))
+    (__builtin_shuffle(x, y, (vi){low}) + __builtin_shuffle(x, y, (vi){high}))
 #endif
 
-/* Lane i of the result is the sum of the 16 lanes of v[i]: a transposing add tree. */
-static inline v16 sum_lanes16(const v16 *v) {
-    v16 eights[8], fours[4], twos[2];
+/* Lane i of the result is the sum of the 16 lanes of v[i]: a transposing add tree that
+ * does halve()'s adds for sixteen sums at once. */
+static inline void halve16(const vf *v, float out[16]) {
+    vf eights[8], fours[4], twos[2];
     for (int i = 0; i < 8; i++) eights[i] = FOLD(v[2 * i], v[2 * i + 1], LO1, HI1);
     for (int i = 0; i < 4; i++) fours[i] = FOLD(eights[2 * i], eights[2 * i + 1], LO2, HI2);
     for (int i = 0; i < 2; i++) twos[i] = FOLD(fours[2 * i], fours[2 * i + 1], LO3, HI3);
-    return FOLD(twos[0], twos[1], LO4, HI4);
+    vf sums = FOLD(twos[0], twos[1], LO4, HI4);
+    memcpy(out, &sums, sizeof sums);
 }
+#endif
 
-/* dots[4 * i + j] = a[i] . b[j] over k; while at it, prefetch the next four rows of B
- * (`ahead`, or NULL) so their load from memory overlaps this tile's arithmetic. */
-static void dot_tile(int k, const float *const a[4], const float *const b[4],
-                     const float *const *ahead, float dots[16]) {
-    v16 acc[16];
-    for (int i = 0; i < 16; i++) acc[i] = (v16){0};
+/* dots[cols * i + j] = a[i] . b[j] over k, for a tile of `rows` x `cols` (constants once
+ * inlined); while at it, prefetch the next rows of B (`ahead`, or NULL) so their load from
+ * memory overlaps this tile's arithmetic. */
+static inline __attribute__((always_inline)) void dot_tile(
+    const int rows, const int cols, int k, const float *const *a, const float *const *b,
+    const float *const *ahead, float *dots) {
+    vf acc[MOST_DOTS][PARTS];
+    for (int t = 0; t < rows * cols; t++)
+        for (int q = 0; q < PARTS; q++) acc[t][q] = splat(0.0f);
     int at = 0;
     for (; at + 16 <= k; at += 16) {
         if (ahead)
-            for (int j = 0; j < 4; j++) __builtin_prefetch(ahead[j] + at);
-        v16 x0 = LOAD(a[0] + at), x1 = LOAD(a[1] + at), x2 = LOAD(a[2] + at), x3 = LOAD(a[3] + at);
-        v16 y0 = LOAD(b[0] + at), y1 = LOAD(b[1] + at), y2 = LOAD(b[2] + at), y3 = LOAD(b[3] + at);
-        acc[0] += x0 * y0, acc[1] += x0 * y1, acc[2] += x0 * y2, acc[3] += x0 * y3;
-        acc[4] += x1 * y0, acc[5] += x1 * y1, acc[6] += x1 * y2, acc[7] += x1 * y3;
-        acc[8] += x2 * y0, acc[9] += x2 * y1, acc[10] += x2 * y2, acc[11] += x2 * y3;
-        acc[12] += x3 * y0, acc[13] += x3 * y1, acc[14] += x3 * y2, acc[15] += x3 * y3;
+            for (int j = 0; j < cols; j++) __builtin_prefetch(ahead[j] + at);
+        for (int q = 0; q < PARTS; q++) {
+            vf y[MOST_COLS];
+            for (int j = 0; j < cols; j++) y[j] = load(b[j] + at + q * LANES);
+            for (int i = 0; i < rows; i++) {
+                vf x = load(a[i] + at + q * LANES);
+                for (int j = 0; j < cols; j++) acc[cols * i + j][q] += x * y[j];
+            }
+        }
     }
-    v16 sums = sum_lanes16(acc);
-    memcpy(dots, &sums, sizeof sums);
+#if LANES == 16
+    if (rows * cols == 16) {
+        vf blocks[16];
+        for (int t = 0; t < 16; t++) blocks[t] = acc[t][0];
+        halve16(blocks, dots);
+    } else
+#endif
+        for (int t = 0; t < rows * cols; t++) dots[t] = halve(acc[t]);
     for (; at < k; at++)
-        for (int i = 0; i < 4; i++)
-            for (int j = 0; j < 4; j++) dots[4 * i + j] += a[i][at] * b[j][at];
+        for (int i = 0; i < rows; i++)
+            for (int j = 0; j < cols; j++) /* one rounding, as the lanes' sums */
+                dots[cols * i + j] = fmaf(a[i][at], b[j][at], dots[cols * i + j]);
 }
 
 /* Row `i` of a matrix with `rows` rows, clamped: a short tile repeats its first row and
@@ -159,49 +198,59 @@ static const float *row_of(const float *base, int ld, int i, int rows, int first
     return base + (size_t)(i < rows ? i : first) * ld;
 }
 
-/* C[:, from:to] for B transposed (n x k): each four rows of B are read from memory once and
- * multiplied with every row of A, four at a time. */
-static void dot_columns(const product_t *p, int from, int to) {
-    for (int col = from; col < to; col += 4) {
-        const float *b[4], *next[4];
-        for (int j = 0; j < 4; j++) {
+/* C[:, from:to] for B transposed (n x k): each `cols` rows of B are read from memory once
+ * and multiplied with every row of A, `rows` at a time. */
+static inline __attribute__((always_inline)) void dot_columns_by(
+    const int rows, const int cols, const product_t *p, int from, int to) {
+    for (int col = from; col < to; col += cols) {
+        const float *b[MOST_COLS], *next[MOST_COLS];
+        for (int j = 0; j < cols; j++) {
             b[j] = row_of(p->b, p->ldb, col + j, to, col);
-            next[j] = row_of(p->b, p->ldb, col + 4 + j, to, col);
+            next[j] = row_of(p->b, p->ldb, col + cols + j, to, col);
         }
-        for (int row = 0; row < p->m; row += 4) {
-            const float *a[4];
-            for (int i = 0; i < 4; i++) a[i] = row_of(p->a, p->lda, row + i, p->m, row);
-            float dots[16];
-            dot_tile(p->k, a, b, row == 0 && col + 4 < to ? next : NULL, dots);
-            for (int i = 0; i < 4 && row + i < p->m; i++)
-                for (int j = 0; j < 4 && col + j < to; j++) store(p, row + i, col + j, dots[4 * i + j]);
+        for (int row = 0; row < p->m; row += rows) {
+            const float *a[TILE_ROWS];
+            for (int i = 0; i < rows; i++) a[i] = row_of(p->a, p->lda, row + i, p->m, row);
+            float dots[MOST_DOTS];
+            dot_tile(rows, cols, p->k, a, b, row == 0 && col + cols < to ? next : NULL, dots);
+            for (int i = 0; i < rows && row + i < p->m; i++)
+                for (int j = 0; j < cols && col + j < to; j++)
+                    put(p, row + i, col + j, dots[cols * i + j]);
         }
     }
+}
+
+static void dot_columns(const product_t *p, int from, int to) {
+    dot_columns_by(TILE_ROWS, TILE_COLS, p, from, to);
+}
+
+static void dot_columns_one_row(const product_t *p, int from, int to) {
+    dot_columns_by(1, ROW_COLS, p, from, to);
 }
 
 /* C[row, from:to] for plain B (k x n), 64 columns at a time: sum over k of a[row][k] times
  * row k of B, each output summed in order of k. */
 static void broadcast_columns(const product_t *p, int from, int to) {
+    enum { REGS = 64 / LANES };
     for (int row = 0; row < p->m; row++) {
         const float *a = p->a + (size_t)row * p->lda;
         int col = from;
         for (; col + 64 <= to; col += 64) {
-            v16 acc0 = {0}, acc1 = {0}, acc2 = {0}, acc3 = {0};
+            vf acc[REGS];
+            for (int r = 0; r < REGS; r++) acc[r] = splat(0.0f);
             for (int at = 0; at < p->k; at++) {
                 const float *b = p->b + (size_t)at * p->ldb + col;
-                v16 x = (v16){0} + a[at];
-                acc0 += x * LOAD(b), acc1 += x * LOAD(b + 16);
-                acc2 += x * LOAD(b + 32), acc3 += x * LOAD(b + 48);
+                vf x = splat(a[at]);
+                for (int r = 0; r < REGS; r++) acc[r] += x * load(b + r * LANES);
             }
             float sums[64];
-            memcpy(sums, &acc0, 64), memcpy(sums + 16, &acc1, 64);
-            memcpy(sums + 32, &acc2, 64), memcpy(sums + 48, &acc3, 64);
-            for (int j = 0; j < 64; j++) store(p, row, col + j, sums[j]);
+            memcpy(sums, acc, sizeof sums);
+            for (int j = 0; j < 64; j++) put(p, row, col + j, sums[j]);
         }
         for (; col < to; col++) {
             float sum = 0.0f;
-            for (int at = 0; at < p->k; at++) sum += a[at] * p->b[(size_t)at * p->ldb + col];
-            store(p, row, col, sum);
+            for (int at = 0; at < p->k; at++) sum = fmaf(a[at], p->b[(size_t)at * p->ldb + col], sum);
+            put(p, row, col, sum);
         }
     }
 }
@@ -370,6 +419,8 @@ void semantic_set_helper_enabled(int enabled) { (void)enabled; }
 /* Python reads these to say which products run here, and if not, why. */
 int semantic_blas_small_kernels(void) { return HAVE_KERNELS; }
 
+const char *semantic_kernel_variant(void) { return SIMD_VARIANT; }
+
 const char *semantic_blas_compiler(void) {
 #if defined(__clang__)
     return "clang " __clang_version__;
@@ -387,7 +438,9 @@ void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k, float
         product_t p = {m, n, k, lda, ldb, ldc, alpha, beta, a, b, c, NULL};
 #if HAVE_KERNELS
         if (m <= SMALL_MAX_ROWS) {
-            p.columns = trans_b == NO_TRANS ? broadcast_columns : dot_columns;
+            p.columns = trans_b == NO_TRANS ? broadcast_columns
+                        : m == 1           ? dot_columns_one_row
+                                           : dot_columns;
             run(&p);
             return;
         }

@@ -9,7 +9,7 @@
  * four rows at a time meet each value row once.
  *
  * Bits: a row's result depends only on its own scores, its range and the values: it is
- * summed in 16 lanes from lo, the lanes folded in a fixed order, and the value rows are
+ * summed in 16 logical lanes from lo, the lanes folded in a fixed order, and the value rows are
  * accumulated from lo in order. Rows sharing a tile only share loads (a row past its own
  * hi adds exact zeros), so a row gets the same bits alone, batched, or in any chunk.
  *
@@ -40,25 +40,30 @@ static float softmax_row(float *row, int lo, int hi, int zero_to) {
     }
     int n = hi - lo, body = n - n % 16;
     float *s = row + lo;
-    v16 peak16 = splat(-INFINITY);
-    for (int j = 0; j < body; j += 16) peak16 = vmax(peak16, load(s + j));
+    vf peaks[PARTS];
+    for (int q = 0; q < PARTS; q++) peaks[q] = splat(-INFINITY);
+    for (int j = 0; j < body; j += 16)
+        for (int q = 0; q < PARTS; q++) peaks[q] = vmax(peaks[q], load(s + j + q * LANES));
     float peak = -INFINITY;
-    for (int i = 0; i < 16; i++) peak = peak16[i] > peak ? peak16[i] : peak;
+    for (int q = 0; q < PARTS; q++)
+        for (int i = 0; i < LANES; i++) peak = peaks[q][i] > peak ? peaks[q][i] : peak;
     for (int j = body; j < n; j++) peak = s[j] > peak ? s[j] : peak;
-    v16 sum16 = splat(0.0f), top = splat(peak);
-    for (int j = 0; j < body; j += 16) {
-        v16 e = vexp(load(s + j) - top);
-        store(s + j, e);
-        sum16 += e;
-    }
-    float sum = fold(sum16);
+    vf sums[PARTS], top = splat(peak);
+    for (int q = 0; q < PARTS; q++) sums[q] = splat(0.0f);
+    for (int j = 0; j < body; j += 16)
+        for (int q = 0; q < PARTS; q++) {
+            vf e = vexp(load(s + j + q * LANES) - top);
+            store(s + j + q * LANES, e);
+            sums[q] += e;
+        }
+    float sum = fold(sums);
     if (body < n) {
         float tail[16];
         for (int i = 0; i < 16; i++) tail[i] = body + i < n ? s[body + i] : -INFINITY;
-        v16 e = vexp(load(tail) - top);
+        for (int q = 0; q < PARTS; q++) store(tail + q * LANES, vexp(load(tail + q * LANES) - top));
         for (int i = 0; body + i < n; i++) {
-            s[body + i] = e[i];
-            sum += e[i];
+            s[body + i] = tail[i];
+            sum += tail[i];
         }
     }
     if (lo > 0) memset(row, 0, (size_t)lo * sizeof *row);
@@ -66,38 +71,43 @@ static float softmax_row(float *row, int lo, int hi, int zero_to) {
     return 1.0f / sum;
 }
 
-/* out[r][d:d+64] = inverse[r] * sum over j in [lo, end) of p[r][j] * V[j][d:d+64], for
- * TILE rows at once: each value row is loaded once for all four. Ranges are taken in order,
- * so the sum runs over j from lo upwards however the rows are laid out. */
+/* Value columns a tile takes at once, in registers: its TILE x PV_COLS accumulators fit
+ * the variant's register file (AVX-512: 16 of 32 zmm; AVX2: 8 of 16 ymm; NEON: 16 of 32
+ * q). Each output still sums over j in order, so the split never changes a bit. */
+#if LANES == 16
+#define PV_COLS 4
+#elif LANES == 8
+#define PV_COLS 2
+#else
+#define PV_COLS 4
+#endif
+
+/* out[r][d:d+LANES*PV_COLS] = inverse[r] * sum over j in [lo, end) of p[r][j] * V[j][...],
+ * for TILE rows at once: each value row is loaded once for all four. Ranges are taken in
+ * order, so the sum runs over j from lo upwards however the rows are laid out. */
 static void weigh_values(float *const *p, int lo, int end, const vrange_t *ranges,
                          int n_ranges, int h, int dim, const float *inverse, float *const *out) {
-    for (int d = 0; d < dim; d += 64) {
-        v16 a00 = splat(0), a01 = splat(0), a02 = splat(0), a03 = splat(0);
-        v16 a10 = splat(0), a11 = splat(0), a12 = splat(0), a13 = splat(0);
-        v16 a20 = splat(0), a21 = splat(0), a22 = splat(0), a23 = splat(0);
-        v16 a30 = splat(0), a31 = splat(0), a32 = splat(0), a33 = splat(0);
-        const float *p0 = p[0], *p1 = p[1], *p2 = p[2], *p3 = p[3];
+    for (int d = 0; d < dim; d += LANES * PV_COLS) {
+        vf acc[TILE][PV_COLS];
+        for (int r = 0; r < TILE; r++)
+            for (int c = 0; c < PV_COLS; c++) acc[r][c] = splat(0.0f);
         for (const vrange_t *range = ranges; range < ranges + n_ranges; range++) {
             int from = range->start > lo ? range->start : lo;
             int to = range->end < end ? range->end : end;
             const float *at = range->base + h * range->head + d - (long)range->start * range->row;
             for (int j = from; j < to; j++) {
                 const float *row = at + (long)j * range->row;
-                v16 v0 = load(row), v1 = load(row + 16), v2 = load(row + 32), v3 = load(row + 48);
-                v16 w = splat(p0[j]);
-                a00 += w * v0, a01 += w * v1, a02 += w * v2, a03 += w * v3;
-                w = splat(p1[j]);
-                a10 += w * v0, a11 += w * v1, a12 += w * v2, a13 += w * v3;
-                w = splat(p2[j]);
-                a20 += w * v0, a21 += w * v1, a22 += w * v2, a23 += w * v3;
-                w = splat(p3[j]);
-                a30 += w * v0, a31 += w * v1, a32 += w * v2, a33 += w * v3;
+                vf v[PV_COLS];
+                for (int c = 0; c < PV_COLS; c++) v[c] = load(row + LANES * c);
+                for (int r = 0; r < TILE; r++) {
+                    vf w = splat(p[r][j]);
+                    for (int c = 0; c < PV_COLS; c++) acc[r][c] += w * v[c];
+                }
             }
         }
-        v16 acc[TILE][4] = {{a00, a01, a02, a03}, {a10, a11, a12, a13},
-                            {a20, a21, a22, a23}, {a30, a31, a32, a33}};
         for (int r = 0; r < TILE; r++)
-            for (int c = 0; c < 4; c++) store(out[r] + d + 16 * c, acc[r][c] * splat(inverse[r]));
+            for (int c = 0; c < PV_COLS; c++)
+                store(out[r] + d + LANES * c, acc[r][c] * splat(inverse[r]));
     }
 }
 
