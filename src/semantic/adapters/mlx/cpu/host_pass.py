@@ -38,8 +38,10 @@ log = logging.getLogger(__name__)
 HOST_PASS_ENV = "SEMANTIC_HOST_PASS"
 """``0``: every pass on MLX."""
 
-NAME = "llama-host-pass-v2"
-"""Goes into the model fingerprint: KV computed by this pass rounds differently."""
+NAME = "llama-host-pass-v3"
+"""Goes into the model fingerprint: KV computed by this pass rounds differently. v3: one
+kernel source for every variant (ADR 0026), its scalar tails fused; the same bits on
+AVX-512, AVX2 and NEON."""
 
 _CACHE_STEP = 256
 """Cache buffers grow in mlx-lm's steps, so its own updates find the same shapes."""
