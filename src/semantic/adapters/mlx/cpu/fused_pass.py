@@ -18,6 +18,7 @@ from mlx_lm.models.base import create_attention_mask
 
 from semantic.adapters.mlx.accelerator import Group
 from semantic.adapters.mlx.cpu.attention import HostSoftmaxAttention
+from semantic.adapters.mlx.cpu.llama_layer import LlamaLayer
 from semantic.adapters.mlx.models.model_parts import is_llama_bodied, not_llama_bodied
 
 MAX_ROWS = 32
@@ -49,20 +50,19 @@ def fused_hidden(model: Any, groups: list[Group]) -> list[mx.array]:
     hidden = [inner.embed_tokens(g.tokens) for g in groups]
     masks = [create_attention_mask(h, g.caches[0]) for h, g in zip(hidden, groups, strict=True)]
     shapes = [(g.tokens.shape[0], g.tokens.shape[1]) for g in groups]
-    for index, layer in enumerate(inner.layers):
+    for index, block in enumerate(inner.layers):
+        layer = LlamaLayer(block)
         rows = _stack(hidden)
-        attention: HostSoftmaxAttention = layer.self_attn
-        q, k, v = attention.project(layer.input_layernorm(rows))
+        q, k, v = layer.project(rows)
         pending = [
-            attention.begin(part, shape, mask, group.caches[index])
+            layer.attention.begin(part, shape, mask, group.caches[index])
             for part, shape, mask, group in zip(
                 _split((q, k, v), shapes), shapes, masks, groups, strict=True
             )
         ]
         mx.eval([p.needed for p in pending])  # one wait for every group's scores
         mixed = [p.finish().reshape(b * n, -1) for p, (b, n) in zip(pending, shapes, strict=True)]
-        rows = rows + attention.inner.o_proj(mx.concatenate(mixed))
-        rows = rows + layer.mlp(layer.post_attention_layernorm(rows))
+        rows = layer.mlp(layer.attended(rows, mx.concatenate(mixed)))
         hidden = _unstack(rows, shapes)
     return [inner.norm(h) for h in hidden]
 

@@ -20,6 +20,7 @@ from mlx_lm.models.rope_utils import Llama3RoPE
 
 from semantic.adapters.mlx.cpu import attention
 from semantic.adapters.mlx.cpu.fused_pass import fusion_obstacle
+from semantic.adapters.mlx.cpu.llama_layer import LlamaLayer
 from semantic.adapters.mlx.models.model_parts import MLPS
 
 _Pointer = ctypes.c_void_p
@@ -171,25 +172,15 @@ def _weights(model: Any) -> dict[str, Any] | None:
     }
 
 
-def _linears(layer: Any) -> list[Any]:
-    a, mlp = layer.self_attn.inner, layer.mlp
-    return [a.q_proj, a.k_proj, a.v_proj, a.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
-
-
-def _head_norms(layer: Any) -> list[Any]:
-    """Qwen3's RMS norms of each head's queries and keys; none for the others."""
-    a = layer.self_attn.inner
-    return [a.q_norm, a.k_norm] if "q_norm" in a else []
-
-
 def _layer_obstacle(layer: Any) -> str | None:
     if type(layer.mlp) not in MLPS:
         return f"MLP {type(layer.mlp).__name__}: a llama-bodied SwiGLU MLP only"
-    linears = _linears(layer)
+    described = LlamaLayer(layer)
+    linears = described.linears()
     plain = nn.Linear  # type: ignore[attr-defined]  # mlx.nn ships no types
     if kinds := {type(lin).__name__ for lin in linears if type(lin) is not plain}:
         return f"{', '.join(sorted(kinds))} projections (quantized?): plain float32 Linear only"
-    norms = [layer.input_layernorm, layer.post_attention_layernorm, *_head_norms(layer)]
+    norms = [*described.norms(), *described.head_norms()]
     if any(type(norm) is not nn.RMSNorm for norm in norms):  # type: ignore[attr-defined]  # mlx.nn
         return "norms other than RMSNorm"
     if any(norm.eps != norms[0].eps for norm in norms):
@@ -203,11 +194,11 @@ def _layer_obstacle(layer: Any) -> str | None:
 
 def _layer_arrays(layer: Any) -> list[mx.array | None]:
     """In ``layer_t``'s order: the two norms, the weights, the biases, the q/k norms."""
-    linears = _linears(layer)
-    head_norms = [n.weight for n in _head_norms(layer)] or [None, None]
+    described = LlamaLayer(layer)
+    linears = described.linears()
+    head_norms = [n.weight for n in described.head_norms()] or [None, None]
     arrays = [
-        layer.input_layernorm.weight,
-        layer.post_attention_layernorm.weight,
+        *(norm.weight for norm in described.norms()),
         *(lin.weight for lin in linears),
         *(lin.bias if "bias" in lin else None for lin in linears),
         *head_norms,

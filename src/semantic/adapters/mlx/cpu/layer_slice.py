@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.activations import swiglu
 
 from semantic.adapters.mlx.cpu.attention import HostSoftmaxAttention, PendingAttention
+from semantic.adapters.mlx.cpu.llama_layer import LlamaLayer
 from semantic.adapters.mlx.models.model_parts import LLAMA_LAYERS, MLPS, embedded, layer_masks
 
 ONE_CORE_SLOWER = 1.6
@@ -57,8 +57,8 @@ class LayerSlice:
     """A chunk's hidden states between steps, and the masks its layers use. A layer's steps
     are its attention (with the cache update), or the projections and the cache update then
     one step per run of KV heads in ``head_runs`` (the last with the output projection);
-    then its MLP, whole or in three products. The sums are mlx-lm's ``TransformerBlock`` written
-    out, so the bits are a whole layer's."""
+    then its MLP, whole or in three products. The steps are ``llama_layer``'s (the fused
+    pass runs the same), mlx-lm's own modules, so the bits are a whole layer's."""
 
     hidden: mx.array
     masks: list[Any]
@@ -165,42 +165,40 @@ class LayerSlice:
             self.hidden = layer(self.hidden, mask, cache)
             mx.eval(self.hidden, cache.keys, cache.values)
         elif part >= self.attention_steps:
-            self._mlp_step(layer.mlp, layer.post_attention_layernorm, part - self.attention_steps)
+            self._mlp_step(LlamaLayer(layer), part - self.attention_steps)
         elif self.head_runs:
-            self._attend_heads(layer, cache, mask, part)
+            self._attend_heads(LlamaLayer(layer), cache, mask, part)
         else:
-            attended = layer.self_attn(layer.input_layernorm(self.hidden), mask, cache)
-            self.hidden = self.hidden + attended
+            self.hidden = LlamaLayer(layer).attend_whole(self.hidden, mask, cache)
             mx.eval(self.hidden, cache.keys, cache.values)
 
-    def _mlp_step(self, mlp: Any, norm: Any, part: int) -> None:
+    def _mlp_step(self, layer: LlamaLayer, part: int) -> None:
         """mlx-lm's MLP, whole or in its three products: the gate, the up projection with
         the gated product, then the down projection. The ops are the MLP's own, so the bits
         are too; steps of ~3-5 ms, where the whole MLP's ~9-12 ms (or its gate and up
         together, ~10) often did not fit what was left of a round."""
         if not self.split_mlp:
-            self.hidden = self.hidden + mlp(norm(self.hidden))
+            self.hidden = layer.mlp(self.hidden)
             mx.eval(self.hidden)
         elif part == 0:
-            normed = norm(self.hidden)
-            self._gating = (normed, mlp.gate_proj(normed))
+            self._gating = layer.gate(self.hidden)
             mx.eval(self._gating)
         elif part == 1:
-            assert self._gating is not None  # the MLP's first step made it
-            normed, gate = self._gating
-            self._gating, self._gated = None, swiglu(gate, mlp.up_proj(normed))
+            gating = self._gating
+            assert gating is not None  # the MLP's first step made it
+            self._gating, self._gated = None, layer.gated(*gating)
             mx.eval(self._gated)
         else:
             assert self._gated is not None  # the MLP's second step made it
-            self.hidden = self.hidden + mlp.down_proj(self._gated)
+            self.hidden = layer.mlp_out(self.hidden, self._gated)
             self._gated = None
             mx.eval(self.hidden)
 
-    def _attend_heads(self, layer: Any, cache: Any, mask: Any, part: int) -> None:
-        attention: HostSoftmaxAttention = layer.self_attn
+    def _attend_heads(self, layer: LlamaLayer, cache: Any, mask: Any, part: int) -> None:
+        attention = layer.attention
         if part == 0:
             batch, length, _ = self.hidden.shape
-            projected = attention.project(layer.input_layernorm(self.hidden))
+            projected = layer.project(self.hidden)
             queries, keys, values = attention.heads(projected, (batch, length), cache)
             mx.eval(queries, cache.keys, cache.values)
             self._attending = _Attending(queries, keys, values)
@@ -222,7 +220,7 @@ class LayerSlice:
             mx.eval(state.mixed[-1])
             return
         self._attending = None
-        self.hidden = self.hidden + attention.inner.o_proj(mx.concatenate(state.mixed, axis=-1))
+        self.hidden = layer.attended(self.hidden, mx.concatenate(state.mixed, axis=-1))
         mx.eval(self.hidden)
 
 
