@@ -39,6 +39,11 @@ if [ "$(uname -s)" = "Linux" ]; then
   debian_package redis-server "command -v redis-server" "the shared block tier"
   debian_package haproxy "command -v haproxy || [ -x /usr/sbin/haproxy ]" "the cluster's router"
   debian_package clang "command -v clang" "our C kernels built with clang too (a test)"
+  if [ "$(uname -m)" = "x86_64" ]; then
+    # The NEON variant of our kernels, cross-built and run under qemu-user (a test, ADR 0026).
+    debian_package gcc-aarch64-linux-gnu "command -v aarch64-linux-gnu-gcc" "arm64 kernels (a test)"
+    debian_package qemu-user "command -v qemu-aarch64" "arm64 kernels run here (a test)"
+  fi
 fi
 
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv

@@ -155,19 +155,25 @@ static void add_into(float *x, const float *y, long n) {
 }
 
 /* gate = silu(gate) * up, with silu(g) = g * sigmoid(g) and e^-|g| from vexp (x <= 0). */
+static inline vf swiglu_lanes(vf g, vf up) {
+    vi negative = g < splat(0.0f);
+    vf e = vexp((vf)((vi)g | (vi)splat(-0.0f))); /* e^-|g|: the sign bit set */
+    vf one = splat(1.0f);
+    vf numerator = (vf)((negative & (vi)e) | (~negative & (vi)one));
+    return g * (numerator / (one + e)) * up;
+}
+
+/* The tail past the last full register goes through the same lanes, padded: an element's
+ * bits never depend on where the register boundaries fall (the variant's width). */
 static void swiglu(float *gate, const float *up, long n) {
     long body = n - n % LANES;
-    for (long j = 0; j < body; j += LANES) {
-        vf g = load(gate + j);
-        vi negative = g < splat(0.0f);
-        vf e = vexp((vf)((vi)g | (vi)splat(-0.0f))); /* e^-|g|: the sign bit set */
-        vf one = splat(1.0f);
-        vf numerator = (vf)((negative & (vi)e) | (~negative & (vi)one));
-        store(gate + j, g * (numerator / (one + e)) * load(up + j));
-    }
-    for (long j = body; j < n; j++) {
-        float g = gate[j];
-        gate[j] = g / (1.0f + expf(-g)) * up[j];
+    for (long j = 0; j < body; j += LANES) store(gate + j, swiglu_lanes(load(gate + j), load(up + j)));
+    if (body < n) {
+        float g[LANES] = {0}, u[LANES] = {0};
+        memcpy(g, gate + body, (size_t)(n - body) * sizeof *g);
+        memcpy(u, up + body, (size_t)(n - body) * sizeof *u);
+        store(g, swiglu_lanes(load(g), load(u)));
+        memcpy(gate + body, g, (size_t)(n - body) * sizeof *g);
     }
 }
 
@@ -181,8 +187,9 @@ static void rope_row(float *row, int heads, int dim, int traditional, const floa
         for (int i = 0; i < half; i++) {
             float *a = head + i * step, *b = a + other;
             float x = *a, y = *b;
-            *a = x * cos_[i] - y * sin_[i];
-            *b = x * sin_[i] + y * cos_[i];
+            /* one rounding each, spelled out: contraction is the compiler's choice */
+            *a = fmaf(x, cos_[i], -(y * sin_[i]));
+            *b = fmaf(x, sin_[i], y * cos_[i]);
         }
     }
 }

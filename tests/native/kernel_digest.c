@@ -1,0 +1,89 @@
+/*
+ * Our kernels on fixed inputs, every output's bytes to standard output: built for each
+ * variant (and for arm64, run under qemu-user) by tests/integration/test_kernel_digest.py,
+ * which holds the outputs equal bit for bit (ADR 0026). Linked with small_sgemm.c,
+ * softmax_pv.c and llama_pieces.c; no BLAS behind the shim, so only products of up to 32
+ * rows (our kernels) are asked for.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k, float alpha,
+                 const float *a, int lda, const float *b, int ldb, float beta, float *c, int ldc);
+void semantic_softmax_pv(int batch, int kv_heads, int rows, int span, int dim, float *scores,
+                         const float *values, long v_batch, long v_head, long v_row,
+                         const int *lo, const int *hi, int rows_per_range, float *out);
+void pieces_rms_norm(const float *x, const float *weight, float *out, int rows, int n);
+void pieces_swiglu(float *gate, const float *up, long n);
+void pieces_rope(float *row, int heads, int dim, int traditional, const float *cos_,
+                 const float *sin_);
+const char *semantic_kernel_variant(void);
+
+static unsigned long long state = 88172645463325252ULL;
+
+static float uniform(void) { /* xorshift64 in [-1, 1) */
+    state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+    return (float)((state >> 40) & 0xffffff) / (float)(1 << 23) - 1.0f;
+}
+
+static float *randoms(long n) {
+    float *out = malloc((size_t)n * sizeof *out);
+    for (long i = 0; i < n; i++) out[i] = uniform();
+    return out;
+}
+
+static void emit(const float *x, long n) { fwrite(x, sizeof *x, (size_t)n, stdout); }
+
+static void products(void) {
+    static const int rows[] = {1, 2, 4, 5, 17, 32}, depths[] = {576, 577, 70};
+    for (int d = 0; d < 3; d++)
+        for (int r = 0; r < 6; r++) {
+            int m = rows[r], n = 301, k = depths[d];
+            float *a = randoms((long)m * k), *b = randoms((long)n * k), *c = randoms((long)m * n);
+            cblas_sgemm(101, 111, 112, m, n, k, 1.0f, a, k, b, k, 0.0f, c, n); /* A B^T */
+            emit(c, (long)m * n);
+            float *plain = randoms((long)k * n);
+            cblas_sgemm(101, 111, 111, m, n, k, 0.5f, a, k, plain, n, 1.0f, c, n); /* A B */
+            emit(c, (long)m * n);
+            free(a), free(b), free(c), free(plain);
+        }
+}
+
+static void attention(void) {
+    int kv_heads = 2, rows = 5, span = 83, dim = 128;
+    float *scores = randoms((long)kv_heads * rows * span);
+    float *values = randoms((long)kv_heads * span * dim);
+    float *out = malloc(sizeof(float) * (size_t)kv_heads * rows * dim);
+    int lo[5] = {0, 3, 0, 17, 1}, hi[5] = {83, 60, 1, 83, 82};
+    semantic_softmax_pv(1, kv_heads, rows, span, dim, scores, values, 0, (long)span * dim, dim,
+                        lo, hi, rows, out);
+    emit(scores, (long)kv_heads * rows * span);
+    emit(out, (long)kv_heads * rows * dim);
+    free(scores), free(values), free(out);
+}
+
+static void elementwise(void) {
+    int n = 583; /* a tail past the 16-lane blocks */
+    float *x = randoms(3L * n), *w = randoms(n), *out = malloc(sizeof(float) * 3 * (size_t)n);
+    pieces_rms_norm(x, w, out, 3, n);
+    emit(out, 3L * n);
+    float *gate = randoms(1547), *up = randoms(1547);
+    for (int i = 0; i < 1547; i++) gate[i] *= 12.0f; /* both signs, large and small */
+    pieces_swiglu(gate, up, 1547);
+    emit(gate, 1547);
+    free(x), free(w), free(out), free(gate), free(up);
+    for (int traditional = 0; traditional < 2; traditional++) {
+        float *row = randoms(3 * 64), *cos_ = randoms(32), *sin_ = randoms(32);
+        pieces_rope(row, 3, 64, traditional, cos_, sin_);
+        emit(row, 3 * 64);
+        free(row), free(cos_), free(sin_);
+    }
+}
+
+int main(void) {
+    fprintf(stderr, "%s\n", semantic_kernel_variant());
+    products();
+    attention();
+    elementwise();
+    return 0;
+}
