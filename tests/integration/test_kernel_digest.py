@@ -43,7 +43,7 @@ def _digest(tmp_path: Path, name: str, command: list[str], runner: list[str]) ->
 
 def _builds() -> list[tuple[str, list[str], list[str]]]:
     """(name, compiler and flags, how to run it) for every build this machine can make."""
-    builds = []
+    builds: list[tuple[str, list[str], list[str]]] = []
     flags = this_cpus_flags()
     for variant in variants_here(platform.machine(), flags):
         if variant == "baseline":
