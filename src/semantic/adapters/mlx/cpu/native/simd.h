@@ -45,12 +45,16 @@
 typedef float vf __attribute__((vector_size(4 * LANES), aligned(4))); /* unaligned loads */
 typedef int vi __attribute__((vector_size(4 * LANES)));
 
-/* Every lane x (not (vf){0} + x, which turns -0.0 into +0.0). */
-static inline vf splat(float x) {
-    vf v;
-    for (int i = 0; i < LANES; i++) v[i] = x;
-    return v;
-}
+/* Every lane x, spelled out: one broadcast (a loop over the lanes became sixteen masked
+ * ones with gcc, and (vf){0} + x turns -0.0 into +0.0). */
+#define X4(x) x, x, x, x
+#if LANES == 16
+static inline vf splat(float x) { return (vf){X4(x), X4(x), X4(x), X4(x)}; }
+#elif LANES == 8
+static inline vf splat(float x) { return (vf){X4(x), X4(x)}; }
+#else
+static inline vf splat(float x) { return (vf){X4(x)}; }
+#endif
 
 static inline vf load(const float *p) { return *(const vf *)p; }
 

@@ -107,17 +107,19 @@ static void gemv_rows(int trans_b, const product_t *p) {
 /* Tile shapes for the variant's register file: a tile's rows x cols accumulators (each a
  * block of 16 logical lanes, PARTS registers) and one row of each operand stay in
  * registers. TILE_* serve products of several rows, ROW_COLS products of one (a lone
- * decode step, where a taller tile would only repeat the row). AVX-512: 16 + 8 of 32 zmm;
- * AVX2: 8 + 6 of 16 ymm; NEON: 16 + 12 of 32 q. The shape never changes a bit of a result:
- * each output is summed in the same lanes and halved in the same order (simd.h). */
+ * decode step, where a taller tile would only repeat the row). AVX-512: 4 x 4, 16 + 8 of 32
+ * zmm; AVX2: 1 x 4, 8 + 4 of 16 ymm (measured against 2 x 2, 4 x 1 and 2 x 4: 16 rows of
+ * SmolLM2's MLP product 294 us against 341, 324 and 454; ADR 0026); NEON: 2 x 2, 16 + 8 of
+ * 32 q (not measured). The shape never changes a bit of a result: each output is summed in
+ * the same lanes and halved in the same order (simd.h). */
 #if defined(TILE_ROWS) && defined(TILE_COLS)
 /* given at build time (a tuning experiment) */
 #elif LANES == 16
 #define TILE_ROWS 4
 #define TILE_COLS 4
 #elif LANES == 8
-#define TILE_ROWS 2
-#define TILE_COLS 2
+#define TILE_ROWS 1
+#define TILE_COLS 4
 #else
 #define TILE_ROWS 2
 #define TILE_COLS 2
@@ -126,6 +128,8 @@ static void gemv_rows(int trans_b, const product_t *p) {
 #define MOST_COLS (TILE_COLS > ROW_COLS ? TILE_COLS : ROW_COLS)
 #define MOST_DOTS (TILE_ROWS * TILE_COLS > ROW_COLS ? TILE_ROWS * TILE_COLS : ROW_COLS)
 
+/* Shuffle masks of the transposing add tree: level L pairs lanes 2^(log2(LANES)-L) apart,
+ * taking the blocks of that size alternately from x and y (LO) or the blocks after (HI). */
 #if LANES == 16
 #define LO1 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23
 #define HI1 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31
@@ -135,6 +139,19 @@ static void gemv_rows(int trans_b, const product_t *p) {
 #define HI3 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31
 #define LO4 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30
 #define HI4 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31
+#elif LANES == 8
+#define LO1 0, 1, 2, 3, 8, 9, 10, 11
+#define HI1 4, 5, 6, 7, 12, 13, 14, 15
+#define LO2 0, 1, 4, 5, 8, 9, 12, 13
+#define HI2 2, 3, 6, 7, 10, 11, 14, 15
+#define LO3 0, 2, 4, 6, 8, 10, 12, 14
+#define HI3 1, 3, 5, 7, 9, 11, 13, 15
+#else
+#define LO1 0, 1, 4, 5
+#define HI1 2, 3, 6, 7
+#define LO2 0, 2, 4, 6
+#define HI2 1, 3, 5, 7
+#endif
 /* The same two shuffles and one add in either compiler's spelling (clang has no
  * __builtin_shuffle, GCC before 12 no __builtin_shufflevector). */
 #if defined(__clang__)
@@ -144,11 +161,40 @@ static void gemv_rows(int trans_b, const product_t *p) {
     (__builtin_shuffle(x, y, (vi){low}) + __builtin_shuffle(x, y, (vi){high}))
 #endif
 
-/* Lane i of the result is the sum of the 16 lanes of v[i]: a transposing add tree that
- * does halve()'s adds for sixteen sums at once. */
-static inline void halve16(const vf *v, float out[16]) {
+/* One register per accumulator: its 16 logical lanes' first halvings, which add whole
+ * registers (lane i + lane i+8 is part 0 + part 1 with 8 lanes; with 4 lanes, parts 0 + 2
+ * and 1 + 3, then those two), the order of halve(). */
+static inline vf halve_parts(const vf part[PARTS]) {
+#if PARTS == 1
+    return part[0];
+#elif PARTS == 2
+    return part[0] + part[1];
+#else
+    return (part[0] + part[2]) + (part[1] + part[3]);
+#endif
+}
+
+/* Lanes 0-3 of the result are the sums of four accumulators: a transposing add tree over
+ * the register's lanes that does halve()'s adds for all four at once (the fourth-last and
+ * later levels pair the tree's one register with itself). */
+static inline void halve4(const vf acc[][PARTS], float out[4]) {
+    vf w0 = halve_parts(acc[0]), w1 = halve_parts(acc[1]);
+    vf w2 = halve_parts(acc[2]), w3 = halve_parts(acc[3]);
+    vf f = FOLD(FOLD(w0, w1, LO1, HI1), FOLD(w2, w3, LO1, HI1), LO2, HI2);
+#if LANES >= 8
+    f = FOLD(f, f, LO3, HI3);
+#endif
+#if LANES == 16
+    f = FOLD(f, f, LO4, HI4);
+#endif
+    memcpy(out, &f, 4 * sizeof(float));
+}
+
+#if LANES == 16
+/* Lane i of the result is the sum of the 16 lanes of v[i]: the tree for sixteen. */
+static inline void halve16(const vf acc[][PARTS], float out[16]) {
     vf eights[8], fours[4], twos[2];
-    for (int i = 0; i < 8; i++) eights[i] = FOLD(v[2 * i], v[2 * i + 1], LO1, HI1);
+    for (int i = 0; i < 8; i++) eights[i] = FOLD(acc[2 * i][0], acc[2 * i + 1][0], LO1, HI1);
     for (int i = 0; i < 4; i++) fours[i] = FOLD(eights[2 * i], eights[2 * i + 1], LO2, HI2);
     for (int i = 0; i < 2; i++) twos[i] = FOLD(fours[2 * i], fours[2 * i + 1], LO3, HI3);
     vf sums = FOLD(twos[0], twos[1], LO4, HI4);
@@ -179,12 +225,13 @@ static inline __attribute__((always_inline)) void dot_tile(
         }
     }
 #if LANES == 16
-    if (rows * cols == 16) {
-        vf blocks[16];
-        for (int t = 0; t < 16; t++) blocks[t] = acc[t][0];
-        halve16(blocks, dots);
-    } else
+    if (rows * cols == 16)
+        halve16(acc, dots);
+    else
 #endif
+        if (rows * cols % 4 == 0)
+        for (int t = 0; t < rows * cols; t += 4) halve4(acc + t, dots + t);
+    else
         for (int t = 0; t < rows * cols; t++) dots[t] = halve(acc[t]);
     for (; at < k; at++)
         for (int i = 0; i < rows; i++)

@@ -87,6 +87,7 @@ static float softmax_row(float *row, int lo, int hi, int zero_to) {
  * order, so the sum runs over j from lo upwards however the rows are laid out. */
 static void weigh_values(float *const *p, int lo, int end, const vrange_t *ranges,
                          int n_ranges, int h, int dim, const float *inverse, float *const *out) {
+    const float *p0 = p[0], *p1 = p[1], *p2 = p[2], *p3 = p[3]; /* TILE == 4 */
     for (int d = 0; d < dim; d += LANES * PV_COLS) {
         vf acc[TILE][PV_COLS];
         for (int r = 0; r < TILE; r++)
@@ -99,9 +100,10 @@ static void weigh_values(float *const *p, int lo, int end, const vrange_t *range
                 const float *row = at + (long)j * range->row;
                 vf v[PV_COLS];
                 for (int c = 0; c < PV_COLS; c++) v[c] = load(row + LANES * c);
-                for (int r = 0; r < TILE; r++) {
-                    vf w = splat(p[r][j]);
-                    for (int c = 0; c < PV_COLS; c++) acc[r][c] += w * v[c];
+                vf w0 = splat(p0[j]), w1 = splat(p1[j]), w2 = splat(p2[j]), w3 = splat(p3[j]);
+                for (int c = 0; c < PV_COLS; c++) {
+                    acc[0][c] += w0 * v[c], acc[1][c] += w1 * v[c];
+                    acc[2][c] += w2 * v[c], acc[3][c] += w3 * v[c];
                 }
             }
         }
