@@ -35,6 +35,10 @@ if [ -n "$WHEELHOUSE" ]; then
     --prefix "$PREFIX" "$WHEELHOUSE"/*.whl
   SITE="$PREFIX/$("$PYTHON" -c 'import sys; print("lib/python%d.%d/site-packages" % sys.version_info[:2])')"
   export PYTHONPATH="$PWD/src:$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}"
+  # libmlx.so finds NVIDIA's libraries relative to its own folder, which a prefix lacks: point
+  # the loader at the machine's own (the pip packages of an image's PyTorch, say).
+  NV=$("$PYTHON" -c 'import glob, nvidia; print(":".join(d for p in nvidia.__path__ for d in sorted(glob.glob(p + "/*/lib"))))' 2>/dev/null || true)
+  [ -n "$NV" ] && export LD_LIBRARY_PATH="$NV${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 elif [ "$DEVICE" = "cpu" ]; then
   [ -x .venv/bin/python ] || ./scripts/setup.sh
   PYTHON=.venv/bin/python
