@@ -16,11 +16,10 @@ from pathlib import Path
 
 from semantic.adapters.mlx.cpu.blas import preload_fast_blas
 from semantic.adapters.mlx.cpu.blas_core import cpu_flags
-from semantic.adapters.mlx.cpu.blas_probe import this_cpus_flags
 from semantic.adapters.mlx.cpu.kernel_variant import (
     VARIANT_ENV,
+    this_cpus_variants,
     this_process_variant,
-    variants_here,
 )
 
 FLAGS_THAT_MATTER = (
@@ -74,7 +73,7 @@ def print_machine() -> dict[str, str]:
 def _kernel_variant() -> str:
     """The variant our kernels run as, and why (the widest here, or asked for by name)."""
     running = preload_fast_blas().variant or this_process_variant().name
-    widest = variants_here(platform.machine(), this_cpus_flags())[0]
+    widest = this_cpus_variants()[0]
     if running == widest:
         return f"{running} (the widest here)"
     return f"{running} (asked for by {VARIANT_ENV}; the widest here is {widest})"

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -26,8 +25,7 @@ from typing import Any
 from reliability.server import ServerProcess
 
 from benchmarks.machine import print_machine
-from semantic.adapters.mlx.cpu.blas_probe import this_cpus_flags
-from semantic.adapters.mlx.cpu.kernel_variant import VARIANT_ENV, variants_here
+from semantic.adapters.mlx.cpu.kernel_variant import VARIANT_ENV, this_cpus_variants
 
 _RESULT = "variant-result: "
 
@@ -118,8 +116,7 @@ def main() -> None:
         print(_RESULT + json.dumps(measure(args.history)), flush=True)
         return
     print_machine()
-    here = variants_here(platform.machine(), this_cpus_flags())
-    chosen = [v for v in args.variants.split(",") if v] or list(here)
+    chosen = [v for v in args.variants.split(",") if v] or list(this_cpus_variants())
     results = {}
     for variant in chosen:
         results[variant] = run_variant(variant, args.history)

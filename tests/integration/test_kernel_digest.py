@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from semantic.adapters.mlx.cpu.blas_probe import this_cpus_flags
-from semantic.adapters.mlx.cpu.kernel_variant import variant_flags, variants_here
+from semantic.adapters.mlx.cpu.kernel_variant import this_cpus_variants, variant_flags
 from semantic.adapters.mlx.cpu.native_build import NATIVE_DIR
 
 _HERE = Path(__file__).resolve().parents[1] / "native"
@@ -45,7 +45,7 @@ def _builds() -> list[tuple[str, list[str], list[str]]]:
     """(name, compiler and flags, how to run it) for every build this machine can make."""
     builds: list[tuple[str, list[str], list[str]]] = []
     flags = this_cpus_flags()
-    for variant in variants_here(platform.machine(), flags):
+    for variant in this_cpus_variants():
         if variant == "baseline":
             continue
         for compiler in ("gcc", "clang"):

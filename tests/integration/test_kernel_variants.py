@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -15,11 +14,10 @@ from typing import Any
 
 import pytest
 
-from semantic.adapters.mlx.cpu.blas_probe import this_cpus_flags
 from semantic.adapters.mlx.cpu.kernel_variant import (
     VARIANT_ENV,
+    this_cpus_variants,
     this_process_variant,
-    variants_here,
 )
 from tests.helpers import run_python
 from tests.integration.conftest import RealModel
@@ -59,7 +57,7 @@ print(json.dumps({"variant": status.variant, "kernels": status.small_kernels,
 
 
 def _fma_variants() -> list[str]:
-    return [v for v in variants_here(platform.machine(), this_cpus_flags()) if v != "baseline"]
+    return [v for v in this_cpus_variants() if v != "baseline"]
 
 
 def _run(variant: str, model: Path) -> dict[str, Any]:

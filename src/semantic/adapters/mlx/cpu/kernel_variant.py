@@ -89,3 +89,8 @@ def choose_variant(
 
 def this_process_variant() -> KernelVariant:
     return choose_variant(os.environ, platform.machine(), this_cpus_flags())
+
+
+def this_cpus_variants() -> tuple[str, ...]:
+    """The variants this machine's CPU can run, widest first."""
+    return variants_here(platform.machine(), this_cpus_flags())
