@@ -103,10 +103,10 @@ async def test_openai_stream_rebuilds_the_reply_without_streaming(
     for call in calls:
         call["function"].pop("parsed_arguments", None)
     assert calls == message.get("tool_calls", [])
-    if finish is FinishReason.MAX_TOKENS:  # cut inside a call: its text, never half a call
+    if finish is FinishReason.MAX_TOKENS:  # cut inside a call: the call as far as it came
         assert streamed.finish_reason == "length"
-        assert message["content"] == "".join(pieces)
-        assert "tool_calls" not in message
+        assert message["content"] == "I will look it up."
+        assert [c["function"]["arguments"] for c in calls] == ['{"city": ']
     else:
         assert streamed.finish_reason == "tool_calls"
         assert [c["function"]["name"] for c in calls] == ["get_weather", "get_time"]
@@ -154,10 +154,11 @@ async def test_anthropic_stream_rebuilds_the_reply_without_streaming(
     content = [block.model_dump(exclude_none=True) for block in snapshot.content]
     for block in content:
         block.pop("parsed_output", None)
-    assert content == plain["content"]
+    assert content == plain["content"]  # a cut call's input: {} both ways
     assert snapshot.stop_reason == plain["stop_reason"]
     expected = "tool_use" if finish is FinishReason.END_OF_TURN else "max_tokens"
     assert plain["stop_reason"] == expected
+    assert [b["type"] for b in content][:2] == ["text", "tool_use"]
     if finish is FinishReason.END_OF_TURN:
         assert [b["type"] for b in content] == ["text", "tool_use", "tool_use"]
         assert content[1]["input"] == {"city": "Paris", "days": [1, 2]}

@@ -11,7 +11,8 @@ import pytest
 from semantic.adapters.http.tool_translate import named_refusal, response_schema
 from semantic.adapters.tool_formats import DefaultFormat, format_for
 from semantic.application.call_memory import CallMemory
-from semantic.application.tool_replies import ReplyReader
+from semantic.application.generation import TextDelta
+from semantic.application.tool_replies import ArgumentsDelta, Call, CallOpened, Reply, ReplyReader
 from semantic.domain.chat import ChatMessage, check_tool_answers
 from semantic.domain.constraints import UnsupportedSchemaError
 from semantic.domain.errors import InvalidRequestError
@@ -19,6 +20,7 @@ from semantic.domain.tools import (
     Tool,
     ToolCall,
     ToolChoice,
+    MAX_CALLS_PER_REPLY,
     ToolUse,
     checked_tools,
     tool_use,
@@ -106,19 +108,39 @@ def test_the_default_format_constrains_and_reads_its_own_calls() -> None:
     auto = fmt.constraint(use(tools, ToolChoice.AUTO, None, True))
     assert auto is not None
     assert auto.triggers == ("<tool_call>",)
-    assert auto.max_calls == 2  # one per tool offered
+    assert auto.max_calls == MAX_CALLS_PER_REPLY  # any tool, several times
+    assert auto.end_on_repeat and required.end_on_repeat
     assert not auto.require_call
     assert fmt.constraint(use(tools, ToolChoice.NONE, None, True)) is None
     written = required.calls[0].begin + '{"city":"Paris"}' + required.calls[0].end
-    both = written + "\n" + required.calls[1].begin + "{}" + required.calls[1].end
-    calls = fmt.parse_calls(both)
-    assert calls is not None
-    assert [(c.name, c.arguments) for c in calls] == [
-        ("get_weather", '{"city":"Paris"}'),
-        ("get_time", "{}"),
-    ]
-    for broken in (written[:-3], written + " and more", '<tool_call>{"name": 1}</tool_call>'):
-        assert fmt.parse_calls(broken) is None
+    head = fmt.read_head(" " + written, 0)
+    assert head is not None
+    assert head.name == "get_weather"
+    assert written[head.arguments_at - 1 :].startswith('{"city"')
+    assert fmt.read_tail(written, written.index("}}") + 1) == len(written)
+    assert fmt.read_tail(written[:-3], written.index("}}") + 1) is None  # the tag is cut
+    for no_head in (written[:30], '<tool_call>{"name": 1}', "text <tool_call>"):
+        assert fmt.read_head(no_head, 0) is None
+
+
+def test_call_schemas_close_objects_that_list_their_properties() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "where": {"type": "object", "properties": {"city": {"type": "string"}}},
+            "tags": {"type": "array", "items": {"type": "object", "properties": {}}},
+            "free": {"type": "object", "additionalProperties": {"type": "integer"}},
+            "both": {"allOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}]},
+        },
+    }
+    [tool] = checked_tools([("f", None, schema)])
+    closed = json.loads(tool.call_schema)
+    assert closed["additionalProperties"] is False
+    where, tags = closed["properties"]["where"], closed["properties"]["tags"]["items"]
+    assert where["additionalProperties"] is False and tags["additionalProperties"] is False
+    assert closed["properties"]["free"]["additionalProperties"] == {"type": "integer"}
+    assert all("additionalProperties" not in s for s in closed["properties"]["both"]["allOf"])
+    assert tool.schema == schema  # the prompt shows the tool as it was given
 
 
 def test_the_default_format_renders_calls_and_results_as_plain_turns() -> None:
@@ -153,14 +175,14 @@ def test_templates_that_take_tools_get_their_family_format() -> None:
 CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
 
 
-def read(pieces: list[str], fmt: DefaultFormat | None) -> tuple[str, object]:
+def read(pieces: list[str], fmt: DefaultFormat | None) -> tuple[str, Reply]:
     reader = ReplyReader(fmt, new_id)
-    shown = "".join(reader.feed(p) for p in pieces)
+    events = [event for piece in pieces for event in reader.feed(piece)]
     rest, reply = reader.finish()
-    return shown + rest, reply
+    return "".join(e.text for e in [*events, *rest] if isinstance(e, TextDelta)), reply
 
 
-def test_the_reader_passes_text_on_and_holds_a_call_to_the_end() -> None:
+def test_the_reader_passes_text_on_and_each_call_as_it_forms() -> None:
     pieces = [
         "Let me ",
         "look.\n<tool",
@@ -168,24 +190,39 @@ def test_the_reader_passes_text_on_and_holds_a_call_to_the_end() -> None:
         '"get_weather", "arguments": {"ci',
         'ty": "Paris"}}</tool_call>',
     ]
-    reader = ReplyReader(DefaultFormat(), new_id)
+    reader = ReplyReader(DefaultFormat(), lambda: "call_1")
     shown = [reader.feed(p) for p in pieces]
-    assert shown == ["Let me", " look.", "", "", ""]  # spaces held until text follows
+    assert shown == [
+        [TextDelta("Let me")],  # spaces held until text follows
+        [TextDelta(" look.")],
+        [],
+        [CallOpened(0, "call_1", "get_weather"), ArgumentsDelta(0, '{"ci')],
+        [ArgumentsDelta(0, 'ty": "Paris"}')],  # as the text came, without the closing
+    ]
     rest, reply = reader.finish()
-    assert rest == ""
+    assert rest == []
     assert reply.content == "Let me look."
     assert reply.raw == "".join(pieces)
+    assert reply.calls == (Call("call_1", "get_weather", '{"city": "Paris"}'),)
+
+
+def test_a_reply_cut_inside_a_call_keeps_the_call_as_far_as_it_came() -> None:
+    shown, reply = read(["Sure. ", CALL[:60]], DefaultFormat())
+    assert shown == "Sure."
     [call] = reply.calls
-    assert (call.name, call.arguments) == ("get_weather", '{"city": "Paris"}')
-    assert call.pieces == ('{"ci', 'ty": "Paris"}')  # as the text came
-    assert call.id.startswith("call_")
+    assert (call.name, call.arguments, call.complete) == ("get_weather", '{"city": "Pa', False)
+    assert reply.cut_in_a_call
+    shown, reply = read(["Sure. ", CALL[:30]], DefaultFormat())  # before the tool's name
+    assert (shown, reply.calls) == ("Sure. " + CALL[:30], ())
 
 
-def test_a_reply_cut_inside_a_call_is_its_text_and_no_call() -> None:
-    shown, reply = read(["Sure. ", CALL[:30]], DefaultFormat())
-    assert shown == "Sure. " + CALL[:30]
-    assert reply.calls == ()  # type: ignore[attr-defined]  # a Reply
-    assert reply.content == shown  # type: ignore[attr-defined]  # a Reply
+def test_a_call_repeating_an_earlier_one_is_dropped_and_others_are_kept() -> None:
+    other = CALL.replace("Paris", "Lima")
+    quoted = CALL.replace('"Paris"', '"P\\"}aris"')  # a brace and a quote inside a string
+    shown, reply = read([CALL, "\n", other[:70], other[70:], "\n", CALL], DefaultFormat())
+    assert [json.loads(c.arguments)["city"] for c in reply.calls] == ["Paris", "Lima"]
+    shown, reply = read([quoted, "\n", CALL], DefaultFormat())
+    assert [json.loads(c.arguments)["city"] for c in reply.calls] == ['P"}aris', "Paris"]
 
 
 def test_text_that_only_looks_like_a_call_start_is_passed_on() -> None:
@@ -289,7 +326,10 @@ def test_each_template_family_reads_the_calls_its_constraint_writes(
     [tagged] = constraint.calls
     assert tagged.begin + '{"city": "Oslo"}' + tagged.end == written
     assert tagged.begin.startswith(constraint.triggers[0])
-    reader = ReplyReader(fmt, new_id)
-    assert reader.feed("Sure. " + written) == "Sure."
+    reader = ReplyReader(fmt, lambda: "call_9")
+    assert reader.feed("Sure. " + written)[:2] == [
+        TextDelta("Sure."),
+        CallOpened(0, "call_9", "get_weather"),
+    ]
     _, reply = reader.finish()
     assert [(c.name, c.arguments) for c in reply.calls] == [("get_weather", '{"city": "Oslo"}')]

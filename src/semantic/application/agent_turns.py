@@ -16,7 +16,6 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from semantic.application.agent_values import CommittedReply, Turn, TurnStarted
 from semantic.application.cache.store import AgentCacheStore
 from semantic.application.generation import (
-    GenerationEvent,
     GenerationHandle,
     GenerationInput,
     GenerationResult,
@@ -25,7 +24,7 @@ from semantic.application.generation import (
 )
 from semantic.application.live_turns import LiveTurn
 from semantic.application.prompt_marks import mark
-from semantic.application.tool_replies import Reply, ReplyReader
+from semantic.application.tool_replies import Reply, ReplyReader, TurnEvent
 from semantic.application.transcript import (
     answered,
     asked,
@@ -105,7 +104,7 @@ class TurnRunner:
         turn: Turn,
         earlier: int,
         write: Write,
-    ) -> AsyncGenerator[GenerationEvent | TurnStarted, None]:
+    ) -> AsyncGenerator[TurnEvent | TurnStarted, None]:
         """The turn's events: ``TurnStarted`` once its request is queued, then its text and
         result. Its reply is committed with its question (after ``earlier`` messages;
         ``write`` commits them) before the result is reported, unless a delete ended the
@@ -130,7 +129,7 @@ class TurnRunner:
         *,
         earlier: int,
         write: Write,
-    ) -> AsyncGenerator[GenerationEvent, None]:
+    ) -> AsyncGenerator[TurnEvent, None]:
         asked_at = time.time()
         offered = turn.tools is not None and turn.tools.offered
         reader = ReplyReader(self._tokenizer.tool_format if offered else None, new_call_id)
@@ -140,15 +139,14 @@ class TurnRunner:
                     raise AgentDeletedError(live.agent_id, live.namespace)
                 if isinstance(event, GenerationResult):
                     rest, answer = reader.finish()
-                    if rest:
-                        yield TextDelta(rest)
+                    for piece in rest:
+                        yield piece
                     place = await self._commit(live, turn, asked_at, answer, write)
                     rendered = mark(self._cache.fingerprint, request.prompt_tokens)
                     yield _committed(event, answer, earlier + place, rendered)
                 elif isinstance(event, TextDelta):
-                    shown = reader.feed(event.text)
-                    if shown:
-                        yield TextDelta(shown)
+                    for piece in reader.feed(event.text):
+                        yield piece
 
     async def _commit(
         self, live: LiveTurn, turn: Turn, asked_at: float, answer: Reply, write: Write

@@ -23,7 +23,6 @@ from semantic.application.agent_values import (
 from semantic.application.cache.lineage import branch_prefix
 from semantic.application.cache.store import AgentCacheStore
 from semantic.application.generation import (
-    GenerationEvent,
     GenerationHandle,
     GenerationInput,
     GenerationService,
@@ -32,6 +31,7 @@ from semantic.application.leases import AgentLeases
 from semantic.application.live_turns import LiveTurns
 from semantic.application.plain_requests import PlainRequests
 from semantic.application.prompt_marks import marked
+from semantic.application.tool_replies import ArgumentsDelta, CallOpened, TurnEvent
 from semantic.application.transcript import new_call_id, record_calls
 from semantic.application.turn_gate import TurnGate
 from semantic.domain.chat import ChatMessage
@@ -48,9 +48,12 @@ __all__ = [
     "INTERNAL_PREFIX",
     "AgentInfo",
     "AgentService",
+    "ArgumentsDelta",
     "CacheState",
+    "CallOpened",
     "CommittedReply",
     "Turn",
+    "TurnEvent",
     "TurnStarted",
     "new_call_id",
     "record_calls",
@@ -206,7 +209,7 @@ class AgentService:
 
     async def send(
         self, namespace: str, agent_id: str, turn: Turn
-    ) -> AsyncGenerator[GenerationEvent, None]:
+    ) -> AsyncGenerator[TurnEvent, None]:
         """Append the user's message, generate the reply, commit both, then report the
         result. Turns of one agent run one at a time. On a full disk, cached KV makes room
         for the transcript; a turn that cannot be kept is refused (``DiskFullError``),
@@ -231,7 +234,7 @@ class AgentService:
         *,
         keep: bool = True,
         rendered: str = "",
-    ) -> AsyncGenerator[GenerationEvent | TurnStarted, None]:
+    ) -> AsyncGenerator[TurnEvent | TurnStarted, None]:
         """A turn of an agent made with its reply: ``agent`` (with the block list it shares
         with the agent it branches from, nothing copied) and ``history`` as its transcript.
         Nothing is written before the reply, so a chain's next turn waits for no commit;

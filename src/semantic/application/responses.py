@@ -29,7 +29,7 @@ from semantic.application.agents import (
     Turn,
     TurnStarted,
 )
-from semantic.application.generation import GenerationEvent
+from semantic.application.tool_replies import TurnEvent
 from semantic.domain.errors import AgentNotFoundError, ObjectNotFoundError, PromptTooLongError
 from semantic.ports.metadata_store import AgentRecord, MessageRecord
 from semantic.ports.object_store import ObjectStore, StoredObject
@@ -44,7 +44,7 @@ CONVERSATION_CHAIN = "conversation_chain"
 """A conversation's last response's agent, the item ids it had then and its prompt's mark
 (JSON)."""
 
-ResponseEvent = GenerationEvent | TurnStarted
+ResponseEvent = TurnEvent | TurnStarted
 """What a response's generation gives: ``TurnStarted`` once queued, its text, its reply."""
 
 Keep = Callable[[CommittedReply], Sequence[StoredObject]]

@@ -38,6 +38,8 @@ class OutputConstraint:
     ``require_call`` forbids free text before the first call (tool_choice ``required``, a
     named tool, Anthropic's ``any``/``tool``). ``max_calls`` bounds how many calls follow each
     other (1 when parallel tool calls are off); after the last call the reply ends.
+    ``end_on_repeat``: a call written exactly as an earlier one of the reply ends the reply
+    there (the repeat is the model looping, not a call to make again).
     """
 
     json_schema: str | None = None
@@ -45,6 +47,7 @@ class OutputConstraint:
     triggers: tuple[str, ...] = ()
     require_call: bool = False
     max_calls: int | None = None
+    end_on_repeat: bool = False
 
     def __post_init__(self) -> None:
         if (self.json_schema is None) == (not self.calls):
@@ -57,7 +60,14 @@ class OutputConstraint:
     @property
     def cache_key(self) -> tuple[object, ...]:
         """Equal for constraints that compile to the same grammar."""
-        return (self.json_schema, self.calls, self.triggers, self.require_call, self.max_calls)
+        return (
+            self.json_schema,
+            self.calls,
+            self.triggers,
+            self.require_call,
+            self.max_calls,
+            self.end_on_repeat,
+        )
 
 
 class UnsupportedSchemaError(InvalidRequestError):

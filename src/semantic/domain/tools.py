@@ -33,6 +33,12 @@ class Tool:
         loaded: dict[str, Any] = json.loads(self.parameters)
         return loaded
 
+    @property
+    def call_schema(self) -> str:
+        """The arguments a generated call may hold, as JSON Schema text: ``parameters`` with
+        every object that lists its properties closed to others (``closed_objects``)."""
+        return json.dumps(closed_objects(self.schema), ensure_ascii=False)
+
 
 @dataclass(frozen=True, slots=True)
 class ToolCall:
@@ -42,6 +48,11 @@ class ToolCall:
     id: str
     name: str
     arguments: str
+
+
+MAX_CALLS_PER_REPLY = 16
+"""How many calls one reply may make when parallel calls are allowed (ADR 0018). Any tool
+any number of times within it; a call identical to an earlier one ends the reply."""
 
 
 class ToolChoice(enum.Enum):
@@ -193,6 +204,39 @@ def _mapping(value: object, what: str, name: str, field: str) -> dict[str, Any]:
     return value
 
 
+_CLOSABLE_BLOCKERS = frozenset(
+    {"additionalProperties", "patternProperties", "unevaluatedProperties", "allOf", "$ref"}
+)
+
+
+def closed_objects(schema: Any) -> Any:
+    """``schema`` with ``"additionalProperties": false`` on each object schema that lists
+    ``properties`` and says nothing of other keys, here and in what it nests (not inside
+    ``allOf``, whose members are closed together or not at all).
+
+    JSON Schema lets an object hold keys it does not list; a model under a grammar then
+    invents them (the embedded model wrote ``"temperature"`` into ``get_weather`` and
+    copied the schema's own ``"type"``/``"properties"`` into its arguments until
+    ``max_tokens``), and a call cut short is no call. OpenAI's strict mode requires the
+    same closing of every object."""
+    if isinstance(schema, list):
+        return [closed_objects(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: _closed_member(key, value) for key, value in schema.items()}
+    if isinstance(out.get("properties"), dict) and not _CLOSABLE_BLOCKERS & set(out):
+        out["additionalProperties"] = False
+    return out
+
+
+def _closed_member(key: str, value: Any) -> Any:
+    if key in ("properties", "$defs", "definitions") and isinstance(value, dict):
+        return {name: closed_objects(sub) for name, sub in value.items()}
+    if key in ("items", "prefixItems", "anyOf", "oneOf", "additionalProperties"):
+        return closed_objects(value)
+    return value
+
+
 def same_arguments(left: str, right: str) -> bool:
     """Whether two JSON texts hold the same value (spacing and key order aside)."""
     try:
@@ -202,11 +246,9 @@ def same_arguments(left: str, right: str) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class ParsedCall:
-    """A call read from a reply: the tool's name, its arguments' JSON text as written, and
-    where that text lies in the text it was read from (to stream it as it came)."""
+class CallHead:
+    """The start of a call read from a reply: the tool's name, and where the arguments'
+    JSON text begins in the text it was read from."""
 
     name: str
-    arguments: str
-    start: int
-    end: int
+    arguments_at: int

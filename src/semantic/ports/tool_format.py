@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from semantic.domain.constraints import OutputConstraint
-from semantic.domain.tools import ParsedCall, ToolUse
+from semantic.domain.tools import CallHead, ToolUse
 
 
 class ToolFormat(Protocol):
@@ -24,7 +24,12 @@ class ToolFormat(Protocol):
         it may not call any (``tool_choice`` none)."""
         ...
 
-    def parse_calls(self, text: str) -> list[ParsedCall] | None:
-        """The calls in ``text`` (which starts at the trigger), or None where it is not
-        one or more whole calls in this format (cut short, or malformed)."""
+    def read_head(self, text: str, start: int) -> CallHead | None:
+        """The call whose text begins at ``start`` (after any whitespace): its tool and
+        where its arguments' JSON begins; None while ``text`` holds no whole head there."""
+        ...
+
+    def read_tail(self, text: str, start: int) -> int | None:
+        """Where the call whose arguments end at ``start`` ends, past its closing text;
+        None while ``text`` holds no whole closing there."""
         ...

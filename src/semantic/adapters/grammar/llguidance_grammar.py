@@ -22,24 +22,57 @@ CACHED_GRAMMARS = 256
 _UNIMPLEMENTED = re.compile(r"Unimplemented keys: (\[[^\]]*\])")
 
 
+class RepeatGuard:
+    """Ends a reply at a call written exactly as an earlier one (``end_on_repeat``).
+
+    A call is complete where the grammar turns accepting again: inside a call's JSON it
+    cannot end, after the call's closing text it can. The text between two such points is
+    one call (the first also holds the free text before it), so a repeat is a segment that
+    ends an earlier one."""
+
+    def __init__(self, tokenizer: llguidance.LLTokenizer) -> None:
+        self._tokenizer = tokenizer
+        self._segment: list[int] = []
+        self._calls: list[bytes] = []
+        self._was_accepting = True
+        self.repeated = False
+
+    def step(self, token: int, accepting: bool) -> None:
+        self._segment.append(token)
+        if accepting and not self._was_accepting:
+            call = self._tokenizer.decode_bytes(self._segment).strip()
+            self.repeated = any(earlier.endswith(call) for earlier in self._calls)
+            self._calls.append(call)
+            self._segment = []
+        self._was_accepting = accepting
+
+
 class LlguidanceMatcher:
     """llguidance's own ``is_stopped`` means "only the end token may follow" (its mask
     then holds just that); this matcher is done once the end token was accepted."""
 
-    def __init__(self, matcher: llguidance.LLMatcher, end_only: bytes) -> None:
+    def __init__(
+        self, matcher: llguidance.LLMatcher, end_only: bytes, guard: RepeatGuard | None
+    ) -> None:
         self._matcher = matcher
         self._end_only = end_only
+        self._guard = guard
         self._ended = False
 
     def allowed(self) -> bytes:
         if self._matcher.is_error():  # a refused token: end the turn rather than go on
+            return self._end_only
+        if self._guard is not None and self._guard.repeated:
             return self._end_only
         return self._matcher.compute_bitmask()
 
     def accept(self, token: int) -> bool:
         byte = token // 8
         self._ended = byte < len(self._end_only) and bool(self._end_only[byte] >> (token % 8) & 1)
-        return self._matcher.consume_token(token)
+        accepted = self._matcher.consume_token(token)
+        if self._guard is not None and not self._ended:
+            self._guard.step(token, self._matcher.is_accepting())
+        return accepted
 
     @property
     def done(self) -> bool:
@@ -47,12 +80,21 @@ class LlguidanceMatcher:
 
 
 class LlguidanceGrammar:
-    def __init__(self, pristine: llguidance.LLMatcher, end_only: bytes) -> None:
+    """``guarded_by``: the tokenizer a ``RepeatGuard`` reads calls with (None: no guard)."""
+
+    def __init__(
+        self,
+        pristine: llguidance.LLMatcher,
+        end_only: bytes,
+        guarded_by: llguidance.LLTokenizer | None,
+    ) -> None:
         self._pristine = pristine
         self._end_only = end_only
+        self._guarded_by = guarded_by
 
     def matcher(self) -> LlguidanceMatcher:
-        return LlguidanceMatcher(self._pristine.deep_copy(), self._end_only)
+        guard = None if self._guarded_by is None else RepeatGuard(self._guarded_by)
+        return LlguidanceMatcher(self._pristine.deep_copy(), self._end_only, guard)
 
 
 class LlguidanceCompiler:
@@ -88,7 +130,8 @@ class LlguidanceCompiler:
             if key in self._cache:
                 self._cache.move_to_end(key)
                 return self._cache[key]
-        grammar = LlguidanceGrammar(self._compiled(constraint), self._end_only)
+        guard = self.prepare() if constraint.end_on_repeat else None
+        grammar = LlguidanceGrammar(self._compiled(constraint), self._end_only, guard)
         with self._lock:
             self._cache[key] = grammar
             while len(self._cache) > CACHED_GRAMMARS:

@@ -17,11 +17,19 @@ from semantic.adapters.http.identity import (
     checked_id,
     identity,
 )
-from semantic.adapters.http.openai_tools import call_entry, openai_tool_use
+from semantic.adapters.http.openai_tools import call_entry, openai_tool_use, reply_delta
 from semantic.adapters.http.tool_translate import named_refusal
 from semantic.adapters.http.translate import OPENAI_FINISH, sampling, stop_strings
-from semantic.application.agents import AgentInfo, CommittedReply, Turn, record_calls
-from semantic.application.generation import GenerationEvent, GenerationResult, TextDelta
+from semantic.application.agents import (
+    AgentInfo,
+    ArgumentsDelta,
+    CallOpened,
+    CommittedReply,
+    Turn,
+    TurnEvent,
+    record_calls,
+)
+from semantic.application.generation import GenerationResult, TextDelta
 from semantic.domain.constraints import UnsupportedSchemaError
 from semantic.domain.errors import InvalidRequestError, SemanticError
 from semantic.ports.metadata_store import MessageRecord
@@ -153,7 +161,7 @@ class AgentController(Controller):
         return _reply(await unless_client_leaves(request, _last(first, events)))
 
 
-async def _last(first: GenerationEvent, rest: AsyncIterator[GenerationEvent]) -> GenerationResult:
+async def _last(first: TurnEvent, rest: AsyncIterator[TurnEvent]) -> GenerationResult:
     result = first
     async for event in rest:
         result = event
@@ -162,14 +170,14 @@ async def _last(first: GenerationEvent, rest: AsyncIterator[GenerationEvent]) ->
     return result
 
 
-async def _stream(
-    first: GenerationEvent, rest: AsyncIterator[GenerationEvent]
-) -> AsyncIterator[str]:
+async def _stream(first: TurnEvent, rest: AsyncIterator[TurnEvent]) -> AsyncIterator[str]:
     try:
-        event: GenerationEvent | None = first
+        event: TurnEvent | None = first
         while event is not None:
             if isinstance(event, TextDelta):
                 yield sse_data({"type": "delta", "content": event.text}, "delta")
+            elif isinstance(event, CallOpened | ArgumentsDelta):
+                yield sse_data({"type": "tool_call_delta", **reply_delta(event)}, "tool_call_delta")
             else:
                 yield sse_data({"type": "message", **_reply(event)}, "message")
             event = await anext(rest, None)
@@ -181,7 +189,8 @@ def _reply(result: GenerationResult) -> dict[str, Any]:
     usage = result.usage
     numbered = {"id": f"msg_{result.place}"} if isinstance(result, CommittedReply) else {}
     calls = result.calls if isinstance(result, CommittedReply) else ()
-    finish = "tool_calls" if calls else OPENAI_FINISH[result.finish_reason]
+    whole = calls and all(c.complete for c in calls)
+    finish = "tool_calls" if whole else OPENAI_FINISH[result.finish_reason]
     called = {"tool_calls": [call_entry(c) for c in calls]} if calls else {}
     return {
         **numbered,

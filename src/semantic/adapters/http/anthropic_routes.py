@@ -51,7 +51,7 @@ from semantic.application.generation import (
     GenerationResult,
     TextDelta,
 )
-from semantic.application.tool_replies import Call, Reply, ReplyReader
+from semantic.application.tool_replies import CallOpened, Reply, ReplyEvent, ReplyReader
 from semantic.domain.chat import ChatMessage, check_tool_answers
 from semantic.domain.errors import InvalidRequestError, SemanticError
 
@@ -186,7 +186,9 @@ def _usage(result: GenerationResult | None, prompt_tokens: int, cached: int) -> 
 
 
 def _stop(result: GenerationResult, answer: Reply) -> str:
-    return "tool_use" if answer.calls else ANTHROPIC_STOP[result.finish_reason]
+    """``tool_use`` for whole calls; a reply cut inside one ends as it was cut."""
+    whole = answer.calls and not answer.cut_in_a_call
+    return "tool_use" if whole else ANTHROPIC_STOP[result.finish_reason]
 
 
 def message_body(
@@ -215,6 +217,8 @@ class _Blocks:
     def __init__(self) -> None:
         self.index = 0
         self.text_open = False
+        self.call_at: int | None = None
+        """The index of the call block open now."""
 
     def open_text(self) -> str:
         self.text_open = True
@@ -236,17 +240,26 @@ class _Blocks:
         self.index = 1
         return [sse_data({"type": "content_block_stop", "index": 0}, "content_block_stop")]
 
-    def call(self, call: Call) -> list[str]:
-        index, self.index = self.index, self.index + 1
-        block = {"type": "tool_use", "id": call.id, "name": call.name, "input": {}}
-        start = {"type": "content_block_start", "index": index, "content_block": block}
-        out = [sse_data(start, "content_block_start")]
-        for piece in call.pieces:
-            delta = {"type": "input_json_delta", "partial_json": piece}
-            body = {"type": "content_block_delta", "index": index, "delta": delta}
-            out.append(sse_data(body, "content_block_delta"))
-        out.append(sse_data({"type": "content_block_stop", "index": index}, "content_block_stop"))
-        return out
+    def event(self, event: ReplyEvent) -> list[str]:
+        """A piece of the reply as its blocks: text, a call's block opening, its input."""
+        if isinstance(event, TextDelta):
+            return self.text(event.text)
+        if isinstance(event, CallOpened):
+            lines = [*self.close_text(), *self.close_call()]
+            self.call_at, self.index = self.index, self.index + 1
+            block = {"type": "tool_use", "id": event.id, "name": event.name, "input": {}}
+            start = {"type": "content_block_start", "index": self.call_at, "content_block": block}
+            return [*lines, sse_data(start, "content_block_start")]
+        delta = {"type": "input_json_delta", "partial_json": event.text}
+        body = {"type": "content_block_delta", "index": self.call_at, "delta": delta}
+        return [sse_data(body, "content_block_delta")]
+
+    def close_call(self) -> list[str]:
+        if self.call_at is None:
+            return []
+        stop = {"type": "content_block_stop", "index": self.call_at}
+        self.call_at = None
+        return [sse_data(stop, "content_block_stop")]
 
 
 _EMPTY_TEXT = {"type": "text", "text": ""}
@@ -277,8 +290,9 @@ async def message_events(
     try:
         async for event in handle.events():
             if isinstance(event, TextDelta):
-                for line in blocks.text(reader.feed(event.text)):
-                    yield line
+                for piece in reader.feed(event.text):
+                    for line in blocks.event(piece):
+                        yield line
             elif isinstance(event, GenerationResult):
                 for line in await _ending(event, blocks, reader, keep):
                     yield line
@@ -292,14 +306,12 @@ async def _ending(
     reader: ReplyReader,
     keep: Callable[[Reply], Awaitable[None]],
 ) -> list[str]:
-    text, answer = reader.finish()
+    rest, answer = reader.finish()
     await keep(answer)
-    lines = blocks.text(text)
+    lines = [line for piece in rest for line in blocks.event(piece)]
     if not answer.calls and not blocks.text_open and blocks.index == 0:
         lines.append(blocks.open_text())  # an empty reply still has its text block
-    lines += blocks.close_text()
-    for call in answer.calls:
-        lines += blocks.call(call)
+    lines += blocks.close_text() + blocks.close_call()
     done = {
         "type": "message_delta",
         "delta": {"stop_reason": _stop(result, answer), "stop_sequence": result.stop_string},

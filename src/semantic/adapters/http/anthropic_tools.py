@@ -129,9 +129,11 @@ def _result(block: Any) -> ChatMessage:
 
 
 def tool_use_block(call: Call) -> dict[str, Any]:
+    """A call cut short by ``max_tokens`` has the input ``{}`` (its stream showed the
+    partial JSON as it came)."""
     return {
         "type": "tool_use",
         "id": call.id,
         "name": call.name,
-        "input": json.loads(call.arguments),
+        "input": json.loads(call.arguments) if call.complete else {},
     }

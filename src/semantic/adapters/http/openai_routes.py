@@ -29,11 +29,11 @@ from semantic.adapters.http.openai_schemas import (
     SamplingFields,
 )
 from semantic.adapters.http.openai_tools import (
-    call_deltas,
     call_entry,
     history_calls,
     new_call_id,
     openai_tool_use,
+    reply_delta,
 )
 from semantic.adapters.http.state import Services
 from semantic.adapters.http.tool_translate import (
@@ -184,8 +184,8 @@ class ReplyBodies:
         reader: ReplyReader,
         kept: Callable[[Reply], Awaitable[None]],
     ) -> AsyncIterator[str]:
-        """Text as it comes; a reply's calls once it ends (``ReplyReader``), each as OpenAI
-        streams one: id, type and name in its first delta, then its arguments in pieces."""
+        """Text and calls as they form (``ReplyReader``), each call as OpenAI streams one:
+        id, type and name in its first delta, then its arguments in pieces."""
 
         def chunk(delta: dict[str, Any] | None, finish: str | None = None) -> str:
             body = {"index": 0, "delta": delta or {}, "finish_reason": finish, "logprobs": None}
@@ -195,17 +195,13 @@ class ReplyBodies:
         try:
             async for event in handle.events():
                 if isinstance(event, TextDelta):
-                    text = reader.feed(event.text)
-                    if text:
-                        yield chunk({"content": text})
+                    for piece in reader.feed(event.text):
+                        yield chunk(reply_delta(piece))
                 elif isinstance(event, GenerationResult):
-                    text, answer = reader.finish()
-                    if text:
-                        yield chunk({"content": text})
+                    rest, answer = reader.finish()
+                    for piece in rest:
+                        yield chunk(reply_delta(piece))
                     await kept(answer)
-                    for index, call in enumerate(answer.calls):
-                        for delta in call_deltas(index, call):
-                            yield chunk(delta)
                     yield chunk(None, _finish(event, answer))
                     if usage:
                         yield self._chunk([], _usage(event))
@@ -276,7 +272,9 @@ def _model_entry(model_id: str) -> dict[str, Any]:
 
 
 def _finish(result: GenerationResult, answer: Reply) -> str:
-    return "tool_calls" if answer.calls else OPENAI_FINISH[result.finish_reason]
+    """``tool_calls`` for whole calls; a reply cut inside one ends as it was cut."""
+    whole = answer.calls and not answer.cut_in_a_call
+    return "tool_calls" if whole else OPENAI_FINISH[result.finish_reason]
 
 
 class _Keep:

@@ -8,7 +8,8 @@ import json
 import uuid
 from typing import Any
 
-from semantic.application.tool_replies import Call
+from semantic.application.generation import TextDelta
+from semantic.application.tool_replies import Call, CallOpened, ReplyEvent
 from semantic.domain.errors import InvalidRequestError
 from semantic.domain.tools import ToolCall, ToolChoice, ToolUse, checked_tools, tool_use
 
@@ -100,14 +101,17 @@ def call_entry(call: Call) -> dict[str, Any]:
     }
 
 
-def call_deltas(index: int, call: Call) -> list[dict[str, Any]]:
-    """A call as OpenAI streams it: id, type and name first (arguments empty), then the
-    arguments in pieces."""
-    first = {
-        "index": index,
-        "id": call.id,
-        "type": "function",
-        "function": {"name": call.name, "arguments": ""},
-    }
-    pieces = [{"index": index, "function": {"arguments": piece}} for piece in call.pieces]
-    return [{"tool_calls": [first]}, *({"tool_calls": [piece]} for piece in pieces)]
+def reply_delta(event: ReplyEvent) -> dict[str, Any]:
+    """A piece of a reply as OpenAI streams it: text as ``content``; a call's id, type and
+    name in its first delta (arguments empty), then its arguments in pieces."""
+    if isinstance(event, TextDelta):
+        return {"content": event.text}
+    if isinstance(event, CallOpened):
+        opened = {
+            "index": event.index,
+            "id": event.id,
+            "type": "function",
+            "function": {"name": event.name, "arguments": ""},
+        }
+        return {"tool_calls": [opened]}
+    return {"tool_calls": [{"index": event.index, "function": {"arguments": event.text}}]}

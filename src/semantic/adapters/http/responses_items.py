@@ -24,6 +24,12 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:24]}"
 
 
+def call_item_id(call_id: str) -> str:
+    """The ``function_call`` item of a call: named after the call, so the stream can name
+    it as the call begins and the stored response names it alike."""
+    return f"fc_{call_id.removeprefix('call_')}"
+
+
 def fresh_id(item: dict[str, Any]) -> str:
     """A new id for an item, in its kind's form (``msg_...``, ``fc_...``)."""
     return new_id(_PREFIXES.get(str(item.get("type")), "item"))
@@ -147,12 +153,12 @@ def output_items(reply: CommittedReply, message_id: str) -> list[dict[str, Any]]
     for call in reply.calls:
         items.append(
             {
-                "id": new_id("fc"),
+                "id": call_item_id(call.id),
                 "type": "function_call",
                 "call_id": call.id,
                 "name": call.name,
                 "arguments": call.arguments,
-                "status": "completed",
+                "status": "completed" if call.complete else "incomplete",
             }
         )
     return items

@@ -4,13 +4,13 @@ output items with their text deltas and call arguments, then ``response.complete
 
 from __future__ import annotations
 
-import copy
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from semantic.adapters.http.common import sse_data
 from semantic.adapters.http.errors import problem_for
-from semantic.application.agents import CommittedReply
+from semantic.adapters.http.responses_items import call_item_id
+from semantic.application.agents import ArgumentsDelta, CallOpened, CommittedReply
 from semantic.application.generation import TextDelta
 from semantic.application.responses import ResponseEvent
 from semantic.domain.errors import SemanticError
@@ -22,6 +22,8 @@ class ResponseEvents:
         self._message_id = message_id
         self._sequence = 0
         self._text: list[str] | None = None
+        self._call_items: list[str] = []
+        """The ids of the call items opened as their calls formed."""
 
     def event(self, kind: str, **fields: Any) -> str:
         body = {"type": kind, "sequence_number": self._sequence, **fields}
@@ -43,6 +45,10 @@ class ResponseEvents:
                 if isinstance(event, TextDelta) and event.text:
                     for line in self._delta(event.text):
                         yield line
+                elif isinstance(event, CallOpened):
+                    yield self._open_call(event)
+                elif isinstance(event, ArgumentsDelta):
+                    yield self._arguments(event)
                 elif isinstance(event, CommittedReply):
                     for line in self._end(final()):
                         yield line
@@ -116,12 +122,34 @@ class ResponseEvents:
             self.event("response.output_item.done", output_index=index, item=item),
         ]
 
+    def _call_index(self, call: int) -> int:
+        """A call's place among the output items: after the message, where there is one."""
+        return call + (0 if self._text is None else 1)
+
+    def _open_call(self, event: CallOpened) -> str:
+        self._call_items.append(call_item_id(event.id))
+        item = {
+            "id": self._call_items[-1],
+            "type": "function_call",
+            "call_id": event.id,
+            "name": event.name,
+            "arguments": "",
+            "status": "in_progress",
+        }
+        index = self._call_index(event.index)
+        return self.event("response.output_item.added", output_index=index, item=item)
+
+    def _arguments(self, event: ArgumentsDelta) -> str:
+        where = {
+            "item_id": self._call_items[event.index],
+            "output_index": self._call_index(event.index),
+        }
+        return self.event("response.function_call_arguments.delta", **where, delta=event.text)
+
     def _call(self, index: int, item: dict[str, Any]) -> list[str]:
-        opened = {**copy.deepcopy(item), "arguments": "", "status": "in_progress"}
+        """A call's closing events: it opened and its arguments came as it formed."""
         where = {"item_id": item["id"], "output_index": index}
         return [
-            self.event("response.output_item.added", output_index=index, item=opened),
-            self.event("response.function_call_arguments.delta", **where, delta=item["arguments"]),
             self.event(
                 "response.function_call_arguments.done", **where, arguments=item["arguments"]
             ),

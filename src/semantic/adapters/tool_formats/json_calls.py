@@ -9,9 +9,8 @@ import json
 import re
 
 from semantic.domain.constraints import OutputConstraint, TaggedSchema
-from semantic.domain.tools import ParsedCall, ToolUse
+from semantic.domain.tools import MAX_CALLS_PER_REPLY, CallHead, ToolUse
 
-_DECODER = json.JSONDecoder()
 _SPACE = re.compile(r"\s*")
 _CLOSE_OBJECT = re.compile(r"\s*\}")
 
@@ -37,7 +36,8 @@ class JsonCallFormat:
         self.arguments_key = arguments_key
         self._trigger = trigger or open_tag.strip()
         key = re.escape(json.dumps(arguments_key))
-        self._head = re.compile(r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*' + key + r"\s*:\s*")
+        name = r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*'
+        self._head = re.compile(name + key + r"\s*:\s*(?=\S)")  # the arguments' first character
 
     @property
     def name(self) -> str:
@@ -59,54 +59,43 @@ class JsonCallFormat:
         return self.begin(name) + arguments + self.end
 
     def constraint(self, use: ToolUse) -> OutputConstraint | None:
-        """Parallel calls are bounded by the number of tools offered: a small model, once
-        free to add a call, tends to repeat the last one until ``max_tokens`` (ADR 0018)."""
+        """Parallel calls: any offered tool, up to ``MAX_CALLS_PER_REPLY`` calls, and a call
+        identical to an earlier one ends the reply (a small model, once free to add a call,
+        tends to repeat the last one until ``max_tokens``; ADR 0018)."""
         offered = use.offered
         if not offered:
             return None
         return OutputConstraint(
-            calls=tuple(TaggedSchema(self.begin(t.name), t.parameters, self.end) for t in offered),
+            calls=tuple(TaggedSchema(self.begin(t.name), t.call_schema, self.end) for t in offered),
             triggers=(self._trigger,),
             require_call=use.must_call,
-            max_calls=len(offered) if use.parallel else 1,
+            max_calls=MAX_CALLS_PER_REPLY if use.parallel else 1,
+            end_on_repeat=True,
         )
 
-    def parse_calls(self, text: str) -> list[ParsedCall] | None:
-        calls: list[ParsedCall] = []
-        position = 0
-        while True:
-            position = _skip_space(text, position)
-            if position == len(text):
-                return calls or None
-            call = self._one_call(text, position)
-            if call is None:
-                return None
-            calls.append(call[0])
-            position = call[1]
-
-    def _one_call(self, text: str, position: int) -> tuple[ParsedCall, int] | None:
+    def read_head(self, text: str, start: int) -> CallHead | None:
+        position = _skip_space(text, start)
         opening = self.open_tag.strip()
         if not text.startswith(opening, position):
             return None
-        position = _skip_space(text, position + len(opening))
-        head = self._head.match(text, position)
+        head = self._head.match(text, _skip_space(text, position + len(opening)))
         if head is None:
             return None
         try:
             name = json.loads(head.group(1))
-            arguments, end = _DECODER.raw_decode(text, head.end())
         except ValueError:
             return None
-        if not isinstance(arguments, dict):
-            return None
-        closing = _CLOSE_OBJECT.match(text, end)
+        return CallHead(name, head.end())
+
+    def read_tail(self, text: str, start: int) -> int | None:
+        closing = _CLOSE_OBJECT.match(text, start)
         if closing is None:
             return None
         after = _skip_space(text, closing.end())
         tag = self.close_tag.strip()
-        if not text.startswith(tag, after):
-            return None
-        return ParsedCall(name, text[head.end() : end], head.end(), end), after + len(tag)
+        if not tag:
+            return closing.end()
+        return after + len(tag) if text.startswith(tag, after) else None
 
 
 def _skip_space(text: str, position: int) -> int:
