@@ -115,7 +115,7 @@ def test_anthropic_any_calls_a_tool(server: ServerProcess) -> None:
             extra_body={"temperature": 0},
         )
         assert reply.stop_reason == "tool_use", (prompt, reply)
-        assert [b.type for b in reply.content][0] == "tool_use"
+        assert reply.content[0].type == "tool_use"
 
 
 def test_one_tool_called_three_times_in_one_reply(server: ServerProcess) -> None:
@@ -131,7 +131,7 @@ def test_one_tool_called_three_times_in_one_reply(server: ServerProcess) -> None
     choice = client.chat.completions.create(**body).choices[0]
     assert choice.finish_reason == "tool_calls"
     calls = choice.message.tool_calls or []
-    cities = [json.loads(c.function.arguments)["city"] for c in calls]  # type: ignore[union-attr]  # function calls
+    cities = [json.loads(c.function.arguments)["city"] for c in calls]
     assert cities == ["Paris", "Tokyo", "Cairo"]
     assert len({c.id for c in calls}) == 3
     serial = client.chat.completions.create(**body, parallel_tool_calls=False).choices[0]
@@ -153,10 +153,12 @@ def test_arguments_stream_as_generated_on_chat_completions(server: ServerProcess
     pieces = [t for c in chunks if c.choices for t in c.choices[0].delta.tool_calls or []]
     for index, call in enumerate(whole):
         mine = [p for p in pieces if p.index == index]
-        assert mine[0].id and mine[0].function and mine[0].function.name == "get_weather"
+        assert mine[0].id
+        assert mine[0].function
+        assert mine[0].function.name == "get_weather"
         arguments = [p.function.arguments for p in mine[1:] if p.function]
         assert len(arguments) > 1  # token by token, not the call in one piece at the end
-        assert "".join(a or "" for a in arguments) == call.function.arguments  # type: ignore[union-attr]  # function calls
+        assert "".join(a or "" for a in arguments) == call.function.arguments
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
@@ -172,13 +174,13 @@ def test_arguments_stream_as_generated_on_responses(server: ServerProcess) -> No
     }
     events = list(client.responses.create(**body, stream=True))
     deltas = [e for e in events if e.type == "response.function_call_arguments.delta"]
-    final = events[-1].response  # type: ignore[union-attr]  # response.completed
+    final = events[-1].response
     [call] = [item for item in final.output if item.type == "function_call"]
     assert len(deltas) > 1
     assert all(d.item_id == call.id for d in deltas)
     assert "".join(d.delta for d in deltas) == call.arguments
     added = [e for e in events if e.type == "response.output_item.added"]
-    assert added[0].item.id == call.id  # type: ignore[union-attr]  # a function call item
+    assert added[0].item.id == call.id
     assert events.index(added[0]) < events.index(deltas[0])
     assert client.responses.retrieve(final.id).output[-1] == call
 

@@ -234,7 +234,8 @@ def test_anthropic_tool_use_round_trip(server: ServerProcess) -> None:
     reply = client.messages.create(messages=asked, **body)
     assert reply.stop_reason == "tool_use"
     used = [b for b in reply.content if b.type == "tool_use"]
-    assert used and all(b.id.startswith("toolu_") for b in used)
+    assert used
+    assert all(b.id.startswith("toolu_") for b in used)
     for block in used:
         jsonschema.validate(block.input, WEATHER)
     with client.messages.stream(messages=asked, **body) as stream:

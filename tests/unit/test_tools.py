@@ -17,10 +17,10 @@ from semantic.domain.chat import ChatMessage, check_tool_answers
 from semantic.domain.constraints import UnsupportedSchemaError
 from semantic.domain.errors import InvalidRequestError
 from semantic.domain.tools import (
+    MAX_CALLS_PER_REPLY,
     Tool,
     ToolCall,
     ToolChoice,
-    MAX_CALLS_PER_REPLY,
     ToolUse,
     checked_tools,
     tool_use,
@@ -109,7 +109,8 @@ def test_the_default_format_constrains_and_reads_its_own_calls() -> None:
     assert auto is not None
     assert auto.triggers == ("<tool_call>",)
     assert auto.max_calls == MAX_CALLS_PER_REPLY  # any tool, several times
-    assert auto.end_on_repeat and required.end_on_repeat
+    assert auto.end_on_repeat
+    assert required.end_on_repeat
     assert not auto.require_call
     assert fmt.constraint(use(tools, ToolChoice.NONE, None, True)) is None
     written = required.calls[0].begin + '{"city":"Paris"}' + required.calls[0].end
@@ -137,7 +138,8 @@ def test_call_schemas_close_objects_that_list_their_properties() -> None:
     closed = json.loads(tool.call_schema)
     assert closed["additionalProperties"] is False
     where, tags = closed["properties"]["where"], closed["properties"]["tags"]["items"]
-    assert where["additionalProperties"] is False and tags["additionalProperties"] is False
+    assert where["additionalProperties"] is False
+    assert tags["additionalProperties"] is False
     assert closed["properties"]["free"]["additionalProperties"] == {"type": "integer"}
     assert all("additionalProperties" not in s for s in closed["properties"]["both"]["allOf"])
     assert tool.schema == schema  # the prompt shows the tool as it was given
@@ -219,9 +221,9 @@ def test_a_reply_cut_inside_a_call_keeps_the_call_as_far_as_it_came() -> None:
 def test_a_call_repeating_an_earlier_one_is_dropped_and_others_are_kept() -> None:
     other = CALL.replace("Paris", "Lima")
     quoted = CALL.replace('"Paris"', '"P\\"}aris"')  # a brace and a quote inside a string
-    shown, reply = read([CALL, "\n", other[:70], other[70:], "\n", CALL], DefaultFormat())
+    _, reply = read([CALL, "\n", other[:70], other[70:], "\n", CALL], DefaultFormat())
     assert [json.loads(c.arguments)["city"] for c in reply.calls] == ["Paris", "Lima"]
-    shown, reply = read([quoted, "\n", CALL], DefaultFormat())
+    _, reply = read([quoted, "\n", CALL], DefaultFormat())
     assert [json.loads(c.arguments)["city"] for c in reply.calls] == ['P"}aris', "Paris"]
 
 
