@@ -35,10 +35,13 @@ class ServerProcess:
         nofile: tuple[int, int] | None = None,
         log: Path | None = None,
         port: int | None = None,
+        log_info: bool = True,
     ) -> None:
         """``nofile``: the server's descriptor limit (soft, hard) at its start; ``log``: where
         its output goes (default: a file in ``data_dir``); ``port``: a given one (a restart
-        where a router expects it), else a free one."""
+        where a router expects it), else a free one; ``log_info``: serve with
+        ``--log-info`` (False: the default log level, as a user starts it)."""
+        self.log_info = log_info
         self.data_dir = data_dir
         self.nofile = nofile
         self.args = args
@@ -59,7 +62,7 @@ class ServerProcess:
             str(self.port),
             "--data-dir",
             str(self.data_dir),
-            "--log-info",
+            *(["--log-info"] if self.log_info else []),
             *self.args,
         ]
         if self.nofile is not None:  # set in the child, which then becomes the server

@@ -100,6 +100,25 @@ def test_serve_with_an_unknown_model_exits_with_one_clear_error(tmp_path: Path) 
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.model
+def test_serve_says_what_it_serves_at_start_unless_quiet(tmp_path: Path) -> None:
+    with ServerProcess(tmp_path / "data", log_info=False).start() as server:
+        said = server.log.read_text()
+        model = httpx.get(f"{server.url}/v1/models/default", timeout=10).json()
+    lines = said.splitlines()
+    assert any(f"serving {model['id']} on {server.url}" in line for line in lines)
+    runtime = model["runtime"]
+    assert f"  device      {runtime['device']}" in lines
+    assert f"  BLAS        {runtime['blas']}" in lines
+    for name, state in runtime["accelerations"].items():
+        assert f"    {name}: {state}" in lines
+    assert "Traceback" not in said
+    with ServerProcess(tmp_path / "quiet", "--quiet", log_info=False).start() as server:
+        quiet = server.log.read_text()
+    assert "serving" not in quiet
+    assert "fast paths" not in quiet
+
+
 def test_serve_on_a_port_in_use_fails_at_once_before_saying_it_listens(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

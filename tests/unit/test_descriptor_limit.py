@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from semantic.adapters.cli.descriptors import raise_descriptor_limit
-from semantic.adapters.mlx.models.descriptor_limit import _descriptor_limit_only_raised
+from semantic.adapters.mlx.import_guards import descriptor_limit_only_raised
 
 
 @pytest.fixture
@@ -23,7 +23,7 @@ def test_a_lower_limit_asked_for_during_the_import_is_not_set(
     kept_limit: tuple[int, int],
 ) -> None:
     hard = kept_limit[1]
-    with _descriptor_limit_only_raised():
+    with descriptor_limit_only_raised():
         resource.setrlimit(resource.RLIMIT_NOFILE, (128, 200))  # what mlx-lm does, lower
         assert resource.getrlimit(resource.RLIMIT_NOFILE) == (256, hard)
         resource.setrlimit(resource.RLIMIT_NOFILE, (300, hard + 1))  # higher: soft only

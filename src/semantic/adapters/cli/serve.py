@@ -18,18 +18,22 @@ import sys
 import threading
 from collections.abc import Awaitable, Callable
 from types import FrameType
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
-from semantic.adapters.cli.descriptors import ACCEPT_BATCH, DescriptorLimit
+from semantic.adapters.cli.descriptors import (
+    ACCEPT_BATCH,
+    DescriptorLimit,
+    raise_descriptor_limit,
+)
 from semantic.adapters.cli.progress import ProgressPrinter
 from semantic.adapters.cli.serve_flags import DEFAULT_MAX_CONNECTIONS, add_flags
 from semantic.adapters.cli.serve_listen import (
     keys_and_data_directory,
     listen,
-    raise_descriptors,
     resolve,
 )
 from semantic.adapters.cli.serve_settings import check, serve_settings
+from semantic.adapters.cli.start_block import start_block
 from semantic.domain.errors import SemanticError
 
 if TYPE_CHECKING:
@@ -64,9 +68,10 @@ def run_server(args: argparse.Namespace) -> int:
     keys = keys_and_data_directory(settings)
     sockets = listen(addresses, settings.host, settings.port)
     log.info("listening on http://%s:%d", settings.host, settings.port)
-    descriptors = raise_descriptors()
+    descriptors = raise_descriptor_limit()  # mlx-lm's import cannot lower it again
     failures: list[Exception] = []
-    server = _server(settings, keys, descriptors, failures, log_info=args.log_info)
+    shown = None if args.quiet else sys.stderr
+    server = _server(settings, keys, descriptors, failures, log_info=args.log_info, shown=shown)
     # uvicorn drains on SIGTERM, then re-raises it under the handler it found at start; this
     # one turns that into a clean exit (status 0) once everything is flushed.
     signal.signal(signal.SIGTERM, lambda *_: None)
@@ -93,9 +98,11 @@ def _server(
     failures: list[Exception],
     *,
     log_info: bool,
+    shown: TextIO | None,
 ) -> Any:
-    """The uvicorn server on the app; its services start with it, and a startup failure
-    lands in ``failures`` and shuts it down."""
+    """The uvicorn server on the app; its services start with it (``shown``: where the
+    start block goes, None for nowhere), and a startup failure lands in ``failures`` and
+    shuts it down."""
     from semantic.bootstrap import Services, start_services, stop_services
 
     progress = ProgressPrinter()
@@ -104,6 +111,8 @@ def _server(
     async def start(observer: Any) -> Services:
         try:
             started.append(await start_services(settings, progress, observer))
+            if shown is not None:
+                _announce(shown, settings, started[0])
             return started[0]
         except Exception as error:
             # Without a model there is nothing to serve: shut the server down and say why
@@ -124,6 +133,12 @@ def _server(
     config = _config(settings, keys, descriptors, (start, stop), log_info=log_info)
     server = _draining_server(config, drain)
     return server
+
+
+def _announce(shown: TextIO, settings: Settings, services: Any) -> None:
+    url = f"http://{settings.host}:{settings.port}"
+    shown.write(start_block(url, services.model_id, services.runtime, services.data_dir))
+    shown.flush()
 
 
 def _config(

@@ -53,6 +53,12 @@ class Flag:
 
 SERVE_FLAGS: tuple[Flag, ...] = (
     Flag(
+        "--quiet",
+        action="store_true",
+        help="print nothing at start (the block naming the address, model, device, BLAS "
+        "and fast paths)",
+    ),
+    Flag(
         "--data-dir",
         type=flags.path,
         default_from=default_data_dir,

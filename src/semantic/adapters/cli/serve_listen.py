@@ -10,7 +10,6 @@ from __future__ import annotations
 import socket
 from typing import TYPE_CHECKING, Any
 
-from semantic.adapters.cli.descriptors import DescriptorLimit, raise_descriptor_limit
 from semantic.domain.errors import SemanticError
 
 if TYPE_CHECKING:
@@ -36,15 +35,6 @@ def keys_and_data_directory(settings: Settings) -> KeyRing:
     keep_private(settings.data_dir)
     acquire_data_directory(settings.data_dir)
     return keys
-
-
-def raise_descriptors() -> DescriptorLimit:
-    """The descriptor limit raised to the hard limit, before mlx-lm's import would lower it."""
-    from semantic.adapters.mlx.models.descriptor_limit import import_mlx_lm_keeping_descriptor_limit
-
-    limit = raise_descriptor_limit()
-    import_mlx_lm_keeping_descriptor_limit()
-    return limit
 
 
 def resolve(host: str, port: int) -> list[Address]:

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 
 from semantic.adapters.mlx.accelerator import Accelerator, Group, PromptSlice
 from semantic.adapters.mlx.decode_batch import Caches, DecodeBatch
@@ -34,6 +33,7 @@ from semantic.adapters.mlx.kv.kv_blocks import (
 )
 from semantic.adapters.mlx.kv.restore_buffers import RestoreBuffers
 from semantic.adapters.mlx.kv.restored_prefix import RestoredPrefix
+from semantic.adapters.mlx.lm import BatchKVCache, KVCache, make_prompt_cache
 from semantic.adapters.mlx.models.model_parts import BodyAndHead
 from semantic.adapters.mlx.sampling import Sampler, log_softmax, make_sampler, top_prob
 from semantic.adapters.mlx.token_mask import masked

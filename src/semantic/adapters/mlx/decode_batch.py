@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from semantic.adapters.mlx.accelerator import Group, Passes, PreparedBody
+from semantic.adapters.mlx.lm import BatchKVCache, KVCache
 from semantic.adapters.mlx.models.model_parts import BodyAndHead
 from semantic.adapters.mlx.sampling import Sampler, top_prob
 from semantic.adapters.mlx.token_mask import masked

@@ -14,8 +14,8 @@ import secrets
 from collections.abc import Callable
 
 import mlx.core as mx
-from mlx_lm.sample_utils import apply_top_k, apply_top_p
 
+from semantic.adapters.mlx.lm import apply_top_k, apply_top_p
 from semantic.domain.generation import SamplingParams
 
 Sampler = Callable[[mx.array], mx.array]

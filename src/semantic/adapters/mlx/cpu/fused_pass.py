@@ -14,11 +14,11 @@ from __future__ import annotations
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.base import create_attention_mask
 
 from semantic.adapters.mlx.accelerator import Group
 from semantic.adapters.mlx.cpu.attention import HostSoftmaxAttention
 from semantic.adapters.mlx.cpu.llama_layer import LlamaLayer
+from semantic.adapters.mlx.lm import create_attention_mask
 from semantic.adapters.mlx.models.model_parts import is_llama_bodied, not_llama_bodied
 
 MAX_ROWS = 32

@@ -16,11 +16,11 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 from mlx import nn
-from mlx_lm.models.rope_utils import Llama3RoPE
 
 from semantic.adapters.mlx.cpu import attention
 from semantic.adapters.mlx.cpu.fused_pass import fusion_obstacle
 from semantic.adapters.mlx.cpu.llama_layer import LlamaLayer
+from semantic.adapters.mlx.lm import Llama3RoPE
 from semantic.adapters.mlx.models.model_parts import MLPS
 
 _Pointer = ctypes.c_void_p

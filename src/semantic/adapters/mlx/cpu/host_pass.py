@@ -23,7 +23,6 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
-from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from semantic.adapters.mlx.accelerator import Group
 from semantic.adapters.mlx.cpu import host_model
@@ -32,6 +31,7 @@ from semantic.adapters.mlx.cpu.host_model import HostModel
 from semantic.adapters.mlx.cpu.native_build import NATIVE_DIR, build_library
 from semantic.adapters.mlx.kv.cache_growth import LEAD, GrowAhead, alike
 from semantic.adapters.mlx.kv.restored_prefix import RestoredPrefix
+from semantic.adapters.mlx.lm import BatchKVCache, KVCache
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.activations import swiglu
 
 from semantic.adapters.mlx.cpu.attention import HostSoftmaxAttention
+from semantic.adapters.mlx.lm import swiglu
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,8 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
-from mlx_lm.models.cache import BatchKVCache
+
+from semantic.adapters.mlx.lm import BatchKVCache
 
 LEAD = 64
 """Positions of room left when the next buffers start to be made."""

@@ -12,11 +12,11 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
-from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 
 from semantic.adapters.mlx.errors import UnsupportedModelError
 from semantic.adapters.mlx.kv.kv_payloads import HOST_DTYPES, MlxKV, StackedKV, kv_arrays
 from semantic.adapters.mlx.kv.restore_buffers import RestoreBuffers
+from semantic.adapters.mlx.lm import KVCache, RotatingKVCache, make_prompt_cache
 from semantic.domain.blocks import AgentBlocks, KVBlock
 from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.errors import IncompatibleCacheError

@@ -11,10 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlx_lm import load as mlx_lm_load
-
 from semantic.adapters.mlx.cpu import install_attention
 from semantic.adapters.mlx.errors import CorruptModelError, ModelDownloadError, UnknownModelError
+from semantic.adapters.mlx.lm import load as mlx_lm_load
 from semantic.adapters.mlx.models.gguf import WeightFormat
 from semantic.adapters.mlx.models.model_cache import (
     EMBEDDED_MODELS,

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models import gemma3_text, llama, phi3, qwen2, qwen3
-from mlx_lm.models.base import create_attention_mask
+
+from semantic.adapters.mlx.lm import create_attention_mask, gemma3_text, llama, phi3, qwen2, qwen3
 
 LLAMA_BODIED = (llama.Model, qwen2.Model, qwen3.Model)
 """Models whose body is llama's."""
