@@ -267,7 +267,9 @@ async def _services(
 ) -> Services:
     """The services the HTTP server serves with, on a started engine."""
     loaded = engine.loaded
-    limits = Limits(_max_context(loaded), settings.max_tokens_cap, settings.default_max_tokens)
+    limits = Limits(
+        _max_context(loaded, settings), settings.max_tokens_cap, settings.default_max_tokens
+    )
     generation = GenerationService(engine.loop, cache, limits, observer)
     agents = AgentService(generation, metadata, cache, engine.tokenizer, leases)
     responses = await _responses(agents, metadata, sweep=leases is None)
@@ -405,7 +407,7 @@ def _load(
     log.info("device: %s", use_device(settings.device))
     path, model_id = prepare_model(settings, progress)
     loaded = load_model(path, model_id)
-    tokenizer = MlxTokenizer(loaded.tokenizer, _max_context(loaded))
+    tokenizer = MlxTokenizer(loaded.tokenizer, _max_context(loaded, settings))
     return loaded, tokenizer, spec_from_model(loaded.model)
 
 
@@ -431,7 +433,7 @@ def _engine(
     )
     config = EngineConfig(
         default_max_tokens=settings.default_max_tokens,
-        max_context=_max_context(loaded),
+        max_context=_max_context(loaded, settings),
         prefill_chunk_tokens=settings.prefill_chunk_tokens,
         pacer=pacer_config(settings),
         max_running=settings.max_running,
@@ -464,5 +466,7 @@ def pacer_config(settings: Settings) -> PacerConfig:
     )
 
 
-def _max_context(loaded: LoadedModel) -> int:
-    return int(loaded.config.get("max_position_embeddings") or 8192)
+def _max_context(loaded: LoadedModel, settings: Settings) -> int:
+    """The model's window, or ``--max-context`` where that is smaller."""
+    window = int(loaded.config.get("max_position_embeddings") or 8192)
+    return window if settings.max_context is None else min(window, settings.max_context)

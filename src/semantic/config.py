@@ -49,6 +49,9 @@ class Settings:
     """How block files hold KV: exact, or 8-/4-bit (smaller files, slightly different KV)."""
     default_max_tokens: int = 512
     max_tokens_cap: int = 4096
+    max_context: int | None = None
+    """Tokens of context served, prompt and reply (None: the model's own window); fewer
+    bound every agent's KV (and let a test reach the window quickly)."""
     prefill_chunk_tokens: int = 256
     prefill_fixed_tokens: int | None = None
     """A fixed prefill budget per engine step; None: 1,024 tokens while nothing decodes, 64
@@ -119,6 +122,8 @@ class Settings:
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+        if self.max_context is not None and self.max_context < 256:
+            raise ValueError("max_context must be at least 256 (one KV block)")
         if self.max_connections is not None and self.max_connections <= 0:
             raise ValueError("max_connections must be positive")
         if not (self.header_timeout_s > 0 and self.body_timeout_s > 0):

@@ -35,9 +35,14 @@ from semantic.application.transcript import (
     whole,
 )
 from semantic.domain.chat import ChatMessage
+from semantic.domain.context_edits import turn_starts, without_oldest_turns
 from semantic.domain.errors import AgentDeletedError, PromptTooLongError
 from semantic.ports.metadata_store import AgentRecord, MessageRecord, MetadataStore
 from semantic.ports.tokenizer import Tokenizer
+
+TRUNCATED_SHARE = 0.5
+"""How much of the room a truncated conversation fills: the rest is for the turns that
+follow it, each starting from the KV of the one before."""
 
 Write = Callable[[Sequence[MessageRecord]], Awaitable[None]]
 """Commits a turn's question and reply (appended to the transcript, or with the agent)."""
@@ -73,18 +78,12 @@ class TurnRunner:
     ) -> GenerationInput:
         """``history`` with the new message, rendered and checked against the context;
         ``known``: an earlier prompt's ids it likely repeats (``Tokenizer.render_chat``)."""
-        namespace, agent_id = record.namespace, record.agent_id
-        chat = [chat_message(m) for m in history]
-        if record.system_prompt:
-            chat.insert(0, ChatMessage("system", record.system_prompt))
-        chat.extend(chat_message(m) for m in asked(turn, 0.0))
         check_answers(history, turn)
-        tools = turn.tools.tools if turn.tools else ()
         use = turn.tools
         request = GenerationInput(
-            tuple(self._tokenizer.render_chat(chat, scope=namespace, tools=tools, known=known)),
-            namespace,
-            agent_id,
+            tuple(self._prompt(record, history, turn, known)),
+            record.namespace,
+            record.agent_id,
             turn.max_tokens,
             turn.sampling,
             turn.stop,
@@ -94,8 +93,42 @@ class TurnRunner:
         try:
             self._generation.check(request)
         except PromptTooLongError as error:
-            raise outgrown(error, agent_id) from None
+            raise outgrown(error, record.agent_id) from None
         return request
+
+    def fitted_history(
+        self, record: AgentRecord, history: Sequence[MessageRecord], turn: Turn
+    ) -> list[MessageRecord]:
+        """``history`` less its fewest oldest turns that leave the prompt within half the
+        room the reply leaves (``TRUNCATED_SHARE``): the turns after it then grow from the
+        cached KV of this one instead of each dropping a turn and starting over (ADR 0020).
+        All of it, when nothing less fits."""
+        room = self._generation.limits.max_context - (turn.max_tokens or 0)
+        target = int(room * TRUNCATED_SHARE)
+        turns = len(turn_starts(history))
+        low, high = 1, turns
+        while low < high:  # the fewest turns dropped that fit: fitting only grows with more
+            middle = (low + high) // 2
+            kept = without_oldest_turns(history, middle)
+            if len(self._prompt(record, kept, turn, ())) <= target:
+                high = middle
+            else:
+                low = middle + 1
+        return without_oldest_turns(history, low)
+
+    def _prompt(
+        self,
+        record: AgentRecord,
+        history: Sequence[MessageRecord],
+        turn: Turn,
+        known: Sequence[int],
+    ) -> list[int]:
+        chat = [chat_message(m) for m in history]
+        if record.system_prompt:
+            chat.insert(0, ChatMessage("system", record.system_prompt))
+        chat.extend(chat_message(m) for m in asked(turn, 0.0))
+        tools = turn.tools.tools if turn.tools else ()
+        return self._tokenizer.render_chat(chat, scope=record.namespace, tools=tools, known=known)
 
     async def run(
         self,

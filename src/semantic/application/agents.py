@@ -8,6 +8,7 @@ what a delete ends ``live_turns``, and the values ``agent_values``."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import AsyncGenerator, Sequence
 
@@ -234,6 +235,7 @@ class AgentService:
         *,
         keep: bool = True,
         rendered: str = "",
+        truncate: bool = False,
     ) -> AsyncGenerator[TurnEvent | TurnStarted, None]:
         """A turn of an agent made with its reply: ``agent`` (with the block list it shares
         with the agent it branches from, nothing copied) and ``history`` as its transcript.
@@ -242,10 +244,19 @@ class AgentService:
         result is reported (``commit_branch``). ``keep=False`` commits nothing.
         ``rendered``: the mark of the prompt that made the blocks ``agent`` starts from
         (``CommittedReply.rendered``), whose ids the rendering then takes for the text it
-        repeats rather than tokenize it again (after a restart, the whole history)."""
+        repeats rather than tokenize it again (after a restart, the whole history).
+        ``truncate``: a history that leaves the turn no room loses its oldest turns
+        (``TurnRunner.fitted_history``) and the agent starts from no blocks."""
         async with self._gate.turn(agent.namespace, agent.agent_id) as (live, lease):
             known = await self._known(agent, rendered) if rendered else ()
-            request = self._new_request(agent, history, turn, known)
+            try:
+                request = self._new_request(agent, history, turn, known)
+            except PromptTooLongError:
+                if not truncate or not history:
+                    raise
+                history = self._runner.fitted_history(agent, history, turn)
+                agent = dataclasses.replace(agent, block_keys=(), token_count=0)
+                request = self._new_request(agent, history, turn)
             write = functools.partial(self._write_new, agent, history, keep, lease)
             events = self._runner.run(request, live, turn, len(history), write)
             async for event in events:

@@ -64,6 +64,9 @@ class ResponseAsk:
     forked."""
     history_ids: tuple[str, ...] = ()
     store: bool = True
+    truncate: bool = False
+    """``truncation: "auto"``: a chain that leaves the input no room loses its oldest
+    turns, and the chain after it continues from the shortened one."""
 
 
 def response_agent(response_id: str) -> str:
@@ -100,7 +103,9 @@ class ResponsesService:
         the response's agent is gone (without)."""
         agent_id = response_agent(ask.response_id)
         agent, history, turn, rendered = await self._chain(namespace, ask, agent_id)
-        events = self._agents.send_new(agent, history, turn, keep=ask.store, rendered=rendered)
+        events = self._agents.send_new(
+            agent, history, turn, keep=ask.store, rendered=rendered, truncate=ask.truncate
+        )
         try:
             async with contextlib.aclosing(events):  # its turn lets go of the agent first
                 async for event in events:

@@ -166,6 +166,14 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         help="largest max_tokens a request may ask for (default: %(default)s)",
     ),
     Flag(
+        "--max-context",
+        type=flags.positive_int,
+        default=None,
+        metavar="TOKENS",
+        help="tokens of context served, prompt and reply, at least 256 (default: the "
+        "model's own window)",
+    ),
+    Flag(
         "--prefill-budget",
         type=flags.positive_int,
         default=None,

@@ -73,6 +73,7 @@ def _limits(args: argparse.Namespace) -> dict[str, object]:
     """Requests, queue, connections and the shutdown's grace."""
     return {
         "max_tokens_cap": args.max_tokens_cap,
+        "max_context": args.max_context,
         "max_waiting": args.max_waiting,
         "grace_s": args.grace,
         "max_connections": args.max_connections,

@@ -76,6 +76,7 @@ class ResponsesController(Controller):
             item_messages(history),
             tuple(i["id"] for i in history),
             data.store is not False,
+            truncate=data.truncation == "auto",
         )
         body = _Body(
             response_id,
@@ -268,16 +269,15 @@ async def _first(
 def _too_long(error: PromptTooLongError, data: ResponseRequest) -> PromptTooLongError:
     """The agents' refusal in the Responses API's words: the reply asked for does not fit
     (``max_output_tokens``), or the chain with this input does not (``input``; with
-    ``truncation: "auto"``, which would drop its oldest items, that field: not served)."""
+    ``truncation: "auto"``, this input with none of the chain before it)."""
     message = str(error).replace("max_tokens", "max_output_tokens")
     if error.param in ("max_tokens", "instructions"):
         param = "max_output_tokens" if error.param == "max_tokens" else "instructions"
         return PromptTooLongError(message, param=param)
     if data.truncation == "auto":
         return PromptTooLongError(
-            f'{message}; truncation "auto" is not served: the chain no longer fits, start '
-            "a new one",
-            param="truncation",
+            f"{message}: the input does not fit even with the whole chain before it dropped",
+            param="input",
         )
     return PromptTooLongError(
         f"{message} (truncation is disabled: the request fails rather than drop items)",

@@ -1,0 +1,131 @@
+"""Conversations that outgrow the model's window keep answering, and stay cached: the
+Responses API's ``truncation: "auto"`` (also through the OpenAI Agents SDK) and
+Anthropic's ``clear_tool_uses_20250919`` context edit (issue 48). The server serves a
+1,024-token window (``--max-context``) so a few turns reach it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+from agents import Agent, ModelSettings, OpenAIResponsesModel, RunConfig, Runner
+from reliability.server import ServerProcess
+
+pytestmark = pytest.mark.model
+
+WINDOW = 1024
+INSTRUCTIONS = "You are a terse assistant. Answer in a few words."
+TOPICS = ["rivers", "mountains", "deserts", "forests", "oceans", "islands", "glaciers", "lakes"]
+
+
+def question(topic: str) -> str:
+    """About 150 tokens: six or seven of them fill the window."""
+    facts = " ".join(f"Fact {i} about {topic}: they shape the land around them." for i in range(12))
+    return f"{facts} Name one famous example of {topic}."
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    served = tmp_path_factory.mktemp("small-window")
+    process = ServerProcess(served, "--max-context", str(WINDOW)).start()
+    yield process
+    assert process.stop() == 0
+
+
+def oai(server: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+
+def test_a_responses_chain_past_the_window_truncates_and_stays_cached(
+    small: ServerProcess,
+) -> None:
+    client = oai(small)
+    turns: list[tuple[str, str]] = []  # each turn's input and reply, in order
+    usages = []
+    previous = None
+    for topic in TOPICS:
+        reply = client.responses.create(
+            model="default",
+            instructions=INSTRUCTIONS,
+            input=question(topic),
+            previous_response_id=previous,
+            truncation="auto",
+            max_output_tokens=12,
+            temperature=0,
+        )
+        assert reply.status in ("completed", "incomplete")
+        turns.append((question(topic), reply.output_text))
+        assert reply.usage is not None
+        usages.append(reply.usage)
+        previous = reply.id
+    sizes = [u.input_tokens for u in usages]
+    cut = next(i for i in range(1, len(sizes)) if sizes[i] < sizes[i - 1])  # truncated here
+    assert all(size < WINDOW for size in sizes)
+    kept = usages[cut].input_tokens + usages[cut].output_tokens
+    after = usages[cut + 1].input_tokens_details.cached_tokens
+    assert after >= 0.9 * kept, (sizes, after, kept)  # the next turn grew from it, cached
+    equal_to_a_cold_run(client, turns, cut, usages[cut].input_tokens)
+
+
+def equal_to_a_cold_run(
+    client: openai.OpenAI, turns: list[tuple[str, str]], cut: int, prompt_tokens: int
+) -> None:
+    """The truncated turn's reply is what the edited history gives cold: its kept turns are
+    the last ones whose prompt has the truncated turn's size."""
+    for first in reversed(range(cut)):  # the fewest turns kept first: the prompt grows
+        messages: list[Any] = [{"role": "system", "content": INSTRUCTIONS}]
+        for asked, answered in turns[first:cut]:
+            messages += [
+                {"role": "user", "content": asked},
+                {"role": "assistant", "content": answered},
+            ]
+        messages.append({"role": "user", "content": turns[cut][0]})
+        cold = client.chat.completions.create(
+            model="default", messages=messages, max_tokens=12, temperature=0
+        )
+        assert cold.usage is not None
+        if cold.usage.prompt_tokens == prompt_tokens:
+            assert cold.choices[0].message.content == turns[cut][1]
+            return
+        if cold.usage.prompt_tokens > prompt_tokens:
+            break
+    pytest.fail(f"no run of the last turns before turn {cut} has {prompt_tokens} tokens")
+
+
+def test_the_agents_sdk_runs_past_the_window_with_truncation_auto(small: ServerProcess) -> None:
+    client = openai.AsyncOpenAI(base_url=f"{small.url}/v1", api_key="unused", max_retries=0)
+    agent = Agent(
+        name="terse",
+        instructions=INSTRUCTIONS,
+        model=OpenAIResponsesModel(model="default", openai_client=client),
+        model_settings=ModelSettings(temperature=0, max_tokens=12, truncation="auto"),
+    )
+    config = RunConfig(tracing_disabled=True)
+
+    async def talk() -> list[int]:
+        previous, sizes = None, []
+        for topic in TOPICS:
+            result = await Runner.run(
+                agent, question(topic), previous_response_id=previous, run_config=config
+            )
+            previous = result.last_response_id
+            usage = result.raw_responses[-1].usage
+            sizes.append(usage.input_tokens if usage else 0)
+        return sizes
+
+    sizes = asyncio.run(talk())
+    assert max(sizes) < WINDOW
+    assert any(later < earlier for earlier, later in zip(sizes, sizes[1:], strict=False))
+
+
+def test_truncation_values_other_than_auto_and_disabled_are_refused(small: ServerProcess) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        oai(small).responses.create(
+            model="default",
+            input="Hi",
+            truncation="sometimes",  # type: ignore[arg-type]  # what the SDK would not send
+        )
+    assert refused.value.body["param"] == "truncation"  # type: ignore[index]  # an error body
