@@ -6,13 +6,18 @@ Anthropic's ``clear_tool_uses_20250919`` context edit (issue 48). The server ser
 from __future__ import annotations
 
 import asyncio
+import copy
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
+import anthropic
 import openai
 import pytest
 from agents import Agent, ModelSettings, OpenAIResponsesModel, RunConfig, Runner
 from reliability.server import ServerProcess
+
+from semantic.domain.context_edits import CLEARED_RESULT
 
 pytestmark = pytest.mark.model
 
@@ -118,14 +123,91 @@ def test_the_agents_sdk_runs_past_the_window_with_truncation_auto(small: ServerP
 
     sizes = asyncio.run(talk())
     assert max(sizes) < WINDOW
-    assert any(later < earlier for earlier, later in zip(sizes, sizes[1:], strict=False))
+    assert any(later < earlier for earlier, later in itertools.pairwise(sizes))
 
 
 def test_truncation_values_other_than_auto_and_disabled_are_refused(small: ServerProcess) -> None:
     with pytest.raises(openai.BadRequestError) as refused:
         oai(small).responses.create(
-            model="default",
-            input="Hi",
-            truncation="sometimes",  # type: ignore[arg-type]  # what the SDK would not send
+            model="default", input="Hi", extra_body={"truncation": "sometimes"}
         )
     assert refused.value.body["param"] == "truncation"  # type: ignore[index]  # an error body
+
+
+PAGE = {"type": "object", "properties": {"page": {"type": "integer"}}, "required": ["page"]}
+CLEARING: Any = {
+    "edits": [
+        {
+            "type": "clear_tool_uses_20250919",
+            "trigger": {"type": "input_tokens", "value": 800},
+            "keep": {"type": "tool_uses", "value": 1},
+        }
+    ]
+}
+
+
+def test_an_anthropic_tool_loop_past_the_window_clears_old_results_and_stays_cached(
+    small: ServerProcess,
+) -> None:
+    client = anthropic.Anthropic(base_url=small.url, api_key="unused", max_retries=0)
+    body: dict[str, Any] = {
+        "model": "default",
+        "max_tokens": 40,
+        "system": "Read the book page by page with the read_page tool.",
+        "tools": [{"name": "read_page", "description": "One page", "input_schema": PAGE}],
+        "tool_choice": {"type": "tool", "name": "read_page", "disable_parallel_tool_use": True},
+        "extra_body": {"temperature": 0},  # Anthropic samples at 1 by default
+        "betas": ["context-management-2025-06-27"],
+        "context_management": CLEARING,
+    }
+    history: list[Any] = [{"role": "user", "content": "Read the whole book."}]
+    replies = []
+    for page in range(9):
+        reply = client.beta.messages.create(messages=history, **body)
+        replies.append(reply)
+        [call] = [b for b in reply.content if b.type == "tool_use"]
+        history.append({"role": "assistant", "content": [b.model_dump() for b in reply.content]})
+        text = f"Page {page}: " + " ".join(f"line {i} of the story goes on." for i in range(18))
+        result = {"type": "tool_result", "tool_use_id": call.id, "content": text}
+        history.append({"role": "user", "content": [result]})
+    cleared = [cleared_uses(r) for r in replies]
+    prompts = [r.usage.input_tokens + (r.usage.cache_read_input_tokens or 0) for r in replies]
+    assert max(prompts) < WINDOW  # without the edit the last ones would not fit
+    assert cleared == sorted(cleared)
+    assert cleared[-1] > 0
+    steps = [i for i in range(1, len(cleared) - 1) if cleared[i - 1] < cleared[i] == cleared[i + 1]]
+    assert steps, cleared
+    for step in steps:  # the turn after a clearing grows from it: cached
+        kept = prompts[step] + replies[step].usage.output_tokens
+        assert (replies[step + 1].usage.cache_read_input_tokens or 0) >= 0.9 * kept
+    cold_equals_edited(small, body, history, replies, cleared)
+
+
+def cleared_uses(reply: Any) -> int:
+    edits = reply.context_management.applied_edits if reply.context_management else []
+    return sum(edit.cleared_tool_uses for edit in edits)
+
+
+def cold_equals_edited(
+    server: ServerProcess,
+    body: dict[str, Any],
+    history: list[Any],
+    replies: list[Any],
+    cleared: list[int],
+) -> None:
+    """The last reply is what its edited history gives without the edit, cold (another
+    tenant: nothing cached): its oldest results cleared as the edit says."""
+    last = len(replies) - 1
+    edited = copy.deepcopy(history[: 1 + 2 * last])
+    results = [m for m in edited if m["role"] == "user" and isinstance(m["content"], list)]
+    for message in results[: cleared[last]]:
+        message["content"][0]["content"] = CLEARED_RESULT
+    other = anthropic.Anthropic(
+        base_url=server.url, api_key="unused", default_headers={"X-Namespace": "cold"}
+    )
+    plain = {k: v for k, v in body.items() if k not in ("betas", "context_management")}
+    cold = other.messages.create(messages=edited, **plain)
+    assert (cold.usage.cache_read_input_tokens or 0) == 0
+    assert [(b.type, getattr(b, "input", None)) for b in cold.content] == [
+        (b.type, getattr(b, "input", None)) for b in replies[last].content
+    ]

@@ -18,8 +18,12 @@ from typing import Protocol, TypeVar
 from semantic.domain.chat import ChatMessage
 from semantic.domain.errors import InvalidRequestError
 
+DEFAULT_TRIGGER_TOKENS = 100_000
+DEFAULT_KEEP = 3
 CLEARED_RESULT = "[tool result cleared to save context]"
 CLEARED_INPUT = "{}"
+PLACEHOLDER_TOKENS = 8
+"""About what ``CLEARED_RESULT`` costs in tokens."""
 
 
 class Message(Protocol):
@@ -50,10 +54,10 @@ class ClearToolUses:
     """Anthropic's ``clear_tool_uses_20250919`` edit, its defaults as documented: at
     100,000 input tokens, keep the last 3 tool uses, clear the results of the older ones."""
 
-    trigger_tokens: int | None = 100_000
+    trigger_tokens: int | None = DEFAULT_TRIGGER_TOKENS
     trigger_uses: int | None = None
     """The edit applies from this many tool uses on (instead of ``trigger_tokens``)."""
-    keep: int = 3
+    keep: int = DEFAULT_KEEP
     clear_at_least: int = 0
     """Tokens an application must save, else the history is left as it was."""
     exclude: frozenset[str] = frozenset()
@@ -70,31 +74,71 @@ class ClearToolUses:
                 "keep and clear_at_least must not be negative", param="context_management"
             )
 
-    def triggered(self, prompt_tokens: int, messages: Sequence[ChatMessage]) -> bool:
-        if self.trigger_uses is not None:
-            return len(_uses(messages)) >= self.trigger_uses
-        return self.trigger_tokens is not None and prompt_tokens >= self.trigger_tokens
-
     def clearing_inputs_of(self, tool: str) -> bool:
         inputs = self.clear_inputs
         return inputs if isinstance(inputs, bool) else tool in inputs
 
 
 def clear_tool_uses(
-    messages: Sequence[ChatMessage], edit: ClearToolUses
+    messages: Sequence[ChatMessage], edit: ClearToolUses, count: int | None = None
 ) -> tuple[list[ChatMessage], int]:
-    """``messages`` with the tool uses before the last ``edit.keep`` cleared (their
-    results, and their arguments where asked), and how many uses that was. Uses of an
-    excluded tool are never cleared and do not count towards ``keep``."""
-    uses = [u for u in _uses(messages) if u[1] not in edit.exclude]
-    cleared = {call_id for call_id, _ in uses[: max(0, len(uses) - edit.keep)]}
-    out = [_cleared(message, cleared, edit) for message in messages]
-    return out, len(cleared)
+    """``messages`` with their oldest ``count`` clearable tool uses cleared (their results,
+    and their arguments where asked; default: all but the last ``edit.keep``), and how many
+    that was. Uses of an excluded tool are never cleared and do not count."""
+    uses = _clearable(messages, edit)
+    count = max(0, len(uses) - edit.keep) if count is None else min(count, len(uses))
+    cleared = set(uses[:count])
+    return [_cleared(message, cleared, edit) for message in messages], count
 
 
-def _uses(messages: Sequence[ChatMessage]) -> list[tuple[str, str]]:
-    """Every call in the history, oldest first: its id and tool."""
-    return [(c.id, c.name) for m in messages for c in m.tool_calls]
+def replayed_count(
+    messages: Sequence[ChatMessage], edit: ClearToolUses, sizes: Sequence[int], base: int
+) -> int:
+    """How many of the oldest clearable uses ``edit`` clears: as many as if it had been
+    applied to every request of this conversation as it grew (each ends just before an
+    assistant turn, and the last is this one), clearing all but ``keep`` whenever the
+    prompt it gave was past the trigger. So a growing conversation clears in steps and
+    keeps the same uses cleared between them, and the turns in between start from the
+    cached KV of the one before. ``sizes``: each message's tokens; ``base``: the rest of
+    the prompt (the template's own, the tools' listing)."""
+    uses = _clearable(messages, edit)
+    saving = _savings(messages, uses, sizes)
+    count, total = 0, base
+    for index, message in enumerate([*messages, None]):
+        if message is None or message.role == "assistant":
+            answered = [u for u in uses if _answered_before(messages, u, index)]
+            prompt = total - sum(saving[:count])
+            if _past(edit, prompt, len(answered) - count):
+                wanted = max(count, len(answered) - edit.keep)
+                if sum(saving[count:wanted]) >= max(edit.clear_at_least, 1):
+                    count = wanted
+        if message is not None:
+            total += sizes[index]
+    return count
+
+
+def _past(edit: ClearToolUses, prompt: int, uncleared: int) -> bool:
+    if edit.trigger_uses is not None:
+        return uncleared >= edit.trigger_uses
+    return edit.trigger_tokens is not None and prompt >= edit.trigger_tokens
+
+
+def _answered_before(messages: Sequence[ChatMessage], call_id: str, end: int) -> bool:
+    return any(m.role == "tool" and m.tool_call_id == call_id for m in messages[:end])
+
+
+def _savings(
+    messages: Sequence[ChatMessage], uses: list[str], sizes: Sequence[int]
+) -> list[int]:
+    """Roughly what clearing each use saves: its result's tokens (the placeholder's few
+    aside); the arguments', where those are cleared too, are not counted."""
+    by_result = {m.tool_call_id: sizes[i] for i, m in enumerate(messages) if m.role == "tool"}
+    return [max(0, by_result.get(call_id, 0) - PLACEHOLDER_TOKENS) for call_id in uses]
+
+
+def _clearable(messages: Sequence[ChatMessage], edit: ClearToolUses) -> list[str]:
+    """The ids of the calls an edit may clear, oldest first."""
+    return [c.id for m in messages for c in m.tool_calls if c.name not in edit.exclude]
 
 
 def _cleared(message: ChatMessage, cleared: set[str], edit: ClearToolUses) -> ChatMessage:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import functools
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from litestar import Controller, Request, post
 from litestar.datastructures import State
 
+from semantic.adapters.http.anthropic_context import applied_edits, context_edit
 from semantic.adapters.http.anthropic_schemas import (
     AnthropicMessage,
     CountTokensRequest,
@@ -45,6 +46,7 @@ from semantic.adapters.http.translate import (
     sampling,
     stop_strings,
 )
+from semantic.application.context_edits import edited
 from semantic.application.generation import (
     GenerationHandle,
     GenerationInput,
@@ -54,6 +56,7 @@ from semantic.application.generation import (
 from semantic.application.tool_replies import CallOpened, Reply, ReplyEvent, ReplyReader
 from semantic.domain.chat import ChatMessage, check_tool_answers
 from semantic.domain.errors import InvalidRequestError, SemanticError
+from semantic.domain.tools import Tool
 
 
 class AnthropicController(Controller):
@@ -71,11 +74,8 @@ class AnthropicController(Controller):
         who = identity(request)
         use = anthropic_tool_use(data.tools, data.tool_choice)
         shape = reply_shape(found.tokenizer, use)
-        chat, prefill = await _conversation(found, data.system, data.messages, who.namespace)
         tools = use.tools if use else ()
-        prompt = found.tokenizer.render_chat(
-            chat, scope=who.namespace, continue_final=prefill, tools=tools
-        )
+        chat, prompt, prefill, context = await _prompt(found, data, who.namespace, tools)
         generation = GenerationInput(
             tuple(prompt),
             who.namespace,
@@ -97,13 +97,15 @@ class AnthropicController(Controller):
         reader = ReplyReader(None if prefill else shape.calls_in, new_tool_use_id)
         keep = functools.partial(found.calls.remember, who.namespace)
         if data.stream:
-            events = message_events(handle, message_id, found.model_id, reader, keep)
+            events = message_events(
+                handle, message_id, found.model_id, reader, keep, context=context
+            )
             return sse(events, handle.close)
         result = await result_of(request, handle)
         reader.feed(result.text)
         _, answer = reader.finish()
         await keep(answer)
-        return message_body(message_id, found.model_id, result, answer)
+        return {**message_body(message_id, found.model_id, result, answer), **context}
 
     @post("/count_tokens", status_code=200)
     async def count_tokens(
@@ -114,11 +116,44 @@ class AnthropicController(Controller):
         _check_plain_chat(data)
         namespace = identity(request).namespace
         use = anthropic_tool_use(data.tools, data.tool_choice)
-        chat, prefill = await _conversation(found, data.system, data.messages, namespace)
+        chat, prefill = _conversation(data.system, data.messages)
+        chat = await found.calls.restore(namespace, chat)
         prompt = found.tokenizer.render_chat(
             chat, scope=namespace, continue_final=prefill, tools=use.tools if use else ()
         )
         return {"input_tokens": len(prompt)}
+
+
+async def _prompt(
+    found: Services, data: MessagesRequest, namespace: str, tools: Sequence[Tool]
+) -> tuple[list[ChatMessage], list[int], bool, dict[str, Any]]:
+    """The conversation as rendered (calls this server generated as they were written:
+    ``CallMemory``), its prompt, whether it continues a prefilled reply, and the
+    ``context_management`` to report: the edit asked for, applied where it triggers (on
+    the messages as sent, before their calls are restored)."""
+    edit = context_edit(data.context_management)
+    chat, prefill = _conversation(data.system, data.messages)
+
+    async def rendered(messages: Sequence[ChatMessage]) -> tuple[list[ChatMessage], list[int]]:
+        restored = await found.calls.restore(namespace, messages)
+        prompt = found.tokenizer.render_chat(
+            restored, scope=namespace, continue_final=prefill, tools=tools
+        )
+        return restored, prompt
+
+    async def measure(messages: Sequence[ChatMessage]) -> int:
+        return len((await rendered(messages))[1])
+
+    applied = None
+    if edit is not None:
+        tokens = found.tokenizer
+
+        def count(text: str) -> int:
+            return len(tokens.encode(text)) if text else 0
+
+        chat, applied = await edited(chat, edit, measure, count)
+    restored, prompt = await rendered(chat)
+    return restored, prompt, prefill, applied_edits(edit, applied)
 
 
 def _check_plain_chat(data: PlainChat) -> None:
@@ -126,15 +161,11 @@ def _check_plain_chat(data: PlainChat) -> None:
         raise InvalidRequestError("extended thinking is not supported", param="thinking")
 
 
-async def _conversation(
-    found: Services,
-    system: str | list[TextBlock] | None,
-    messages: list[AnthropicMessage],
-    scope: str,
+def _conversation(
+    system: str | list[TextBlock] | None, messages: list[AnthropicMessage]
 ) -> tuple[list[ChatMessage], bool]:
     """The conversation, and whether its final assistant message is a prefill: the reply
-    continues it (Anthropic's behaviour), so its turn is left open. Calls this server
-    generated are rendered as they were written (``CallMemory``)."""
+    continues it (Anthropic's behaviour), so its turn is left open."""
     chat = _chat(system, messages)
     check_tool_answers(chat)
     last = chat[-1]
@@ -151,7 +182,7 @@ async def _conversation(
         )
     if prefill == "":  # nothing to continue: a plain new turn
         chat.pop()
-    return await found.calls.restore(scope, chat), bool(prefill)
+    return chat, bool(prefill)
 
 
 def _chat(
@@ -271,7 +302,10 @@ async def message_events(
     model: str,
     reader: ReplyReader,
     keep: Callable[[Reply], Awaitable[None]],
+    *,
+    context: dict[str, Any] | None = None,
 ) -> AsyncIterator[str]:
+    """``context``: the ``context_management`` the message ends with (edits applied)."""
     start: dict[str, Any] = {
         "id": message_id,
         "type": "message",
@@ -294,7 +328,7 @@ async def message_events(
                     for line in blocks.event(piece):
                         yield line
             elif isinstance(event, GenerationResult):
-                for line in await _ending(event, blocks, reader, keep):
+                for line in await _ending(event, blocks, reader, keep, context or {}):
                     yield line
     except SemanticError as error:  # typed as the same error outside a stream would be
         yield sse_data(body_for("/v1/messages", problem_for(error)), "error")
@@ -305,6 +339,7 @@ async def _ending(
     blocks: _Blocks,
     reader: ReplyReader,
     keep: Callable[[Reply], Awaitable[None]],
+    context: dict[str, Any],
 ) -> list[str]:
     rest, answer = reader.finish()
     await keep(answer)
@@ -316,6 +351,7 @@ async def _ending(
         "type": "message_delta",
         "delta": {"stop_reason": _stop(result, answer), "stop_sequence": result.stop_string},
         "usage": _usage(result, result.usage.prompt_tokens, result.usage.cached_tokens),
+        **context,
     }
     lines.append(sse_data(done, "message_delta"))
     lines.append(sse_data({"type": "message_stop"}, "message_stop"))

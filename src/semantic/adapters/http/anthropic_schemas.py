@@ -75,3 +75,5 @@ class MessagesRequest(PlainChat, forbid_unknown_fields=True):
     workspace_id: str | None = None
     """Routing and accounting fields: accepted, with no effect on the reply. Other features
     we do not have (output_config, ...) are refused as unknown fields."""
+    context_management: dict[str, Any] | None = None
+    """Context edits (``clear_tool_uses_20250919``), read by ``anthropic_context``."""

@@ -1,0 +1,138 @@
+"""Context edits on a history: oldest turns dropped, old tool uses cleared, and the
+clearing replayed over the conversation's requests so it moves in steps (issue 48)."""
+
+from __future__ import annotations
+
+import pytest
+
+from semantic.adapters.http.anthropic_context import applied_edits, context_edit
+from semantic.application.context_edits import AppliedEdit
+from semantic.domain.chat import ChatMessage
+from semantic.domain.context_edits import (
+    CLEARED_INPUT,
+    CLEARED_RESULT,
+    ClearToolUses,
+    clear_tool_uses,
+    replayed_count,
+    without_oldest_turns,
+)
+from semantic.domain.errors import InvalidRequestError
+from semantic.domain.tools import ToolCall
+
+
+def loop(rounds: int, tool: str = "search") -> list[ChatMessage]:
+    """A system prompt, a question, then ``rounds`` calls each answered by its result."""
+    out = [ChatMessage("system", "Be brief."), ChatMessage("user", "Go.")]
+    for i in range(rounds):
+        call = ToolCall(f"c{i}", tool, f'{{"q": {i}}}')
+        out += [
+            ChatMessage("assistant", "", (call,)),
+            ChatMessage("tool", f"r{i}", tool_call_id=f"c{i}"),
+        ]
+    return out
+
+
+def test_dropping_turns_keeps_system_messages_and_whole_turns() -> None:
+    history = [
+        ChatMessage("system", "s"),
+        ChatMessage("user", "a"),
+        ChatMessage("assistant", "A"),
+        ChatMessage("user", "b"),
+        ChatMessage("assistant", "B"),
+    ]
+    assert [m.content for m in without_oldest_turns(history, 1)] == ["s", "b", "B"]
+    assert [m.content for m in without_oldest_turns(history, 2)] == ["s"]
+    assert without_oldest_turns(history, 0) == history
+
+
+def test_clearing_keeps_the_last_uses_and_excluded_tools() -> None:
+    history = [*loop(4), *loop(1, "memory")[2:]]
+    history[-2] = ChatMessage("assistant", "", (ToolCall("m0", "memory", "{}"),))
+    history[-1] = ChatMessage("tool", "kept", tool_call_id="m0")
+    edit = ClearToolUses(keep=2, exclude=frozenset({"memory"}), clear_inputs=True)
+    cleared, count = clear_tool_uses(history, edit)
+    assert count == 2
+    results = [m.content for m in cleared if m.role == "tool"]
+    assert results == [CLEARED_RESULT, CLEARED_RESULT, "r2", "r3", "kept"]
+    arguments = [c.arguments for m in cleared for c in m.tool_calls]
+    assert arguments == [CLEARED_INPUT, CLEARED_INPUT, '{"q": 2}', '{"q": 3}', "{}"]
+
+
+def sizes_of(history: list[ChatMessage]) -> list[int]:
+    """Results of 300 tokens, calls of 20, the system prompt and question 50 each."""
+    return [{"tool": 300, "assistant": 20}.get(m.role, 50) for m in history]
+
+
+def test_replayed_clearing_moves_in_steps_as_the_conversation_grows() -> None:
+    """Past 1,000 tokens the edit clears all but the last use; the uses cleared then stay
+    as they are (a stable prefix, cached) until the edited prompt is past 1,000 again."""
+    edit = ClearToolUses(trigger_tokens=1000, keep=1)
+    counts = [replayed_count(loop(n), edit, sizes_of(loop(n)), 0) for n in range(1, 9)]
+    assert counts == [0, 0, 2, 2, 4, 4, 6, 6]
+    by_uses = ClearToolUses(trigger_tokens=None, trigger_uses=3, keep=1)
+    counts = [replayed_count(loop(n), by_uses, sizes_of(loop(n)), 0) for n in range(1, 7)]
+    assert counts == [0, 0, 2, 2, 4, 4]
+
+
+def test_clear_at_least_holds_a_clearing_back_until_it_saves_that_much() -> None:
+    edit = ClearToolUses(trigger_tokens=1000, keep=1, clear_at_least=600)
+    assert replayed_count(loop(3), edit, sizes_of(loop(3)), 0) == 0  # 2 uses: 584 tokens
+    assert replayed_count(loop(4), edit, sizes_of(loop(4)), 0) == 3
+
+
+def test_context_management_is_read_and_refused_by_name() -> None:
+    edit = context_edit(
+        {
+            "edits": [
+                {
+                    "type": "clear_tool_uses_20250919",
+                    "trigger": {"type": "input_tokens", "value": 3000},
+                    "keep": {"type": "tool_uses", "value": 2},
+                    "clear_at_least": {"type": "input_tokens", "value": 500},
+                    "exclude_tools": ["memory"],
+                    "clear_tool_inputs": ["search"],
+                }
+            ]
+        }
+    )
+    assert edit == ClearToolUses(3000, None, 2, 500, frozenset({"memory"}), frozenset({"search"}))
+    assert context_edit({"edits": [{"type": "clear_tool_uses_20250919"}]}) == ClearToolUses()
+    bad = [
+        {"edits": [{"type": "clear_thinking_20251015"}]},
+        {
+            "edits": [
+                {
+                    "type": "clear_tool_uses_20250919",
+                    "trigger": {"type": "input_tokens", "value": 100},
+                }
+            ]
+        },
+        {
+            "edits": [
+                {"type": "clear_tool_uses_20250919", "keep": {"type": "input_tokens", "value": 2}}
+            ]
+        },
+        {
+            "edits": [
+                {"type": "clear_tool_uses_20250919", "keep": {"type": "tool_uses", "value": -1}}
+            ]
+        },
+        {"edits": [{"type": "clear_tool_uses_20250919", "colour": "red"}]},
+        {"edit": []},
+    ]
+    for raw in bad:
+        with pytest.raises(InvalidRequestError) as refused:
+            context_edit(raw)
+        assert refused.value.param == "context_management", raw
+    assert applied_edits(ClearToolUses(), AppliedEdit(2, 90)) == {
+        "context_management": {
+            "applied_edits": [
+                {
+                    "type": "clear_tool_uses_20250919",
+                    "cleared_tool_uses": 2,
+                    "cleared_input_tokens": 90,
+                }
+            ]
+        }
+    }
+    assert applied_edits(None, None) == {}
