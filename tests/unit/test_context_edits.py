@@ -3,6 +3,8 @@ clearing replayed over the conversation's requests so it moves in steps (issue 4
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from semantic.adapters.http.anthropic_context import applied_edits, context_edit
@@ -97,7 +99,7 @@ def test_context_management_is_read_and_refused_by_name() -> None:
     )
     assert edit == ClearToolUses(3000, None, 2, 500, frozenset({"memory"}), frozenset({"search"}))
     assert context_edit({"edits": [{"type": "clear_tool_uses_20250919"}]}) == ClearToolUses()
-    bad = [
+    bad: list[dict[str, Any]] = [
         {"edits": [{"type": "clear_thinking_20251015"}]},
         {
             "edits": [

@@ -127,9 +127,7 @@ def _answered_before(messages: Sequence[ChatMessage], call_id: str, end: int) ->
     return any(m.role == "tool" and m.tool_call_id == call_id for m in messages[:end])
 
 
-def _savings(
-    messages: Sequence[ChatMessage], uses: list[str], sizes: Sequence[int]
-) -> list[int]:
+def _savings(messages: Sequence[ChatMessage], uses: list[str], sizes: Sequence[int]) -> list[int]:
     """Roughly what clearing each use saves: its result's tokens (the placeholder's few
     aside); the arguments', where those are cleared too, are not counted."""
     by_result = {m.tool_call_id: sizes[i] for i, m in enumerate(messages) if m.role == "tool"}
