@@ -148,6 +148,11 @@ def test_an_anthropic_reply_continues_a_final_assistant_message(server: ServerPr
         client.messages.create(
             model="default", max_tokens=4, messages=anthropic_messages([asked, spaced])
         )
+    empty = anthropic_messages([{"role": "assistant", "content": ""}])  # found by the fuzzer
+    with pytest.raises(anthropic.BadRequestError, match="a user message"):
+        client.messages.create(model="default", max_tokens=4, messages=empty)
+    with pytest.raises(anthropic.BadRequestError, match="a user message"):
+        client.messages.count_tokens(model="default", messages=empty)
 
 
 def test_later_turns_of_a_conversation_report_cached_tokens(server: ServerProcess) -> None:

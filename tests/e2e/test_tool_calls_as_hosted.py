@@ -75,6 +75,16 @@ WEATHER_SHOT: list[Any] = [  # one example of three calls, as a client's history
 ]
 
 
+THREE_CITIES: dict[str, Any] = {
+    "model": "default",
+    "messages": WEATHER_SHOT,
+    "tools": TOOLS[:1],
+    "tool_choice": "required",
+    "temperature": 0,
+    "max_tokens": 120,
+}
+
+
 def oai(server: ServerProcess) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
 
@@ -120,14 +130,7 @@ def test_anthropic_any_calls_a_tool(server: ServerProcess) -> None:
 
 def test_one_tool_called_three_times_in_one_reply(server: ServerProcess) -> None:
     client = oai(server)
-    body: dict[str, Any] = {
-        "model": "default",
-        "messages": WEATHER_SHOT,
-        "tools": TOOLS[:1],
-        "tool_choice": "required",
-        "temperature": 0,
-        "max_tokens": 120,
-    }
+    body = THREE_CITIES
     choice = client.chat.completions.create(**body).choices[0]
     assert choice.finish_reason == "tool_calls"
     calls = choice.message.tool_calls or []
@@ -140,14 +143,7 @@ def test_one_tool_called_three_times_in_one_reply(server: ServerProcess) -> None
 
 def test_arguments_stream_as_generated_on_chat_completions(server: ServerProcess) -> None:
     client = oai(server)
-    body: dict[str, Any] = {
-        "model": "default",
-        "messages": WEATHER_SHOT,
-        "tools": TOOLS[:1],
-        "tool_choice": "required",
-        "temperature": 0,
-        "max_tokens": 120,
-    }
+    body = THREE_CITIES
     whole = client.chat.completions.create(**body).choices[0].message.tool_calls or []
     chunks = list(client.chat.completions.create(**body, stream=True))
     pieces = [t for c in chunks if c.choices for t in c.choices[0].delta.tool_calls or []]

@@ -182,6 +182,8 @@ def _conversation(
         )
     if prefill == "":  # nothing to continue: a plain new turn
         chat.pop()
+    if all(message.role == "system" for message in chat):  # the empty prefill was all
+        raise InvalidRequestError("messages must hold a user message", param="messages")
     return chat, bool(prefill)
 
 
