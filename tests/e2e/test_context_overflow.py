@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import anthropic
+import httpx
 import openai
 import pytest
 from agents import Agent, ModelSettings, OpenAIResponsesModel, RunConfig, Runner
@@ -211,3 +212,45 @@ def cold_equals_edited(
     assert [(b.type, getattr(b, "input", None)) for b in cold.content] == [
         (b.type, getattr(b, "input", None)) for b in replies[last].content
     ]
+
+
+def test_an_agents_context_policy_keeps_it_answering_past_the_window_and_cached(
+    small: ServerProcess,
+) -> None:
+    api = f"{small.url}/v1/agents"
+    policy = {"edit": "drop_oldest_turns", "trigger_tokens": 700, "keep": 3}
+    made = httpx.post(api, json={"id": "reader", "system_prompt": INSTRUCTIONS, "context": policy})
+    assert made.status_code == 201
+    assert made.json()["context"] == policy
+    usages = []
+    for topic in TOPICS:
+        sent = {"content": question(topic), "max_tokens": 12, "temperature": 0}
+        reply = httpx.post(f"{api}/reader/messages", json=sent, timeout=120)
+        assert reply.status_code == 200, reply.text
+        usages.append(reply.json()["usage"])
+    sizes = [u["prompt_tokens"] for u in usages]
+    assert max(sizes) < WINDOW
+    drops = [i for i in range(1, len(sizes) - 1) if sizes[i] < sizes[i - 1] <= sizes[i + 1]]
+    assert drops, sizes
+    for drop in drops:  # the turn after a drop grows from it, cached
+        kept = sizes[drop] + usages[drop]["completion_tokens"]
+        assert usages[drop + 1]["cached_tokens"] >= 0.9 * kept, (sizes, usages)
+    listed = httpx.get(f"{api}/reader/messages", params={"limit": 100}).json()["data"]
+    assert len(listed) == 2 * len(TOPICS)  # the transcript keeps every turn
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        {"edit": "forget", "trigger_tokens": 700},
+        {"edit": "drop_oldest_turns", "trigger_tokens": 100},
+        {"edit": "drop_oldest_turns", "trigger_tokens": WINDOW},
+        {"edit": "clear_tool_results", "trigger_tokens": 700, "keep": -1},
+        {"edit": "drop_oldest_turns"},
+    ],
+)
+def test_a_bad_context_policy_is_refused_by_name(small: ServerProcess, policy: Any) -> None:
+    refused = httpx.post(f"{small.url}/v1/agents", json={"id": "bad", "context": policy})
+    assert refused.status_code == 400, refused.text
+    assert "context" in str(refused.json()["error"]["param"]), refused.text
+    assert httpx.get(f"{small.url}/v1/agents/bad").status_code == 404

@@ -11,11 +11,15 @@ from semantic.adapters.http.anthropic_context import applied_edits, context_edit
 from semantic.application.context_edits import AppliedEdit
 from semantic.domain.chat import ChatMessage
 from semantic.domain.context_edits import (
+    CLEAR_TOOL_RESULTS,
     CLEARED_INPUT,
     CLEARED_RESULT,
+    DROP_OLDEST_TURNS,
     ClearToolUses,
+    ContextPolicy,
     clear_tool_uses,
     replayed_count,
+    replayed_drop,
     without_oldest_turns,
 )
 from semantic.domain.errors import InvalidRequestError
@@ -138,3 +142,35 @@ def test_context_management_is_read_and_refused_by_name() -> None:
         }
     }
     assert applied_edits(None, None) == {}
+
+
+def chat_turns(count: int) -> list[ChatMessage]:
+    """``count`` turns of a question and an answer, then the question being asked."""
+    turns = [ChatMessage("user", "q"), ChatMessage("assistant", "a")] * count
+    return [ChatMessage("system", "s"), *turns, ChatMessage("user", "q")]
+
+
+def test_replayed_drops_move_in_steps_and_never_drop_the_turn_asked() -> None:
+    """Messages of 100 tokens, a turn 200: past 500 the oldest turns go until the prompt
+    is at most 250, and stay gone; what was dropped only grows."""
+    drops = [replayed_drop(chat_turns(n), 500, [100] * (2 * n + 2), 0) for n in range(8)]
+    assert drops == [0, 0, 2, 2, 4, 4, 6, 6]
+    history = chat_turns(7)
+    kept = without_oldest_turns(history, drops[-1])
+    assert [m.role for m in kept] == ["system", "user", "assistant", "user"]
+    assert replayed_drop(chat_turns(3), 10_000, [100] * 8, 0) == 0
+
+
+def test_a_context_policy_is_checked_and_kept_as_json() -> None:
+    policy = ContextPolicy(CLEAR_TOOL_RESULTS, 1000, keep=2)
+    assert ContextPolicy.from_json(policy.to_json()) == policy
+    assert policy.clearing == ClearToolUses(trigger_tokens=1000, keep=2)
+    assert ContextPolicy(DROP_OLDEST_TURNS, 1000).clearing is None
+    for edit, trigger, keep in (
+        ("forget", 1000, 3),
+        (DROP_OLDEST_TURNS, 255, 3),
+        (CLEAR_TOOL_RESULTS, 1000, -1),
+    ):
+        with pytest.raises(InvalidRequestError) as refused:
+            ContextPolicy(edit, trigger, keep)
+        assert refused.value.param == "context"

@@ -15,6 +15,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 
 from semantic.application.agent_values import CommittedReply, Turn, TurnStarted
 from semantic.application.cache.store import AgentCacheStore
+from semantic.application.context_edits import policy_applied
 from semantic.application.generation import (
     GenerationHandle,
     GenerationInput,
@@ -35,7 +36,7 @@ from semantic.application.transcript import (
     whole,
 )
 from semantic.domain.chat import ChatMessage
-from semantic.domain.context_edits import turn_starts, without_oldest_turns
+from semantic.domain.context_edits import ContextPolicy, turn_starts, without_oldest_turns
 from semantic.domain.errors import AgentDeletedError, PromptTooLongError
 from semantic.ports.metadata_store import AgentRecord, MessageRecord, MetadataStore
 from semantic.ports.tokenizer import Tokenizer
@@ -128,7 +129,17 @@ class TurnRunner:
             chat.insert(0, ChatMessage("system", record.system_prompt))
         chat.extend(chat_message(m) for m in asked(turn, 0.0))
         tools = turn.tools.tools if turn.tools else ()
-        return self._tokenizer.render_chat(chat, scope=record.namespace, tools=tools, known=known)
+        prompt = self._tokenizer.render_chat(chat, scope=record.namespace, tools=tools, known=known)
+        if record.context_policy is None:
+            return prompt
+        policy = ContextPolicy.from_json(record.context_policy)
+        edited = policy_applied(chat, policy, len(prompt), self._count)
+        if edited == chat:
+            return prompt
+        return self._tokenizer.render_chat(edited, scope=record.namespace, tools=tools, known=known)
+
+    def _count(self, text: str) -> int:
+        return len(self._tokenizer.encode(text)) if text else 0
 
     async def run(
         self,

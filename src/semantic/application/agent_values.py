@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from semantic.application.generation import GenerationResult
 from semantic.application.tool_replies import Call
 from semantic.domain.constraints import OutputConstraint
+from semantic.domain.context_edits import ContextPolicy
 from semantic.domain.generation import GREEDY, Priority, SamplingParams
 from semantic.domain.tools import ToolUse
 from semantic.ports.metadata_store import AgentRecord, BlockRecord, MessageRecord
@@ -52,6 +53,7 @@ class AgentInfo:
     last_used: float
     messages: int
     cache: CacheState
+    context: ContextPolicy | None = None
 
     @classmethod
     def of(cls, record: AgentRecord, n_messages: int, cache: CacheState) -> AgentInfo:
@@ -63,6 +65,9 @@ class AgentInfo:
             record.last_used,
             n_messages,
             cache,
+            None
+            if record.context_policy is None
+            else ContextPolicy.from_json(record.context_policy),
         )
 
 

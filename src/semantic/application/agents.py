@@ -36,6 +36,7 @@ from semantic.application.tool_replies import ArgumentsDelta, CallOpened, TurnEv
 from semantic.application.transcript import new_call_id, record_calls
 from semantic.application.turn_gate import TurnGate
 from semantic.domain.chat import ChatMessage
+from semantic.domain.context_edits import ContextPolicy
 from semantic.domain.errors import (
     AgentNotFoundError,
     InvalidRequestError,
@@ -83,15 +84,36 @@ class AgentService:
         self._plain = PlainRequests(generation, metadata, self._gate)
         self._runner = TurnRunner(generation, metadata, cache, tokenizer)
 
-    async def create(self, namespace: str, agent_id: str, system_prompt: str | None) -> AgentInfo:
+    async def create(
+        self,
+        namespace: str,
+        agent_id: str,
+        system_prompt: str | None,
+        context: ContextPolicy | None = None,
+    ) -> AgentInfo:
+        """``context``: what a conversation past its trigger drops or clears (None: it is
+        refused once it outgrows the window)."""
         self._check_system(namespace, agent_id, system_prompt)  # refused now, not each turn
+        self._check_context(context)
         record = AgentRecord(
-            namespace, agent_id, system_prompt=system_prompt, keeps_transcript=True
+            namespace,
+            agent_id,
+            system_prompt=system_prompt,
+            keeps_transcript=True,
+            context_policy=None if context is None else context.to_json(),
         )
         await self._cache.keeping(
             namespace, agent_id, functools.partial(self._metadata.create_agent, record)
         )
         return await self.get(namespace, agent_id)
+
+    def _check_context(self, context: ContextPolicy | None) -> None:
+        window = self._generation.limits.max_context
+        if context is not None and context.trigger_tokens >= window:
+            raise InvalidRequestError(
+                f"context.trigger_tokens must be below the model's context of {window}",
+                param="context",
+            )
 
     def _check_system(self, namespace: str, agent_id: str, system_prompt: str | None) -> None:
         """An agent whose system prompt leaves no room for any turn is refused by name."""

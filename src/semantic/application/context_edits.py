@@ -8,7 +8,14 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from semantic.domain.chat import ChatMessage
-from semantic.domain.context_edits import ClearToolUses, clear_tool_uses, replayed_count
+from semantic.domain.context_edits import (
+    ClearToolUses,
+    ContextPolicy,
+    clear_tool_uses,
+    replayed_count,
+    replayed_drop,
+    without_oldest_turns,
+)
 
 Measure = Callable[[Sequence[ChatMessage]], Awaitable[int]]
 """How many tokens a conversation's prompt has."""
@@ -36,6 +43,23 @@ async def edited(
         return list(chat), None
     cleared, uses = clear_tool_uses(chat, edit, clear)
     return cleared, AppliedEdit(uses, before - await measure(cleared))
+
+
+def policy_applied(
+    chat: Sequence[ChatMessage], policy: ContextPolicy, prompt_tokens: int, count: Count
+) -> list[ChatMessage]:
+    """``chat`` (whose prompt has ``prompt_tokens``) as an agent's context policy edits it
+    on this turn. Below the trigger nothing before it was edited either (a conversation
+    only grows), so nothing is measured."""
+    if prompt_tokens < policy.trigger_tokens:
+        return list(chat)
+    sizes = [_size(message, count) for message in chat]
+    base = prompt_tokens - sum(sizes)
+    clearing = policy.clearing
+    if clearing is not None:
+        return clear_tool_uses(chat, clearing, replayed_count(chat, clearing, sizes, base))[0]
+    dropped = replayed_drop(chat, policy.trigger_tokens, sizes, base)
+    return without_oldest_turns(chat, dropped)
 
 
 def _size(message: ChatMessage, count: Count) -> int:

@@ -11,10 +11,13 @@ starts from the cached KV of the edited prompt (ADR 0020).
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
+from semantic.domain.cache_spec import BLOCK_TOKENS
 from semantic.domain.chat import ChatMessage
 from semantic.domain.errors import InvalidRequestError
 
@@ -40,6 +43,36 @@ def turn_starts(messages: Sequence[Message]) -> list[int]:
     return [index for index, message in enumerate(messages) if message.role == "user"]
 
 
+def replayed_drop(
+    messages: Sequence[Message], trigger: int, sizes: Sequence[int], base: int
+) -> int:
+    """How many oldest turns an agent's ``drop_oldest_turns`` policy drops from
+    ``messages`` (which end with the turn being asked): as many as if it had been applied
+    to every request of the conversation as it grew (each ends before an assistant turn,
+    the last is this one), dropping, whenever the prompt it gave was past ``trigger``, the
+    fewest turns that bring it to half of it; never the turn being asked. The turns
+    dropped then stay the same between drops, and the turns in between start from the
+    cached KV of the one before. ``sizes``: each message's tokens; ``base``: the rest of
+    the prompt (the template's own, the tools' listing)."""
+    starts = turn_starts(messages)
+    total = list(itertools.accumulate(sizes, initial=base))
+    kept = [0 if m.role == "system" else size for m, size in zip(messages, sizes, strict=True)]
+    gone = list(itertools.accumulate(kept, initial=0))
+    dropped = 0
+    for end in [i for i, m in enumerate(messages) if m.role == "assistant"] + [len(messages)]:
+        present = [start for start in starts if start < end]
+
+        def prompt(turns: int, end: int = end, present: list[int] = present) -> int:
+            return total[end] - (gone[present[turns]] if turns else 0)
+
+        if dropped < len(present) - 1 and prompt(dropped) >= trigger:
+            turns = dropped + 1
+            while turns < len(present) - 1 and prompt(turns) > trigger // 2:
+                turns += 1
+            dropped = turns
+    return dropped
+
+
 def without_oldest_turns(messages: Sequence[M], turns: int) -> list[M]:
     """``messages`` less their first ``turns`` turns (system messages are kept)."""
     starts = turn_starts(messages)
@@ -47,6 +80,54 @@ def without_oldest_turns(messages: Sequence[M], turns: int) -> list[M]:
         return list(messages)
     cut = starts[turns] if turns < len(starts) else len(messages)
     return [m for i, m in enumerate(messages) if i >= cut or m.role == "system"]
+
+
+DROP_OLDEST_TURNS = "drop_oldest_turns"
+CLEAR_TOOL_RESULTS = "clear_tool_results"
+
+
+@dataclass(frozen=True, slots=True)
+class ContextPolicy:
+    """An agent's own rule for a conversation past ``trigger_tokens``: drop its oldest
+    turns (to half the trigger), or clear all but its last ``keep`` tool results. Applied
+    on every turn as if on every request before it (``replayed_drop``,
+    ``replayed_count``), so the edit moves in steps and the turns between stay cached.
+    The system prompt is never edited; the stored transcript keeps everything."""
+
+    edit: str
+    trigger_tokens: int
+    keep: int = DEFAULT_KEEP
+
+    def __post_init__(self) -> None:
+        if self.edit not in (DROP_OLDEST_TURNS, CLEAR_TOOL_RESULTS):
+            raise InvalidRequestError(
+                f"context.edit must be {DROP_OLDEST_TURNS!r} or {CLEAR_TOOL_RESULTS!r}, "
+                f"got {self.edit!r}",
+                param="context",
+            )
+        if self.trigger_tokens < BLOCK_TOKENS:
+            raise InvalidRequestError(
+                f"context.trigger_tokens must be at least {BLOCK_TOKENS} (one KV block)",
+                param="context",
+            )
+        if self.keep < 0:
+            raise InvalidRequestError("context.keep must not be negative", param="context")
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {"edit": self.edit, "trigger_tokens": self.trigger_tokens, "keep": self.keep}
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> ContextPolicy:
+        stored = json.loads(text)
+        return cls(str(stored["edit"]), int(stored["trigger_tokens"]), int(stored["keep"]))
+
+    @property
+    def clearing(self) -> ClearToolUses | None:
+        if self.edit != CLEAR_TOOL_RESULTS:
+            return None
+        return ClearToolUses(trigger_tokens=self.trigger_tokens, keep=self.keep)
 
 
 @dataclass(frozen=True, slots=True)

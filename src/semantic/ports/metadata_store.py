@@ -37,6 +37,9 @@ class AgentRecord:
     last_used: float = 0.0
     keeps_transcript: bool = False
     """Made by the agents API (created or forked): plain requests may not name it."""
+    context_policy: str | None = None
+    """The agent's ``ContextPolicy`` as JSON (None: a conversation past the window is
+    refused)."""
 
 
 @dataclass(frozen=True, slots=True)

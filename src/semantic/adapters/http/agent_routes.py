@@ -31,6 +31,7 @@ from semantic.application.agents import (
 )
 from semantic.application.generation import GenerationResult, TextDelta
 from semantic.domain.constraints import UnsupportedSchemaError
+from semantic.domain.context_edits import ContextPolicy
 from semantic.domain.errors import InvalidRequestError, SemanticError
 from semantic.ports.metadata_store import MessageRecord
 
@@ -58,8 +59,10 @@ class AgentController(Controller):
             if data.namespace
             else identity(request).namespace
         )
+        rule = data.context
+        context = None if rule is None else ContextPolicy(rule.edit, rule.trigger_tokens, rule.keep)
         info = await services(state).agents.create(
-            namespace, checked_id(data.id, "agent_id"), data.system_prompt
+            namespace, checked_id(data.id, "agent_id"), data.system_prompt, context
         )
         return _agent(info)
 
@@ -227,7 +230,12 @@ def _agent(info: AgentInfo) -> dict[str, Any]:
         "last_used": info.last_used,
         "messages": info.messages,
         "cache": _cache(info),
+        "context": None if info.context is None else _context(info.context),
     }
+
+
+def _context(policy: ContextPolicy) -> dict[str, Any]:
+    return {"edit": policy.edit, "trigger_tokens": policy.trigger_tokens, "keep": policy.keep}
 
 
 MAX_PAGE = 1000

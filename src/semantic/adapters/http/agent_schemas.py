@@ -7,10 +7,20 @@ from typing import Any
 import msgspec
 
 
+class ContextRule(msgspec.Struct, forbid_unknown_fields=True):
+    """An agent's context policy: ``drop_oldest_turns`` or ``clear_tool_results`` once its
+    prompt reaches ``trigger_tokens`` (``keep``: the tool results left, when clearing)."""
+
+    edit: str
+    trigger_tokens: int
+    keep: int = 3
+
+
 class CreateAgent(msgspec.Struct, forbid_unknown_fields=True):
     id: str
     system_prompt: str | None = None
     namespace: str | None = None
+    context: ContextRule | None = None
 
 
 class ForkAgent(msgspec.Struct, forbid_unknown_fields=True):

@@ -32,6 +32,7 @@ agents = Table(
     Column("created_at", Double, nullable=False),
     Column("last_used", Double, nullable=False),
     Column("keeps_transcript", Boolean, nullable=False),
+    Column("context_policy", Text),
 )
 
 blocks = Table(

@@ -35,6 +35,7 @@ def agent_row(agent: AgentRecord, now: float) -> dict[str, Any]:
         "created_at": now,
         "last_used": agent.last_used or now,
         "keeps_transcript": agent.keeps_transcript,
+        "context_policy": agent.context_policy,
     }
 
 
@@ -77,4 +78,5 @@ def agent_of(row: Row[Any], keys: list[str]) -> AgentRecord:
         row.created_at,
         row.last_used,
         bool(row.keeps_transcript),
+        row.context_policy,
     )

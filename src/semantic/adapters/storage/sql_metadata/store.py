@@ -197,6 +197,7 @@ class SqlMetadataStore:
                 token_count=source.token_count,
                 system_prompt=system_prompt,
                 keeps_transcript=True,
+                context_policy=source.context_policy,
             )
             await connection.execute(insert(agents).values(**agent_row(fork, now)))
             keys = await agent_keys(connection, namespace, source_id)
