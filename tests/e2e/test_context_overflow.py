@@ -230,7 +230,7 @@ def test_an_agents_context_policy_keeps_it_answering_past_the_window_and_cached(
         usages.append(reply.json()["usage"])
     sizes = [u["prompt_tokens"] for u in usages]
     assert max(sizes) < WINDOW
-    drops = [i for i in range(1, len(sizes) - 1) if sizes[i] < sizes[i - 1] <= sizes[i + 1]]
+    drops = [i for i in range(1, len(sizes) - 1) if sizes[i - 1] > sizes[i] < sizes[i + 1]]
     assert drops, sizes
     for drop in drops:  # the turn after a drop grows from it, cached
         kept = sizes[drop] + usages[drop]["completion_tokens"]
