@@ -10,8 +10,8 @@ import sys
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from semantic.adapters.cli import flags
-from semantic.adapters.cli.main import settings_from
 from semantic.adapters.cli.progress import ProgressPrinter
+from semantic.adapters.cli.settings import settings_from
 
 if TYPE_CHECKING:
     from semantic.bootstrap import EngineRuntime

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from collections.abc import Sequence
 
 from semantic.adapters.cli import flags
 from semantic.adapters.cli.log_repeats import RepeatFilter
-from semantic.config import DEFAULT_MODEL, WEIGHT_CHOICES, Settings
+from semantic.config import DEFAULT_MODEL, WEIGHT_CHOICES
 from semantic.domain.errors import SemanticError
 
 
@@ -63,20 +62,6 @@ def _prepare_process() -> None:
             f"MLX cannot load its backend ({error}). On Linux install it with the package: "
             'pip install "semantic[cpu]" (or "semantic[cuda]" on an NVIDIA GPU machine)'
         ) from None
-
-
-def settings_from(args: argparse.Namespace, **overrides: object) -> Settings:
-    values: dict[str, object] = {"model": args.model}
-    if getattr(args, "data_dir", None):  # only ``serve`` keeps anything there
-        values["data_dir"] = args.data_dir
-    if getattr(args, "model_cache", None):
-        values["model_cache_dir"] = args.model_cache
-    if getattr(args, "weights", None):
-        values["weights"] = args.weights
-    if device := getattr(args, "device", None) or os.environ.get("SEMANTIC_DEVICE"):
-        values["device"] = device
-    values.update(overrides)
-    return Settings(**values)  # type: ignore[arg-type]  # argparse values are untyped by nature
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -18,6 +18,7 @@ from semantic.adapters.cli.serve_flags import (
     PREFAULT_MB,
     SHARED_BLOCKS_ENV,
 )
+from semantic.adapters.cli.settings import settings_from
 
 if TYPE_CHECKING:
     from semantic.config import Settings
@@ -34,8 +35,6 @@ def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 def serve_settings(args: argparse.Namespace) -> Settings:
     """The server's settings: the common flags' (``settings_from``) and these."""
-    from semantic.adapters.cli.main import settings_from
-
     overrides = {**_access(args), **_memory_and_disk(args), **_limits(args)}
     overrides.update(_prefill_overrides(args))
     overrides.update(leases=args.leases, lease_seconds=args.lease_seconds)

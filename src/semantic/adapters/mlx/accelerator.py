@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import mlx.core as mx
 
-    from semantic.adapters.mlx.decode_batch import DecodeBatch
     from semantic.adapters.mlx.kv.restored_prefix import RestoredPrefix
     from semantic.ports.model_backend import DecodedToken, StepOutput
 
@@ -39,6 +38,24 @@ class PreparedBody(Protocol):
     def run(self) -> None: ...
 
     def finish(self) -> list[mx.array]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PendingStep:
+    """A decode step begun (``StepDecoder.begin_step``): its body, and the tokens it feeds."""
+
+    body: PreparedBody
+    fed: mx.array
+    fed_tops: mx.array
+
+
+class StepDecoder(Protocol):
+    """The decode batch as a step beside a slice uses it: begun on the engine thread, its
+    body run elsewhere, finished on the engine thread."""
+
+    def begin_step(self) -> PendingStep | None: ...
+
+    def finish_step(self, pending: PendingStep) -> list[DecodedToken]: ...
 
 
 class PromptSlice(Protocol):
@@ -111,7 +128,7 @@ class Accelerator(Passes, Protocol):
         ...
 
     def beside(
-        self, decoder: DecodeBatch, report: Callable[[list[DecodedToken]], StepOutput]
+        self, decoder: StepDecoder, report: Callable[[list[DecodedToken]], StepOutput]
     ) -> StepBeside | None:
         """Decode steps whose body can run beside a slice; None where they cannot."""
         ...

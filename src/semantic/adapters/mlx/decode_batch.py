@@ -18,7 +18,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from semantic.adapters.mlx.accelerator import Group, Passes, PreparedBody
+from semantic.adapters.mlx.accelerator import Group, Passes, PendingStep
 from semantic.adapters.mlx.lm import BatchKVCache, KVCache
 from semantic.adapters.mlx.models.model_parts import BodyAndHead
 from semantic.adapters.mlx.sampling import Sampler, top_prob
@@ -28,15 +28,6 @@ from semantic.ports.model_backend import DecodedToken
 
 Caches = list[Any] | Callable[[], list[Any]]
 """A sequence's per-layer caches (mlx-lm leaves them untyped), or what builds them."""
-
-
-@dataclass(frozen=True, slots=True)
-class PendingStep:
-    """A step begun by ``DecodeBatch.begin_step``: its body, and the tokens it feeds."""
-
-    body: PreparedBody
-    fed: mx.array
-    fed_tops: mx.array
 
 
 @dataclass(slots=True)

@@ -14,12 +14,17 @@ from typing import Any
 
 import mlx.core as mx
 
-from semantic.adapters.mlx.accelerator import Group, PreparedBody, PromptSlice, StepBeside
+from semantic.adapters.mlx.accelerator import (
+    Group,
+    PreparedBody,
+    PromptSlice,
+    StepBeside,
+    StepDecoder,
+)
 from semantic.adapters.mlx.cpu.fused_pass import MAX_ROWS, fused_hidden, supports_fusion
 from semantic.adapters.mlx.cpu.host_pass import HostPass
 from semantic.adapters.mlx.cpu.layer_slice import LayerSlice, StepTimes
 from semantic.adapters.mlx.cpu.side_by_side import step_beside_slice
-from semantic.adapters.mlx.decode_batch import DecodeBatch
 from semantic.ports.model_backend import DecodedToken, StepOutput
 
 
@@ -65,7 +70,7 @@ class CpuAccelerator:
         self._step_times = times
 
     def beside(
-        self, decoder: DecodeBatch, report: Callable[[list[DecodedToken]], StepOutput]
+        self, decoder: StepDecoder, report: Callable[[list[DecodedToken]], StepOutput]
     ) -> StepBeside | None:
         return step_beside_slice(decoder, report) if self._host is not None else None
 

@@ -15,8 +15,8 @@ import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from semantic.adapters.mlx.accelerator import PendingStep, StepDecoder
 from semantic.adapters.mlx.cpu.blas import ComputeThreads, compute_threads
-from semantic.adapters.mlx.decode_batch import DecodeBatch, PendingStep
 from semantic.ports.model_backend import DecodedToken, StepOutput
 
 SIDE_BY_SIDE_ENV = "SEMANTIC_SIDE_BY_SIDE"
@@ -24,7 +24,7 @@ SIDE_BY_SIDE_ENV = "SEMANTIC_SIDE_BY_SIDE"
 
 
 def step_beside_slice(
-    decoder: DecodeBatch, report: Callable[[list[DecodedToken]], StepOutput]
+    decoder: StepDecoder, report: Callable[[list[DecodedToken]], StepOutput]
 ) -> StepBesideSlice | None:
     """None where the products' threads cannot be switched (or ``SEMANTIC_SIDE_BY_SIDE=0``)."""
     threads = compute_threads() if os.environ.get(SIDE_BY_SIDE_ENV) != "0" else None
@@ -69,7 +69,7 @@ class StepBesideSlice:
 
     def __init__(
         self,
-        decoder: DecodeBatch,
+        decoder: StepDecoder,
         side: SideBySide,
         report: Callable[[list[DecodedToken]], StepOutput],
     ) -> None:
