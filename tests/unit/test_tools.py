@@ -131,7 +131,7 @@ def test_call_schemas_close_objects_that_list_their_properties() -> None:
             "where": {"type": "object", "properties": {"city": {"type": "string"}}},
             "tags": {"type": "array", "items": {"type": "object", "properties": {}}},
             "free": {"type": "object", "additionalProperties": {"type": "integer"}},
-            "both": {"allOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}]},
+            "either": {"anyOf": [{"type": "object", "properties": {"a": {}}}, {"type": "null"}]},
         },
     }
     [tool] = checked_tools([("f", None, schema)])
@@ -141,8 +141,29 @@ def test_call_schemas_close_objects_that_list_their_properties() -> None:
     assert where["additionalProperties"] is False
     assert tags["additionalProperties"] is False
     assert closed["properties"]["free"]["additionalProperties"] == {"type": "integer"}
-    assert all("additionalProperties" not in s for s in closed["properties"]["both"]["allOf"])
+    assert closed["properties"]["either"]["anyOf"][0]["additionalProperties"] is False
     assert tool.schema == schema  # the prompt shows the tool as it was given
+
+
+def test_objects_that_others_extend_stay_open() -> None:
+    """Members of a composition beside the object's own keys add keys to it; ``allOf``
+    anywhere (inheritance through ``$ref``); a ``required`` key the object does not list."""
+    kinds = {
+        "type": "object",
+        "properties": {"kind": {"type": "string"}},
+        "oneOf": [
+            {"properties": {"kind": {"const": "a"}, "x": {"type": "integer"}}, "required": ["x"]},
+            {"properties": {"kind": {"const": "b"}, "y": {"type": "integer"}}, "required": ["y"]},
+        ],
+    }
+    inherited = {
+        "$defs": {"Base": {"type": "object", "properties": {"a": {}}}},
+        "allOf": [{"$ref": "#/$defs/Base"}, {"properties": {"b": {}}}],
+    }
+    unlisted = {"type": "object", "properties": {"a": {}}, "required": ["a", "b"]}
+    for schema in (kinds, inherited, unlisted):
+        [tool] = checked_tools([("f", None, schema)])
+        assert json.loads(tool.call_schema) == schema
 
 
 def test_the_default_format_renders_calls_and_results_as_plain_turns() -> None:

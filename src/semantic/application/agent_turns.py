@@ -28,11 +28,13 @@ from semantic.application.prompt_marks import mark
 from semantic.application.tool_replies import Reply, ReplyReader, TurnEvent
 from semantic.application.transcript import (
     answered,
+    answers_history,
     asked,
     chat_message,
     check_answers,
     new_call_id,
     outgrown,
+    record_calls,
     whole,
 )
 from semantic.domain.chat import ChatMessage
@@ -99,14 +101,17 @@ class TurnRunner:
 
     def fitted_history(
         self, record: AgentRecord, history: Sequence[MessageRecord], turn: Turn
-    ) -> list[MessageRecord]:
+    ) -> list[MessageRecord] | None:
         """``history`` less its fewest oldest turns that leave the prompt within half the
         room the reply leaves (``TRUNCATED_SHARE``): the turns after it then grow from the
         cached KV of this one instead of each dropping a turn and starting over (ADR 0020).
-        All of it, when nothing less fits."""
+        All of it when nothing less fits, but the turn whose calls the new input answers;
+        None when that leaves nothing to drop."""
         room = self._generation.limits.max_context - (turn.max_tokens or 0)
         target = int(room * TRUNCATED_SHARE)
-        turns = len(turn_starts(history))
+        turns = len(turn_starts(history)) - (1 if answers_history(turn) else 0)
+        if turns < 1:
+            return None
         low, high = 1, turns
         while low < high:  # the fewest turns dropped that fit: fitting only grows with more
             middle = (low + high) // 2
@@ -124,19 +129,25 @@ class TurnRunner:
         turn: Turn,
         known: Sequence[int],
     ) -> list[int]:
-        chat = [chat_message(m) for m in history]
-        if record.system_prompt:
-            chat.insert(0, ChatMessage("system", record.system_prompt))
-        chat.extend(chat_message(m) for m in asked(turn, 0.0))
+        messages = [*history, *asked(turn, 0.0)]
+        system = [ChatMessage("system", record.system_prompt)] if record.system_prompt else []
+        chat = system + [chat_message(m) for m in messages]
         tools = turn.tools.tools if turn.tools else ()
-        prompt = self._tokenizer.render_chat(chat, scope=record.namespace, tools=tools, known=known)
+
+        def render(shown: Sequence[ChatMessage], ids: Sequence[int] = ()) -> list[int]:
+            return self._tokenizer.render_chat(
+                shown, scope=record.namespace, tools=tools, known=ids
+            )
+
+        prompt = render(chat, known)
         if record.context_policy is None:
             return prompt
         policy = ContextPolicy.from_json(record.context_policy)
-        edited = policy_applied(chat, policy, len(prompt), self._count)
-        if edited == chat:
+        if len(prompt) < policy.trigger_tokens:  # nor was any request before it: no edit
             return prompt
-        return self._tokenizer.render_chat(edited, scope=record.namespace, tools=tools, known=known)
+        view = system + [_with_calls(m) for m in messages]
+        edited = policy_applied(chat, view, policy, lambda c: len(render(c)), self._count)
+        return prompt if edited == chat else render(edited, known)
 
     def _count(self, text: str) -> int:
         return len(self._tokenizer.encode(text)) if text else 0
@@ -201,6 +212,13 @@ class TurnRunner:
         keep = functools.partial(write, records)
         await whole(self._cache.keeping(live.namespace, live.agent_id, keep))
         return len(records)
+
+
+def _with_calls(record: MessageRecord) -> ChatMessage:
+    """A transcript message with its calls shown, a reply kept as generated included."""
+    if record.raw is None:
+        return chat_message(record)
+    return ChatMessage("assistant", record.raw, tool_calls=record_calls(record))
 
 
 def _committed(event: GenerationResult, answer: Reply, place: int, rendered: str) -> CommittedReply:

@@ -274,9 +274,10 @@ class AgentService:
             try:
                 request = self._new_request(agent, history, turn, known)
             except PromptTooLongError:
-                if not truncate or not history:
+                fitted = self._runner.fitted_history(agent, history, turn) if truncate else None
+                if fitted is None:
                     raise
-                history = self._runner.fitted_history(agent, history, turn)
+                history = fitted
                 agent = dataclasses.replace(agent, block_keys=(), token_count=0)
                 request = self._new_request(agent, history, turn)
             write = functools.partial(self._write_new, agent, history, keep, lease)

@@ -12,6 +12,7 @@ from semantic.domain.context_edits import (
     ClearToolUses,
     ContextPolicy,
     clear_tool_uses,
+    clearable_uses,
     replayed_count,
     replayed_drop,
     without_oldest_turns,
@@ -21,8 +22,8 @@ Measure = Callable[[Sequence[ChatMessage]], Awaitable[int]]
 """How many tokens a conversation's prompt has."""
 Count = Callable[[str], int]
 """How many tokens a text has."""
-MESSAGE_TOKENS = 4
-"""About what a chat template adds around a message (its role, its delimiters)."""
+MESSAGE_TOKENS = 5
+"""About what a chat template adds around a message (ChatML: its role, its delimiters)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,30 +37,47 @@ async def edited(
 ) -> tuple[list[ChatMessage], AppliedEdit | None]:
     """``chat`` with ``edit`` applied as it would have been on each request of the
     conversation so far (``replayed_count``), and what it did (None: nothing cleared)."""
-    before = await measure(chat)
     sizes = [_size(message, count) for message in chat]
-    clear = replayed_count(chat, edit, sizes, before - sum(sizes))
+    opening = _opening(chat)
+    base = await measure(chat[:opening]) - sum(sizes[:opening])
+    clear = replayed_count(chat, edit, sizes, base)
     if not clear:
         return list(chat), None
+    before = await measure(chat)
     cleared, uses = clear_tool_uses(chat, edit, clear)
     return cleared, AppliedEdit(uses, before - await measure(cleared))
 
 
 def policy_applied(
-    chat: Sequence[ChatMessage], policy: ContextPolicy, prompt_tokens: int, count: Count
+    chat: Sequence[ChatMessage],
+    view: Sequence[ChatMessage],
+    policy: ContextPolicy,
+    measure: Callable[[Sequence[ChatMessage]], int],
+    count: Count,
 ) -> list[ChatMessage]:
-    """``chat`` (whose prompt has ``prompt_tokens``) as an agent's context policy edits it
-    on this turn. Below the trigger nothing before it was edited either (a conversation
-    only grows), so nothing is measured."""
-    if prompt_tokens < policy.trigger_tokens:
-        return list(chat)
-    sizes = [_size(message, count) for message in chat]
-    base = prompt_tokens - sum(sizes)
+    """``chat`` as an agent's context policy edits it on this turn. ``view``: the same
+    messages with every reply's calls shown (``chat`` has a reply with calls as the text
+    it was generated as), to find the tool uses by."""
+    sizes = [_size(message, count) for message in view]
+    opening = _opening(chat)
+    base = measure(chat[:opening]) - sum(sizes[:opening])
     clearing = policy.clearing
-    if clearing is not None:
-        return clear_tool_uses(chat, clearing, replayed_count(chat, clearing, sizes, base))[0]
-    dropped = replayed_drop(chat, policy.trigger_tokens, sizes, base)
-    return without_oldest_turns(chat, dropped)
+    if clearing is None:
+        dropped = replayed_drop(view, policy.trigger_tokens, sizes, base)
+        return without_oldest_turns(list(chat), dropped)
+    uses = clearable_uses(view, clearing)
+    clear = replayed_count(view, clearing, sizes, base)
+    return clear_tool_uses(chat, clearing, clear, uses)[0]
+
+
+def _opening(chat: Sequence[ChatMessage]) -> int:
+    """The first messages, which fix the rest of the prompt (``base``): the system ones
+    and the first other one. A conversation's start never changes as it grows, so neither
+    does an estimate made from it."""
+    for index, message in enumerate(chat):
+        if message.role != "system":
+            return index + 1
+    return len(chat)
 
 
 def _size(message: ChatMessage, count: Count) -> int:

@@ -82,6 +82,15 @@ def chat_message(record: MessageRecord) -> ChatMessage:
     return ChatMessage(record.role, record.content, tool_calls=record_calls(record))
 
 
+def answers_history(turn: Turn) -> bool:
+    """Whether the turn answers a call it does not make itself: one of the history's."""
+    called = {c.id for item in turn.items for c in record_calls(item)}
+    answered = {item.tool_call_id for item in turn.items if item.tool_call_id is not None}
+    if turn.tool_call_id is not None:
+        answered.add(turn.tool_call_id)
+    return bool(answered - called)
+
+
 def check_answers(history: Sequence[MessageRecord], turn: Turn) -> None:
     """A tool result answers a call of the agent's transcript (or of the turn's items
     before it)."""

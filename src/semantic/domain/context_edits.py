@@ -10,6 +10,7 @@ starts from the cached KV of the edited prompt (ADR 0020).
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import itertools
 import json
@@ -161,12 +162,17 @@ class ClearToolUses:
 
 
 def clear_tool_uses(
-    messages: Sequence[ChatMessage], edit: ClearToolUses, count: int | None = None
+    messages: Sequence[ChatMessage],
+    edit: ClearToolUses,
+    count: int | None = None,
+    uses: Sequence[str] | None = None,
 ) -> tuple[list[ChatMessage], int]:
     """``messages`` with their oldest ``count`` clearable tool uses cleared (their results,
     and their arguments where asked; default: all but the last ``edit.keep``), and how many
-    that was. Uses of an excluded tool are never cleared and do not count."""
-    uses = _clearable(messages, edit)
+    that was. Uses of an excluded tool are never cleared and do not count. ``uses``: the
+    clearable calls' ids where ``messages`` do not show their calls (a reply kept as the
+    text it was generated as)."""
+    uses = clearable_uses(messages, edit) if uses is None else uses
     count = max(0, len(uses) - edit.keep) if count is None else min(count, len(uses))
     cleared = set(uses[:count])
     return [_cleared(message, cleared, edit) for message in messages], count
@@ -180,21 +186,21 @@ def replayed_count(
     assistant turn, and the last is this one), clearing all but ``keep`` whenever the
     prompt it gave was past the trigger. So a growing conversation clears in steps and
     keeps the same uses cleared between them, and the turns in between start from the
-    cached KV of the one before. ``sizes``: each message's tokens; ``base``: the rest of
-    the prompt (the template's own, the tools' listing)."""
-    uses = _clearable(messages, edit)
-    saving = _savings(messages, uses, sizes)
-    count, total = 0, base
-    for index, message in enumerate([*messages, None]):
-        if message is None or message.role == "assistant":
-            answered = [u for u in uses if _answered_before(messages, u, index)]
-            prompt = total - sum(saving[:count])
-            if _past(edit, prompt, len(answered) - count):
-                wanted = max(count, len(answered) - edit.keep)
-                if sum(saving[count:wanted]) >= max(edit.clear_at_least, 1):
-                    count = wanted
-        if message is not None:
-            total += sizes[index]
+    cached KV of the one before. ``sizes``: each message's tokens, and ``base`` the rest
+    of the prompt, each fixed once its messages are (an earlier request's decision must
+    not change as the conversation grows)."""
+    uses = clearable_uses(messages, edit)
+    results = {m.tool_call_id: i for i, m in enumerate(messages) if m.role == "tool"}
+    answered_at = sorted(results.get(call_id, len(messages)) for call_id in uses)
+    saved = list(itertools.accumulate(_savings(uses, results, sizes), initial=0))
+    total = list(itertools.accumulate(sizes, initial=base))
+    count = 0
+    for end in [i for i, m in enumerate(messages) if m.role == "assistant"] + [len(messages)]:
+        answered = bisect.bisect_left(answered_at, end)
+        if _past(edit, total[end] - saved[count], answered - count):
+            wanted = max(count, answered - edit.keep)
+            if saved[wanted] - saved[count] >= max(edit.clear_at_least, 1):
+                count = wanted
     return count
 
 
@@ -204,18 +210,18 @@ def _past(edit: ClearToolUses, prompt: int, uncleared: int) -> bool:
     return edit.trigger_tokens is not None and prompt >= edit.trigger_tokens
 
 
-def _answered_before(messages: Sequence[ChatMessage], call_id: str, end: int) -> bool:
-    return any(m.role == "tool" and m.tool_call_id == call_id for m in messages[:end])
-
-
-def _savings(messages: Sequence[ChatMessage], uses: list[str], sizes: Sequence[int]) -> list[int]:
+def _savings(
+    uses: Sequence[str], results: dict[str | None, int], sizes: Sequence[int]
+) -> list[int]:
     """Roughly what clearing each use saves: its result's tokens (the placeholder's few
     aside); the arguments', where those are cleared too, are not counted."""
-    by_result = {m.tool_call_id: sizes[i] for i, m in enumerate(messages) if m.role == "tool"}
-    return [max(0, by_result.get(call_id, 0) - PLACEHOLDER_TOKENS) for call_id in uses]
+    return [
+        max(0, sizes[results[call_id]] - PLACEHOLDER_TOKENS) if call_id in results else 0
+        for call_id in uses
+    ]
 
 
-def _clearable(messages: Sequence[ChatMessage], edit: ClearToolUses) -> list[str]:
+def clearable_uses(messages: Sequence[ChatMessage], edit: ClearToolUses) -> list[str]:
     """The ids of the calls an edit may clear, oldest first."""
     return [c.id for m in messages for c in m.tool_calls if c.name not in edit.exclude]
 

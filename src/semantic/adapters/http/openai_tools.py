@@ -4,14 +4,20 @@ and the calls of a reply (``message.tool_calls``, and their stream deltas)."""
 
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Any
 
 from semantic.application.generation import TextDelta
 from semantic.application.tool_replies import Call, CallOpened, ReplyEvent
 from semantic.domain.errors import InvalidRequestError
-from semantic.domain.tools import ToolCall, ToolChoice, ToolUse, checked_tools, tool_use
+from semantic.domain.tools import (
+    ToolCall,
+    ToolChoice,
+    ToolUse,
+    checked_tools,
+    is_json_object,
+    tool_use,
+)
 
 
 def new_call_id() -> str:
@@ -78,19 +84,12 @@ def history_calls(raw: list[dict[str, Any]]) -> tuple[ToolCall, ...]:
         call_id, name, arguments = call.get("id"), function.get("name"), function.get("arguments")
         if not isinstance(call_id, str) or not call_id or not isinstance(name, str):
             raise InvalidRequestError(f"{where} needs its 'id' and name", param="messages")
-        if not isinstance(arguments, str) or not _is_json_object(arguments):
+        if not isinstance(arguments, str) or not is_json_object(arguments):
             raise InvalidRequestError(
                 f"{where}: arguments must be a JSON object as a string", param="messages"
             )
         calls.append(ToolCall(call_id, name, arguments))
     return tuple(calls)
-
-
-def _is_json_object(text: str) -> bool:
-    try:
-        return isinstance(json.loads(text), dict)
-    except ValueError:
-        return False
 
 
 def call_entry(call: Call) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from typing import Any
 
 from semantic.application.agents import CommittedReply
 from semantic.domain.errors import InvalidRequestError
+from semantic.domain.tools import is_json_object
 from semantic.ports.metadata_store import MessageRecord
 
 _TEXT_PARTS = {"input_text", "output_text", "text", "refusal"}
@@ -62,6 +63,10 @@ def _item(item: object, where: str, field: str) -> dict[str, Any]:
         for key in ("call_id", "name", "arguments"):
             if not isinstance(item.get(key), str):
                 raise InvalidRequestError(f"{where}: a function_call needs {key!r}", param=field)
+        if not is_json_object(item["arguments"]):  # a call cut short (status incomplete), say
+            raise InvalidRequestError(
+                f"{where}: a function_call's arguments must be a JSON object", param=field
+            )
         return {"status": "completed", **item, "id": _given_id(item)}
     if kind == "function_call_output":
         if not isinstance(item.get("call_id"), str):
