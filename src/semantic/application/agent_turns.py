@@ -233,4 +233,5 @@ def _committed(event: GenerationResult, answer: Reply, place: int, rendered: str
         place=place,
         calls=answer.calls,
         rendered=rendered,
+        cut_in_a_call=answer.cut_in_a_call,
     )

@@ -90,6 +90,13 @@ class CommittedReply(GenerationResult):
     """The reply's tool calls (``text`` is then the text before them)."""
     rendered: str = ""
     """The prompt's mark (``prompt_marks``), for a branch's next turn to find it again."""
+    cut_in_a_call: bool = False
+    """It ended (``max_tokens``) inside a call: its calls are not all whole."""
+
+    @property
+    def whole_calls(self) -> bool:
+        """It ends in calls, all of them whole (``tool_calls``, not ``length``)."""
+        return bool(self.calls) and not self.cut_in_a_call
 
 
 @dataclass(frozen=True, slots=True)

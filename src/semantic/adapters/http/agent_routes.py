@@ -192,7 +192,7 @@ def _reply(result: GenerationResult) -> dict[str, Any]:
     usage = result.usage
     numbered = {"id": f"msg_{result.place}"} if isinstance(result, CommittedReply) else {}
     calls = result.calls if isinstance(result, CommittedReply) else ()
-    whole = calls and all(c.complete for c in calls)
+    whole = isinstance(result, CommittedReply) and result.whole_calls
     finish = "tool_calls" if whole else OPENAI_FINISH[result.finish_reason]
     called = {"tool_calls": [call_entry(c) for c in calls]} if calls else {}
     return {

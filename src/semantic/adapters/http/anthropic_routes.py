@@ -110,22 +110,28 @@ class AnthropicController(Controller):
     @post("/count_tokens", status_code=200)
     async def count_tokens(
         self, request: Request[Any, Any, Any], data: CountTokensRequest, state: State
-    ) -> dict[str, int]:
+    ) -> dict[str, Any]:
+        """With ``context_management``, the count after its edit, and the count before it
+        (``original_input_tokens``), as Anthropic's beta reports them."""
         found = services(state)
         check_model(data.model, found.model_id)
         _check_plain_chat(data)
         namespace = identity(request).namespace
         use = anthropic_tool_use(data.tools, data.tool_choice)
-        chat, prefill = _conversation(data.system, data.messages)
-        chat = await found.calls.restore(namespace, chat)
-        prompt = found.tokenizer.render_chat(
-            chat, scope=namespace, continue_final=prefill, tools=use.tools if use else ()
-        )
-        return {"input_tokens": len(prompt)}
+        _, prompt, _, context = await _prompt(found, data, namespace, use.tools if use else ())
+        counted: dict[str, Any] = {"input_tokens": len(prompt)}
+        if context:
+            edits = context["context_management"]["applied_edits"]
+            cleared = sum(edit["cleared_input_tokens"] for edit in edits)
+            counted["context_management"] = {"original_input_tokens": len(prompt) + cleared}
+        return counted
 
 
 async def _prompt(
-    found: Services, data: MessagesRequest, namespace: str, tools: Sequence[Tool]
+    found: Services,
+    data: MessagesRequest | CountTokensRequest,
+    namespace: str,
+    tools: Sequence[Tool],
 ) -> tuple[list[ChatMessage], list[int], bool, dict[str, Any]]:
     """The conversation as rendered (calls this server generated as they were written:
     ``CallMemory``), its prompt, whether it continues a prefilled reply, and the

@@ -54,6 +54,7 @@ class CountTokensRequest(PlainChat, forbid_unknown_fields=True):
     model: str
     messages: list[AnthropicMessage]
     system: str | list[TextBlock] | None = None
+    context_management: dict[str, Any] | None = None
 
 
 class MessagesRequest(PlainChat, forbid_unknown_fields=True):

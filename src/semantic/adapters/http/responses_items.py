@@ -143,27 +143,28 @@ def item_messages(items: list[dict[str, Any]]) -> tuple[MessageRecord, ...]:
 
 
 def output_items(reply: CommittedReply, message_id: str) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = []
-    if reply.text or not reply.calls:
-        text = {"type": "output_text", "text": reply.text, "annotations": [], "logprobs": []}
-        items.append(
-            {
-                "id": message_id,
-                "type": "message",
-                "role": "assistant",
-                "status": "completed",
-                "content": [text],
-            }
-        )
-    for call in reply.calls:
-        items.append(
-            {
-                "id": call_item_id(call.id),
-                "type": "function_call",
-                "call_id": call.id,
-                "name": call.name,
-                "arguments": call.arguments,
-                "status": "completed" if call.complete else "incomplete",
-            }
-        )
+    items = [message_item(message_id, reply.text)] if reply.text or not reply.calls else []
+    items += [call_item(c.id, c.name, c.arguments, complete=c.complete) for c in reply.calls]
     return items
+
+
+def message_item(message_id: str, text: str) -> dict[str, Any]:
+    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+    return {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "status": "completed",
+        "content": [part],
+    }
+
+
+def call_item(call_id: str, name: str, arguments: str, *, complete: bool) -> dict[str, Any]:
+    return {
+        "id": call_item_id(call_id),
+        "type": "function_call",
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+        "status": "completed" if complete else "incomplete",
+    }

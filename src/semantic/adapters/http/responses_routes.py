@@ -186,8 +186,7 @@ class _Body:
     def keep(self, reply: CommittedReply) -> list[StoredObject]:
         output = output_items(reply, self.message_id)
         cut = reply.finish_reason in (FinishReason.MAX_TOKENS, FinishReason.MAX_CHARS)
-        whole = reply.calls and all(call.complete for call in reply.calls)
-        status = "incomplete" if cut and not whole else "completed"
+        status = "incomplete" if cut and not reply.whole_calls else "completed"
         self.body = self._shape(status, output, reply)
         rid = self.response_id
         kept = [StoredObject(RESPONSE, rid, json.dumps(self.body))]

@@ -9,7 +9,7 @@ from typing import Any
 
 from semantic.adapters.http.common import sse_data
 from semantic.adapters.http.errors import problem_for
-from semantic.adapters.http.responses_items import call_item_id
+from semantic.adapters.http.responses_items import call_item, message_item
 from semantic.application.agents import ArgumentsDelta, CallOpened, CommittedReply
 from semantic.application.generation import TextDelta
 from semantic.application.responses import ResponseEvent
@@ -22,8 +22,10 @@ class ResponseEvents:
         self._message_id = message_id
         self._sequence = 0
         self._text: list[str] | None = None
-        self._call_items: list[str] = []
-        """The ids of the call items opened as their calls formed."""
+        self._calls: list[dict[str, Any]] = []
+        """The call items opened as their calls formed, their arguments so far."""
+        self._closed: set[int] = set()
+        """The output items closed as the next began (an item is done before the next)."""
 
     def event(self, kind: str, **fields: Any) -> str:
         body = {"type": kind, "sequence_number": self._sequence, **fields}
@@ -46,7 +48,8 @@ class ResponseEvents:
                     for line in self._delta(event.text):
                         yield line
                 elif isinstance(event, CallOpened):
-                    yield self._open_call(event)
+                    for line in self._open_call(event):
+                        yield line
                 elif isinstance(event, ArgumentsDelta):
                     yield self._arguments(event)
                 elif isinstance(event, CommittedReply):
@@ -103,6 +106,8 @@ class ResponseEvents:
     def _end(self, body: dict[str, Any]) -> list[str]:
         lines = []
         for index, item in enumerate(body["output"]):
+            if index in self._closed:
+                continue
             if item["type"] == "message":
                 lines += self._close_message(index, item)
             else:
@@ -126,24 +131,27 @@ class ResponseEvents:
         """A call's place among the output items: after the message, where there is one."""
         return call + (0 if self._text is None else 1)
 
-    def _open_call(self, event: CallOpened) -> str:
-        self._call_items.append(call_item_id(event.id))
-        item = {
-            "id": self._call_items[-1],
-            "type": "function_call",
-            "call_id": event.id,
-            "name": event.name,
-            "arguments": "",
-            "status": "in_progress",
-        }
+    def _open_call(self, event: CallOpened) -> list[str]:
+        """The call's item added, once the items before it are done: the message (its
+        text is whole when a call begins) and the call before."""
+        lines = []
+        if self._text is not None and 0 not in self._closed:
+            lines += self._close_message(0, message_item(self._message_id, "".join(self._text)))
+            self._closed.add(0)
+        if self._calls:
+            before = self._call_index(len(self._calls) - 1)
+            lines += self._call(before, self._calls[-1])
+            self._closed.add(before)
+        self._calls.append(call_item(event.id, event.name, "", complete=True))
+        opened = {**self._calls[-1], "status": "in_progress"}
         index = self._call_index(event.index)
-        return self.event("response.output_item.added", output_index=index, item=item)
+        lines.append(self.event("response.output_item.added", output_index=index, item=opened))
+        return lines
 
     def _arguments(self, event: ArgumentsDelta) -> str:
-        where = {
-            "item_id": self._call_items[event.index],
-            "output_index": self._call_index(event.index),
-        }
+        call = self._calls[event.index]
+        call["arguments"] += event.text
+        where = {"item_id": call["id"], "output_index": self._call_index(event.index)}
         return self.event("response.function_call_arguments.delta", **where, delta=event.text)
 
     def _call(self, index: int, item: dict[str, Any]) -> list[str]:
