@@ -254,3 +254,36 @@ def test_a_bad_context_policy_is_refused_by_name(small: ServerProcess, policy: A
     assert refused.status_code == 400, refused.text
     assert "context" in str(refused.json()["error"]["param"]), refused.text
     assert httpx.get(f"{small.url}/v1/agents/bad").status_code == 404
+
+
+def test_truncation_keeps_the_turn_whose_call_the_input_answers(small: ServerProcess) -> None:
+    """A chain of one turn (a question and its call) answered by a result too long to fit:
+    the turn holding the call cannot go, so it is the input that does not fit."""
+    client = oai(small)
+    tool: Any = {"type": "function", "name": "read_page", "parameters": PAGE}
+    first = client.responses.create(
+        model="default",
+        input="Read the book.",
+        tools=[tool],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_output_tokens=40,
+        temperature=0,
+    )
+    [call] = [item for item in first.output if item.type == "function_call"]
+    result: Any = {
+        "type": "function_call_output",
+        "call_id": call.call_id,
+        "output": "page " * 1100,
+    }
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(
+            model="default",
+            previous_response_id=first.id,
+            input=[result],
+            tools=[tool],
+            truncation="auto",
+            max_output_tokens=12,
+        )
+    assert refused.value.body["param"] == "input"  # type: ignore[index]  # an error body
+    assert "answers no function_call" not in str(refused.value)

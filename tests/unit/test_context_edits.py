@@ -3,12 +3,14 @@ clearing replayed over the conversation's requests so it moves in steps (issue 4
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
 from semantic.adapters.http.anthropic_context import applied_edits, context_edit
-from semantic.application.context_edits import AppliedEdit
+from semantic.application.context_edits import AppliedEdit, policy_applied
 from semantic.domain.chat import ChatMessage
 from semantic.domain.context_edits import (
     CLEAR_TOOL_RESULTS,
@@ -174,3 +176,55 @@ def test_a_context_policy_is_checked_and_kept_as_json() -> None:
         with pytest.raises(InvalidRequestError) as refused:
             ContextPolicy(edit, trigger, keep)
         assert refused.value.param == "context"
+
+
+def test_an_agents_clearing_finds_the_calls_of_replies_kept_as_generated() -> None:
+    """A reply with calls is rendered as the text it was generated as (no calls on the
+    message): the view shows its calls, and the results are cleared by their ids."""
+    view = [
+        dataclasses.replace(m, content="page " * 300) if m.role == "tool" else m for m in loop(6)
+    ]
+    chat = [
+        ChatMessage("assistant", "<tool_call>..</tool_call>") if m.tool_calls else m for m in view
+    ]
+    policy = ContextPolicy(CLEAR_TOOL_RESULTS, 1000, keep=1)
+
+    def words(text: str) -> int:
+        return len(text.split())
+
+    def measure(shown: Sequence[ChatMessage]) -> int:
+        return sum(words(m.content) + 5 for m in shown)
+
+    edited = policy_applied(chat, view, policy, measure, words)
+    results = [m.content for m in edited if m.role == "tool"]
+    assert results.count(CLEARED_RESULT) >= 4
+    assert results[-1] == "page " * 300
+    assert [m for m in edited if m.role == "assistant"] == [
+        m for m in chat if m.role == "assistant"
+    ]
+
+
+def test_replayed_drops_never_shrink_when_sizes_are_only_estimates() -> None:
+    """Each message is counted 3 tokens short of what the template makes of it: the
+    edit point still only moves forward as the conversation grows."""
+    policy = ContextPolicy(DROP_OLDEST_TURNS, 600)
+
+    def words(text: str) -> int:
+        return len(text.split())
+
+    def measure(chat: Sequence[ChatMessage]) -> int:
+        return sum(words(m.content) + 8 for m in chat)
+
+    dropped = []
+    for n in range(1, 40):
+        chat = [ChatMessage("system", "be brief")]
+        for i in range(n):
+            chat += [
+                ChatMessage("user", "word " * (20 + i % 7)),
+                ChatMessage("assistant", "ok " * 9),
+            ]
+        chat.append(ChatMessage("user", "next"))
+        edited = policy_applied(chat, chat, policy, measure, words)
+        dropped.append((len(chat) - len(edited)) // 2)
+    assert dropped == sorted(dropped)
+    assert dropped[-1] > 0
