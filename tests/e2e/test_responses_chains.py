@@ -51,8 +51,8 @@ def _post(server: ServerProcess, body: dict[str, Any]) -> httpx.Response:
 def test_a_chain_that_no_longer_fits_is_refused_by_field(server: ServerProcess) -> None:
     first = ask(server, "Name a city.")
     agents_before = _response_agents(server)
-    huge = "more " * 9000  # with the chain, past the model's 8192 tokens
-    for truncation, param in ((None, "input"), ("disabled", "input"), ("auto", "truncation")):
+    huge = "more " * 9000  # past the model's 8192 tokens, with the chain or alone
+    for truncation, param in ((None, "input"), ("disabled", "input"), ("auto", "input")):
         body = {"input": huge, "previous_response_id": first.id}
         if truncation is not None:
             body["truncation"] = truncation
