@@ -163,6 +163,32 @@ class AgentService:
         found = await self._metadata.agents()
         return [(r.namespace, r.agent_id) for r in found if r.agent_id.startswith(prefix)]
 
+    async def release(self, namespace: str, agent_id: str) -> tuple[AgentInfo, int]:
+        """The agent's KV leaves memory now and stays on disk (an agent gone for a while:
+        its memory serves others meanwhile, and its next turn restores from disk). Its
+        blocks other agents share stay, as do blocks in use; its last turn's are saved
+        first, so they can go too. The agent, and how many blocks left memory."""
+        await self._cache.flush()
+        record = await self._record(namespace, agent_id)
+        stored = await self._metadata.blocks(record.block_keys)
+        own = [key for key, block in stored.items() if block.ref_count <= 1]
+        released = self._cache.demote(own)
+        return await self.get(namespace, agent_id), released
+
+    async def prefetch(self, namespace: str, agent_id: str) -> tuple[AgentInfo, int]:
+        """The agent's stored KV loaded into memory ahead of its turn (from disk or the
+        shared tier), so that turn starts as from memory; the agent, and how many tokens
+        were loaded (0: all were in memory already)."""
+        record = await self._record(namespace, agent_id)
+        stored = await self._metadata.blocks(record.block_keys)
+        tokens: list[int] = []
+        for key in record.block_keys:
+            if key not in stored:
+                break
+            tokens.extend(stored[key].tokens)
+        _, loaded = await self._cache.prefetch(namespace, tokens) if tokens else (0, 0)
+        return await self.get(namespace, agent_id), loaded
+
     async def delete(self, namespace: str, agent_id: str) -> None:
         """Ends the agent's queued and running turns and plain requests first (they keep
         nothing and say the agent was deleted), rather than waiting minutes for a long reply

@@ -96,6 +96,26 @@ class AgentController(Controller):
         info = await services(state).agents.get(namespace, checked_id(agent_id, "agent_id"))
         return _cache(info)
 
+    @post("/{agent_id:str}/release", status_code=200)
+    async def release(
+        self, request: Request[Any, Any, Any], agent_id: str, state: State
+    ) -> dict[str, Any]:
+        """Its KV out of memory now, kept on disk."""
+        namespace = identity(request).namespace
+        agent_id = checked_id(agent_id, "agent_id")
+        info, released = await services(state).agents.release(namespace, agent_id)
+        return {**_agent(info), "released_blocks": released}
+
+    @post("/{agent_id:str}/prefetch", status_code=200)
+    async def prefetch(
+        self, request: Request[Any, Any, Any], agent_id: str, state: State
+    ) -> dict[str, Any]:
+        """Its KV into memory ahead of its turn."""
+        namespace = identity(request).namespace
+        agent_id = checked_id(agent_id, "agent_id")
+        info, loaded = await services(state).agents.prefetch(namespace, agent_id)
+        return {**_agent(info), "loaded_tokens": loaded}
+
     @delete("/{agent_id:str}", status_code=204)
     async def delete_agent(
         self, request: Request[Any, Any, Any], agent_id: str, state: State

@@ -26,6 +26,7 @@ from semantic.adapters.http.auth import edge
 from semantic.adapters.http.conversation_routes import ConversationController
 from semantic.adapters.http.keys import KeyRing, keyring
 from semantic.adapters.http.metrics import Metrics
+from semantic.adapters.http.next_agent import prefetch_next_agent
 from semantic.adapters.http.openai_routes import OpenAIController
 from semantic.adapters.http.ops_routes import health, metrics
 from semantic.adapters.http.responses_routes import ResponsesController
@@ -93,6 +94,7 @@ def app_for(
             metrics,
         ],
         lifespan=[lifespan],
+        before_request=prefetch_next_agent,
         exception_handlers={Exception: errors.handle},
         request_max_body_size=max_body_bytes,
         state=_app_state(state, observer),

@@ -122,6 +122,18 @@ class HotIndex:
                     freed += len(self._drop(block))
         return freed
 
+    def demote(self, keys: Iterable[str]) -> int:
+        """Drop those of ``keys`` that are safe on disk and that nobody else holds (a
+        running request's restore, say); how many were dropped."""
+        dropped = 0
+        with self._lock:
+            for key in keys:
+                block = self._blocks.get(key)
+                if block is not None and block.persisted and self._only_cache_holds(block):
+                    self._drop(block)
+                    dropped += 1
+        return dropped
+
     def remove(self, keys: Iterable[str]) -> None:
         """Forget blocks (their agent is gone); blocks someone still holds stay."""
         with self._lock:

@@ -155,6 +155,20 @@ class AgentCacheStore:
     def release(self, prefix: CachedPrefix) -> None:
         self._pool.release_owner(prefix.pin)
 
+    def demote(self, keys: Sequence[str]) -> int:
+        """Leave ``keys`` on disk only: their memory goes back to the pool now (an agent
+        that will not be back soon); blocks not yet saved, or in use, stay. How many went."""
+        return self.hot.demote(keys)
+
+    async def prefetch(self, namespace: str, tokens: Sequence[int]) -> tuple[int, int]:
+        """Load the stored prefix of ``tokens`` into memory ahead of its turn, as a
+        request's restore would (the pool's least recently used blocks safe on disk make
+        room), and leave it there unpinned; the tokens that were in memory already and
+        those loaded from disk or the shared tier."""
+        prefix = await self.prepare(namespace, tokens)
+        self.release(prefix)
+        return prefix.hot_tokens, prefix.disk_tokens
+
     def adopt_completion(self, event: CompletionEvent) -> None:
         """``adopt`` under the agent the completion names (the engine loop's
         ``on_completion``)."""
