@@ -228,7 +228,7 @@ def test_anthropic_tool_use_round_trip(server: ServerProcess) -> None:
         "model": "default",
         "max_tokens": 120,
         "tools": tools,
-        "tool_choice": {"type": "any"},
+        "tool_choice": {"type": "any", "disable_parallel_tool_use": True},  # one call, whole
         "extra_body": {"temperature": 0},
     }
     reply = client.messages.create(messages=asked, **body)

@@ -11,7 +11,8 @@ import json
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import Protocol
 
 import llguidance
 
@@ -22,29 +23,55 @@ CACHED_GRAMMARS = 256
 _UNIMPLEMENTED = re.compile(r"Unimplemented keys: (\[[^\]]*\])")
 
 
+class Decoder(Protocol):
+    """What the guard needs of llguidance's tokenizer: a run of tokens' bytes."""
+
+    def decode_bytes(self, tokens: list[int], /) -> bytes: ...
+
+
 class RepeatGuard:
     """Ends a reply at a call written exactly as an earlier one (``end_on_repeat``).
 
-    A call is complete where the grammar turns accepting again: inside a call's JSON it
-    cannot end, after the call's closing text it can. The text between two such points is
-    one call (the first also holds the free text before it), so a repeat is a segment that
-    ends an earlier one."""
+    Calls are told apart by the triggers that start them, in the reply's text; they are
+    looked at whenever the grammar turns accepting again (inside a call's JSON it cannot
+    end, after the call's closing text it can). A token that spans a call's end and the
+    separator after it (``}\n``) skips that moment, so calls are looked at as all those
+    that began since the last look: a repeat is then caught one call later, never missed."""
 
-    def __init__(self, tokenizer: llguidance.LLTokenizer) -> None:
+    def __init__(self, tokenizer: Decoder, triggers: Sequence[str]) -> None:
         self._tokenizer = tokenizer
-        self._segment: list[int] = []
-        self._calls: list[bytes] = []
+        self._triggers = [t.encode() for t in triggers if t]
+        self._tokens: list[int] = []
+        self._looked = 0
+        """How much of the reply's text has been looked at for calls."""
+        self._calls: set[bytes] = set()
         self._was_accepting = True
         self.repeated = False
 
     def step(self, token: int, accepting: bool) -> None:
-        self._segment.append(token)
+        self._tokens.append(token)
         if accepting and not self._was_accepting:
-            call = self._tokenizer.decode_bytes(self._segment).strip()
-            self.repeated = any(earlier.endswith(call) for earlier in self._calls)
-            self._calls.append(call)
-            self._segment = []
+            text = self._tokenizer.decode_bytes(self._tokens)
+            for call in self._calls_in(text, self._looked):
+                self.repeated = self.repeated or call in self._calls
+                self._calls.add(call)
+            self._looked = len(text)
         self._was_accepting = accepting
+
+    def _calls_in(self, text: bytes, start: int) -> list[bytes]:
+        """The calls that begin at or after ``start``, each up to the next."""
+        starts = sorted({at for trigger in self._triggers for at in _found(text, trigger, start)})
+        ends = [*starts[1:], len(text)]
+        return [text[a:b].strip() for a, b in zip(starts, ends, strict=True)]
+
+
+def _found(text: bytes, part: bytes, start: int) -> list[int]:
+    """Where ``part`` occurs in ``text`` from ``start`` on."""
+    found, at = [], text.find(part, start)
+    while at >= 0:
+        found.append(at)
+        at = text.find(part, at + 1)
+    return found
 
 
 class LlguidanceMatcher:
@@ -80,20 +107,21 @@ class LlguidanceMatcher:
 
 
 class LlguidanceGrammar:
-    """``guarded_by``: the tokenizer a ``RepeatGuard`` reads calls with (None: no guard)."""
+    """``guarded_by``: the tokenizer a ``RepeatGuard`` reads calls with, and the triggers
+    that start them (None: no guard)."""
 
     def __init__(
         self,
         pristine: llguidance.LLMatcher,
         end_only: bytes,
-        guarded_by: llguidance.LLTokenizer | None,
+        guarded_by: tuple[llguidance.LLTokenizer, tuple[str, ...]] | None,
     ) -> None:
         self._pristine = pristine
         self._end_only = end_only
         self._guarded_by = guarded_by
 
     def matcher(self) -> LlguidanceMatcher:
-        guard = None if self._guarded_by is None else RepeatGuard(self._guarded_by)
+        guard = None if self._guarded_by is None else RepeatGuard(*self._guarded_by)
         return LlguidanceMatcher(self._pristine.deep_copy(), self._end_only, guard)
 
 
@@ -130,7 +158,7 @@ class LlguidanceCompiler:
             if key in self._cache:
                 self._cache.move_to_end(key)
                 return self._cache[key]
-        guard = self.prepare() if constraint.end_on_repeat else None
+        guard = (self.prepare(), constraint.triggers) if constraint.end_on_repeat else None
         grammar = LlguidanceGrammar(self._compiled(constraint), self._end_only, guard)
         with self._lock:
             self._cache[key] = grammar
