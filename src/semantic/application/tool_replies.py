@@ -60,12 +60,12 @@ class Reply:
     calls: tuple[Call, ...]
     raw: str
     """Everything the model wrote, to render this turn again exactly as it was generated."""
-    cut_after_calls: bool = False
-    """It ended inside the head of a call after its whole ones (or inside a repeat)."""
 
     @property
     def cut_in_a_call(self) -> bool:
-        return self.cut_after_calls or any(not call.complete for call in self.calls)
+        """A call it shows is cut short. A further call cut before its tool's name (or a
+        held repeat) was never shown: the reply ends in its whole calls."""
+        return any(not call.complete for call in self.calls)
 
 
 class _Forming:
@@ -116,7 +116,6 @@ class ReplyReader:
     def finish(self) -> tuple[list[ReplyEvent], Reply]:
         """What is still to pass on, and the reply."""
         forming = self._forming
-        shown = forming is not None and forming.index is not None
         if forming is not None and forming.index is not None:  # cut short inside it
             end = len(self._raw) if forming.end is None else forming.end
             arguments = self._raw[forming.start : end]
@@ -125,8 +124,7 @@ class ReplyReader:
             return self._text(len(self._raw)), Reply(self._raw, (), self._raw)
         assert self._call_at is not None
         content = self._raw[: self._call_at].rstrip()
-        cut = not shown and bool(self._raw[self._next :].strip())
-        return [], Reply(content, tuple(self._calls), self._raw, cut)
+        return [], Reply(content, tuple(self._calls), self._raw)
 
     def _before_calls(self, trigger: str) -> list[ReplyEvent]:
         found = self._raw.find(trigger, self._shown)
