@@ -23,6 +23,7 @@ from semantic.adapters.http.responses_items import (
 )
 from semantic.adapters.http.responses_schemas import ResponseRequest
 from semantic.adapters.http.responses_stream import ResponseEvents
+from semantic.adapters.http.state import Services
 from semantic.adapters.http.tool_translate import named_refusal, reply_shape, response_schema
 from semantic.adapters.http.translate import check_model, must_default, sampling
 from semantic.application.agents import CommittedReply, Turn
@@ -54,10 +55,7 @@ class ResponsesController(Controller):
         use = _tool_use(data)
         shape = reply_shape(found.tokenizer, use, _text_schema(data.text))
         conversation = _conversation_id(data)
-        history: list[dict[str, Any]] = []
-        if conversation is not None:
-            stored = await found.responses.conversation_items(namespace, conversation)
-            history = [json.loads(o.body) for o in stored]
+        history = await _conversation_items(found, namespace, conversation)
         response_id, message_id = new_id("resp"), new_id("msg")
         turn = Turn(
             "",
@@ -241,6 +239,16 @@ class _Body:
             "metadata": data.metadata or {},
             "user": data.user,
         }
+
+
+async def _conversation_items(
+    found: Services, namespace: str, conversation: str | None
+) -> list[dict[str, Any]]:
+    """The items of the conversation a response is in (none outside one)."""
+    if conversation is None:
+        return []
+    stored = await found.responses.conversation_items(namespace, conversation)
+    return [json.loads(o.body) for o in stored]
 
 
 async def _first(
