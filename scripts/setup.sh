@@ -39,6 +39,9 @@ if [ "$(uname -s)" = "Linux" ]; then
   debian_package redis-server "command -v redis-server" "the shared block tier"
   debian_package haproxy "command -v haproxy || [ -x /usr/sbin/haproxy ]" "the cluster's router"
   debian_package clang "command -v clang" "our C kernels built with clang too (a test)"
+  # The dashboard's test drives the page in a real browser (ADR 0027).
+  debian_package chromium "command -v chromium" "the dashboard's browser test"
+  debian_package chromium-driver "command -v chromedriver" "the dashboard's browser test"
   if [ "$(uname -m)" = "x86_64" ]; then
     # The NEON variant of our kernels, cross-built and run under qemu-user (a test, ADR 0026).
     debian_package gcc-aarch64-linux-gnu "command -v aarch64-linux-gnu-gcc" "arm64 kernels (a test)"

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,10 +50,13 @@ from semantic.adapters.storage.sqlite_objects import SqliteObjectStore
 from semantic.application.agents import AgentService
 from semantic.application.cache.store import AgentCacheStore, CacheConfig
 from semantic.application.call_memory import CallMemory
+from semantic.application.dashboard.turn_history import TurnHistory
+from semantic.application.dashboard.view import Dashboard
 from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
 from semantic.application.engine_loop import EngineLoop
 from semantic.application.generation import GenerationService, Limits
 from semantic.application.leases import AgentLeases, LeaseConfig, instance_holder
+from semantic.application.observers import Observers
 from semantic.application.responses import ResponsesService
 from semantic.application.scheduler.pacer import PacerConfig
 from semantic.application.threads import install_default_executor
@@ -100,6 +105,8 @@ class Services:
     agents: AgentService
     data_dir: Path
     """The held data directory (``data_dir_lock``), given back when the services stop."""
+    dashboard: Dashboard
+    """What the dashboard shows, read from the books above and the turn history."""
     calls: CallMemory
     """Generated tool calls, rendered again as written on their round trip (ADR 0018)."""
     responses: ResponsesService
@@ -270,7 +277,9 @@ async def _services(
     limits = Limits(
         _max_context(loaded, settings), settings.max_tokens_cap, settings.default_max_tokens
     )
-    generation = GenerationService(engine.loop, cache, limits, observer)
+    history = TurnHistory()
+    heard = history if observer is None else Observers(observer, history)
+    generation = GenerationService(engine.loop, cache, limits, heard)
     agents = AgentService(generation, metadata, cache, engine.tokenizer, leases)
     responses = await _responses(agents, metadata, sweep=leases is None)
     _log_serving(settings, loaded, engine.spec, engine.pool)
@@ -285,9 +294,10 @@ async def _services(
         generation,
         agents,
         data_dir,
+        dashboard=Dashboard(metadata, cache.hot, history, engine.spec.block_bytes),
         calls=CallMemory(metadata),
         responses=responses,
-        runtime=_runtime(loaded, engine.kernel, engine.host),
+        runtime=_runtime(loaded, engine.kernel, engine.host) | {"instance": _instance(settings)},
     )
 
 
@@ -373,6 +383,11 @@ def _log_serving(
         pool.capacity * spec.block_bytes >> 20,
         settings.data_dir,
     )
+
+
+def _instance(settings: Settings) -> str:
+    """This server as the dashboard names it: behind a router, which instance answered."""
+    return f"{socket.gethostname()}:{settings.port} (pid {os.getpid()})"
 
 
 def _runtime(loaded: LoadedModel, kernel: str, host: HostMemory) -> dict[str, Any]:

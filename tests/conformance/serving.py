@@ -25,7 +25,7 @@ from semantic.bootstrap import Services, start_services, stop_services
 from semantic.config import Settings
 from semantic.domain.blocks import AgentBlocks
 from semantic.domain.chat import ChatMessage
-from semantic.domain.generation import RequestStats
+from semantic.domain.generation import FinishedRequest
 
 T = TypeVar("T")
 
@@ -112,7 +112,7 @@ class Order:
     def on_token_gap(self, seconds: float) -> None:
         pass
 
-    def on_finished(self, stats: RequestStats, prompt_tokens: int, seconds: float) -> None:
+    def on_finished(self, finished: FinishedRequest) -> None:
         self.seen.append("end")
 
     def on_abandoned(self) -> None:

@@ -672,6 +672,7 @@ async def test_a_fork_shares_the_blocks_and_copies_the_transcript_in_one_go(
     assert fork is not None
     assert (fork.block_keys, fork.token_count, fork.system_prompt) == (("k1", "k2"), 6, "new rules")
     assert fork.keeps_transcript
+    assert fork.forked_from == "a"  # its lineage, for the dashboard
     assert await db.agent("default", "b") == fork
     assert await db.messages("default", "b") == said
     await db.append_messages("default", "b", [MessageRecord("user", "more", 3.0)])

@@ -194,6 +194,7 @@ class FakeMetadataStore:
             keeps_transcript=True,
             created_at=self.clock,
             last_used=self.clock,
+            forked_from=source_id,
         )
         self.agent_rows[(namespace, new_id)] = fork
         self.transcripts[(namespace, new_id)] = list(

@@ -13,7 +13,7 @@ from semantic.application.engine import NO_ROOM_FAILURE
 from semantic.application.engine_loop import SHUTDOWN_FAILURE, AsyncEventStream, EngineLoop
 from semantic.application.events import CompletionEvent, TokenEvent
 from semantic.domain.errors import NoRoomCameError, SemanticError, ShuttingDownError
-from semantic.domain.generation import FinishReason, RequestStats
+from semantic.domain.generation import FinishedRequest, FinishReason, RequestStats
 from semantic.ports.observer import GenerationObserver
 
 log = logging.getLogger(__name__)
@@ -80,6 +80,7 @@ class GenerationHandle:
         self._loop = loop
         self._observer = observer
         self._started = time.monotonic()
+        self._first_token_s: float | None = None
         self._check = check
         self._on_end = on_end
         self._finished = False
@@ -118,9 +119,7 @@ class GenerationHandle:
                         await self._cache.saved(self.request_id)
                     self._log(event)
                     if self._observer is not None:
-                        self._observer.on_finished(
-                            event.stats, event.prompt_tokens, now - self._started
-                        )
+                        self._observer.on_finished(self._finished_request(event, now))
                     yield _result(event)
         finally:
             self.close()
@@ -143,7 +142,20 @@ class GenerationHandle:
             (time.monotonic() - self._started + self._restore_s) * 1e3,
         )
 
+    def _finished_request(self, event: CompletionEvent, now: float) -> FinishedRequest:
+        return FinishedRequest(
+            event.namespace,
+            event.agent_id,
+            event.prompt_tokens,
+            event.stats,
+            now - self._started,
+            self._first_token_s,
+            time.time(),
+        )
+
     def _observe_token(self, now: float, last: float | None) -> None:
+        if last is None:
+            self._first_token_s = now - self._started
         if self._observer is None:
             return
         if last is None:

@@ -122,3 +122,19 @@ class RequestStats:
     @property
     def time_to_first_token_s(self) -> float:
         return self.queued_s + self.prefill_s
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedRequest:
+    """A request at its end, as observers hear of it: whose it was, what it cost, and when
+    its first token came (None: it made none)."""
+
+    namespace: str
+    agent_id: str
+    prompt_tokens: int
+    stats: RequestStats
+    seconds: float
+    """Accepted to ended."""
+    first_token_s: float | None
+    ended_at: float
+    """Wall-clock time (``time.time()``) of its end."""

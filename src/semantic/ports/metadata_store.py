@@ -40,6 +40,8 @@ class AgentRecord:
     context_policy: str | None = None
     """The agent's ``ContextPolicy`` as JSON (None: a conversation past the window is
     refused)."""
+    forked_from: str | None = None
+    """The agent this one was forked from (its lineage; the source may since be gone)."""
 
 
 @dataclass(frozen=True, slots=True)

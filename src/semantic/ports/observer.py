@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from semantic.domain.generation import RequestStats
+from semantic.domain.generation import FinishedRequest
 
 
 class GenerationObserver(Protocol):
@@ -16,8 +16,8 @@ class GenerationObserver(Protocol):
         """Time between two consecutive tokens of one request."""
         ...
 
-    def on_finished(self, stats: RequestStats, prompt_tokens: int, seconds: float) -> None:
-        """A request ended; ``seconds`` is its end-to-end time."""
+    def on_finished(self, finished: FinishedRequest) -> None:
+        """A request ended."""
         ...
 
     def on_abandoned(self) -> None:

@@ -19,6 +19,7 @@ def start_block(url: str, model_id: str, runtime: Mapping[str, Any], data_dir: P
         f"  device      {runtime.get('device', '?')}",
         f"  BLAS        {runtime.get('blas', '?')}",
         f"  data        {data_dir}",
+        f"  dashboard   {url}/dashboard",
         "  fast paths",
     ]
     accelerations: Mapping[str, str] = runtime.get("accelerations", {})

@@ -24,6 +24,11 @@ from semantic.adapters.http.agent_routes import AgentController
 from semantic.adapters.http.anthropic_routes import AnthropicController
 from semantic.adapters.http.auth import edge
 from semantic.adapters.http.conversation_routes import ConversationController
+from semantic.adapters.http.dashboard_routes import (
+    DashboardController,
+    dashboard_file,
+    dashboard_page,
+)
 from semantic.adapters.http.keys import KeyRing, keyring
 from semantic.adapters.http.metrics import Metrics
 from semantic.adapters.http.next_agent import prefetch_next_agent
@@ -90,6 +95,9 @@ def app_for(
             AgentController,
             ResponsesController,
             ConversationController,
+            DashboardController,
+            dashboard_page,
+            dashboard_file,
             health,
             metrics,
         ],

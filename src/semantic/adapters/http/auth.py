@@ -19,6 +19,7 @@ from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Receive, Scope, Send
 
 from semantic.adapters.http.browser import BrowserPolicy, json_problem
+from semantic.adapters.http.dashboard_routes import PAGE_PATHS
 from semantic.adapters.http.errors import Problem, body_for, headers_for, problem_for
 from semantic.adapters.http.identity import (
     BOUND_NAMESPACE,
@@ -27,7 +28,7 @@ from semantic.adapters.http.identity import (
 )
 from semantic.adapters.http.keys import KeyRing
 
-OPEN_PATHS = frozenset({"/health"})
+OPEN_PATHS = frozenset({"/health", *PAGE_PATHS})
 _REFUSED = Problem(401, "invalid_api_key", "missing or invalid API key")
 _SMUGGLED = re.compile(rb"%(2f|5c|00)|%2e%2e|(^|/)\.\.(/|$)|//", re.IGNORECASE)
 _BAD_PATH = Problem(400, "invalid_path", "the path holds an encoded separator or a '..' segment")

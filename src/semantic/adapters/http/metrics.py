@@ -11,7 +11,7 @@ from semantic.adapters.http.state import ServerState, Services
 from semantic.application.cache.disk_room import DiskState
 from semantic.application.cache.hot_index import CACHE_OWNER
 from semantic.application.cache.stats import CacheStats
-from semantic.domain.generation import RequestStats
+from semantic.domain.generation import FinishedRequest
 
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _GAPS = (0.01, 0.02, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2, 5)
@@ -35,10 +35,11 @@ class Metrics:
     def on_token_gap(self, seconds: float) -> None:
         self.itl.observe(seconds)
 
-    def on_finished(self, stats: RequestStats, prompt_tokens: int, seconds: float) -> None:
-        self.e2e.observe(seconds)
+    def on_finished(self, finished: FinishedRequest) -> None:
+        stats = finished.stats
+        self.e2e.observe(finished.seconds)
         self.queued.observe(stats.queued_s)
-        self.tokens_in.inc(prompt_tokens)
+        self.tokens_in.inc(finished.prompt_tokens)
         self.tokens_out.inc(stats.generated_tokens)
         self.tokens_cached.inc(stats.cached_tokens)
         self.requests.inc()

@@ -8,6 +8,7 @@ from typing import Any, Protocol
 from semantic.application.agents import AgentService
 from semantic.application.cache.store import AgentCacheStore
 from semantic.application.call_memory import CallMemory
+from semantic.application.dashboard.view import Dashboard
 from semantic.application.engine_loop import EngineLoop
 from semantic.application.generation import GenerationService
 from semantic.application.responses import ResponsesService
@@ -40,6 +41,8 @@ class Services(Protocol):
     def calls(self) -> CallMemory: ...
     @property
     def responses(self) -> ResponsesService: ...
+    @property
+    def dashboard(self) -> Dashboard: ...
 
 
 class ServerState:

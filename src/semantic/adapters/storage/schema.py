@@ -33,6 +33,7 @@ agents = Table(
     Column("last_used", Double, nullable=False),
     Column("keeps_transcript", Boolean, nullable=False),
     Column("context_policy", Text),
+    Column("forked_from", String),
 )
 
 blocks = Table(

@@ -36,6 +36,7 @@ def agent_row(agent: AgentRecord, now: float) -> dict[str, Any]:
         "last_used": agent.last_used or now,
         "keeps_transcript": agent.keeps_transcript,
         "context_policy": agent.context_policy,
+        "forked_from": agent.forked_from,
     }
 
 
@@ -79,4 +80,5 @@ def agent_of(row: Row[Any], keys: list[str]) -> AgentRecord:
         row.last_used,
         bool(row.keeps_transcript),
         row.context_policy,
+        row.forked_from,
     )

@@ -48,6 +48,8 @@ class DiskState:
 
     free_bytes: int | None
     refused: str | None
+    quota_bytes: int | None = None
+    """``--disk-quota``: what block files may take at most (None: the disk's free space)."""
 
 
 class DiskRoom:
@@ -79,7 +81,7 @@ class DiskRoom:
         free = self._store.free_bytes()
         if self._refused is not None and (free is None or free >= self._floor):
             self._refused = None  # space came back: the next write will find it
-        return DiskState(free, self._refused)
+        return DiskState(free, self._refused, self._quota)
 
     def check(self) -> None:
         """Refuse at once what would write nothing but find the disk as full as when the

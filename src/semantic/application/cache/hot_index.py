@@ -58,6 +58,11 @@ class HotIndex:
         with self._lock:
             return key in self._blocks
 
+    def peek(self, key: str) -> HotBlock | None:
+        """The block, its place in the eviction order untouched (a look, not a use)."""
+        with self._lock:
+            return self._blocks.get(key)
+
     def get(self, key: str) -> HotBlock | None:
         with self._lock:
             block = self._blocks.get(key)

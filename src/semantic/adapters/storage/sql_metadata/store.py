@@ -198,6 +198,7 @@ class SqlMetadataStore:
                 system_prompt=system_prompt,
                 keeps_transcript=True,
                 context_policy=source.context_policy,
+                forked_from=source_id,
             )
             await connection.execute(insert(agents).values(**agent_row(fork, now)))
             keys = await agent_keys(connection, namespace, source_id)

@@ -1,0 +1,1 @@
+"""What the dashboard shows: recent turns by agent and minute, and read models of the books."""
