@@ -24,8 +24,8 @@ pytestmark = pytest.mark.model
 
 webdriver = pytest.importorskip("selenium.webdriver")
 from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.chrome.webdriver import WebDriver  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -143,7 +143,7 @@ def test_the_dashboard_shows_agents_forks_and_tenants_in_a_browser(
     assert "namespace team-a" in browser.find_element(By.ID, "server").text
     refused = [
         entry["message"]
-        for entry in browser.get_log("browser")
+        for entry in browser.get_log("browser")  # type: ignore[no-untyped-call]  # unannotated in selenium
         if "Content Security Policy" in entry["message"]
     ]
     assert not refused, refused

@@ -263,6 +263,12 @@ class FakeMetadataStore:
     async def total_block_bytes(self) -> int:
         return sum(r.nbytes for r in self.block_rows.values())
 
+    async def block_bytes_by_namespace(self) -> dict[str, int]:
+        found: dict[str, int] = {}
+        for row in self.block_rows.values():
+            found[row.namespace] = found.get(row.namespace, 0) + row.nbytes
+        return found
+
     async def append_messages(
         self,
         namespace: str,

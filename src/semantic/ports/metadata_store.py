@@ -154,6 +154,10 @@ class MetadataStore(Protocol):
 
     async def total_block_bytes(self) -> int: ...
 
+    async def block_bytes_by_namespace(self) -> dict[str, int]:
+        """Bytes of the block files each namespace's rows name (a tenant's use on disk)."""
+        ...
+
     async def append_messages(
         self,
         namespace: str,

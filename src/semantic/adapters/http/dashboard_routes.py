@@ -4,7 +4,7 @@ The page's files are fixed names served from the package; every number on it com
 ``/v1/dashboard/...``, which takes the API's key like any route: a tenant's key sees its
 namespace, an admin key (or a server without keys) every namespace, or one it names. The
 page and its files carry a Content-Security-Policy that allows this server's own script,
-style and requests, nothing inline and nothing from elsewhere (ADR 0032).
+style and requests, nothing inline and nothing from elsewhere (ADR 0027).
 """
 
 from __future__ import annotations

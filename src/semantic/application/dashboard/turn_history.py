@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
 from semantic.domain.generation import FinishedRequest
@@ -90,9 +90,12 @@ class TurnHistory:
 
     def cached_share(self, namespace: str, agent_id: str) -> float | None:
         """Of the prompt tokens of the agent's last turns, the share not computed."""
-        turns = self._turns.get((namespace, agent_id), ())
-        prompt = sum(turn.prompt_tokens for turn in turns)
-        return sum(turn.stats.cached_tokens for turn in turns) / prompt if prompt else None
+        return _share(self._turns.get((namespace, agent_id), ()))
+
+    def cached_shares(self) -> dict[tuple[str, str], float]:
+        """``cached_share`` of every agent with turns here, by (namespace, agent id)."""
+        shares = {key: _share(turns) for key, turns in self._turns.items()}
+        return {key: share for key, share in shares.items() if share is not None}
 
     def last_hour(self, namespaces: Collection[str] | None = None) -> list[MinuteSample]:
         """One sample per minute, oldest first, the current minute last; ``namespaces``
@@ -128,6 +131,14 @@ class TurnHistory:
     @staticmethod
     def _minute(when: float) -> int:
         return int(when // MINUTE_S)
+
+
+def _share(turns: Iterable[FinishedRequest]) -> float | None:
+    prompt = cached = 0
+    for turn in turns:
+        prompt += turn.prompt_tokens
+        cached += turn.stats.cached_tokens
+    return cached / prompt if prompt else None
 
 
 def _sampled(bucket: _Bucket, value: float, cap: int) -> None:

@@ -294,6 +294,12 @@ class SqlMetadataStore:
             return int(total or 0)
 
     @unavailable_on_failure
+    async def block_bytes_by_namespace(self) -> dict[str, int]:
+        query = select(blocks.c.namespace, func.sum(blocks.c.nbytes)).group_by(blocks.c.namespace)
+        async with self._db().connect() as connection:
+            return {row[0]: int(row[1] or 0) for row in await connection.execute(query)}
+
+    @unavailable_on_failure
     async def append_messages(
         self,
         namespace: str,
