@@ -297,7 +297,7 @@ async def _services(
         dashboard=Dashboard(metadata, cache.hot, history, engine.spec.block_bytes),
         calls=CallMemory(metadata),
         responses=responses,
-        runtime=_runtime(loaded, engine.kernel, engine.host) | {"instance": _instance(settings)},
+        runtime=_runtime(loaded, engine.kernel, engine.host) | _placement(settings),
     )
 
 
@@ -385,9 +385,14 @@ def _log_serving(
     )
 
 
-def _instance(settings: Settings) -> str:
-    """This server as the dashboard names it: behind a router, which instance answered."""
-    return f"{socket.gethostname()}:{settings.port} (pid {os.getpid()})"
+def _placement(settings: Settings) -> dict[str, str]:
+    """Which instance this is (behind a router, the one that answered) and where its
+    metadata lives, as the dashboard shows them."""
+    shared = settings.database_url is not None
+    return {
+        "instance": f"{socket.gethostname()}:{settings.port} (pid {os.getpid()})",
+        "database": "shared by its instances" if shared else "this instance's (SQLite)",
+    }
 
 
 def _runtime(loaded: LoadedModel, kernel: str, host: HostMemory) -> dict[str, Any]:

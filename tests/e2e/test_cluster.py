@@ -118,6 +118,24 @@ def test_a_short_load_through_the_router_loses_nothing(cluster: LocalCluster) ->
     assert len(result.served_by) >= 2, result.served_by
 
 
+def test_the_dashboard_through_the_router_names_its_instance_and_the_shared_totals(
+    cluster: LocalCluster,
+) -> None:
+    """After the load above: whichever instance answers, the database and Redis totals are
+    every instance's."""
+    seen: dict[str, str] = {}
+    for _ in range(6):
+        reply = httpx.get(f"{cluster.url}/v1/dashboard/overview", timeout=30)
+        seen[served_by(reply)] = reply.json()["instance"]
+        tiers = reply.json()["tiers"]
+        assert tiers["shared"]["state"] == "ok"
+        assert tiers["shared"]["blocks"] >= 1
+        assert tiers["disk"]["database"] == "shared by its instances"
+        agents = httpx.get(f"{cluster.url}/v1/dashboard/agents", params={"limit": 500}).json()
+        assert agents["total"] >= 6  # the load's agents, wherever they ran
+    assert len(set(seen.values())) == len(seen) >= 2, seen  # each names itself
+
+
 def test_a_killed_instance_s_agent_resumes_on_another_equal_to_cold(
     cluster: LocalCluster,
 ) -> None:

@@ -42,7 +42,7 @@ def browser() -> Iterator[WebDriver]:
     options.binary_location = CHROMIUM
     for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage"):
         options.add_argument(flag)
-    options.add_argument("--window-size=1400,1500")
+    options.add_argument("--window-size=1400,1700")
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     yield driver
@@ -140,6 +140,9 @@ def test_the_dashboard_shows_agents_forks_and_tenants_in_a_browser(
 
     _open(browser, server, tenant_key)
     assert set(_rows(browser)) == {"team-a/planner", "team-a/planner-fork"}
+    made = httpx.post(f"{server.url}/v1/agents", json={"id": "latecomer"}, headers=tenant)
+    assert made.status_code == 201
+    WebDriverWait(browser, 20).until(lambda b: "team-a/latecomer" in _rows(b))  # no reload
     assert "namespace team-a" in browser.find_element(By.ID, "server").text
     refused = [
         entry["message"]

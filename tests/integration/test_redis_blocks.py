@@ -41,6 +41,20 @@ def test_a_block_round_trips_with_its_content_address(redis_url: str) -> None:
     assert fields[b"checksum"] == stored.head.checksum.encode()
 
 
+def test_the_tiers_usage_counts_its_blocks_and_memory(redis_url: str) -> None:
+    tier = RedisSharedBlocks(redis_url)
+    empty = tier.usage()
+    assert empty is not None
+    assert empty.blocks == 0
+    tier.put(block("k1", data=bytes(100_000)))
+    tier.put(block("k2", namespace="other"))
+    held = tier.usage()
+    assert held is not None
+    assert held.blocks == 2  # every tenant's: the tier's own totals
+    assert held.used_bytes >= empty.used_bytes + 100_000
+    assert RedisSharedBlocks("redis://127.0.0.1:1").usage() is None  # unreachable: none
+
+
 def test_missing_and_discarded_blocks_are_misses(redis_url: str) -> None:
     tier = RedisSharedBlocks(redis_url)
     assert tier.get("nowhere") is None

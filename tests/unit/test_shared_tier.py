@@ -9,7 +9,7 @@ from semantic.application.cache.stats import CacheStats
 from semantic.domain.errors import CacheCorruptionError
 from semantic.ports.block_store import LayerPayload
 from semantic.ports.metadata_store import BlockRecord
-from semantic.ports.shared_blocks import SharedBlock, SharedHead
+from semantic.ports.shared_blocks import SharedBlock, SharedHead, SharedUsage
 from tests.unit.storage_fakes import FakeBlockStore, FakeMetadataStore
 
 
@@ -37,6 +37,10 @@ class FakeSharedBlocks:
 
     def probe(self) -> bool:
         return self.reachable
+
+    def usage(self) -> SharedUsage | None:
+        size = sum(len(block.data) for block in self.blocks.values())
+        return SharedUsage(len(self.blocks), size, None) if self.reachable else None
 
     def close(self) -> None:
         pass

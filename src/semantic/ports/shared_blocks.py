@@ -34,6 +34,17 @@ class SharedBlock:
     """The block file, byte for byte: its checksum is ``head.checksum``."""
 
 
+@dataclass(frozen=True, slots=True)
+class SharedUsage:
+    """What the tier holds, all instances' and tenants' blocks together."""
+
+    blocks: int
+    used_bytes: int
+    """The store's own count of the memory it uses (blocks, and its overhead)."""
+    max_bytes: int | None
+    """Its memory limit (Redis ``maxmemory``); None: none set."""
+
+
 class SharedBlocks(Protocol):
     """Every method may block on the network for at most a short timeout: call it from a
     worker thread, never the event loop."""
@@ -57,6 +68,10 @@ class SharedBlocks(Protocol):
 
     def discard(self, keys: Sequence[str]) -> None:
         """Remove blocks (a bad copy, or blocks no record uses any more)."""
+        ...
+
+    def usage(self) -> SharedUsage | None:
+        """What the tier holds now; None when it cannot be reached."""
         ...
 
     def probe(self) -> bool:

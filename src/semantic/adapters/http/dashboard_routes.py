@@ -28,6 +28,7 @@ from semantic.application.dashboard.view import (
 )
 from semantic.domain.errors import InvalidRequestError
 from semantic.domain.generation import FinishedRequest
+from semantic.ports.shared_blocks import SharedUsage
 
 PAGE_HEADERS: Final = {
     "Content-Security-Policy": (
@@ -84,7 +85,7 @@ class DashboardController(Controller):
             "instance": found.runtime.get("instance"),
             "model": found.model_id,
             "runtime": dict(found.runtime),
-            "tiers": await _tiers(found),
+            "tiers": await (_tiers(found) if scope is None else _tenant_tiers(found, usage)),
             "namespaces": [_usage(u) for u in usage],
         }
 
@@ -145,7 +146,29 @@ def _scope(request: Request[Any, Any, Any], namespace: str | None) -> frozenset[
     return None
 
 
+async def _tenant_tiers(found: Services, usage: list[NamespaceUsage]) -> dict[str, Any]:
+    """A tenant's share of each tier: what its namespaces hold, beside the budget (other
+    tenants' use is theirs to see)."""
+    pool = found.pool.usage()
+    return {
+        "memory": {
+            "used_bytes": sum(u.memory_bytes for u in usage),
+            "capacity_bytes": pool.capacity * found.spec.block_bytes,
+            "blocks": None,
+        },
+        "disk": {
+            "used_bytes": sum(u.disk_bytes for u in usage),
+            "quota_bytes": found.cache.disk.quota_bytes,
+            "free_bytes": None,
+            "refused": found.cache.disk.refused,
+        },
+        "shared": None if found.cache.shared_state is None else {"state": found.cache.shared_state},
+        "restored_tokens": None,
+    }
+
+
 async def _tiers(found: Services) -> dict[str, Any]:
+    """The whole instance's tiers, and the shared stores' totals (every instance's)."""
     usage = found.pool.usage()
     block_bytes = found.spec.block_bytes
     cache = found.cache
@@ -159,6 +182,7 @@ async def _tiers(found: Services) -> dict[str, Any]:
         },
         "disk": {
             "used_bytes": await found.dashboard.stored_bytes(),
+            "database": found.runtime.get("database"),
             "quota_bytes": disk.quota_bytes,
             "free_bytes": disk.free_bytes,
             "refused": disk.refused,
@@ -167,6 +191,7 @@ async def _tiers(found: Services) -> dict[str, Any]:
         if cache.shared_state is None
         else {
             "state": cache.shared_state,
+            **_shared_usage(await cache.shared_usage()),
             "published": stats.shared_published,
             "fetched": stats.shared_fetched,
             "missed": stats.shared_misses,
@@ -176,6 +201,13 @@ async def _tiers(found: Services) -> dict[str, Any]:
             "disk": stats.disk_restored_tokens,
         },
     }
+
+
+def _shared_usage(usage: SharedUsage | None) -> dict[str, Any]:
+    """Every instance's blocks together: the tier's own totals."""
+    if usage is None:
+        return {"blocks": None, "used_bytes": None, "max_bytes": None}
+    return {"blocks": usage.blocks, "used_bytes": usage.used_bytes, "max_bytes": usage.max_bytes}
 
 
 def _usage(usage: NamespaceUsage) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 from redis.typing import EncodableT, FieldT
 
-from semantic.ports.shared_blocks import SharedBlock, SharedHead
+from semantic.ports.shared_blocks import SharedBlock, SharedHead, SharedUsage
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +127,15 @@ class RedisSharedBlocks:
     def discard(self, keys: Sequence[str]) -> None:
         if keys:
             self._call(lambda: self._writer.delete(*(redis_key(k) for k in keys)), 0)
+
+    def usage(self) -> SharedUsage | None:
+        def read() -> SharedUsage:
+            memory = self._client.info("memory")
+            blocks = int(self._client.dbsize())  # a database given to the tier: its keys
+            limit = int(memory.get("maxmemory", 0))
+            return SharedUsage(blocks, int(memory["used_memory"]), limit or None)
+
+        return self._call(read, None)
 
     def probe(self) -> bool:
         with self._lock:

@@ -22,7 +22,7 @@ from semantic.application.cache.stats import CacheStats
 from semantic.domain.errors import CacheCorruptionError
 from semantic.ports.block_store import BlockStore, LayerPayload
 from semantic.ports.metadata_store import BlockRecord, MetadataStore
-from semantic.ports.shared_blocks import SharedBlock, SharedBlocks, SharedHead
+from semantic.ports.shared_blocks import SharedBlock, SharedBlocks, SharedHead, SharedUsage
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +89,10 @@ class SharedTier:
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
         await asyncio.to_thread(self._blocks.close)
+
+    async def usage(self) -> SharedUsage | None:
+        """What the tier holds (every instance's blocks), None while unreachable."""
+        return await asyncio.to_thread(self._blocks.usage)
 
     async def flush(self) -> None:
         """Wait until every queued push and discard has been tried."""

@@ -29,7 +29,7 @@ from semantic.domain.block_pool import BlockPool
 from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.ports.block_store import BlockStore
 from semantic.ports.metadata_store import MetadataStore
-from semantic.ports.shared_blocks import SharedBlocks
+from semantic.ports.shared_blocks import SharedBlocks, SharedUsage
 
 __all__ = ["AgentCacheStore", "CacheConfig", "CachedPrefix", "LeaseOf"]
 
@@ -123,6 +123,10 @@ class AgentCacheStore:
     def shared_state(self) -> str | None:
         """The shared block tier: ``ok``, ``unreachable``, or None when there is none."""
         return None if self._shared is None else self._shared.state
+
+    async def shared_usage(self) -> SharedUsage | None:
+        """What the shared block tier holds; None without one or while it is unreachable."""
+        return None if self._shared is None else await self._shared.usage()
 
     @property
     def disk(self) -> DiskState:

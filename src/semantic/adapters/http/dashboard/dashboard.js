@@ -39,6 +39,9 @@ async function api(path) {
   if (response.status === 401) throw new KeyNeeded();
   const body = await response.json();
   if (!response.ok) throw new Error(body?.error?.message ?? `HTTP ${response.status}`);
+  // Behind HAProxy, the router names the instance that answered (deploy/haproxy.cfg).
+  const routed = response.headers.get("X-Semantic-Instance");
+  if (routed) body.routed_to = routed;
   return body;
 }
 
@@ -66,8 +69,9 @@ function fill(tbody, rows) {
 }
 
 function drawServer(overview) {
+  const instance = overview.routed_to ? `${overview.routed_to} (${overview.instance})` : overview.instance;
   $("server").textContent =
-    `${overview.model} · ${overview.instance ?? "this instance"} · ` +
+    `${overview.model} · ${instance ?? "this instance"} · ` +
     (overview.scope.namespaces ? `namespace ${overview.scope.namespaces.join(", ")}` : "all namespaces");
   const runtime = overview.runtime;
   const facts = [["device", runtime.device], ["BLAS", runtime.blas], ["kernels", runtime.kernels],
@@ -90,21 +94,29 @@ function card(title, lines, bar) {
     el("h3", { text: title }), ...(bar ? [bar] : []), ...lines.map((l) => el("p", { text: l })));
 }
 
+const restored = (tiers, tier) =>
+  (tiers.restored_tokens ? [`${tiers.restored_tokens[tier]} tokens restored from here`] : []);
+
 function drawTiers(tiers) {
   const memory = tiers.memory;
   const disk = tiers.disk;
   const cards = [
     card("memory", [`${bytes(memory.used_bytes)} of ${bytes(memory.capacity_bytes)}`,
-      `${memory.blocks} cached blocks`,
-      `${tiers.restored_tokens.memory} tokens restored from here`], meter(memory.used_bytes, memory.capacity_bytes)),
+      ...(memory.blocks === null ? [] : [`${memory.blocks} cached blocks`]),
+      ...restored(tiers, "memory")], meter(memory.used_bytes, memory.capacity_bytes)),
     card("disk", [`${bytes(disk.used_bytes)} of ${disk.quota_bytes ? bytes(disk.quota_bytes) : "no quota"}`,
-      `${bytes(disk.free_bytes)} free`, disk.refused ? `refusing turns: ${disk.refused}` : "writable",
-      `${tiers.restored_tokens.disk} tokens restored from here`], meter(disk.used_bytes, disk.quota_bytes)),
+      ...(disk.free_bytes === null ? [] : [`${bytes(disk.free_bytes)} free`]),
+      disk.refused ? `refusing turns: ${disk.refused}` : "writable",
+      ...(disk.database ? [`metadata: ${disk.database}`] : []),
+      ...restored(tiers, "disk")], meter(disk.used_bytes, disk.quota_bytes)),
   ];
   const shared = tiers.shared;
+  const totals = (s) => (s.used_bytes === undefined ? [] : s.used_bytes === null ? ["totals: unreachable"]
+    : [`${s.blocks} keys, ${bytes(s.used_bytes)} of ${s.max_bytes ? bytes(s.max_bytes) : "no limit"} (all instances)`,
+      `this instance: ${s.published} published, ${s.fetched} fetched, ${s.missed} missed`]);
   cards.push(shared
-    ? card("shared", [`state: ${shared.state}`, `${shared.published} blocks published`,
-      `${shared.fetched} fetched, ${shared.missed} missed`])
+    ? card("shared", [`state: ${shared.state}`, ...totals(shared)],
+      shared.max_bytes ? meter(shared.used_bytes, shared.max_bytes) : null)
     : card("shared", ["no shared tier (--shared-blocks)"]));
   $("tiers").replaceChildren(...cards);
 }
