@@ -29,7 +29,7 @@ from benchmarks.machine import print_machine
 from semantic.adapters.storage.sql_metadata import SqlMetadataStore
 from semantic.application.cache.hot_index import CACHE_OWNER, HotBlock, HotIndex
 from semantic.application.dashboard.turn_history import TurnHistory
-from semantic.application.dashboard.view import SORT_KEYS, Dashboard, PageQuery
+from semantic.application.dashboard.view import FRESH_S, SORT_KEYS, Dashboard, PageQuery
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.blocks import KVBlock
 from semantic.domain.cache_spec import ModelCacheSpec
@@ -111,6 +111,52 @@ def memory_of(records: list[AgentRecord]) -> HotIndex:
     return hot
 
 
+class Ticking:
+    """A clock a second further on at each look: no read is fresh for the next call, so
+    each line times a cold read (the page's refresh every few seconds finds none)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += FRESH_S
+        return self.now
+
+
+async def longest_stall(step: Callable[[], Awaitable[object]]) -> float:
+    """The longest the event loop went unanswered while ``step`` ran (ms): what a token
+    stream on the same loop would have waited."""
+    worst = 0.0
+    running = True
+
+    async def tick() -> None:
+        nonlocal worst
+        while running:
+            started = time.perf_counter()
+            await asyncio.sleep(0.001)
+            worst = max(worst, time.perf_counter() - started - 0.001)
+
+    ticker = asyncio.create_task(tick())
+    await step()
+    running = False
+    await ticker
+    return worst * 1e3
+
+
+def refresh_of(
+    metadata: SqlMetadataStore, records: list[AgentRecord]
+) -> Callable[[], Awaitable[object]]:
+    """What the page asks at once, on a dashboard of its own (nothing read before)."""
+    dashboard = Dashboard(metadata, memory_of(records), history_of(records, 7), SPEC.block_bytes)
+
+    async def refresh() -> object:
+        return await asyncio.gather(
+            dashboard.usage(None), dashboard.agents(None, PageQuery(limit=50))
+        )
+
+    return refresh
+
+
 async def timed(runs: int, step: Callable[[], Awaitable[object]]) -> float:
     times = []
     for _ in range(runs):
@@ -126,7 +172,11 @@ async def measure(directory: Path, agents: int, runs: int) -> None:
     try:
         records = await fill(metadata, agents, seed=7)
         dashboard = Dashboard(
-            metadata, memory_of(records), history_of(records, seed=7), SPEC.block_bytes
+            metadata,
+            memory_of(records),
+            history_of(records, seed=7),
+            SPEC.block_bytes,
+            clock=Ticking(),
         )
         print(f"{agents} agents in {NAMESPACES} namespaces; median of {runs} runs, in ms:")
         for sort in SORT_KEYS:
@@ -142,6 +192,10 @@ async def measure(directory: Path, agents: int, runs: int) -> None:
         print(f"  one agent's detail                {await timed(runs, detail):8.1f}")
         hour = functools.partial(asyncio.to_thread, dashboard.history.last_hour)
         print(f"  the last hour by minute           {await timed(runs, hour):8.1f}")
+        ms = await timed(1, refresh_of(metadata, records))
+        print(f"  one refresh (usage and a page)    {ms:8.1f}")
+        stalls = [await longest_stall(refresh_of(metadata, records)) for _ in range(runs)]
+        print(f"  longest event-loop stall in one   {median(stalls):8.1f}")
     finally:
         await metadata.close()
 
