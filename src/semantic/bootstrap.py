@@ -354,6 +354,7 @@ def _cache_store(
     config = CacheConfig(
         disk_quota_bytes=settings.disk_quota_bytes,
         disk_reserve_bytes=settings.disk_reserve_bytes,
+        eviction=settings.eviction,
     )
     shared = (
         None

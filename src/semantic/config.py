@@ -72,6 +72,8 @@ class Settings:
     max_running: int = 32
     max_waiting: int = 256
     disk_quota_bytes: int | None = None
+    eviction: str = "agent"
+    """Memory's eviction order: retention hints then LRU (``agent``), or LRU (``lru``)."""
     disk_reserve_bytes: int = 1 << 30
     """Free disk to keep: cached KV gives way, oldest first, before the disk fills."""
     shared_blocks_url: str | None = None

@@ -177,6 +177,11 @@ class FakeMetadataStore:
             agent, last_used=self.clock
         )
 
+    async def set_retention(self, namespace: str, agent_id: str, retention: str) -> None:
+        self._write()
+        found = self.agent_rows.get((namespace, agent_id)) or AgentRecord(namespace, agent_id)
+        self.agent_rows[(namespace, agent_id)] = dataclasses.replace(found, retention=retention)
+
     async def fork_agent(
         self, namespace: str, source_id: str, new_id: str, system_prompt: str | None
     ) -> AgentRecord | None:

@@ -7,13 +7,14 @@ build and render without the service that runs them.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from semantic.application.generation import GenerationResult
 from semantic.application.tool_replies import Call
 from semantic.domain.constraints import OutputConstraint
 from semantic.domain.context_edits import ContextPolicy
 from semantic.domain.generation import GREEDY, Priority, SamplingParams
+from semantic.domain.retention import Retention
 from semantic.domain.tools import ToolUse
 from semantic.ports.metadata_store import AgentRecord, BlockRecord, MessageRecord
 
@@ -54,6 +55,13 @@ class AgentInfo:
     messages: int
     cache: CacheState
     context: ContextPolicy | None = None
+    retention: Retention = field(default_factory=Retention)
+
+    @property
+    def ttl_ends_at(self) -> float | None:
+        """Wall-clock time its KV leaves memory unless used before (None: no TTL)."""
+        ttl = self.retention.ttl_seconds
+        return None if ttl is None else self.last_used + ttl
 
     @classmethod
     def of(cls, record: AgentRecord, n_messages: int, cache: CacheState) -> AgentInfo:
@@ -68,6 +76,7 @@ class AgentInfo:
             None
             if record.context_policy is None
             else ContextPolicy.from_json(record.context_policy),
+            Retention.from_json(record.retention),
         )
 
 

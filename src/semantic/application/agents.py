@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from typing import Any
 
 from semantic.application.agent_turns import TurnRunner
 from semantic.application.agent_values import (
@@ -38,10 +39,12 @@ from semantic.application.turn_gate import TurnGate
 from semantic.domain.chat import ChatMessage
 from semantic.domain.context_edits import ContextPolicy
 from semantic.domain.errors import (
+    AgentKeepsTranscriptError,
     AgentNotFoundError,
     InvalidRequestError,
     PromptTooLongError,
 )
+from semantic.domain.retention import Retention
 from semantic.ports.leases import Lease
 from semantic.ports.metadata_store import AgentRecord, MessageRecord, MetadataStore
 from semantic.ports.tokenizer import Tokenizer
@@ -81,7 +84,7 @@ class AgentService:
         self._tokenizer = tokenizer
         self._gate = TurnGate(cache, LiveTurns(generation.cancel), leases)
         self._turns = self._gate.turns
-        self._plain = PlainRequests(generation, metadata, self._gate)
+        self._plain = PlainRequests(generation, metadata, self._gate, cache.retention)
         self._runner = TurnRunner(generation, metadata, cache, tokenizer)
 
     async def create(
@@ -90,9 +93,10 @@ class AgentService:
         agent_id: str,
         system_prompt: str | None,
         context: ContextPolicy | None = None,
+        retention: Retention | None = None,
     ) -> AgentInfo:
         """``context``: what a conversation past its trigger drops or clears (None: it is
-        refused once it outgrows the window)."""
+        refused once it outgrows the window); ``retention``: how long its KV stays where."""
         self._check_system(namespace, agent_id, system_prompt)  # refused now, not each turn
         self._check_context(context)
         record = AgentRecord(
@@ -101,11 +105,32 @@ class AgentService:
             system_prompt=system_prompt,
             keeps_transcript=True,
             context_policy=None if context is None else context.to_json(),
+            retention=None if retention is None else retention.to_json(),
         )
         await self._cache.keeping(
             namespace, agent_id, functools.partial(self._metadata.create_agent, record)
         )
+        self._cache.retention.set(namespace, agent_id, retention or Retention())
         return await self.get(namespace, agent_id)
+
+    async def retain(
+        self, namespace: str, agent_id: str, change: Mapping[str, Any], *, known: bool = False
+    ) -> Retention:
+        """The agent's retention hints with ``change`` set (a PATCH, a request's header or
+        SDK fields), kept on its record; an agent plain requests name gets a record now.
+        ``known``: the agent must exist (the agents API: 404 otherwise). A change that is
+        refused changes nothing."""
+        record = await self._metadata.agent(namespace, agent_id)
+        if (record is not None and record.anonymous) or (record is None and known):
+            raise AgentNotFoundError(agent_id, namespace)
+        if record is not None and record.keeps_transcript and not known:
+            raise AgentKeepsTranscriptError(agent_id)  # as the plain request naming it is
+        before = Retention.from_json(record.retention if record else None)
+        after = before.changed(change)
+        if after != before or record is None:
+            await self._metadata.set_retention(namespace, agent_id, after.to_json())
+        self._cache.retention.set(namespace, agent_id, after)
+        return after
 
     def _check_context(self, context: ContextPolicy | None) -> None:
         window = self._generation.limits.max_context
@@ -201,6 +226,7 @@ class AgentService:
 
     async def _delete(self, namespace: str, agent_id: str) -> None:
         live = await self._turns.end(namespace, agent_id)
+        self._cache.retention.forget(namespace, agent_id)
         # Saves still queued (of one that finished first, or of a plain request whose
         # client left while its save waited) would bring the agent back after the delete.
         await self._cache.flush()
@@ -267,6 +293,7 @@ class AgentService:
             raise InvalidRequestError("the message is empty", param="content")
         async with self._gate.turn(namespace, agent_id) as (live, lease):
             record = await self._record(namespace, agent_id)
+            self._cache.retention.set(namespace, agent_id, Retention.from_json(record.retention))
             request, earlier = await self._runner.request(record, turn)
             write = functools.partial(
                 self._metadata.append_messages, namespace, agent_id, lease=lease

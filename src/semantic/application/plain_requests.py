@@ -8,18 +8,25 @@ import asyncio
 import contextlib
 import functools
 
+from semantic.application.cache.retention_book import RetentionBook
 from semantic.application.generation import GenerationHandle, GenerationInput, GenerationService
 from semantic.application.live_turns import LiveTurn
 from semantic.application.turn_gate import TurnGate
 from semantic.domain.errors import AgentDeletedError, AgentKeepsTranscriptError
+from semantic.domain.retention import Retention
 from semantic.ports.metadata_store import MetadataStore
 
 
 class PlainRequests:
     def __init__(
-        self, generation: GenerationService, metadata: MetadataStore, gate: TurnGate
+        self,
+        generation: GenerationService,
+        metadata: MetadataStore,
+        gate: TurnGate,
+        book: RetentionBook,
     ) -> None:
         self._generation = generation
+        self._book = book
         self._metadata = metadata
         self._gate = gate
         self._letting_go: set[asyncio.Future[None]] = set()
@@ -64,3 +71,5 @@ class PlainRequests:
         record = await self._metadata.agent(namespace, agent_id)
         if record is not None and record.keeps_transcript:
             raise AgentKeepsTranscriptError(agent_id)
+        if record is not None:  # its hints, for its blocks when the request ends
+            self._book.set(namespace, agent_id, Retention.from_json(record.retention))

@@ -42,6 +42,8 @@ class AgentRecord:
     refused)."""
     forked_from: str | None = None
     """The agent this one was forked from (its lineage; the source may since be gone)."""
+    retention: str | None = None
+    """Its ``Retention`` hints as JSON (None: the defaults)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +144,11 @@ class MetadataStore(Protocol):
         self, namespace: str, agent_id: str, *, lease: Lease | None = None
     ) -> list[str]:
         """Delete the agent and its transcript; returns keys no agent references any more."""
+        ...
+
+    async def set_retention(self, namespace: str, agent_id: str, retention: str) -> None:
+        """The agent's retention hints (JSON); an agent plain requests name that has no
+        record yet gets one (it keeps no transcript), so its hints outlive a restart."""
         ...
 
     async def touch_agent(self, namespace: str, agent_id: str, when: float) -> None: ...

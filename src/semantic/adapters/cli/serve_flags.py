@@ -134,6 +134,14 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         " different after a restore from disk (default: %(default)s)",
     ),
     Flag(
+        "--eviction",
+        choices=("agent", "lru"),
+        default="agent",
+        help="which cached KV leaves memory first when it is short: 'agent' follows each "
+        "agent's retention hints (TTL, pin, priority), then the least recently used; 'lru' "
+        "ignores the hints (default: %(default)s)",
+    ),
+    Flag(
         "--disk-quota-mb",
         type=flags.positive_int,
         default=None,

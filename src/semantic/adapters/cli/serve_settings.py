@@ -65,6 +65,7 @@ def _memory_and_disk(args: argparse.Namespace) -> dict[str, object]:
         "kv_at_rest": args.kv_at_rest,
         "disk_quota_bytes": None if args.disk_quota_mb is None else args.disk_quota_mb << 20,
         "disk_reserve_bytes": args.disk_reserve_mb << 20,
+        "eviction": args.eviction,
     }
 
 

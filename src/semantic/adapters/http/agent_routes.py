@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from litestar import Controller, Request, delete, get, post
+from litestar import Controller, Request, delete, get, patch, post
 from litestar.datastructures import State
 
-from semantic.adapters.http.agent_schemas import CreateAgent, ForkAgent, SendMessage
+from semantic.adapters.http.agent_schemas import CreateAgent, ForkAgent, PatchAgent, SendMessage
 from semantic.adapters.http.common import services, sse, sse_data, unless_client_leaves
 from semantic.adapters.http.identity import (
     NAMESPACE_HEADER,
@@ -18,6 +18,7 @@ from semantic.adapters.http.identity import (
     identity,
 )
 from semantic.adapters.http.openai_tools import call_entry, openai_tool_use, reply_delta
+from semantic.adapters.http.retention_hints import header_hints, keep_hints
 from semantic.adapters.http.tool_translate import named_refusal
 from semantic.adapters.http.translate import OPENAI_FINISH, sampling, stop_strings
 from semantic.application.agents import (
@@ -33,6 +34,7 @@ from semantic.application.generation import GenerationResult, TextDelta
 from semantic.domain.constraints import UnsupportedSchemaError
 from semantic.domain.context_edits import ContextPolicy
 from semantic.domain.errors import InvalidRequestError, SemanticError
+from semantic.domain.retention import Retention
 from semantic.ports.metadata_store import MessageRecord
 
 
@@ -61,10 +63,22 @@ class AgentController(Controller):
         )
         rule = data.context
         context = None if rule is None else ContextPolicy(rule.edit, rule.trigger_tokens, rule.keep)
+        retention = Retention().changed(data.retention.change()) if data.retention else None
         info = await services(state).agents.create(
-            namespace, checked_id(data.id, "agent_id"), data.system_prompt, context
+            namespace, checked_id(data.id, "agent_id"), data.system_prompt, context, retention
         )
         return _agent(info)
+
+    @patch("/{agent_id:str}")
+    async def update(
+        self, request: Request[Any, Any, Any], agent_id: str, data: PatchAgent, state: State
+    ) -> dict[str, Any]:
+        """Its retention hints: the fields given change, the others stay."""
+        namespace = identity(request).namespace
+        agent_id = checked_id(agent_id, "agent_id")
+        found = services(state)
+        await found.agents.retain(namespace, agent_id, data.retention.change(), known=True)
+        return _agent(await found.agents.get(namespace, agent_id))
 
     @get("/")
     async def list_agents(
@@ -172,7 +186,13 @@ class AgentController(Controller):
             data.tool_call_id,
             openai_tool_use(data.tools, data.tool_choice, data.parallel_tool_calls),
         )
-        events = services(state).agents.send(who.namespace, checked_id(agent_id, "agent_id"), turn)
+        agent_id = checked_id(agent_id, "agent_id")
+        found = services(state)
+        hints = header_hints(request)  # X-Retention: this turn on, the agent's hints
+        if hints:
+            Retention().changed(hints)  # out of range: refused before anything changes
+            await keep_hints(found, who.namespace, agent_id, hints, known=True)
+        events = found.agents.send(who.namespace, agent_id, turn)
         # The first event surfaces errors (unknown agent, bad input) as HTTP codes; it comes
         # after the whole prefill, which a client that leaves meanwhile cancels.
         try:
@@ -251,6 +271,17 @@ def _agent(info: AgentInfo) -> dict[str, Any]:
         "messages": info.messages,
         "cache": _cache(info),
         "context": None if info.context is None else _context(info.context),
+        "retention": _retention(info),
+    }
+
+
+def _retention(info: AgentInfo) -> dict[str, Any]:
+    kept = info.retention
+    return {
+        "priority": kept.priority,
+        "ttl_seconds": kept.ttl_seconds,
+        "pinned": kept.pinned,
+        "ttl_ends_at": info.ttl_ends_at,
     }
 
 

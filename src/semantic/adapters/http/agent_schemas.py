@@ -16,11 +16,28 @@ class ContextRule(msgspec.Struct, forbid_unknown_fields=True):
     keep: int = 3
 
 
+class RetentionIn(msgspec.Struct, forbid_unknown_fields=True):
+    """The fields given change; the others keep their value (the defaults, on create)."""
+
+    priority: int | msgspec.UnsetType = msgspec.UNSET
+    ttl_seconds: float | msgspec.UnsetType | None = msgspec.UNSET
+    pinned: bool | msgspec.UnsetType = msgspec.UNSET
+
+    def change(self) -> dict[str, Any]:
+        given = {f: getattr(self, f) for f in self.__struct_fields__}
+        return {name: value for name, value in given.items() if value is not msgspec.UNSET}
+
+
 class CreateAgent(msgspec.Struct, forbid_unknown_fields=True):
     id: str
     system_prompt: str | None = None
     namespace: str | None = None
     context: ContextRule | None = None
+    retention: RetentionIn | None = None
+
+
+class PatchAgent(msgspec.Struct, forbid_unknown_fields=True):
+    retention: RetentionIn
 
 
 class ForkAgent(msgspec.Struct, forbid_unknown_fields=True):

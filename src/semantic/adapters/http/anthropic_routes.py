@@ -33,6 +33,7 @@ from semantic.adapters.http.common import (
 )
 from semantic.adapters.http.errors import body_for, problem_for
 from semantic.adapters.http.identity import identity
+from semantic.adapters.http.retention_hints import anthropic_hints, keep_hints
 from semantic.adapters.http.state import Services
 from semantic.adapters.http.tool_translate import (
     reply_shape,
@@ -72,6 +73,7 @@ class AnthropicController(Controller):
         check_model(data.model, found.model_id)
         _check_plain_chat(data)
         who = identity(request)
+        hints = anthropic_hints(request, data)
         use = anthropic_tool_use(data.tools, data.tool_choice)
         shape = reply_shape(found.tokenizer, use)
         tools = use.tools if use else ()
@@ -92,6 +94,7 @@ class AnthropicController(Controller):
             who.priority,
             None if prefill else shape.constraint,
         )
+        await keep_hints(found, who.namespace, who.agent_id, hints)
         handle = await start_chat(found, generation, chat, use)
         message_id = f"msg_{uuid.uuid4().hex[:24]}"
         reader = ReplyReader(None if prefill else shape.calls_in, new_tool_use_id)

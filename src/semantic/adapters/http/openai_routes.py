@@ -35,6 +35,7 @@ from semantic.adapters.http.openai_tools import (
     openai_tool_use,
     reply_delta,
 )
+from semantic.adapters.http.retention_hints import cache_key_agent, keep_hints, openai_hints
 from semantic.adapters.http.state import Services
 from semantic.adapters.http.tool_translate import (
     reply_shape,
@@ -102,12 +103,14 @@ class OpenAIController(Controller):
         use = openai_tool_use(data.tools, data.tool_choice, data.parallel_tool_calls)
         shape = reply_shape(found.tokenizer, use, response_schema(data.response_format))
         namespace = identity(request).namespace
+        hints = openai_hints(request, data.prompt_cache_retention)
         messages = await found.calls.restore(namespace, messages)
         tools = use.tools if use else ()
         prompt = found.tokenizer.render_chat(messages, scope=namespace, tools=tools)
         newer = data.max_completion_tokens  # OpenAI's newer name wins where given
         limit = data.max_tokens if newer is None else newer
         generation = _input(request, data, prompt, limit, shape.constraint)
+        await keep_hints(found, namespace, generation.agent_id, hints)
         handle = await start_chat(found, generation, messages, use)
         reply = ReplyBodies("chatcmpl", "chat.completion", found.model_id)
         reader = ReplyReader(shape.calls_in, new_call_id)
@@ -134,7 +137,10 @@ class OpenAIController(Controller):
             if limit is None:  # OpenAI's default here, within the room the prompt leaves
                 room = found.generation.limits.max_context - len(prompt)
                 limit = min(COMPLETION_DEFAULT_MAX_TOKENS, max(1, room))
-            handle = await start_plain(found, _input(request, data, prompt, limit))
+            generation = _input(request, data, prompt, limit)
+            hints = openai_hints(request, data.prompt_cache_retention)
+            await keep_hints(found, generation.namespace, generation.agent_id, hints)
+            handle = await start_plain(found, generation)
         except InvalidRequestError as error:
             if error.param == "messages":  # the use case names the chat field
                 error.param = "prompt"
@@ -378,7 +384,7 @@ def _input(
     return GenerationInput(
         tuple(prompt),
         who.namespace,
-        who.agent_id,
+        who.agent_id or cache_key_agent(data.prompt_cache_key),
         max_tokens,
         sampling(data.temperature, data.top_p, data.seed, data.top_k),
         stop_strings(data.stop),

@@ -67,11 +67,14 @@ class SamplingFields(msgspec.Struct, forbid_unknown_fields=True):
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     metadata: dict[str, str] | None = None
-    """Bookkeeping for the client's own records (as ``user``, ``store``, ``service_tier``,
-    ``prompt_cache_key`` and ``safety_identifier``): accepted and not acted on."""
+    """Bookkeeping for the client's own records (as ``user``, ``store``, ``service_tier``
+    and ``safety_identifier``): accepted and not acted on. ``prompt_cache_key`` names the
+    request's agent where ``X-Agent-Id`` does not, and ``prompt_cache_retention`` sets its
+    TTL in memory (``retention_hints``)."""
     store: bool | None = None
     service_tier: str | None = None
     prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
     safety_identifier: str | None = None
 
 

@@ -34,6 +34,7 @@ agents = Table(
     Column("keeps_transcript", Boolean, nullable=False),
     Column("context_policy", Text),
     Column("forked_from", String),
+    Column("retention", Text),
 )
 
 blocks = Table(

@@ -37,6 +37,7 @@ def agent_row(agent: AgentRecord, now: float) -> dict[str, Any]:
         "keeps_transcript": agent.keeps_transcript,
         "context_policy": agent.context_policy,
         "forked_from": agent.forked_from,
+        "retention": agent.retention,
     }
 
 
@@ -81,4 +82,5 @@ def agent_of(row: Row[Any], keys: list[str]) -> AgentRecord:
         bool(row.keeps_transcript),
         row.context_policy,
         row.forked_from,
+        row.retention,
     )

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from semantic.application.cache.hot_index import CACHE_OWNER, HotBlock, HotIndex
 from semantic.application.cache.lineage import ANONYMOUS_AGENT
 from semantic.application.cache.persistence import SaveJob, Saver
+from semantic.application.cache.retention_book import RetentionBook
 from semantic.application.events import CompletionEvent
 from semantic.domain.block_identity import chain_keys
 from semantic.domain.block_pool import BlockPool
@@ -38,6 +39,7 @@ class Adoption:
         *,
         root: Callable[[str], str],
         lease_of: LeaseOf | None,
+        retention: RetentionBook,
     ) -> None:
         self._pool = pool
         self._spec = spec
@@ -45,6 +47,7 @@ class Adoption:
         self._saver = saver
         self._root = root
         self._lease_of = lease_of
+        self._retention = retention
         """The lease an agent's turn holds (``AgentLeases.held``): its save is fenced by it."""
 
     def adopt(self, event: CompletionEvent, agent_id: str) -> None:
@@ -55,6 +58,7 @@ class Adoption:
             self._pool.release_owner(event.request_id)  # a cancelled request leaves no trace
             return
         chain = self._keep(event, blocks)
+        self._hot.retain(chain, self._retention.hint(event.namespace, agent_id))
         self._pool.release_owner(event.request_id)
         anonymous = agent_id == ANONYMOUS_AGENT
         held = self._lease_of  # read now, while the turn that ran it still holds it

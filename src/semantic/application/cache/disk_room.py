@@ -29,6 +29,7 @@ from typing import TypeVar
 from semantic.application.cache.hot_index import HotIndex
 from semantic.application.cache.stats import CacheStats
 from semantic.domain.errors import DiskFullError
+from semantic.domain.retention import Retention
 from semantic.ports.block_store import BlockStore
 from semantic.ports.metadata_store import AgentRecord, MetadataStore
 
@@ -182,8 +183,11 @@ class DiskRoom:
         newest = next(
             (a for a in everyone if (a.namespace, a.agent_id) == (namespace, agent_id)), None
         )
-        older = sorted((a for a in everyone if a is not newest), key=lambda a: a.last_used)
-        kept = [*(newest.block_keys if newest else ()), *chain]
+        older = sorted(
+            (a for a in everyone if a is not newest and not _pinned(a)), key=lambda a: a.last_used
+        )
+        pinned = [key for a in everyone if a is not newest and _pinned(a) for key in a.block_keys]
+        kept = [*(newest.block_keys if newest else ()), *chain, *pinned]
         last_user = {key: rank for rank, a in enumerate(older) for key in a.block_keys}
         last_user.update((key, len(older)) for key in kept)
         cut = await self._records_to_cut(older, last_user, limit)
@@ -269,3 +273,8 @@ class DiskRoom:
     def keep_headroom(self) -> None:
         """Set the headroom file aside again where the disk has room for it (blocks)."""
         self._store.keep_headroom(leaving=self._floor)
+
+
+def _pinned(agent: AgentRecord) -> bool:
+    """A pinned agent's blocks stay on disk whatever other traffic comes (ADR 0028)."""
+    return Retention.from_json(agent.retention).pinned

@@ -1,8 +1,10 @@
 """Hot blocks: KV kept in memory under the pool's budget, found by key or by parent.
 
 Every hot block is held in the pool by the owner ``CACHE_OWNER``; a request that restores
-from it adds its own hold until it has copied the data. Eviction takes the least recently
-used blocks that are safe on disk, or that could not be saved, and that nobody else holds.
+from it adds its own hold until it has copied the data. Eviction takes blocks that are safe
+on disk, or that could not be saved, and that nobody else holds, in the eviction order:
+by their agents' retention hints, then least recently used (ADR 0028; ``lru_order`` for
+``--eviction lru``).
 """
 
 from __future__ import annotations
@@ -10,11 +12,13 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from semantic.application.cache.retention_book import BlockHint, agent_order
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.blocks import KVBlock
+from semantic.domain.retention import DEFAULT_PRIORITY
 
 CACHE_OWNER = "cache"
 
@@ -33,6 +37,11 @@ class HotBlock:
     """Its save failed (a full disk, say): nothing will make it safe on disk, so it may be
     dropped like a persisted block, or memory it holds would never come back."""
     last_used: float = field(default=0.0)
+    priority: int = DEFAULT_PRIORITY
+    expires_at: float | None = None
+    """Monotonic time its users' TTLs keep it in memory until (``inf``: a user keeps it
+    without one; None: no user has said yet, as for a block loaded ahead of its turn)."""
+    pinned: bool = False
 
     @property
     def present(self) -> list[KVBlock]:
@@ -43,9 +52,16 @@ class HotBlock:
 
 
 class HotIndex:
-    def __init__(self, pool: BlockPool, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        pool: BlockPool,
+        clock: Callable[[], float] = time.monotonic,
+        order: Callable[[Sequence[HotBlock], float], list[HotBlock]] = agent_order,
+    ) -> None:
+        """``order``: which evictable blocks go first when memory is short."""
         self._pool = pool
         self._clock = clock
+        self._order = order
         self._blocks: OrderedDict[str, HotBlock] = OrderedDict()
         self._children: dict[str, set[str]] = {}
         self._lock = threading.RLock()
@@ -114,18 +130,43 @@ class HotIndex:
                     self._blocks[key].save_failed = True
 
     def evict(self, n_pool_blocks: int) -> int:
-        """Drop least recently used evictable blocks until ``n_pool_blocks`` pool blocks are
-        free again (or nothing more can go); returns how many pool blocks were freed."""
+        """Drop evictable blocks in the eviction order (past their TTL, unpinned, low
+        priority, least recently used first) until ``n_pool_blocks`` pool blocks are free
+        again (or nothing more can go); returns how many pool blocks were freed."""
         freed = 0
         with self._lock:
-            for key in list(self._blocks):
+            for block in self._order(list(self._blocks.values()), self._clock()):
                 if freed >= n_pool_blocks:
                     break
-                block = self._blocks[key]
                 evictable = block.persisted or block.save_failed
                 if evictable and self._only_cache_holds(block):
                     freed += len(self._drop(block))
         return freed
+
+    def retain(self, blocks: Iterable[HotBlock], hint: BlockHint) -> None:
+        """A use of ``blocks`` by an agent with these hints: the highest priority of their
+        users, a pin if any, the latest TTL deadline (``inf`` from a user without one)."""
+        with self._lock:
+            for block in blocks:
+                block.priority = max(block.priority, hint.priority)
+                block.pinned = block.pinned or hint.pinned
+                ends = block.expires_at
+                block.expires_at = hint.expires_at if ends is None else max(ends, hint.expires_at)
+
+    def expire(self) -> int:
+        """Move blocks past their TTL to disk (they are already saved there): their memory
+        goes back to the pool; how many went. Blocks not yet saved, or in use, wait."""
+        now = self._clock()
+        with self._lock:
+            due = [
+                block
+                for block in self._blocks.values()
+                if block.expires_at is not None and block.expires_at <= now
+            ]
+            dropped = [b for b in due if b.persisted and self._only_cache_holds(b)]
+            for block in dropped:
+                self._drop(block)
+        return len(dropped)
 
     def demote(self, keys: Iterable[str]) -> int:
         """Drop those of ``keys`` that are safe on disk and that nobody else holds (a

@@ -34,6 +34,8 @@ class CacheStats:
     saves_failed: int = 0
     blocks_evicted: int = 0
     """Blocks dropped from disk to keep the quota or the disk's free space."""
+    blocks_expired: int = 0
+    """Blocks moved from memory to disk as their TTL ended (``X-Retention: ttl=...``)."""
     shared_published: int = 0
     """Blocks pushed to the shared tier."""
     shared_fetched: int = 0

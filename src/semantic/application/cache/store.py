@@ -8,6 +8,7 @@ saves new blocks to disk and commits the metadata after the files are durable.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from semantic.application.cache.loader import BlockLoader
 from semantic.application.cache.lookup import CachedPrefix, PrefixLookup
 from semantic.application.cache.persistence import Saver
 from semantic.application.cache.prefix_walk import PrefixWalk
+from semantic.application.cache.retention_book import RetentionBook, agent_order, lru_order
 from semantic.application.cache.shared_tier import SharedTier
 from semantic.application.cache.stats import CacheStats
 from semantic.application.cache.stored_plan import StoredPlan
@@ -42,6 +44,11 @@ class CacheConfig:
     disk_reserve_bytes: int = 0
     """Free space to keep on the data directory's disk: blocks are dropped, least recently
     used first, when less is left."""
+    eviction: str = "agent"
+    """Which hot blocks go first when memory is short: ``agent`` (retention hints, then
+    least recently used) or ``lru`` (hints ignored: the baseline)."""
+    expire_every_s: float = 0.5
+    """How often blocks past their TTL are moved to disk."""
     disk_floor_bytes: int = DISK_FLOOR_BYTES
     """Free space below which no block file is written, and a transcript write takes even
     its own agent's blocks: the database's room (``disk_room``)."""
@@ -66,8 +73,13 @@ class AgentCacheStore:
         shared: SharedBlocks | None = None,
     ) -> None:
         self._pool = pool
+        self._config = config or CacheConfig()
         self.stats = CacheStats()
-        self.hot = HotIndex(pool, clock)
+        order = lru_order if self._config.eviction == "lru" else agent_order
+        self.hot = HotIndex(pool, clock, order)
+        self.retention = RetentionBook(clock)
+        """Agents' retention hints, as adoption gives them to their blocks."""
+        self._expiring: asyncio.Task[None] | None = None
         self._shared = (
             None
             if shared is None
@@ -93,7 +105,13 @@ class AgentCacheStore:
             pool, self.stats, loader, walk=self._walk, pinner=pinner, plan=plan
         )
         self._adoption = Adoption(
-            pool, spec, self.hot, self._saver, root=self._walk.root, lease_of=lease_of
+            pool,
+            spec,
+            self.hot,
+            self._saver,
+            root=self._walk.root,
+            lease_of=lease_of,
+            retention=self.retention,
         )
         self._fingerprint = fingerprint
 
@@ -102,9 +120,13 @@ class AgentCacheStore:
         await self._saver.start()
         if self._shared is not None:
             await self._shared.start()
+        self._expiring = asyncio.create_task(self._expire(), name="semantic-ttl-expiry")
 
     async def close(self) -> None:
         """Flush every pending save, then stop the writer."""
+        if self._expiring is not None:
+            self._expiring.cancel()
+            await asyncio.gather(self._expiring, return_exceptions=True)
         await self._saver.close()
         if self._shared is not None:
             await self._shared.close()
@@ -112,6 +134,14 @@ class AgentCacheStore:
 
     async def flush(self) -> None:
         await self._saver.flush()
+
+    async def _expire(self) -> None:
+        """Blocks past their TTL go to disk, a sweep every ``expire_every_s``."""
+        while True:
+            await asyncio.sleep(self._config.expire_every_s)
+            gone = self.hot.expire()
+            if gone:
+                self.stats.blocks_expired += gone
 
     async def flush_shared(self) -> None:
         """Wait until every committed block queued for the shared tier has been tried."""

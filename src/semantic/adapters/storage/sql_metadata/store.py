@@ -199,6 +199,7 @@ class SqlMetadataStore:
                 keeps_transcript=True,
                 context_policy=source.context_policy,
                 forked_from=source_id,
+                retention=source.retention,
             )
             await connection.execute(insert(agents).values(**agent_row(fork, now)))
             keys = await agent_keys(connection, namespace, source_id)
@@ -260,6 +261,23 @@ class SqlMetadataStore:
             if self._copy:
                 changed.extend(await block_table.select_rows(connection, keys))
         return orphans
+
+    @unavailable_on_failure
+    async def set_retention(self, namespace: str, agent_id: str, retention: str) -> None:
+        for attempt in range(2):  # a plain request's first save may make the row meanwhile
+            try:
+                async with self._db().begin() as connection:
+                    where = agent_where(agents, namespace, agent_id)
+                    set_ = update(agents).where(where).values(retention=retention)
+                    if (await connection.execute(set_)).rowcount == 0:
+                        plain = AgentRecord(namespace, agent_id, retention=retention)
+                        await connection.execute(
+                            insert(agents).values(**agent_row(plain, time.time()))
+                        )
+                return
+            except IntegrityError:
+                if attempt:
+                    raise
 
     @unavailable_on_failure
     async def touch_agent(self, namespace: str, agent_id: str, when: float) -> None:
