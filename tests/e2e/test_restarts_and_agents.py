@@ -187,6 +187,8 @@ def test_stateful_agents_keep_transcripts_across_a_restart_and_fork_cheaply(
         == 201
     )
     assert httpx.post(api, json={"id": "tutor"}).status_code == 409
+    hints = {"retention": {"pinned": True, "ttl_seconds": 900, "priority": 70}}
+    assert httpx.patch(f"{api}/tutor", json=hints).status_code == 200
     for question in ("What is the capital of France?", "And of Spain?"):
         reply = httpx.post(
             f"{api}/tutor/messages", json={"content": question, "max_tokens": 16}, timeout=120
@@ -195,6 +197,11 @@ def test_stateful_agents_keep_transcripts_across_a_restart_and_fork_cheaply(
     assert server.stop() == 0
     server = new_server(data_dir=server.data_dir)
     api = f"{server.url}/v1/agents"
+    kept = httpx.get(f"{api}/tutor").json()
+    assert kept["retention"] == {  # the hints and the TTL's deadline outlive the process
+        **hints["retention"],
+        "ttl_ends_at": kept["last_used"] + 900,
+    }
     transcript = httpx.get(f"{api}/tutor/messages").json()["data"]
     assert [m["role"] for m in transcript] == ["user", "assistant", "user", "assistant"]
     third = httpx.post(
@@ -206,6 +213,7 @@ def test_stateful_agents_keep_transcripts_across_a_restart_and_fork_cheaply(
     assert [(m["id"], m["content"]) for m in paged] == [("msg_6", third["content"])]
     fork = httpx.post(f"{api}/tutor/fork", json={"id": "tutor-2"})
     assert fork.status_code == 201
+    assert fork.json()["retention"]["pinned"]  # a fork keeps its source's hints
     assert fork.json()["cache"]["blocks"] == httpx.get(f"{api}/tutor").json()["cache"]["blocks"]
     forked = httpx.post(
         f"{api}/tutor-2/messages",

@@ -234,7 +234,11 @@ def _row(row: AgentRow) -> dict[str, Any]:
         "last_used": row.last_used,
         "forked_from": row.forked_from,
         "cached_share": row.cached_share,
-        "retention": None,  # the default policy: no hints yet
+        "retention": {
+            "priority": row.retention.priority,
+            "ttl_seconds": row.retention.ttl_seconds,
+            "pinned": row.retention.pinned,
+        },
     }
 
 

@@ -17,6 +17,7 @@ from semantic.application.cache.hot_index import HotIndex
 from semantic.application.dashboard.turn_history import TurnHistory
 from semantic.domain.errors import AgentNotFoundError, InvalidRequestError
 from semantic.domain.generation import FinishedRequest
+from semantic.domain.retention import Retention
 from semantic.ports.metadata_store import AgentRecord, MetadataStore
 
 SORT_KEYS: Final = (
@@ -27,6 +28,7 @@ SORT_KEYS: Final = (
     "disk_blocks",
     "last_used",
     "cached_share",
+    "retention",
 )
 MAX_PAGE: Final = 500
 FRESH_S: Final = 1.0
@@ -47,6 +49,7 @@ class AgentRow:
     forked_from: str | None
     cached_share: float | None
     """Of the prompt tokens of its last turns (this process's), the share not computed."""
+    retention: Retention
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,6 +247,7 @@ class Dashboard:
             record.last_used,
             record.forked_from,
             cached_share,
+            Retention.from_json(record.retention),
         )
 
     def _usage(self, namespace: str, records: Sequence[AgentRecord], disk: int) -> NamespaceUsage:
@@ -269,7 +273,18 @@ def _sort_key(sort: str) -> Callable[[AgentRow], tuple[Any, ...]]:
     """Rows ordered by ``sort``, ties (and agents without a share) by namespace and id."""
 
     def key(row: AgentRow) -> tuple[Any, ...]:
-        value = row.agent_id if sort == "agent" else getattr(row, sort)
+        value = (
+            row.agent_id
+            if sort == "agent"
+            else _kept(row.retention)
+            if sort == "retention"
+            else getattr(row, sort)
+        )
         return (value is not None, value if value is not None else 0, row.namespace, row.agent_id)
 
     return key
+
+
+def _kept(retention: Retention) -> tuple[bool, float, int]:
+    """How strongly an agent asks to be kept: a pin, then a TTL, then its priority."""
+    return (retention.pinned, retention.ttl_seconds or 0.0, retention.priority)

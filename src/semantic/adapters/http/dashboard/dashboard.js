@@ -171,6 +171,14 @@ function drawHistory(minutes) {
   chart($("hit-chart"), minutes, [["hit_rate", "hit"]], 1, share);
 }
 
+function retention(kept) {
+  const parts = [];
+  if (kept.pinned) parts.push("pinned");
+  if (kept.ttl_seconds !== null) parts.push(`ttl ${kept.ttl_seconds} s`);
+  if (kept.priority !== 50) parts.push(`priority ${kept.priority}`);
+  return parts.join(" · ") || "default";
+}
+
 function agentRow(agent) {
   const key = `${agent.namespace}/${agent.id}`;
   const row = el("tr", { "data-agent": key, tabindex: "0", onclick: () => select(agent) },
@@ -183,7 +191,7 @@ function agentRow(agent) {
     el("td", { text: agent.disk_blocks }),
     el("td", { class: "cached-share", text: share(agent.cached_share) }),
     el("td", { text: ago(agent.last_used) }),
-    el("td", { text: agent.retention ?? "default" }));
+    el("td", { class: "retention", text: retention(agent.retention) }));
   if (view.selected && key === `${view.selected.namespace}/${view.selected.id}`) row.classList.add("selected");
   return row;
 }
@@ -215,6 +223,7 @@ function drawDetail(agent) {
     ["tokens", agent.tokens], ["blocks", agent.blocks],
     ["in memory", agent.memory_blocks], ["on disk", agent.disk_blocks],
     ["shared blocks", agent.shared_blocks], ["cached share", share(agent.cached_share)],
+    ["retention", retention(agent.retention)],
     ["forked from", agent.forked_from ?? "—"], ["forks", agent.forks.join(", ") || "—"],
     ["shares blocks with", agent.sharing_with.join(", ") || "—"],
     ["system prompt", agent.system_prompt ? agent.system_prompt.slice(0, 200) : "—"],
