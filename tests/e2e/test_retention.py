@@ -44,6 +44,10 @@ def test_the_sdks_cache_fields_set_the_agents_retention(server: ServerProcess) -
         prompt_cache_retention="24h",
     )
     assert retention_of(server, "ferry-night")["ttl_seconds"] == 86_400
+    answered = client.responses.create(
+        model="default", input="Say hi.", max_output_tokens=16, prompt_cache_retention="24h"
+    )
+    assert answered.status in ("completed", "incomplete")  # 16 tokens may cut it short
 
     claude = anthropic.Anthropic(
         base_url=server.url, api_key="unused", default_headers={"X-Agent-Id": "ferry-claude"}

@@ -323,6 +323,8 @@ class AgentService:
         ``truncate``: a history that leaves the turn no room loses its oldest turns
         (``TurnRunner.fitted_history``) and the agent starts from no blocks."""
         async with self._gate.turn(agent.namespace, agent.agent_id) as (live, lease):
+            hints = Retention.from_json(agent.retention)
+            self._cache.retention.set(agent.namespace, agent.agent_id, hints)
             known = await self._known(agent, rendered) if rendered else ()
             try:
                 request = self._new_request(agent, history, turn, known)

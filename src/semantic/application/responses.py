@@ -67,6 +67,9 @@ class ResponseAsk:
     truncate: bool = False
     """``truncation: "auto"``: a chain that leaves the input no room loses its oldest
     turns, and the chain after it continues from the shortened one."""
+    retention: str | None = None
+    """``prompt_cache_retention`` (or ``X-Retention``) as the response's agent's hints
+    (JSON); each response says its own, as OpenAI's parameter is per request."""
 
 
 def response_agent(response_id: str) -> str:
@@ -149,7 +152,11 @@ class ResponsesService:
         it), or a new one; its history, the turn to send it and the mark of the prompt its
         blocks start with."""
         new = AgentRecord(
-            namespace, agent_id, system_prompt=ask.instructions, keeps_transcript=True
+            namespace,
+            agent_id,
+            system_prompt=ask.instructions,
+            keeps_transcript=True,
+            retention=ask.retention,
         )
         found = await self._continued(namespace, ask)
         if found is None:

@@ -23,6 +23,7 @@ from semantic.adapters.http.responses_items import (
 )
 from semantic.adapters.http.responses_schemas import ResponseRequest
 from semantic.adapters.http.responses_stream import ResponseEvents
+from semantic.adapters.http.retention_hints import openai_hints
 from semantic.adapters.http.state import Services
 from semantic.adapters.http.tool_translate import named_refusal, reply_shape, response_schema
 from semantic.adapters.http.translate import check_model, must_default, sampling
@@ -32,6 +33,7 @@ from semantic.application.responses import INPUT_ITEM, ITEM, RESPONSE, ResponseA
 from semantic.domain.constraints import UnsupportedSchemaError
 from semantic.domain.errors import InvalidRequestError, PromptTooLongError, SemanticError
 from semantic.domain.generation import FinishReason
+from semantic.domain.retention import Retention
 from semantic.domain.tools import ToolUse
 from semantic.ports.object_store import StoredObject
 
@@ -75,6 +77,7 @@ class ResponsesController(Controller):
             tuple(i["id"] for i in history),
             data.store is not False,
             truncate=data.truncation == "auto",
+            retention=_retention(request, data.prompt_cache_retention),
         )
         body = _Body(
             response_id,
@@ -367,3 +370,9 @@ def _text_schema(text: dict[str, Any] | None) -> str | None:
         raise InvalidRequestError(
             str(error).replace("response_format", "text.format"), param="text"
         ) from None
+
+
+def _retention(request: Request[Any, Any, Any], asked: str | None) -> str | None:
+    """The response's agent's hints: ``prompt_cache_retention``, then ``X-Retention``."""
+    change = openai_hints(request, asked)
+    return Retention().changed(change).to_json() if change else None
