@@ -14,6 +14,7 @@ from semantic.application.cache.retention_book import (
     agent_order,
     lru_order,
 )
+from semantic.application.cache.tool_waits import CAP_S, FIRST_GUESS_S, ToolWaits
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.blocks import KVBlock
 from semantic.domain.errors import InvalidRequestError
@@ -175,3 +176,36 @@ async def test_a_pinned_agent_keeps_its_blocks_on_disk_through_other_traffic() -
     )
     oldest_other = h.metadata.agent_rows[("default", "other0")]
     assert len(oldest_other.block_keys) < len(kept)  # the others gave way instead
+
+
+def test_an_agent_waiting_on_its_tools_keeps_its_kv_for_as_long_as_they_take() -> None:
+    clock = Clock()
+    waits = ToolWaits(clock)
+    assert waits.started("ns", "a", ["search"]) == clock.now + 2 * FIRST_GUESS_S
+    clock.now += 3
+    waits.returned("ns", "a")
+    assert waits.expected("ns", "a", "search") == 3
+    assert waits.started("ns", "a", ["search", "unseen"]) == clock.now + 2 * FIRST_GUESS_S
+    clock.now += 1e6  # a gap past the cap counts as the cap
+    waits.returned("ns", "a")
+    assert waits.expected("ns", "a", "search") == pytest.approx(3 + 0.3 * (CAP_S - 3))
+    for _ in range(30):
+        waits.started("ns", "a", ["search"])
+        clock.now += 1e6
+        waits.returned("ns", "a")
+    assert waits.started("ns", "a", ["search"]) == clock.now + CAP_S  # the hold is capped
+    assert waits.expected("ns", "b", "search") is None  # each agent its own
+
+
+def test_blocks_held_for_a_tool_wait_leave_memory_after_the_others() -> None:
+    clock = Clock()
+    index, pool = hot_index(clock)
+    waiting = add(index, pool, "waiting", clock)
+    add(index, pool, "idle", clock)
+    assert index.hold(["waiting", "gone"], clock.now + 30) == 1
+    index.evict(1)
+    assert "waiting" in index  # older, yet its agent's turn is due
+    assert "idle" not in index
+    clock.now += 60
+    assert waiting.held_until < clock.now
+    assert index.expire() == 0  # a hold that passed moves nothing

@@ -294,13 +294,25 @@ class AgentService:
         async with self._gate.turn(namespace, agent_id) as (live, lease):
             record = await self._record(namespace, agent_id)
             self._cache.retention.set(namespace, agent_id, Retention.from_json(record.retention))
+            self._cache.tool_waits.returned(namespace, agent_id)
             request, earlier = await self._runner.request(record, turn)
             write = functools.partial(
                 self._metadata.append_messages, namespace, agent_id, lease=lease
             )
             async for event in self._runner.run(request, live, turn, earlier, write):
+                if isinstance(event, CommittedReply) and event.whole_calls:
+                    await self._hold_for_tools(namespace, agent_id, event)
                 if not isinstance(event, TurnStarted):  # its callers open no stream early
                     yield event
+
+    async def _hold_for_tools(self, namespace: str, agent_id: str, reply: CommittedReply) -> None:
+        """The reply called tools: the agent's KV (saved by now) stays in memory before
+        others' for as long as those tools have taken it (``ToolWaits``), so the turn that
+        brings their results starts from memory."""
+        until = self._cache.tool_waits.started(namespace, agent_id, [c.name for c in reply.calls])
+        record = await self._metadata.agent(namespace, agent_id)
+        if record is not None:
+            self._cache.hot.hold(record.block_keys, until)
 
     async def send_new(
         self,

@@ -42,6 +42,8 @@ class HotBlock:
     """Monotonic time its users' TTLs keep it in memory until (``inf``: a user keeps it
     without one; None: no user has said yet, as for a block loaded ahead of its turn)."""
     pinned: bool = False
+    held_until: float = 0.0
+    """Monotonic time a tool wait keeps it before others (its agent's next turn is due)."""
 
     @property
     def present(self) -> list[KVBlock]:
@@ -152,6 +154,19 @@ class HotIndex:
                 block.pinned = block.pinned or hint.pinned
                 ends = block.expires_at
                 block.expires_at = hint.expires_at if ends is None else max(ends, hint.expires_at)
+
+    def hold(self, keys: Iterable[str], until: float) -> int:
+        """Rank these blocks as kept until ``until`` (an agent waiting on its tools): they
+        leave memory after blocks not held, and need not leave when it passes. How many
+        are in memory."""
+        held = 0
+        with self._lock:
+            for key in keys:
+                block = self._blocks.get(key)
+                if block is not None:
+                    block.held_until = max(block.held_until, until)
+                    held += 1
+        return held
 
     def expire(self) -> int:
         """Move blocks past their TTL to disk (they are already saved there): their memory

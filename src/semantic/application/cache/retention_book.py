@@ -61,6 +61,7 @@ class HintedBlock(Protocol):
     expires_at: float | None
     pinned: bool
     last_used: float
+    held_until: float
 
 
 B = TypeVar("B", bound=HintedBlock)
@@ -73,11 +74,13 @@ def lru_order(blocks: Sequence[B], now: float) -> list[B]:  # noqa: ARG001 (an E
 
 
 def agent_order(blocks: Sequence[B], now: float) -> list[B]:
-    """Unpinned before pinned; past their TTL, then without one, then within it; low
-    priority before high; then least recently used."""
+    """Unpinned before pinned; past their TTL, then without one, then within it or held
+    for a tool wait; low priority before high; then least recently used."""
 
     def rank(block: HintedBlock) -> tuple[bool, int, int, float]:
-        return (block.pinned, _keep(block.expires_at, now), block.priority, block.last_used)
+        held = block.held_until > now  # its agent's tool results are due
+        keep = 2 if held else _keep(block.expires_at, now)
+        return (block.pinned, keep, block.priority, block.last_used)
 
     return sorted(blocks, key=rank)
 

@@ -26,6 +26,7 @@ from semantic.application.cache.retention_book import RetentionBook, agent_order
 from semantic.application.cache.shared_tier import SharedTier
 from semantic.application.cache.stats import CacheStats
 from semantic.application.cache.stored_plan import StoredPlan
+from semantic.application.cache.tool_waits import ToolWaits
 from semantic.application.events import CompletionEvent
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.cache_spec import ModelCacheSpec
@@ -79,6 +80,8 @@ class AgentCacheStore:
         self.hot = HotIndex(pool, clock, order)
         self.retention = RetentionBook(clock)
         """Agents' retention hints, as adoption gives them to their blocks."""
+        self.tool_waits = ToolWaits(clock)
+        """How long each agent's tools take: its KV is held that long after it calls them."""
         self._expiring: asyncio.Task[None] | None = None
         self._shared = (
             None
