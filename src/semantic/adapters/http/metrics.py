@@ -231,6 +231,11 @@ def _cache(stats: CacheStats) -> Iterator[Metric]:
         "Block files dropped to keep the disk quota or the disk's free space.",
         value=stats.blocks_evicted,
     )
+    yield CounterMetricFamily(
+        "semantic_blocks_expired",
+        "Blocks moved from memory to disk as their agents' TTL ended (retention hints).",
+        value=stats.blocks_expired,
+    )
 
 
 def _disk(disk: DiskState) -> Iterator[Metric]:
