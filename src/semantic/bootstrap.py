@@ -64,6 +64,7 @@ from semantic.config import Settings
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.chat import ChatMessage
+from semantic.domain.quotas import NamespaceQuotas
 from semantic.ports.observer import GenerationObserver
 
 log = logging.getLogger(__name__)
@@ -229,6 +230,15 @@ async def _start_services(
     )
 
 
+def _quotas(settings: Settings, spec: ModelCacheSpec) -> NamespaceQuotas:
+    """``--namespace-quotas``: each limit at least one block of this model, else the server
+    does not start, naming the field."""
+    path = settings.namespace_quotas_file
+    if path is None:
+        return NamespaceQuotas()
+    return NamespaceQuotas.parse(path.read_text(), smallest=spec.block_bytes * spec.n_layers)
+
+
 def _restore_buffers(settings: Settings, host: HostMemory, prefault: int) -> RestoreBuffers:
     """Memory restores reuse, where numpy views the KV where it lies: quantized blocks are
     decoded, not viewed, and device memory is never viewed (then none is kept)."""
@@ -355,6 +365,7 @@ def _cache_store(
         disk_quota_bytes=settings.disk_quota_bytes,
         disk_reserve_bytes=settings.disk_reserve_bytes,
         eviction=settings.eviction,
+        quotas=_quotas(settings, spec),
     )
     shared = (
         None

@@ -72,6 +72,8 @@ class Settings:
     max_running: int = 32
     max_waiting: int = 256
     disk_quota_bytes: int | None = None
+    namespace_quotas_file: Path | None = None
+    """Hard limits per namespace (JSON, ``NamespaceQuotas.parse``), read at start."""
     eviction: str = "agent"
     """Memory's eviction order: retention hints then LRU (``agent``), or LRU (``lru``)."""
     disk_reserve_bytes: int = 1 << 30

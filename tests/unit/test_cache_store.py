@@ -14,6 +14,7 @@ from semantic.application.events import CompletionEvent
 from semantic.application.scheduler.pacer import PacerConfig
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.cache_spec import ModelCacheSpec
+from semantic.domain.quotas import NamespaceQuotas
 from semantic.ports.block_store import LayerPayload
 from tests.unit.fakes import FakeBackend, FakeTokenizer, next_token
 from tests.unit.storage_fakes import FakeBlockStore, FakeMetadataStore
@@ -37,6 +38,7 @@ class Harness:
         backend: FakeBackend | None = None,
         floor: int = 0,
         lease_of: LeaseOf | None = None,
+        quotas: NamespaceQuotas | None = None,
     ) -> None:
         self.backend = backend or FakeBackend()
         self.pool = BlockPool(capacity)
@@ -49,7 +51,10 @@ class Harness:
             block_store=self.block_store,
             metadata=self.metadata,
             config=CacheConfig(
-                disk_quota_bytes=quota, disk_reserve_bytes=reserve, disk_floor_bytes=floor
+                disk_quota_bytes=quota,
+                disk_reserve_bytes=reserve,
+                disk_floor_bytes=floor,
+                quotas=quotas or NamespaceQuotas(),
             ),
             lease_of=lease_of,
         )

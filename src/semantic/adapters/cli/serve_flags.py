@@ -142,6 +142,14 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "ignores the hints (default: %(default)s)",
     ),
     Flag(
+        "--namespace-quotas",
+        type=flags.path,
+        default=None,
+        metavar="PATH",
+        help='hard limits per namespace, JSON: {"team-a": {"memory_mb": 512, "disk_mb": 4096}};'
+        " a namespace over one gives up its own KV, never another's (default: none)",
+    ),
+    Flag(
         "--disk-quota-mb",
         type=flags.positive_int,
         default=None,

@@ -66,6 +66,7 @@ def _memory_and_disk(args: argparse.Namespace) -> dict[str, object]:
         "disk_quota_bytes": None if args.disk_quota_mb is None else args.disk_quota_mb << 20,
         "disk_reserve_bytes": args.disk_reserve_mb << 20,
         "eviction": args.eviction,
+        "namespace_quotas_file": args.namespace_quotas,
     }
 
 

@@ -31,6 +31,7 @@ from semantic.adapters.http.dashboard_routes import (
 )
 from semantic.adapters.http.keys import KeyRing, keyring
 from semantic.adapters.http.metrics import Metrics
+from semantic.adapters.http.namespace_routes import NamespaceController
 from semantic.adapters.http.next_agent import prefetch_next_agent
 from semantic.adapters.http.openai_routes import OpenAIController
 from semantic.adapters.http.ops_routes import health, metrics
@@ -96,6 +97,7 @@ def app_for(
             ResponsesController,
             ConversationController,
             DashboardController,
+            NamespaceController,
             dashboard_page,
             dashboard_file,
             health,

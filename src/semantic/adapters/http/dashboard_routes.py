@@ -28,6 +28,7 @@ from semantic.application.dashboard.view import (
 )
 from semantic.domain.errors import InvalidRequestError
 from semantic.domain.generation import FinishedRequest
+from semantic.domain.quotas import Quota
 from semantic.ports.shared_blocks import SharedUsage
 
 PAGE_HEADERS: Final = {
@@ -86,7 +87,7 @@ class DashboardController(Controller):
             "model": found.model_id,
             "runtime": dict(found.runtime),
             "tiers": await (_tiers(found) if scope is None else _tenant_tiers(found, usage)),
-            "namespaces": [_usage(u) for u in usage],
+            "namespaces": [_usage(u, found.cache.quotas.of(u.namespace)) for u in usage],
         }
 
     @get("/agents")
@@ -210,14 +211,14 @@ def _shared_usage(usage: SharedUsage | None) -> dict[str, Any]:
     return {"blocks": usage.blocks, "used_bytes": usage.used_bytes, "max_bytes": usage.max_bytes}
 
 
-def _usage(usage: NamespaceUsage) -> dict[str, Any]:
+def _usage(usage: NamespaceUsage, quota: Quota) -> dict[str, Any]:
     return {
         "namespace": usage.namespace,
         "agents": usage.agents,
         "tokens": usage.tokens,
         "memory_bytes": usage.memory_bytes,
         "disk_bytes": usage.disk_bytes,
-        "quota": None,  # no quotas yet: the page says "none"
+        "quota": {"memory_bytes": quota.memory_bytes, "disk_bytes": quota.disk_bytes},
     }
 
 

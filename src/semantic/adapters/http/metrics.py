@@ -150,6 +150,7 @@ class _Live:
         yield from _pool(services)
         yield from _cache(services.cache.stats)
         yield from _disk(services.cache.disk)
+        yield from _namespaces(services)
         yield from _shared_tier(services.cache.shared_state, services.cache.stats)
 
 
@@ -276,3 +277,25 @@ def _shared_tier(state: str | None, stats: CacheStats) -> Iterator[Metric]:
     events.add_metric(["corrupt"], stats.shared_corrupt)
     events.add_metric(["dropped"], stats.shared_dropped)
     yield events
+
+
+def _namespaces(services: Services) -> Iterator[Metric]:
+    """Each namespace's memory, and the quotas set (``--namespace-quotas``)."""
+    memory = GaugeMetricFamily(
+        "semantic_namespace_memory_bytes",
+        "Memory the namespace's cached KV holds.",
+        labels=["namespace"],
+    )
+    for namespace, held in sorted(services.cache.memory_by_namespace().items()):
+        memory.add_metric([namespace], held)
+    yield memory
+    quotas = GaugeMetricFamily(
+        "semantic_namespace_quota_bytes",
+        "The namespace's hard limit on a tier (memory, disk).",
+        labels=["namespace", "tier"],
+    )
+    for namespace, quota in sorted(services.cache.quotas.limited().items()):
+        for tier, limit in (("memory", quota.memory_bytes), ("disk", quota.disk_bytes)):
+            if limit is not None:
+                quotas.add_metric([namespace, tier], limit)
+    yield quotas

@@ -84,7 +84,14 @@ class Adoption:
         chain: list[HotBlock] = []
         for index, key in enumerate(chain_keys(parent, tokens, size, include_partial=True)):
             layers = tuple(_block_at(layer_blocks, index) for layer_blocks in blocks.layers)
-            block = HotBlock(key, parent, index, tokens[index * size : (index + 1) * size], layers)
+            block = HotBlock(
+                key,
+                parent,
+                index,
+                tokens[index * size : (index + 1) * size],
+                layers,
+                namespace=event.namespace,
+            )
             self._pool.transfer(event.request_id, CACHE_OWNER, block.pool_ids())
             kept = self._hot.add(block)
             if kept is not block:

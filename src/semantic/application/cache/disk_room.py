@@ -27,8 +27,10 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from semantic.application.cache.hot_index import HotIndex
+from semantic.application.cache.namespace_room import NamespaceRoom
 from semantic.application.cache.stats import CacheStats
 from semantic.domain.errors import DiskFullError
+from semantic.domain.quotas import NamespaceQuotas
 from semantic.domain.retention import Retention
 from semantic.ports.block_store import BlockStore
 from semantic.ports.metadata_store import AgentRecord, MetadataStore
@@ -64,7 +66,10 @@ class DiskRoom:
         quota: int | None,
         reserve: int,
         floor: int,
+        quotas: NamespaceQuotas | None = None,
     ) -> None:
+        """``quota``: all block files'; ``quotas``: each namespace's (a save over its
+        namespace's cuts that namespace's blocks only)."""
         self._store = store
         self._metadata = metadata
         self._hot = hot
@@ -72,6 +77,7 @@ class DiskRoom:
         self._quota = quota
         self._reserve = reserve
         self._floor = floor
+        self._namespaces = NamespaceRoom(metadata, quotas or NamespaceQuotas(), self.cut)
         self.lock = asyncio.Lock()
         self._refused: str | None = None
         self._refused_free = 0
@@ -171,7 +177,10 @@ class DiskRoom:
         block shared by old records alone (an agent and its branch, conversations with one
         system prompt) goes with them. The reserve never cuts the agent just saved: a disk
         another program fills would otherwise leave no agent anything cached, not even in
-        memory. ``chain`` (a save in flight) is never cut."""
+        memory. ``chain`` (a save in flight) is never cut. First, the namespace's own
+        quota: it cuts the namespace's blocks only."""
+        if not hard:
+            await self._namespaces.enforce(namespace, agent_id, chain)
         limit, short = await self._limit(need, hard)
         if limit is None or await self._metadata.total_block_bytes() <= limit:
             return
@@ -192,7 +201,7 @@ class DiskRoom:
         last_user.update((key, len(older)) for key in kept)
         cut = await self._records_to_cut(older, last_user, limit)
         for agent in older[:cut]:
-            await self._cut(agent, [k for k in agent.block_keys if last_user[k] >= cut])
+            await self.cut(agent, [k for k in agent.block_keys if last_user[k] >= cut])
         cap = limit if hard else self._quota
         over = await self._metadata.total_block_bytes() > limit
         if over and newest is not None and cap is not None and not chain:
@@ -234,9 +243,9 @@ class DiskRoom:
         keep = list(agent.block_keys)
         while keep and excess > 0 and keep[-1] in records and records[keep[-1]].ref_count <= 1:
             excess -= records[keep.pop()].nbytes
-        await self._cut(agent, keep)
+        await self.cut(agent, keep)
 
-    async def _cut(self, agent: AgentRecord, keep: Sequence[str]) -> None:
+    async def cut(self, agent: AgentRecord, keep: Sequence[str]) -> None:
         """Keep only the agent's first blocks while they are in ``keep``."""
         records, wanted = await self._metadata.blocks(agent.block_keys), set(keep)
         kept = list(itertools.takewhile(lambda k: k in wanted and k in records, agent.block_keys))

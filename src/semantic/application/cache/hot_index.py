@@ -44,6 +44,8 @@ class HotBlock:
     pinned: bool = False
     held_until: float = 0.0
     """Monotonic time a tool wait keeps it before others (its agent's next turn is due)."""
+    namespace: str = ""
+    """Whose chain it is in: what its namespace's memory quota counts."""
 
     @property
     def present(self) -> list[KVBlock]:
@@ -167,6 +169,29 @@ class HotIndex:
                     block.held_until = max(block.held_until, until)
                     held += 1
         return held
+
+    def pool_blocks_by_namespace(self) -> dict[str, int]:
+        """Pool blocks each namespace's hot blocks hold (its memory, in the pool's unit)."""
+        held: dict[str, int] = {}
+        with self._lock:
+            for block in self._blocks.values():
+                held[block.namespace] = held.get(block.namespace, 0) + len(block.present)
+        return held
+
+    def trim(self, namespace: str, max_pool_blocks: int) -> int:
+        """Over its memory quota, a namespace gives up its own blocks, least valuable first
+        (the eviction order), until it holds ``max_pool_blocks``; how many pool blocks went.
+        Blocks not yet saved, or in use, stay until they can go."""
+        freed = 0
+        with self._lock:
+            held = sum(len(b.present) for b in self._blocks.values() if b.namespace == namespace)
+            mine = [b for b in self._blocks.values() if b.namespace == namespace]
+            for block in self._order(mine, self._clock()):
+                if held - freed <= max_pool_blocks:
+                    break
+                if (block.persisted or block.save_failed) and self._only_cache_holds(block):
+                    freed += len(self._drop(block))
+        return freed
 
     def expire(self) -> int:
         """Move blocks past their TTL to disk (they are already saved there): their memory

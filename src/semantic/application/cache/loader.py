@@ -69,7 +69,15 @@ class BlockLoader:
             layers[payload.layer] = KVBlock(
                 pool_id, payload.layer, index, payload.n_tokens, payload.data, payload.start
             )
-        block = HotBlock(record.key, record.parent_key, index, record.tokens, tuple(layers), True)
+        block = HotBlock(
+            record.key,
+            record.parent_key,
+            index,
+            record.tokens,
+            tuple(layers),
+            True,
+            namespace=record.namespace,
+        )
         kept = self._hot.add(block, pin)
         if kept is not block:
             self._pool.release(CACHE_OWNER, claimed)

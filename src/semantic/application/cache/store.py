@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from semantic.application.cache.adoption import Adoption, LeaseOf
@@ -30,6 +30,7 @@ from semantic.application.cache.tool_waits import ToolWaits
 from semantic.application.events import CompletionEvent
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.cache_spec import ModelCacheSpec
+from semantic.domain.quotas import NamespaceQuotas, Quota
 from semantic.ports.block_store import BlockStore
 from semantic.ports.metadata_store import MetadataStore
 from semantic.ports.shared_blocks import SharedBlocks, SharedUsage
@@ -48,11 +49,20 @@ class CacheConfig:
     eviction: str = "agent"
     """Which hot blocks go first when memory is short: ``agent`` (retention hints, then
     least recently used) or ``lru`` (hints ignored: the baseline)."""
+    quotas: NamespaceQuotas = field(default_factory=NamespaceQuotas)
+    """Each namespace's hard limits (``--namespace-quotas``): memory and disk."""
     expire_every_s: float = 0.5
     """How often blocks past their TTL are moved to disk."""
     disk_floor_bytes: int = DISK_FLOOR_BYTES
     """Free space below which no block file is written, and a transcript write takes even
     its own agent's blocks: the database's room (``disk_room``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NamespaceUsage:
+    memory_bytes: int
+    disk_bytes: int
+    quota: Quota
 
 
 class AgentCacheStore:
@@ -74,6 +84,8 @@ class AgentCacheStore:
         shared: SharedBlocks | None = None,
     ) -> None:
         self._pool = pool
+        self._spec = spec
+        self._metadata = metadata
         self._config = config or CacheConfig()
         self.stats = CacheStats()
         order = lru_order if self._config.eviction == "lru" else agent_order
@@ -145,6 +157,13 @@ class AgentCacheStore:
             gone = self.hot.expire()
             if gone:
                 self.stats.blocks_expired += gone
+            self._trim_namespaces()
+
+    def _trim_namespaces(self) -> None:
+        """Each namespace over its memory quota gives up its own blocks."""
+        for namespace, quota in self._config.quotas.limited().items():
+            if quota.memory_bytes is not None:
+                self.hot.trim(namespace, quota.memory_bytes // self._spec.block_bytes)
 
     async def flush_shared(self) -> None:
         """Wait until every committed block queued for the shared tier has been tried."""
@@ -160,6 +179,22 @@ class AgentCacheStore:
     async def shared_usage(self) -> SharedUsage | None:
         """What the shared block tier holds; None without one or while it is unreachable."""
         return None if self._shared is None else await self._shared.usage()
+
+    async def namespace_usage(self, namespace: str) -> NamespaceUsage:
+        """What the namespace's KV takes of memory and disk, beside its quota."""
+        held = self.hot.pool_blocks_by_namespace().get(namespace, 0)
+        on_disk = await self._metadata.block_bytes_by_namespace()
+        quota = self._config.quotas.of(namespace)
+        return NamespaceUsage(held * self._spec.block_bytes, on_disk.get(namespace, 0), quota)
+
+    def memory_by_namespace(self) -> dict[str, int]:
+        """Bytes of memory each namespace's cached KV holds (the metrics read it)."""
+        held = self.hot.pool_blocks_by_namespace()
+        return {namespace: n * self._spec.block_bytes for namespace, n in held.items()}
+
+    @property
+    def quotas(self) -> NamespaceQuotas:
+        return self._config.quotas
 
     @property
     def disk(self) -> DiskState:
@@ -249,4 +284,5 @@ def _disk_room(
         quota=config.disk_quota_bytes,
         reserve=config.disk_reserve_bytes,
         floor=config.disk_floor_bytes,
+        quotas=config.quotas,
     )

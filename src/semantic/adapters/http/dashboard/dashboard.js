@@ -121,11 +121,18 @@ function drawTiers(tiers) {
   $("tiers").replaceChildren(...cards);
 }
 
+function quota(limits) {
+  const parts = [];
+  if (limits.memory_bytes !== null) parts.push(`memory ${bytes(limits.memory_bytes)}`);
+  if (limits.disk_bytes !== null) parts.push(`disk ${bytes(limits.disk_bytes)}`);
+  return parts.join(", ") || "none";
+}
+
 function drawNamespaces(namespaces) {
   fill($("namespaces").tBodies[0], namespaces.map((ns) => el("tr", { "data-namespace": ns.namespace },
     el("td", { text: ns.namespace }), el("td", { text: ns.agents }), el("td", { text: ns.tokens }),
     el("td", { text: bytes(ns.memory_bytes) }), el("td", { text: bytes(ns.disk_bytes) }),
-    el("td", { text: ns.quota === null ? "none" : bytes(ns.quota) }))));
+    el("td", { text: quota(ns.quota) }))));
 }
 
 const SVG = "http://www.w3.org/2000/svg";

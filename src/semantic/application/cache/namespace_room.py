@@ -1,0 +1,57 @@
+"""A namespace over its disk quota gives up its own blocks, never another's (ADR 0028).
+
+After each save of the namespace: while its block files take more than its quota, cut its
+least valuable agents (unpinned before pinned, least recently used first; only a quota
+takes a pinned agent's blocks), each down to what the agent just saved still shares with
+it; then, if that is not enough, the end of the agent just saved, which keeps its prefix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+
+from semantic.domain.quotas import NamespaceQuotas
+from semantic.domain.retention import Retention
+from semantic.ports.metadata_store import AgentRecord, MetadataStore
+
+Cut = Callable[[AgentRecord, Sequence[str]], Awaitable[None]]
+"""Keep only the agent's first blocks while they are in the keys given (``DiskRoom.cut``)."""
+
+
+class NamespaceRoom:
+    def __init__(self, metadata: MetadataStore, quotas: NamespaceQuotas, cut: Cut) -> None:
+        self._metadata = metadata
+        self._quotas = quotas
+        self._cut = cut
+
+    async def enforce(self, namespace: str, agent_id: str, chain: Sequence[str] = ()) -> None:
+        """``chain``: a save in flight, never cut."""
+        quota = self._quotas.of(namespace).disk_bytes
+        if quota is None or await self._used(namespace) <= quota:
+            return
+        mine = await self._metadata.agents(namespace)
+        newest = next((a for a in mine if a.agent_id == agent_id), None)
+        kept = {*chain, *(newest.block_keys if newest else ())}
+        others = sorted((a for a in mine if a is not newest), key=_least_valuable_first)
+        for agent in others:
+            if await self._used(namespace) <= quota:
+                return
+            await self._cut(agent, [key for key in agent.block_keys if key in kept])
+        if newest is not None and not chain:
+            await self._cut_end(newest, namespace, quota)
+
+    async def _cut_end(self, agent: AgentRecord, namespace: str, quota: int) -> None:
+        records = await self._metadata.blocks(agent.block_keys)
+        excess = await self._used(namespace) - quota
+        keep = list(agent.block_keys)
+        while keep and excess > 0 and keep[-1] in records and records[keep[-1]].ref_count <= 1:
+            excess -= records[keep.pop()].nbytes
+        await self._cut(agent, keep)
+
+    async def _used(self, namespace: str) -> int:
+        return (await self._metadata.block_bytes_by_namespace()).get(namespace, 0)
+
+
+def _least_valuable_first(agent: AgentRecord) -> tuple[bool, int, float]:
+    hints = Retention.from_json(agent.retention)
+    return (hints.pinned, hints.priority, agent.last_used)

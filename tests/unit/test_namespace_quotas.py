@@ -1,0 +1,61 @@
+"""Hard limits per namespace: a tenant over its quota gives up its own KV, in memory and on
+disk, never another tenant's (ADR 0028)."""
+
+from __future__ import annotations
+
+import pytest
+
+from semantic.application.cache.hot_index import CACHE_OWNER, HotBlock, HotIndex
+from semantic.domain.block_pool import BlockPool
+from semantic.domain.blocks import KVBlock
+from semantic.domain.errors import InvalidRequestError
+from semantic.domain.quotas import MIB, NamespaceQuotas, Quota
+from tests.unit.test_cache_store import SYSTEM, Harness, started
+
+BLOCK = 4 * MIB
+
+
+def test_quotas_are_read_in_mib_and_refused_by_name() -> None:
+    quotas = NamespaceQuotas.parse('{"team-a": {"memory_mb": 8, "disk_mb": 16}}', BLOCK)
+    assert quotas.of("team-a") == Quota(8 * MIB, 16 * MIB)
+    assert quotas.of("team-b") == Quota()  # no quota
+    refusals = {
+        '{"team-a": {"disk_mb": 1}}': "team-a.disk_mb",  # less than one block
+        '{"team-a": {"memory_mb": "lots"}}': "team-a.memory_mb",
+        '{"team-a": {"gpu_mb": 8}}': "team-a",
+        '{"team-a": {}}': "team-a",
+    }
+    for text, field in refusals.items():
+        with pytest.raises(InvalidRequestError) as refused:
+            NamespaceQuotas.parse(text, BLOCK)
+        assert refused.value.param == field, text
+    with pytest.raises(InvalidRequestError, match="JSON"):
+        NamespaceQuotas.parse("team-a: 8", BLOCK)
+
+
+def test_a_namespace_over_its_memory_quota_gives_up_its_own_blocks_only() -> None:
+    pool = BlockPool(32)
+    index = HotIndex(pool)
+    for namespace in ("a", "b"):
+        for n in range(4):
+            layer = KVBlock(pool.allocate(CACHE_OWNER, 0)[0], 0, n, 4, None)
+            key = f"{namespace}{n}"
+            index.add(HotBlock(key, "", n, (1, 2, 3, 4), (layer,), namespace=namespace))
+            index.mark_persisted([key])
+    assert index.trim("a", 1) == 3
+    assert index.pool_blocks_by_namespace() == {"a": 1, "b": 4}
+    assert "a3" in index  # the most recently used of a's stays
+
+
+async def test_a_tenant_filling_its_disk_quota_never_cuts_another_tenants_blocks() -> None:
+    quotas = NamespaceQuotas({"greedy": Quota(disk_bytes=150)})
+    h = await started(Harness(quotas=quotas))
+    await h.ask([1, *SYSTEM[1:], 50], agent="calm", namespace="quiet")
+    calm = h.metadata.agent_rows[("quiet", "calm")].block_keys
+    for agent in range(8):
+        await h.ask([agent + 2, *SYSTEM[1:], 30 + agent], agent=f"g{agent}", namespace="greedy")
+    used = await h.metadata.block_bytes_by_namespace()
+    assert used["greedy"] <= 150
+    assert h.metadata.agent_rows[("quiet", "calm")].block_keys == calm  # untouched
+    assert set(calm) <= set(h.block_store.files)
+    assert h.metadata.agent_rows[("greedy", "g7")].block_keys  # the newest kept its prefix
