@@ -23,6 +23,7 @@ from semantic.adapters.cli.main import main
 pytestmark = pytest.mark.model
 
 webdriver = pytest.importorskip("selenium.webdriver")
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.chrome.webdriver import WebDriver  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
@@ -75,8 +76,9 @@ def _open(browser: WebDriver, server: ServerProcess, key: str) -> None:
     browser.get(f"{server.url}/dashboard")
     browser.execute_script("sessionStorage.clear()")
     browser.refresh()
-    form = WebDriverWait(browser, 20).until(lambda b: b.find_element(By.ID, "key-form"))
-    WebDriverWait(browser, 20).until(lambda _: form.is_displayed())
+    WebDriverWait(browser, 20).until(
+        lambda b: b.execute_script("return !document.getElementById('key-form').hidden")
+    )
     browser.find_element(By.ID, "key").send_keys(key)
     browser.find_element(By.CSS_SELECTOR, "#key-form button").click()
     WebDriverWait(browser, 20).until(
@@ -85,12 +87,33 @@ def _open(browser: WebDriver, server: ServerProcess, key: str) -> None:
 
 
 def _rows(browser: WebDriver) -> dict[str, str]:
-    """Listed agents (``namespace/id``) and their cached share as shown."""
-    rows = browser.find_elements(By.CSS_SELECTOR, "#agents tbody tr")
-    return {
-        str(row.get_attribute("data-agent")): row.find_element(By.CLASS_NAME, "cached-share").text
-        for row in rows
-    }
+    """Listed agents (``namespace/id``) and their cached share as shown, read in one go:
+    the page redraws its rows every few seconds, which would leave handles stale."""
+    rows = browser.execute_script(
+        "return [...document.querySelectorAll('#agents tbody tr')]"
+        ".map(r => [r.dataset.agent, r.querySelector('.cached-share').textContent])"
+    )
+    return {str(agent): str(shown) for agent, shown in rows}
+
+
+def _fact(browser: WebDriver, field: str) -> str:
+    """A fact of the agent shown in detail ('' until it is drawn)."""
+    found = browser.execute_script(
+        "const e = document.querySelector(`#detail-facts [data-field='${arguments[0]}']`);"
+        "return e ? e.textContent : ''",
+        field,
+    )
+    return str(found)
+
+
+def _click_row(browser: WebDriver, agent: str) -> None:
+    """Click an agent's row, found again if a redraw replaced it meanwhile."""
+
+    def clicked(b: WebDriver) -> bool:
+        b.find_element(By.CSS_SELECTOR, f'tr[data-agent="{agent}"]').click()
+        return True
+
+    WebDriverWait(browser, 20, ignored_exceptions=(StaleElementReferenceException,)).until(clicked)
 
 
 def _output(tmp_path: Path) -> Path:
@@ -122,17 +145,10 @@ def test_the_dashboard_shows_agents_forks_and_tenants_in_a_browser(
     for agent in ("team-a/planner", "team-b/scout"):  # the second turn began from the first's
         assert shown[agent].endswith("%"), shown
         assert shown[agent] != "0%", shown
-    browser.find_element(By.CSS_SELECTOR, 'tr[data-agent="team-a/planner-fork"]').click()
-    shared = WebDriverWait(browser, 20).until(
-        lambda b: b.find_element(By.CSS_SELECTOR, '#detail-facts [data-field="shared_blocks"]')
-    )
-    WebDriverWait(browser, 20).until(lambda _: shared.text not in ("", "0"))
-    assert int(shared.text) >= 1
-    facts = browser.find_element(By.ID, "detail-facts").text
-    assert (
-        "planner"
-        in browser.find_element(By.CSS_SELECTOR, '#detail-facts [data-field="forked_from"]').text
-    ), facts
+    _click_row(browser, "team-a/planner-fork")
+    WebDriverWait(browser, 20).until(lambda b: _fact(b, "shared_blocks") not in ("", "0"))
+    assert int(_fact(browser, "shared_blocks")) >= 1
+    assert _fact(browser, "forked_from") == "planner"
     assert browser.find_elements(By.CSS_SELECTOR, "#block-strip .block.shared")
     screenshot = _output(tmp_path) / "dashboard.png"
     assert browser.save_screenshot(str(screenshot))
@@ -154,3 +170,22 @@ def test_the_dashboard_shows_agents_forks_and_tenants_in_a_browser(
         f"{server.url}/v1/dashboard/agents", params={"namespace": "team-b"}, headers=tenant
     )
     assert {a["namespace"] for a in elsewhere.json()["data"]} == {"team-a"}
+    _usage_agrees_with_the_files(server, tenant, tmp_path / "data")
+
+
+def _usage_agrees_with_the_files(
+    server: ServerProcess, tenant: dict[str, str], data_dir: Path
+) -> None:
+    """A namespace's usage: its own key reads it, not another's; the namespaces' disk
+    bytes together are the block files on disk, within one block."""
+    own = httpx.get(f"{server.url}/v1/namespaces/team-a/usage", headers=tenant)
+    assert own.status_code == 200, own.text
+    assert httpx.get(f"{server.url}/v1/namespaces/team-b/usage", headers=tenant).status_code == 403
+    admin = {"x-api-key": ADMIN}
+    disk = [
+        httpx.get(f"{server.url}/v1/namespaces/{ns}/usage", headers=admin).json()["disk"]
+        for ns in ("team-a", "team-b")
+    ]
+    assert all(d["used_bytes"] > 0 and d["quota_bytes"] is None for d in disk)
+    files = [p.stat().st_size for p in (data_dir / "blocks").rglob("*.safetensors")]
+    assert abs(sum(d["used_bytes"] for d in disk) - sum(files)) <= max(files)
