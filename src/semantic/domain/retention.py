@@ -68,10 +68,11 @@ class Retention:
             )
         return replace(self, **change)
 
+    def as_dict(self) -> dict[str, Any]:
+        return {"priority": self.priority, "ttl_seconds": self.ttl_seconds, "pinned": self.pinned}
+
     def to_json(self) -> str:
-        return json.dumps(
-            {"priority": self.priority, "ttl_seconds": self.ttl_seconds, "pinned": self.pinned}
-        )
+        return json.dumps(self.as_dict())
 
     @classmethod
     def from_json(cls, text: str | None) -> Retention:

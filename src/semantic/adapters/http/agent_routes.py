@@ -276,13 +276,7 @@ def _agent(info: AgentInfo) -> dict[str, Any]:
 
 
 def _retention(info: AgentInfo) -> dict[str, Any]:
-    kept = info.retention
-    return {
-        "priority": kept.priority,
-        "ttl_seconds": kept.ttl_seconds,
-        "pinned": kept.pinned,
-        "ttl_ends_at": info.ttl_ends_at,
-    }
+    return {**info.retention.as_dict(), "ttl_ends_at": info.ttl_ends_at}
 
 
 def _context(policy: ContextPolicy) -> dict[str, Any]:

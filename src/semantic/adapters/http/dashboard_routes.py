@@ -235,11 +235,7 @@ def _row(row: AgentRow) -> dict[str, Any]:
         "last_used": row.last_used,
         "forked_from": row.forked_from,
         "cached_share": row.cached_share,
-        "retention": {
-            "priority": row.retention.priority,
-            "ttl_seconds": row.retention.ttl_seconds,
-            "pinned": row.retention.pinned,
-        },
+        "retention": row.retention.as_dict(),
     }
 
 

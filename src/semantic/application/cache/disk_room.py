@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from semantic.application.cache.hot_index import HotIndex
-from semantic.application.cache.namespace_room import NamespaceRoom
+from semantic.application.cache.namespace_room import NamespaceRoom, without_tail
 from semantic.application.cache.stats import CacheStats
 from semantic.domain.errors import DiskFullError
 from semantic.domain.quotas import NamespaceQuotas
@@ -240,10 +240,7 @@ class DiskRoom:
         """Drop the agent's unshared blocks from its end until ``cap`` holds."""
         records = await self._metadata.blocks(agent.block_keys)
         excess = await self._metadata.total_block_bytes() - cap
-        keep = list(agent.block_keys)
-        while keep and excess > 0 and keep[-1] in records and records[keep[-1]].ref_count <= 1:
-            excess -= records[keep.pop()].nbytes
-        await self.cut(agent, keep)
+        await self.cut(agent, without_tail(agent.block_keys, records, excess))
 
     async def cut(self, agent: AgentRecord, keep: Sequence[str]) -> None:
         """Keep only the agent's first blocks while they are in ``keep``."""

@@ -8,11 +8,11 @@ it; then, if that is not enough, the end of the agent just saved, which keeps it
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from semantic.domain.quotas import NamespaceQuotas
 from semantic.domain.retention import Retention
-from semantic.ports.metadata_store import AgentRecord, MetadataStore
+from semantic.ports.metadata_store import AgentRecord, BlockRecord, MetadataStore
 
 Cut = Callable[[AgentRecord, Sequence[str]], Awaitable[None]]
 """Keep only the agent's first blocks while they are in the keys given (``DiskRoom.cut``)."""
@@ -43,10 +43,7 @@ class NamespaceRoom:
     async def _cut_end(self, agent: AgentRecord, namespace: str, quota: int) -> None:
         records = await self._metadata.blocks(agent.block_keys)
         excess = await self._used(namespace) - quota
-        keep = list(agent.block_keys)
-        while keep and excess > 0 and keep[-1] in records and records[keep[-1]].ref_count <= 1:
-            excess -= records[keep.pop()].nbytes
-        await self._cut(agent, keep)
+        await self._cut(agent, without_tail(agent.block_keys, records, excess))
 
     async def _used(self, namespace: str) -> int:
         return (await self._metadata.block_bytes_by_namespace()).get(namespace, 0)
@@ -55,3 +52,12 @@ class NamespaceRoom:
 def _least_valuable_first(agent: AgentRecord) -> tuple[bool, int, float]:
     hints = Retention.from_json(agent.retention)
     return (hints.pinned, hints.priority, agent.last_used)
+
+
+def without_tail(keys: Sequence[str], records: Mapping[str, BlockRecord], excess: int) -> list[str]:
+    """``keys`` less the unshared blocks at their end that free ``excess`` bytes (fewer, if
+    a shared block comes first: what others hold is not freed by cutting it here)."""
+    keep = list(keys)
+    while keep and excess > 0 and keep[-1] in records and records[keep[-1]].ref_count <= 1:
+        excess -= records[keep.pop()].nbytes
+    return keep
