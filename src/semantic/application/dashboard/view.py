@@ -13,6 +13,7 @@ from collections.abc import Callable, Collection, Container, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from semantic.application.agent_values import INTERNAL_PREFIX
 from semantic.application.cache.hot_index import HotIndex
 from semantic.application.dashboard.turn_history import TurnHistory
 from semantic.domain.errors import AgentNotFoundError, InvalidRequestError
@@ -105,7 +106,8 @@ class PageQuery:
     limit: int = 50
     search: str = ""
     anonymous: bool = False
-    """Conversations without an agent id too (``~anon-...``)."""
+    """Conversations without an agent id too (``~anon-...``), and the agents the server
+    keeps for its own use (a Responses chain's, ``~resp:...``)."""
 
     def __post_init__(self) -> None:
         if self.sort not in SORT_KEYS:
@@ -215,7 +217,7 @@ class Dashboard:
         rows = [
             self._row(record, on_disk, shares.get((record.namespace, record.agent_id)))
             for record in records
-            if (query.anonymous or not record.anonymous) and query.search in record.agent_id
+            if (query.anonymous or not _internal(record)) and query.search in record.agent_id
         ]
         rows.sort(key=_sort_key(query.sort), reverse=query.descending)
         return AgentPage(tuple(rows[query.offset : query.offset + query.limit]), len(rows))
@@ -288,3 +290,7 @@ def _sort_key(sort: str) -> Callable[[AgentRow], tuple[Any, ...]]:
 def _kept(retention: Retention) -> tuple[bool, float, int]:
     """How strongly an agent asks to be kept: a pin, then a TTL, then its priority."""
     return (retention.pinned, retention.ttl_seconds or 0.0, retention.priority)
+
+
+def _internal(record: AgentRecord) -> bool:
+    return record.anonymous or record.agent_id.startswith(INTERNAL_PREFIX)
