@@ -73,7 +73,9 @@ def test_the_agents_api_sets_and_changes_hints_and_refuses_bad_ones(
     server: ServerProcess,
 ) -> None:
     api = f"{server.url}/v1/agents"
-    made = httpx.post(api, json={"id": "keeper", "retention": {"priority": 80, "pinned": True}})
+    made = httpx.post(
+        api, json={"id": "retention-keeper", "retention": {"priority": 80, "pinned": True}}
+    )
     assert made.status_code == 201, made.text
     assert made.json()["retention"] == {
         "priority": 80,
@@ -81,31 +83,34 @@ def test_the_agents_api_sets_and_changes_hints_and_refuses_bad_ones(
         "pinned": True,
         "ttl_ends_at": None,
     }
-    patched = httpx.patch(f"{api}/keeper", json={"retention": {"ttl_seconds": 120}})
+    patched = httpx.patch(f"{api}/retention-keeper", json={"retention": {"ttl_seconds": 120}})
     assert patched.status_code == 200, patched.text
     assert patched.json()["retention"]["ttl_seconds"] == 120
     assert patched.json()["retention"]["priority"] == 80  # not given: kept
 
     refused: list[tuple[str, dict[str, Any], str]] = [
-        ("post", {"id": "bad-1", "retention": {"forever": True}}, "forever"),
-        ("post", {"id": "bad-2", "retention": {"priority": 101}}, "priority"),
-        ("post", {"id": "bad-3", "retention": {"ttl_seconds": -5}}, "ttl_seconds"),
+        ("post", {"id": "retention-bad-1", "retention": {"forever": True}}, "forever"),
+        ("post", {"id": "retention-bad-2", "retention": {"priority": 101}}, "priority"),
+        ("post", {"id": "retention-bad-3", "retention": {"ttl_seconds": -5}}, "ttl_seconds"),
         ("patch", {"retention": {"ttl_seconds": 1e12}}, "ttl_seconds"),
         ("patch", {"retention": {"priority": "high"}}, "priority"),
     ]
     for method, body, field in refused:
-        url = api if method == "post" else f"{api}/keeper"
+        url = api if method == "post" else f"{api}/retention-keeper"
         answer = httpx.request(method, url, json=body)
         assert answer.status_code == 400, (body, answer.text)
         assert field in answer.text, answer.text
-    assert httpx.get(f"{api}/bad-1").status_code == 404  # nothing made
+    assert httpx.get(f"{api}/retention-bad-1").status_code == 404  # nothing made
     turn = {"content": "Hi", "max_tokens": 1}
     bad_header = httpx.post(
-        f"{api}/keeper/messages", json=turn, headers={"X-Retention": "ttl=-3"}, timeout=120
+        f"{api}/retention-keeper/messages",
+        json=turn,
+        headers={"X-Retention": "ttl=-3"},
+        timeout=120,
     )
     assert bad_header.status_code == 400
     assert "ttl" in bad_header.text
-    assert retention_of(server, "keeper")["ttl_seconds"] == 120  # unchanged
+    assert retention_of(server, "retention-keeper")["ttl_seconds"] == 120  # unchanged
     missing = httpx.patch(f"{api}/nobody-here", json={"retention": {"priority": 1}})
     assert missing.status_code == 404
     chat = httpx.post(
@@ -118,6 +123,14 @@ def test_the_agents_api_sets_and_changes_hints_and_refuses_bad_ones(
     )
     assert chat.status_code == 400
     assert "prompt_cache_retention" in chat.text
+    too_long = httpx.post(
+        f"{server.url}/v1/chat/completions",
+        headers={"X-Agent-Id": "retention-never-kept", "X-Retention": "pinned"},
+        json={"model": "default", "messages": [{"role": "user", "content": "word " * 20_000}]},
+        timeout=120,
+    )
+    assert too_long.status_code == 400, too_long.text  # refused at the start:
+    assert httpx.get(f"{api}/retention-never-kept").status_code == 404  # no hints were kept
 
 
 def test_a_ttl_moves_the_kv_to_disk_and_the_next_turn_restores_it_as_cold(
@@ -126,23 +139,24 @@ def test_a_ttl_moves_the_kv_to_disk_and_the_next_turn_restores_it_as_cold(
     api = f"{server.url}/v1/agents"
     system = "You answer questions about the ferry timetable."
     made = httpx.post(
-        api, json={"id": "brief", "system_prompt": system, "retention": {"ttl_seconds": 1}}
+        api,
+        json={"id": "retention-brief", "system_prompt": system, "retention": {"ttl_seconds": 1}},
     )
     assert made.status_code == 201, made.text
 
     def turn(content: str) -> dict[str, Any]:
         sent = {"content": content, "max_tokens": 12, "temperature": 0}
-        reply = httpx.post(f"{api}/brief/messages", json=sent, timeout=120)
+        reply = httpx.post(f"{api}/retention-brief/messages", json=sent, timeout=120)
         assert reply.status_code == 200, reply.text
         body: dict[str, Any] = reply.json()
         return body
 
     first = turn(NOTES)
     deadline = time.monotonic() + 30  # the sweep runs twice a second: waited for, not timed
-    cache = httpx.get(f"{api}/brief/cache").json()
+    cache = httpx.get(f"{api}/retention-brief/cache").json()
     while cache["hot_blocks"] and time.monotonic() < deadline:
         time.sleep(0.1)
-        cache = httpx.get(f"{api}/brief/cache").json()
+        cache = httpx.get(f"{api}/retention-brief/cache").json()
     assert cache["hot_blocks"] == 0
     assert cache["disk_blocks"] == cache["blocks"] >= 2  # moved to disk, not deleted
     second = turn("When does the ferry leave?")

@@ -33,7 +33,7 @@ from semantic.adapters.http.common import (
 )
 from semantic.adapters.http.errors import body_for, problem_for
 from semantic.adapters.http.identity import identity
-from semantic.adapters.http.retention_hints import anthropic_hints, keep_hints
+from semantic.adapters.http.retention_hints import anthropic_hints, keep_started
 from semantic.adapters.http.state import Services
 from semantic.adapters.http.tool_translate import (
     reply_shape,
@@ -94,8 +94,8 @@ class AnthropicController(Controller):
             who.priority,
             None if prefill else shape.constraint,
         )
-        await keep_hints(found, who.namespace, who.agent_id, hints)
         handle = await start_chat(found, generation, chat, use)
+        await keep_started(found, handle, who.namespace, who.agent_id, hints)
         message_id = f"msg_{uuid.uuid4().hex[:24]}"
         reader = ReplyReader(None if prefill else shape.calls_in, new_tool_use_id)
         keep = functools.partial(found.calls.remember, who.namespace)

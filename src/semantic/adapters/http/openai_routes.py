@@ -35,7 +35,7 @@ from semantic.adapters.http.openai_tools import (
     openai_tool_use,
     reply_delta,
 )
-from semantic.adapters.http.retention_hints import cache_key_agent, keep_hints, openai_hints
+from semantic.adapters.http.retention_hints import cache_key_agent, keep_started, openai_hints
 from semantic.adapters.http.state import Services
 from semantic.adapters.http.tool_translate import (
     reply_shape,
@@ -110,8 +110,8 @@ class OpenAIController(Controller):
         newer = data.max_completion_tokens  # OpenAI's newer name wins where given
         limit = data.max_tokens if newer is None else newer
         generation = _input(request, data, prompt, limit, shape.constraint)
-        await keep_hints(found, namespace, generation.agent_id, hints)
         handle = await start_chat(found, generation, messages, use)
+        await keep_started(found, handle, namespace, generation.agent_id, hints)
         reply = ReplyBodies("chatcmpl", "chat.completion", found.model_id)
         reader = ReplyReader(shape.calls_in, new_call_id)
         kept = _Keep(found.calls, namespace)
@@ -139,8 +139,8 @@ class OpenAIController(Controller):
                 limit = min(COMPLETION_DEFAULT_MAX_TOKENS, max(1, room))
             generation = _input(request, data, prompt, limit)
             hints = openai_hints(request, data.prompt_cache_retention)
-            await keep_hints(found, generation.namespace, generation.agent_id, hints)
             handle = await start_plain(found, generation)
+            await keep_started(found, handle, generation.namespace, generation.agent_id, hints)
         except InvalidRequestError as error:
             if error.param == "messages":  # the use case names the chat field
                 error.param = "prompt"
