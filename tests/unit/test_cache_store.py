@@ -39,6 +39,7 @@ class Harness:
         floor: int = 0,
         lease_of: LeaseOf | None = None,
         quotas: NamespaceQuotas | None = None,
+        sweep_s: float = 0.5,
     ) -> None:
         self.backend = backend or FakeBackend()
         self.pool = BlockPool(capacity)
@@ -55,6 +56,7 @@ class Harness:
                 disk_reserve_bytes=reserve,
                 disk_floor_bytes=floor,
                 quotas=quotas or NamespaceQuotas(),
+                expire_every_s=sweep_s,
             ),
             lease_of=lease_of,
         )

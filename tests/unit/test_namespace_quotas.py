@@ -59,3 +59,18 @@ async def test_a_tenant_filling_its_disk_quota_never_cuts_another_tenants_blocks
     assert h.metadata.agent_rows[("quiet", "calm")].block_keys == calm  # untouched
     assert set(calm) <= set(h.block_store.files)
     assert h.metadata.agent_rows[("greedy", "g7")].block_keys  # the newest kept its prefix
+
+
+async def test_memory_pressure_takes_a_namespace_over_its_quota_first() -> None:
+    """Before the sweep trims it (an hour away here), a tenant over its memory quota pays
+    for the memory others ask for; the others' blocks stay."""
+    quotas = NamespaceQuotas({"greedy": Quota(memory_bytes=1)})  # below one block: all over
+    h = await started(Harness(quotas=quotas, sweep_s=3600))
+    await h.ask([1, *SYSTEM[1:], 50], agent="calm", namespace="quiet")
+    await h.ask([2, *SYSTEM[1:], 51], agent="g", namespace="greedy")
+    held = h.store.hot.pool_blocks_by_namespace()
+    assert held["greedy"] > 0
+    assert h.store.reclaim(1) >= held["greedy"]
+    after = h.store.hot.pool_blocks_by_namespace()
+    assert after.get("greedy", 0) == 0
+    assert after["quiet"] == held["quiet"]  # plain LRU would have taken quiet's, older

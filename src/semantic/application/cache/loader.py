@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from enum import Enum
 
 from semantic.application.cache.hot_index import CACHE_OWNER, HotBlock, HotIndex
@@ -35,8 +36,12 @@ class BlockLoader:
         hot: HotIndex,
         stats: CacheStats,
         shared: SharedTier | None = None,
+        reclaim: Callable[[int], int] | None = None,
     ) -> None:
+        """``reclaim``: frees pool blocks when the pool is full (``AgentCacheStore.reclaim``:
+        namespaces over their memory quota first); else ``hot.evict``."""
         self._pool = pool
+        self._reclaim = reclaim or hot.evict
         self._shared = shared
         self._spec = spec
         self._store = store
@@ -122,5 +127,5 @@ class BlockLoader:
             try:
                 return self._pool.allocate_layers(CACHE_OWNER, layers)
             except PoolExhaustedError:
-                self._hot.evict(len(layers))
+                self._reclaim(len(layers))
         return None

@@ -108,6 +108,7 @@ class AgentCacheStore:
             hot=self.hot,
             stats=self.stats,
             shared=self._shared,
+            reclaim=self.reclaim,
         )
         self._room = _disk_room(block_store, metadata, self.hot, self.stats, config)
         self._saver = Saver(
@@ -159,11 +160,14 @@ class AgentCacheStore:
                 self.stats.blocks_expired += gone
             self._trim_namespaces()
 
-    def _trim_namespaces(self) -> None:
-        """Each namespace over its memory quota gives up its own blocks."""
+    def _trim_namespaces(self) -> int:
+        """Each namespace over its memory quota gives up its own blocks; how many pool
+        blocks went."""
+        freed = 0
         for namespace, quota in self._config.quotas.limited().items():
             if quota.memory_bytes is not None:
-                self.hot.trim(namespace, quota.memory_bytes // self._spec.block_bytes)
+                freed += self.hot.trim(namespace, quota.memory_bytes // self._spec.block_bytes)
+        return freed
 
     async def flush_shared(self) -> None:
         """Wait until every committed block queued for the shared tier has been tried."""
@@ -256,8 +260,11 @@ class AgentCacheStore:
         await self._saver.saved(request_id)
 
     def reclaim(self, n_pool_blocks: int) -> int:
-        """Memory pressure: evict idle hot blocks that are safe on disk."""
-        return self.hot.evict(n_pool_blocks)
+        """Memory pressure: evict idle hot blocks that are safe on disk, a namespace over
+        its memory quota its own first (a tenant over quota must not cost another its
+        memory while the sweep has yet to trim it)."""
+        freed = self._trim_namespaces()
+        return freed + self.hot.evict(max(0, n_pool_blocks - freed))
 
     async def forget(self, keys: Sequence[str]) -> None:
         """Drop deleted blocks from memory and disk."""
