@@ -184,8 +184,8 @@ class HotIndex:
         Blocks not yet saved, or in use, stay until they can go."""
         freed = 0
         with self._lock:
-            held = sum(len(b.present) for b in self._blocks.values() if b.namespace == namespace)
             mine = [b for b in self._blocks.values() if b.namespace == namespace]
+            held = sum(len(b.present) for b in mine)
             for block in self._order(mine, self._clock()):
                 if held - freed <= max_pool_blocks:
                     break

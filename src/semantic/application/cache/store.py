@@ -100,26 +100,12 @@ class AgentCacheStore:
             if shared is None
             else SharedTier(shared, block_store, metadata, self.stats, fingerprint)
         )
-        loader = BlockLoader(
-            pool,
-            spec,
-            block_store,
-            metadata=metadata,
-            hot=self.hot,
-            stats=self.stats,
-            shared=self._shared,
-            reclaim=self.reclaim,
-        )
         self._room = _disk_room(block_store, metadata, self.hot, self.stats, config)
         self._saver = Saver(
             block_store, metadata, self.hot, self.stats, room=self._room, shared=self._shared
         )
         self._walk = PrefixWalk(spec, fingerprint, metadata, self.hot, self._shared)
-        pinner = ChainPinner(pool, spec, self.hot, loader)
-        plan = StoredPlan(spec, self.hot, loader, pinner, self.stats)
-        self._lookup = PrefixLookup(
-            pool, self.stats, loader, walk=self._walk, pinner=pinner, plan=plan
-        )
+        self._lookup = self._lookup_over(block_store)
         self._adoption = Adoption(
             pool,
             spec,
@@ -130,6 +116,25 @@ class AgentCacheStore:
             retention=self.retention,
         )
         self._fingerprint = fingerprint
+
+    def _lookup_over(self, block_store: BlockStore) -> PrefixLookup:
+        """The prefix lookup and the loader it restores with (memory pressure there goes
+        through ``reclaim``, as the engine's does)."""
+        loader = BlockLoader(
+            self._pool,
+            self._spec,
+            block_store,
+            metadata=self._metadata,
+            hot=self.hot,
+            stats=self.stats,
+            shared=self._shared,
+            reclaim=self.reclaim,
+        )
+        pinner = ChainPinner(self._pool, self._spec, self.hot, loader)
+        plan = StoredPlan(self._spec, self.hot, loader, pinner, self.stats)
+        return PrefixLookup(
+            self._pool, self.stats, loader, walk=self._walk, pinner=pinner, plan=plan
+        )
 
     async def start(self) -> None:
         """Clean up after a crash, then start the writer (and the shared tier's pusher)."""
