@@ -26,7 +26,7 @@ from mlx_lm.generate import BatchGenerator
 
 from benchmarks.common import Bench, load_bench, median
 from benchmarks.corpus import conversation
-from semantic.application.events import TokenEvent
+from semantic.application.engine.events import TokenEvent
 from semantic.application.scheduler.pacer import PacerConfig
 from semantic.bootstrap import pacer_config
 from semantic.config import Settings

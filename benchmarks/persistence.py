@@ -38,7 +38,7 @@ from benchmarks.common import median
 from benchmarks.corpus import conversation
 from benchmarks.machine import print_machine
 from semantic.adapters.cli.progress import ProgressPrinter
-from semantic.application.generation import GenerationInput
+from semantic.application.chat.generation import GenerationInput
 from semantic.bootstrap import Services, start_services, stop_services
 from semantic.config import Settings
 from semantic.domain.chat import ChatMessage

@@ -32,7 +32,7 @@ from semantic.adapters.storage.kv_block_store import KVBlockStore
 from semantic.adapters.storage.redis_blocks import RedisSharedBlocks
 from semantic.adapters.storage.sql_metadata import SqlMetadataStore
 from semantic.application.cache.store import AgentCacheStore
-from semantic.application.generation import GenerationInput
+from semantic.application.chat.generation import GenerationInput
 from semantic.bootstrap import Services, start_services, stop_services
 from semantic.config import Settings
 from semantic.domain.block_pool import BlockPool

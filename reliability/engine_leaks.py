@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import benchmarks  # noqa: F401 - OpenBLAS before MLX
 from benchmarks.common import load_bench
 
-from semantic.application.events import CompletionEvent
+from semantic.application.engine.events import CompletionEvent
 from semantic.domain.chat import ChatMessage
 from semantic.domain.generation import FinishReason
 

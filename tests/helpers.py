@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from semantic.application.engine import BlockPoolBatchEngine
-from semantic.application.events import CompletionEvent, EngineEvent
+from semantic.application.engine.events import CompletionEvent, EngineEvent
 
 
 def run_until_idle(engine: BlockPoolBatchEngine, limit: int = 10_000) -> list[EngineEvent]:

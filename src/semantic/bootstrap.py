@@ -47,17 +47,17 @@ from semantic.adapters.storage.redis_blocks import RedisSharedBlocks
 from semantic.adapters.storage.sql_leases import SqlLeases
 from semantic.adapters.storage.sql_metadata import SqlMetadataStore
 from semantic.adapters.storage.sqlite_objects import SqliteObjectStore
-from semantic.application.agents import AgentService
+from semantic.application.agents.leases import AgentLeases, LeaseConfig, instance_holder
+from semantic.application.agents.responses import ResponsesService
+from semantic.application.agents.service import AgentService
 from semantic.application.cache.store import AgentCacheStore, CacheConfig
-from semantic.application.call_memory import CallMemory
+from semantic.application.chat.call_memory import CallMemory
+from semantic.application.chat.generation import GenerationService, Limits
 from semantic.application.dashboard.turn_history import TurnHistory
 from semantic.application.dashboard.view import Dashboard
 from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
-from semantic.application.engine_loop import EngineLoop
-from semantic.application.generation import GenerationService, Limits
-from semantic.application.leases import AgentLeases, LeaseConfig, instance_holder
+from semantic.application.engine.engine_loop import EngineLoop
 from semantic.application.observers import Observers
-from semantic.application.responses import ResponsesService
 from semantic.application.scheduler.pacer import PacerConfig
 from semantic.application.threads import install_default_executor
 from semantic.config import Settings

@@ -22,7 +22,7 @@ import pytest
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model
 
-from semantic.application.generation import GenerationResult
+from semantic.application.chat.generation import GenerationResult
 from semantic.bootstrap import Services
 from semantic.config import Settings
 from semantic.domain.tokens import common_prefix

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from semantic.application.agents import CommittedReply, Turn, TurnStarted
-from semantic.application.generation import TextDelta
-from semantic.application.responses import ResponseAsk, ResponseEvent
+from semantic.application.agents.responses import ResponseAsk, ResponseEvent
+from semantic.application.agents.service import CommittedReply, Turn, TurnStarted
+from semantic.application.chat.generation import TextDelta
 from tests.conformance.conftest import ModelDirs
 from tests.conformance.serving import serving, settings_for
 from tests.conformance.tiny_models import Variant

@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 
 from semantic.application.engine import BlockPoolBatchEngine
-from semantic.application.events import CompletionEvent
+from semantic.application.engine.events import CompletionEvent
 from semantic.domain.chat import ChatMessage
 from semantic.domain.constraints import OutputConstraint, TaggedSchema
 from semantic.domain.generation import FinishReason, SamplingParams

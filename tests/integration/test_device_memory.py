@@ -23,7 +23,7 @@ from semantic.adapters.mlx.kv.restore_buffers import RestoreBuffers
 from semantic.adapters.storage.block_files import BlockFiles
 from semantic.adapters.storage.kv_block_store import KVBlockStore
 from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
-from semantic.application.events import CompletionEvent
+from semantic.application.engine.events import CompletionEvent
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.blocks import AgentBlocks, KVBlock
 from tests.helpers import generate, tiny_family

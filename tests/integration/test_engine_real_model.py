@@ -16,7 +16,7 @@ from semantic.adapters.mlx.cpu import layer_slice
 from semantic.adapters.mlx.kv.kv_blocks import cut_into_blocks, gather_cache
 from semantic.adapters.mlx.kv.kv_payloads import MlxKV, StackedKV, kv_arrays
 from semantic.adapters.mlx.kv.restore_buffers import RestoreBuffers
-from semantic.application.events import CompletionEvent
+from semantic.application.engine.events import CompletionEvent
 from semantic.application.scheduler.pacer import PacerConfig
 from semantic.domain.chat import ChatMessage
 from semantic.domain.generation import FinishReason, SamplingParams

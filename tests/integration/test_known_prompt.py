@@ -9,7 +9,7 @@ from typing import Any
 
 from semantic.adapters.mlx.tokenizer.piece_encoder import PieceEncoder
 from semantic.adapters.mlx.tokenizer.tokenizer import MlxTokenizer
-from semantic.application.prompt_marks import mark, marked
+from semantic.application.chat.prompt_marks import mark, marked
 from semantic.domain.chat import ChatMessage
 from semantic.domain.tools import Tool, ToolCall
 from tests.integration.conftest import RealModel

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from semantic.adapters.storage.sql_metadata import SqlMetadataStore
-from semantic.application.call_memory import CallMemory
-from semantic.application.tool_replies import ReplyReader
+from semantic.application.chat.call_memory import CallMemory
+from semantic.application.chat.tool_replies import ReplyReader
 from semantic.domain.chat import ChatMessage
 from semantic.domain.tools import ToolCall, checked_tools
 from tests.integration.conftest import RealModel

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from semantic.adapters.mlx.tokenizer.tokenizer import MlxTokenizer
-from semantic.application.tool_replies import ReplyReader
+from semantic.application.chat.tool_replies import ReplyReader
 from semantic.domain.chat import ChatMessage
 from semantic.domain.tools import ToolCall, ToolChoice, checked_tools, tool_use
 from tests.integration.conftest import RealModel

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from semantic.adapters.round_runner import RoundRunner
+from semantic.application.scheduler.round_runner import RoundRunner
 from semantic.ports.model_backend import (
     BackendCapabilities,
     ExportedKV,

@@ -10,7 +10,7 @@ from semantic.application.cache.lineage import ANONYMOUS_AGENT, ANONYMOUS_PREFIX
 from semantic.application.cache.read_lanes import READERS
 from semantic.application.cache.store import AgentCacheStore, CacheConfig, CachedPrefix, LeaseOf
 from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
-from semantic.application.events import CompletionEvent
+from semantic.application.engine.events import CompletionEvent
 from semantic.application.scheduler.pacer import PacerConfig
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.cache_spec import ModelCacheSpec

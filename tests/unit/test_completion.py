@@ -3,7 +3,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from semantic.application.completion import CompletionDetector
+from semantic.application.engine.completion import CompletionDetector
 from semantic.domain.generation import CompletionCriteria, FinishReason
 from tests.unit.fakes import ByteTokenizer
 

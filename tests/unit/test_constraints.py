@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
+from semantic.application.chat.generation import GenerationInput, GenerationService, Limits
 from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
-from semantic.application.engine_loop import EngineLoop
-from semantic.application.events import TokenEvent
-from semantic.application.generation import GenerationInput, GenerationService, Limits
+from semantic.application.engine.engine_loop import EngineLoop
+from semantic.application.engine.events import TokenEvent
 from semantic.application.scheduler.pacer import PacerConfig
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.constraints import OutputConstraint, UnsupportedSchemaError

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from semantic.adapters.http.anthropic_context import applied_edits, context_edit
-from semantic.application.context_edits import AppliedEdit, policy_applied
+from semantic.application.chat.context_edits import AppliedEdit, policy_applied
 from semantic.domain.chat import ChatMessage
 from semantic.domain.context_edits import (
     CLEAR_TOOL_RESULTS,

@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from semantic.application.active_request import StoredPrefix
 from semantic.application.books.kv_books import HEAD_PIN_PATIENCE_S
 from semantic.application.engine import (
     NO_ROOM_FAILURE,
@@ -16,7 +15,8 @@ from semantic.application.engine import (
     BlockPoolBatchEngine,
     EngineConfig,
 )
-from semantic.application.events import CompletionEvent, EngineEvent, TokenEvent
+from semantic.application.engine.active_request import StoredPrefix
+from semantic.application.engine.events import CompletionEvent, EngineEvent, TokenEvent
 from semantic.application.scheduler.pacer import PacerConfig
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.blocks import AgentBlocks

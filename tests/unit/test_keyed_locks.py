@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import asyncio
 
-from semantic.application.keyed_locks import KeyedLocks
+from semantic.application.agents.keyed_locks import KeyedLocks
 
 
 async def test_a_key_is_held_by_one_at_a_time_and_forgotten_once_free() -> None:

@@ -18,14 +18,14 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from semantic.application.active_request import (
+from semantic.application.books.kv_books import KVBooks
+from semantic.application.engine.active_request import (
     ActiveRequest,
     GenerationRequest,
     HeldPrefix,
     StoredPrefix,
 )
-from semantic.application.books.kv_books import KVBooks
-from semantic.application.completion import CompletionDetector
+from semantic.application.engine.completion import CompletionDetector
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.blocks import AgentBlocks
 from semantic.domain.cache_spec import ModelCacheSpec

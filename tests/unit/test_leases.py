@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from semantic.adapters.http.errors import body_for, headers_for, problem_for
-from semantic.application.leases import AgentLeases, LeaseConfig, instance_holder
+from semantic.application.agents.leases import AgentLeases, LeaseConfig, instance_holder
 from semantic.domain.errors import AgentBusyError, LeaseLostError
 from semantic.ports.leases import Lease
 from tests.unit.storage_fakes import FakeMetadataStore

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from semantic.application.active_request import ActiveRequest, GenerationRequest, HeldPrefix
 from semantic.application.books.ledger import BlockLedger
-from semantic.application.completion import CompletionDetector
-from semantic.application.prefix_sharing import PrefixSharing
+from semantic.application.engine.active_request import ActiveRequest, GenerationRequest, HeldPrefix
+from semantic.application.engine.completion import CompletionDetector
+from semantic.application.engine.prefix_sharing import PrefixSharing
 from semantic.domain.blocks import AgentBlocks, KVBlock
 from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.generation import GREEDY, CompletionCriteria

@@ -18,8 +18,8 @@ from semantic.adapters.http import anthropic_routes, openai_routes
 from semantic.adapters.http.anthropic_tools import new_tool_use_id
 from semantic.adapters.http.openai_tools import new_call_id
 from semantic.adapters.tool_formats import DefaultFormat
-from semantic.application.generation import GenerationResult, TextDelta, Usage
-from semantic.application.tool_replies import Reply, ReplyReader
+from semantic.application.chat.generation import GenerationResult, TextDelta, Usage
+from semantic.application.chat.tool_replies import Reply, ReplyReader
 from semantic.domain.generation import FinishReason, RequestStats
 
 PIECES = [

@@ -10,9 +10,15 @@ import pytest
 
 from semantic.adapters.http.tool_translate import named_refusal, response_schema
 from semantic.adapters.tool_formats import DefaultFormat, format_for
-from semantic.application.call_memory import CallMemory
-from semantic.application.generation import TextDelta
-from semantic.application.tool_replies import ArgumentsDelta, Call, CallOpened, Reply, ReplyReader
+from semantic.application.chat.call_memory import CallMemory
+from semantic.application.chat.generation import TextDelta
+from semantic.application.chat.tool_replies import (
+    ArgumentsDelta,
+    Call,
+    CallOpened,
+    Reply,
+    ReplyReader,
+)
 from semantic.domain.chat import ChatMessage, check_tool_answers
 from semantic.domain.constraints import UnsupportedSchemaError
 from semantic.domain.errors import InvalidRequestError

@@ -4,7 +4,7 @@ The application decides what runs when (admission, chunk sizes, block accounting
 request ends); the backend only executes it, a round at a time: the engine hands it one
 ``RoundWork`` and takes in the ``RoundResult`` (ADR 0024). Sequences are named by the
 caller's ids. ``StepOutput`` and ``SliceProgress`` are what a backend's own steps give
-(``adapters/round_runner.py``), inside an outcome.
+(``application/scheduler/round_runner.py``), inside an outcome.
 """
 
 from __future__ import annotations

@@ -111,7 +111,7 @@ def generate_text(args: argparse.Namespace) -> int:
 
 
 def _print_reply(runtime: EngineRuntime, args: argparse.Namespace) -> int:
-    from semantic.application.events import CompletionEvent, EngineEvent, TokenEvent
+    from semantic.application.engine.events import CompletionEvent, EngineEvent, TokenEvent
     from semantic.domain.chat import ChatMessage
 
     messages = [ChatMessage("system", args.system)] if args.system else []

@@ -21,7 +21,7 @@ from semantic.adapters.http.openai_tools import call_entry, openai_tool_use, rep
 from semantic.adapters.http.retention_hints import header_hints, keep_hints
 from semantic.adapters.http.tool_translate import named_refusal
 from semantic.adapters.http.translate import OPENAI_FINISH, sampling, stop_strings
-from semantic.application.agents import (
+from semantic.application.agents.service import (
     AgentInfo,
     ArgumentsDelta,
     CallOpened,
@@ -30,7 +30,7 @@ from semantic.application.agents import (
     TurnEvent,
     record_calls,
 )
-from semantic.application.generation import GenerationResult, TextDelta
+from semantic.application.chat.generation import GenerationResult, TextDelta
 from semantic.domain.constraints import UnsupportedSchemaError
 from semantic.domain.context_edits import ContextPolicy
 from semantic.domain.errors import InvalidRequestError, SemanticError

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from semantic.application.context_edits import AppliedEdit
+from semantic.application.chat.context_edits import AppliedEdit
 from semantic.domain.cache_spec import BLOCK_TOKENS
 from semantic.domain.context_edits import DEFAULT_KEEP, DEFAULT_TRIGGER_TOKENS, ClearToolUses
 from semantic.domain.errors import InvalidRequestError

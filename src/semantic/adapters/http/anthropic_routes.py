@@ -47,14 +47,14 @@ from semantic.adapters.http.translate import (
     sampling,
     stop_strings,
 )
-from semantic.application.context_edits import edited
-from semantic.application.generation import (
+from semantic.application.chat.context_edits import edited
+from semantic.application.chat.generation import (
     GenerationHandle,
     GenerationInput,
     GenerationResult,
     TextDelta,
 )
-from semantic.application.tool_replies import CallOpened, Reply, ReplyEvent, ReplyReader
+from semantic.application.chat.tool_replies import CallOpened, Reply, ReplyEvent, ReplyReader
 from semantic.domain.chat import ChatMessage, check_tool_answers
 from semantic.domain.errors import InvalidRequestError, SemanticError
 from semantic.domain.tools import Tool

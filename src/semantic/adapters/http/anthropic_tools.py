@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from semantic.application.tool_replies import Call
+from semantic.application.chat.tool_replies import Call
 from semantic.domain.chat import ChatMessage
 from semantic.domain.errors import InvalidRequestError
 from semantic.domain.tools import ToolCall, ToolChoice, ToolUse, checked_tools, tool_use

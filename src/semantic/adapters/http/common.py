@@ -16,7 +16,7 @@ from litestar.response.base import ASGIResponse
 
 from semantic.adapters.http.state import ServerState, Services
 from semantic.adapters.http.tool_translate import named_refusal, no_room_for_tools
-from semantic.application.generation import (
+from semantic.application.chat.generation import (
     GenerationFailedError,
     GenerationHandle,
     GenerationInput,

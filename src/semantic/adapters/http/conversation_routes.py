@@ -19,7 +19,7 @@ from semantic.adapters.http.responses_schemas import (
     CreateConversation,
     UpdateConversation,
 )
-from semantic.application.responses import CONVERSATION, ITEM
+from semantic.application.agents.responses import CONVERSATION, ITEM
 from semantic.ports.object_store import StoredObject
 
 

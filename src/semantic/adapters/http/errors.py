@@ -22,7 +22,7 @@ from litestar.exceptions import (
 
 from semantic.adapters.http.common import ClientGoneError
 from semantic.adapters.http.identity import NamespaceNotAllowedError
-from semantic.application.generation import GenerationFailedError
+from semantic.application.chat.generation import GenerationFailedError
 from semantic.domain.errors import (
     AgentBusyError,
     AgentExistsError,

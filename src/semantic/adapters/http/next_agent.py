@@ -15,7 +15,7 @@ from litestar import Request
 
 from semantic.adapters.http.identity import checked_id, identity
 from semantic.adapters.http.state import ServerState
-from semantic.application.agents import AgentService
+from semantic.application.agents.service import AgentService
 from semantic.domain.errors import AgentNotFoundError
 
 NEXT_AGENT_HEADER = "X-Next-Agent"

@@ -50,14 +50,14 @@ from semantic.adapters.http.translate import (
     sampling,
     stop_strings,
 )
-from semantic.application.call_memory import CallMemory
-from semantic.application.generation import (
+from semantic.application.chat.call_memory import CallMemory
+from semantic.application.chat.generation import (
     GenerationHandle,
     GenerationInput,
     GenerationResult,
     TextDelta,
 )
-from semantic.application.tool_replies import Reply, ReplyReader
+from semantic.application.chat.tool_replies import Reply, ReplyReader
 from semantic.domain.chat import ChatMessage, check_tool_answers
 from semantic.domain.constraints import OutputConstraint
 from semantic.domain.errors import InvalidRequestError, SemanticError

@@ -7,8 +7,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from semantic.application.generation import TextDelta
-from semantic.application.tool_replies import Call, CallOpened, ReplyEvent
+from semantic.application.chat.generation import TextDelta
+from semantic.application.chat.tool_replies import Call, CallOpened, ReplyEvent
 from semantic.domain.errors import InvalidRequestError
 from semantic.domain.tools import (
     ToolCall,

@@ -27,9 +27,15 @@ from semantic.adapters.http.retention_hints import openai_hints
 from semantic.adapters.http.state import Services
 from semantic.adapters.http.tool_translate import named_refusal, reply_shape, response_schema
 from semantic.adapters.http.translate import check_model, must_default, sampling
-from semantic.application.agents import CommittedReply, Turn
-from semantic.application.generation import GenerationResult
-from semantic.application.responses import INPUT_ITEM, ITEM, RESPONSE, ResponseAsk, ResponseEvent
+from semantic.application.agents.responses import (
+    INPUT_ITEM,
+    ITEM,
+    RESPONSE,
+    ResponseAsk,
+    ResponseEvent,
+)
+from semantic.application.agents.service import CommittedReply, Turn
+from semantic.application.chat.generation import GenerationResult
 from semantic.domain.constraints import UnsupportedSchemaError
 from semantic.domain.errors import InvalidRequestError, PromptTooLongError, SemanticError
 from semantic.domain.generation import FinishReason

@@ -10,9 +10,9 @@ from typing import Any
 from semantic.adapters.http.common import sse_data
 from semantic.adapters.http.errors import problem_for
 from semantic.adapters.http.responses_items import call_item, message_item
-from semantic.application.agents import ArgumentsDelta, CallOpened, CommittedReply
-from semantic.application.generation import TextDelta
-from semantic.application.responses import ResponseEvent
+from semantic.application.agents.responses import ResponseEvent
+from semantic.application.agents.service import ArgumentsDelta, CallOpened, CommittedReply
+from semantic.application.chat.generation import TextDelta
 from semantic.domain.errors import SemanticError
 
 

@@ -16,7 +16,7 @@ from litestar import Request
 
 from semantic.adapters.http.identity import checked_id
 from semantic.adapters.http.state import Services
-from semantic.application.generation import GenerationHandle
+from semantic.application.chat.generation import GenerationHandle
 from semantic.domain.errors import InvalidRequestError
 from semantic.domain.retention import (
     HEADER,

@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from semantic.application.agents import AgentService
+from semantic.application.agents.responses import ResponsesService
+from semantic.application.agents.service import AgentService
 from semantic.application.cache.store import AgentCacheStore
-from semantic.application.call_memory import CallMemory
+from semantic.application.chat.call_memory import CallMemory
+from semantic.application.chat.generation import GenerationService
 from semantic.application.dashboard.view import Dashboard
-from semantic.application.engine_loop import EngineLoop
-from semantic.application.generation import GenerationService
-from semantic.application.responses import ResponsesService
+from semantic.application.engine.engine_loop import EngineLoop
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.errors import ModelUnavailableError

@@ -37,7 +37,7 @@ from semantic.adapters.mlx.lm import BatchKVCache, KVCache, make_prompt_cache
 from semantic.adapters.mlx.models.model_parts import BodyAndHead
 from semantic.adapters.mlx.sampling import Sampler, log_softmax, make_sampler, top_prob
 from semantic.adapters.mlx.token_mask import masked
-from semantic.adapters.round_runner import RoundRunner
+from semantic.application.scheduler.round_runner import RoundRunner
 from semantic.domain.blocks import AgentBlocks
 from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.errors import InvalidRequestError

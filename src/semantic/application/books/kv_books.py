@@ -24,8 +24,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from semantic.application.active_request import ActiveRequest, HeldPrefix
 from semantic.application.books.ledger import BlockLedger
+from semantic.application.engine.active_request import ActiveRequest, HeldPrefix
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.blocks import AgentBlocks, KVBlock
 from semantic.domain.cache_spec import ModelCacheSpec

@@ -14,7 +14,7 @@ from semantic.application.cache.hot_index import CACHE_OWNER, HotBlock, HotIndex
 from semantic.application.cache.lineage import ANONYMOUS_AGENT
 from semantic.application.cache.persistence import SaveJob, Saver
 from semantic.application.cache.retention_book import RetentionBook
-from semantic.application.events import CompletionEvent
+from semantic.application.engine.events import CompletionEvent
 from semantic.domain.block_identity import chain_keys
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.blocks import AgentBlocks, KVBlock

@@ -12,10 +12,10 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from semantic.application.active_request import HeldPrefix
 from semantic.application.cache.hot_index import HotBlock, HotIndex
 from semantic.application.cache.loader import BlockLoader, LoadOutcome
 from semantic.application.cache.stats import Restored
+from semantic.application.engine.active_request import HeldPrefix
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.blocks import AgentBlocks, KVBlock, restorable_prefix
 from semantic.domain.cache_spec import ModelCacheSpec

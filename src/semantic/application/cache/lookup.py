@@ -17,7 +17,6 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from semantic.application.active_request import HeldPrefix, StoredPrefix
 from semantic.application.cache.chain import Candidate, Chain, ChainPinner, by_tier, restored
 from semantic.application.cache.hot_index import HotBlock
 from semantic.application.cache.loader import BlockLoader
@@ -25,6 +24,7 @@ from semantic.application.cache.prefix_walk import PrefixWalk
 from semantic.application.cache.read_lanes import LaneReaders, in_order, read_lanes, when_all_done
 from semantic.application.cache.stats import CacheStats
 from semantic.application.cache.stored_plan import StoredPlan
+from semantic.application.engine.active_request import HeldPrefix, StoredPrefix
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.blocks import AgentBlocks
 from semantic.domain.tokens import common_prefix, reusable_prefix

@@ -27,7 +27,7 @@ from semantic.application.cache.shared_tier import SharedTier
 from semantic.application.cache.stats import CacheStats
 from semantic.application.cache.stored_plan import StoredPlan
 from semantic.application.cache.tool_waits import ToolWaits
-from semantic.application.events import CompletionEvent
+from semantic.application.engine.events import CompletionEvent
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.quotas import NamespaceQuotas, Quota

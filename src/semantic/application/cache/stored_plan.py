@@ -18,11 +18,11 @@ from concurrent.futures import Future
 from dataclasses import replace
 from typing import Any
 
-from semantic.application.active_request import StoredPrefix
 from semantic.application.cache.chain import Candidate, ChainPinner, Fetched, restored
 from semantic.application.cache.hot_index import HotBlock, HotIndex
 from semantic.application.cache.loader import BlockLoader, LoadOutcome
 from semantic.application.cache.stats import CacheStats, Restored
+from semantic.application.engine.active_request import StoredPrefix
 from semantic.domain.blocks import AgentBlocks
 from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.tokens import common_prefix

@@ -13,7 +13,7 @@ from collections.abc import Callable, Collection, Container, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from semantic.application.agent_values import INTERNAL_PREFIX
+from semantic.application.agents.values import INTERNAL_PREFIX
 from semantic.application.cache.hot_index import HotIndex
 from semantic.application.dashboard.turn_history import TurnHistory
 from semantic.domain.errors import AgentNotFoundError, InvalidRequestError

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import logging
 
-from semantic.application.active_request import ActiveRequest, Phase
 from semantic.application.books.kv_books import KVBooks
+from semantic.application.engine.active_request import ActiveRequest, Phase
 from semantic.application.engine.lifecycle import Events, Lifecycle
+from semantic.application.engine.prefix_sharing import PrefixSharing
 from semantic.application.engine.state import EngineState
-from semantic.application.prefix_sharing import PrefixSharing
 from semantic.domain.blocks import AgentBlocks, restorable_prefix
 from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.errors import NoRoomCameError

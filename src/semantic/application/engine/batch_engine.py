@@ -15,21 +15,21 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from semantic.application.active_request import (
+from semantic.application.books.kv_books import KVBooks, Reclaim
+from semantic.application.engine.active_request import (
     ActiveRequest,
     GenerationRequest,
     HeldPrefix,
     Phase,
     StoredPrefix,
 )
-from semantic.application.books.kv_books import KVBooks, Reclaim
 from semantic.application.engine.admission import Admission
+from semantic.application.engine.events import EngineEvent
 from semantic.application.engine.intake import Intake
 from semantic.application.engine.lifecycle import Lifecycle
+from semantic.application.engine.prefix_sharing import PrefixSharing
 from semantic.application.engine.rounds import RoundExecutor
 from semantic.application.engine.state import EngineState
-from semantic.application.events import EngineEvent
-from semantic.application.prefix_sharing import PrefixSharing
 from semantic.application.scheduler.pacer import PacerConfig, PrefillPacer
 from semantic.application.scheduler.prefill_adder import (
     PrefillAdder,

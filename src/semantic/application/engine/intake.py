@@ -10,12 +10,12 @@ from __future__ import annotations
 import itertools
 import threading
 
-from semantic.application.active_request import ActiveRequest, GenerationRequest, Phase
 from semantic.application.books.kv_books import KVBooks
-from semantic.application.completion import CompletionDetector
+from semantic.application.chat.request_validation import validate_request
+from semantic.application.engine.active_request import ActiveRequest, GenerationRequest, Phase
+from semantic.application.engine.completion import CompletionDetector
 from semantic.application.engine.lifecycle import Events, Lifecycle
 from semantic.application.engine.state import EngineState
-from semantic.application.request_validation import validate_request
 from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.constraints import OutputConstraint
 from semantic.domain.errors import InvalidRequestError

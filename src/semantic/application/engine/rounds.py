@@ -16,7 +16,7 @@ the blocks they free.
 
 from __future__ import annotations
 
-from semantic.application.active_request import ActiveRequest
+from semantic.application.engine.active_request import ActiveRequest
 from semantic.application.engine.admission import Admission
 from semantic.application.engine.lifecycle import Events, Lifecycle
 from semantic.application.engine.state import EngineState

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from semantic.application.active_request import ActiveRequest
+from semantic.application.engine.active_request import ActiveRequest
 from semantic.application.scheduler.request_queue import RequestQueue
 
 

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from semantic.application.active_request import ActiveRequest
 from semantic.application.books.kv_books import KVBooks
+from semantic.application.engine.active_request import ActiveRequest
 from semantic.application.scheduler.pacer import PrefillPacer, RoundBudget
 from semantic.application.scheduler.request_queue import RequestQueue
 from semantic.domain.cache_spec import ModelCacheSpec

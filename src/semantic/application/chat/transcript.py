@@ -15,8 +15,8 @@ import uuid
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
-from semantic.application.agent_values import INTERNAL_PREFIX, Turn
-from semantic.application.tool_replies import Reply
+from semantic.application.agents.values import INTERNAL_PREFIX, Turn
+from semantic.application.chat.tool_replies import Reply
 from semantic.domain.chat import ChatMessage
 from semantic.domain.errors import InvalidRequestError, PromptTooLongError
 from semantic.domain.tools import ToolCall

@@ -8,10 +8,14 @@ import asyncio
 import contextlib
 import functools
 
+from semantic.application.agents.live_turns import LiveTurn
+from semantic.application.agents.turn_gate import TurnGate
 from semantic.application.cache.retention_book import RetentionBook
-from semantic.application.generation import GenerationHandle, GenerationInput, GenerationService
-from semantic.application.live_turns import LiveTurn
-from semantic.application.turn_gate import TurnGate
+from semantic.application.chat.generation import (
+    GenerationHandle,
+    GenerationInput,
+    GenerationService,
+)
 from semantic.domain.errors import AgentDeletedError, AgentKeepsTranscriptError
 from semantic.domain.retention import Retention
 from semantic.ports.metadata_store import MetadataStore

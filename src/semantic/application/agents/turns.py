@@ -13,20 +13,20 @@ import functools
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 
-from semantic.application.agent_values import CommittedReply, Turn, TurnStarted
+from semantic.application.agents.live_turns import LiveTurn
+from semantic.application.agents.values import CommittedReply, Turn, TurnStarted
 from semantic.application.cache.store import AgentCacheStore
-from semantic.application.context_edits import policy_applied
-from semantic.application.generation import (
+from semantic.application.chat.context_edits import policy_applied
+from semantic.application.chat.generation import (
     GenerationHandle,
     GenerationInput,
     GenerationResult,
     GenerationService,
     TextDelta,
 )
-from semantic.application.live_turns import LiveTurn
-from semantic.application.prompt_marks import mark
-from semantic.application.tool_replies import Reply, ReplyReader, TurnEvent
-from semantic.application.transcript import (
+from semantic.application.chat.prompt_marks import mark
+from semantic.application.chat.tool_replies import Reply, ReplyReader, TurnEvent
+from semantic.application.chat.transcript import (
     answered,
     answers_history,
     asked,

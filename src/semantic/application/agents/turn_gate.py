@@ -7,10 +7,10 @@ import contextlib
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
 
+from semantic.application.agents.keyed_locks import KeyedLocks
+from semantic.application.agents.leases import AgentLeases
+from semantic.application.agents.live_turns import LiveTurn, LiveTurns
 from semantic.application.cache.store import AgentCacheStore
-from semantic.application.keyed_locks import KeyedLocks
-from semantic.application.leases import AgentLeases
-from semantic.application.live_turns import LiveTurn, LiveTurns
 from semantic.domain.errors import AgentDeletedError
 from semantic.ports.leases import Lease
 

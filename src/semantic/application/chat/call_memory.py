@@ -16,7 +16,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from semantic.application.tool_replies import Reply
+from semantic.application.chat.tool_replies import Reply
 from semantic.domain.chat import ChatMessage
 from semantic.domain.tools import same_arguments
 from semantic.ports.metadata_store import MetadataStore

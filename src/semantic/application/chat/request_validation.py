@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from semantic.application.active_request import GenerationRequest
+from semantic.application.engine.active_request import GenerationRequest
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.errors import InvalidRequestError, PromptTooLongError

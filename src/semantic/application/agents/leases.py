@@ -20,7 +20,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
-from semantic.application.keyed_locks import KeyedLocks
+from semantic.application.agents.keyed_locks import KeyedLocks
 from semantic.domain.errors import AgentBusyError, LeaseLostError, StorageUnavailableError
 from semantic.ports.leases import Lease, LeaseStore
 

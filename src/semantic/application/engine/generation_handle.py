@@ -9,9 +9,9 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 
 from semantic.application.cache.store import AgentCacheStore
-from semantic.application.engine import NO_ROOM_FAILURE
-from semantic.application.engine_loop import SHUTDOWN_FAILURE, AsyncEventStream, EngineLoop
-from semantic.application.events import CompletionEvent, TokenEvent
+from semantic.application.engine.admission import NO_ROOM_FAILURE
+from semantic.application.engine.engine_loop import SHUTDOWN_FAILURE, AsyncEventStream, EngineLoop
+from semantic.application.engine.events import CompletionEvent, TokenEvent
 from semantic.domain.errors import NoRoomCameError, SemanticError, ShuttingDownError
 from semantic.domain.generation import FinishedRequest, FinishReason, RequestStats
 from semantic.ports.observer import GenerationObserver

@@ -13,8 +13,12 @@ import functools
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any
 
-from semantic.application.agent_turns import TurnRunner
-from semantic.application.agent_values import (
+from semantic.application.agents.leases import AgentLeases
+from semantic.application.agents.live_turns import LiveTurns
+from semantic.application.agents.plain_requests import PlainRequests
+from semantic.application.agents.turn_gate import TurnGate
+from semantic.application.agents.turns import TurnRunner
+from semantic.application.agents.values import (
     INTERNAL_PREFIX,
     AgentInfo,
     CacheState,
@@ -24,18 +28,14 @@ from semantic.application.agent_values import (
 )
 from semantic.application.cache.lineage import branch_prefix
 from semantic.application.cache.store import AgentCacheStore
-from semantic.application.generation import (
+from semantic.application.chat.generation import (
     GenerationHandle,
     GenerationInput,
     GenerationService,
 )
-from semantic.application.leases import AgentLeases
-from semantic.application.live_turns import LiveTurns
-from semantic.application.plain_requests import PlainRequests
-from semantic.application.prompt_marks import marked
-from semantic.application.tool_replies import ArgumentsDelta, CallOpened, TurnEvent
-from semantic.application.transcript import new_call_id, record_calls
-from semantic.application.turn_gate import TurnGate
+from semantic.application.chat.prompt_marks import marked
+from semantic.application.chat.tool_replies import ArgumentsDelta, CallOpened, TurnEvent
+from semantic.application.chat.transcript import new_call_id, record_calls
 from semantic.domain.chat import ChatMessage
 from semantic.domain.context_edits import ContextPolicy
 from semantic.domain.errors import (

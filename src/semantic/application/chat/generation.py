@@ -13,11 +13,11 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from semantic.application.active_request import GenerationRequest
 from semantic.application.cache.lineage import ANONYMOUS_AGENT
 from semantic.application.cache.store import AgentCacheStore, CachedPrefix
-from semantic.application.engine_loop import AsyncEventStream, EngineLoop
-from semantic.application.generation_handle import (
+from semantic.application.engine.active_request import GenerationRequest
+from semantic.application.engine.engine_loop import AsyncEventStream, EngineLoop
+from semantic.application.engine.generation_handle import (
     GenerationEvent,
     GenerationFailedError,
     GenerationHandle,

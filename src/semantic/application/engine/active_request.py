@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from semantic.application.books.ledger import BlockLedger
-from semantic.application.completion import CompletionDetector
+from semantic.application.engine.completion import CompletionDetector
 from semantic.domain.blocks import AgentBlocks
 from semantic.domain.constraints import OutputConstraint
 from semantic.domain.generation import CompletionCriteria, Priority, RequestStats, SamplingParams

@@ -22,14 +22,14 @@ import json
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 
-from semantic.application.agents import (
+from semantic.application.agents.service import (
     INTERNAL_PREFIX,
     AgentService,
     CommittedReply,
     Turn,
     TurnStarted,
 )
-from semantic.application.tool_replies import TurnEvent
+from semantic.application.chat.tool_replies import TurnEvent
 from semantic.domain.errors import AgentNotFoundError, ObjectNotFoundError, PromptTooLongError
 from semantic.ports.metadata_store import AgentRecord, MessageRecord
 from semantic.ports.object_store import ObjectStore, StoredObject

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from semantic.application.generation_handle import GenerationResult, TextDelta
+from semantic.application.engine.generation_handle import GenerationResult, TextDelta
 from semantic.domain.tools import ToolCall
 from semantic.ports.tool_format import ToolFormat
 

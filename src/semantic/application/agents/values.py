@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from semantic.application.generation import GenerationResult
-from semantic.application.tool_replies import Call
+from semantic.application.chat.generation import GenerationResult
+from semantic.application.chat.tool_replies import Call
 from semantic.domain.constraints import OutputConstraint
 from semantic.domain.context_edits import ContextPolicy
 from semantic.domain.generation import GREEDY, Priority, SamplingParams

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from semantic.application.detokenizer import IncrementalDetokenizer
+from semantic.application.engine.detokenizer import IncrementalDetokenizer
 from semantic.domain.generation import CompletionCriteria, FinishReason
 from semantic.ports.tokenizer import Tokenizer
 

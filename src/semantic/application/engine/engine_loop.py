@@ -17,9 +17,9 @@ from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from semantic.application.active_request import GenerationRequest
-from semantic.application.engine import BlockPoolBatchEngine, StepResult
-from semantic.application.events import CompletionEvent, EngineEvent
+from semantic.application.engine.active_request import GenerationRequest
+from semantic.application.engine.batch_engine import BlockPoolBatchEngine, StepResult
+from semantic.application.engine.events import CompletionEvent, EngineEvent
 from semantic.application.threads import wait_until_gone
 from semantic.domain.errors import ShuttingDownError
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from semantic.application.active_request import ActiveRequest, Phase
+from semantic.application.engine.active_request import ActiveRequest, Phase
 from semantic.domain.blocks import AgentBlocks
 from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.tokens import common_prefix, reusable_prefix
