@@ -147,7 +147,13 @@ def refresh_of(
     metadata: SqlMetadataStore, records: list[AgentRecord]
 ) -> Callable[[], Awaitable[object]]:
     """What the page asks at once, on a dashboard of its own (nothing read before)."""
-    dashboard = Dashboard(metadata, memory_of(records), history_of(records, 7), SPEC.block_bytes)
+    dashboard = Dashboard(
+        metadata,
+        metadata,
+        memory_of(records),
+        history_of(records, 7),
+        pool_block_bytes=SPEC.block_bytes,
+    )
 
     async def refresh() -> object:
         return await asyncio.gather(
@@ -173,9 +179,10 @@ async def measure(directory: Path, agents: int, runs: int) -> None:
         records = await fill(metadata, agents, seed=7)
         dashboard = Dashboard(
             metadata,
+            metadata,
             memory_of(records),
             history_of(records, seed=7),
-            SPEC.block_bytes,
+            pool_block_bytes=SPEC.block_bytes,
             clock=Ticking(),
         )
         print(f"{agents} agents in {NAMESPACES} namespaces; median of {runs} runs, in ms:")

@@ -50,7 +50,8 @@ async def from_redis(
         services.spec,
         services.cache.fingerprint,
         block_store=KVBlockStore(BlockFiles(directory / "blocks"), MlxHostCodec()),
-        metadata=metadata,
+        agent_records=metadata,
+        block_records=metadata,
         shared=RedisSharedBlocks(url),
     )
     await store.start()

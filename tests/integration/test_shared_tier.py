@@ -52,7 +52,8 @@ class Instance:
             model.spec,
             FINGERPRINT,
             block_store=KVBlockStore(self.files, MlxHostCodec()),
-            metadata=self.metadata,
+            agent_records=self.metadata,
+            block_records=self.metadata,
             shared=None if redis_url is None else RedisSharedBlocks(redis_url),
         )
         self.engine = BlockPoolBatchEngine(

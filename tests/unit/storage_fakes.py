@@ -251,10 +251,6 @@ class FakeMetadataStore:
         self.transcripts.pop((namespace, agent_id), None)
         return self._recount(set(old.block_keys) if old else set())
 
-    async def touch_agent(self, namespace: str, agent_id: str, when: float) -> None:
-        agent = self.agent_rows[(namespace, agent_id)]
-        self.agent_rows[(namespace, agent_id)] = dataclasses.replace(agent, last_used=when)
-
     async def unreferenced_blocks(self) -> list[str]:
         return [k for k, r in self.block_rows.items() if r.ref_count <= 0]
 

@@ -50,7 +50,8 @@ class Harness:
             self.backend.spec,
             fingerprint,
             block_store=self.block_store,
-            metadata=self.metadata,
+            agent_records=self.metadata,
+            block_records=self.metadata,
             config=CacheConfig(
                 disk_quota_bytes=quota,
                 disk_reserve_bytes=reserve,

@@ -66,7 +66,7 @@ async def test_pages_sort_and_scope_the_agents(books: Books) -> None:
     await fill(metadata, hot)
     history.on_finished(turn("b", "solo", 256, 0, ttft=0.5, at=NOW))
     history.on_finished(turn("b", "solo", 300, 256, ttft=0.1, at=NOW))
-    dashboard = Dashboard(metadata, hot, history, POOL_BLOCK)
+    dashboard = Dashboard(metadata, metadata, hot, history, pool_block_bytes=POOL_BLOCK)
 
     everyone = await dashboard.agents(None, PageQuery(sort="agent", descending=False))
     assert [(r.namespace, r.agent_id) for r in everyone.rows] == [
@@ -91,7 +91,7 @@ async def test_pages_sort_and_scope_the_agents(books: Books) -> None:
 async def test_usage_counts_a_shared_block_once_per_namespace(books: Books) -> None:
     metadata, hot, history, _ = books
     await fill(metadata, hot)
-    dashboard = Dashboard(metadata, hot, history, POOL_BLOCK)
+    dashboard = Dashboard(metadata, metadata, hot, history, pool_block_bytes=POOL_BLOCK)
     usage = {u.namespace: u for u in await dashboard.usage(None)}
     assert (usage["a"].agents, usage["a"].memory_bytes, usage["a"].disk_bytes) == (
         2,
@@ -105,7 +105,7 @@ async def test_usage_counts_a_shared_block_once_per_namespace(books: Books) -> N
 async def test_an_agents_detail_shows_its_lineage_and_shared_blocks(books: Books) -> None:
     metadata, hot, history, _ = books
     await fill(metadata, hot)
-    dashboard = Dashboard(metadata, hot, history, POOL_BLOCK)
+    dashboard = Dashboard(metadata, metadata, hot, history, pool_block_bytes=POOL_BLOCK)
     lead = await dashboard.agent("a", "lead")
     assert lead.forks == ("helper",)
     assert lead.sharing == ("helper",)

@@ -1,4 +1,15 @@
-"""The metadata store port: agents, their block lists, blocks, transcripts."""
+"""The metadata store's ports, one by role: the database itself, agents and their block
+lists, block records, transcripts, and remembered replies.
+
+One database holds them all, opened and closed by the composition root (the SQL adapter
+implements every role on one engine, so a turn's writes share its transactions); each
+consumer names only the roles it uses, and the composition root hands it the same store
+for each.
+
+The writes of an agent's chain and transcript take the ``lease`` they are made under
+(instances sharing the database): each checks it in its own transaction and raises
+``LeaseLostError``, keeping nothing, once its epoch is no longer current. ``None``: one
+instance, no leases."""
 
 from __future__ import annotations
 
@@ -59,51 +70,11 @@ class MessageRecord:
     """An assistant turn with calls: the text the model wrote, rendered again as it was."""
 
 
-class MetadataStore(Protocol):
-    """Durable metadata. ``save_agent_blocks`` is one transaction: the new blocks' rows and
-    the agent's new block list commit together, reference counts follow, and blocks that no
-    agent references any more are returned so their files can be deleted.
-
-    The writes of an agent's chain and transcript take the ``lease`` they are made under
-    (instances sharing the database): each checks it in its own transaction and raises
-    ``LeaseLostError``, keeping nothing, once its epoch is no longer current. ``None``: one
-    instance, no leases."""
-
-    async def open(self) -> None:
-        """Create or migrate the schema."""
-        ...
-
-    @property
-    def created(self) -> bool:
-        """Whether ``open`` created the database (there was none, or it held no schema)."""
-        ...
-
-    async def close(self) -> None: ...
-
-    async def blocks(self, keys: Sequence[str]) -> dict[str, BlockRecord]: ...
-
-    async def children(self, parent_key: str) -> list[BlockRecord]: ...
-
-    async def save_agent_blocks(
-        self,
-        agent: AgentRecord,
-        new_blocks: Sequence[BlockRecord],
-        *,
-        create: bool = True,
-        lease: Lease | None = None,
-    ) -> list[str]:
-        """Record ``new_blocks`` and make ``agent``'s block list its ``block_keys``; returns
-        the keys no record references any more. ``create=False`` changes only a record
-        that exists: a cut must not bring back an agent deleted since it was read."""
-        ...
-
-    async def mark_blocks_shared(self, keys: Sequence[str]) -> None:
-        """Record that the shared tier holds these blocks (rows gone since are skipped)."""
-        ...
-
-    async def quarantine_block(self, key: str) -> None:
-        """Mark a block bad: lookups stop before it until a save replaces it."""
-        ...
+class AgentRecords(Protocol):
+    """Agents and their block lists. ``save_agent_blocks`` is one transaction: the new
+    blocks' rows and the agent's new block list commit together, reference counts follow,
+    and blocks that no agent references any more are returned so their files can be
+    deleted."""
 
     async def agent(self, namespace: str, agent_id: str) -> AgentRecord | None: ...
 
@@ -127,17 +98,17 @@ class MetadataStore(Protocol):
         ``AgentExistsError`` if ``new_id`` is taken."""
         ...
 
-    async def commit_branch(
+    async def save_agent_blocks(
         self,
         agent: AgentRecord,
-        transcript: Sequence[MessageRecord],
+        new_blocks: Sequence[BlockRecord],
         *,
+        create: bool = True,
         lease: Lease | None = None,
-    ) -> None:
-        """In one transaction, the agent (``keeps_transcript``, its ``system_prompt``)
-        holding ``agent.block_keys`` (up to the first whose block is gone) and
-        ``transcript`` as its messages: a turn whose agent is made with its reply. A row a
-        save already made for it keeps its block list and takes the rest."""
+    ) -> list[str]:
+        """Record ``new_blocks`` and make ``agent``'s block list its ``block_keys``; returns
+        the keys no record references any more. ``create=False`` changes only a record
+        that exists: a cut must not bring back an agent deleted since it was read."""
         ...
 
     async def delete_agent(
@@ -151,7 +122,27 @@ class MetadataStore(Protocol):
         record yet gets one (it keeps no transcript), so its hints outlive a restart."""
         ...
 
-    async def touch_agent(self, namespace: str, agent_id: str, when: float) -> None: ...
+
+class BlockRecords(Protocol):
+    """The records of the block files: what each holds, who shares it, what is on disk."""
+
+    @property
+    def created(self) -> bool:
+        """Whether ``open`` created the database (there was none, or it held no schema):
+        its rows then know none of the block files already on disk."""
+        ...
+
+    async def blocks(self, keys: Sequence[str]) -> dict[str, BlockRecord]: ...
+
+    async def children(self, parent_key: str) -> list[BlockRecord]: ...
+
+    async def mark_blocks_shared(self, keys: Sequence[str]) -> None:
+        """Record that the shared tier holds these blocks (rows gone since are skipped)."""
+        ...
+
+    async def quarantine_block(self, key: str) -> None:
+        """Mark a block bad: lookups stop before it until a save replaces it."""
+        ...
 
     async def unreferenced_blocks(self) -> list[str]: ...
 
@@ -164,6 +155,10 @@ class MetadataStore(Protocol):
     async def block_bytes_by_namespace(self) -> dict[str, int]:
         """Bytes of the block files each namespace's rows name (a tenant's use on disk)."""
         ...
+
+
+class Transcripts(Protocol):
+    """Agents' messages, and a turn's agent committed with its reply."""
 
     async def append_messages(
         self,
@@ -185,6 +180,23 @@ class MetadataStore(Protocol):
     async def message_counts(self, namespace: str) -> dict[str, int]:
         """Each agent's transcript length in the namespace (agents with none are absent)."""
         ...
+
+    async def commit_branch(
+        self,
+        agent: AgentRecord,
+        transcript: Sequence[MessageRecord],
+        *,
+        lease: Lease | None = None,
+    ) -> None:
+        """In one transaction, the agent (``keeps_transcript``, its ``system_prompt``)
+        holding ``agent.block_keys`` (up to the first whose block is gone) and
+        ``transcript`` as its messages: a turn whose agent is made with its reply. A row a
+        save already made for it keeps its block list and takes the rest."""
+        ...
+
+
+class ReplyMemory(Protocol):
+    """Generated replies with tool calls, kept by key so the next turn renders them again."""
 
     async def remember_reply(self, namespace: str, key: str, body: str) -> None:
         """Keep ``body`` (a generated reply with tool calls, as JSON) under ``key``."""

@@ -18,20 +18,20 @@ from semantic.application.chat.generation import (
 )
 from semantic.domain.errors import AgentDeletedError, AgentKeepsTranscriptError
 from semantic.domain.retention import Retention
-from semantic.ports.metadata_store import MetadataStore
+from semantic.ports.metadata_store import AgentRecords
 
 
 class PlainRequests:
     def __init__(
         self,
         generation: GenerationService,
-        metadata: MetadataStore,
+        agent_records: AgentRecords,
         gate: TurnGate,
         book: RetentionBook,
     ) -> None:
         self._generation = generation
         self._book = book
-        self._metadata = metadata
+        self._agent_records = agent_records
         self._gate = gate
         self._letting_go: set[asyncio.Future[None]] = set()
         """Leases of plain requests being released (kept referenced till they are)."""
@@ -72,7 +72,7 @@ class PlainRequests:
     async def check_use(self, namespace: str, agent_id: str) -> None:
         """A plain request may name any agent but one whose transcript this server keeps,
         from its creation on: its reply's KV would take the place of the transcript's."""
-        record = await self._metadata.agent(namespace, agent_id)
+        record = await self._agent_records.agent(namespace, agent_id)
         if record is not None and record.keeps_transcript:
             raise AgentKeepsTranscriptError(agent_id)
         if record is not None:  # its hints, for its blocks when the request ends

@@ -46,7 +46,13 @@ from semantic.domain.errors import (
 )
 from semantic.domain.retention import Retention
 from semantic.ports.leases import Lease
-from semantic.ports.metadata_store import AgentRecord, MessageRecord, MetadataStore
+from semantic.ports.metadata_store import (
+    AgentRecord,
+    AgentRecords,
+    BlockRecords,
+    MessageRecord,
+    Transcripts,
+)
 from semantic.ports.tokenizer import Tokenizer
 
 __all__ = [
@@ -71,21 +77,26 @@ class AgentService:
     def __init__(
         self,
         generation: GenerationService,
-        metadata: MetadataStore,
         cache: AgentCacheStore,
         tokenizer: Tokenizer,
+        *,
+        agent_records: AgentRecords,
+        block_records: BlockRecords,
+        transcripts: Transcripts,
         leases: AgentLeases | None = None,
     ) -> None:
         """``leases``: instances share the database, and an agent's turns take its lease
         (None: this instance is the database's only one, its own locks are enough)."""
         self._generation = generation
-        self._metadata = metadata
+        self._agent_records = agent_records
+        self._block_records = block_records
+        self._transcripts = transcripts
         self._cache = cache
         self._tokenizer = tokenizer
         self._gate = TurnGate(cache, LiveTurns(generation.cancel), leases)
         self._turns = self._gate.turns
-        self._plain = PlainRequests(generation, metadata, self._gate, cache.retention)
-        self._runner = TurnRunner(generation, metadata, cache, tokenizer)
+        self._plain = PlainRequests(generation, self._agent_records, self._gate, cache.retention)
+        self._runner = TurnRunner(generation, self._transcripts, cache, tokenizer)
 
     async def create(
         self,
@@ -108,7 +119,7 @@ class AgentService:
             retention=None if retention is None else retention.to_json(),
         )
         await self._cache.keeping(
-            namespace, agent_id, functools.partial(self._metadata.create_agent, record)
+            namespace, agent_id, functools.partial(self._agent_records.create_agent, record)
         )
         self._cache.retention.set(namespace, agent_id, retention or Retention())
         return await self.get(namespace, agent_id)
@@ -120,7 +131,7 @@ class AgentService:
         SDK fields), kept on its record; an agent plain requests name gets a record now.
         ``known``: the agent must exist (the agents API: 404 otherwise). A change that is
         refused changes nothing."""
-        record = await self._metadata.agent(namespace, agent_id)
+        record = await self._agent_records.agent(namespace, agent_id)
         if (record is not None and record.anonymous) or (record is None and known):
             raise AgentNotFoundError(agent_id, namespace)
         if record is not None and record.keeps_transcript and not known:
@@ -128,7 +139,7 @@ class AgentService:
         before = Retention.from_json(record.retention if record else None)
         after = before.changed(change)
         if after != before or record is None:
-            await self._metadata.set_retention(namespace, agent_id, after.to_json())
+            await self._agent_records.set_retention(namespace, agent_id, after.to_json())
         self._cache.retention.set(namespace, agent_id, after)
         return after
 
@@ -156,7 +167,7 @@ class AgentService:
 
     async def get(self, namespace: str, agent_id: str) -> AgentInfo:
         record = await self._record(namespace, agent_id)
-        counts = await self._metadata.message_counts(namespace)
+        counts = await self._transcripts.message_counts(namespace)
         return await self._info(record, counts.get(agent_id, 0))
 
     async def start_plain(self, request: GenerationInput) -> GenerationHandle:
@@ -170,13 +181,13 @@ class AgentService:
         whether more follow."""
         records = [
             r
-            for r in await self._metadata.agents(namespace)
+            for r in await self._agent_records.agents(namespace)
             if not r.anonymous
             and not r.agent_id.startswith(INTERNAL_PREFIX)
             and (after is None or r.agent_id > after)
         ]
         page = records if limit is None else records[:limit]
-        counts = await self._metadata.message_counts(namespace)
+        counts = await self._transcripts.message_counts(namespace)
         infos = [await self._info(r, counts.get(r.agent_id, 0)) for r in page]
         return infos, len(page) < len(records)
 
@@ -185,7 +196,7 @@ class AgentService:
         ``prefix`` (one of ``INTERNAL_PREFIX``'s), for their owner's sweep at start."""
         if not prefix.startswith(INTERNAL_PREFIX):
             raise ValueError(f"{prefix!r} names no internal agents")
-        found = await self._metadata.agents()
+        found = await self._agent_records.agents()
         return [(r.namespace, r.agent_id) for r in found if r.agent_id.startswith(prefix)]
 
     async def release(self, namespace: str, agent_id: str) -> tuple[AgentInfo, int]:
@@ -195,7 +206,7 @@ class AgentService:
         first, so they can go too. The agent, and how many blocks left memory."""
         await self._cache.flush()
         record = await self._record(namespace, agent_id)
-        stored = await self._metadata.blocks(record.block_keys)
+        stored = await self._block_records.blocks(record.block_keys)
         own = [key for key, block in stored.items() if block.ref_count <= 1]
         released = self._cache.demote(own)
         return await self.get(namespace, agent_id), released
@@ -205,7 +216,7 @@ class AgentService:
         shared tier), so that turn starts as from memory; the agent, and how many tokens
         were loaded (0: all were in memory already)."""
         record = await self._record(namespace, agent_id)
-        stored = await self._metadata.blocks(record.block_keys)
+        stored = await self._block_records.blocks(record.block_keys)
         tokens: list[int] = []
         for key in record.block_keys:
             if key not in stored:
@@ -234,18 +245,18 @@ class AgentService:
             self._gate.lock(namespace, agent_id),
             self._gate.leased(namespace, agent_id) as lease,
         ):
-            record = await self._metadata.agent(namespace, agent_id)
+            record = await self._agent_records.agent(namespace, agent_id)
             if record is None or record.anonymous:
                 if live:  # its first requests were running: they are ended, nothing kept
                     return
                 raise AgentNotFoundError(agent_id, namespace)
-            delete = self._metadata.delete_agent
+            delete = self._agent_records.delete_agent
             orphans = await self._cache.keeping(
                 namespace, agent_id, functools.partial(delete, namespace, agent_id, lease=lease)
             )
-            for branch in await self._metadata.agents(namespace):
+            for branch in await self._agent_records.agents(namespace):
                 if branch.agent_id.startswith(branch_prefix(agent_id)):
-                    orphans += await self._metadata.delete_agent(namespace, branch.agent_id)
+                    orphans += await self._agent_records.delete_agent(namespace, branch.agent_id)
         await self._cache.forget(orphans)
 
     async def fork(self, namespace: str, source_id: str, new_id: str) -> AgentInfo:
@@ -262,7 +273,7 @@ class AgentService:
         """One transaction (the block list, the reference counts, a copy of the message
         rows), so a crash leaves no half-made fork."""
         write = functools.partial(
-            self._metadata.fork_agent, namespace, source_id, new_id, system_prompt
+            self._agent_records.fork_agent, namespace, source_id, new_id, system_prompt
         )
         record = await self._cache.keeping(namespace, new_id, write)
         if record is None:
@@ -271,13 +282,13 @@ class AgentService:
 
     async def messages(self, namespace: str, agent_id: str) -> list[MessageRecord]:
         await self._record(namespace, agent_id)
-        return await self._metadata.messages(namespace, agent_id)
+        return await self._transcripts.messages(namespace, agent_id)
 
     async def transcript(
         self, namespace: str, agent_id: str
     ) -> tuple[AgentRecord, list[MessageRecord]]:
         """The agent's record and messages, for a branch of it (``send_new``)."""
-        found = await self._metadata.transcript(namespace, agent_id)
+        found = await self._transcripts.transcript(namespace, agent_id)
         if found is None or found[0].anonymous:
             raise AgentNotFoundError(agent_id, namespace)
         return found
@@ -297,7 +308,7 @@ class AgentService:
             self._cache.tool_waits.returned(namespace, agent_id)
             request, earlier = await self._runner.request(record, turn)
             write = functools.partial(
-                self._metadata.append_messages, namespace, agent_id, lease=lease
+                self._transcripts.append_messages, namespace, agent_id, lease=lease
             )
             async for event in self._runner.run(request, live, turn, earlier, write):
                 if isinstance(event, CommittedReply) and event.whole_calls:
@@ -310,7 +321,7 @@ class AgentService:
         others' for as long as those tools have taken it (``ToolWaits``), so the turn that
         brings their results starts from memory."""
         until = self._cache.tool_waits.started(namespace, agent_id, [c.name for c in reply.calls])
-        record = await self._metadata.agent(namespace, agent_id)
+        record = await self._agent_records.agent(namespace, agent_id)
         if record is not None:
             self._cache.hot.hold(record.block_keys, until)
 
@@ -355,7 +366,7 @@ class AgentService:
     async def _known(self, agent: AgentRecord, rendered: str) -> Sequence[int]:
         """The ids of the prompt ``rendered`` marks, from the agent's blocks (the metadata's
         copy in memory); none if the blocks do not start with exactly that prompt."""
-        records = await self._metadata.blocks(agent.block_keys)
+        records = await self._block_records.blocks(agent.block_keys)
         tokens: list[int] = []
         for key in agent.block_keys:
             record = records.get(key)
@@ -386,15 +397,15 @@ class AgentService:
         records: Sequence[MessageRecord],
     ) -> None:
         if keep:
-            await self._metadata.commit_branch(agent, [*history, *records], lease=lease)
+            await self._transcripts.commit_branch(agent, [*history, *records], lease=lease)
 
     async def _record(self, namespace: str, agent_id: str) -> AgentRecord:
-        record = await self._metadata.agent(namespace, agent_id)
+        record = await self._agent_records.agent(namespace, agent_id)
         if record is None or record.anonymous:
             raise AgentNotFoundError(agent_id, namespace)
         return record
 
     async def _info(self, record: AgentRecord, n_messages: int) -> AgentInfo:
-        blocks = await self._metadata.blocks(record.block_keys)
+        blocks = await self._block_records.blocks(record.block_keys)
         hot = sum(1 for key in record.block_keys if key in self._cache.hot)
         return AgentInfo.of(record, n_messages, CacheState.of(record, blocks, hot))

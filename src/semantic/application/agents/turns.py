@@ -40,7 +40,7 @@ from semantic.application.chat.transcript import (
 from semantic.domain.chat import ChatMessage
 from semantic.domain.context_edits import ContextPolicy, turn_starts, without_oldest_turns
 from semantic.domain.errors import AgentDeletedError, PromptTooLongError
-from semantic.ports.metadata_store import AgentRecord, MessageRecord, MetadataStore
+from semantic.ports.metadata_store import AgentRecord, MessageRecord, Transcripts
 from semantic.ports.tokenizer import Tokenizer
 
 TRUNCATED_SHARE = 0.5
@@ -57,19 +57,19 @@ class TurnRunner:
     def __init__(
         self,
         generation: GenerationService,
-        metadata: MetadataStore,
+        transcripts: Transcripts,
         cache: AgentCacheStore,
         tokenizer: Tokenizer,
     ) -> None:
         self._generation = generation
-        self._metadata = metadata
+        self._transcripts = transcripts
         self._cache = cache
         self._tokenizer = tokenizer
 
     async def request(self, record: AgentRecord, turn: Turn) -> tuple[GenerationInput, int]:
         """The whole conversation with the new message, checked against the context; and
         how many messages the transcript holds before it."""
-        history = await self._metadata.messages(record.namespace, record.agent_id)
+        history = await self._transcripts.messages(record.namespace, record.agent_id)
         return self.request_of(record, history, turn), len(history)
 
     def request_of(

@@ -33,7 +33,7 @@ from semantic.domain.errors import DiskFullError
 from semantic.domain.quotas import NamespaceQuotas
 from semantic.domain.retention import Retention
 from semantic.ports.block_store import BlockStore
-from semantic.ports.metadata_store import AgentRecord, MetadataStore
+from semantic.ports.metadata_store import AgentRecord, AgentRecords, BlockRecords
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,8 @@ class DiskRoom:
     def __init__(
         self,
         store: BlockStore,
-        metadata: MetadataStore,
+        agent_records: AgentRecords,
+        block_records: BlockRecords,
         hot: HotIndex,
         stats: CacheStats,
         *,
@@ -71,13 +72,16 @@ class DiskRoom:
         """``quota``: all block files'; ``quotas``: each namespace's (a save over its
         namespace's cuts that namespace's blocks only)."""
         self._store = store
-        self._metadata = metadata
+        self._agent_records = agent_records
+        self._block_records = block_records
         self._hot = hot
         self._stats = stats
         self._quota = quota
         self._reserve = reserve
         self._floor = floor
-        self._namespaces = NamespaceRoom(metadata, quotas or NamespaceQuotas(), self.cut)
+        self._namespaces = NamespaceRoom(
+            agent_records, block_records, quotas or NamespaceQuotas(), self.cut
+        )
         self.lock = asyncio.Lock()
         self._refused: str | None = None
         self._refused_free = 0
@@ -182,13 +186,13 @@ class DiskRoom:
         if not hard:
             await self._namespaces.enforce(namespace, agent_id, chain)
         limit, short = await self._limit(need, hard)
-        if limit is None or await self._metadata.total_block_bytes() <= limit:
+        if limit is None or await self._block_records.total_block_bytes() <= limit:
             return
         if short and self._store.release_space(headroom=False):
             limit, short = await self._limit(need, hard)  # spares were ours to reuse
-            if limit is None or await self._metadata.total_block_bytes() <= limit:
+            if limit is None or await self._block_records.total_block_bytes() <= limit:
                 return
-        everyone = await self._metadata.agents()
+        everyone = await self._agent_records.agents()
         newest = next(
             (a for a in everyone if (a.namespace, a.agent_id) == (namespace, agent_id)), None
         )
@@ -203,7 +207,7 @@ class DiskRoom:
         for agent in older[:cut]:
             await self.cut(agent, [k for k in agent.block_keys if last_user[k] >= cut])
         cap = limit if hard else self._quota
-        over = await self._metadata.total_block_bytes() > limit
+        over = await self._block_records.total_block_bytes() > limit
         if over and newest is not None and cap is not None and not chain:
             await self._cut_end(newest, cap)
         if short:
@@ -214,9 +218,9 @@ class DiskRoom:
     ) -> int:
         """How many of the oldest records to cut to be within ``limit``: a block is freed
         once every record using it is cut (all of them, if that is not enough)."""
-        excess = await self._metadata.total_block_bytes() - limit
+        excess = await self._block_records.total_block_bytes() - limit
         for rank, agent in enumerate(older):
-            rows = await self._metadata.blocks(agent.block_keys)
+            rows = await self._block_records.blocks(agent.block_keys)
             excess -= sum(
                 rows[k].nbytes for k in set(agent.block_keys) if k in rows and last_user[k] == rank
             )
@@ -232,19 +236,19 @@ class DiskRoom:
         free = self._store.free_bytes() if keep > 0 else None
         if free is None or free >= keep + need:
             return (None if hard else self._quota), False
-        room = await self._metadata.total_block_bytes() - (keep + need - free)
+        room = await self._block_records.total_block_bytes() - (keep + need - free)
         room = max(0, room)
         return (room if self._quota is None or hard else min(self._quota, room)), True
 
     async def _cut_end(self, agent: AgentRecord, cap: int) -> None:
         """Drop the agent's unshared blocks from its end until ``cap`` holds."""
-        records = await self._metadata.blocks(agent.block_keys)
-        excess = await self._metadata.total_block_bytes() - cap
+        records = await self._block_records.blocks(agent.block_keys)
+        excess = await self._block_records.total_block_bytes() - cap
         await self.cut(agent, without_tail(agent.block_keys, records, excess))
 
     async def cut(self, agent: AgentRecord, keep: Sequence[str]) -> None:
         """Keep only the agent's first blocks while they are in ``keep``."""
-        records, wanted = await self._metadata.blocks(agent.block_keys), set(keep)
+        records, wanted = await self._block_records.blocks(agent.block_keys), set(keep)
         kept = list(itertools.takewhile(lambda k: k in wanted and k in records, agent.block_keys))
         if len(kept) == len(agent.block_keys):
             return
@@ -252,11 +256,11 @@ class DiskRoom:
             tokens = sum(records[k].n_tokens for k in kept)
             shorter = dataclasses.replace(agent, block_keys=tuple(kept), token_count=tokens)
             orphans = await self._recorded(
-                lambda: self._metadata.save_agent_blocks(shorter, [], create=False)
+                lambda: self._agent_records.save_agent_blocks(shorter, [], create=False)
             )
         else:  # a conversation or branch with nothing left is nothing
             orphans = await self._recorded(
-                lambda: self._metadata.delete_agent(agent.namespace, agent.agent_id)
+                lambda: self._agent_records.delete_agent(agent.namespace, agent.agent_id)
             )
         self._hot.remove(orphans)
         self._stats.blocks_evicted += len(orphans)

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from semantic.application.cache.hot_index import HotBlock
-from semantic.ports.metadata_store import AgentRecord, MetadataStore
+from semantic.ports.metadata_store import AgentRecord, AgentRecords, BlockRecords
 
 ANONYMOUS_AGENT = "~anon"
 """The agent of a request without one: ``~`` can never start a client's agent id."""
@@ -69,10 +69,15 @@ def branch_id(record: AgentRecord) -> str:
     )
 
 
-async def lineage(metadata: MetadataStore, namespace: str, chain: Sequence[HotBlock]) -> Lineage:
+async def lineage(
+    agent_records: AgentRecords,
+    block_records: BlockRecords,
+    namespace: str,
+    chain: Sequence[HotBlock],
+) -> Lineage:
     keys = [block.key for block in chain]
-    ends = await _prefix_ends(metadata, chain)
-    records = await metadata.anonymous_agents_ending_at(namespace, list(ends))
+    ends = await _prefix_ends(block_records, chain)
+    records = await agent_records.anonymous_agents_ending_at(namespace, list(ends))
     return Lineage(keys, ends, [r for r in records if _covers(keys, ends, r)])
 
 
@@ -86,13 +91,13 @@ def _covers(keys: list[str], ends: dict[str, int], record: AgentRecord) -> bool:
     return whole and ends.get(record.block_keys[-1]) == last
 
 
-async def _prefix_ends(metadata: MetadataStore, chain: Sequence[HotBlock]) -> dict[str, int]:
+async def _prefix_ends(block_records: BlockRecords, chain: Sequence[HotBlock]) -> dict[str, int]:
     """Stored blocks a shorter conversation could end with, by their position in ``chain``:
     each block of the chain, and at each position the stored siblings whose tokens begin
     that block's (a partial block this chain has since filled further)."""
     ends: dict[str, int] = {}
     for index, block in enumerate(chain):
-        for sibling in await metadata.children(block.parent):
+        for sibling in await block_records.children(block.parent):
             if block.tokens[: len(sibling.tokens)] == sibling.tokens:
                 ends[sibling.key] = index
     return ends

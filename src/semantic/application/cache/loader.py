@@ -14,7 +14,7 @@ from semantic.domain.blocks import KVBlock
 from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.errors import CacheCorruptionError, PoolExhaustedError
 from semantic.ports.block_store import BlockStore, LayerPayload
-from semantic.ports.metadata_store import BlockRecord, MetadataStore
+from semantic.ports.metadata_store import BlockRecord, BlockRecords
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ class BlockLoader:
         spec: ModelCacheSpec,
         store: BlockStore,
         *,
-        metadata: MetadataStore,
+        block_records: BlockRecords,
         hot: HotIndex,
         stats: CacheStats,
         shared: SharedTier | None = None,
@@ -45,7 +45,7 @@ class BlockLoader:
         self._shared = shared
         self._spec = spec
         self._store = store
-        self._metadata = metadata
+        self._block_records = block_records
         self._hot = hot
         self._stats = stats
 
@@ -113,11 +113,11 @@ class BlockLoader:
     async def quarantine(self, key: str) -> None:
         """A block failed verification: move its file aside and stop using it, unless it was
         deleted meanwhile (then it was never corrupt, just gone)."""
-        still = await self._metadata.blocks([key])
+        still = await self._block_records.blocks([key])
         if key not in still:
             return
         self._store.quarantine(key)
-        await self._metadata.quarantine_block(key)
+        await self._block_records.quarantine_block(key)
         self._stats.corrupt_blocks += 1
         log.warning("quarantined block %s; the request recomputes from there", key[:16])
 

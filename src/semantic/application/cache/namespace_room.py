@@ -12,15 +12,22 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from semantic.domain.quotas import NamespaceQuotas
 from semantic.domain.retention import Retention
-from semantic.ports.metadata_store import AgentRecord, BlockRecord, MetadataStore
+from semantic.ports.metadata_store import AgentRecord, AgentRecords, BlockRecord, BlockRecords
 
 Cut = Callable[[AgentRecord, Sequence[str]], Awaitable[None]]
 """Keep only the agent's first blocks while they are in the keys given (``DiskRoom.cut``)."""
 
 
 class NamespaceRoom:
-    def __init__(self, metadata: MetadataStore, quotas: NamespaceQuotas, cut: Cut) -> None:
-        self._metadata = metadata
+    def __init__(
+        self,
+        agent_records: AgentRecords,
+        block_records: BlockRecords,
+        quotas: NamespaceQuotas,
+        cut: Cut,
+    ) -> None:
+        self._agent_records = agent_records
+        self._block_records = block_records
         self._quotas = quotas
         self._cut = cut
 
@@ -29,7 +36,7 @@ class NamespaceRoom:
         quota = self._quotas.of(namespace).disk_bytes
         if quota is None or await self._used(namespace) <= quota:
             return
-        mine = await self._metadata.agents(namespace)
+        mine = await self._agent_records.agents(namespace)
         newest = next((a for a in mine if a.agent_id == agent_id), None)
         kept = {*chain, *(newest.block_keys if newest else ())}
         others = sorted((a for a in mine if a is not newest), key=_least_valuable_first)
@@ -41,12 +48,12 @@ class NamespaceRoom:
             await self._cut_end(newest, namespace, quota)
 
     async def _cut_end(self, agent: AgentRecord, namespace: str, quota: int) -> None:
-        records = await self._metadata.blocks(agent.block_keys)
+        records = await self._block_records.blocks(agent.block_keys)
         excess = await self._used(namespace) - quota
         await self._cut(agent, without_tail(agent.block_keys, records, excess))
 
     async def _used(self, namespace: str) -> int:
-        return (await self._metadata.block_bytes_by_namespace()).get(namespace, 0)
+        return (await self._block_records.block_bytes_by_namespace()).get(namespace, 0)
 
 
 def _least_valuable_first(agent: AgentRecord) -> tuple[bool, int, float]:

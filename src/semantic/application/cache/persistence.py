@@ -27,7 +27,7 @@ from semantic.application.cache.stats import CacheStats
 from semantic.domain.errors import DiskFullError, LeaseLostError
 from semantic.ports.block_store import BlockStore
 from semantic.ports.leases import Lease
-from semantic.ports.metadata_store import AgentRecord, BlockRecord, MetadataStore
+from semantic.ports.metadata_store import AgentRecord, AgentRecords, BlockRecord, BlockRecords
 
 log = logging.getLogger(__name__)
 
@@ -49,16 +49,18 @@ class Saver:
     def __init__(
         self,
         store: BlockStore,
-        metadata: MetadataStore,
+        agent_records: AgentRecords,
+        block_records: BlockRecords,
         hot: HotIndex,
         stats: CacheStats,
-        room: DiskRoom,
         *,
+        room: DiskRoom,
         shared: SharedTier | None = None,
     ) -> None:
         self._store = store
         self._shared = shared
-        self._metadata = metadata
+        self._agent_records = agent_records
+        self._block_records = block_records
         self._hot = hot
         self._stats = stats
         self._room = room
@@ -112,7 +114,9 @@ class Saver:
 
     async def recover(self) -> None:
         """At start: the files and the metadata in agreement again (``recovery``)."""
-        await recover(self._store, self._metadata, self._stats, shared=self._shared is not None)
+        await recover(
+            self._store, self._block_records, self._stats, shared=self._shared is not None
+        )
 
     async def delete_files(self, keys: Sequence[str]) -> None:
         if keys:
@@ -167,7 +171,7 @@ class Saver:
 
     async def _save_locked(self, job: SaveJob, written: list[str]) -> None:
         keys = [block.key for block in job.chain]
-        known = await self._metadata.blocks(keys)
+        known = await self._block_records.blocks(keys)
         absent = await self._absent([k for k, r in known.items() if not r.quarantined])
         todo = [
             b
@@ -180,7 +184,7 @@ class Saver:
             if error.errno == errno.ENOSPC:  # room for the next save, if not for this one
                 await self._room.enforce(job.namespace, job.agent_id, chain=keys, hard=True)
             raise
-        stored = await lineage(self._metadata, job.namespace, job.chain)
+        stored = await lineage(self._agent_records, self._block_records, job.namespace, job.chain)
         agent_id = stored.conversation_id() if job.anonymous else job.agent_id
         lease = None if job.anonymous else job.lease
         if not job.anonymous:
@@ -189,17 +193,17 @@ class Saver:
             job.namespace, agent_id, tuple(keys), job.token_count, anonymous=job.anonymous
         )
         try:
-            orphans = await self._metadata.save_agent_blocks(agent, records, lease=lease)
+            orphans = await self._agent_records.save_agent_blocks(agent, records, lease=lease)
         except DiskFullError:
             await self._room.after_full(job.namespace, agent_id, chain=keys)
-            orphans = await self._metadata.save_agent_blocks(agent, records, lease=lease)
+            orphans = await self._agent_records.save_agent_blocks(agent, records, lease=lease)
         written.clear()  # recorded: theirs to keep
         self._hot.mark_persisted(keys)
         self._acknowledge(job.request_id)  # the reply need not wait for the cleanup below
         if self._shared is not None:  # committed: now other instances may have them
             self._shared.publish(job.namespace, records)
         for branch in stored.covered_branches(agent_id):  # none for a conversation's id
-            orphans += await self._metadata.delete_agent(
+            orphans += await self._agent_records.delete_agent(
                 job.namespace, branch.agent_id, lease=lease
             )
         self._hot.remove(orphans)  # superseded: kept, a deleted agent's KV would linger
@@ -221,13 +225,13 @@ class Saver:
     ) -> None:
         """An agent whose new turn does not extend its stored one keeps the old block list
         as a branch record, committed before the new list can orphan its blocks."""
-        old = await self._metadata.agent(namespace, agent_id)
+        old = await self._agent_records.agent(namespace, agent_id)
         if old is None or stored.extends(old):
             return
         branch = dataclasses.replace(
             old, agent_id=branch_id(old), system_prompt=None, anonymous=True
         )
-        await self._metadata.save_agent_blocks(branch, [], lease=lease)
+        await self._agent_records.save_agent_blocks(branch, [], lease=lease)
 
     async def _write(
         self, job: SaveJob, blocks: list[HotBlock], written: list[str]

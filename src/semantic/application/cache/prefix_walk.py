@@ -16,7 +16,7 @@ from semantic.application.cache.shared_tier import SharedTier
 from semantic.domain.block_identity import chain_keys, chain_root
 from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.tokens import common_prefix
-from semantic.ports.metadata_store import BlockRecord, MetadataStore
+from semantic.ports.metadata_store import BlockRecord, BlockRecords
 
 OTHER_TAILS = 3
 """Siblings, beyond the best match, that a prompt may try in place of a block of its chain
@@ -32,13 +32,13 @@ class PrefixWalk:
         self,
         spec: ModelCacheSpec,
         fingerprint: str,
-        metadata: MetadataStore,
+        block_records: BlockRecords,
         hot: HotIndex,
         shared: SharedTier | None,
     ) -> None:
         self._spec = spec
         self._fingerprint = fingerprint
-        self._metadata = metadata
+        self._block_records = block_records
         self._hot = hot
         self._shared = shared
 
@@ -55,7 +55,7 @@ class PrefixWalk:
         size = self._spec.block_tokens
         root = self.root(namespace)
         keys = chain_keys(root, prompt, size)
-        records = await self._metadata.blocks(keys)  # hot ones too: they may be evicted
+        records = await self._block_records.blocks(keys)  # hot ones too: they may be evicted
         # before a request that waits pins them again, and then come back from disk
         records = await self._shared_records(namespace, keys, records)
         out: list[Candidate] = []
@@ -95,7 +95,7 @@ class PrefixWalk:
     async def children_by_match(self, parent: str, rest: tuple[int, ...]) -> list[Candidate]:
         """``parent``'s stored children that share tokens with ``rest``, the most first
         (hot before cold among equals), the best and ``OTHER_TAILS`` more."""
-        stored = {r.key: r for r in await self._metadata.children(parent) if not r.quarantined}
+        stored = {r.key: r for r in await self._block_records.children(parent) if not r.quarantined}
         hot = self._hot.children(parent)
         options = [
             Candidate(h.key, hot=h, record=stored.pop(h.key, None), tokens=h.tokens) for h in hot

@@ -13,37 +13,37 @@ import logging
 from semantic.application.cache.stats import CacheStats
 from semantic.domain.errors import DiskFullError
 from semantic.ports.block_store import BlockStore
-from semantic.ports.metadata_store import MetadataStore
+from semantic.ports.metadata_store import BlockRecords
 
 log = logging.getLogger(__name__)
 
 
 async def recover(
-    store: BlockStore, metadata: MetadataStore, stats: CacheStats, *, shared: bool
+    store: BlockStore, block_records: BlockRecords, stats: CacheStats, *, shared: bool
 ) -> None:
     """Remove half-written files, files no row knows and rows no one uses; quarantine rows
     whose file is gone (they point nowhere), unless a shared tier may hold them."""
     temporaries = await asyncio.to_thread(store.remove_temporaries)
     files = await asyncio.to_thread(store.keys)
-    rows = await metadata.all_block_keys()
-    unreferenced = await metadata.unreferenced_blocks()
+    rows = await block_records.all_block_keys()
+    unreferenced = await block_records.unreferenced_blocks()
     try:
-        await metadata.delete_blocks(unreferenced)
+        await block_records.delete_blocks(unreferenced)
     except DiskFullError as error:  # their files stay with their rows, till next time
         log.warning("recovery could not drop unused block rows: %s", error)
         rows -= set(unreferenced)
         files -= set(unreferenced)
         unreferenced = []
     stray = (files - rows) | set(unreferenced)
-    if stray and metadata.created:
+    if stray and block_records.created:
         await _set_aside(store, sorted(stray))
     elif stray:
         await asyncio.to_thread(_delete_all, store, sorted(stray))
-    missing = await metadata.blocks(sorted(rows - files - set(unreferenced)))
+    missing = await block_records.blocks(sorted(rows - files - set(unreferenced)))
     if shared:
         missing = {}  # the shared tier may hold them: a restore tries it, else misses
     for key in [k for k, record in missing.items() if not record.quarantined]:
-        await metadata.quarantine_block(key)
+        await block_records.quarantine_block(key)
         stats.corrupt_blocks += 1
         log.warning("block %s has a row but no file; quarantined", key[:16])
     if temporaries or stray:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from semantic.application.cache.stats import CacheStats
 from semantic.domain.errors import CacheCorruptionError
 from semantic.ports.block_store import BlockStore, LayerPayload
-from semantic.ports.metadata_store import BlockRecord, MetadataStore
+from semantic.ports.metadata_store import BlockRecord, BlockRecords
 from semantic.ports.shared_blocks import SharedBlock, SharedBlocks, SharedHead, SharedUsage
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ class SharedTier:
         self,
         blocks: SharedBlocks,
         store: BlockStore,
-        metadata: MetadataStore,
+        block_records: BlockRecords,
         stats: CacheStats,
         fingerprint: str,
         *,
@@ -60,7 +60,7 @@ class SharedTier:
     ) -> None:
         self._blocks = blocks
         self._store = store
-        self._metadata = metadata
+        self._block_records = block_records
         self._stats = stats
         self._fingerprint = fingerprint
         self._queue_jobs = queue_jobs
@@ -174,7 +174,7 @@ class SharedTier:
                 else:
                     pushed = await asyncio.to_thread(self._push, job)
                     if pushed:
-                        await self._metadata.mark_blocks_shared(pushed)
+                        await self._block_records.mark_blocks_shared(pushed)
             except Exception as error:  # noqa: BLE001 - the tier is a cache: log, go on
                 log.warning("the shared block tier: %s", error)
             finally:

@@ -32,7 +32,7 @@ from semantic.domain.block_pool import BlockPool
 from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.quotas import NamespaceQuotas, Quota
 from semantic.ports.block_store import BlockStore
-from semantic.ports.metadata_store import MetadataStore
+from semantic.ports.metadata_store import AgentRecords, BlockRecords
 from semantic.ports.shared_blocks import SharedBlocks, SharedUsage
 
 __all__ = ["AgentCacheStore", "CacheConfig", "CachedPrefix", "LeaseOf"]
@@ -77,7 +77,8 @@ class AgentCacheStore:
         fingerprint: str,
         *,
         block_store: BlockStore,
-        metadata: MetadataStore,
+        agent_records: AgentRecords,
+        block_records: BlockRecords,
         config: CacheConfig | None = None,
         clock: Callable[[], float] = time.monotonic,
         lease_of: LeaseOf | None = None,
@@ -85,7 +86,7 @@ class AgentCacheStore:
     ) -> None:
         self._pool = pool
         self._spec = spec
-        self._metadata = metadata
+        self._block_records = block_records
         self._config = config or CacheConfig()
         self.stats = CacheStats()
         order = lru_order if self._config.eviction == "lru" else agent_order
@@ -98,13 +99,21 @@ class AgentCacheStore:
         self._shared = (
             None
             if shared is None
-            else SharedTier(shared, block_store, metadata, self.stats, fingerprint)
+            else SharedTier(shared, block_store, block_records, self.stats, fingerprint)
         )
-        self._room = _disk_room(block_store, metadata, self.hot, self.stats, config)
+        self._room = _disk_room(
+            block_store, agent_records, block_records, self.hot, self.stats, config=config
+        )
         self._saver = Saver(
-            block_store, metadata, self.hot, self.stats, room=self._room, shared=self._shared
+            block_store,
+            agent_records,
+            block_records,
+            self.hot,
+            self.stats,
+            room=self._room,
+            shared=self._shared,
         )
-        self._walk = PrefixWalk(spec, fingerprint, metadata, self.hot, self._shared)
+        self._walk = PrefixWalk(spec, fingerprint, block_records, self.hot, self._shared)
         self._lookup = self._lookup_over(block_store)
         self._adoption = Adoption(
             pool,
@@ -124,7 +133,7 @@ class AgentCacheStore:
             self._pool,
             self._spec,
             block_store,
-            metadata=self._metadata,
+            block_records=self._block_records,
             hot=self.hot,
             stats=self.stats,
             shared=self._shared,
@@ -192,7 +201,7 @@ class AgentCacheStore:
     async def namespace_usage(self, namespace: str) -> NamespaceUsage:
         """What the namespace's KV takes of memory and disk, beside its quota."""
         held = self.hot.pool_blocks_by_namespace().get(namespace, 0)
-        on_disk = await self._metadata.block_bytes_by_namespace()
+        on_disk = await self._block_records.block_bytes_by_namespace()
         quota = self._config.quotas.of(namespace)
         return NamespaceUsage(held * self._spec.block_bytes, on_disk.get(namespace, 0), quota)
 
@@ -281,16 +290,19 @@ class AgentCacheStore:
 
 def _disk_room(
     block_store: BlockStore,
-    metadata: MetadataStore,
+    agent_records: AgentRecords,
+    block_records: BlockRecords,
     hot: HotIndex,
     stats: CacheStats,
+    *,
     config: CacheConfig | None,
 ) -> DiskRoom:
     """The disk's keeper, held to the configured quota, reserve and floor."""
     config = config or CacheConfig()
     return DiskRoom(
         block_store,
-        metadata,
+        agent_records,
+        block_records,
         hot,
         stats,
         quota=config.disk_quota_bytes,

@@ -19,12 +19,12 @@ from typing import Any
 from semantic.application.chat.tool_replies import Reply
 from semantic.domain.chat import ChatMessage
 from semantic.domain.tools import same_arguments
-from semantic.ports.metadata_store import MetadataStore
+from semantic.ports.metadata_store import ReplyMemory
 
 
 class CallMemory:
-    def __init__(self, metadata: MetadataStore) -> None:
-        self._metadata = metadata
+    def __init__(self, replies: ReplyMemory) -> None:
+        self._replies = replies
 
     async def remember(self, namespace: str, reply: Reply) -> None:
         if not reply.calls:
@@ -34,7 +34,7 @@ class CallMemory:
             "content": reply.content,
             "calls": [[c.id, c.name, c.arguments] for c in reply.calls],
         }
-        await self._metadata.remember_reply(namespace, reply.calls[0].id, json.dumps(body))
+        await self._replies.remember_reply(namespace, reply.calls[0].id, json.dumps(body))
 
     async def restore(self, namespace: str, messages: Sequence[ChatMessage]) -> list[ChatMessage]:
         """``messages`` with each assistant turn of calls this server generated (and the
@@ -46,7 +46,7 @@ class CallMemory:
         return out
 
     async def _generated(self, namespace: str, message: ChatMessage) -> str | None:
-        stored = await self._metadata.remembered_reply(namespace, message.tool_calls[0].id)
+        stored = await self._replies.remembered_reply(namespace, message.tool_calls[0].id)
         if stored is None:
             return None
         body: dict[str, Any] = json.loads(stored)

@@ -19,7 +19,7 @@ from semantic.application.dashboard.turn_history import TurnHistory
 from semantic.domain.errors import AgentNotFoundError, InvalidRequestError
 from semantic.domain.generation import FinishedRequest
 from semantic.domain.retention import Retention
-from semantic.ports.metadata_store import AgentRecord, MetadataStore
+from semantic.ports.metadata_store import AgentRecord, AgentRecords, BlockRecords
 
 SORT_KEYS: Final = (
     "agent",
@@ -126,15 +126,18 @@ class Dashboard:
 
     def __init__(
         self,
-        metadata: MetadataStore,
+        agent_records: AgentRecords,
+        block_records: BlockRecords,
         in_memory: HotIndex,
         history: TurnHistory,
+        *,
         pool_block_bytes: int,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``pool_block_bytes``: one layer's block in the pool (a block in memory holds
         one per layer it keeps)."""
-        self._metadata = metadata
+        self._agent_records = agent_records
+        self._block_records = block_records
         self._in_memory = in_memory
         self._history = history
         self._pool_block_bytes = pool_block_bytes
@@ -150,26 +153,28 @@ class Dashboard:
     async def stored_bytes(self) -> int:
         """Bytes of the block files the metadata store knows (with a database instances
         share, theirs too)."""
-        return await self._metadata.total_block_bytes()
+        return await self._block_records.total_block_bytes()
 
     async def agents(self, namespaces: Collection[str] | None, query: PageQuery) -> AgentPage:
         records = await self._records(namespaces)
-        on_disk = await self._metadata.all_block_keys()
+        on_disk = await self._block_records.all_block_keys()
         shares = self._history.cached_shares()  # here: the history changes on this loop
         return await asyncio.to_thread(self._page, records, on_disk, shares, query)
 
     async def usage(self, namespaces: Collection[str] | None) -> list[NamespaceUsage]:
         """Per namespace, what its agents hold in memory and on disk."""
         records = await self._records(namespaces)
-        on_disk = await self._metadata.block_bytes_by_namespace()
+        on_disk = await self._block_records.block_bytes_by_namespace()
         return await asyncio.to_thread(self._usages, records, on_disk)
 
     async def agent(self, namespace: str, agent_id: str) -> AgentDetail:
-        record = await self._metadata.agent(namespace, agent_id)
+        record = await self._agent_records.agent(namespace, agent_id)
         if record is None:
             raise AgentNotFoundError(agent_id, namespace)
-        neighbours = [other for other in await self._metadata.agents(namespace) if other != record]
-        stored = await self._metadata.blocks(record.block_keys)
+        neighbours = [
+            other for other in await self._agent_records.agents(namespace) if other != record
+        ]
+        stored = await self._block_records.blocks(record.block_keys)
         blocks = tuple(
             BlockView(
                 key,
@@ -203,8 +208,10 @@ class Dashboard:
 
     async def _read(self, scope: frozenset[str] | None) -> list[AgentRecord]:
         if scope is None:
-            return await self._metadata.agents()
-        return [r for namespace in sorted(scope) for r in await self._metadata.agents(namespace)]
+            return await self._agent_records.agents()
+        return [
+            r for namespace in sorted(scope) for r in await self._agent_records.agents(namespace)
+        ]
 
     def _page(
         self,

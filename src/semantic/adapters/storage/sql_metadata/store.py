@@ -48,8 +48,9 @@ from semantic.ports.metadata_store import AgentRecord, BlockRecord, MessageRecor
 
 
 class SqlMetadataStore:
-    """``path``: the SQLite file in the data directory; ``url``: another database instead
-    (``postgresql+asyncpg://...``, shared by the instances of a cluster)."""
+    """Every metadata role (``ports.metadata_store``) on one engine. ``path``: the SQLite
+    file in the data directory; ``url``: another database instead (``postgresql+asyncpg:``,
+    shared by the instances of a cluster)."""
 
     def __init__(self, path: Path, url: str | None = None) -> None:
         self.path = path
@@ -278,15 +279,6 @@ class SqlMetadataStore:
             except IntegrityError:
                 if attempt:
                     raise
-
-    @unavailable_on_failure
-    async def touch_agent(self, namespace: str, agent_id: str, when: float) -> None:
-        async with self._db().begin() as connection:
-            await connection.execute(
-                update(agents)
-                .where(agent_where(agents, namespace, agent_id))
-                .values(last_used=when)
-            )
 
     @unavailable_on_failure
     async def unreferenced_blocks(self) -> list[str]:

@@ -1,13 +1,8 @@
-"""The composition root: the one place that picks adapters and wires them to the rings.
-
-The CLI, the HTTP server and the tests that need the real thing all build through here; unit
-tests wire the application ring to fakes instead.
-"""
+"""Storage, the cache and the services the front doors serve with, on a started engine."""
 
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import os
 import socket
@@ -15,30 +10,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from semantic.adapters.grammar.llguidance_grammar import LlguidanceCompiler
-from semantic.adapters.mlx.backend import MlxBackend
-from semantic.adapters.mlx.cpu import (
-    accelerations_for,
-    accelerator_for,
-    kernel_name,
-    prefault_heap,
-    preload_fast_blas,
-    report_blas,
-)
 from semantic.adapters.mlx.devices import (
     HostMemory,
-    device_name,
     host_memory,
-    on_cpu,
-    use_device,
 )
-from semantic.adapters.mlx.kv.host_codec import MlxHostCodec, check_at_rest, storage_format
-from semantic.adapters.mlx.kv.kv_blocks import spec_from_model
+from semantic.adapters.mlx.kv.host_codec import MlxHostCodec
 from semantic.adapters.mlx.kv.restore_buffers import RestoreBuffers
-from semantic.adapters.mlx.models.fingerprint import model_fingerprint
-from semantic.adapters.mlx.models.gguf import WeightFormat
-from semantic.adapters.mlx.models.loader import LoadedModel, load_model, resolve_model
-from semantic.adapters.mlx.models.model_cache import ModelCache, Progress, default_weight_format
+from semantic.adapters.mlx.models.loader import LoadedModel
+from semantic.adapters.mlx.models.model_cache import Progress
 from semantic.adapters.mlx.tokenizer.tokenizer import MlxTokenizer
 from semantic.adapters.storage.block_files import BlockFiles
 from semantic.adapters.storage.data_dir_lock import acquire_data_directory, release_data_directory
@@ -55,40 +34,25 @@ from semantic.application.chat.call_memory import CallMemory
 from semantic.application.chat.generation import GenerationService, Limits
 from semantic.application.dashboard.turn_history import TurnHistory
 from semantic.application.dashboard.view import Dashboard
-from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
 from semantic.application.engine.engine_loop import EngineLoop
 from semantic.application.observers import Observers
-from semantic.application.scheduler.pacer import PacerConfig
 from semantic.application.threads import install_default_executor
+from semantic.bootstrap.model import (
+    engine_on,
+    freeze_startup_objects,
+    load_for_serving,
+    max_context,
+    prepare_memory,
+    runtime_report,
+    warm_up_chat_template,
+)
 from semantic.config import Settings
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.cache_spec import ModelCacheSpec
-from semantic.domain.chat import ChatMessage
 from semantic.domain.quotas import NamespaceQuotas
 from semantic.ports.observer import GenerationObserver
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class EngineRuntime:
-    """The model and a running engine, without storage (``semantic generate``)."""
-
-    settings: Settings
-    loaded: LoadedModel
-    tokenizer: MlxTokenizer
-    spec: ModelCacheSpec
-    backend: MlxBackend
-    pool: BlockPool
-    engine: BlockPoolBatchEngine
-    loop: EngineLoop
-
-    @property
-    def model_id(self) -> str:
-        return self.loaded.model_id
-
-    def close(self) -> None:
-        self.loop.stop()
 
 
 @dataclass
@@ -116,57 +80,6 @@ class Services:
     """What the model runs on (BLAS and its core, kernels), served by ``/v1/models/{id}``."""
 
 
-def weight_format(settings: Settings) -> WeightFormat:
-    if settings.weights == "auto":
-        return default_weight_format()
-    return WeightFormat(settings.weights)
-
-
-def prepare_model(settings: Settings, progress: Progress) -> tuple[Path, str]:
-    """Resolve ``settings.model`` to a local directory, fetching the embedded model if needed."""
-    cache = ModelCache(settings.model_cache_dir)
-    return resolve_model(settings.model, cache, weight_format(settings), progress)
-
-
-def build_engine(settings: Settings, progress: Progress, *, warm_up: bool = True) -> EngineRuntime:
-    """Load the model and start the engine thread, with no storage behind it."""
-    loaded, tokenizer, spec = _load(settings, progress)
-    pool = BlockPool.from_budget(spec, settings.kv_budget_bytes)
-    backend, engine, loop = _engine(
-        settings, loaded, tokenizer=tokenizer, spec=spec, pool=pool, cache=None
-    )
-    loop.start()
-    if warm_up:
-        loop.run_sync(backend.warm_up)
-    return EngineRuntime(settings, loaded, tokenizer, spec, backend, pool, engine, loop)
-
-
-def _prepare_memory(n_bytes: int, spec: ModelCacheSpec, restore_buffers: RestoreBuffers) -> None:
-    """Touch ``n_bytes`` up front so the first restores after a restart do not page-fault:
-    half as ready buffers for whole blocks read from disk, the rest freed to the heap for
-    the caches the engine builds."""
-    block_file_bytes = spec.bytes_per_token * spec.block_tokens
-    made = restore_buffers.reserve(block_file_bytes, restore_buffers.max_bytes // block_file_bytes)
-    prefault_heap(n_bytes - made * block_file_bytes)
-
-
-def _warm_up_chat_template(tokenizer: MlxTokenizer) -> None:
-    """Compile the chat template now: its first render took ~6 ms of the first request. A
-    template that cannot render this fails the requests that need it, not the start."""
-    try:
-        tokenizer.render_chat([ChatMessage("user", "Hello.")])
-    except Exception as error:  # noqa: BLE001 - any template error; the server still serves
-        log.warning("the chat template did not render a one-message chat: %s", error)
-
-
-def freeze_startup_objects() -> None:
-    """Move everything loaded so far (the model's modules, the tokenizer's vocabulary) out
-    of the garbage collector's sight: a full collection over them stalled every thread for
-    ~50 ms in the middle of the first restore after a restart."""
-    gc.collect()
-    gc.freeze()
-
-
 async def start_services(
     settings: Settings, progress: Progress, observer: GenerationObserver | None = None
 ) -> Services:
@@ -188,7 +101,7 @@ async def _start_services(
     metadata = SqlMetadataStore(settings.data_dir / "semantic.db", settings.database_url)
     await metadata.open()
     leases = _leases(settings, metadata)
-    loaded, tokenizer, spec, kernel, fingerprint = await _model(settings, progress)
+    loaded, tokenizer, spec, kernel, fingerprint = await load_for_serving(settings, progress)
     pool = BlockPool.from_budget(spec, settings.kv_budget_bytes)
     prefault = min(settings.prefault_bytes, settings.kv_budget_bytes)
     host = host_memory()  # the device is chosen: may numpy view the KV where it lies?
@@ -204,7 +117,7 @@ async def _start_services(
         host=host,
     )
     await cache.start()
-    backend, _, loop = _engine(
+    backend, _, loop = engine_on(
         settings,
         loaded,
         tokenizer=tokenizer,
@@ -216,8 +129,8 @@ async def _start_services(
     )
     loop.start()
     await asyncio.to_thread(loop.run_sync, backend.warm_up)
-    await asyncio.to_thread(_prepare_memory, prefault, spec, restore_buffers)
-    _warm_up_chat_template(tokenizer)
+    await asyncio.to_thread(prepare_memory, prefault, spec, restore_buffers)
+    warm_up_chat_template(tokenizer)
     freeze_startup_objects()
     return await _services(
         settings,
@@ -246,19 +159,6 @@ def _restore_buffers(settings: Settings, host: HostMemory, prefault: int) -> Res
     return RestoreBuffers(max_bytes=prefault // 2 if viewed else 0)
 
 
-async def _model(
-    settings: Settings, progress: Progress
-) -> tuple[LoadedModel, MlxTokenizer, ModelCacheSpec, str, str]:
-    """The model loaded, its tokenizer and cache spec, its kernel and its fingerprint (the
-    root of every block key, ADR 0005)."""
-    loaded, tokenizer, spec = await asyncio.to_thread(_load, settings, progress)
-    check_at_rest(settings.kv_at_rest, spec)
-    kernel = _kernel_name(loaded)
-    storage = storage_format(settings.kv_at_rest)
-    fingerprint = await asyncio.to_thread(model_fingerprint, loaded.path, spec, storage, kernel)
-    return loaded, tokenizer, spec, kernel, fingerprint
-
-
 @dataclass(frozen=True)
 class _Started:
     """The model and the running engine, as the front doors are built on them."""
@@ -285,12 +185,20 @@ async def _services(
     """The services the HTTP server serves with, on a started engine."""
     loaded = engine.loaded
     limits = Limits(
-        _max_context(loaded, settings), settings.max_tokens_cap, settings.default_max_tokens
+        max_context(loaded, settings), settings.max_tokens_cap, settings.default_max_tokens
     )
     history = TurnHistory()
     heard = history if observer is None else Observers(observer, history)
     generation = GenerationService(engine.loop, cache, limits, heard)
-    agents = AgentService(generation, metadata, cache, engine.tokenizer, leases)
+    agents = AgentService(
+        generation,
+        cache,
+        engine.tokenizer,
+        agent_records=metadata,
+        block_records=metadata,
+        transcripts=metadata,
+        leases=leases,
+    )
     responses = await _responses(agents, metadata, sweep=leases is None)
     _log_serving(settings, loaded, engine.spec, engine.pool)
     return Services(
@@ -304,10 +212,12 @@ async def _services(
         generation,
         agents,
         data_dir,
-        dashboard=Dashboard(metadata, cache.hot, history, engine.spec.block_bytes),
+        dashboard=Dashboard(
+            metadata, metadata, cache.hot, history, pool_block_bytes=engine.spec.block_bytes
+        ),
         calls=CallMemory(metadata),
         responses=responses,
-        runtime=_runtime(loaded, engine.kernel, engine.host) | _placement(settings),
+        runtime=runtime_report(loaded, engine.kernel, engine.host) | _placement(settings),
     )
 
 
@@ -335,15 +245,6 @@ async def _responses(
         log.info("deleted %d response agents no stored response points at", orphans)
     await objects.warm_up()
     return responses
-
-
-def _kernel_name(loaded: LoadedModel) -> str:
-    """The kernels that computed the KV, for the fingerprint: KV from other kernels (or
-    another device) differs in its last bits and is never mixed with this one's."""
-    kernel = kernel_name(loaded.model, loaded.host_attention)
-    if not on_cpu():
-        kernel = f"{device_name()}+{kernel}"
-    return kernel
 
 
 def _cache_store(
@@ -377,7 +278,8 @@ def _cache_store(
         spec,
         fingerprint,
         block_store=blocks,
-        metadata=metadata,
+        agent_records=metadata,
+        block_records=metadata,
         config=config,
         lease_of=leases.held if leases is not None else None,
         shared=shared,
@@ -407,22 +309,6 @@ def _placement(settings: Settings) -> dict[str, str]:
     }
 
 
-def _runtime(loaded: LoadedModel, kernel: str, host: HostMemory) -> dict[str, Any]:
-    """What the model runs on, logged once and served by ``/v1/models/{id}``."""
-    blas = preload_fast_blas()
-    found = accelerations_for(loaded.model, blas)
-    for acceleration in found:
-        log.info("acceleration %s: %s", acceleration.name, acceleration.describe())
-    log.info("kv restore and export: %s", host.describe())
-    return {
-        "device": device_name(),
-        "kv_memory": host.describe(),
-        "blas": blas.describe(),
-        "kernels": kernel,
-        "accelerations": {a.name: a.describe() for a in found},
-    }
-
-
 async def stop_services(services: Services, grace_s: float) -> None:
     """Finish or cancel running requests, flush every pending save, close storage."""
     await asyncio.to_thread(services.loop.drain, grace_s)
@@ -430,75 +316,3 @@ async def stop_services(services: Services, grace_s: float) -> None:
     services.loop.stop()
     await services.metadata.close()
     release_data_directory(services.data_dir)  # only after a clean close: nothing runs now
-
-
-def _load(
-    settings: Settings, progress: Progress
-) -> tuple[LoadedModel, MlxTokenizer, ModelCacheSpec]:
-    report_blas()
-    log.info("device: %s", use_device(settings.device))
-    path, model_id = prepare_model(settings, progress)
-    loaded = load_model(path, model_id)
-    tokenizer = MlxTokenizer(loaded.tokenizer, _max_context(loaded, settings))
-    return loaded, tokenizer, spec_from_model(loaded.model)
-
-
-def _engine(
-    settings: Settings,
-    loaded: LoadedModel,
-    *,
-    tokenizer: MlxTokenizer,
-    spec: ModelCacheSpec,
-    pool: BlockPool,
-    cache: AgentCacheStore | None,
-    buffers: RestoreBuffers | None = None,
-    host: HostMemory | None = None,
-) -> tuple[MlxBackend, BlockPoolBatchEngine, EngineLoop]:
-    backend = MlxBackend(
-        loaded.model,
-        spec,
-        loaded.model_id,
-        tokenizer.eos_token_ids,
-        buffers,
-        accelerator=accelerator_for(loaded.model),
-        host=host or host_memory(),
-    )
-    config = EngineConfig(
-        default_max_tokens=settings.default_max_tokens,
-        max_context=_max_context(loaded, settings),
-        prefill_chunk_tokens=settings.prefill_chunk_tokens,
-        pacer=pacer_config(settings),
-        max_running=settings.max_running,
-        max_waiting=settings.max_waiting,
-    )
-    reclaim = cache.reclaim if cache is not None else None
-    engine = BlockPoolBatchEngine(
-        backend, tokenizer, pool, config, reclaim=reclaim, grammars=grammar_compiler(tokenizer)
-    )
-    adopt = cache.adopt_completion if cache is not None else None
-    return backend, engine, EngineLoop(engine, on_completion=adopt)
-
-
-def grammar_compiler(tokenizer: MlxTokenizer) -> LlguidanceCompiler | None:
-    """Constrained decoding over the model's own vocabulary (none for a tokenizer the
-    grammar engine cannot read: constrained requests are then refused)."""
-    tokenizer_json = tokenizer.tokenizers_json()
-    if tokenizer_json is None:
-        return None
-    return LlguidanceCompiler(tokenizer_json, tokenizer.vocab_size, tokenizer.eos_token_ids)
-
-
-def pacer_config(settings: Settings) -> PacerConfig:
-    """The server's prefill pacing (benchmarks measure this very policy)."""
-    return PacerConfig(
-        fixed_tokens=settings.prefill_fixed_tokens,
-        ride_ratio=settings.prefill_ride_ratio,
-        slice_ratio=settings.prefill_slice_ratio,
-        idle_slice_seconds=settings.prefill_idle_slice_s,
-    )
-
-
-def _max_context(loaded: LoadedModel, settings: Settings) -> int:
-    """The model's window, or ``--max-context`` where that is smaller."""
-    window = int(loaded.config.get("max_position_embeddings") or 8192)
-    return window if settings.max_context is None else min(window, settings.max_context)
