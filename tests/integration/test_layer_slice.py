@@ -79,7 +79,7 @@ def test_a_sliced_prompt_beside_streams_and_a_ride_give_mlx_lms_greedy_tokens(
     backend = MlxBackend(
         model, spec_from_model(model), family, frozenset(), accelerator=accelerator_for(model)
     )
-    assert backend.can_slice
+    assert backend.capabilities.can_slice
     rng = random.Random(family)
     prompts = {name: [rng.randrange(512) for _ in range(n)] for name, n in NEW_TOKENS.items()}
     got: dict[str, list[int]] = {name: [] for name in prompts}
@@ -152,8 +152,8 @@ def test_a_gemma3_or_phi3_prompt_sliced_layer_by_layer_gives_mlx_lms_greedy_toke
     backend = MlxBackend(
         model, spec_from_model(model), family, frozenset(), accelerator=accelerator_for(model)
     )
-    assert backend.can_slice
-    assert backend.spec.kv_dtype == ("bfloat16" if packed else "float32")
+    assert backend.capabilities.can_slice
+    assert backend.capabilities.spec.kv_dtype == ("bfloat16" if packed else "float32")
     rng = random.Random(family)
     prompts = {"stream": [rng.randrange(512) for _ in range(40)]}
     prompts["long"] = [rng.randrange(512) for _ in range(300)]

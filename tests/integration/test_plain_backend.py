@@ -27,7 +27,7 @@ def test_without_an_accelerator_nothing_slices_or_rides_and_tokens_are_mlx_lms()
     assert progress.first_token is not None
     got = [progress.first_token.token]
     backend.start_decoding("plain", got[0], 8)
-    assert backend.ride_capacity() == 0
+    assert backend.capabilities.ride_capacity(backend.decoding_count) == 0
     while backend.decoding_count:
         got += [token.token for token in backend.decode_step().tokens]
     assert got == mlx_lm_greedy(reference, prompt, len(got))

@@ -20,8 +20,9 @@ from semantic.adapters.mlx.errors import UnsupportedModelError
 from semantic.adapters.mlx.kv.host_codec import MlxHostCodec, check_at_rest
 from semantic.adapters.mlx.kv.kv_payloads import MlxKV, StackedKV, kv_arrays
 from semantic.adapters.mlx.kv.restore_buffers import RestoreBuffers
-from semantic.adapters.storage.block_files import SPARES, BlockFiles, safetensors_parts
+from semantic.adapters.storage.block_files import SPARES, BlockFiles
 from semantic.adapters.storage.kv_block_store import KVBlockStore
+from semantic.adapters.storage.safetensors_layout import safetensors_parts
 from semantic.adapters.storage.schema_migrations import head
 from semantic.adapters.storage.sql_metadata import SqlMetadataStore
 from semantic.adapters.storage.sqlite_objects import SqliteObjectStore

@@ -72,6 +72,10 @@ class FakeBlockStore:
     def remove_temporaries(self) -> int:
         return 0
 
+    @property
+    def space(self) -> FakeBlockStore:
+        return self
+
     def free_bytes(self) -> int | None:
         if self.capacity is None:
             return self.free

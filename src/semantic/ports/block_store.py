@@ -25,6 +25,24 @@ class LayerPayload:
     data: object
 
 
+class DiskSpace(Protocol):
+    """The room on the file system a store's files live on, and what it sets aside."""
+
+    def free_bytes(self) -> int | None:
+        """Bytes free on the store's file system; None where that cannot be known."""
+        ...
+
+    def release_space(self, *, headroom: bool) -> int:
+        """Free what the store holds only to reuse (files kept to be written over) and,
+        with ``headroom``, the room it keeps for a full disk; returns the bytes freed."""
+        ...
+
+    def keep_headroom(self, *, leaving: int) -> bool:
+        """Set aside the room a full disk's evictions need again, if the disk has it and
+        ``leaving`` bytes more; returns whether it is set aside."""
+        ...
+
+
 class BlockStore(Protocol):
     """Writes are durable when they return (ADR 0006); reads are verified against the
     checksum recorded at write time. Every method may block on disk: call from a worker."""
@@ -66,16 +84,7 @@ class BlockStore(Protocol):
         """Delete files an interrupted write left behind; returns how many."""
         ...
 
-    def free_bytes(self) -> int | None:
-        """Bytes free on the store's file system; None where that cannot be known."""
-        ...
-
-    def release_space(self, *, headroom: bool) -> int:
-        """Free what the store holds only to reuse (files kept to be written over) and,
-        with ``headroom``, the room it keeps for a full disk; returns the bytes freed."""
-        ...
-
-    def keep_headroom(self, *, leaving: int) -> bool:
-        """Set aside the room a full disk's evictions need again, if the disk has it and
-        ``leaving`` bytes more; returns whether it is set aside."""
+    @property
+    def space(self) -> DiskSpace:
+        """The file system the files live on, as the disk's keeper manages it."""
         ...

@@ -13,16 +13,14 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
 
-from semantic.adapters.mlx.accelerator import Accelerator, Group, PromptSlice
+from semantic.adapters.mlx.accelerator import Accelerator, Group
 from semantic.adapters.mlx.decode_batch import Caches, DecodeBatch
 from semantic.adapters.mlx.devices import HOST_VIEWS, HostMemory
 from semantic.adapters.mlx.kv.kv_blocks import (
-    History,
     clone_prefix,
     cut_into_blocks,
     gather_cache,
@@ -33,10 +31,10 @@ from semantic.adapters.mlx.kv.kv_blocks import (
 )
 from semantic.adapters.mlx.kv.restore_buffers import RestoreBuffers
 from semantic.adapters.mlx.kv.restored_prefix import RestoredPrefix
-from semantic.adapters.mlx.lm import BatchKVCache, KVCache, make_prompt_cache
+from semantic.adapters.mlx.lm import BatchKVCache, make_prompt_cache
 from semantic.adapters.mlx.models.model_parts import BodyAndHead
-from semantic.adapters.mlx.sampling import Sampler, log_softmax, make_sampler, top_prob
-from semantic.adapters.mlx.token_mask import masked
+from semantic.adapters.mlx.sampling import log_softmax, make_sampler
+from semantic.adapters.mlx.sequence_state import SequenceState, fresh_plain, sample_first
 from semantic.application.scheduler.round_runner import RoundRunner
 from semantic.domain.blocks import AgentBlocks
 from semantic.domain.cache_spec import ModelCacheSpec
@@ -54,24 +52,6 @@ from semantic.ports.model_backend import (
     SliceProgress,
     StepOutput,
 )
-
-
-@dataclass(slots=True)
-class _Sequence:
-    caches: list[Any]
-    sampler: Sampler
-    track_top_prob: bool
-    room: int = 0
-    """Positions its prompt still adds: an empty cache is sized for them at the first
-    chunk that is not also the last (a prompt prefilled whole sizes itself)."""
-    prefix: RestoredPrefix | None = None
-    """Restored positions not yet copied into ``caches``, which hold what follows them."""
-    slice: PromptSlice | None = None
-    """A chunk part way through the layers (``prefill_slice``)."""
-    matcher: GrammarMatcher | None = None
-    """The grammar every token of a constrained sequence is drawn within."""
-    history: History | None = None
-    """Its sliding layers' windows as its prompt ended (``window_history``)."""
 
 
 class MlxBackend:
@@ -98,28 +78,22 @@ class MlxBackend:
         self._host = host
         self._buffers = buffers if host.addressable else None
         self._spec = spec
-        self._model_id = model_id
         self._accelerator = accelerator
         self._decoder = DecodeBatch(model, eos_token_ids, accelerator)
         self._streams: tuple[Any, ...] | None = None
         self._split = BodyAndHead.of(model)
-        self._ride_rows = accelerator.ride_rows if accelerator is not None else 0
         self._host_rows = accelerator.host_rows if accelerator is not None else 0
-        self._can_slice = self._split is not None and accelerator is not None
-        self._capabilities = BackendCapabilities(spec, model_id, self._can_slice, self._ride_rows)
-        self._sequences: dict[str, _Sequence] = {}
+        self._capabilities = BackendCapabilities(
+            spec,
+            model_id,
+            can_slice=self._split is not None and accelerator is not None,
+            ride_rows=accelerator.ride_rows if accelerator is not None else 0,
+        )
+        self._sequences: dict[str, SequenceState] = {}
         self._beside = accelerator.beside(self._decoder, self._step_output) if accelerator else None
         self._runner = RoundRunner(self, time.perf_counter)
         self._in_place: set[str] = set()
         """Sequences reading their restored blocks where they lie, as last reported."""
-
-    @property
-    def spec(self) -> ModelCacheSpec:
-        return self._spec
-
-    @property
-    def model_id(self) -> str:
-        return self._model_id
 
     @property
     def decoding_count(self) -> int:
@@ -146,7 +120,7 @@ class MlxBackend:
                 self._model, restored, n_restored, n_new, self._spec, streams=self._copy_streams()
             )
         sampler = make_sampler(sampling)
-        self._sequences[seq_id] = _Sequence(
+        self._sequences[seq_id] = SequenceState(
             caches, sampler, track_top_prob, n_new, prefix, matcher=matcher
         )
         if prefix is not None:
@@ -158,7 +132,7 @@ class MlxBackend:
         whose restored prefix was copied since the last round (their first pass, a step
         that built their cache, a copy for a follower)."""
         outcomes = self._runner.run(work)
-        copied = frozenset(s for s in self._in_place if not self.reads_restored(s))
+        copied = frozenset(s for s in self._in_place if not self._reads_restored(s))
         self._in_place -= copied
         return RoundResult(outcomes, copied)
 
@@ -173,7 +147,7 @@ class MlxBackend:
             return None
         return RestoredPrefix.of(restored, n_restored, self._spec)
 
-    def _caches(self, sequence: _Sequence) -> list[Any]:
+    def _caches(self, sequence: SequenceState) -> list[Any]:
         """The sequence's caches, with a prefix read in place copied in front first."""
         if sequence.prefix is not None:
             sequence.caches = self._gathered(sequence.prefix, sequence.caches)
@@ -198,7 +172,7 @@ class MlxBackend:
 
     def prefill_and_sample(self, seq_id: str, tokens: Sequence[int]) -> SampledToken:
         sequence = self._sequences[seq_id]
-        return self._sample(sequence, self._last_logits(mx.array([list(tokens)]), sequence))
+        return sample_first(sequence, self._last_logits(mx.array([list(tokens)]), sequence))
 
     def prefill_many_and_sample(
         self, prompts: Sequence[tuple[str, Sequence[int]]]
@@ -207,7 +181,7 @@ class MlxBackend:
         each sequence's cache is cut back out of it; one by one where a cache is not a plain
         empty ``KVCache`` (a sliding-window layer, say)."""
         sequences = [self._sequences[seq_id] for seq_id, _ in prompts]
-        if len(prompts) < 2 or not all(map(_fresh_plain, sequences)):
+        if len(prompts) < 2 or not all(map(fresh_plain, sequences)):
             return [self.prefill_and_sample(seq_id, tokens) for seq_id, tokens in prompts]
         longest = max(len(tokens) for _, tokens in prompts)
         padding = [longest - len(tokens) for _, tokens in prompts]
@@ -215,8 +189,8 @@ class MlxBackend:
             [[0] * pad + list(tokens) for pad, (_, tokens) in zip(padding, prompts, strict=True)]
         )
         caches: list[Any] = [BatchKVCache(padding) for _ in sequences[0].caches]  # mlx-lm: untyped
-        logits = self._last_logits(batch, _Sequence(caches, sequences[0].sampler, False))
-        sampled = [self._sample(s, logits[row : row + 1]) for row, s in enumerate(sequences)]
+        logits = self._last_logits(batch, SequenceState(caches, sequences[0].sampler, False))
+        sampled = [sample_first(s, logits[row : row + 1]) for row, s in enumerate(sequences)]
         own = [[cache.extract(row) for cache in caches] for row in range(len(sequences))]
         for sequence, extracted in zip(sequences, own, strict=True):  # all or nothing
             sequence.caches = extracted
@@ -255,7 +229,7 @@ class MlxBackend:
             return SliceProgress(True)
         logits = self._split.head(hidden[:, -1:, :])[:, -1, :]
         mx.eval(logits)
-        return SliceProgress(True, self._sample(sequence, logits))
+        return SliceProgress(True, sample_first(sequence, logits))
 
     def prefill_logprobs(self, seq_id: str, tokens: Sequence[int]) -> mx.array:
         """Prefill ``tokens`` and return the log-probabilities after the last one."""
@@ -264,7 +238,7 @@ class MlxBackend:
         mx.eval(logprobs)
         return logprobs
 
-    def _last_logits(self, batch: mx.array, sequence: _Sequence) -> mx.array:
+    def _last_logits(self, batch: mx.array, sequence: SequenceState) -> mx.array:
         """Run ``batch`` (rows of tokens) into the caches; the logits after each row."""
         if self._split is not None:  # the output head for the last position only
             hidden = self._body(batch, sequence)[:, -1:, :]
@@ -274,7 +248,7 @@ class MlxBackend:
         mx.eval(logits, [(c.keys, c.values) for c in sequence.caches])
         return logits
 
-    def _body(self, batch: mx.array, sequence: _Sequence) -> mx.array:
+    def _body(self, batch: mx.array, sequence: SequenceState) -> mx.array:
         """The final hidden states of a llama model; the accelerator may take a small pass."""
         if self._accelerator is not None:
             hidden = self._accelerator.hidden([Group(batch, sequence.caches, sequence.prefix)])
@@ -282,19 +256,6 @@ class MlxBackend:
                 return hidden[0]
         assert self._split is not None  # callers checked: a llama model
         return self._split.body(batch, cache=self._caches(sequence))  # type: ignore[no-any-return]
-
-    @staticmethod
-    def _sample(sequence: _Sequence, logits: mx.array) -> SampledToken:
-        """A prompt's first token; a constrained sequence's grammar allows it and is told."""
-        if sequence.matcher is not None:
-            logits = masked(logits, [sequence.matcher])
-        token = sequence.sampler(logits)
-        top = top_prob(logits)[0] if sequence.track_top_prob else None
-        mx.eval(token, *([top] if top is not None else []))
-        sampled = SampledToken(_scalar_int(token), _scalar_float(top) if top is not None else None)
-        if sequence.matcher is not None:
-            sequence.matcher.accept(sampled.token)
-        return sampled
 
     def copy_prefix(self, source_id: str, target_id: str, n_tokens: int, room: int) -> bool:
         if source_id in self._decoder:
@@ -329,7 +290,7 @@ class MlxBackend:
     def decode_step(self, ride: PromptChunk | None = None) -> StepOutput:
         group = None
         if ride is not None:
-            if len(ride.tokens) > self.ride_capacity():
+            if len(ride.tokens) > self._ride_capacity():
                 raise InvalidRequestError(f"{len(ride.tokens)} tokens cannot ride this step")
             riding = self._sequences[ride.seq_id]
             if not ride.last:
@@ -376,11 +337,11 @@ class MlxBackend:
         if ride.last and self._split is not None:  # riding implies a llama model
             logits = self._split.head(ridden[:, -1:, :])[:, -1, :]
             mx.eval(logits, [(c.keys, c.values) for c in group.caches])
-            return self._sample(self._sequences[ride.seq_id], logits)
+            return sample_first(self._sequences[ride.seq_id], logits)
         mx.eval([(c.keys, c.values) for c in group.caches])
         return None
 
-    def reads_restored(self, seq_id: str) -> bool:
+    def _reads_restored(self, seq_id: str) -> bool:
         sequence = self._sequences.get(seq_id)
         pending_in_batch = self._decoder.builds_pending(seq_id)
         return (sequence is not None and sequence.prefix is not None) or pending_in_batch
@@ -390,13 +351,8 @@ class MlxBackend:
         """``ride_rows``: the fused pass's rows, where the model has one."""
         return self._capabilities
 
-    @property
-    def can_slice(self) -> bool:
-        return self._can_slice
-
-    def ride_capacity(self) -> int:
-        rows = len(self._decoder)
-        return self._ride_rows - rows if self._ride_rows and rows else 0
+    def _ride_capacity(self) -> int:
+        return self._capabilities.ride_capacity(len(self._decoder))
 
     def close_sequence(self, seq_id: str, keep_tokens: int) -> ExportedKV:
         self._in_place.discard(seq_id)
@@ -433,23 +389,3 @@ class MlxBackend:
             own = mx.default_stream(mx.default_device())
             self._streams = (own, mx.new_stream(mx.cpu)) if self._host.addressable else (own,)
         return self._streams
-
-
-def _fresh_plain(sequence: _Sequence) -> bool:
-    return sequence.prefix is None and all(
-        type(c) is KVCache and c.offset == 0 for c in sequence.caches
-    )
-
-
-def _scalar_int(array: mx.array) -> int:
-    value = array.item()
-    if not isinstance(value, int):
-        raise TypeError(f"expected an integer token id, got {value!r}")
-    return value
-
-
-def _scalar_float(array: mx.array) -> float:
-    value = array.item()
-    if not isinstance(value, int | float):
-        raise TypeError(f"expected a real number, got {value!r}")
-    return float(value)

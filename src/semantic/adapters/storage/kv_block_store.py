@@ -12,7 +12,8 @@ from typing import Protocol
 
 import numpy as np
 
-from semantic.adapters.storage.block_files import BlockFiles, TensorSpan
+from semantic.adapters.storage.block_files import BlockFiles
+from semantic.adapters.storage.safetensors_layout import TensorSpan
 from semantic.domain.blocks import KVBlock
 from semantic.domain.errors import CacheCorruptionError
 from semantic.ports.block_store import LayerPayload, StoredFile
@@ -88,11 +89,6 @@ class KVBlockStore:
     def remove_temporaries(self) -> int:
         return self._files.remove_temporaries()
 
-    def free_bytes(self) -> int | None:
-        return self._files.free_bytes()
-
-    def release_space(self, *, headroom: bool) -> int:
-        return self._files.release_space(headroom=headroom)
-
-    def keep_headroom(self, *, leaving: int) -> bool:
-        return self._files.keep_headroom(leaving=leaving)
+    @property
+    def space(self) -> BlockFiles:
+        return self._files

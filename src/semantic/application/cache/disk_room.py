@@ -72,6 +72,7 @@ class DiskRoom:
         """``quota``: all block files'; ``quotas``: each namespace's (a save over its
         namespace's cuts that namespace's blocks only)."""
         self._store = store
+        self._space = store.space
         self._agent_records = agent_records
         self._block_records = block_records
         self._hot = hot
@@ -89,7 +90,7 @@ class DiskRoom:
 
     @property
     def state(self) -> DiskState:
-        free = self._store.free_bytes()
+        free = self._space.free_bytes()
         if self._refused is not None and (free is None or free >= self._floor):
             self._refused = None  # space came back: the next write will find it
         return DiskState(free, self._refused, self._quota)
@@ -97,7 +98,7 @@ class DiskRoom:
     def check(self) -> None:
         """Refuse at once what would write nothing but find the disk as full as when the
         last write was refused (no byte freed since), before a reply is computed for it."""
-        free = self._store.free_bytes()
+        free = self._space.free_bytes()
         if self._refused is not None and free is not None and free <= self._refused_free:
             raise DiskFullError(self._refused)
 
@@ -108,7 +109,7 @@ class DiskRoom:
         try:
             result = await self._keeping(namespace, agent_id, write)
         except DiskFullError as error:
-            self._refused_free = self._store.free_bytes() or 0
+            self._refused_free = self._space.free_bytes() or 0
             self._refused = (
                 f"{error}; nothing cached is left to evict there, so this was not kept: "
                 "free space on that disk and retry"
@@ -118,7 +119,7 @@ class DiskRoom:
         return result
 
     async def _keeping(self, namespace: str, agent_id: str, write: Callable[[], Awaitable[T]]) -> T:
-        free = self._store.free_bytes()
+        free = self._space.free_bytes()
         if free is not None and free < max(self._reserve, self._floor):
             async with self.lock:
                 with contextlib.suppress(DiskFullError):  # the write may fit all the same
@@ -144,20 +145,20 @@ class DiskRoom:
         """Under ``lock``, before a block file of about ``need`` bytes is written for
         ``chain``: cut other records to keep the reserve; whether the write leaves the
         floor free (else it is not made)."""
-        free = self._store.free_bytes()
+        free = self._space.free_bytes()
         if free is None or max(self._reserve, self._floor) == 0:
             return True
         if free - need < max(self._reserve, self._floor):
             await self.enforce(namespace, agent_id, chain=chain, need=need)
             await self.enforce(namespace, agent_id, chain=chain, need=need, hard=True)
-            free = self._store.free_bytes()
+            free = self._space.free_bytes()
         return free is None or self._floor == 0 or free - need >= self._floor
 
     async def after_full(self, namespace: str, agent_id: str, chain: Sequence[str] = ()) -> None:
         """Under ``lock``: a metadata write found the disk full. Give up the headroom file,
         so the evictions can be recorded, and cut to the floor, this agent included
         (unless ``chain``, a save in flight, is given)."""
-        freed = self._store.release_space(headroom=True)
+        freed = self._space.release_space(headroom=True)
         log.warning(
             "the data directory's disk is full: released %d bytes kept for this, evicting", freed
         )
@@ -188,7 +189,7 @@ class DiskRoom:
         limit, short = await self._limit(need, hard)
         if limit is None or await self._block_records.total_block_bytes() <= limit:
             return
-        if short and self._store.release_space(headroom=False):
+        if short and self._space.release_space(headroom=False):
             limit, short = await self._limit(need, hard)  # spares were ours to reuse
             if limit is None or await self._block_records.total_block_bytes() <= limit:
                 return
@@ -211,7 +212,7 @@ class DiskRoom:
         if over and newest is not None and cap is not None and not chain:
             await self._cut_end(newest, cap)
         if short:
-            self._store.release_space(headroom=False)  # what the cuts set aside to reuse
+            self._space.release_space(headroom=False)  # what the cuts set aside to reuse
 
     async def _records_to_cut(
         self, older: list[AgentRecord], last_user: dict[str, int], limit: int
@@ -233,7 +234,7 @@ class DiskRoom:
         reserve (with ``hard``, the floor) and ``need`` free on the disk; None when neither
         applies. And whether the disk is short of that free space."""
         keep = self._floor if hard else self._reserve
-        free = self._store.free_bytes() if keep > 0 else None
+        free = self._space.free_bytes() if keep > 0 else None
         if free is None or free >= keep + need:
             return (None if hard else self._quota), False
         room = await self._block_records.total_block_bytes() - (keep + need - free)
@@ -272,7 +273,7 @@ class DiskRoom:
         try:
             return await cut()
         except DiskFullError:
-            if not self._store.release_space(headroom=True):
+            if not self._space.release_space(headroom=True):
                 raise
             return await cut()
 
@@ -282,7 +283,7 @@ class DiskRoom:
 
     def keep_headroom(self) -> None:
         """Set the headroom file aside again where the disk has room for it (blocks)."""
-        self._store.keep_headroom(leaving=self._floor)
+        self._space.keep_headroom(leaving=self._floor)
 
 
 def _pinned(agent: AgentRecord) -> bool:

@@ -30,7 +30,7 @@ from semantic.adapters.mlx.devices import HOST_VIEWS, HostMemory
 from semantic.adapters.mlx.errors import UnsupportedModelError
 from semantic.adapters.mlx.kv.kv_payloads import ALL, MlxKV, StackedKV, host_rows, kv_arrays
 from semantic.adapters.mlx.kv.restore_buffers import RestoreBuffers
-from semantic.adapters.storage.block_files import TensorSpan
+from semantic.adapters.storage.safetensors_layout import TensorSpan
 from semantic.domain.blocks import KVBlock
 from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.errors import CacheCorruptionError
