@@ -19,7 +19,7 @@ import numpy as np
 from semantic.adapters.cli.progress import ProgressPrinter
 from semantic.adapters.mlx.devices import DEVICE_CHOICES
 from semantic.adapters.mlx.kv.kv_payloads import kv_arrays
-from semantic.application.agents.service import CommittedReply, Turn
+from semantic.application.agents.values import CommittedReply, Turn
 from semantic.application.chat.generation import GenerationInput, GenerationResult
 from semantic.bootstrap import Services, start_services, stop_services
 from semantic.config import Settings

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from semantic.application.agents.responses import ResponseAsk, ResponseEvent
-from semantic.application.agents.service import CommittedReply, Turn, TurnStarted
+from semantic.application.agents.values import CommittedReply, Turn, TurnStarted
 from semantic.application.chat.generation import TextDelta
 from tests.conformance.conftest import ModelDirs
 from tests.conformance.serving import serving, settings_for

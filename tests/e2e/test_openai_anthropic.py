@@ -83,6 +83,7 @@ def test_openai_completions_and_models(server: ServerProcess) -> None:
         refused = httpx.post(f"{server.url}/v1/completions", json={**body, "prompt": prompt})
         assert refused.status_code == 400
         assert says in refused.json()["error"]["message"]
+        assert refused.json()["error"]["param"] == "prompt"
 
 
 def test_stop_sequences_are_cut_in_both_protocols(server: ServerProcess) -> None:
@@ -413,6 +414,7 @@ def test_content_parts_are_read_as_text_or_refused_by_their_kind(server: ServerP
         refused = httpx.post(f"{server.url}/v1/chat/completions", json=chat)
         assert refused.status_code == 400
         assert says in refused.json()["error"]["message"]
+        assert refused.json()["error"]["param"] == "prompt"
     body["messages"] = [{"role": "user", "content": []}]
     assert httpx.post(f"{server.url}/v1/messages", json=body).status_code == 400
     body["messages"] = [asked, {"role": "assistant", "content": []}]  # an empty prefill

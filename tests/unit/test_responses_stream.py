@@ -10,9 +10,9 @@ from typing import Any
 from semantic.adapters.http.responses_items import output_items
 from semantic.adapters.http.responses_stream import ResponseEvents
 from semantic.application.agents.responses import ResponseEvent
-from semantic.application.agents.service import ArgumentsDelta, CallOpened, CommittedReply
+from semantic.application.agents.values import CommittedReply
 from semantic.application.chat.generation import TextDelta, Usage
-from semantic.application.chat.tool_replies import Call
+from semantic.application.chat.tool_replies import ArgumentsDelta, Call, CallOpened
 from semantic.domain.generation import FinishReason, RequestStats
 
 CALLS = (Call("call_a", "get_weather", '{"city": "Oslo"}'), Call("call_b", "get_time", "{}"))

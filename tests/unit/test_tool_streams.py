@@ -16,10 +16,11 @@ from pydantic import TypeAdapter
 
 from semantic.adapters.http import anthropic_routes, openai_routes
 from semantic.adapters.http.anthropic_tools import new_tool_use_id
-from semantic.adapters.http.openai_tools import new_call_id
 from semantic.adapters.tool_formats import DefaultFormat
+from semantic.application.chat.chat_turn import ChatOutcome, ChatReply
 from semantic.application.chat.generation import GenerationResult, TextDelta, Usage
 from semantic.application.chat.tool_replies import Reply, ReplyReader
+from semantic.application.chat.transcript import new_call_id
 from semantic.domain.generation import FinishReason, RequestStats
 
 PIECES = [
@@ -59,6 +60,13 @@ async def nothing_kept(reply: Reply) -> None:
     pass
 
 
+def canned_reply(pieces: list[str], finish: FinishReason, new_id: Any) -> ChatReply:
+    """The chat turn's reply over a canned generation, its calls read in the default format."""
+    reader = ReplyReader(DefaultFormat(), new_id)
+    handle = CannedHandle(pieces, finish)
+    return ChatReply(handle, reader, nothing_kept, None)  # type: ignore[arg-type]  # a canned handle
+
+
 def whole(pieces: list[str], new_id: Any) -> Reply:
     reader = ReplyReader(DefaultFormat(), new_id)
     for piece in pieces:
@@ -87,11 +95,10 @@ def fixed_ids(prefix: str) -> Any:
 async def test_openai_stream_rebuilds_the_reply_without_streaming(
     pieces: list[str], finish: FinishReason
 ) -> None:
-    reply = openai_routes.ReplyBodies("chatcmpl", "chat.completion", "m")
-    plain = reply.chat(result(pieces, finish), whole(pieces, fixed_ids("call_")))
-    handle = CannedHandle(pieces, finish)
-    reader = ReplyReader(DefaultFormat(), fixed_ids("call_"))
-    lines = [line async for line in reply.chat_chunks(handle, False, reader, nothing_kept)]  # type: ignore[arg-type]  # a canned handle
+    bodies = openai_routes.ReplyBodies("chatcmpl", "chat.completion", "m")
+    plain = bodies.chat(ChatOutcome(result(pieces, finish), whole(pieces, fixed_ids("call_"))))
+    reply = canned_reply(pieces, finish, fixed_ids("call_"))
+    lines = [line async for line in bodies.chat_chunks(reply, False)]
     state: ChatCompletionStreamState[Any] = ChatCompletionStreamState()
     for body in data_lines(lines):
         state.handle_chunk(ChatCompletionChunk.model_validate(body))
@@ -129,18 +136,10 @@ async def test_openai_stream_rebuilds_the_reply_without_streaming(
 async def test_anthropic_stream_rebuilds_the_reply_without_streaming(
     pieces: list[str], finish: FinishReason
 ) -> None:
-    plain = anthropic_routes.message_body(
-        "msg_1", "m", result(pieces, finish), whole(pieces, fixed_ids("toolu_"))
-    )
-    handle = CannedHandle(pieces, finish)
-    reader = ReplyReader(DefaultFormat(), fixed_ids("toolu_"))
-    events = anthropic_routes.message_events(
-        handle,  # type: ignore[arg-type]  # a canned handle
-        "msg_1",
-        "m",
-        reader,
-        nothing_kept,
-    )
+    outcome = ChatOutcome(result(pieces, finish), whole(pieces, fixed_ids("toolu_")))
+    plain = anthropic_routes.message_body("msg_1", "m", outcome)
+    reply = canned_reply(pieces, finish, fixed_ids("toolu_"))
+    events = anthropic_routes.message_events(reply, "msg_1", "m")
     lines = [line async for line in events]
     adapter: TypeAdapter[RawMessageStreamEvent] = TypeAdapter(RawMessageStreamEvent)
     snapshot = None

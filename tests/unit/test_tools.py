@@ -8,10 +8,11 @@ import json
 
 import pytest
 
-from semantic.adapters.http.tool_translate import named_refusal, response_schema
+from semantic.adapters.http.tool_translate import response_schema
 from semantic.adapters.tool_formats import DefaultFormat, format_for
 from semantic.application.chat.call_memory import CallMemory
 from semantic.application.chat.generation import TextDelta
+from semantic.application.chat.reply_shape import named_refusal
 from semantic.application.chat.tool_replies import (
     ArgumentsDelta,
     Call,

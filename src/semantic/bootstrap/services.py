@@ -31,9 +31,11 @@ from semantic.application.agents.responses import ResponsesService
 from semantic.application.agents.service import AgentService
 from semantic.application.cache.store import AgentCacheStore, CacheConfig
 from semantic.application.chat.call_memory import CallMemory
+from semantic.application.chat.chat_turn import ChatTurns
 from semantic.application.chat.generation import GenerationService, Limits
 from semantic.application.dashboard.turn_history import TurnHistory
 from semantic.application.dashboard.view import Dashboard
+from semantic.application.engine import StepResult
 from semantic.application.engine.engine_loop import EngineLoop
 from semantic.application.observers import Observers
 from semantic.application.threads import install_default_executor
@@ -72,12 +74,16 @@ class Services:
     """The held data directory (``data_dir_lock``), given back when the services stop."""
     dashboard: Dashboard
     """What the dashboard shows, read from the books above and the turn history."""
-    calls: CallMemory
-    """Generated tool calls, rendered again as written on their round trip (ADR 0018)."""
+    chats: ChatTurns
+    """The plain front doors' chat turn (chat completions, completions, messages)."""
     responses: ResponsesService
     """The Responses API's chains and conversations on the agents (ADR 0020)."""
     runtime: dict[str, Any] = field(default_factory=dict)
     """What the model runs on (BLAS and its core, kernels), served by ``/v1/models/{id}``."""
+
+    @property
+    def last_step(self) -> StepResult | None:
+        return self.loop.last_step
 
 
 async def start_services(
@@ -215,7 +221,7 @@ async def _services(
         dashboard=Dashboard(
             metadata, metadata, cache.hot, history, pool_block_bytes=engine.spec.block_bytes
         ),
-        calls=CallMemory(metadata),
+        chats=ChatTurns(agents, engine.tokenizer, CallMemory(metadata), limits),
         responses=responses,
         runtime=runtime_report(loaded, engine.kernel, engine.host) | _placement(settings),
     )

@@ -19,19 +19,11 @@ from semantic.adapters.http.identity import (
 )
 from semantic.adapters.http.openai_tools import call_entry, openai_tool_use, reply_delta
 from semantic.adapters.http.retention_hints import header_hints, keep_hints
-from semantic.adapters.http.tool_translate import named_refusal
 from semantic.adapters.http.translate import OPENAI_FINISH, sampling, stop_strings
-from semantic.application.agents.service import (
-    AgentInfo,
-    ArgumentsDelta,
-    CallOpened,
-    CommittedReply,
-    Turn,
-    TurnEvent,
-    record_calls,
-)
+from semantic.application.agents.values import AgentInfo, CommittedReply, Turn
 from semantic.application.chat.generation import GenerationResult, TextDelta
-from semantic.domain.constraints import UnsupportedSchemaError
+from semantic.application.chat.tool_replies import ArgumentsDelta, CallOpened, TurnEvent
+from semantic.application.chat.transcript import record_calls
 from semantic.domain.context_edits import ContextPolicy
 from semantic.domain.errors import InvalidRequestError, SemanticError
 from semantic.domain.retention import Retention
@@ -195,10 +187,7 @@ class AgentController(Controller):
         events = found.agents.send(who.namespace, agent_id, turn)
         # The first event surfaces errors (unknown agent, bad input) as HTTP codes; it comes
         # after the whole prefill, which a client that leaves meanwhile cancels.
-        try:
-            first = await unless_client_leaves(request, anext(events))
-        except UnsupportedSchemaError as error:  # the grammar engine's, naming no field
-            raise named_refusal(error, turn.tools) from None
+        first = await unless_client_leaves(request, anext(events))
         if data.stream:
             return sse(_stream(first, events), events.aclose)
         return _reply(await unless_client_leaves(request, _last(first, events)))

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import functools
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator
 from typing import Any
 
 from litestar import Controller, Request, post
@@ -24,20 +23,10 @@ from semantic.adapters.http.anthropic_tools import (
     new_tool_use_id,
     tool_use_block,
 )
-from semantic.adapters.http.common import (
-    result_of,
-    services,
-    sse,
-    sse_data,
-    start_chat,
-)
+from semantic.adapters.http.common import result_of, services, sse, sse_data
 from semantic.adapters.http.errors import body_for, problem_for
 from semantic.adapters.http.identity import identity
-from semantic.adapters.http.retention_hints import anthropic_hints, keep_started
-from semantic.adapters.http.state import Services
-from semantic.adapters.http.tool_translate import (
-    reply_shape,
-)
+from semantic.adapters.http.retention_hints import anthropic_hints
 from semantic.adapters.http.translate import (
     ANTHROPIC_MAX_TEMPERATURE,
     ANTHROPIC_STOP,
@@ -47,17 +36,15 @@ from semantic.adapters.http.translate import (
     sampling,
     stop_strings,
 )
-from semantic.application.chat.context_edits import edited
+from semantic.application.chat.chat_turn import ChatAsk, ChatOutcome, ChatReply
 from semantic.application.chat.generation import (
-    GenerationHandle,
-    GenerationInput,
     GenerationResult,
     TextDelta,
 )
-from semantic.application.chat.tool_replies import CallOpened, Reply, ReplyEvent, ReplyReader
+from semantic.application.chat.tool_replies import CallOpened, Reply, ReplyEvent
 from semantic.domain.chat import ChatMessage, check_tool_answers
 from semantic.domain.errors import InvalidRequestError, SemanticError
-from semantic.domain.tools import Tool
+from semantic.domain.generation import GREEDY, SamplingParams
 
 
 class AnthropicController(Controller):
@@ -72,43 +59,15 @@ class AnthropicController(Controller):
         found = services(state)
         check_model(data.model, found.model_id)
         _check_plain_chat(data)
-        who = identity(request)
-        hints = anthropic_hints(request, data)
-        use = anthropic_tool_use(data.tools, data.tool_choice)
-        shape = reply_shape(found.tokenizer, use)
-        tools = use.tools if use else ()
-        chat, prompt, prefill, context = await _prompt(found, data, who.namespace, tools)
-        generation = GenerationInput(
-            tuple(prompt),
-            who.namespace,
-            who.agent_id,
-            data.max_tokens,
-            sampling(
-                data.temperature,
-                data.top_p,
-                None,
-                data.top_k,
-                max_temperature=ANTHROPIC_MAX_TEMPERATURE,
-            ),
-            stop_strings(data.stop_sequences, "stop_sequences"),
-            who.priority,
-            None if prefill else shape.constraint,
-        )
-        handle = await start_chat(found, generation, chat, use)
-        await keep_started(found, handle, who.namespace, who.agent_id, hints)
+        ask = _ask(request, data)
+        reply = await found.chats.start(ask)
         message_id = f"msg_{uuid.uuid4().hex[:24]}"
-        reader = ReplyReader(None if prefill else shape.calls_in, new_tool_use_id)
-        keep = functools.partial(found.calls.remember, who.namespace)
+        context = applied_edits(ask.context_edit, reply.applied)
         if data.stream:
-            events = message_events(
-                handle, message_id, found.model_id, reader, keep, context=context
-            )
-            return sse(events, handle.close)
-        result = await result_of(request, handle)
-        reader.feed(result.text)
-        _, answer = reader.finish()
-        await keep(answer)
-        return {**message_body(message_id, found.model_id, result, answer), **context}
+            events = message_events(reply, message_id, found.model_id, context=context)
+            return sse(events, reply.close)
+        outcome = await result_of(request, reply)
+        return {**message_body(message_id, found.model_id, outcome), **context}
 
     @post("/count_tokens", status_code=200)
     async def count_tokens(
@@ -119,9 +78,9 @@ class AnthropicController(Controller):
         found = services(state)
         check_model(data.model, found.model_id)
         _check_plain_chat(data)
-        namespace = identity(request).namespace
-        use = anthropic_tool_use(data.tools, data.tool_choice)
-        _, prompt, _, context = await _prompt(found, data, namespace, use.tools if use else ())
+        ask = _ask(request, data)
+        rendered = await found.chats.render(ask)
+        prompt, context = rendered.prompt, applied_edits(ask.context_edit, rendered.applied)
         counted: dict[str, Any] = {"input_tokens": len(prompt)}
         if context:
             edits = context["context_management"]["applied_edits"]
@@ -130,39 +89,31 @@ class AnthropicController(Controller):
         return counted
 
 
-async def _prompt(
-    found: Services,
-    data: MessagesRequest | CountTokensRequest,
-    namespace: str,
-    tools: Sequence[Tool],
-) -> tuple[list[ChatMessage], list[int], bool, dict[str, Any]]:
-    """The conversation as rendered (calls this server generated as they were written:
-    ``CallMemory``), its prompt, whether it continues a prefilled reply, and the
-    ``context_management`` to report: the edit asked for, applied where it triggers (on
-    the messages as sent, before their calls are restored)."""
-    edit = context_edit(data.context_management)
+def _ask(request: Request[Any, Any, Any], data: MessagesRequest | CountTokensRequest) -> ChatAsk:
+    """The request as the chat turn takes it (a count takes its prompt only)."""
+    who = identity(request)
     chat, prefill = _conversation(data.system, data.messages)
+    full = data if isinstance(data, MessagesRequest) else None
+    return ChatAsk(
+        who.namespace,
+        who.agent_id,
+        tuple(chat),
+        tools=anthropic_tool_use(data.tools, data.tool_choice),
+        continue_final=prefill,
+        context_edit=context_edit(data.context_management),
+        max_tokens=full.max_tokens if full else None,
+        sampling=_sampling(full) if full else GREEDY,
+        stop=stop_strings(full.stop_sequences, "stop_sequences") if full else (),
+        priority=who.priority,
+        retention=anthropic_hints(request, full) if full else {},
+        new_call_id=new_tool_use_id,
+    )
 
-    async def rendered(messages: Sequence[ChatMessage]) -> tuple[list[ChatMessage], list[int]]:
-        restored = await found.calls.restore(namespace, messages)
-        prompt = found.tokenizer.render_chat(
-            restored, scope=namespace, continue_final=prefill, tools=tools
-        )
-        return restored, prompt
 
-    async def measure(messages: Sequence[ChatMessage]) -> int:
-        return len((await rendered(messages))[1])
-
-    applied = None
-    if edit is not None:
-        tokens = found.tokenizer
-
-        def count(text: str) -> int:
-            return len(tokens.encode(text)) if text else 0
-
-        chat, applied = await edited(chat, edit, measure, count)
-    restored, prompt = await rendered(chat)
-    return restored, prompt, prefill, applied_edits(edit, applied)
+def _sampling(data: MessagesRequest) -> SamplingParams:
+    return sampling(
+        data.temperature, data.top_p, None, data.top_k, max_temperature=ANTHROPIC_MAX_TEMPERATURE
+    )
 
 
 def _check_plain_chat(data: PlainChat) -> None:
@@ -233,9 +184,8 @@ def _stop(result: GenerationResult, answer: Reply) -> str:
     return "tool_use" if whole else ANTHROPIC_STOP[result.finish_reason]
 
 
-def message_body(
-    message_id: str, model: str, result: GenerationResult, answer: Reply
-) -> dict[str, Any]:
+def message_body(message_id: str, model: str, outcome: ChatOutcome) -> dict[str, Any]:
+    result, answer = outcome.result, outcome.answer
     content: list[dict[str, Any]] = []
     if answer.content or not answer.calls:
         content.append({"type": "text", "text": answer.content})
@@ -308,13 +258,7 @@ _EMPTY_TEXT = {"type": "text", "text": ""}
 
 
 async def message_events(
-    handle: GenerationHandle,
-    message_id: str,
-    model: str,
-    reader: ReplyReader,
-    keep: Callable[[Reply], Awaitable[None]],
-    *,
-    context: dict[str, Any] | None = None,
+    reply: ChatReply, message_id: str, model: str, *, context: dict[str, Any] | None = None
 ) -> AsyncIterator[str]:
     """``context``: the ``context_management`` the message ends with (edits applied)."""
     start: dict[str, Any] = {
@@ -325,36 +269,28 @@ async def message_events(
         "content": [],
         "stop_reason": None,
         "stop_sequence": None,
-        "usage": _usage(None, handle.prompt_tokens, handle.cached_tokens),
+        "usage": _usage(None, reply.prompt_tokens, reply.cached_tokens),
     }
     yield sse_data({"type": "message_start", "message": start}, "message_start")
     blocks = _Blocks()
-    if not reader.reads_calls:
+    if not reply.reads_calls:
         yield blocks.open_text()
     yield sse_data({"type": "ping"}, "ping")
     try:
-        async for event in handle.events():
-            if isinstance(event, TextDelta):
-                for piece in reader.feed(event.text):
-                    for line in blocks.event(piece):
-                        yield line
-            elif isinstance(event, GenerationResult):
-                for line in await _ending(event, blocks, reader, keep, context or {}):
+        async for event in reply.events():
+            if isinstance(event, ChatOutcome):
+                for line in _ending(event, blocks, context or {}):
+                    yield line
+            else:
+                for line in blocks.event(event):
                     yield line
     except SemanticError as error:  # typed as the same error outside a stream would be
         yield sse_data(body_for("/v1/messages", problem_for(error)), "error")
 
 
-async def _ending(
-    result: GenerationResult,
-    blocks: _Blocks,
-    reader: ReplyReader,
-    keep: Callable[[Reply], Awaitable[None]],
-    context: dict[str, Any],
-) -> list[str]:
-    rest, answer = reader.finish()
-    await keep(answer)
-    lines = [line for piece in rest for line in blocks.event(piece)]
+def _ending(outcome: ChatOutcome, blocks: _Blocks, context: dict[str, Any]) -> list[str]:
+    result, answer = outcome.result, outcome.answer
+    lines: list[str] = []
     if not answer.calls and not blocks.text_open and blocks.index == 0:
         lines.append(blocks.open_text())  # an empty reply still has its text block
     lines += blocks.close_text() + blocks.close_call()

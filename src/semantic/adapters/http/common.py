@@ -15,17 +15,8 @@ from litestar.response import Stream
 from litestar.response.base import ASGIResponse
 
 from semantic.adapters.http.state import ServerState, Services
-from semantic.adapters.http.tool_translate import named_refusal, no_room_for_tools
-from semantic.application.chat.generation import (
-    GenerationFailedError,
-    GenerationHandle,
-    GenerationInput,
-    GenerationResult,
-)
-from semantic.domain.chat import ChatMessage
-from semantic.domain.constraints import UnsupportedSchemaError
-from semantic.domain.errors import PromptTooLongError, SemanticError
-from semantic.domain.tools import ToolUse
+from semantic.application.chat.chat_turn import ChatOutcome, ChatReply
+from semantic.domain.errors import SemanticError
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -101,36 +92,6 @@ async def _disconnected(request: Request[Any, Any, Any]) -> None:
         pass
 
 
-async def start_plain(found: Services, generation: GenerationInput) -> GenerationHandle:
-    """Start a request of the OpenAI or Anthropic routes (not an agent's turn)."""
-    return await found.agents.start_plain(generation)
-
-
-async def start_chat(
-    found: Services, generation: GenerationInput, chat: list[ChatMessage], use: ToolUse | None
-) -> GenerationHandle:
-    """``start_plain``, with refusals named by the request's own fields: a schema the grammar
-    engine refused names its tool (or ``response_format``), and a prompt that fits without
-    its tools but not with them names ``tools``."""
-    try:
-        return await start_plain(found, generation)
-    except UnsupportedSchemaError as error:
-        raise named_refusal(error, use) from None
-    except PromptTooLongError as error:
-        if use is None or error.param != "messages":
-            raise
-        bare = found.tokenizer.render_chat(chat, scope=generation.namespace)
-        if len(bare) >= found.generation.limits.max_context:
-            raise
-        raise no_room_for_tools(error, use) from None
-
-
-async def result_of(request: Request[Any, Any, Any], handle: GenerationHandle) -> GenerationResult:
-    return await unless_client_leaves(request, _result(handle))
-
-
-async def _result(handle: GenerationHandle) -> GenerationResult:
-    async for event in handle.events():
-        if isinstance(event, GenerationResult):
-            return event
-    raise GenerationFailedError("the request ended without a result")
+async def result_of(request: Request[Any, Any, Any], reply: ChatReply) -> ChatOutcome:
+    """The whole reply, unless the client leaves first (``unless_client_leaves``)."""
+    return await unless_client_leaves(request, reply.outcome())

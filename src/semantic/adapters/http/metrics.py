@@ -156,7 +156,7 @@ class _Live:
 
 def _engine(services: Services) -> Iterator[Metric]:
     """Requests running and waiting at the engine's last step."""
-    step = services.loop.last_step
+    step = services.last_step
     running = (step.decoding + step.prefilling) if step else 0
     yield GaugeMetricFamily(
         "semantic_requests_running", "Requests prefilling or decoding.", value=running

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from litestar import Controller, Request, post, route
@@ -17,8 +17,6 @@ from semantic.adapters.http.common import (
     services,
     sse,
     sse_data,
-    start_chat,
-    start_plain,
 )
 from semantic.adapters.http.errors import body_for, problem_for
 from semantic.adapters.http.identity import identity
@@ -31,14 +29,12 @@ from semantic.adapters.http.openai_schemas import (
 from semantic.adapters.http.openai_tools import (
     call_entry,
     history_calls,
-    new_call_id,
     openai_tool_use,
     reply_delta,
 )
-from semantic.adapters.http.retention_hints import cache_key_agent, keep_started, openai_hints
+from semantic.adapters.http.retention_hints import cache_key_agent, openai_hints
 from semantic.adapters.http.state import Services
 from semantic.adapters.http.tool_translate import (
-    reply_shape,
     response_schema,
 )
 from semantic.adapters.http.translate import (
@@ -50,18 +46,14 @@ from semantic.adapters.http.translate import (
     sampling,
     stop_strings,
 )
-from semantic.application.chat.call_memory import CallMemory
+from semantic.application.chat.chat_turn import ChatAsk, ChatOutcome, ChatReply
 from semantic.application.chat.generation import (
-    GenerationHandle,
-    GenerationInput,
     GenerationResult,
     TextDelta,
 )
-from semantic.application.chat.tool_replies import Reply, ReplyReader
+from semantic.application.chat.tool_replies import Reply
 from semantic.domain.chat import ChatMessage, check_tool_answers
-from semantic.domain.constraints import OutputConstraint
 from semantic.domain.errors import InvalidRequestError, SemanticError
-from semantic.ports.tokenizer import Tokenizer
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16
 """OpenAI's default for legacy completions (chat replies run to the end of the turn)."""
@@ -96,33 +88,25 @@ class OpenAIController(Controller):
             raise InvalidRequestError(
                 "give max_tokens or max_completion_tokens, not both", param="max_tokens"
             )
-        messages = [_chat_message(message) for message in data.messages]
+        messages = tuple(_chat_message(message) for message in data.messages)
         if not messages:
             raise InvalidRequestError("messages must not be empty", param="messages")
         check_tool_answers(messages)
-        use = openai_tool_use(data.tools, data.tool_choice, data.parallel_tool_calls)
-        shape = reply_shape(found.tokenizer, use, response_schema(data.response_format))
-        namespace = identity(request).namespace
-        hints = openai_hints(request, data.prompt_cache_retention)
-        messages = await found.calls.restore(namespace, messages)
-        tools = use.tools if use else ()
-        prompt = found.tokenizer.render_chat(messages, scope=namespace, tools=tools)
         newer = data.max_completion_tokens  # OpenAI's newer name wins where given
-        limit = data.max_tokens if newer is None else newer
-        generation = _input(request, data, prompt, limit, shape.constraint)
-        handle = await start_chat(found, generation, messages, use)
-        await keep_started(found, handle, namespace, generation.agent_id, hints)
-        reply = ReplyBodies("chatcmpl", "chat.completion", found.model_id)
-        reader = ReplyReader(shape.calls_in, new_call_id)
-        kept = _Keep(found.calls, namespace)
+        ask = _ask(
+            request,
+            data,
+            messages=messages,
+            tools=openai_tool_use(data.tools, data.tool_choice, data.parallel_tool_calls),
+            json_schema=response_schema(data.response_format),
+            max_tokens=data.max_tokens if newer is None else newer,
+        )
+        reply = await found.chats.start(ask)
+        bodies = ReplyBodies("chatcmpl", "chat.completion", found.model_id)
         if data.stream:
             usage = bool(data.stream_options and data.stream_options.include_usage)
-            return sse(reply.chat_chunks(handle, usage, reader, kept), handle.close)
-        result = await result_of(request, handle)
-        reader.feed(result.text)
-        _, answer = reader.finish()
-        await kept(answer)
-        return reply.chat(result, answer)
+            return sse(bodies.chat_chunks(reply, usage), reply.close)
+        return bodies.chat(await result_of(request, reply))
 
     @post("/completions", status_code=200)
     async def completions(
@@ -131,25 +115,19 @@ class OpenAIController(Controller):
         found = services(state)
         _check_common(data, found)
         _check_completion_only(data)
-        try:
-            prompt = _prompt_ids(data.prompt, found.tokenizer)
-            limit = data.max_tokens
-            if limit is None:  # OpenAI's default here, within the room the prompt leaves
-                room = found.generation.limits.max_context - len(prompt)
-                limit = min(COMPLETION_DEFAULT_MAX_TOKENS, max(1, room))
-            generation = _input(request, data, prompt, limit)
-            hints = openai_hints(request, data.prompt_cache_retention)
-            handle = await start_plain(found, generation)
-            await keep_started(found, handle, generation.namespace, generation.agent_id, hints)
-        except InvalidRequestError as error:
-            if error.param == "messages":  # the use case names the chat field
-                error.param = "prompt"
-            raise
-        reply = ReplyBodies("cmpl", "text_completion", found.model_id)
+        ask = _ask(
+            request,
+            data,
+            prompt=_prompt(data.prompt),
+            max_tokens=data.max_tokens,
+            default_max_tokens=COMPLETION_DEFAULT_MAX_TOKENS,
+        )
+        reply = await found.chats.start(ask)
+        bodies = ReplyBodies("cmpl", "text_completion", found.model_id)
         if data.stream:
             usage = bool(data.stream_options and data.stream_options.include_usage)
-            return sse(reply.text_chunks(handle, usage), handle.close)
-        return reply.text(await result_of(request, handle))
+            return sse(bodies.text_chunks(reply, usage), reply.close)
+        return bodies.text((await result_of(request, reply)).result)
 
 
 class ReplyBodies:
@@ -161,7 +139,8 @@ class ReplyBodies:
         self.model = model
         self.created = int(time.time())
 
-    def chat(self, result: GenerationResult, answer: Reply) -> dict[str, Any]:
+    def chat(self, outcome: ChatOutcome) -> dict[str, Any]:
+        result, answer = outcome.result, outcome.answer
         message: dict[str, Any] = {"role": "assistant", "content": answer.content}
         if answer.calls:
             message["content"] = answer.content or None
@@ -183,15 +162,9 @@ class ReplyBodies:
         }
         return self._body([choice], result)
 
-    async def chat_chunks(
-        self,
-        handle: GenerationHandle,
-        usage: bool,
-        reader: ReplyReader,
-        kept: Callable[[Reply], Awaitable[None]],
-    ) -> AsyncIterator[str]:
-        """Text and calls as they form (``ReplyReader``), each call as OpenAI streams one:
-        id, type and name in its first delta, then its arguments in pieces."""
+    async def chat_chunks(self, reply: ChatReply, usage: bool) -> AsyncIterator[str]:
+        """Text and calls as they form, each call as OpenAI streams one: id, type and name
+        in its first delta, then its arguments in pieces."""
 
         def chunk(delta: dict[str, Any] | None, finish: str | None = None) -> str:
             body = {"index": 0, "delta": delta or {}, "finish_reason": finish, "logprobs": None}
@@ -199,49 +172,30 @@ class ReplyBodies:
 
         yield chunk({"role": "assistant", "content": ""})
         try:
-            async for event in handle.events():
-                if isinstance(event, TextDelta):
-                    for piece in reader.feed(event.text):
-                        yield chunk(reply_delta(piece))
-                elif isinstance(event, GenerationResult):
-                    rest, answer = reader.finish()
-                    for piece in rest:
-                        yield chunk(reply_delta(piece))
-                    await kept(answer)
-                    yield chunk(None, _finish(event, answer))
-                    if usage:
-                        yield self._chunk([], _usage(event))
+            async for event in reply.events():
+                if not isinstance(event, ChatOutcome):
+                    yield chunk(reply_delta(event))
+                    continue
+                yield chunk(None, _finish(event.result, event.answer))
+                if usage:
+                    yield self._chunk([], _usage(event.result))
         except SemanticError as error:  # typed as the same error outside a stream would be
             yield sse_data(body_for("/v1/chat/completions", problem_for(error)))
         yield "data: [DONE]\n\n"
 
-    async def text_chunks(self, handle: GenerationHandle, usage: bool) -> AsyncIterator[str]:
-        def chunk(delta: dict[str, Any] | None, finish: str | None) -> dict[str, Any]:
-            return {
-                "index": 0,
-                "text": (delta or {}).get("text", ""),
-                "finish_reason": finish,
-                "logprobs": None,
-            }
+    async def text_chunks(self, reply: ChatReply, usage: bool) -> AsyncIterator[str]:
+        def chunk(text: str, finish: str | None) -> str:
+            body = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+            return self._chunk([body])
 
-        async for line in self._stream(handle, usage, chunk, lambda t: {"text": t}):
-            yield line
-
-    async def _stream(
-        self,
-        handle: GenerationHandle,
-        usage: bool,
-        chunk: Chunk,
-        delta: Callable[[str], dict[str, Any]],
-    ) -> AsyncIterator[str]:
         try:
-            async for event in handle.events():
+            async for event in reply.events():
                 if isinstance(event, TextDelta):
-                    yield self._chunk([chunk(delta(event.text), None)])
-                elif isinstance(event, GenerationResult):
-                    yield self._chunk([chunk(None, OPENAI_FINISH[event.finish_reason])])
+                    yield chunk(event.text, None)
+                elif isinstance(event, ChatOutcome):
+                    yield chunk("", OPENAI_FINISH[event.result.finish_reason])
                     if usage:
-                        yield self._chunk([], _usage(event))
+                        yield self._chunk([], _usage(event.result))
         except SemanticError as error:  # typed as the same error outside a stream would be
             yield sse_data(body_for("/v1/chat/completions", problem_for(error)))
         yield "data: [DONE]\n\n"
@@ -281,17 +235,6 @@ def _finish(result: GenerationResult, answer: Reply) -> str:
     """``tool_calls`` for whole calls; a reply cut inside one ends as it was cut."""
     whole = answer.calls and not answer.cut_in_a_call
     return "tool_calls" if whole else OPENAI_FINISH[result.finish_reason]
-
-
-class _Keep:
-    """Keeps a reply's calls as generated, for their round trip (``CallMemory``)."""
-
-    def __init__(self, memory: CallMemory, namespace: str) -> None:
-        self._memory = memory
-        self._namespace = namespace
-
-    async def __call__(self, answer: Reply) -> None:
-        await self._memory.remember(self._namespace, answer)
 
 
 def _usage(result: GenerationResult) -> dict[str, Any]:
@@ -373,35 +316,27 @@ def _chat_message(message: ChatMessageIn) -> ChatMessage:
     return dataclasses.replace(chat(message.role, text or message.refusal or ""), tool_calls=calls)
 
 
-def _input(
-    request: Request[Any, Any, Any],
-    data: SamplingFields,
-    prompt: list[int],
-    max_tokens: int | None,
-    constraint: OutputConstraint | None = None,
-) -> GenerationInput:
+def _ask(request: Request[Any, Any, Any], data: SamplingFields, **asked: Any) -> ChatAsk:
+    """The request as the chat turn takes it: who asks, how to sample, and ``asked``."""
     who = identity(request)
-    return GenerationInput(
-        tuple(prompt),
+    return ChatAsk(
         who.namespace,
         who.agent_id or cache_key_agent(data.prompt_cache_key),
-        max_tokens,
-        sampling(data.temperature, data.top_p, data.seed, data.top_k),
-        stop_strings(data.stop),
-        who.priority,
-        constraint,
+        sampling=sampling(data.temperature, data.top_p, data.seed, data.top_k),
+        stop=stop_strings(data.stop),
+        priority=who.priority,
+        retention=openai_hints(request, data.prompt_cache_retention),
+        **asked,
     )
 
 
-def _prompt_ids(prompt: str | list[Any], tokenizer: Tokenizer) -> list[int]:
-    """The prompt's token ids: from one text (alone or in a list), or given as ids, as
-    OpenAI's API allows (a list of ids, or a list holding one)."""
+def _prompt(prompt: str | list[Any]) -> str | tuple[int, ...]:
+    """The prompt as one text or its token ids, as OpenAI's API allows (a list of ids,
+    or a list holding one)."""
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]
     if isinstance(prompt, str):
-        if not prompt:
-            raise InvalidRequestError("prompt must not be empty", param="prompt")
-        return tokenizer.encode(prompt)
+        return prompt
     if not prompt:
         raise InvalidRequestError("prompt must not be empty", param="prompt")
     if all(isinstance(p, str | list) for p in prompt):
@@ -410,10 +345,4 @@ def _prompt_ids(prompt: str | list[Any], tokenizer: Tokenizer) -> list[int]:
         raise InvalidRequestError(
             "prompt must be a string, or token ids (a list of integers)", param="prompt"
         )
-    outside = next((p for p in prompt if not 0 <= p < tokenizer.vocab_size), None)
-    if outside is not None:
-        raise InvalidRequestError(
-            f"token id {outside} is outside the vocabulary (0 to {tokenizer.vocab_size - 1})",
-            param="prompt",
-        )
-    return list(prompt)
+    return tuple(prompt)

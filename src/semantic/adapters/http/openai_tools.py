@@ -4,7 +4,6 @@ and the calls of a reply (``message.tool_calls``, and their stream deltas)."""
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 from semantic.application.chat.generation import TextDelta
@@ -18,10 +17,6 @@ from semantic.domain.tools import (
     is_json_object,
     tool_use,
 )
-
-
-def new_call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
 
 
 def openai_tool_use(

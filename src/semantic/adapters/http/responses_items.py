@@ -9,7 +9,7 @@ import json
 import uuid
 from typing import Any
 
-from semantic.application.agents.service import CommittedReply
+from semantic.application.agents.values import CommittedReply
 from semantic.domain.errors import InvalidRequestError
 from semantic.domain.tools import is_json_object
 from semantic.ports.metadata_store import MessageRecord

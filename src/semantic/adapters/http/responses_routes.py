@@ -25,7 +25,7 @@ from semantic.adapters.http.responses_schemas import ResponseRequest
 from semantic.adapters.http.responses_stream import ResponseEvents
 from semantic.adapters.http.retention_hints import openai_hints
 from semantic.adapters.http.state import Services
-from semantic.adapters.http.tool_translate import named_refusal, reply_shape, response_schema
+from semantic.adapters.http.tool_translate import response_schema
 from semantic.adapters.http.translate import check_model, must_default, sampling
 from semantic.application.agents.responses import (
     INPUT_ITEM,
@@ -34,9 +34,9 @@ from semantic.application.agents.responses import (
     ResponseAsk,
     ResponseEvent,
 )
-from semantic.application.agents.service import CommittedReply, Turn
+from semantic.application.agents.values import CommittedReply, Turn
 from semantic.application.chat.generation import GenerationResult
-from semantic.domain.constraints import UnsupportedSchemaError
+from semantic.domain.constraints import OutputConstraint
 from semantic.domain.errors import InvalidRequestError, PromptTooLongError, SemanticError
 from semantic.domain.generation import FinishReason
 from semantic.domain.retention import Retention
@@ -61,7 +61,7 @@ class ResponsesController(Controller):
         namespace = identity(request).namespace
         items = input_items(data.input)
         use = _tool_use(data)
-        shape = reply_shape(found.tokenizer, use, _text_schema(data.text))
+        schema = _text_schema(data.text)
         conversation = _conversation_id(data)
         history = await _conversation_items(found, namespace, conversation)
         response_id, message_id = new_id("resp"), new_id("msg")
@@ -71,7 +71,7 @@ class ResponsesController(Controller):
             sampling(data.temperature, data.top_p, None),
             tools=use,
             items=item_messages(items),
-            constraint=None if use and use.offered else shape.constraint,
+            constraint=_schema_constraint(schema, use),
         )
         ask = ResponseAsk(
             response_id,
@@ -94,7 +94,7 @@ class ResponsesController(Controller):
             items=items,
         )
         events = found.responses.create(namespace, ask, body.keep)
-        first = await _first(request, events, use, data)
+        first = await _first(request, events, data)
         if data.stream:
             stream = ResponseEvents(body.started(), message_id)
             return sse(stream.stream(first, events, body.final), events.aclose)
@@ -263,7 +263,6 @@ async def _conversation_items(
 async def _first(
     request: Request[Any, Any, Any],
     events: AsyncIterator[ResponseEvent],
-    use: ToolUse | None,
     data: ResponseRequest,
 ) -> ResponseEvent:
     """The first event, ``TurnStarted`` once the request is queued, surfaces errors
@@ -271,8 +270,6 @@ async def _first(
     with ``response.created``, as OpenAI's does, not at the first token."""
     try:
         return await unless_client_leaves(request, anext(events))
-    except UnsupportedSchemaError as error:
-        raise named_refusal(error, use) from None
     except PromptTooLongError as error:
         raise _too_long(error, data) from None
     except InvalidRequestError as error:
@@ -358,6 +355,13 @@ def _tool_use(data: ResponseRequest) -> ToolUse | None:
             )
         choice = {"type": "function", "function": {"name": choice.get("name")}}
     return openai_tool_use(tools, choice, data.parallel_tool_calls)
+
+
+def _schema_constraint(schema: str | None, use: ToolUse | None) -> OutputConstraint | None:
+    """The schema a reply must match where it may call no tool: tools win (ADR 0018)."""
+    if schema is None or (use is not None and use.offered):
+        return None
+    return OutputConstraint(json_schema=schema)
 
 
 def _text_schema(text: dict[str, Any] | None) -> str | None:

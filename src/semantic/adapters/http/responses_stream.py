@@ -11,8 +11,9 @@ from semantic.adapters.http.common import sse_data
 from semantic.adapters.http.errors import problem_for
 from semantic.adapters.http.responses_items import call_item, message_item
 from semantic.application.agents.responses import ResponseEvent
-from semantic.application.agents.service import ArgumentsDelta, CallOpened, CommittedReply
+from semantic.application.agents.values import CommittedReply
 from semantic.application.chat.generation import TextDelta
+from semantic.application.chat.tool_replies import ArgumentsDelta, CallOpened
 from semantic.domain.errors import SemanticError
 
 

@@ -16,7 +16,6 @@ from litestar import Request
 
 from semantic.adapters.http.identity import checked_id
 from semantic.adapters.http.state import Services
-from semantic.application.chat.generation import GenerationHandle
 from semantic.domain.errors import InvalidRequestError
 from semantic.domain.retention import (
     HEADER,
@@ -72,18 +71,6 @@ async def keep_hints(
     """The agent's hints with ``change`` set (checked before: this does not refuse)."""
     if change and agent_id is not None:
         await found.agents.retain(namespace, agent_id, change, known=known)
-
-
-async def keep_started(
-    found: Services, handle: GenerationHandle, namespace: str, agent_id: str | None, change: Change
-) -> None:
-    """``keep_hints`` once the request has started: a request refused (a prompt too long,
-    say) changes no hints. If keeping them fails, the request ends."""
-    try:
-        await keep_hints(found, namespace, agent_id, change)
-    except BaseException:
-        handle.close()
-        raise
 
 
 def _checked(change: Change) -> Change:

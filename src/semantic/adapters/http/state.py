@@ -8,29 +8,29 @@ from typing import Any, Protocol
 from semantic.application.agents.responses import ResponsesService
 from semantic.application.agents.service import AgentService
 from semantic.application.cache.store import AgentCacheStore
-from semantic.application.chat.call_memory import CallMemory
-from semantic.application.chat.generation import GenerationService
+from semantic.application.chat.chat_turn import ChatTurns
 from semantic.application.dashboard.view import Dashboard
-from semantic.application.engine.engine_loop import EngineLoop
+from semantic.application.engine import StepResult
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.errors import ModelUnavailableError
-from semantic.ports.tokenizer import Tokenizer
 
 
 class Services(Protocol):
+    """What the routes serve with: the use cases, and the books the dashboard and metrics
+    read. No route reaches the tokenizer or the engine but through a use case."""
+
     @property
     def model_id(self) -> str: ...
-    @property
-    def tokenizer(self) -> Tokenizer: ...
-    @property
-    def generation(self) -> GenerationService: ...
     @property
     def agents(self) -> AgentService: ...
     @property
     def cache(self) -> AgentCacheStore: ...
     @property
-    def loop(self) -> EngineLoop: ...
+    def last_step(self) -> StepResult | None:
+        """The engine's last step as it reported it (requests running and waiting)."""
+        ...
+
     @property
     def pool(self) -> BlockPool: ...
     @property
@@ -38,7 +38,7 @@ class Services(Protocol):
     @property
     def runtime(self) -> Mapping[str, Any]: ...
     @property
-    def calls(self) -> CallMemory: ...
+    def chats(self) -> ChatTurns: ...
     @property
     def responses(self) -> ResponsesService: ...
     @property

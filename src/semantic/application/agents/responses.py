@@ -22,13 +22,8 @@ import json
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 
-from semantic.application.agents.service import (
-    INTERNAL_PREFIX,
-    AgentService,
-    CommittedReply,
-    Turn,
-    TurnStarted,
-)
+from semantic.application.agents.service import AgentService
+from semantic.application.agents.values import INTERNAL_PREFIX, CommittedReply, Turn, TurnStarted
 from semantic.application.chat.tool_replies import TurnEvent
 from semantic.domain.errors import AgentNotFoundError, ObjectNotFoundError, PromptTooLongError
 from semantic.ports.metadata_store import AgentRecord, MessageRecord

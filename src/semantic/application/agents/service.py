@@ -2,9 +2,9 @@
 new message. A reply is acknowledged only after it is committed with its question.
 
 This module is the agents' lifecycle (create, fork, delete, list) and their turns; the
-locks and leases around a turn are ``turn_gate``, the turn itself ``agent_turns``, plain
-requests naming an agent ``plain_requests``, the transcript's rendering ``transcript``,
-what a delete ends ``live_turns``, and the values ``agent_values``."""
+locks and leases around a turn are ``turn_gate``, the turn itself ``turns``, plain
+requests naming an agent ``plain_requests``, the transcript's rendering
+``chat.transcript``, what a delete ends ``live_turns``, and the values ``values``."""
 
 from __future__ import annotations
 
@@ -33,9 +33,8 @@ from semantic.application.chat.generation import (
     GenerationInput,
     GenerationService,
 )
-from semantic.application.chat.prompt_marks import marked
-from semantic.application.chat.tool_replies import ArgumentsDelta, CallOpened, TurnEvent
-from semantic.application.chat.transcript import new_call_id, record_calls
+from semantic.application.chat.prompt_marks import leading_tokens, marked
+from semantic.application.chat.tool_replies import TurnEvent
 from semantic.domain.chat import ChatMessage
 from semantic.domain.context_edits import ContextPolicy
 from semantic.domain.errors import (
@@ -54,21 +53,6 @@ from semantic.ports.metadata_store import (
     Transcripts,
 )
 from semantic.ports.tokenizer import Tokenizer
-
-__all__ = [
-    "INTERNAL_PREFIX",
-    "AgentInfo",
-    "AgentService",
-    "ArgumentsDelta",
-    "CacheState",
-    "CallOpened",
-    "CommittedReply",
-    "Turn",
-    "TurnEvent",
-    "TurnStarted",
-    "new_call_id",
-    "record_calls",
-]
 
 
 class AgentService:
@@ -317,13 +301,10 @@ class AgentService:
                     yield event
 
     async def _hold_for_tools(self, namespace: str, agent_id: str, reply: CommittedReply) -> None:
-        """The reply called tools: the agent's KV (saved by now) stays in memory before
-        others' for as long as those tools have taken it (``ToolWaits``), so the turn that
-        brings their results starts from memory."""
-        until = self._cache.tool_waits.started(namespace, agent_id, [c.name for c in reply.calls])
-        record = await self._agent_records.agent(namespace, agent_id)
-        if record is not None:
-            self._cache.hot.hold(record.block_keys, until)
+        saved = await self._agent_records.agent(namespace, agent_id)  # its new blocks too
+        if saved is not None:
+            tools = [call.name for call in reply.calls]
+            self._cache.hold_for_tools(namespace, agent_id, tools, saved.block_keys)
 
     async def send_new(
         self,
@@ -367,13 +348,7 @@ class AgentService:
         """The ids of the prompt ``rendered`` marks, from the agent's blocks (the metadata's
         copy in memory); none if the blocks do not start with exactly that prompt."""
         records = await self._block_records.blocks(agent.block_keys)
-        tokens: list[int] = []
-        for key in agent.block_keys:
-            record = records.get(key)
-            if record is None:
-                break
-            tokens.extend(record.tokens)
-        return marked(self._cache.fingerprint, rendered, tokens)
+        return marked(self._cache.fingerprint, rendered, leading_tokens(agent, records))
 
     def _new_request(
         self,

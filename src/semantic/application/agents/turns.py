@@ -25,6 +25,7 @@ from semantic.application.chat.generation import (
     TextDelta,
 )
 from semantic.application.chat.prompt_marks import mark
+from semantic.application.chat.reply_shape import named_refusal
 from semantic.application.chat.tool_replies import Reply, ReplyReader, TurnEvent
 from semantic.application.chat.transcript import (
     answered,
@@ -38,6 +39,7 @@ from semantic.application.chat.transcript import (
     whole,
 )
 from semantic.domain.chat import ChatMessage
+from semantic.domain.constraints import UnsupportedSchemaError
 from semantic.domain.context_edits import ContextPolicy, turn_starts, without_oldest_turns
 from semantic.domain.errors import AgentDeletedError, PromptTooLongError
 from semantic.ports.metadata_store import AgentRecord, MessageRecord, Transcripts
@@ -164,7 +166,10 @@ class TurnRunner:
         result. Its reply is committed with its question (after ``earlier`` messages;
         ``write`` commits them) before the result is reported, unless a delete ended the
         turn."""
-        handle = await self._generation.start(request)
+        try:
+            handle = await self._generation.start(request)
+        except UnsupportedSchemaError as error:  # the grammar engine's, naming no field
+            raise named_refusal(error, turn.tools) from None
         live.request_id = handle.request_id
         try:
             yield TurnStarted(handle.request_id)

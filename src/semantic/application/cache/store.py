@@ -104,15 +104,7 @@ class AgentCacheStore:
         self._room = _disk_room(
             block_store, agent_records, block_records, self.hot, self.stats, config=config
         )
-        self._saver = Saver(
-            block_store,
-            agent_records,
-            block_records,
-            self.hot,
-            self.stats,
-            room=self._room,
-            shared=self._shared,
-        )
+        self._saver = self._saver_over(block_store, agent_records, block_records)
         self._walk = PrefixWalk(spec, fingerprint, block_records, self.hot, self._shared)
         self._lookup = self._lookup_over(block_store)
         self._adoption = Adoption(
@@ -125,6 +117,20 @@ class AgentCacheStore:
             retention=self.retention,
         )
         self._fingerprint = fingerprint
+
+    def _saver_over(
+        self, block_store: BlockStore, agent_records: AgentRecords, block_records: BlockRecords
+    ) -> Saver:
+        """The writer, making room on the disk (``_room``) and publishing to the shared tier."""
+        return Saver(
+            block_store,
+            agent_records,
+            block_records,
+            self.hot,
+            self.stats,
+            room=self._room,
+            shared=self._shared,
+        )
 
     def _lookup_over(self, block_store: BlockStore) -> PrefixLookup:
         """The prefix lookup and the loader it restores with (memory pressure there goes
@@ -144,6 +150,14 @@ class AgentCacheStore:
         return PrefixLookup(
             self._pool, self.stats, loader, walk=self._walk, pinner=pinner, plan=plan
         )
+
+    def hold_for_tools(
+        self, namespace: str, agent_id: str, tools: Sequence[str], keys: Sequence[str]
+    ) -> None:
+        """A reply called ``tools``: the agent's blocks stay in memory before others' for as
+        long as those tools have taken it (``ToolWaits``), so the turn that brings their
+        results starts from memory."""
+        self.hot.hold(keys, self.tool_waits.started(namespace, agent_id, tools))
 
     async def start(self) -> None:
         """Clean up after a crash, then start the writer (and the shared tier's pusher)."""

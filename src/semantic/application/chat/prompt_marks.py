@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+
+from semantic.ports.metadata_store import AgentRecord, BlockRecord
 
 
 def mark(fingerprint: str, prompt: Sequence[int]) -> str:
@@ -27,6 +29,16 @@ def marked(fingerprint: str, prompt_mark: str, tokens: Sequence[int]) -> Sequenc
         return ()
     prompt = tokens[: int(count)]
     return prompt if _digest(fingerprint, prompt) == digest else ()
+
+
+def leading_tokens(agent: AgentRecord, records: Mapping[str, BlockRecord]) -> list[int]:
+    """The ids an agent's blocks hold, in order, up to the first whose record is gone."""
+    tokens: list[int] = []
+    for key in agent.block_keys:
+        if (record := records.get(key)) is None:
+            break
+        tokens.extend(record.tokens)
+    return tokens
 
 
 def _digest(fingerprint: str, prompt: Sequence[int]) -> str:

@@ -24,7 +24,9 @@ def validate_request(
     vocab = tokenizer.vocab_size
     bad = next((t for t in prompt if not 0 <= t < vocab), None)
     if bad is not None:
-        raise InvalidRequestError(f"token id {bad} is outside the vocabulary (0..{vocab - 1})")
+        raise InvalidRequestError(
+            f"token id {bad} is outside the vocabulary (0 to {vocab - 1})", param="messages"
+        )
     total = len(prompt) + request.criteria.max_tokens
     if total > max_context:
         raise PromptTooLongError(

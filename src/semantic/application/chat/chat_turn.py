@@ -1,0 +1,274 @@
+"""One chat turn for every plain front door (OpenAI's chat completions and completions,
+Anthropic's messages): a request value in, its reply as pieces out.
+
+Done here once, for each of them: the prompt rendered (calls this server generated shown
+as they were written, ``CallMemory``; a context edit applied), what the reply may be
+(``reply_shape``), the refusals named by the request's own fields, the agent's retention
+hints kept once the request has started, the reply's calls read as they stream and kept
+for their round trip, and the wait for the whole reply. The routes map their wire format
+to a ``ChatAsk`` and the pieces back. Agents and Responses run theirs through
+``AgentService``, which keeps a transcript, on the same engine call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from semantic.application.agents.service import AgentService
+from semantic.application.chat.call_memory import CallMemory
+from semantic.application.chat.context_edits import AppliedEdit, edited
+from semantic.application.chat.generation import (
+    GenerationFailedError,
+    GenerationHandle,
+    GenerationInput,
+    GenerationResult,
+    Limits,
+    TextDelta,
+)
+from semantic.application.chat.reply_shape import (
+    FREE,
+    named_refusal,
+    no_room_for_tools,
+    reply_shape,
+)
+from semantic.application.chat.tool_replies import Reply, ReplyEvent, ReplyReader
+from semantic.application.chat.transcript import new_call_id
+from semantic.domain.chat import ChatMessage
+from semantic.domain.constraints import UnsupportedSchemaError
+from semantic.domain.context_edits import ClearToolUses
+from semantic.domain.errors import InvalidRequestError, PromptTooLongError
+from semantic.domain.generation import GREEDY, Priority, SamplingParams
+from semantic.domain.tools import ToolUse
+from semantic.ports.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True, slots=True)
+class ChatAsk:
+    """A plain request as every front door says it. Either ``messages`` (a chat) or
+    ``prompt`` (a completion's text or token ids, its errors named ``prompt``)."""
+
+    namespace: str
+    agent_id: str | None = None
+    messages: tuple[ChatMessage, ...] = ()
+    prompt: str | tuple[int, ...] | None = None
+    tools: ToolUse | None = None
+    json_schema: str | None = None
+    """The schema a reply that calls no tool must match (JSON text)."""
+    continue_final: bool = False
+    """The final assistant message is a prefill the reply continues (Anthropic's): the
+    reply is then free, its calls not read."""
+    context_edit: ClearToolUses | None = None
+    max_tokens: int | None = None
+    default_max_tokens: int | None = None
+    """The front door's own default, within the room the prompt leaves (None: the server's)."""
+    sampling: SamplingParams = GREEDY
+    stop: tuple[str, ...] = ()
+    priority: Priority = Priority.NORMAL
+    retention: Mapping[str, Any] = field(default_factory=dict)
+    """Retention hints for the agent, checked already; kept once the request has started."""
+    new_call_id: Callable[[], str] = new_call_id
+    """Ids for the reply's calls, in the front door's own style."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChatOutcome:
+    """The reply's end: the generation's result and the reply as read (text, calls)."""
+
+    result: GenerationResult
+    answer: Reply
+
+
+@dataclass(frozen=True, slots=True)
+class Rendered:
+    """A chat's prompt as the model reads it, and the context edit applied to it."""
+
+    chat: list[ChatMessage]
+    prompt: list[int]
+    applied: AppliedEdit | None = None
+
+
+class ChatReply:
+    """A started reply: its text and calls as they form, then its ``ChatOutcome``."""
+
+    def __init__(
+        self,
+        handle: GenerationHandle,
+        reader: ReplyReader,
+        keep: Callable[[Reply], Any],
+        applied: AppliedEdit | None,
+    ) -> None:
+        self._handle = handle
+        self._reader = reader
+        self._keep = keep
+        self.applied = applied
+        """What the request's context edit cleared (None: nothing, or none asked)."""
+
+    @property
+    def request_id(self) -> str:
+        return self._handle.request_id
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self._handle.prompt_tokens
+
+    @property
+    def cached_tokens(self) -> int:
+        return self._handle.cached_tokens
+
+    @property
+    def reads_calls(self) -> bool:
+        """Whether the reply may call tools (else all of it is text, passed on at once)."""
+        return self._reader.reads_calls
+
+    async def events(self) -> AsyncIterator[ReplyEvent | ChatOutcome]:
+        """The reply's pieces as they form; last its outcome, once its calls are kept."""
+        async for event in self._handle.events():
+            if isinstance(event, TextDelta):
+                for piece in self._reader.feed(event.text):
+                    yield piece
+            elif isinstance(event, GenerationResult):
+                rest, answer = self._reader.finish()
+                for piece in rest:
+                    yield piece
+                await self._keep(answer)
+                yield ChatOutcome(event, answer)
+
+    async def outcome(self) -> ChatOutcome:
+        """The whole reply, waited for."""
+        async for event in self.events():
+            if isinstance(event, ChatOutcome):
+                return event
+        raise GenerationFailedError("the request ended without a result")
+
+    def close(self) -> None:
+        """End the generation (a client gone): its blocks are freed at the next step."""
+        self._handle.close()
+
+
+class ChatTurns:
+    """The plain front doors' one use case: ``start`` a reply, or ``count`` a prompt."""
+
+    def __init__(
+        self, agents: AgentService, tokenizer: Tokenizer, calls: CallMemory, limits: Limits
+    ) -> None:
+        self._agents = agents
+        self._tokenizer = tokenizer
+        self._calls = calls
+        self._limits = limits
+
+    async def start(self, ask: ChatAsk) -> ChatReply:
+        """The reply started: refusals (bad input, a full queue, a schema the grammar
+        cannot take) are raised here, before a front door commits to a stream."""
+        try:
+            return await self._start(ask)
+        except InvalidRequestError as error:
+            if ask.prompt is not None and error.param == "messages":
+                error.param = "prompt"  # a completion's own field
+            raise
+
+    async def _start(self, ask: ChatAsk) -> ChatReply:
+        shape = (
+            FREE
+            if ask.continue_final
+            else reply_shape(self._tokenizer.tool_format, ask.tools, ask.json_schema)
+        )
+        rendered = await self.render(ask)
+        generation = GenerationInput(
+            tuple(rendered.prompt),
+            ask.namespace,
+            ask.agent_id,
+            self._max_tokens(ask, len(rendered.prompt)),
+            ask.sampling,
+            ask.stop,
+            ask.priority,
+            shape.constraint,
+        )
+        handle = await self._started(ask, generation, rendered)
+        try:
+            if ask.retention and ask.agent_id is not None:
+                await self._agents.retain(ask.namespace, ask.agent_id, ask.retention)
+        except BaseException:  # a request whose hints cannot be kept does not run
+            handle.close()
+            raise
+        reader = ReplyReader(shape.calls_in, ask.new_call_id)
+        keep = _Keep(self._calls, ask.namespace)
+        return ChatReply(handle, reader, keep, rendered.applied)
+
+    async def render(self, ask: ChatAsk) -> Rendered:
+        """The prompt the request runs on (and what its context edit cleared)."""
+        if ask.prompt is not None:
+            return Rendered([], self._prompt_ids(ask.prompt))
+        chat = list(ask.messages)
+        if ask.context_edit is None:
+            return await self._rendered(ask, chat)
+
+        async def measure(messages: Sequence[ChatMessage]) -> int:
+            return len((await self._rendered(ask, messages)).prompt)
+
+        chat, applied = await edited(chat, ask.context_edit, measure, self._count)
+        whole = await self._rendered(ask, chat)
+        return Rendered(whole.chat, whole.prompt, applied)
+
+    async def _rendered(self, ask: ChatAsk, messages: Sequence[ChatMessage]) -> Rendered:
+        restored = await self._calls.restore(ask.namespace, messages)
+        prompt = self._tokenizer.render_chat(
+            restored,
+            scope=ask.namespace,
+            continue_final=ask.continue_final,
+            tools=ask.tools.tools if ask.tools else (),
+        )
+        return Rendered(restored, prompt)
+
+    def _count(self, text: str) -> int:
+        return len(self._tokenizer.encode(text)) if text else 0
+
+    def _prompt_ids(self, prompt: str | tuple[int, ...]) -> list[int]:
+        """A completion's ids: its text encoded, or the ids it gave (checked, as every
+        prompt is, by the engine's intake: ``request_validation``)."""
+        if isinstance(prompt, str):
+            if not prompt:
+                raise InvalidRequestError("prompt must not be empty", param="prompt")
+            return self._tokenizer.encode(prompt)
+        return list(prompt)
+
+    def _max_tokens(self, ask: ChatAsk, prompt_tokens: int) -> int | None:
+        if ask.max_tokens is not None or ask.default_max_tokens is None:
+            return ask.max_tokens
+        room = self._limits.max_context - prompt_tokens
+        return min(ask.default_max_tokens, max(1, room))
+
+    async def _started(
+        self, ask: ChatAsk, generation: GenerationInput, rendered: Rendered
+    ) -> GenerationHandle:
+        """Started, with refusals named by the request's own fields: a schema the grammar
+        engine refused names its tool (or the response format); a prompt that fits without
+        its tools but not with them names ``tools``."""
+        try:
+            return await self._agents.start_plain(generation)
+        except UnsupportedSchemaError as error:
+            raise named_refusal(error, ask.tools) from None
+        except PromptTooLongError as error:
+            raise self._too_long(ask, rendered, error) from None
+
+    def _too_long(
+        self, ask: ChatAsk, rendered: Rendered, error: PromptTooLongError
+    ) -> PromptTooLongError:
+        if ask.tools is None or error.param != "messages":
+            return error
+        bare = self._tokenizer.render_chat(rendered.chat, scope=ask.namespace)
+        if len(bare) >= self._limits.max_context:
+            return error
+        return no_room_for_tools(error, ask.tools)
+
+
+class _Keep:
+    """Keeps a reply's calls as generated, for their round trip (``CallMemory``)."""
+
+    def __init__(self, memory: CallMemory, namespace: str) -> None:
+        self._memory = memory
+        self._namespace = namespace
+
+    async def __call__(self, answer: Reply) -> None:
+        await self._memory.remember(self._namespace, answer)
