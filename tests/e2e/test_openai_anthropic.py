@@ -414,7 +414,7 @@ def test_content_parts_are_read_as_text_or_refused_by_their_kind(server: ServerP
         refused = httpx.post(f"{server.url}/v1/chat/completions", json=chat)
         assert refused.status_code == 400
         assert says in refused.json()["error"]["message"]
-        assert refused.json()["error"]["param"] == "prompt"
+        assert refused.json()["error"]["param"] == "messages"
     body["messages"] = [{"role": "user", "content": []}]
     assert httpx.post(f"{server.url}/v1/messages", json=body).status_code == 400
     body["messages"] = [asked, {"role": "assistant", "content": []}]  # an empty prefill

@@ -25,9 +25,9 @@ def test_a_kill_under_load_loses_no_acknowledged_reply(tmp_path: Path) -> None:
 
 
 def test_every_kind_of_corruption_is_detected_and_answered_correctly(tmp_path: Path) -> None:
-    result = corruption.run(rounds=4, workdir=tmp_path)
+    result = corruption.run(rounds=1, workdir=tmp_path)
     assert result.failures == []
-    assert result.detected == result.injected == 4
+    assert result.detected == result.injected == result.answered_correctly == 4
 
 
 def test_fuzzed_requests_never_cause_a_server_error(tmp_path: Path) -> None:

@@ -5,11 +5,13 @@ reply, and a call's arguments streamed as they are generated (issue 48)."""
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import anthropic
 import openai
 import pytest
+from openai.types.chat.chat_completion import Choice
 from reliability.server import ServerProcess
 
 pytestmark = pytest.mark.model
@@ -93,8 +95,9 @@ def test_required_calls_a_tool_on_20_varied_prompts(server: ServerProcess) -> No
     client = oai(server)
     names = {tool["function"]["name"] for tool in TOOLS}
     whole = 0
-    for prompt in PROMPTS:
-        choice = client.chat.completions.create(
+
+    def ask(prompt: str) -> Choice:
+        return client.chat.completions.create(
             model="default",
             messages=[{"role": "user", "content": prompt}],
             tools=TOOLS,
@@ -102,6 +105,10 @@ def test_required_calls_a_tool_on_20_varied_prompts(server: ServerProcess) -> No
             temperature=0,
             max_tokens=160,
         ).choices[0]
+
+    with ThreadPoolExecutor(10) as pool:  # batched: each gets what it gets alone (greedy)
+        choices = list(pool.map(ask, PROMPTS))
+    for prompt, choice in zip(PROMPTS, choices, strict=True):
         calls = choice.message.tool_calls or []
         assert calls, (prompt, choice)
         assert {c.function.name for c in calls} <= names  # type: ignore[union-attr]  # function calls
@@ -115,8 +122,9 @@ def test_anthropic_any_calls_a_tool(server: ServerProcess) -> None:
     tools: list[Any] = [
         {"name": t["function"]["name"], "input_schema": t["function"]["parameters"]} for t in TOOLS
     ]
-    for prompt in PROMPTS[:5]:
-        reply = client.messages.create(
+
+    def ask(prompt: str) -> Any:
+        return client.messages.create(
             model="default",
             max_tokens=160,
             messages=[{"role": "user", "content": prompt}],
@@ -124,6 +132,10 @@ def test_anthropic_any_calls_a_tool(server: ServerProcess) -> None:
             tool_choice={"type": "any"},
             extra_body={"temperature": 0},
         )
+
+    with ThreadPoolExecutor(5) as pool:
+        replies = list(pool.map(ask, PROMPTS[:5]))
+    for prompt, reply in zip(PROMPTS[:5], replies, strict=True):
         assert reply.stop_reason == "tool_use", (prompt, reply)
         assert reply.content[0].type == "tool_use"
 

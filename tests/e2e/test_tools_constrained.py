@@ -86,7 +86,8 @@ def oai(server: ServerProcess) -> openai.OpenAI:
 
 
 def each(prompts: list[str], ask: Callable[[str], Any]) -> list[Any]:
-    with ThreadPoolExecutor(4) as pool:
+    """Asked at once (batched, each gets what it gets alone under greedy decoding)."""
+    with ThreadPoolExecutor(10) as pool:
         return list(pool.map(ask, prompts))
 
 
