@@ -1,4 +1,5 @@
-"""A short run of the crash suite (``python -m reliability.crash_saves`` runs 50 trials)."""
+"""A short run of the crash suites: one trial each (``python -m reliability.crash_saves``
+and ``reliability.crash_responses`` run 50 and 20)."""
 
 from __future__ import annotations
 
@@ -12,14 +13,14 @@ pytestmark = pytest.mark.model
 
 
 def test_kill_9_during_saves_loses_nothing_acknowledged(tmp_path: Path) -> None:
-    summary = run(trials=2, agents=2, seed=7, workdir=tmp_path)
+    summary = run(trials=1, agents=2, seed=7, workdir=tmp_path)
     assert summary.failures == []
-    assert summary.survived == summary.trials == 2
+    assert summary.survived == summary.trials == 1
     assert summary.checked_agents > 0
 
 
 def test_kill_9_loses_no_acknowledged_response(tmp_path: Path) -> None:
-    summary = responses_run(trials=2, chains=2, seed=7, workdir=tmp_path)
+    summary = responses_run(trials=1, chains=2, seed=7, workdir=tmp_path)
     assert summary.failures == []
-    assert summary.survived == summary.trials == 2
+    assert summary.survived == summary.trials == 1
     assert summary.checked_chains > 0

@@ -25,7 +25,7 @@ from semantic.application.chat.generation import (
     TextDelta,
 )
 from semantic.application.chat.prompt_marks import mark
-from semantic.application.chat.reply_shape import named_refusal
+from semantic.application.chat.reply_shape import ReplyShape, named_refusal, reply_shape
 from semantic.application.chat.tool_replies import Reply, ReplyReader, TurnEvent
 from semantic.application.chat.transcript import (
     answered,
@@ -84,7 +84,6 @@ class TurnRunner:
         """``history`` with the new message, rendered and checked against the context;
         ``known``: an earlier prompt's ids it likely repeats (``Tokenizer.render_chat``)."""
         check_answers(history, turn)
-        use = turn.tools
         request = GenerationInput(
             tuple(self._prompt(record, history, turn, known)),
             record.namespace,
@@ -93,7 +92,7 @@ class TurnRunner:
             turn.sampling,
             turn.stop,
             turn.priority,
-            (self._tokenizer.tool_format.constraint(use) if use else None) or turn.constraint,
+            self._shape(turn).constraint or turn.constraint,
         )
         try:
             self._generation.check(request)
@@ -151,6 +150,10 @@ class TurnRunner:
         edited = policy_applied(chat, view, policy, lambda c: len(render(c)), self._count)
         return prompt if edited == chat else render(edited, known)
 
+    def _shape(self, turn: Turn) -> ReplyShape:
+        """The plain front doors' rule (``reply_shape``): offered tools win over a schema."""
+        return reply_shape(self._tokenizer.tool_format, turn.tools)
+
     def _count(self, text: str) -> int:
         return len(self._tokenizer.encode(text)) if text else 0
 
@@ -191,8 +194,7 @@ class TurnRunner:
         write: Write,
     ) -> AsyncGenerator[TurnEvent, None]:
         asked_at = time.time()
-        offered = turn.tools is not None and turn.tools.offered
-        reader = ReplyReader(self._tokenizer.tool_format if offered else None, new_call_id)
+        reader = ReplyReader(self._shape(turn).calls_in, new_call_id)
         async with contextlib.aclosing(handle.events()) as events:  # cut short by a delete
             async for event in events:
                 if live.deleted:
