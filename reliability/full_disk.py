@@ -34,6 +34,7 @@ from typing import Any
 import httpx
 
 from reliability.server import ServerProcess
+from reliability.services.haproxy import HAProxyServer
 
 LONG = " ".join(f"item{i} is a thing that matters," for i in range(44))
 """With its question, a turn of ~420 tokens: one whole block and a partial one."""
@@ -44,6 +45,8 @@ RULES = "Rules: be brief, be kind, be exact. " * 400
 database quickly."""
 MAX_CREATES = 400
 MAX_REFUSAL_TURNS = 8
+ROTATION_LIMIT_S = 15.0
+"""HAProxy checks /ready every second and acts on two answers alike: a few seconds at most."""
 
 
 class MountRefusedError(RuntimeError):
@@ -59,6 +62,10 @@ class Result:
     free_mb: list[tuple[str, float]] = field(default_factory=list)
     refusal: str = ""
     recovery_s: float | None = None
+    out_of_rotation_s: float | None = None
+    """From the refusal to the router sending the instance nothing (its /ready says 503)."""
+    back_in_rotation_s: float | None = None
+    """From space returning to the router sending it requests again."""
     failures: list[str] = field(default_factory=list)
 
 
@@ -117,10 +124,12 @@ class Squatter:
 
 
 class Agents:
-    """The agents API over HTTP, and what each agent's transcript must hold."""
+    """The agents API over HTTP, and what each agent's transcript must hold; ``router``:
+    HAProxy's address in front of the server, with the shipped configuration."""
 
-    def __init__(self, server: ServerProcess, result: Result) -> None:
+    def __init__(self, server: ServerProcess, result: Result, router: str = "") -> None:
         self.server = server
+        self.router = router
         self.http = httpx.Client(base_url=server.url, timeout=600)
         self.result = result
         self.kept: dict[str, list[tuple[str, str]]] = {}
@@ -160,6 +169,19 @@ class Agents:
         body: dict[str, Any] = self.http.get("/health").json()
         return body
 
+    def ready(self) -> httpx.Response:
+        return self.http.get("/ready")
+
+    def seconds_until_routed(self, wanted: bool) -> float | None:
+        """How long until the router sends the instance requests (``wanted``) or none."""
+        started = time.monotonic()
+        while time.monotonic() - started < ROTATION_LIMIT_S:
+            answer = httpx.get(f"{self.router}/v1/models", timeout=10)
+            if ("X-Semantic-Instance" in answer.headers) == wanted:
+                return time.monotonic() - started
+            time.sleep(0.1)
+        return None
+
     def plain(self) -> httpx.Response:
         body = {"model": "default", "messages": [{"role": "user", "content": "Hi."}]}
         return self.http.post("/v1/chat/completions", json={**body, "max_tokens": 2})
@@ -181,8 +203,9 @@ def others(workdir: Path, size_mb: int, result: Result) -> None:
     """The disk filled by another program."""
     with tmpfs(workdir / "others", size_mb) as disk:
         server = ServerProcess(disk / "data", log=workdir / "others.log").start()
-        with server:
-            agents = Agents(server, result)
+        router = HAProxyServer(workdir / "router", [f"127.0.0.1:{server.port}"])
+        with server, router.start():
+            agents = Agents(server, result, router.url)
             _others_fill(disk, agents)
             _others_refuse(disk, agents)
             _others_recover(disk, agents)
@@ -245,6 +268,24 @@ def _check_refusal(disk: Path, agents: Agents, refused: httpx.Response) -> None:
         result.failures.append("semantic_disk_full is not 1 while turns are refused")
     agents.must(agents.plain(), 200, "a plain request on the full disk")
     agents.check_transcripts("others, refused")
+    _check_out_of_rotation(disk, agents)
+
+
+def _check_out_of_rotation(disk: Path, agents: Agents) -> None:
+    """/ready says why turns fail here, and the router stops sending the instance anything
+    (its own 503, with Retry-After, while no instance is ready)."""
+    result = agents.result
+    ready = agents.ready()
+    reasons = " ".join(ready.json().get("reasons", []))
+    if ready.status_code != 503 or str(disk) not in reasons:
+        result.failures.append(f"/ready on the full disk: {ready.status_code} {ready.text[:200]}")
+    result.out_of_rotation_s = agents.seconds_until_routed(False)
+    if result.out_of_rotation_s is None:
+        result.failures.append("the router kept sending requests to the full-disk instance")
+        return
+    answer = httpx.get(f"{agents.router}/v1/models", timeout=10)
+    if answer.status_code != 503 or "Retry-After" not in answer.headers:
+        result.failures.append(f"the router without an instance: {answer.status_code}")
 
 
 def _others_recover(disk: Path, agents: Agents) -> None:
@@ -253,6 +294,10 @@ def _others_recover(disk: Path, agents: Agents) -> None:
         path.unlink()
     (disk / "squatter").unlink(missing_ok=True)
     agents.result.free_mb.append(("others: space returned", free_mb(disk)))
+    agents.result.back_in_rotation_s = agents.seconds_until_routed(True)
+    if agents.result.back_in_rotation_s is None:
+        agents.result.failures.append("the router did not take the instance back")
+    agents.must(agents.ready(), 200, "/ready once space returned")
     started = time.monotonic()
     response = agents.turn("a", "Are you back?")
     agents.must(response, 200, "a's turn once space returned, without a restart")
@@ -314,9 +359,17 @@ def report(result: Result) -> None:
     recovery = "never" if result.recovery_s is None else f"{result.recovery_s:.2f} s"
     print(f"from space returning to the next answered turn: {recovery}")
     print(f"the refusal said: {result.refusal}")
+    print(
+        f"out of the router's rotation {_seconds(result.out_of_rotation_s)} after the refusal, "
+        f"back {_seconds(result.back_in_rotation_s)} after space returned"
+    )
     print(f"failures: {len(result.failures)}")
     for failure in result.failures[:20]:
         print("  " + failure)
+
+
+def _seconds(value: float | None) -> str:
+    return "never" if value is None else f"{value:.1f} s"
 
 
 def main() -> None:

@@ -27,14 +27,18 @@ def test_a_disk_another_program_fills_costs_blocks_then_refuses_turns_clearly(
 ) -> None:
     """Turns and new agents answer on the full disk (blocks evicted, transcripts whole); with
     the disk kept full and nothing of ours left, a turn gets a 507 naming the disk, shown by
-    /health and the metrics, keeping nothing, while plain requests answer; once space returns
-    the next turn answers without a restart. No partial file is left."""
+    /health and the metrics, keeping nothing, while plain requests answer; /ready says 503
+    and HAProxy (the shipped configuration) takes the instance out of rotation; once space
+    returns it is back in rotation and the next turn answers without a restart. No partial
+    file is left."""
     result = scenario(full_disk.others, tmp_path)
     assert result.failures == []
     assert result.blocks_evicted > 0
     assert result.turns_refused == 1
     assert "/others/data" in result.refusal
     assert result.recovery_s is not None
+    assert result.out_of_rotation_s is not None  # HAProxy's /ready check, within its limit
+    assert result.back_in_rotation_s is not None
 
 
 def test_a_disk_the_servers_own_blocks_fill_keeps_its_reserve_and_answers(

@@ -24,7 +24,7 @@ from semantic.adapters.storage.data_dir_lock import acquire_data_directory, rele
 from semantic.adapters.storage.kv_block_store import KVBlockStore
 from semantic.adapters.storage.redis_blocks import RedisSharedBlocks
 from semantic.adapters.storage.sql_leases import SqlLeases
-from semantic.adapters.storage.sql_metadata import SqlMetadataStore
+from semantic.adapters.storage.sql_metadata import DatabaseProbe, SqlMetadataStore
 from semantic.adapters.storage.sqlite_objects import SqliteObjectStore
 from semantic.application.agents.leases import AgentLeases, LeaseConfig, instance_holder
 from semantic.application.agents.responses import ResponsesService
@@ -38,6 +38,7 @@ from semantic.application.dashboard.view import Dashboard
 from semantic.application.engine import StepResult
 from semantic.application.engine.engine_loop import EngineLoop
 from semantic.application.observers import Observers
+from semantic.application.readiness import ReadinessCheck
 from semantic.application.threads import install_default_executor
 from semantic.bootstrap.model import (
     engine_on,
@@ -76,6 +77,8 @@ class Services:
     """What the dashboard shows, read from the books above and the turn history."""
     chats: ChatTurns
     """The plain front doors' chat turn (chat completions, completions, messages)."""
+    readiness: ReadinessCheck
+    """Whether turns can be taken now (``/ready``): the disk, the metadata database."""
     responses: ResponsesService
     """The Responses API's chains and conversations on the agents (ADR 0020)."""
     runtime: dict[str, Any] = field(default_factory=dict)
@@ -222,6 +225,7 @@ async def _services(
             metadata, metadata, cache.hot, history, pool_block_bytes=engine.spec.block_bytes
         ),
         chats=ChatTurns(agents, engine.tokenizer, CallMemory(metadata), limits),
+        readiness=ReadinessCheck(lambda: cache.disk, {"metadata": DatabaseProbe(metadata)}),
         responses=responses,
         runtime=runtime_report(loaded, engine.kernel, engine.host) | _placement(settings),
     )

@@ -34,7 +34,7 @@ from semantic.adapters.http.metrics import Metrics
 from semantic.adapters.http.namespace_routes import NamespaceController
 from semantic.adapters.http.next_agent import prefetch_next_agent
 from semantic.adapters.http.openai_routes import OpenAIController
-from semantic.adapters.http.ops_routes import health, metrics
+from semantic.adapters.http.ops_routes import health, metrics, ready
 from semantic.adapters.http.responses_routes import ResponsesController
 from semantic.adapters.http.state import ServerState, Services
 
@@ -101,6 +101,7 @@ def app_for(
             dashboard_page,
             dashboard_file,
             health,
+            ready,
             metrics,
         ],
         lifespan=[lifespan],

@@ -5,7 +5,7 @@ would answer 404/405 before a key was asked for. This wrapper sits outside the r
 path that smuggles a separator or a parent reference in percent-encoding (``%2F``,
 ``%5C``, ``%2E%2E``, NUL) is refused with a 400 before it can be decoded into something
 else; a ``Host`` or ``Origin`` a browser attack would send is refused (``browser``); with
-keys set, every route but /health answers 401 without one, whatever the method, and a key
+keys set, every route but /health and /ready answers 401 without one, whatever the method, and a key
 bound to a namespace cannot name another (403); and a body that is not JSON gets a 415.
 """
 
@@ -28,7 +28,7 @@ from semantic.adapters.http.identity import (
 )
 from semantic.adapters.http.keys import KeyRing
 
-OPEN_PATHS = frozenset({"/health", *PAGE_PATHS})
+OPEN_PATHS = frozenset({"/health", "/ready", *PAGE_PATHS})
 _REFUSED = Problem(401, "invalid_api_key", "missing or invalid API key")
 _SMUGGLED = re.compile(rb"%(2f|5c|00)|%2e%2e|(^|/)\.\.(/|$)|//", re.IGNORECASE)
 _BAD_PATH = Problem(400, "invalid_path", "the path holds an encoded separator or a '..' segment")

@@ -154,7 +154,7 @@ async def _tenant_tiers(found: Services, usage: list[NamespaceUsage]) -> dict[st
     return {
         "memory": {
             "used_bytes": sum(u.memory_bytes for u in usage),
-            "capacity_bytes": pool.capacity * found.spec.block_bytes,
+            "capacity_bytes": pool.capacity * found.cache.block_bytes,
             "blocks": None,
         },
         "disk": {
@@ -171,7 +171,7 @@ async def _tenant_tiers(found: Services, usage: list[NamespaceUsage]) -> dict[st
 async def _tiers(found: Services) -> dict[str, Any]:
     """The whole instance's tiers, and the shared stores' totals (every instance's)."""
     usage = found.pool.usage()
-    block_bytes = found.spec.block_bytes
+    block_bytes = found.cache.block_bytes
     cache = found.cache
     disk = cache.disk
     stats = cache.stats

@@ -171,7 +171,7 @@ def _engine(services: Services) -> Iterator[Metric]:
 def _pool(services: Services) -> Iterator[Metric]:
     """The KV pool's use, and the cache's share of it."""
     usage = services.pool.usage()
-    block_bytes = services.spec.block_bytes
+    block_bytes = services.cache.block_bytes
     yield GaugeMetricFamily(
         "semantic_kv_pool_used_blocks", "KV pool blocks in use.", value=usage.used
     )

@@ -1,4 +1,4 @@
-"""Health and metrics."""
+"""Health (the process lives), readiness (turns can be taken now) and metrics."""
 
 from __future__ import annotations
 
@@ -28,6 +28,23 @@ def health(state: State) -> Response[dict[str, Any]]:
     if (shared := server.services.cache.shared_state) is not None:
         ok["shared_blocks"] = shared
     return Response(ok, status_code=200)
+
+
+@route("/ready", http_method=GET_AND_HEAD, tags=["Operations"])
+async def ready(state: State) -> Response[dict[str, Any]]:
+    """Whether this instance can take an agent's turn now (what a router checks): 200, or
+    503 with ``Retry-After`` and the reasons (loading, a disk that refuses transcripts, a
+    metadata database that does not answer). ``/health`` stays 200 through these: the
+    process lives and serves what it can."""
+    server: ServerState = state.server
+    if server.services is None:
+        reasons = [f"model: {server.failure}" if server.failure else "model: loading"]
+    else:
+        reasons = list((await server.services.readiness.check()).reasons)
+    if reasons:
+        body = {"status": "not ready", "reasons": reasons}
+        return Response(body, status_code=503, headers={"Retry-After": "5"})
+    return Response({"status": "ready"}, status_code=200)
 
 
 @route("/metrics", http_method=GET_AND_HEAD, tags=["Operations"], sync_to_thread=False)

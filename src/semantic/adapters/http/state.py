@@ -11,8 +11,8 @@ from semantic.application.cache.store import AgentCacheStore
 from semantic.application.chat.chat_turn import ChatTurns
 from semantic.application.dashboard.view import Dashboard
 from semantic.application.engine import StepResult
+from semantic.application.readiness import ReadinessCheck
 from semantic.domain.block_pool import BlockPool
-from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.errors import ModelUnavailableError
 
 
@@ -34,7 +34,7 @@ class Services(Protocol):
     @property
     def pool(self) -> BlockPool: ...
     @property
-    def spec(self) -> ModelCacheSpec: ...
+    def readiness(self) -> ReadinessCheck: ...
     @property
     def runtime(self) -> Mapping[str, Any]: ...
     @property

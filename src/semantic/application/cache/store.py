@@ -244,6 +244,11 @@ class AgentCacheStore:
         return await self._room.keeping(namespace, agent_id, write)
 
     @property
+    def block_bytes(self) -> int:
+        """One layer's block in the pool (a block in memory holds one per layer it keeps)."""
+        return self._spec.block_bytes
+
+    @property
     def fingerprint(self) -> str:
         """The model fingerprint block keys are rooted in (ADR 0005)."""
         return self._fingerprint
