@@ -1,7 +1,7 @@
 """The server on PostgreSQL (``--database-url``): an agent's transcript comes back from it
 after a restart; the database going away while serving is a 503 that keeps nothing of the
-turn; a database out of reach at start, or a URL semantic cannot use, is one clear error
-that never shows the password."""
+turn, and /ready says so until it is back; a database out of reach at start, or a URL
+semantic cannot use, is one clear error that never shows the password."""
 
 from __future__ import annotations
 
@@ -49,8 +49,12 @@ def test_an_agent_on_postgresql_keeps_its_transcript_across_a_restart(
             assert refused.status_code == 503, refused.text
             assert "Retry-After" in refused.headers
             assert httpx.get(f"{restarted.url}/health", timeout=10).status_code == 200
+            unready = httpx.get(f"{restarted.url}/ready", timeout=10)  # a router routes around
+            assert unready.status_code == 503
+            assert unready.json()["reasons"][0].startswith("metadata: ")
         finally:
             postgres.start()
+        assert httpx.get(f"{restarted.url}/ready", timeout=10).status_code == 200  # reconnected
         kept = httpx.get(f"{api}/tutor/messages").json()["data"]
         assert kept == transcript, "the refused turn kept nothing"
         assert httpx.post(f"{api}/tutor/messages", json=turn, timeout=120).status_code == 200

@@ -17,7 +17,7 @@ from pydantic import TypeAdapter
 from semantic.adapters.http import anthropic_routes, openai_routes
 from semantic.adapters.http.anthropic_tools import new_tool_use_id
 from semantic.adapters.tool_formats import DefaultFormat
-from semantic.application.chat.chat_turn import ChatOutcome, ChatReply
+from semantic.application.chat.chat_reply import ChatOutcome, ChatReply
 from semantic.application.chat.generation import GenerationResult, TextDelta, Usage
 from semantic.application.chat.tool_replies import Reply, ReplyReader
 from semantic.application.chat.transcript import new_call_id

@@ -15,7 +15,7 @@ from litestar.response import Stream
 from litestar.response.base import ASGIResponse
 
 from semantic.adapters.http.state import ServerState, Services
-from semantic.application.chat.chat_turn import ChatOutcome, ChatReply
+from semantic.application.chat.chat_reply import ChatOutcome, ChatReply
 from semantic.domain.errors import SemanticError
 
 T = TypeVar("T")

@@ -46,7 +46,8 @@ from semantic.adapters.http.translate import (
     sampling,
     stop_strings,
 )
-from semantic.application.chat.chat_turn import ChatAsk, ChatOutcome, ChatReply
+from semantic.application.chat.chat_reply import ChatOutcome, ChatReply
+from semantic.application.chat.chat_turn import ChatAsk
 from semantic.application.chat.generation import (
     GenerationResult,
     TextDelta,

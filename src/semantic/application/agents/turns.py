@@ -16,13 +16,13 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from semantic.application.agents.live_turns import LiveTurn
 from semantic.application.agents.values import CommittedReply, Turn, TurnStarted
 from semantic.application.cache.store import AgentCacheStore
+from semantic.application.chat.chat_reply import ChatOutcome, ChatReply, nothing_kept
 from semantic.application.chat.context_edits import policy_applied
 from semantic.application.chat.generation import (
     GenerationHandle,
     GenerationInput,
     GenerationResult,
     GenerationService,
-    TextDelta,
 )
 from semantic.application.chat.prompt_marks import mark
 from semantic.application.chat.reply_shape import ReplyShape, named_refusal, reply_shape
@@ -195,20 +195,17 @@ class TurnRunner:
     ) -> AsyncGenerator[TurnEvent, None]:
         asked_at = time.time()
         reader = ReplyReader(self._shape(turn).calls_in, new_call_id)
-        async with contextlib.aclosing(handle.events()) as events:  # cut short by a delete
+        reply = ChatReply(handle, reader, nothing_kept, None)  # kept with the transcript
+        async with contextlib.aclosing(reply.events()) as events:  # cut short by a delete
             async for event in events:
                 if live.deleted:
                     raise AgentDeletedError(live.agent_id, live.namespace)
-                if isinstance(event, GenerationResult):
-                    rest, answer = reader.finish()
-                    for piece in rest:
-                        yield piece
-                    place = await self._commit(live, turn, asked_at, answer, write)
-                    rendered = mark(self._cache.fingerprint, request.prompt_tokens)
-                    yield _committed(event, answer, earlier + place, rendered)
-                elif isinstance(event, TextDelta):
-                    for piece in reader.feed(event.text):
-                        yield piece
+                if not isinstance(event, ChatOutcome):
+                    yield event
+                    continue
+                place = await self._commit(live, turn, asked_at, event.answer, write)
+                rendered = mark(self._cache.fingerprint, request.prompt_tokens)
+                yield _committed(event.result, event.answer, earlier + place, rendered)
 
     async def _commit(
         self, live: LiveTurn, turn: Turn, asked_at: float, answer: Reply, write: Write

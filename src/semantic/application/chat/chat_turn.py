@@ -12,20 +12,18 @@ to a ``ChatAsk`` and the pieces back. Agents and Responses run theirs through
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from semantic.application.agents.service import AgentService
 from semantic.application.chat.call_memory import CallMemory
+from semantic.application.chat.chat_reply import ChatReply
 from semantic.application.chat.context_edits import AppliedEdit, edited
 from semantic.application.chat.generation import (
-    GenerationFailedError,
     GenerationHandle,
     GenerationInput,
-    GenerationResult,
     Limits,
-    TextDelta,
 )
 from semantic.application.chat.reply_shape import (
     FREE,
@@ -33,7 +31,7 @@ from semantic.application.chat.reply_shape import (
     no_room_for_tools,
     reply_shape,
 )
-from semantic.application.chat.tool_replies import Reply, ReplyEvent, ReplyReader
+from semantic.application.chat.tool_replies import Reply, ReplyReader
 from semantic.application.chat.transcript import new_call_id
 from semantic.domain.chat import ChatMessage
 from semantic.domain.constraints import UnsupportedSchemaError
@@ -73,78 +71,12 @@ class ChatAsk:
 
 
 @dataclass(frozen=True, slots=True)
-class ChatOutcome:
-    """The reply's end: the generation's result and the reply as read (text, calls)."""
-
-    result: GenerationResult
-    answer: Reply
-
-
-@dataclass(frozen=True, slots=True)
 class Rendered:
     """A chat's prompt as the model reads it, and the context edit applied to it."""
 
     chat: list[ChatMessage]
     prompt: list[int]
     applied: AppliedEdit | None = None
-
-
-class ChatReply:
-    """A started reply: its text and calls as they form, then its ``ChatOutcome``."""
-
-    def __init__(
-        self,
-        handle: GenerationHandle,
-        reader: ReplyReader,
-        keep: Callable[[Reply], Any],
-        applied: AppliedEdit | None,
-    ) -> None:
-        self._handle = handle
-        self._reader = reader
-        self._keep = keep
-        self.applied = applied
-        """What the request's context edit cleared (None: nothing, or none asked)."""
-
-    @property
-    def request_id(self) -> str:
-        return self._handle.request_id
-
-    @property
-    def prompt_tokens(self) -> int:
-        return self._handle.prompt_tokens
-
-    @property
-    def cached_tokens(self) -> int:
-        return self._handle.cached_tokens
-
-    @property
-    def reads_calls(self) -> bool:
-        """Whether the reply may call tools (else all of it is text, passed on at once)."""
-        return self._reader.reads_calls
-
-    async def events(self) -> AsyncIterator[ReplyEvent | ChatOutcome]:
-        """The reply's pieces as they form; last its outcome, once its calls are kept."""
-        async for event in self._handle.events():
-            if isinstance(event, TextDelta):
-                for piece in self._reader.feed(event.text):
-                    yield piece
-            elif isinstance(event, GenerationResult):
-                rest, answer = self._reader.finish()
-                for piece in rest:
-                    yield piece
-                await self._keep(answer)
-                yield ChatOutcome(event, answer)
-
-    async def outcome(self) -> ChatOutcome:
-        """The whole reply, waited for."""
-        async for event in self.events():
-            if isinstance(event, ChatOutcome):
-                return event
-        raise GenerationFailedError("the request ended without a result")
-
-    def close(self) -> None:
-        """End the generation (a client gone): its blocks are freed at the next step."""
-        self._handle.close()
 
 
 class ChatTurns:
