@@ -118,6 +118,39 @@ def test_an_agent_continues_on_another_server_from_redis_and_serves_without_it(
     assert chat(one, other).choices[0].message.content
     eventually(lambda: "unreachable" in (shared_state(one), shared_state(two)), "the outage")
     assert min(s.metric("semantic_shared_blocks_reachable") for s in (one, two)) == 0
+    back_empty(one, two, redis)
+
+
+def back_empty(one: ServerProcess, two: ServerProcess, redis: RedisServer) -> None:
+    """Redis restarted empty (it keeps nothing on disk) after an agent's blocks went there:
+    its next turn, on the instance that never had them, recomputes them: the same answer
+    as a cold one, no error, nothing counted corrupt."""
+    redis.start()
+    eventually(lambda: shared_state(one) == shared_state(two) == "ok", "both see Redis again")
+    agent = {"X-Agent-Id": "skipper"}
+    talk = [
+        {"role": "system", "content": "Reefs. " + RULES},
+        {"role": "user", "content": "Name a reef."},
+    ]
+    first = chat(one, talk, **agent)
+    published = one.metric("semantic_shared_blocks_total", {"event": "published"})
+    eventually(
+        lambda: one.metric("semantic_shared_blocks_total", {"event": "published"}) > published,
+        "pushed again",
+    )
+    redis.stop()
+    redis.start()  # empty
+    eventually(lambda: shared_state(one) == shared_state(two) == "ok", "Redis back, empty")
+    talk += [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "How deep is it?"},
+    ]
+    missed = two.metric("semantic_shared_blocks_total", {"event": "missed"})
+    moved = chat(two, talk, **agent)
+    cold = chat(two, talk, **{"X-Namespace": "after-the-flush"})
+    assert moved.choices[0].message.content == cold.choices[0].message.content
+    assert two.metric("semantic_shared_blocks_total", {"event": "missed"}) > missed  # looked
+    assert two.metric("semantic_corrupt_blocks_total") == 0
 
 
 @pytest.mark.parametrize("where", ["flag", "environment"])
