@@ -6,6 +6,7 @@ and ``/health`` and the metrics say so."""
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -29,7 +30,9 @@ RULES = " ".join(f"Rule {i}: keep the harbour log in order." for i in range(80))
 
 
 def chat(server: ServerProcess, messages: list[dict[str, str]], **headers: str) -> Any:
-    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", default_headers=headers)
+    client = openai.OpenAI(
+        base_url=f"{server.url}/v1", api_key="unused", default_headers=headers, max_retries=0
+    )
     return client.chat.completions.create(
         model="default", messages=openai_messages(messages), temperature=0, max_tokens=12
     )
@@ -151,6 +154,41 @@ def back_empty(one: ServerProcess, two: ServerProcess, redis: RedisServer) -> No
     assert moved.choices[0].message.content == cold.choices[0].message.content
     assert two.metric("semantic_shared_blocks_total", {"event": "missed"}) > missed  # looked
     assert two.metric("semantic_corrupt_blocks_total") == 0
+    frozen(one, two, redis)
+
+
+def frozen(one: ServerProcess, two: ServerProcess, redis: RedisServer) -> None:
+    """Redis stopped dead (SIGSTOP: connections open, nothing answers), as a slow network
+    or a stalled host looks: a turn whose blocks are only there recomputes after the read's
+    timeout, a turn whose blocks go there is answered while the push waits off the request
+    path, and both instances stay ready (the tier is a cache)."""
+    agent = {"X-Agent-Id": "diver"}
+    talk = [
+        {"role": "system", "content": "Dives. " + RULES},
+        {"role": "user", "content": "A wreck?"},
+    ]
+    first = chat(one, talk, **agent)
+    published = {"event": "published"}
+    before = one.metric("semantic_shared_blocks_total", published)
+    eventually(lambda: one.metric("semantic_shared_blocks_total", published) > before, "pushed")
+    redis.signal(signal.SIGSTOP)
+    try:
+        talk += [
+            {"role": "assistant", "content": first.choices[0].message.content},
+            {"role": "user", "content": "How old is it?"},
+        ]
+        moved = chat(two, talk, **agent)
+        cold = chat(two, talk, **{"X-Namespace": "while-frozen"})
+        assert moved.choices[0].message.content == cold.choices[0].message.content
+        fresh = [
+            {"role": "system", "content": "Swims. " + RULES},
+            {"role": "user", "content": "A bay?"},
+        ]
+        assert chat(one, fresh, **{"X-Agent-Id": "swimmer"}).choices[0].message.content
+        for server in (one, two):
+            assert httpx.get(f"{server.url}/ready", timeout=10).status_code == 200
+    finally:
+        redis.signal(signal.SIGCONT)
 
 
 @pytest.mark.parametrize("where", ["flag", "environment"])
