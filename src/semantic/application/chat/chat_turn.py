@@ -80,7 +80,8 @@ class Rendered:
 
 
 class ChatTurns:
-    """The plain front doors' one use case: ``start`` a reply, or ``count`` a prompt."""
+    """The plain front doors' one use case: ``start`` a reply, or ``render`` its prompt (a
+    count of tokens asks only that)."""
 
     def __init__(
         self, agents: AgentService, tokenizer: Tokenizer, calls: CallMemory, limits: Limits
