@@ -14,9 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from semantic.application.agents.service import AgentService
 from semantic.application.chat.call_memory import CallMemory
 from semantic.application.chat.chat_reply import ChatReply
 from semantic.application.chat.context_edits import AppliedEdit, edited
@@ -38,6 +37,7 @@ from semantic.domain.constraints import UnsupportedSchemaError
 from semantic.domain.context_edits import ClearToolUses
 from semantic.domain.errors import InvalidRequestError, PromptTooLongError
 from semantic.domain.generation import GREEDY, Priority, SamplingParams
+from semantic.domain.retention import Retention
 from semantic.domain.tools import ToolUse
 from semantic.ports.tokenizer import Tokenizer
 
@@ -70,6 +70,17 @@ class ChatAsk:
     """Ids for the reply's calls, in the front door's own style."""
 
 
+class PlainAgents(Protocol):
+    """What the chat turn asks of the agents use case: a plain request started (one naming
+    an agent is tracked and leased as a turn is), and an agent's retention hints kept."""
+
+    async def start_plain(self, request: GenerationInput) -> GenerationHandle: ...
+
+    async def retain(
+        self, namespace: str, agent_id: str, change: Mapping[str, Any], *, known: bool = False
+    ) -> Retention: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Rendered:
     """A chat's prompt as the model reads it, and the context edit applied to it."""
@@ -84,7 +95,7 @@ class ChatTurns:
     count of tokens asks only that)."""
 
     def __init__(
-        self, agents: AgentService, tokenizer: Tokenizer, calls: CallMemory, limits: Limits
+        self, agents: PlainAgents, tokenizer: Tokenizer, calls: CallMemory, limits: Limits
     ) -> None:
         self._agents = agents
         self._tokenizer = tokenizer
