@@ -47,7 +47,7 @@ def make_engine(model: gemma3_text.Model) -> BlockPoolBatchEngine:
     spec = spec_from_model(model)
     backend = MlxBackend(model, spec, "tiny-gemma", frozenset(), accelerator=accelerator_for(model))
     tokenizer = ByteTokenizer([bytes([i]) for i in range(256)])
-    return BlockPoolBatchEngine(backend, tokenizer, BlockPool(400), EngineConfig(max_context=4096))
+    return BlockPoolBatchEngine(backend, tokenizer, BlockPool(400), EngineConfig())
 
 
 def test_the_spec_knows_which_layers_slide(tiny_gemma: gemma3_text.Model) -> None:

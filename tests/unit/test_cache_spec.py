@@ -29,6 +29,15 @@ def test_a_sliding_layer_is_capped_by_its_window() -> None:
     assert spec.first_block_needed(0, 1000) == (1000 - 512) // 256
 
 
+def test_the_tokens_a_budget_holds_plateau_where_every_layer_slides() -> None:
+    spec = smollm2()
+    assert spec.tokens_within(60, 8192) == 512  # 30 layers, a block each per 256 tokens
+    assert spec.tokens_within(59, 8192) == 256
+    assert spec.tokens_within(10_000, 4096) == 4096
+    sliding = ModelCacheSpec(2, 1, 8, 8, "float16", (512, 512))
+    assert sliding.tokens_within(sliding.blocks_for_tokens(600), 8192) == 8192
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [

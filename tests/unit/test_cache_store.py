@@ -61,9 +61,7 @@ class Harness:
             ),
             lease_of=lease_of,
         )
-        config = EngineConfig(
-            prefill_chunk_tokens=4, pacer=PacerConfig(fixed_tokens=64), max_context=512
-        )
+        config = EngineConfig(prefill_chunk_tokens=4, pacer=PacerConfig(fixed_tokens=64))
         self.engine = BlockPoolBatchEngine(
             self.backend, FakeTokenizer(), self.pool, config, reclaim=self.store.reclaim
         )

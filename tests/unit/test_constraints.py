@@ -27,7 +27,7 @@ def make_engine(
     grammars: FakeGrammars | None = None,
 ) -> tuple[BlockPoolBatchEngine, FakeBackend]:
     backend = FakeBackend()
-    config = EngineConfig(prefill_chunk_tokens=4, max_context=512, pacer=PacerConfig(8))
+    config = EngineConfig(prefill_chunk_tokens=4, pacer=PacerConfig(8))
     engine = BlockPoolBatchEngine(
         backend, FakeTokenizer(), BlockPool(200), config, grammars=grammars
     )

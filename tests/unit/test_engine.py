@@ -20,7 +20,6 @@ from semantic.application.engine.events import CompletionEvent, EngineEvent, Tok
 from semantic.application.scheduler.pacer import PacerConfig
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.blocks import AgentBlocks
-from semantic.domain.errors import InvalidRequestError, PromptTooLongError
 from semantic.domain.generation import FinishReason
 from semantic.ports.model_backend import ModelBackend, PromptChunk, SliceProgress, StepOutput
 from tests.helpers import completions, run_until_idle
@@ -33,7 +32,7 @@ def make_engine(
 ) -> tuple[BlockPoolBatchEngine, FakeBackend]:
     backend = backend or FakeBackend()
     budget = config.pop("prefill_token_budget", 8)
-    settings = {"prefill_chunk_tokens": 4, "max_context": 512, **config}
+    settings = {"prefill_chunk_tokens": 4, **config}
     settings["pacer"] = PacerConfig(fixed_tokens=budget)
     engine = BlockPoolBatchEngine(
         backend, FakeTokenizer(), BlockPool(capacity), EngineConfig(**settings)
@@ -228,19 +227,6 @@ def test_two_hundred_mixed_requests_leak_nothing() -> None:
     assert engine.pool.usage().peak_used == live_peak
 
 
-def test_bad_requests_are_refused_before_they_queue() -> None:
-    engine, _ = make_engine(capacity=4)
-    with pytest.raises(InvalidRequestError):
-        engine.submit("agent", [])
-    with pytest.raises(InvalidRequestError):
-        engine.submit("agent", [1, 2, 999])
-    with pytest.raises(PromptTooLongError):
-        engine.submit("agent", [1] * 500, max_tokens=100)
-    with pytest.raises(PromptTooLongError, match="KV budget"):
-        engine.submit("agent", [1] * 40, max_tokens=4)
-    assert not engine.has_work()
-
-
 def test_a_request_whose_cache_cannot_be_built_fails_alone() -> None:
     class BrokenOpen(FakeBackend):
         def open_sequence(self, seq_id: str, **kwargs: Any) -> bool:
@@ -283,7 +269,7 @@ def sliced_on(
     """An engine that slices a lone prompt beside streams; a ``StepBackend`` where the test
     needs the step beside a slice, which the MLX backend's own steps (``RoundRunner``) give."""
     pacer = PacerConfig(idle_tokens=4, slice_ratio=2.0, slice_tokens=4, ride_ratio=ride_ratio)
-    config = EngineConfig(prefill_chunk_tokens=4, max_context=512, pacer=pacer)
+    config = EngineConfig(prefill_chunk_tokens=4, pacer=pacer)
     return BlockPoolBatchEngine(backend, FakeTokenizer(), BlockPool(capacity), config)
 
 
@@ -314,7 +300,7 @@ def test_a_sliced_chunk_spans_rounds_while_every_stream_gets_a_token_each_round(
 def _paced_engine(backend: ClockedStepBackend) -> BlockPoolBatchEngine:
     """An engine on ``backend``'s clock, sliced at 2 steps a round, with one stream."""
     pacer = PacerConfig(idle_tokens=4, slice_ratio=2.0, slice_tokens=4, ride_ratio=None)
-    config = EngineConfig(prefill_chunk_tokens=4, max_context=512, pacer=pacer)
+    config = EngineConfig(prefill_chunk_tokens=4, pacer=pacer)
     engine = BlockPoolBatchEngine(
         backend, FakeTokenizer(), BlockPool(200), config, clock=lambda: backend.now
     )
@@ -655,7 +641,7 @@ def test_a_head_that_fits_beside_its_prefix_waits_for_blocks_being_saved(
         backend,
         FakeTokenizer(),
         BlockPool(22),
-        EngineConfig(prefill_chunk_tokens=4, max_context=512, pacer=PacerConfig(fixed_tokens=8)),
+        EngineConfig(prefill_chunk_tokens=4, pacer=PacerConfig(fixed_tokens=8)),
         clock=lambda: now[0],
     )
     earlier = finished_blocks(engine)
@@ -707,7 +693,7 @@ def test_a_head_with_nothing_running_is_refused_when_no_memory_comes_free() -> N
         FakeBackend(),
         FakeTokenizer(),
         BlockPool(16),
-        EngineConfig(prefill_chunk_tokens=4, max_context=512, pacer=PacerConfig(fixed_tokens=8)),
+        EngineConfig(prefill_chunk_tokens=4, pacer=PacerConfig(fixed_tokens=8)),
         clock=lambda: now[0],
     )
     held = engine.submit("agent", PROMPT, max_tokens=5)

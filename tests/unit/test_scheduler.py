@@ -20,7 +20,6 @@ from tests.unit.step_fakes import StepBackend
 def engine(capacity: int = 200, **config: Any) -> BlockPoolBatchEngine:
     settings: dict[str, Any] = {
         "prefill_chunk_tokens": 4,
-        "max_context": 512,
         "pacer": PacerConfig(fixed_tokens=64),
         **config,
     }
@@ -222,7 +221,7 @@ def test_an_idle_engine_slices_a_lone_prompt_so_an_arrival_starts_within_a_round
     ~3 s here; sliced rounds let it in after one of them."""
     backend = StepBackend()
     pacer = PacerConfig(idle_slice_seconds=0.25, idle_tokens=8)
-    config = EngineConfig(prefill_chunk_tokens=4, max_context=512, pacer=pacer)
+    config = EngineConfig(prefill_chunk_tokens=4, pacer=pacer)
     e = BlockPoolBatchEngine(backend, FakeTokenizer(), BlockPool(200), config)
     long_id = e.submit("long", list(range(1, 61)), max_tokens=2)
     e.step()
@@ -234,7 +233,7 @@ def test_an_idle_engine_slices_a_lone_prompt_so_an_arrival_starts_within_a_round
 def test_an_idle_engine_slices_a_long_prompt_to_its_last_chunk_but_not_a_short_one() -> None:
     backend = StepBackend()
     pacer = PacerConfig(idle_slice_seconds=0.25, idle_tokens=8)
-    config = EngineConfig(prefill_chunk_tokens=4, max_context=512, pacer=pacer)
+    config = EngineConfig(prefill_chunk_tokens=4, pacer=pacer)
     e = BlockPoolBatchEngine(backend, FakeTokenizer(), BlockPool(200), config)
     long_id = e.submit("long", list(range(1, 11)), max_tokens=2)
     drain(e)
@@ -251,7 +250,7 @@ def test_an_idle_engine_slices_a_long_prompt_with_others_queued_behind_it() -> N
     short arrival waited for the pass in progress."""
     backend = StepBackend()
     pacer = PacerConfig(idle_slice_seconds=0.25, idle_tokens=8)
-    config = EngineConfig(prefill_chunk_tokens=4, max_context=512, pacer=pacer)
+    config = EngineConfig(prefill_chunk_tokens=4, pacer=pacer)
     e = BlockPoolBatchEngine(backend, FakeTokenizer(), BlockPool(200), config)
     long_id = e.submit("long", list(range(1, 61)), max_tokens=2)
     queued_id = e.submit("queued", list(range(2, 62)), max_tokens=2)
@@ -272,7 +271,7 @@ def test_the_busy_budget_gives_each_newcomer_its_share() -> None:
 def riding_engine(ride_rows: int, **pacer: Any) -> tuple[BlockPoolBatchEngine, FakeBackend]:
     backend = FakeBackend(ride_rows=ride_rows)
     settings = {"busy_tokens": 8, "ride_ratio": 1.0, **pacer}
-    config = EngineConfig(prefill_chunk_tokens=4, max_context=512, pacer=PacerConfig(**settings))
+    config = EngineConfig(prefill_chunk_tokens=4, pacer=PacerConfig(**settings))
     return BlockPoolBatchEngine(backend, FakeTokenizer(), BlockPool(400), config), backend
 
 

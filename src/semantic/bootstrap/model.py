@@ -189,7 +189,6 @@ def engine_on(
     )
     config = EngineConfig(
         default_max_tokens=settings.default_max_tokens,
-        max_context=max_context(loaded, settings),
         prefill_chunk_tokens=settings.prefill_chunk_tokens,
         pacer=pacer_config(settings),
         max_running=settings.max_running,

@@ -181,6 +181,18 @@ class _Started:
     host: HostMemory
 
 
+def _limits(settings: Settings, engine: _Started) -> Limits:
+    """What a request is checked against (``request_validation``), from the started engine."""
+    window = max_context(engine.loaded, settings)
+    return Limits(
+        window,
+        settings.max_tokens_cap,
+        settings.default_max_tokens,
+        vocab_size=engine.tokenizer.vocab_size,
+        kv_tokens=engine.spec.tokens_within(engine.pool.capacity, window),
+    )
+
+
 async def _services(
     settings: Settings,
     engine: _Started,
@@ -193,9 +205,7 @@ async def _services(
 ) -> Services:
     """The services the HTTP server serves with, on a started engine."""
     loaded = engine.loaded
-    limits = Limits(
-        max_context(loaded, settings), settings.max_tokens_cap, settings.default_max_tokens
-    )
+    limits = _limits(settings, engine)
     history = TurnHistory()
     heard = history if observer is None else Observers(observer, history)
     generation = GenerationService(engine.loop, cache, limits, heard)

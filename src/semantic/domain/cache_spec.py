@@ -89,6 +89,18 @@ class ModelCacheSpec:
         """Blocks, summed over layers, that a sequence of ``n_tokens`` holds."""
         return sum(self.blocks_for_layer(layer, n_tokens) for layer in range(self.n_layers))
 
+    def tokens_within(self, blocks: int, limit: int) -> int:
+        """The longest sequence, at most ``limit`` tokens, whose KV fits in ``blocks``
+        (sliding-window layers stop growing, so the answer need not be proportional)."""
+        low, high = 0, limit
+        while low < high:
+            middle = (low + high + 1) // 2
+            if self.blocks_for_tokens(middle) <= blocks:
+                low = middle
+            else:
+                high = middle - 1
+        return low
+
     def kv_bytes(self, n_tokens: int) -> int:
         """Bytes of real KV (no block rounding) a sequence of ``n_tokens`` holds."""
         total = 0

@@ -29,6 +29,7 @@ from semantic.application.agents.values import (
 from semantic.application.cache.lineage import branch_prefix
 from semantic.application.cache.store import AgentCacheStore
 from semantic.application.chat.generation import (
+    CheckedInput,
     GenerationHandle,
     GenerationInput,
     GenerationService,
@@ -356,7 +357,7 @@ class AgentService:
         history: Sequence[MessageRecord],
         turn: Turn,
         known: Sequence[int] = (),
-    ) -> GenerationInput:
+    ) -> CheckedInput:
         try:
             return self._runner.request_of(agent, history, turn, known)
         except PromptTooLongError:  # the system prompt alone, if it is what does not fit

@@ -19,6 +19,7 @@ from semantic.application.cache.store import AgentCacheStore
 from semantic.application.chat.chat_reply import ChatOutcome, ChatReply, nothing_kept
 from semantic.application.chat.context_edits import policy_applied
 from semantic.application.chat.generation import (
+    CheckedInput,
     GenerationHandle,
     GenerationInput,
     GenerationResult,
@@ -68,7 +69,7 @@ class TurnRunner:
         self._cache = cache
         self._tokenizer = tokenizer
 
-    async def request(self, record: AgentRecord, turn: Turn) -> tuple[GenerationInput, int]:
+    async def request(self, record: AgentRecord, turn: Turn) -> tuple[CheckedInput, int]:
         """The whole conversation with the new message, checked against the context; and
         how many messages the transcript holds before it."""
         history = await self._transcripts.messages(record.namespace, record.agent_id)
@@ -80,7 +81,7 @@ class TurnRunner:
         history: Sequence[MessageRecord],
         turn: Turn,
         known: Sequence[int] = (),
-    ) -> GenerationInput:
+    ) -> CheckedInput:
         """``history`` with the new message, rendered and checked against the context;
         ``known``: an earlier prompt's ids it likely repeats (``Tokenizer.render_chat``)."""
         check_answers(history, turn)
@@ -95,10 +96,9 @@ class TurnRunner:
             self._shape(turn).constraint or turn.constraint,
         )
         try:
-            self._generation.check(request)
+            return self._generation.check(request)
         except PromptTooLongError as error:
             raise outgrown(error, record.agent_id) from None
-        return request
 
     def fitted_history(
         self, record: AgentRecord, history: Sequence[MessageRecord], turn: Turn
@@ -159,7 +159,7 @@ class TurnRunner:
 
     async def run(
         self,
-        request: GenerationInput,
+        request: CheckedInput,
         live: LiveTurn,
         turn: Turn,
         earlier: int,
@@ -176,7 +176,7 @@ class TurnRunner:
         live.request_id = handle.request_id
         try:
             yield TurnStarted(handle.request_id)
-            relay = self._relay(handle, request, live, turn, earlier=earlier, write=write)
+            relay = self._relay(handle, request.request, live, turn, earlier=earlier, write=write)
             async with contextlib.aclosing(relay) as events:
                 async for event in events:
                     yield event

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from semantic.application.cache.lineage import ANONYMOUS_AGENT
 from semantic.application.cache.store import AgentCacheStore, CachedPrefix
+from semantic.application.chat.request_validation import Limits, checked_max_tokens
 from semantic.application.engine.active_request import GenerationRequest
 from semantic.application.engine.engine_loop import AsyncEventStream, EngineLoop
 from semantic.application.engine.generation_handle import (
@@ -26,10 +27,6 @@ from semantic.application.engine.generation_handle import (
     Usage,
 )
 from semantic.domain.constraints import OutputConstraint
-from semantic.domain.errors import (
-    InvalidRequestError,
-    PromptTooLongError,
-)
 from semantic.domain.generation import GREEDY, Priority, SamplingParams
 from semantic.domain.tokens import reusable_prefix
 from semantic.ports.observer import GenerationObserver
@@ -37,6 +34,7 @@ from semantic.ports.observer import GenerationObserver
 log = logging.getLogger(__name__)
 
 __all__ = [  # the handle's types are part of this use case's API
+    "CheckedInput",
     "GenerationEvent",
     "GenerationFailedError",
     "GenerationHandle",
@@ -50,13 +48,6 @@ __all__ = [  # the handle's types are part of this use case's API
 
 
 @dataclass(frozen=True, slots=True)
-class Limits:
-    max_context: int
-    max_tokens_cap: int
-    default_max_tokens: int
-
-
-@dataclass(frozen=True, slots=True)
 class GenerationInput:
     prompt_tokens: tuple[int, ...]
     namespace: str = "default"
@@ -67,6 +58,15 @@ class GenerationInput:
     priority: Priority = Priority.NORMAL
     constraint: OutputConstraint | None = None
     """What the reply must look like (JSON of a schema, tool calls); None leaves it free."""
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedInput:
+    """A request ``GenerationService.check`` has passed, with the max_tokens it runs with:
+    handed to ``start`` it is not checked a second time."""
+
+    request: GenerationInput
+    max_tokens: int
 
 
 class GenerationService:
@@ -86,46 +86,24 @@ class GenerationService:
     def limits(self) -> Limits:
         return self._limits
 
-    def check(self, request: GenerationInput) -> int:
-        """Refuse a request before any work; returns the max_tokens it will run with."""
-        max_tokens = request.max_tokens
-        if max_tokens is None:
-            max_tokens = self._limits.default_max_tokens
-        if not 0 < max_tokens <= self._limits.max_tokens_cap:
-            raise InvalidRequestError(
-                f"max_tokens must be between 1 and {self._limits.max_tokens_cap}, got {max_tokens}",
-                param="max_tokens",
-            )
-        if not request.prompt_tokens:
-            raise InvalidRequestError("the prompt is empty", param="messages")
-        if len(request.prompt_tokens) >= self._limits.max_context:
-            raise PromptTooLongError(
-                f"the prompt is {len(request.prompt_tokens)} tokens; the model's context is "
-                f"{self._limits.max_context}",
-                param="messages",
-            )
-        if len(request.prompt_tokens) + max_tokens > self._limits.max_context:
-            max_tokens = self._limits.max_context - len(request.prompt_tokens)
-            if request.max_tokens is not None:
-                raise PromptTooLongError(
-                    f"the prompt ({len(request.prompt_tokens)} tokens) plus max_tokens "
-                    f"({request.max_tokens}) exceeds the model's context of "
-                    f"{self._limits.max_context}",
-                    param="max_tokens",
-                )
-        return max_tokens
+    def check(self, request: GenerationInput) -> CheckedInput:
+        """Refuse a request before any work (``request_validation``: once a request)."""
+        max_tokens = checked_max_tokens(request.prompt_tokens, request.max_tokens, self._limits)
+        return CheckedInput(request, max_tokens)
 
     async def start(
         self,
-        request: GenerationInput,
+        request: GenerationInput | CheckedInput,
         *,
         check: Callable[[], None] | None = None,
         on_end: Callable[[], None] | None = None,
     ) -> GenerationHandle:
         """Validate, restore the cached prefix and queue the request. Errors (bad input, a
         full queue) are raised here, before a caller commits to a streaming response.
-        ``check`` and ``on_end``: the handle's (``GenerationHandle``)."""
-        max_tokens = self.check(request)
+        ``check`` and ``on_end``: the handle's (``GenerationHandle``); a ``CheckedInput``
+        (from ``check``) is not checked again."""
+        checked = request if isinstance(request, CheckedInput) else self.check(request)
+        request, max_tokens = checked.request, checked.max_tokens
         if request.constraint is not None:  # a cold 20-tool set ~25 ms, the first ever ~0.5 s:
             # off the event loop and the engine loop's lock; a refusal comes before any work
             await asyncio.to_thread(self._loop.engine.grammar_for, request.constraint)

@@ -1,45 +1,67 @@
-"""Checks a request must pass before it may queue: nothing malformed reaches the model."""
+"""The checks a request passes before any work, in one place: each refusal names its field.
+
+Every front door reaches the engine through ``GenerationService``, which runs these once,
+before the stored prefix is restored; the engine's intake trusts what it is handed.
+"""
 
 from __future__ import annotations
 
-from semantic.application.engine.active_request import GenerationRequest
-from semantic.domain.block_pool import BlockPool
-from semantic.domain.cache_spec import ModelCacheSpec
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 from semantic.domain.errors import InvalidRequestError, PromptTooLongError
-from semantic.ports.tokenizer import Tokenizer
 
 
-def validate_request(
-    request: GenerationRequest,
-    spec: ModelCacheSpec,
-    pool: BlockPool,
-    tokenizer: Tokenizer,
-    max_context: int,
-) -> None:
-    if not request.agent_id:
-        raise InvalidRequestError("agent_id must not be empty", param="agent_id")
-    prompt = request.prompt
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What this server can run: the model's window, the reply bounds, the vocabulary and
+    the tokens the KV budget holds (``None`` where a caller does not bound them)."""
+
+    max_context: int
+    max_tokens_cap: int
+    default_max_tokens: int
+    vocab_size: int | None = None
+    kv_tokens: int | None = None
+
+
+def checked_max_tokens(prompt: Sequence[int], max_tokens: int | None, limits: Limits) -> int:
+    """Refuse a request this server cannot run; returns the max_tokens it will run with (an
+    unset one shrinks to the room the prompt leaves, a set one that overflows is refused)."""
+    wanted = limits.default_max_tokens if max_tokens is None else max_tokens
+    if not 0 < wanted <= limits.max_tokens_cap:
+        raise InvalidRequestError(
+            f"max_tokens must be between 1 and {limits.max_tokens_cap}, got {wanted}",
+            param="max_tokens",
+        )
+    _check_prompt(prompt, limits)
+    if len(prompt) + wanted <= limits.max_context:
+        return wanted
+    if max_tokens is not None:
+        raise PromptTooLongError(
+            f"the prompt ({len(prompt)} tokens) plus max_tokens ({max_tokens}) exceeds the "
+            f"model's context of {limits.max_context}",
+            param="max_tokens",
+        )
+    return limits.max_context - len(prompt)
+
+
+def _check_prompt(prompt: Sequence[int], limits: Limits) -> None:
     if not prompt:
         raise InvalidRequestError("the prompt is empty", param="messages")
-    vocab = tokenizer.vocab_size
-    bad = next((t for t in prompt if not 0 <= t < vocab), None)
-    if bad is not None:
+    vocab = limits.vocab_size
+    bad = None if vocab is None else next((t for t in prompt if not 0 <= t < vocab), None)
+    if bad is not None and vocab is not None:
         raise InvalidRequestError(
             f"token id {bad} is outside the vocabulary (0 to {vocab - 1})", param="messages"
         )
-    total = len(prompt) + request.criteria.max_tokens
-    if total > max_context:
+    if len(prompt) >= limits.max_context:
         raise PromptTooLongError(
-            f"the prompt ({len(prompt)} tokens) plus max_tokens ({request.criteria.max_tokens}) "
-            f"is {total} tokens, over the model's context of {max_context}",
-            param="max_tokens",
-        )
-    needed = spec.blocks_for_tokens(len(prompt) + 1)
-    if needed > pool.capacity:
-        raise PromptTooLongError(
-            f"the prompt needs {needed} KV blocks; this server's KV budget holds "
-            f"{pool.capacity} (raise --kv-budget-mb or shorten the prompt)",
+            f"the prompt is {len(prompt)} tokens; the model's context is {limits.max_context}",
             param="messages",
         )
-    if request.cached is not None:
-        request.cached.blocks.validate(spec)
+    if limits.kv_tokens is not None and len(prompt) + 1 > limits.kv_tokens:
+        raise PromptTooLongError(
+            f"the prompt needs {len(prompt) + 1} tokens of KV; this server's KV budget holds "
+            f"{limits.kv_tokens} (raise --kv-budget-mb or shorten the prompt)",
+            param="messages",
+        )

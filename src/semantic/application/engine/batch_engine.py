@@ -54,7 +54,6 @@ from semantic.ports.tokenizer import Tokenizer
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     default_max_tokens: int = 512
-    max_context: int = 8192
     prefill_chunk_tokens: int = 256
     pacer: PacerConfig = field(default_factory=PacerConfig)
     max_running: int = 32
@@ -102,7 +101,6 @@ class BlockPoolBatchEngine:
             books,
             lifecycle,
             state,
-            max_context=config.max_context,
             grammars=grammars,
         )
         self._admission = Admission(backend, self._spec, books, sharing, lifecycle, state=state)

@@ -1,4 +1,4 @@
-"""Intake and cancellation: requests validated and queued, cancels applied between rounds.
+"""Intake and cancellation: requests queued, cancels applied between rounds.
 
 ``enqueue`` and ``cancel`` may be called from any thread; ``apply_cancellations`` runs on
 the engine thread at the start of each round. A request's restored prefix is pinned as
@@ -11,7 +11,6 @@ import itertools
 import threading
 
 from semantic.application.books.kv_books import KVBooks
-from semantic.application.chat.request_validation import validate_request
 from semantic.application.engine.active_request import ActiveRequest, GenerationRequest, Phase
 from semantic.application.engine.completion import CompletionDetector
 from semantic.application.engine.lifecycle import Events, Lifecycle
@@ -33,7 +32,6 @@ class Intake:
         lifecycle: Lifecycle,
         state: EngineState,
         *,
-        max_context: int,
         grammars: GrammarCompiler | None,
     ) -> None:
         self._spec = spec
@@ -42,7 +40,6 @@ class Intake:
         self._lifecycle = lifecycle
         self._queue = state.queue
         self._running = state.running
-        self._max_context = max_context
         self._clock = state.clock
         self._grammars = grammars
         self._ids = itertools.count(1)
@@ -50,11 +47,12 @@ class Intake:
         self._cancel_lock = threading.Lock()
 
     def enqueue(self, request: GenerationRequest) -> str:
-        """Queue a request; returns its id. Raises domain errors for bad input and
-        ``QueueFullError`` when the queue is at its bound. Its ``constraint`` is compiled
-        here, so a schema the grammar engine cannot honour is refused
-        (``UnsupportedSchemaError``) before any work."""
-        validate_request(request, self._spec, self._books.pool, self._tokenizer, self._max_context)
+        """Queue a request; returns its id. Raises ``QueueFullError`` when the queue is at
+        its bound; the request's own checks ran before (``chat/request_validation``). Its
+        ``constraint`` is compiled here, so a schema the grammar engine cannot honour is
+        refused (``UnsupportedSchemaError``) before any work."""
+        if request.cached is not None:
+            request.cached.blocks.validate(self._spec)
         grammar = self.grammar_for(request.constraint)
         request_id = f"req-{next(self._ids)}"
         criteria = request.criteria
