@@ -39,9 +39,12 @@ class LocalCluster:
         server_args: Sequence[str] = (),
         port: int | None = None,
         env: dict[str, str] | None = None,
+        stores: SharedStores | None = None,
     ) -> None:
+        """``stores``: shared stores made by the caller (``SharedStores``' options) in place of
+        the default ones."""
         self.workdir = workdir
-        self.stores = SharedStores(workdir) if shared else None
+        self.stores = stores or (SharedStores(workdir) if shared else None)
         self.server_args = tuple(server_args)
         self.env = env
         self.servers = [self._server(i) for i in range(instances)]

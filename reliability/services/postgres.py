@@ -76,10 +76,14 @@ class PostgresServer:
             **self._as_user,
         )
 
-    def url(self, database: str = "postgres", password: str | None = None) -> str:
-        """A SQLAlchemy URL for semantic (``postgresql+asyncpg``)."""
+    def url(
+        self, database: str = "postgres", password: str | None = None, port: int | None = None
+    ) -> str:
+        """A SQLAlchemy URL for semantic (``postgresql+asyncpg``); ``port``: a link to the
+        server's (``SlowLink``) instead of its own."""
         secret = f":{password}" if password else ""
-        return f"postgresql+asyncpg://{USER}{secret}@127.0.0.1:{self.port}/{database}"
+        where = f"127.0.0.1:{port or self.port}"
+        return f"postgresql+asyncpg://{USER}{secret}@{where}/{database}"
 
     def start(self, timeout: float = 60.0) -> PostgresServer:
         if not self.data.exists():
@@ -102,6 +106,20 @@ class PostgresServer:
         """A new, empty database; returns its URL."""
         self._client("createdb", name)
         return self.url(name)
+
+    def cut_sessions(self, database: str) -> int:
+        """End every session on ``database`` at once (``pg_terminate_backend``), as a
+        dropped connection or a failover would, in whatever transaction it is; how many."""
+        query = (
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            f"WHERE datname = '{database}' AND pid <> pg_backend_pid()"
+        )
+        command = [str(self.bin / "psql"), "-h", "127.0.0.1", "-p", str(self.port), "-U", USER]
+        done = subprocess.run(
+            [*command, "-d", "postgres", "-tAc", query], capture_output=True, check=False
+        )
+        self._check(done)
+        return int(done.stdout.decode().strip() or 0)
 
     def stop(self, timeout: float = 20.0) -> None:
         """A fast shutdown (SIGINT): open sessions are ended, not waited for."""

@@ -5,6 +5,7 @@ semantic cannot use, is one clear error that never shows the password."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -59,6 +60,65 @@ def test_an_agent_on_postgresql_keeps_its_transcript_across_a_restart(
         assert kept == transcript, "the refused turn kept nothing"
         assert httpx.post(f"{api}/tutor/messages", json=turn, timeout=120).status_code == 200
         assert restarted.stop() == 0
+
+
+@pytest.mark.model
+def test_sessions_cut_while_turns_commit_keep_each_acknowledged_turn_once_and_none_half(
+    postgres: PostgresServer, new_server: Start
+) -> None:
+    """Issue 49, item 3: every session on the database is ended (``pg_terminate_backend``,
+    as a dropped connection or a failover would) every 50 ms while two agents run turns. A
+    turn is acknowledged (200) or refused with 503 and Retry-After, nothing else; each
+    transcript holds every acknowledged turn once, in order, question and reply together;
+    a refused turn is there whole or not at all (a cut between the commit and its answer
+    is the client's to find out: it reads the transcript); and the pool reconnects."""
+    url = postgres.create_database("cut_sessions")
+    server = new_server("--database-url", url)
+    api = f"{server.url}/v1/agents"
+    agents = ("cut-a", "cut-b")
+    for agent in agents:
+        assert httpx.post(api, json={"id": agent}).status_code == 201
+    answers: dict[str, list[tuple[str, httpx.Response]]] = {agent: [] for agent in agents}
+    cuts: list[int] = []
+    done = threading.Event()
+
+    def talk(agent: str) -> None:
+        with httpx.Client(timeout=120) as client:
+            for index in range(8):
+                content = f"{agent} turn {index}: name one colour."
+                turn = {"content": content, "max_tokens": 4}
+                answers[agent].append((content, client.post(f"{api}/{agent}/messages", json=turn)))
+
+    def cut() -> None:
+        while not done.wait(0.05):
+            cuts.append(postgres.cut_sessions("cut_sessions"))
+
+    cutter = threading.Thread(target=cut)
+    cutter.start()
+    try:
+        talkers = [threading.Thread(target=talk, args=(agent,)) for agent in agents]
+        for talker in talkers:
+            talker.start()
+        for talker in talkers:
+            talker.join()
+    finally:
+        done.set()
+        cutter.join()
+    assert sum(cuts) > 0, "no session was ever cut: the test tried nothing"
+    for agent in agents:
+        refused = [r for _, r in answers[agent] if r.status_code != 200]
+        assert all(r.status_code == 503 and "Retry-After" in r.headers for r in refused), [
+            (r.status_code, r.text) for r in refused
+        ]
+        acknowledged = [c for c, r in answers[agent] if r.status_code == 200]
+        kept = httpx.get(f"{api}/{agent}/messages", timeout=30).json()["data"]
+        assert [m["role"] for m in kept] == ["user", "assistant"] * (len(kept) // 2)
+        asked = [m["content"] for m in kept if m["role"] == "user"]
+        assert len(asked) == len(set(asked)), "a turn kept twice"
+        assert [c for c in asked if c in acknowledged] == acknowledged, "an acknowledged turn lost"
+        assert set(asked) <= {c for c, _ in answers[agent]}
+    again = {"content": "One more, after the cuts.", "max_tokens": 4}
+    assert httpx.post(f"{api}/{agents[0]}/messages", json=again, timeout=120).status_code == 200
 
 
 def test_postgresql_out_of_reach_at_start_is_one_clear_error_without_the_password(

@@ -12,9 +12,11 @@ import pytest
 
 from semantic.adapters.storage.sql_leases import SqlLeases
 from semantic.adapters.storage.sql_metadata import SqlMetadataStore
+from semantic.adapters.storage.sqlite_objects import SqliteObjectStore
 from semantic.domain.errors import AgentBusyError, LeaseLostError
 from semantic.ports.leases import Lease
 from semantic.ports.metadata_store import AgentRecord, BlockRecord, MessageRecord
+from semantic.ports.object_store import StoredObject
 from tests.integration.conftest import StoreFactory
 
 NS, AGENT, SECONDS = "ns", "helper", 10.0
@@ -169,3 +171,49 @@ async def test_a_delete_under_the_lease_ends_it_and_no_lease_means_no_check(
     with pytest.raises(LeaseLostError):  # its lease went with it
         await a.metadata.append_messages(NS, AGENT, [MessageRecord("user", "late")], lease=lease)
     assert await b.take() == Lease(NS, AGENT, b.holder, 1), "a new agent of that id is free"
+
+
+async def test_a_cut_read_before_another_instances_turn_leaves_that_turns_chain(
+    pair: tuple[Instance, Instance],
+) -> None:
+    """``a``'s disk room read the agent's chain, ``b`` saved a turn of it meanwhile; the
+    cut of what ``a`` read changes nothing (the database compares the chain, in the cut's
+    transaction), where before it put the old chain back and orphaned the turn's blocks."""
+    a, b = pair
+    first = [block("k1"), block("k2", "k1")]
+    await a.metadata.save_agent_blocks(AgentRecord(NS, AGENT, ("k1", "k2"), 6), first)
+    read = await a.metadata.agent(NS, AGENT)
+    assert read is not None
+    await b.metadata.save_agent_blocks(
+        AgentRecord(NS, AGENT, ("k1", "k2", "k3"), 9), [block("k3", "k2")]
+    )
+    shorter = AgentRecord(NS, AGENT, ("k1",), 3)
+    assert await a.metadata.save_agent_blocks(shorter, [], expected=read.block_keys) == []
+    assert await a.metadata.delete_agent(NS, AGENT, expected=read.block_keys) == []
+    record = await b.metadata.agent(NS, AGENT)
+    assert record is not None
+    assert record.block_keys == ("k1", "k2", "k3")
+    assert await b.metadata.all_block_keys() == {"k1", "k2", "k3"}
+    now = await a.metadata.agent(NS, AGENT)
+    assert now is not None
+    cut = await a.metadata.save_agent_blocks(shorter, [], expected=now.block_keys)
+    assert set(cut) == {"k2", "k3"}, "a cut of the chain as it is goes through"
+
+
+async def test_a_responses_objects_under_a_stale_lease_are_refused_and_keep_nothing(
+    pair: tuple[Instance, Instance], clock: Clock
+) -> None:
+    """A paused instance's response commits its objects after its turn: refused by the
+    database once another instance holds that agent, so no response names a turn that
+    instance's transcript does not have."""
+    a, b = pair
+    stale = await a.take()
+    clock.now += SECONDS + 1
+    fresh = await b.take()
+    objects = SqliteObjectStore(a.metadata)
+    response = StoredObject("response", "resp_1", "{}")
+    with pytest.raises(LeaseLostError):
+        await objects.put_objects(NS, [response, StoredObject("item", "i1", "{}")], lease=stale)
+    assert await objects.stored_object(NS, "response", "resp_1") is None
+    await SqliteObjectStore(b.metadata).put_objects(NS, [response], lease=fresh)
+    assert await objects.stored_object(NS, "response", "resp_1") is not None

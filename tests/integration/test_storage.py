@@ -638,7 +638,7 @@ async def test_a_cut_does_not_bring_back_an_agent_deleted_since_it_was_read(
     await db.save_agent_blocks(AgentRecord("default", "a", ("k1", "k2"), 6), [record("k2", "k1")])
     assert set(await db.delete_agent("default", "a")) == {"k1", "k2"}
     cut = AgentRecord("default", "a", ("k1",), 3)
-    assert await db.save_agent_blocks(cut, [], create=False) == []
+    assert await db.save_agent_blocks(cut, [], expected=("k1", "k2")) == []
     assert await db.agent("default", "a") is None
     assert await db.blocks(["k1", "k2"]) == {}
     await db.close()

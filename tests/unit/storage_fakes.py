@@ -128,12 +128,12 @@ class FakeMetadataStore:
         agent: AgentRecord,
         new_blocks: Sequence[BlockRecord],
         *,
-        create: bool = True,
+        expected: Sequence[str] | None = None,
         lease: Lease | None = None,
     ) -> list[str]:
         self._fence(lease)
         self._write()
-        if not create and (agent.namespace, agent.agent_id) not in self.agent_rows:
+        if not self._holds(agent.namespace, agent.agent_id, expected):
             return []
         for record in new_blocks:
             self.block_rows[record.key] = dataclasses.replace(record, quarantined=False)
@@ -247,13 +247,26 @@ class FakeMetadataStore:
         self._recount(set(made.block_keys))
 
     async def delete_agent(
-        self, namespace: str, agent_id: str, *, lease: Lease | None = None
+        self,
+        namespace: str,
+        agent_id: str,
+        *,
+        expected: Sequence[str] | None = None,
+        lease: Lease | None = None,
     ) -> list[str]:
         self._fence(lease)
         self._write()
+        if not self._holds(namespace, agent_id, expected):
+            return []
         old = self.agent_rows.pop((namespace, agent_id), None)
         self.transcripts.pop((namespace, agent_id), None)
         return self._recount(set(old.block_keys) if old else set())
+
+    def _holds(self, namespace: str, agent_id: str, expected: Sequence[str] | None) -> bool:
+        if expected is None:
+            return True
+        found = self.agent_rows.get((namespace, agent_id))
+        return found is not None and found.block_keys == tuple(expected)
 
     async def unreferenced_blocks(self) -> list[str]:
         return [k for k, r in self.block_rows.items() if r.ref_count <= 0]

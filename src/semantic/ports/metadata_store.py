@@ -103,18 +103,26 @@ class AgentRecords(Protocol):
         agent: AgentRecord,
         new_blocks: Sequence[BlockRecord],
         *,
-        create: bool = True,
+        expected: Sequence[str] | None = None,
         lease: Lease | None = None,
     ) -> list[str]:
         """Record ``new_blocks`` and make ``agent``'s block list its ``block_keys``; returns
-        the keys no record references any more. ``create=False`` changes only a record
-        that exists: a cut must not bring back an agent deleted since it was read."""
+        the keys no record references any more. ``expected`` (a cut): only while the record
+        exists and still holds exactly those keys, checked by the database in the write's
+        transaction, so a cut neither brings back an agent deleted since it was read nor
+        undoes a turn saved since, by this instance or another."""
         ...
 
     async def delete_agent(
-        self, namespace: str, agent_id: str, *, lease: Lease | None = None
+        self,
+        namespace: str,
+        agent_id: str,
+        *,
+        expected: Sequence[str] | None = None,
+        lease: Lease | None = None,
     ) -> list[str]:
-        """Delete the agent and its transcript; returns keys no agent references any more."""
+        """Delete the agent and its transcript; returns keys no agent references any more.
+        ``expected``: as for ``save_agent_blocks``."""
         ...
 
     async def set_retention(self, namespace: str, agent_id: str, retention: str) -> None:

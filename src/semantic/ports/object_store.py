@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from semantic.ports.leases import Lease
+
 
 @dataclass(frozen=True, slots=True)
 class StoredObject:
@@ -24,8 +26,13 @@ class ObjectStore(Protocol):
     """Objects of one namespace by kind and id; a parent's children in the order kept.
     ``put_objects`` is one transaction, so a response and its items commit together."""
 
-    async def put_objects(self, namespace: str, objects: Sequence[StoredObject]) -> None:
-        """Insert, or replace the body of, each object (an id keeps its place)."""
+    async def put_objects(
+        self, namespace: str, objects: Sequence[StoredObject], *, lease: Lease | None = None
+    ) -> None:
+        """Insert, or replace the body of, each object (an id keeps its place). ``lease``:
+        the objects belong to that agent's turn, and the write is refused
+        (``LeaseLostError``) unless the lease is still current, checked in its
+        transaction."""
         ...
 
     async def stored_object(

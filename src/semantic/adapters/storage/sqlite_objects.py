@@ -10,10 +10,12 @@ from typing import Any
 from sqlalchemy import delete, select
 from sqlalchemy.engine import Row
 
+from semantic.adapters.storage.lease_fence import check_lease
 from semantic.adapters.storage.schema import api_objects
 from semantic.adapters.storage.sql_engines import upsert
 from semantic.adapters.storage.sql_metadata import SqlMetadataStore, unavailable_on_failure
 from semantic.adapters.storage.sql_metadata.warm_up import NOBODY
+from semantic.ports.leases import Lease
 from semantic.ports.object_store import StoredObject
 
 
@@ -25,9 +27,12 @@ class SqliteObjectStore:
         self.path: Path = metadata.path
 
     @unavailable_on_failure
-    async def put_objects(self, namespace: str, objects: Sequence[StoredObject]) -> None:
+    async def put_objects(
+        self, namespace: str, objects: Sequence[StoredObject], *, lease: Lease | None = None
+    ) -> None:
         now = time.time()
         async with self._metadata.engine().begin() as connection:
+            await check_lease(connection, lease)
             for stored in objects:
                 row = {
                     "namespace": namespace,

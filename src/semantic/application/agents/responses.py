@@ -108,7 +108,7 @@ class ResponsesService:
             async with contextlib.aclosing(events):  # its turn lets go of the agent first
                 async for event in events:
                     if isinstance(event, CommittedReply) and ask.store:
-                        await self._finish(namespace, ask, agent_id, keep(event), event.rendered)
+                        await self._finish(namespace, ask, agent_id, keep(event), event)
                     elif isinstance(event, CommittedReply):
                         keep(event)
                     yield event
@@ -129,14 +129,16 @@ class ResponsesService:
         ask: ResponseAsk,
         agent_id: str,
         kept: Sequence[StoredObject],
-        rendered: str,
+        reply: CommittedReply,
     ) -> None:
+        """The response, its items and chain, under the lease its turn committed under."""
+        rendered = reply.rendered
         objects = [StoredObject(CHAIN, ask.response_id, chain_body(agent_id, rendered)), *kept]
         if ask.conversation_id is not None:
             ids = [*ask.history_ids, *(o.object_id for o in kept if o.kind == ITEM)]
             state = json.dumps({"agent": agent_id, "items": ids, "rendered": rendered})
             objects.append(StoredObject(CONVERSATION_CHAIN, ask.conversation_id, state))
-        await self._objects.put_objects(namespace, objects)
+        await self._objects.put_objects(namespace, objects, lease=reply.lease)
 
     async def _chain(
         self, namespace: str, ask: ResponseAsk, agent_id: str

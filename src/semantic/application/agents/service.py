@@ -8,6 +8,7 @@ requests naming an agent ``plain_requests``, the transcript's rendering
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from collections.abc import AsyncGenerator, Mapping, Sequence
@@ -295,7 +296,7 @@ class AgentService:
             write = functools.partial(
                 self._transcripts.append_messages, namespace, agent_id, lease=lease
             )
-            async for event in self._runner.run(request, live, turn, earlier, write):
+            async for event in _under(lease, self._runner.run(request, live, turn, earlier, write)):
                 if isinstance(event, CommittedReply) and event.whole_calls:
                     await self._hold_for_tools(namespace, agent_id, event)
                 if not isinstance(event, TurnStarted):  # its callers open no stream early
@@ -342,7 +343,7 @@ class AgentService:
                 request = self._new_request(agent, history, turn)
             write = functools.partial(self._write_new, agent, history, keep, lease)
             events = self._runner.run(request, live, turn, len(history), write)
-            async for event in events:
+            async for event in _under(lease, events):
                 yield event
 
     async def _known(self, agent: AgentRecord, rendered: str) -> Sequence[int]:
@@ -385,3 +386,14 @@ class AgentService:
         blocks = await self._block_records.blocks(record.block_keys)
         hot = sum(1 for key in record.block_keys if key in self._cache.hot)
         return AgentInfo.of(record, n_messages, CacheState.of(record, blocks, hot))
+
+
+async def _under(
+    lease: Lease | None, events: AsyncGenerator[TurnEvent | TurnStarted, None]
+) -> AsyncGenerator[TurnEvent | TurnStarted, None]:
+    """The turn's events, its committed reply naming the lease it committed under."""
+    async with contextlib.aclosing(events):
+        async for event in events:
+            if isinstance(event, CommittedReply):
+                event = dataclasses.replace(event, lease=lease)  # noqa: PLW2901 (named anew)
+            yield event

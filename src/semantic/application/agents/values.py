@@ -16,6 +16,7 @@ from semantic.domain.context_edits import ContextPolicy
 from semantic.domain.generation import GREEDY, Priority, SamplingParams
 from semantic.domain.retention import Retention
 from semantic.domain.tools import ToolUse
+from semantic.ports.leases import Lease
 from semantic.ports.metadata_store import AgentRecord, BlockRecord, MessageRecord
 
 INTERNAL_PREFIX = "~"
@@ -101,6 +102,9 @@ class CommittedReply(GenerationResult):
     """The prompt's mark (``prompt_marks``), for a branch's next turn to find it again."""
     cut_in_a_call: bool = False
     """It ended (``max_tokens``) inside a call: its calls are not all whole."""
+    lease: Lease | None = None
+    """The lease the turn committed under: what else belongs to the turn (a response's
+    objects) is written under it, and refused by the database once another holds it."""
 
     @property
     def whole_calls(self) -> bool:

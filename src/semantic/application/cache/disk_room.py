@@ -257,11 +257,15 @@ class DiskRoom:
             tokens = sum(records[k].n_tokens for k in kept)
             shorter = dataclasses.replace(agent, block_keys=tuple(kept), token_count=tokens)
             orphans = await self._recorded(
-                lambda: self._agent_records.save_agent_blocks(shorter, [], create=False)
+                lambda: self._agent_records.save_agent_blocks(
+                    shorter, [], expected=agent.block_keys
+                )
             )
         else:  # a conversation or branch with nothing left is nothing
             orphans = await self._recorded(
-                lambda: self._agent_records.delete_agent(agent.namespace, agent.agent_id)
+                lambda: self._agent_records.delete_agent(
+                    agent.namespace, agent.agent_id, expected=agent.block_keys
+                )
             )
         self._hot.remove(orphans)
         self._stats.blocks_evicted += len(orphans)

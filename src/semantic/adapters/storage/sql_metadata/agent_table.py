@@ -103,6 +103,23 @@ async def anonymous_ending_at(
     return found
 
 
+async def still_holds(
+    connection: AsyncConnection, namespace: str, agent_id: str, expected: Sequence[str] | None
+) -> bool:
+    """The fence of a cut, first in its transaction: the agent's row is locked (an UPDATE,
+    so a turn's save of it waits for this transaction or this one for it) and its block
+    list compared with ``expected``. ``None``: no fence."""
+    if expected is None:
+        return True
+    where = agent_where(agents, namespace, agent_id)
+    locked = await connection.execute(
+        update(agents).where(where).values(last_used=agents.c.last_used)
+    )
+    if locked.rowcount != 1:
+        return False
+    return await agent_keys(connection, namespace, agent_id) == list(expected)
+
+
 async def agent_exists(connection: AsyncConnection, agent: AgentRecord) -> bool:
     where = agent_where(agents, agent.namespace, agent.agent_id)
     found = await connection.execute(select(agents.c.agent_id).where(where).limit(1))

@@ -28,23 +28,25 @@ from semantic.adapters.storage.schema import (
 from semantic.adapters.storage.sql_engines import is_sqlite, sqlite_url
 from semantic.adapters.storage.sql_metadata import block_table, replies, transcripts
 from semantic.adapters.storage.sql_metadata.agent_table import (
-    agent_exists,
     agent_keys,
     agent_where,
     anonymous_ending_at,
-    copy_rows,
     held,
     read_agent,
     read_agents,
+    still_holds,
     upsert_agent,
 )
 from semantic.adapters.storage.sql_metadata.failures import unavailable_on_failure
+from semantic.adapters.storage.sql_metadata.forks import fork_rows
 from semantic.adapters.storage.sql_metadata.opening import open_embedded, open_shared
 from semantic.adapters.storage.sql_metadata.warm_up import warm_up_reads
 from semantic.adapters.storage.sqlite_rows import QUARANTINED, agent_row
 from semantic.domain.errors import AgentExistsError
 from semantic.ports.leases import Lease
 from semantic.ports.metadata_store import AgentRecord, BlockRecord, MessageRecord
+
+Keys = Sequence[str] | None
 
 
 class SqlMetadataStore:
@@ -107,13 +109,13 @@ class SqlMetadataStore:
         agent: AgentRecord,
         new_blocks: Sequence[BlockRecord],
         *,
-        create: bool = True,
+        expected: Sequence[str] | None = None,
         lease: Lease | None = None,
     ) -> list[str]:
         now = time.time()
         async with self._changing_blocks() as (connection, changed):
             await check_lease(connection, lease)
-            if not create and not await agent_exists(connection, agent):
+            if not await still_holds(connection, agent.namespace, agent.agent_id, expected):
                 return []
             await block_table.upsert_blocks(connection, new_blocks, now)
             old = await agent_keys(connection, agent.namespace, agent.agent_id)
@@ -179,37 +181,14 @@ class SqlMetadataStore:
         self, namespace: str, source_id: str, new_id: str, system_prompt: str | None
     ) -> AgentRecord | None:
         """A new agent holding the source's block list and a copy of its transcript, made
-        in one transaction with ``INSERT ... SELECT`` (nothing read into Python but the
-        block keys): a next turn on a fork waits for one commit, not four. None when the
-        source is gone; ``AgentExistsError`` when ``new_id`` is taken."""
-        now = time.time()
+        in one transaction (``forks``). None when the source is gone; ``AgentExistsError``
+        when ``new_id`` is taken."""
         async with self._changing_blocks() as (connection, changed):
-            found = await connection.execute(
-                select(agents).where(agent_where(agents, namespace, source_id))
-            )
-            source = found.first()
-            if source is None or source.anonymous:
-                return None
-            if await agent_exists(connection, AgentRecord(namespace, new_id)):
-                raise AgentExistsError(new_id, namespace)
-            fork = AgentRecord(
-                namespace,
-                new_id,
-                token_count=source.token_count,
-                system_prompt=system_prompt,
-                keeps_transcript=True,
-                context_policy=source.context_policy,
-                forked_from=source_id,
-                retention=source.retention,
-            )
-            await connection.execute(insert(agents).values(**agent_row(fork, now)))
-            keys = await agent_keys(connection, namespace, source_id)
-            await copy_rows(connection, agent_blocks, namespace, source_id, new_id)
-            await copy_rows(connection, messages, namespace, source_id, new_id)
-            await connection.execute(block_table.recounted(namespace, new_id))
-            if self._copy:
-                changed.extend(await block_table.select_rows(connection, keys))
-        return dataclasses.replace(fork, block_keys=tuple(keys), created_at=now, last_used=now)
+            wanted = AgentRecord(namespace, new_id, system_prompt=system_prompt)
+            fork = await fork_rows(connection, wanted, source_id, time.time())
+            if fork is not None and self._copy:
+                changed.extend(await block_table.select_rows(connection, fork.block_keys))
+        return fork
 
     @unavailable_on_failure
     async def commit_branch(
@@ -245,12 +224,14 @@ class SqlMetadataStore:
 
     @unavailable_on_failure
     async def delete_agent(
-        self, namespace: str, agent_id: str, *, lease: Lease | None = None
+        self, namespace: str, agent_id: str, *, expected: Keys = None, lease: Lease | None = None
     ) -> list[str]:
         """Under the agent's own ``lease``, its lease row goes too: an instance still
         holding an older one then finds it gone."""
         async with self._changing_blocks() as (connection, changed):
             await check_lease(connection, lease)
+            if not await still_holds(connection, namespace, agent_id, expected):
+                return []
             if lease is not None and (lease.namespace, lease.agent_id) == (namespace, agent_id):
                 await connection.execute(delete(agent_leases).where(lease_row(namespace, agent_id)))
             keys = await agent_keys(connection, namespace, agent_id)
