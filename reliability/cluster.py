@@ -123,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Start a cluster, print where it answers, and stop it all on Ctrl-C or SIGTERM."""
     args = _parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
-    with _workdir(args.dir) as workdir:
+    with workdir_at(args.dir) as workdir:
         cluster = LocalCluster(
             workdir,
             args.instances,
@@ -152,12 +152,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 @contextlib.contextmanager
-def _workdir(given: Path | None) -> Iterator[Path]:
+def workdir_at(given: Path | None, prefix: str = "semantic-cluster-") -> Iterator[Path]:
+    """``given`` (made if need be, kept), else a temporary directory removed afterwards."""
     if given is not None:
         given.mkdir(parents=True, exist_ok=True)
         yield given
         return
-    with tempfile.TemporaryDirectory(prefix="semantic-cluster-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         yield Path(tmp)
 
 

@@ -33,6 +33,8 @@ class Talker:
         """The fault under way (set by the loop), to count each answer under."""
         self.agents: list[Agent] = []
         self._answers: Counter[str] = Counter()
+        self.examples: dict[str, str] = {}
+        """The first message of each kind of answer counted, to say what it was."""
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -81,14 +83,20 @@ class Talker:
         """POST, retrying a 409 ``agent_busy`` after its Retry-After (nothing was done);
         every answer counted. None: no answer (the connection failed)."""
         for _ in range(BUSY_RETRIES):
-            fault = self.fault or "no fault"
+            sent_during = self.fault or "no fault"
             try:
                 reply = client.post(path, json=body, headers={"X-Agent-Id": agent_id})
             except httpx.HTTPError as error:
-                self._answers[f"no answer: {type(error).__name__} ({fault})"] += 1
+                fault = self._span(sent_during)
+                key = f"no answer: {type(error).__name__} ({fault})"
+                self._answers[key] += 1
+                self.examples.setdefault(key, f"{time.strftime('%X')} {error}")
                 time.sleep(0.5)
                 return None
-            self._answers[_named(reply, fault)] += 1
+            key = _named(reply, self._span(sent_during))
+            self._answers[key] += 1
+            if reply.status_code >= 300:
+                self.examples.setdefault(key, f"{time.strftime('%X')} {reply.text[:300]}")
             if reply.status_code == 409 and "agent_busy" in reply.text:
                 time.sleep(min(float(reply.headers.get("Retry-After", "1")), 2.0))
                 continue
@@ -96,6 +104,14 @@ class Talker:
                 time.sleep(min(float(reply.headers.get("Retry-After", "1")), 1.0))
             return reply
         return None
+
+    def _span(self, sent_during: str) -> str:
+        """The fault a request was sent during, and the one it was answered during if
+        another (a turn waiting for a lease may outlast a fault)."""
+        answered_during = self.fault or "no fault"
+        return (
+            sent_during if answered_during == sent_during else f"{sent_during} -> {answered_during}"
+        )
 
     def matches_cold(self, client: httpx.Client) -> bool:
         """The last agent's next turn equals a cold answer to the same conversation (another

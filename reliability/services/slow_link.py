@@ -32,10 +32,20 @@ class SlowLink:
         return self
 
     def stop(self) -> None:
+        """Its connections cut, its loop ended and closed."""
+        if self._thread.is_alive():
+            asyncio.run_coroutine_threadsafe(self._close(), self._loop).result(timeout=10)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+        self._loop.close()
+
+    async def _close(self) -> None:
         if self._server is not None:
-            self._loop.call_soon_threadsafe(self._server.close)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
+            self._server.close()
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in others:
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
 
     async def _listen(self) -> asyncio.Server:
         return await asyncio.start_server(self._connect, "127.0.0.1", self.port)

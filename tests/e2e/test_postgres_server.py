@@ -13,6 +13,7 @@ import httpx
 import pytest
 from reliability.server import ServerProcess, free_port
 from reliability.services.postgres import PostgresServer
+from reliability.services.slow_link import SlowLink
 
 from tests.e2e.test_cli import semantic
 
@@ -119,6 +120,35 @@ def test_sessions_cut_while_turns_commit_keep_each_acknowledged_turn_once_and_no
         assert set(asked) <= {c for c, _ in answers[agent]}
     again = {"content": "One more, after the cuts.", "max_tokens": 4}
     assert httpx.post(f"{api}/{agents[0]}/messages", json=again, timeout=120).status_code == 200
+
+
+@pytest.mark.model
+def test_a_slow_link_to_postgresql_slows_turns_and_takes_the_instance_out_of_rotation(
+    postgres: PostgresServer, new_server: Start
+) -> None:
+    """Issue 49, the slow network: through a link adding 30 ms each way a turn answers and
+    is kept; at 1.2 s each way (its probe's round trip over 2 s) /ready says 503 naming the
+    metadata, and 200 again once the link is fast."""
+    url = postgres.create_database("slow_link")
+    link = SlowLink(postgres.port).start()
+    try:
+        slow_url = url.replace(f":{postgres.port}/", f":{link.port}/")
+        server = new_server("--database-url", slow_url)
+        api = f"{server.url}/v1/agents"
+        assert httpx.post(api, json={"id": "far"}, timeout=60).status_code == 201
+        link.delay_s = 0.03
+        turn = {"content": "Name one colour.", "max_tokens": 4}
+        assert httpx.post(f"{api}/far/messages", json=turn, timeout=120).status_code == 200
+        link.delay_s = 1.2
+        unready = httpx.get(f"{server.url}/ready", timeout=30)
+        assert unready.status_code == 503
+        assert unready.json()["reasons"] == ["metadata: no answer in 2 s"]
+        link.delay_s = 0.0
+        assert httpx.get(f"{server.url}/ready", timeout=30).status_code == 200
+        kept = httpx.get(f"{api}/far/messages", timeout=30).json()["data"]
+        assert [m["role"] for m in kept] == ["user", "assistant"]
+    finally:
+        link.stop()
 
 
 def test_postgresql_out_of_reach_at_start_is_one_clear_error_without_the_password(
