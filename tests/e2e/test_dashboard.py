@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from reliability.server import ServerProcess
 
 from semantic.adapters.cli.main import main
@@ -177,7 +178,8 @@ def _usage_agrees_with_the_files(
     server: ServerProcess, tenant: dict[str, str], data_dir: Path
 ) -> None:
     """A namespace's usage: its own key reads it, not another's; the namespaces' disk
-    bytes together are the block files on disk, within one block."""
+    bytes together are the block files on disk, within one block, and each is its
+    ``semantic_namespace_disk_bytes``."""
     own = httpx.get(f"{server.url}/v1/namespaces/team-a/usage", headers=tenant)
     assert own.status_code == 200, own.text
     assert httpx.get(f"{server.url}/v1/namespaces/team-b/usage", headers=tenant).status_code == 403
@@ -187,5 +189,13 @@ def _usage_agrees_with_the_files(
         for ns in ("team-a", "team-b")
     ]
     assert all(d["used_bytes"] > 0 and d["quota_bytes"] is None for d in disk)
+    metrics = httpx.get(f"{server.url}/metrics", headers=admin).text
+    gauged = {
+        sample.labels["namespace"]: sample.value
+        for family in text_string_to_metric_families(metrics)
+        for sample in family.samples
+        if sample.name == "semantic_namespace_disk_bytes"
+    }
+    assert [gauged[ns] for ns in ("team-a", "team-b")] == [d["used_bytes"] for d in disk]
     files = [p.stat().st_size for p in (data_dir / "blocks").rglob("*.safetensors")]
     assert abs(sum(d["used_bytes"] for d in disk) - sum(files)) <= max(files)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -27,7 +27,8 @@ class Metrics:
         self.tokens_in, self.tokens_out, self.tokens_cached = _token_counters(r)
         self.requests, self.cache_dropped, self.cache_dropped_tokens = _request_counters(r)
         self.abandoned, self.refused = _turned_away(r)
-        r.register(_Live(state))
+        self._live = _Live(state)
+        r.register(self._live)
 
     def on_first_token(self, seconds: float) -> None:
         self.ttft.observe(seconds)
@@ -53,7 +54,10 @@ class Metrics:
     def on_refused(self, status: int, code: str) -> None:
         self.refused.labels(status=str(status), code=code).inc()
 
-    def render(self) -> bytes:
+    def render(self, disk_by_namespace: Mapping[str, int] | None = None) -> bytes:
+        """``disk_by_namespace``: read from the database by the route just before (a
+        collector cannot wait for it); None leaves that gauge out."""
+        self._live.disk_by_namespace = disk_by_namespace
         return generate_latest(self.registry)
 
 
@@ -141,6 +145,7 @@ class _Live:
 
     def __init__(self, state: ServerState) -> None:
         self._state = state
+        self.disk_by_namespace: Mapping[str, int] | None = None
 
     def collect(self) -> Iterator[Metric]:
         services = self._state.services
@@ -150,7 +155,7 @@ class _Live:
         yield from _pool(services)
         yield from _cache(services.cache.stats)
         yield from _disk(services.cache.disk)
-        yield from _namespaces(services)
+        yield from _namespaces(services, self.disk_by_namespace)
         yield from _shared_tier(services.cache.shared_state, services.cache.stats)
 
 
@@ -279,8 +284,8 @@ def _shared_tier(state: str | None, stats: CacheStats) -> Iterator[Metric]:
     yield events
 
 
-def _namespaces(services: Services) -> Iterator[Metric]:
-    """Each namespace's memory, and the quotas set (``--namespace-quotas``)."""
+def _namespaces(services: Services, disk: Mapping[str, int] | None) -> Iterator[Metric]:
+    """Each namespace's memory and disk, and the quotas set (``--namespace-quotas``)."""
     memory = GaugeMetricFamily(
         "semantic_namespace_memory_bytes",
         "Memory the namespace's cached KV holds.",
@@ -289,6 +294,15 @@ def _namespaces(services: Services) -> Iterator[Metric]:
     for namespace, held in sorted(services.cache.memory_by_namespace().items()):
         memory.add_metric([namespace], held)
     yield memory
+    if disk is not None:
+        on_disk = GaugeMetricFamily(
+            "semantic_namespace_disk_bytes",
+            "Bytes of block files the namespace's cached KV holds on disk.",
+            labels=["namespace"],
+        )
+        for namespace, held in sorted(disk.items()):
+            on_disk.add_metric([namespace], held)
+        yield on_disk
     quotas = GaugeMetricFamily(
         "semantic_namespace_quota_bytes",
         "The namespace's hard limit on a tier (memory, disk).",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from litestar import Response, route
@@ -9,6 +10,7 @@ from litestar.datastructures import State
 
 from semantic.adapters.http.common import GET_AND_HEAD
 from semantic.adapters.http.state import ServerState
+from semantic.domain.errors import StorageUnavailableError
 
 
 @route("/health", http_method=GET_AND_HEAD, tags=["Operations"], sync_to_thread=False)
@@ -47,7 +49,13 @@ async def ready(state: State) -> Response[dict[str, Any]]:
     return Response({"status": "ready"}, status_code=200)
 
 
-@route("/metrics", http_method=GET_AND_HEAD, tags=["Operations"], sync_to_thread=False)
-def metrics(state: State) -> Response[bytes]:
-    """Prometheus text format (Litestar adds the charset to a text type)."""
-    return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
+@route("/metrics", http_method=GET_AND_HEAD, tags=["Operations"])
+async def metrics(state: State) -> Response[bytes]:
+    """Prometheus text format (Litestar adds the charset to a text type). Each namespace's
+    disk bytes are read first; with the database out of reach, that gauge is left out."""
+    server: ServerState = state.server
+    disk = None
+    if server.services is not None:
+        with contextlib.suppress(StorageUnavailableError):
+            disk = await server.services.cache.disk_by_namespace()
+    return Response(state.metrics.render(disk), media_type="text/plain; version=0.0.4")

@@ -219,6 +219,10 @@ class AgentCacheStore:
         quota = self._config.quotas.of(namespace)
         return NamespaceUsage(held * self._spec.block_bytes, on_disk.get(namespace, 0), quota)
 
+    async def disk_by_namespace(self) -> dict[str, int]:
+        """Bytes of block files each namespace's records hold (the metrics read it)."""
+        return await self._block_records.block_bytes_by_namespace()
+
     def memory_by_namespace(self) -> dict[str, int]:
         """Bytes of memory each namespace's cached KV holds (the metrics read it)."""
         held = self.hot.pool_blocks_by_namespace()
