@@ -85,6 +85,7 @@ def test_keys_bound_to_namespaces_and_private_files(
     keys_file = tmp_path / "keys"
     assert main(["keys", "add", "team-a", "--file", str(keys_file)]) == 0
     key = capsys.readouterr().out.strip()
+    keys_file.write_text(keys_file.read_text().strip() + " disk_mb=512\n")  # its quota too
     data_dir = tmp_path / "private" / "data"  # made by the server
     env = {"SEMANTIC_API_KEY": "admin-key", "SEMANTIC_ALLOWED_HOSTS": "semantic.lan, other.lan"}
     args = ("--api-keys-file", str(keys_file), "--data-dir", str(data_dir))
@@ -121,6 +122,10 @@ def test_keys_bound_to_namespaces_and_private_files(
         )
         assert in_b.status_code == 404
         assert httpx.get(f"{server.url}/v1/models").status_code == 401
+        usage = httpx.get(
+            f"{server.url}/v1/namespaces/team-a/usage", headers={"Authorization": f"Bearer {key}"}
+        )
+        assert usage.json()["disk"]["quota_bytes"] == 512 << 20, usage.text
         names = assert_private(data_dir)
         assert {"semantic.db", "semantic.db-wal", "lock"} <= set(names)
         assert server.stop() == 0  # flushes every save

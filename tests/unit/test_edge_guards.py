@@ -24,6 +24,7 @@ from semantic.adapters.http.keys import (
     KeyRing,
     KeysFileError,
     hash_line,
+    key_quotas,
     keyring,
     read_keys_file,
 )
@@ -197,6 +198,9 @@ def test_a_key_bound_to_a_namespace_opens_that_one_only(tmp_path: Path) -> None:
         ("\n" + "../x sha256:" + "0" * 64, "line 2: invalid namespace '../x'"),
         ("# nothing\n", "holds no key"),
         ("a sha256:" + "0" * 64 + "\nb sha256:" + "0" * 64, "line 2: this key is bound to two"),
+        ("a sha256:" + "0" * 64 + " disk=9", "line 1: 'disk=9' is not a quota"),
+        ("a sha256:" + "0" * 64 + " disk_mb=lots", "line 1: 'disk_mb=lots' is not a quota"),
+        ("* sha256:" + "0" * 64 + " disk_mb=9", "line 1: an admin key"),
     ],
 )
 def test_a_bad_keys_file_is_refused_naming_the_line(
@@ -206,6 +210,18 @@ def test_a_bad_keys_file_is_refused_naming_the_line(
     keys_file.write_text(text)
     with pytest.raises(KeysFileError, match=message.replace("(", r"\(")):
         read_keys_file(keys_file)
+
+
+def test_a_keys_line_may_give_its_namespace_quotas_once(tmp_path: Path) -> None:
+    """``team-a sha256:... disk_mb=4096``: the same limits ``--namespace-quotas`` takes."""
+    keys_file = tmp_path / "keys"
+    one, two = hash_line("team-a", "k1"), hash_line("team-a", "k2")
+    keys_file.write_text(f"{one} memory_mb=64 disk_mb=512\n{two}\n{hash_line('*', 'root')}\n")
+    assert key_quotas(keys_file) == {"team-a": {"memory_mb": 64.0, "disk_mb": 512.0}}
+    assert len(read_keys_file(keys_file)) == 3
+    keys_file.write_text(f"{one} disk_mb=512\n{two} disk_mb=256\n")
+    with pytest.raises(KeysFileError, match="line 2: namespace 'team-a' is given two quotas"):
+        key_quotas(keys_file)
 
 
 def test_keys_add_appends_a_hash_and_prints_the_key_once(

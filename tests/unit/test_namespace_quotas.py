@@ -33,6 +33,17 @@ def test_quotas_are_read_in_mib_and_refused_by_name() -> None:
         NamespaceQuotas.parse("team-a: 8", BLOCK)
 
 
+def test_the_quotas_file_and_the_keys_file_agree_or_the_server_does_not_start() -> None:
+    filed = NamespaceQuotas.parse('{"team-a": {"disk_mb": 16}}', BLOCK)
+    keyed = NamespaceQuotas.of_mapping({"team-b": {"memory_mb": 8}}, BLOCK)
+    both = filed.with_others(keyed)
+    assert (both.of("team-a"), both.of("team-b")) == (Quota(None, 16 * MIB), Quota(8 * MIB))
+    assert filed.with_others(filed).of("team-a") == Quota(None, 16 * MIB)
+    with pytest.raises(InvalidRequestError, match="two different quotas") as refused:
+        filed.with_others(NamespaceQuotas.of_mapping({"team-a": {"disk_mb": 32}}, BLOCK))
+    assert refused.value.param == "team-a"
+
+
 def test_a_namespace_over_its_memory_quota_gives_up_its_own_blocks_only() -> None:
     pool = BlockPool(32)
     index = HotIndex(pool)

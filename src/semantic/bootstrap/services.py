@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from semantic.adapters.http.keys import key_quotas
 from semantic.adapters.mlx.devices import (
     HostMemory,
     host_memory,
@@ -153,12 +154,15 @@ async def _start_services(
 
 
 def _quotas(settings: Settings, spec: ModelCacheSpec) -> NamespaceQuotas:
-    """``--namespace-quotas``: each limit at least one block of this model, else the server
-    does not start, naming the field."""
-    path = settings.namespace_quotas_file
-    if path is None:
-        return NamespaceQuotas()
-    return NamespaceQuotas.parse(path.read_text(), smallest=spec.block_bytes * spec.n_layers)
+    """``--namespace-quotas`` and the keys file's quotas (``disk_mb=N`` on a key's line):
+    each limit at least one block of this model, a namespace given one quota, else the
+    server does not start, naming the field."""
+    smallest = spec.block_bytes * spec.n_layers
+    path, keys = settings.namespace_quotas_file, settings.api_keys_file
+    filed = NamespaceQuotas() if path is None else NamespaceQuotas.parse(path.read_text(), smallest)
+    if keys is None:
+        return filed
+    return filed.with_others(NamespaceQuotas.of_mapping(key_quotas(keys), smallest))
 
 
 def _restore_buffers(settings: Settings, host: HostMemory, prefault: int) -> RestoreBuffers:

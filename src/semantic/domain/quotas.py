@@ -47,7 +47,23 @@ class NamespaceQuotas:
             raise InvalidRequestError(f"the quotas are not JSON: {error}") from None
         if not isinstance(raw, dict):
             raise InvalidRequestError("the quotas are a JSON object by namespace")
+        return cls.of_mapping(raw, smallest)
+
+    @classmethod
+    def of_mapping(cls, raw: Mapping[str, Any], smallest: int) -> NamespaceQuotas:
+        """``{"team-a": {"memory_mb": 512}}`` already read (from JSON or a keys file)."""
         return cls({str(ns): _quota(str(ns), given, smallest) for ns, given in raw.items()})
+
+    def with_others(self, others: NamespaceQuotas) -> NamespaceQuotas:
+        """Both sets; a namespace given a quota in each must be given the same one."""
+        for namespace, quota in others.limited().items():
+            if self._quotas.get(namespace, quota) != quota:
+                raise InvalidRequestError(
+                    f"namespace {namespace!r} is given two different quotas (the quotas file "
+                    "and the keys file)",
+                    param=namespace,
+                )
+        return NamespaceQuotas({**self._quotas, **others.limited()})
 
 
 def _quota(namespace: str, given: Any, smallest: int) -> Quota:

@@ -27,10 +27,12 @@ from pathlib import Path
 
 from semantic.adapters.http.identity import checked_id
 from semantic.domain.errors import InvalidRequestError, SemanticError
+from semantic.domain.quotas import TIERS
 
 ADMIN = "*"
 KEYS_FILE_ENV = "SEMANTIC_API_KEYS_FILE"
 _HASH = re.compile(r"sha256:([0-9a-f]{64})")
+_NUMBER = re.compile(r"[0-9]+(\.[0-9]+)?")
 
 
 class KeysFileError(SemanticError):
@@ -85,15 +87,8 @@ def keyring(admin_key: str | None, keys_file: Path | None) -> KeyRing:
 
 
 def read_keys_file(path: Path) -> list[tuple[bytes, Grant]]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeError) as error:
-        raise KeysFileError(f"cannot read the API keys file {path}: {error}") from None
     entries: dict[bytes, Grant] = {}
-    for number, line in enumerate(text.splitlines(), 1):
-        fields = line.split("#", 1)[0].split()
-        if not fields:
-            continue
+    for number, fields in _lines(path):
         digest, grant = _parse(fields, f"{path}, line {number}")
         if entries.get(digest, grant) != grant:
             raise KeysFileError(f"{path}, line {number}: this key is bound to two namespaces")
@@ -103,12 +98,24 @@ def read_keys_file(path: Path) -> list[tuple[bytes, Grant]]:
     return list(entries.items())
 
 
+def _lines(path: Path) -> Iterable[tuple[int, list[str]]]:
+    """Each line's fields with its number, comments and blank lines left out."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeError) as error:
+        raise KeysFileError(f"cannot read the API keys file {path}: {error}") from None
+    for number, line in enumerate(text.splitlines(), 1):
+        if fields := line.split("#", 1)[0].split():
+            yield number, fields
+
+
 def _parse(fields: list[str], where: str) -> tuple[bytes, Grant]:
-    hashed = _HASH.fullmatch(fields[-1].lower()) if len(fields) == 2 else None
+    hashed = _HASH.fullmatch(fields[1].lower()) if len(fields) >= 2 else None
     if hashed is None:
         raise KeysFileError(
-            f"{where}: expected `NAMESPACE sha256:HEX` (64 hex digits; `*` for an admin key);"
-            " `semantic keys hash NAMESPACE` prints such a line for a key read from stdin"
+            f"{where}: expected `NAMESPACE sha256:HEX` (64 hex digits; `*` for an admin key),"
+            " then optionally `memory_mb=N disk_mb=N`; `semantic keys hash NAMESPACE` prints"
+            " such a line for a key read from stdin"
         )
     namespace = fields[0]
     if namespace != ADMIN:
@@ -116,4 +123,31 @@ def _parse(fields: list[str], where: str) -> tuple[bytes, Grant]:
             checked_id(namespace, "namespace")
         except InvalidRequestError as error:
             raise KeysFileError(f"{where}: {error}") from None
+    _limits(fields[2:], namespace, where)  # read whole, so a bad one is named at start
     return bytes.fromhex(hashed.group(1)), Grant(None if namespace == ADMIN else namespace)
+
+
+def key_quotas(path: Path) -> dict[str, dict[str, float]]:
+    """The namespaces' quotas their key lines give (``team-a sha256:... disk_mb=4096``),
+    by namespace, in MiB: what ``--namespace-quotas`` takes, so the two are one rule."""
+    quotas: dict[str, dict[str, float]] = {}
+    for number, fields in _lines(path):
+        where = f"{path}, line {number}"
+        limits = _limits(fields[2:], fields[0], where)
+        if limits and quotas.setdefault(fields[0], limits) != limits:
+            raise KeysFileError(f"{where}: namespace {fields[0]!r} is given two quotas")
+    return quotas
+
+
+def _limits(fields: list[str], namespace: str, where: str) -> dict[str, float]:
+    limits: dict[str, float] = {}
+    for field in fields:
+        name, _, value = field.partition("=")
+        if name not in TIERS or not _NUMBER.fullmatch(value) or name in limits:
+            raise KeysFileError(
+                f"{where}: {field!r} is not a quota (`memory_mb=N` or `disk_mb=N`, once each)"
+            )
+        limits[name] = float(value)
+    if limits and namespace == ADMIN:
+        raise KeysFileError(f"{where}: an admin key (`*`) has no namespace to limit")
+    return limits
