@@ -12,6 +12,7 @@ to a ``ChatAsk`` and the pieces back. Agents and Responses run theirs through
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -30,7 +31,7 @@ from semantic.application.chat.reply_shape import (
     no_room_for_tools,
     reply_shape,
 )
-from semantic.application.chat.tool_replies import Reply, ReplyReader
+from semantic.application.chat.tool_replies import ReplyReader
 from semantic.application.chat.transcript import new_call_id
 from semantic.domain.chat import ChatMessage
 from semantic.domain.constraints import UnsupportedSchemaError
@@ -137,7 +138,7 @@ class ChatTurns:
             handle.close()
             raise
         reader = ReplyReader(shape.calls_in, ask.new_call_id)
-        keep = _Keep(self._calls, ask.namespace)
+        keep = functools.partial(self._calls.remember, ask.namespace)  # calls as generated
         return ChatReply(handle, reader, keep, rendered.applied)
 
     async def render(self, ask: ChatAsk) -> Rendered:
@@ -205,14 +206,3 @@ class ChatTurns:
         if len(bare) >= self._limits.max_context:
             return error
         return no_room_for_tools(error, ask.tools)
-
-
-class _Keep:
-    """Keeps a reply's calls as generated, for their round trip (``CallMemory``)."""
-
-    def __init__(self, memory: CallMemory, namespace: str) -> None:
-        self._memory = memory
-        self._namespace = namespace
-
-    async def __call__(self, answer: Reply) -> None:
-        await self._memory.remember(self._namespace, answer)
