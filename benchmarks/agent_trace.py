@@ -7,7 +7,9 @@ must call a tool (``tool_choice: required``, one call a reply), the tool takes a
 heavy-tailed time (log-normal, 0.2 s to ``--max-tool-s``), and its result (a few hundred
 tokens) is the agent's next turn, so histories grow to a few thousand tokens over one
 shared system prompt with the tools. One worker in three leaves for a long stretch midway.
-The memory budget is about half the trace's working set (``--budget-mb`` to set it).
+The memory budget is about half the trace's working set (``--budget-mb`` to set it) and
+the disk quota about half of it (``--disk-quota-mb``): what the disk cuts is
+prefilled again from the start, so it is the policy's choice of whom to cut that shows.
 
 The same seeded trace runs twice in one run, each on a fresh server: ``--eviction lru``
 (the baseline: recency alone), then the agent policy with hints (the supervisor at
@@ -95,13 +97,13 @@ def plan(workers: int, steps: int, seed: int, max_tool_s: float) -> list[AgentPl
     agents = []
     for n in range(workers + 1):
         supervisor = n == 0
-        waits = [min(max_tool_s, max(0.2, chance.lognormvariate(0.0, 1.2))) for _ in range(steps)]
+        waits = [min(max_tool_s, max(0.2, chance.lognormvariate(1.0, 1.3))) for _ in range(steps)]
         leaves = not supervisor and n % 3 == 0
         planned = tuple(
             Step(
-                chance.randint(150, 350),
+                chance.randint(100, 250),
                 wait,
-                away_s=max_tool_s * 2 if leaves and i == steps // 2 else 0.0,
+                away_s=max_tool_s if leaves and i == steps // 2 else 0.0,
             )
             for i, wait in enumerate(waits)
         )
@@ -220,23 +222,28 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=6)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--max-tool-s", type=float, default=20.0)
+    parser.add_argument("--max-tool-s", type=float, default=60.0)
     parser.add_argument("--budget-mb", type=int, default=0, help="0: half the working set")
+    parser.add_argument(
+        "--disk-quota-mb", type=int, default=0, help="0: half the working set"
+    )
     args = parser.parse_args()
     print_machine()
     agents = plan(args.workers, args.steps, args.seed, args.max_tool_s)
     tokens = sum(700 + sum(s.result_words * 2 + 60 for s in a.steps) for a in agents)
-    budget = args.budget_mb or max(64, tokens * KV_BYTES_PER_TOKEN // 2 >> 20)
+    working = tokens * KV_BYTES_PER_TOKEN >> 20
+    budget = args.budget_mb or max(64, working // 2)
+    disk = args.disk_quota_mb or max(96, working // 2)
     print(
         f"{len(agents)} agents x {args.steps} steps, working set about {tokens} tokens "
-        f"({tokens * KV_BYTES_PER_TOKEN >> 20} MiB of KV); memory budget {budget} MiB"
+        f"({working} MiB of KV); memory budget {budget} MiB, disk quota {disk} MiB"
     )
     print(f"{'':<22} {'memory':>6} {'disk':>6}  (prompt tokens restored from each tier; ms)")
     runs = (("lru", "--eviction lru", False), ("agent policy + hints", "--eviction agent", True))
     with tempfile.TemporaryDirectory() as tmp:
         for name, flag, hinted in runs:
             data = Path(tmp) / name.split()[0]
-            args_ = ("--kv-budget-mb", str(budget), *flag.split())
+            args_ = ("--kv-budget-mb", str(budget), "--disk-quota-mb", str(disk), *flag.split())
             with ServerProcess(data, *args_).start() as server:
                 before = counters(server.url)
                 started = time.perf_counter()

@@ -55,6 +55,49 @@ def test_the_tiers_usage_counts_its_blocks_and_memory(redis_url: str) -> None:
     assert RedisSharedBlocks("redis://127.0.0.1:1").usage() is None  # unreachable: none
 
 
+class Wall:
+    """Wall-clock seconds that move one a call: each use later than the one before."""
+
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        self.now += 1
+        return self.now
+
+
+def test_a_namespace_over_its_quota_gives_up_its_own_least_recently_used_blocks(
+    redis_url: str,
+) -> None:
+    tier = RedisSharedBlocks(redis_url, wall=Wall())
+    for n in range(5):
+        tier.put(block(f"a{n}", "team-a", bytes(1000)))
+    tier.put(block("b0", "team-b", bytes(1000)))
+    assert tier.get("a0") is not None  # used again: now the most recent of team-a's
+    assert tier.held("team-a") == 5000
+    assert tier.trim("team-a", 2500) == ["a1", "a2", "a3"]
+    assert tier.held("team-a") == 2000
+    assert [k for k in ("a0", "a1", "a2", "a3", "a4") if tier.get(k)] == ["a0", "a4"]
+    assert tier.get("b0") is not None  # another tenant's: never touched
+    assert tier.held("team-b") == 1000
+    assert tier.trim("team-b", 1000) == []
+    usage = tier.usage()
+    assert usage is not None
+    assert usage.blocks == 3  # the namespaces' lists are not blocks
+
+
+def test_blocks_gone_from_redis_leave_the_namespaces_count(redis_url: str) -> None:
+    tier = RedisSharedBlocks(redis_url)
+    for key in ("a0", "a1", "a2"):
+        tier.put(block(key, "team-a", bytes(1000)))
+    with redis.Redis.from_url(redis_url) as client:
+        client.delete(redis_key("a0"))  # as Redis's own LRU evicts under maxmemory
+    assert tier.held("team-a") == 2000
+    tier.discard(["a1"])
+    assert tier.held("team-a") == 1000
+    assert RedisSharedBlocks("redis://127.0.0.1:1").held("team-a") is None
+
+
 def test_missing_and_discarded_blocks_are_misses(redis_url: str) -> None:
     tier = RedisSharedBlocks(redis_url)
     assert tier.get("nowhere") is None

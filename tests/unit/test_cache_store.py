@@ -40,6 +40,7 @@ class Harness:
         lease_of: LeaseOf | None = None,
         quotas: NamespaceQuotas | None = None,
         sweep_s: float = 0.5,
+        eviction: str = "agent",
     ) -> None:
         self.backend = backend or FakeBackend()
         self.pool = BlockPool(capacity)
@@ -58,6 +59,7 @@ class Harness:
                 disk_floor_bytes=floor,
                 quotas=quotas or NamespaceQuotas(),
                 expire_every_s=sweep_s,
+                eviction=eviction,
             ),
             lease_of=lease_of,
         )

@@ -16,11 +16,14 @@ BLOCK = 4 * MIB
 
 
 def test_quotas_are_read_in_mib_and_refused_by_name() -> None:
-    quotas = NamespaceQuotas.parse('{"team-a": {"memory_mb": 8, "disk_mb": 16}}', BLOCK)
-    assert quotas.of("team-a") == Quota(8 * MIB, 16 * MIB)
+    quotas = NamespaceQuotas.parse(
+        '{"team-a": {"memory_mb": 8, "disk_mb": 16, "shared_mb": 32}}', BLOCK
+    )
+    assert quotas.of("team-a") == Quota(8 * MIB, 16 * MIB, 32 * MIB)
     assert quotas.of("team-b") == Quota()  # no quota
     refusals = {
         '{"team-a": {"disk_mb": 1}}': "team-a.disk_mb",  # less than one block
+        '{"team-a": {"shared_mb": 0.5}}': "team-a.shared_mb",
         '{"team-a": {"memory_mb": "lots"}}': "team-a.memory_mb",
         '{"team-a": {"gpu_mb": 8}}': "team-a",
         '{"team-a": {}}': "team-a",

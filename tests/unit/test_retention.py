@@ -7,13 +7,14 @@ import math
 
 import pytest
 
-from semantic.application.cache.hot_index import CACHE_OWNER, HotBlock, HotIndex
-from semantic.application.cache.retention_book import (
-    BlockHint,
-    RetentionBook,
+from semantic.application.cache.eviction_policy import (
+    AgentRecordOrder,
     agent_order,
     lru_order,
+    lru_records,
 )
+from semantic.application.cache.hot_index import CACHE_OWNER, HotBlock, HotIndex
+from semantic.application.cache.retention_book import BlockHint, RetentionBook
 from semantic.application.cache.tool_waits import CAP_S, FIRST_GUESS_S, ToolWaits
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.blocks import KVBlock
@@ -25,6 +26,7 @@ from semantic.domain.retention import (
     longest,
     openai_change,
 )
+from semantic.ports.metadata_store import AgentRecord
 from tests.unit.test_cache_store import SYSTEM, Harness, started
 
 
@@ -209,3 +211,61 @@ def test_blocks_held_for_a_tool_wait_leave_memory_after_the_others() -> None:
     clock.now += 60
     assert waiting.held_until < clock.now
     assert index.expire() == 0  # a hold that passed moves nothing
+
+
+class Due:
+    """Tool results expected in so many seconds, by agent (``ToolWaits.due_in``)."""
+
+    def __init__(self, **due_in: float) -> None:
+        self.seconds = due_in
+
+    def due_in(self, namespace: str, agent_id: str) -> float | None:
+        return self.seconds.get(agent_id)
+
+
+def record(agent_id: str, last_used: float, retention: str | None = None) -> AgentRecord:
+    return AgentRecord("ns", agent_id, ("k",), 1, "", last_used=last_used, retention=retention)
+
+
+def test_the_disk_cuts_by_the_same_policy_as_memory() -> None:
+    """Past its TTL first, then by priority, then whoever is expected back latest: an agent
+    due back from its tools soon stays longer than one used since; pinned ones last."""
+    now = 1_000.0
+    records = [
+        record("pinned", 10, '{"pinned": true}'),
+        record("ttl-passed", 990, '{"ttl_seconds": 5}'),
+        record("ttl-within", 500, '{"ttl_seconds": 3600}'),
+        record("idle-long", 100),
+        record("idle-short", 900),
+        record("important", 50, '{"priority": 90}'),
+        record("tool-soon", 200),
+        record("tool-overdue", 950),
+    ]
+    due = Due(**{"tool-soon": 30.0, "tool-overdue": -5.0})
+    order = [r.agent_id for r in AgentRecordOrder(due, lambda: now)(records)]
+    assert order == [
+        "ttl-passed",
+        "idle-long",
+        "idle-short",
+        "tool-overdue",  # a hold that passed ranks as before: used at 950
+        "important",
+        "ttl-within",  # back, by its idleness, after 1,500
+        "tool-soon",  # back at 1,030
+        "pinned",
+    ]
+    assert [r.agent_id for r in lru_records(records)][:3] == ["important", "idle-long", "tool-soon"]
+    assert lru_records(records)[-1].agent_id == "pinned"
+
+
+@pytest.mark.parametrize(("eviction", "kept"), [("agent", True), ("lru", False)])
+async def test_a_disk_quota_spares_an_agent_due_back_from_its_tools(
+    eviction: str, kept: bool
+) -> None:
+    h = await started(Harness(quota=300, eviction=eviction))
+    await h.ask([1, *SYSTEM[1:], 50], agent="waiting")
+    whole = h.metadata.agent_rows[("default", "waiting")].block_keys
+    h.store.hold_for_tools("default", "waiting", ["run_tests"], whole)
+    for agent in range(5):
+        await h.ask([agent + 2, *SYSTEM[1:], 60 + agent], agent=f"other{agent}")
+    assert await h.metadata.total_block_bytes() <= 300
+    assert (h.metadata.agent_rows[("default", "waiting")].block_keys == whole) is kept

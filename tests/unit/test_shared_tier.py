@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from semantic.application.cache.shared_tier import SharedTier
 from semantic.application.cache.stats import CacheStats
 from semantic.domain.errors import CacheCorruptionError
+from semantic.domain.quotas import NamespaceQuotas, Quota
 from semantic.ports.block_store import LayerPayload
 from semantic.ports.metadata_store import BlockRecord
 from semantic.ports.shared_blocks import SharedBlock, SharedHead, SharedUsage
@@ -18,6 +19,7 @@ class FakeSharedBlocks:
         self.blocks: dict[str, SharedBlock] = {}
         self.reachable = True
         self.discarded: list[str] = []
+        self.trims: list[str] = []
 
     def put(self, block: SharedBlock) -> bool:
         if self.reachable:
@@ -34,6 +36,21 @@ class FakeSharedBlocks:
         self.discarded += keys
         for key in keys:
             self.blocks.pop(key, None)
+
+    def held(self, namespace: str) -> int | None:
+        blocks = self.blocks.values()
+        return sum(len(b.data) for b in blocks if b.head.namespace == namespace)
+
+    def trim(self, namespace: str, limit: int) -> list[str]:
+        """Oldest first (the fake's order is the order of its puts)."""
+        self.trims.append(namespace)
+        dropped = []
+        for key in [k for k, b in self.blocks.items() if b.head.namespace == namespace]:
+            if (self.held(namespace) or 0) <= limit:
+                break
+            dropped.append(key)
+            del self.blocks[key]
+        return dropped
 
     def probe(self) -> bool:
         return self.reachable
@@ -71,7 +88,9 @@ def head(key: str, data: bytes, namespace: str = "default", fingerprint: str = "
     return SharedHead(key, "root", namespace, fingerprint, (1, 2, 3), f"sum:{data!r}")
 
 
-def tier() -> tuple[SharedTier, FakeSharedBlocks, FilesOnDisk, FakeMetadataStore, CacheStats]:
+def tier(
+    quotas: NamespaceQuotas | None = None,
+) -> tuple[SharedTier, FakeSharedBlocks, FilesOnDisk, FakeMetadataStore, CacheStats]:
     shared, files, metadata, stats = (
         FakeSharedBlocks(),
         FilesOnDisk(),
@@ -79,7 +98,7 @@ def tier() -> tuple[SharedTier, FakeSharedBlocks, FilesOnDisk, FakeMetadataStore
         CacheStats(),
     )
     return (
-        SharedTier(shared, files, metadata, stats, "fp", probe_s=0.01),
+        SharedTier(shared, files, metadata, stats, "fp", quotas=quotas, probe_s=0.01),
         shared,
         files,
         metadata,
@@ -148,3 +167,18 @@ async def test_rows_from_the_tier_are_only_this_namespace_and_model() -> None:
     assert await shared_tier.records("default", ["a", "b", "c", "d"]) == {
         "a": BlockRecord("a", "root", "default", (1, 2, 3), 0, "sum:b'1'")
     }
+
+
+async def test_a_namespace_with_a_quota_in_the_tier_is_trimmed_after_its_pushes_only() -> None:
+    shared_tier, shared, files, _, stats = tier(NamespaceQuotas({"team-a": Quota(shared_bytes=6)}))
+    records = {ns: [record(f"{ns}{n}", b"abc", ns) for n in range(3)] for ns in ("team-a", "b")}
+    for rows in records.values():
+        files.raw.update((row.key, b"abc") for row in rows)
+    await shared_tier.start()
+    for namespace, rows in records.items():
+        shared_tier.publish(namespace, rows)
+    await shared_tier.flush()
+    await shared_tier.close()
+    assert shared.trims == ["team-a"]  # the namespace without a quota is never trimmed
+    assert sorted(shared.blocks) == ["b0", "b1", "b2", "team-a1", "team-a2"]
+    assert stats.shared_trimmed == 1

@@ -15,14 +15,15 @@ from typing import Any, Final
 from semantic.domain.errors import InvalidRequestError
 
 MIB: Final = 1 << 20
-TIERS: Final = ("memory_mb", "disk_mb")
-"""The shared tier keeps its own LRU for now: a quota there is not taken (ADR 0028)."""
+TIERS: Final = ("memory_mb", "disk_mb", "shared_mb")
+"""Memory, this instance's disk, and the shared tier (what the namespace keeps in Redis)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Quota:
     memory_bytes: int | None = None
     disk_bytes: int | None = None
+    shared_bytes: int | None = None
 
 
 class NamespaceQuotas:
@@ -39,7 +40,7 @@ class NamespaceQuotas:
 
     @classmethod
     def parse(cls, text: str, smallest: int) -> NamespaceQuotas:
-        """``{"team-a": {"memory_mb": 512, "disk_mb": 4096}}``; each limit
+        """``{"team-a": {"memory_mb": 512, "disk_mb": 4096, "shared_mb": 8192}}``; each limit
         at least ``smallest`` bytes (one block: a quota that cannot hold one is a mistake)."""
         try:
             raw = json.loads(text)
@@ -83,4 +84,4 @@ def _quota(namespace: str, given: Any, smallest: int) -> Quota:
                 param=name,
             )
         limits[tier] = None if value is None else int(value * MIB)
-    return Quota(limits["memory_mb"], limits["disk_mb"])
+    return Quota(limits["memory_mb"], limits["disk_mb"], limits["shared_mb"])

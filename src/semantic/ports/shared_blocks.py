@@ -70,6 +70,16 @@ class SharedBlocks(Protocol):
         """Remove blocks (a bad copy, or blocks no record uses any more)."""
         ...
 
+    def held(self, namespace: str) -> int | None:
+        """Bytes of block files the tier holds for ``namespace`` (None: unreachable)."""
+        ...
+
+    def trim(self, namespace: str, limit: int) -> list[str]:
+        """Remove the namespace's least recently used blocks until it holds at most
+        ``limit`` bytes (a namespace's quota: another's blocks are never touched); the keys
+        removed."""
+        ...
+
     def usage(self) -> SharedUsage | None:
         """What the tier holds now; None when it cannot be reached."""
         ...

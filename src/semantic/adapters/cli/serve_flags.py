@@ -137,17 +137,19 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "--eviction",
         choices=("agent", "lru"),
         default="agent",
-        help="which cached KV leaves memory first when it is short: 'agent' follows each "
-        "agent's retention hints (TTL, pin, priority), then the least recently used; 'lru' "
-        "ignores the hints (default: %(default)s)",
+        help="which cached KV leaves memory, and which agents' KV leaves the disk, first when "
+        "it is short: 'agent' follows each agent's retention hints (TTL, pin, priority) and "
+        "tool waits, then whoever is expected back latest; 'lru' ignores them "
+        "(default: %(default)s)",
     ),
     Flag(
         "--namespace-quotas",
         type=flags.path,
         default=None,
         metavar="PATH",
-        help='hard limits per namespace, JSON: {"team-a": {"memory_mb": 512, "disk_mb": 4096}};'
-        " a namespace over one gives up its own KV, never another's (default: none)",
+        help='hard limits per namespace, JSON: {"team-a": {"memory_mb": 512, "disk_mb": 4096, '
+        '"shared_mb": 8192}}; a namespace over one gives up its own KV, never another\'s '
+        "(default: none)",
     ),
     Flag(
         "--disk-quota-mb",

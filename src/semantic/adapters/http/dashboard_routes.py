@@ -218,7 +218,11 @@ def _usage(usage: NamespaceUsage, quota: Quota) -> dict[str, Any]:
         "tokens": usage.tokens,
         "memory_bytes": usage.memory_bytes,
         "disk_bytes": usage.disk_bytes,
-        "quota": {"memory_bytes": quota.memory_bytes, "disk_bytes": quota.disk_bytes},
+        "quota": {
+            "memory_bytes": quota.memory_bytes,
+            "disk_bytes": quota.disk_bytes,
+            "shared_bytes": quota.shared_bytes,
+        },
     }
 
 

@@ -114,8 +114,8 @@ def _parse(fields: list[str], where: str) -> tuple[bytes, Grant]:
     if hashed is None:
         raise KeysFileError(
             f"{where}: expected `NAMESPACE sha256:HEX` (64 hex digits; `*` for an admin key),"
-            " then optionally `memory_mb=N disk_mb=N`; `semantic keys hash NAMESPACE` prints"
-            " such a line for a key read from stdin"
+            " then optionally `memory_mb=N disk_mb=N shared_mb=N`; `semantic keys hash "
+            "NAMESPACE` prints such a line for a key read from stdin"
         )
     namespace = fields[0]
     if namespace != ADMIN:
@@ -145,7 +145,8 @@ def _limits(fields: list[str], namespace: str, where: str) -> dict[str, float]:
         name, _, value = field.partition("=")
         if name not in TIERS or not _NUMBER.fullmatch(value) or name in limits:
             raise KeysFileError(
-                f"{where}: {field!r} is not a quota (`memory_mb=N` or `disk_mb=N`, once each)"
+                f"{where}: {field!r} is not a quota (`memory_mb=N`, `disk_mb=N` or `shared_mb=N`, "
+                "once each)"
             )
         limits[name] = float(value)
     if limits and namespace == ADMIN:

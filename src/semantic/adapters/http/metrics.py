@@ -273,7 +273,7 @@ def _shared_tier(state: str | None, stats: CacheStats) -> Iterator[Metric]:
         "semantic_shared_blocks",
         "Blocks through the shared tier: published, fetched (this disk lacked them), missed, "
         "corrupt (checksum failed: deleted there, recomputed), dropped (not published: the "
-        "tier unreachable or the queue full).",
+        "tier unreachable or the queue full), trimmed (removed there: a namespace's quota).",
         labels=["event"],
     )
     events.add_metric(["published"], stats.shared_published)
@@ -281,6 +281,7 @@ def _shared_tier(state: str | None, stats: CacheStats) -> Iterator[Metric]:
     events.add_metric(["missed"], stats.shared_misses)
     events.add_metric(["corrupt"], stats.shared_corrupt)
     events.add_metric(["dropped"], stats.shared_dropped)
+    events.add_metric(["trimmed"], stats.shared_trimmed)
     yield events
 
 
@@ -305,11 +306,12 @@ def _namespaces(services: Services, disk: Mapping[str, int] | None) -> Iterator[
         yield on_disk
     quotas = GaugeMetricFamily(
         "semantic_namespace_quota_bytes",
-        "The namespace's hard limit on a tier (memory, disk).",
+        "The namespace's hard limit on a tier (memory, disk, shared).",
         labels=["namespace", "tier"],
     )
     for namespace, quota in sorted(services.cache.quotas.limited().items()):
-        for tier, limit in (("memory", quota.memory_bytes), ("disk", quota.disk_bytes)):
+        limits = ("memory", quota.memory_bytes), ("disk", quota.disk_bytes)
+        for tier, limit in (*limits, ("shared", quota.shared_bytes)):
             if limit is not None:
                 quotas.add_metric([namespace, tier], limit)
     yield quotas

@@ -24,9 +24,10 @@ class NamespaceController(Controller):
     async def usage(
         self, request: Request[Any, Any, Any], namespace: str, state: State
     ) -> dict[str, Any]:
-        """Bytes of memory and of block files its KV takes now, and its quotas (None: no
-        limit). Disk bytes are the block files' sizes as recorded, so they agree with the
-        files on disk."""
+        """Bytes of memory, of block files and of the shared tier its KV takes now, and its
+        quotas (None: no limit; the shared tier's use None where there is no tier or it does
+        not answer). Disk bytes are the block files' sizes as recorded, so they agree with
+        the files on disk."""
         namespace = checked_id(namespace, "namespace")
         bound = bound_namespace(request)
         if bound is not None and bound != namespace:
@@ -37,4 +38,5 @@ class NamespaceController(Controller):
             "namespace": namespace,
             "memory": {"used_bytes": use.memory_bytes, "quota_bytes": use.quota.memory_bytes},
             "disk": {"used_bytes": use.disk_bytes, "quota_bytes": use.quota.disk_bytes},
+            "shared": {"used_bytes": use.shared_bytes, "quota_bytes": use.quota.shared_bytes},
         }

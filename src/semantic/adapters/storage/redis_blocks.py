@@ -6,6 +6,12 @@ bytes (``data``) beside its content address and checksum (``namespace``, ``finge
 block is and whose. Redis may evict any key at any time (``maxmemory`` with an LRU policy):
 a missing hash is a miss. A hash missing a field is treated as missing too.
 
+Each namespace's blocks are also listed, for its quota: ``semantic:ns-used:<namespace>``
+(a sorted set of its chain keys by last use, wall-clock seconds) and
+``semantic:ns-bytes:<namespace>`` (a hash of their sizes), the namespaces in
+``semantic:namespaces``. A block Redis evicted itself stays listed until the namespace's
+usage is next read, which drops it.
+
 Redis that cannot be reached never holds a request up: reads time out after ``timeout_s``
 (pushes, off the request path, after ``write_timeout_s``), redis-py's own retries are off,
 and after a failure every call answers at once (a miss, False) until a backoff has passed;
@@ -34,6 +40,10 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 PREFIX = "semantic:block:"
+USED_PREFIX = "semantic:ns-used:"
+BYTES_PREFIX = "semantic:ns-bytes:"
+NAMESPACES = "semantic:namespaces"
+"""The namespaces listed (a set): the tier's count of blocks leaves their two lists out."""
 TIMEOUT_S = 0.5
 """Socket timeout of each exchange: a request's restore waits at most about this long on a
 Redis that went away (then the backoff answers at once). 0.25 s was too short on this
@@ -65,11 +75,13 @@ class RedisSharedBlocks:
         timeout_s: float = TIMEOUT_S,
         write_timeout_s: float = WRITE_TIMEOUT_S,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self._client = _client(url, timeout_s)
         self._writer = _client(url, write_timeout_s)
         self._url = url
         self._clock = clock
+        self._wall = wall
         self._lock = threading.Lock()
         self._reachable = True
         self._retry_at = 0.0
@@ -92,8 +104,14 @@ class RedisSharedBlocks:
 
         def store() -> bool:
             name = redis_key(head.key)
-            if not self._writer.exists(name):
-                self._writer.hset(name, mapping=fields)
+            if self._writer.exists(name):
+                return True
+            pipe = self._writer.pipeline(transaction=True)
+            pipe.hset(name, mapping=fields)
+            pipe.zadd(USED_PREFIX + head.namespace, {head.key: self._wall()})
+            pipe.hset(BYTES_PREFIX + head.namespace, head.key, len(block.data))
+            pipe.sadd(NAMESPACES, head.namespace)
+            pipe.execute()
             return True
 
         return self._call(store, False)
@@ -103,7 +121,10 @@ class RedisSharedBlocks:
             values = self._client.hmget(redis_key(key), [*_HEAD, b"data"])
             head = _head(key, values[:-1])
             data = values[-1]
-            return None if head is None or not isinstance(data, bytes) else SharedBlock(head, data)
+            if head is None or not isinstance(data, bytes):
+                return None
+            self._client.zadd(USED_PREFIX + head.namespace, {key: self._wall()}, xx=True)
+            return SharedBlock(head, data)
 
         return self._call(fetch, None)
 
@@ -125,13 +146,75 @@ class RedisSharedBlocks:
         return self._call(fetch, {})
 
     def discard(self, keys: Sequence[str]) -> None:
-        if keys:
-            self._call(lambda: self._writer.delete(*(redis_key(k) for k in keys)), 0)
+        if not keys:
+            return
+
+        def remove() -> None:
+            pipe = self._writer.pipeline(transaction=False)
+            for key in keys:
+                pipe.hget(redis_key(key), "namespace")
+            owners: dict[str, list[str]] = {}
+            for key, owner in zip(keys, pipe.execute(), strict=True):
+                if isinstance(owner, bytes):
+                    owners.setdefault(owner.decode(errors="replace"), []).append(key)
+            pipe = self._writer.pipeline(transaction=True)
+            pipe.delete(*(redis_key(k) for k in keys))
+            for namespace, owned in owners.items():
+                self._unlist(pipe, namespace, owned)
+            pipe.execute()
+
+        self._call(remove, None)
+
+    def held(self, namespace: str) -> int | None:
+        return self._call(lambda: sum(self._listed(namespace).values()), None)
+
+    def trim(self, namespace: str, limit: int) -> list[str]:
+        def cut() -> list[str]:
+            sizes = self._listed(namespace)
+            excess = sum(sizes.values()) - limit
+            dropped: list[str] = []
+            for member in self._writer.zrange(USED_PREFIX + namespace, 0, -1):
+                key = _text(member)
+                if excess <= 0:
+                    break
+                if key in sizes:
+                    excess -= sizes[key]
+                    dropped.append(key)
+            if dropped:
+                pipe = self._writer.pipeline(transaction=True)
+                pipe.delete(*(redis_key(k) for k in dropped))
+                self._unlist(pipe, namespace, dropped)
+                pipe.execute()
+            return dropped
+
+        return self._call(cut, [])
+
+    def _listed(self, namespace: str) -> dict[str, int]:
+        """The namespace's listed blocks that Redis still holds, by size (the ones it
+        evicted itself are unlisted here)."""
+        raw = self._writer.hgetall(BYTES_PREFIX + namespace)
+        sizes = {_text(k): int(v) for k, v in raw.items()}
+        pipe = self._writer.pipeline(transaction=False)
+        for key in sizes:
+            pipe.exists(redis_key(key))
+        gone = [k for k, there in zip(sizes, pipe.execute(), strict=True) if not there]
+        if gone:
+            pipe = self._writer.pipeline(transaction=True)
+            self._unlist(pipe, namespace, gone)
+            pipe.execute()
+        return {k: n for k, n in sizes.items() if k not in gone}
+
+    @staticmethod
+    def _unlist(pipe: redis.client.Pipeline, namespace: str, keys: Sequence[str]) -> None:
+        pipe.zrem(USED_PREFIX + namespace, *keys)
+        pipe.hdel(BYTES_PREFIX + namespace, *keys)
 
     def usage(self) -> SharedUsage | None:
         def read() -> SharedUsage:
             memory = self._client.info("memory")
-            blocks = int(self._client.dbsize())  # a database given to the tier: its keys
+            keys = int(self._client.dbsize())  # a database given to the tier: its keys
+            listed = int(self._client.scard(NAMESPACES))
+            blocks = max(0, keys - 2 * listed - (1 if listed else 0))
             limit = int(memory.get("maxmemory", 0))
             return SharedUsage(blocks, int(memory["used_memory"]), limit or None)
 
@@ -214,6 +297,11 @@ def _head(key: str, values: Sequence[object]) -> SharedHead | None:
         )
     except UnicodeDecodeError:
         return None
+
+
+def _text(value: object) -> str:
+    """A key or field name as redis-py gives it (bytes: the client does not decode)."""
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _hidden(url: str) -> str:

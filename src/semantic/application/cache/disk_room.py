@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from semantic.application.cache.eviction_policy import RecordOrder, lru_records
 from semantic.application.cache.hot_index import HotIndex
 from semantic.application.cache.namespace_room import NamespaceRoom, without_tail
 from semantic.application.cache.stats import CacheStats
@@ -68,9 +69,11 @@ class DiskRoom:
         reserve: int,
         floor: int,
         quotas: NamespaceQuotas | None = None,
+        order: RecordOrder = lru_records,
     ) -> None:
         """``quota``: all block files'; ``quotas``: each namespace's (a save over its
-        namespace's cuts that namespace's blocks only)."""
+        namespace's cuts that namespace's blocks only); ``order``: whose blocks go first
+        (``eviction_policy``)."""
         self._store = store
         self._space = store.space
         self._agent_records = agent_records
@@ -80,8 +83,9 @@ class DiskRoom:
         self._quota = quota
         self._reserve = reserve
         self._floor = floor
+        self._order = order
         self._namespaces = NamespaceRoom(
-            agent_records, block_records, quotas or NamespaceQuotas(), self.cut
+            agent_records, block_records, quotas or NamespaceQuotas(), self.cut, order
         )
         self.lock = asyncio.Lock()
         self._refused: str | None = None
@@ -197,9 +201,7 @@ class DiskRoom:
         newest = next(
             (a for a in everyone if (a.namespace, a.agent_id) == (namespace, agent_id)), None
         )
-        older = sorted(
-            (a for a in everyone if a is not newest and not _pinned(a)), key=lambda a: a.last_used
-        )
+        older = [a for a in self._order(everyone) if a is not newest and not _pinned(a)]
         pinned = [key for a in everyone if a is not newest and _pinned(a) for key in a.block_keys]
         kept = [*(newest.block_keys if newest else ()), *chain, *pinned]
         last_user = {key: rank for rank, a in enumerate(older) for key in a.block_keys}

@@ -15,7 +15,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from semantic.application.cache.retention_book import BlockHint, agent_order
+from semantic.application.cache.eviction_policy import agent_order
+from semantic.application.cache.retention_book import BlockHint
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.blocks import KVBlock
 from semantic.domain.retention import DEFAULT_PRIORITY

@@ -1,8 +1,8 @@
 """A namespace over its disk quota gives up its own blocks, never another's (ADR 0028).
 
 After each save of the namespace: while its block files take more than its quota, cut its
-least valuable agents (unpinned before pinned, least recently used first; only a quota
-takes a pinned agent's blocks), each down to what the agent just saved still shares with
+least valuable agents (the eviction order, ``eviction_policy``: pinned ones last, and only
+a quota takes a pinned agent's blocks), each down to what the agent just saved still shares with
 it; then, if that is not enough, the end of the agent just saved, which keeps its prefix.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
+from semantic.application.cache.eviction_policy import RecordOrder
 from semantic.domain.quotas import NamespaceQuotas
-from semantic.domain.retention import Retention
 from semantic.ports.metadata_store import AgentRecord, AgentRecords, BlockRecord, BlockRecords
 
 Cut = Callable[[AgentRecord, Sequence[str]], Awaitable[None]]
@@ -25,11 +25,13 @@ class NamespaceRoom:
         block_records: BlockRecords,
         quotas: NamespaceQuotas,
         cut: Cut,
+        order: RecordOrder,
     ) -> None:
         self._agent_records = agent_records
         self._block_records = block_records
         self._quotas = quotas
         self._cut = cut
+        self._order = order
 
     async def enforce(self, namespace: str, agent_id: str, chain: Sequence[str] = ()) -> None:
         """``chain``: a save in flight, never cut."""
@@ -39,7 +41,7 @@ class NamespaceRoom:
         mine = await self._agent_records.agents(namespace)
         newest = next((a for a in mine if a.agent_id == agent_id), None)
         kept = {*chain, *(newest.block_keys if newest else ())}
-        others = sorted((a for a in mine if a is not newest), key=_least_valuable_first)
+        others = [a for a in self._order(mine) if a is not newest]
         for agent in others:
             if await self._used(namespace) <= quota:
                 return
@@ -54,11 +56,6 @@ class NamespaceRoom:
 
     async def _used(self, namespace: str) -> int:
         return (await self._block_records.block_bytes_by_namespace()).get(namespace, 0)
-
-
-def _least_valuable_first(agent: AgentRecord) -> tuple[bool, int, float]:
-    hints = Retention.from_json(agent.retention)
-    return (hints.pinned, hints.priority, agent.last_used)
 
 
 def without_tail(keys: Sequence[str], records: Mapping[str, BlockRecord], excess: int) -> list[str]:

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
 
 from semantic.domain.retention import DEFAULT_PRIORITY, Retention
 
@@ -52,41 +51,3 @@ class RetentionBook:
         ttl = retention.ttl_seconds
         expires = math.inf if ttl is None else self._clock() + ttl
         return BlockHint(retention.priority, expires, retention.pinned)
-
-
-class HintedBlock(Protocol):
-    """What the eviction order reads of a hot block."""
-
-    priority: int
-    expires_at: float | None
-    pinned: bool
-    last_used: float
-    held_until: float
-
-
-B = TypeVar("B", bound=HintedBlock)
-EvictionOrder = Callable[[Sequence[B], float], list[B]]
-
-
-def lru_order(blocks: Sequence[B], now: float) -> list[B]:  # noqa: ARG001 (an EvictionOrder)
-    """``--eviction lru``: least recently used first, hints ignored (the baseline)."""
-    return sorted(blocks, key=lambda block: block.last_used)
-
-
-def agent_order(blocks: Sequence[B], now: float) -> list[B]:
-    """Unpinned before pinned; past their TTL, then without one, then within it or held
-    for a tool wait; low priority before high; then least recently used."""
-
-    def rank(block: HintedBlock) -> tuple[bool, int, int, float]:
-        held = block.held_until > now  # its agent's tool results are due
-        keep = 2 if held else _keep(block.expires_at, now)
-        return (block.pinned, keep, block.priority, block.last_used)
-
-    return sorted(blocks, key=rank)
-
-
-def _keep(expires: float | None, now: float) -> int:
-    """0: past its TTL; 1: no TTL (kept till memory is short); 2: within its TTL."""
-    if expires is None or math.isinf(expires):
-        return 1
-    return 2 if expires > now else 0

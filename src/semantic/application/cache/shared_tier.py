@@ -7,7 +7,9 @@ finds a block's row but no file on this instance's disk (another instance wrote 
 it from the tier, keeps it as its own file, then reads it as any other. A block the tier
 lacks is a miss: the restore stops before it and the prompt is computed from there. A copy
 whose checksum fails is deleted from the tier, counted and missed. The tier is a cache: an
-unreachable one costs hits, never a request.
+unreachable one costs hits, never a request. A namespace with a quota there
+(``shared_mb``) is trimmed after each push of its blocks, its least recently used first;
+another namespace's blocks are never touched (ADR 0028).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 
 from semantic.application.cache.stats import CacheStats
 from semantic.domain.errors import CacheCorruptionError
+from semantic.domain.quotas import NamespaceQuotas
 from semantic.ports.block_store import BlockStore, LayerPayload
 from semantic.ports.metadata_store import BlockRecord, BlockRecords
 from semantic.ports.shared_blocks import SharedBlock, SharedBlocks, SharedHead, SharedUsage
@@ -55,6 +58,7 @@ class SharedTier:
         stats: CacheStats,
         fingerprint: str,
         *,
+        quotas: NamespaceQuotas | None = None,
         queue_jobs: int = QUEUE_JOBS,
         probe_s: float = PROBE_S,
     ) -> None:
@@ -63,6 +67,7 @@ class SharedTier:
         self._block_records = block_records
         self._stats = stats
         self._fingerprint = fingerprint
+        self._quotas = quotas or NamespaceQuotas()
         self._queue_jobs = queue_jobs
         self._probe_s = probe_s
         self._queue: asyncio.Queue[_Publish | _Discard] | None = None
@@ -93,6 +98,10 @@ class SharedTier:
     async def usage(self) -> SharedUsage | None:
         """What the tier holds (every instance's blocks), None while unreachable."""
         return await asyncio.to_thread(self._blocks.usage)
+
+    async def held(self, namespace: str) -> int | None:
+        """Bytes the tier holds for ``namespace`` (None while unreachable)."""
+        return await asyncio.to_thread(self._blocks.held, namespace)
 
     async def flush(self) -> None:
         """Wait until every queued push and discard has been tried."""
@@ -175,10 +184,17 @@ class SharedTier:
                     pushed = await asyncio.to_thread(self._push, job)
                     if pushed:
                         await self._block_records.mark_blocks_shared(pushed)
+                    await asyncio.to_thread(self._trim, job.namespace)
             except Exception as error:  # noqa: BLE001 - the tier is a cache: log, go on
                 log.warning("the shared block tier: %s", error)
             finally:
                 queue.task_done()
+
+    def _trim(self, namespace: str) -> None:
+        """The namespace within its quota in the tier, if it has one there."""
+        limit = self._quotas.of(namespace).shared_bytes
+        if limit is not None:
+            self._stats.shared_trimmed += len(self._blocks.trim(namespace, limit))
 
     def _push(self, job: _Publish) -> list[str]:
         """Each block's file, as it is on disk now (collected since, it is skipped)."""

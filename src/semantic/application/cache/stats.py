@@ -46,6 +46,8 @@ class CacheStats:
     """Blocks in the shared tier whose checksum failed: deleted there."""
     shared_dropped: int = 0
     """Blocks not pushed: the tier unreachable, or the push queue full."""
+    shared_trimmed: int = 0
+    """Blocks removed from the shared tier to keep a namespace within its quota there."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def count_restore(self, restored: Restored, before: Restored = Restored()) -> None:

@@ -17,12 +17,19 @@ from typing import TypeVar
 from semantic.application.cache.adoption import Adoption, LeaseOf
 from semantic.application.cache.chain import ChainPinner
 from semantic.application.cache.disk_room import DISK_FLOOR_BYTES, DiskRoom, DiskState
+from semantic.application.cache.eviction_policy import (
+    AgentRecordOrder,
+    RecordOrder,
+    agent_order,
+    lru_order,
+    lru_records,
+)
 from semantic.application.cache.hot_index import HotIndex
 from semantic.application.cache.loader import BlockLoader
 from semantic.application.cache.lookup import CachedPrefix, PrefixLookup
 from semantic.application.cache.persistence import Saver
 from semantic.application.cache.prefix_walk import PrefixWalk
-from semantic.application.cache.retention_book import RetentionBook, agent_order, lru_order
+from semantic.application.cache.retention_book import RetentionBook
 from semantic.application.cache.shared_tier import SharedTier
 from semantic.application.cache.stats import CacheStats
 from semantic.application.cache.stored_plan import StoredPlan
@@ -63,6 +70,8 @@ class NamespaceUsage:
     memory_bytes: int
     disk_bytes: int
     quota: Quota
+    shared_bytes: int | None = None
+    """What the shared tier holds for it (None: no tier, or unreachable)."""
 
 
 class AgentCacheStore:
@@ -89,20 +98,34 @@ class AgentCacheStore:
         self._block_records = block_records
         self._config = config or CacheConfig()
         self.stats = CacheStats()
-        order = lru_order if self._config.eviction == "lru" else agent_order
-        self.hot = HotIndex(pool, clock, order)
+        lru = self._config.eviction == "lru"
+        self.hot = HotIndex(pool, clock, lru_order if lru else agent_order)
         self.retention = RetentionBook(clock)
         """Agents' retention hints, as adoption gives them to their blocks."""
         self.tool_waits = ToolWaits(clock)
         """How long each agent's tools take: its KV is held that long after it calls them."""
+        records: RecordOrder = lru_records if lru else AgentRecordOrder(self.tool_waits)
         self._expiring: asyncio.Task[None] | None = None
         self._shared = (
             None
             if shared is None
-            else SharedTier(shared, block_store, block_records, self.stats, fingerprint)
+            else SharedTier(
+                shared,
+                block_store,
+                block_records,
+                self.stats,
+                fingerprint,
+                quotas=self._config.quotas,
+            )
         )
         self._room = _disk_room(
-            block_store, agent_records, block_records, self.hot, self.stats, config=config
+            block_store,
+            agent_records,
+            block_records,
+            self.hot,
+            self.stats,
+            order=records,
+            config=config,
         )
         self._saver = self._saver_over(block_store, agent_records, block_records)
         self._walk = PrefixWalk(spec, fingerprint, block_records, self.hot, self._shared)
@@ -213,11 +236,14 @@ class AgentCacheStore:
         return None if self._shared is None else await self._shared.usage()
 
     async def namespace_usage(self, namespace: str) -> NamespaceUsage:
-        """What the namespace's KV takes of memory and disk, beside its quota."""
+        """What the namespace's KV takes of memory, disk and the shared tier, beside its
+        quota."""
         held = self.hot.pool_blocks_by_namespace().get(namespace, 0)
         on_disk = await self._block_records.block_bytes_by_namespace()
         quota = self._config.quotas.of(namespace)
-        return NamespaceUsage(held * self._spec.block_bytes, on_disk.get(namespace, 0), quota)
+        shared = None if self._shared is None else await self._shared.held(namespace)
+        memory = held * self._spec.block_bytes
+        return NamespaceUsage(memory, on_disk.get(namespace, 0), quota, shared)
 
     async def disk_by_namespace(self) -> dict[str, int]:
         """Bytes of block files each namespace's records hold (the metrics read it)."""
@@ -318,6 +344,7 @@ def _disk_room(
     hot: HotIndex,
     stats: CacheStats,
     *,
+    order: RecordOrder,
     config: CacheConfig | None,
 ) -> DiskRoom:
     """The disk's keeper, held to the configured quota, reserve and floor."""
@@ -332,4 +359,5 @@ def _disk_room(
         reserve=config.disk_reserve_bytes,
         floor=config.disk_floor_bytes,
         quotas=config.quotas,
+        order=order,
     )

@@ -27,6 +27,7 @@ class ToolWaits:
         self._lock = threading.Lock()
         self._average: OrderedDict[tuple[str, str, str], float] = OrderedDict()
         self._waiting: dict[tuple[str, str], tuple[float, tuple[str, ...]]] = {}
+        self._due: dict[tuple[str, str], float] = {}
 
     def started(self, namespace: str, agent_id: str, tools: Sequence[str]) -> float:
         """The agent's reply called ``tools``: until when to hold its KV (monotonic)."""
@@ -37,13 +38,24 @@ class ToolWaits:
                 (self._average.get((namespace, agent_id, tool), FIRST_GUESS_S) for tool in tools),
                 default=FIRST_GUESS_S,
             )
+            self._due[(namespace, agent_id)] = now + expected
+            while len(self._due) > MAX_KEPT:
+                self._due.pop(next(iter(self._due)))
         return now + min(CAP_S, 2 * expected)
+
+    def due_in(self, namespace: str, agent_id: str) -> float | None:
+        """Seconds until the agent's tool results are expected (negative: overdue; None:
+        it waits on none), for the disk's eviction order."""
+        with self._lock:
+            due = self._due.get((namespace, agent_id))
+        return None if due is None else due - self._clock()
 
     def returned(self, namespace: str, agent_id: str) -> None:
         """The agent's next turn came: the gap joins each called tool's average."""
         now = self._clock()
         with self._lock:
             waited = self._waiting.pop((namespace, agent_id), None)
+            self._due.pop((namespace, agent_id), None)
             if waited is None:
                 return
             since, tools = waited
