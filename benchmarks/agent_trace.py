@@ -1,20 +1,22 @@
 """A multi-agent trace with more agents than memory: LRU against the agent policy (ADR 0028).
 
-    python -m benchmarks.agent_trace [--workers 6] [--steps 6] [--seed 7] [--max-tool-s 20]
+    python -m benchmarks.agent_trace [--workers 6] [--steps 6] [--seed 7] [--max-tool-s 40]
 
 A supervisor and worker agents run ReAct loops on the agents API, all at once: every turn
-must call a tool (``tool_choice: required``, one call a reply), the tool takes a
-heavy-tailed time (log-normal, 0.2 s to ``--max-tool-s``), and its result (a few hundred
-tokens) is the agent's next turn, so histories grow to a few thousand tokens over one
-shared system prompt with the tools. One worker in three leaves for a long stretch midway.
-The memory budget is about half the trace's working set (``--budget-mb`` to set it) and
-the disk quota about half of it (``--disk-quota-mb``): what the disk cuts is
-prefilled again from the start, so it is the policy's choice of whom to cut that shows.
+must call a tool (``tool_choice: required``, one call a reply), and the tool's result is
+the agent's next turn, so histories grow to a few thousand tokens over one shared system
+prompt with the tools. A worker's tool takes a heavy-tailed time (log-normal, 0.2 s to
+``--max-tool-s``) and returns a few hundred tokens; the supervisor's tool is a worker's
+whole task, so it waits 0.4 to 1 times ``--max-tool-s`` and gets a longer report. One
+worker in three leaves for ``--max-tool-s`` midway. The memory budget is about half the
+trace's working set (``--budget-mb`` to set it) and the disk quota about a third of it
+(``--disk-quota-mb``): what the disk cuts is prefilled again from the start, so it is the
+policy's choice of whom to cut that shows.
 
 The same seeded trace runs twice in one run, each on a fresh server: ``--eviction lru``
-(the baseline: recency alone), then the agent policy with hints (the supervisor at
-priority 90; each worker a TTL of its tools' longest wait; the server also holds an agent's
-KV while its tools run). Printed for each: the share of prompt tokens restored from memory
+(the baseline: recency alone), then the agent policy with hints (each agent a TTL of its
+tools' longest wait, and the supervisor priority 90; the server also holds an agent's KV
+while its tools run). Printed for each: the share of prompt tokens restored from memory
 and from disk (the server's counters), time to first token p50 and p99 (streamed, as a
 client sees it), an agent step p50 and p99 (first token to last), and the total time, with
 the machine line. ``mlx_lm.server`` has no agents or tools to replay this trace against:
@@ -97,17 +99,18 @@ def plan(workers: int, steps: int, seed: int, max_tool_s: float) -> list[AgentPl
     agents = []
     for n in range(workers + 1):
         supervisor = n == 0
-        waits = [min(max_tool_s, max(0.2, chance.lognormvariate(1.0, 1.3))) for _ in range(steps)]
+        waits = [_wait(supervisor, max_tool_s, chance) for _ in range(steps)]
         leaves = not supervisor and n % 3 == 0
         planned = tuple(
             Step(
-                chance.randint(100, 250),
+                chance.randint(300, 500) if supervisor else chance.randint(100, 250),
                 wait,
                 away_s=max_tool_s if leaves and i == steps // 2 else 0.0,
             )
             for i, wait in enumerate(waits)
         )
-        hint = "priority=90" if supervisor else f"ttl={math.ceil(max(waits)) + 5}"
+        ttl = f"ttl={math.ceil(max(waits)) + 5}"
+        hint = f"priority=90, {ttl}" if supervisor else ttl
         agents.append(
             AgentPlan(
                 "supervisor" if supervisor else f"worker-{n}",
@@ -117,6 +120,14 @@ def plan(workers: int, steps: int, seed: int, max_tool_s: float) -> list[AgentPl
             )
         )
     return agents
+
+
+def _wait(supervisor: bool, max_tool_s: float, chance: random.Random) -> float:
+    """A worker's tool: log-normal, most under a few seconds, a tail to ``max_tool_s``. The
+    supervisor's tool is a worker's whole task: it waits 0.4 to 1 times ``max_tool_s``."""
+    if supervisor:
+        return chance.uniform(0.4, 1.0) * max_tool_s
+    return min(max_tool_s, max(0.2, chance.lognormvariate(1.0, 1.3)))
 
 
 def tool_result(words: int, chance: random.Random) -> str:
@@ -187,6 +198,7 @@ def counters(url: str) -> dict[str, float]:
         "prompt": r"^semantic_prompt_tokens_total (\S+)",
         "memory": r'^semantic_restored_tokens_total\{tier="memory"\} (\S+)',
         "disk": r'^semantic_restored_tokens_total\{tier="disk"\} (\S+)',
+        "cut": r"^semantic_blocks_evicted_from_disk(?:_total)? (\S+)",
     }
     return {k: float(m.group(1)) for k, p in wanted.items() if (m := re.search(p, text, re.M))}
 
@@ -206,11 +218,13 @@ def report(
     memory = (after.get("memory", 0) - before.get("memory", 0)) / prompt
     disk = (after.get("disk", 0) - before.get("disk", 0)) / prompt
 
+    cut = after.get("cut", 0) - before.get("cut", 0)
+
     def ms(values: list[float], q: float) -> str:
         return f"{quantile(values, q) * 1e3:7.0f}" if values else "      -"
 
     print(
-        f"{name:<22} {memory:6.1%} {disk:6.1%}  ttft p50 {ms(seen.ttft_s, 0.5)} p99 "
+        f"{name:<22} {memory:6.1%} {disk:6.1%} {cut:5.0f}  ttft p50 {ms(seen.ttft_s, 0.5)} p99 "
         f"{ms(seen.ttft_s, 0.99)}  step p50 {ms(seen.step_s, 0.5)} p99 {ms(seen.step_s, 0.99)}"
         f"  total {s:6.1f} s  ({len(seen.ttft_s)} turns, {seen.failures} failed)",
         flush=True,
@@ -222,10 +236,10 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=6)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--max-tool-s", type=float, default=60.0)
+    parser.add_argument("--max-tool-s", type=float, default=40.0)
     parser.add_argument("--budget-mb", type=int, default=0, help="0: half the working set")
     parser.add_argument(
-        "--disk-quota-mb", type=int, default=0, help="0: half the working set"
+        "--disk-quota-mb", type=int, default=0, help="0: a third of the working set"
     )
     args = parser.parse_args()
     print_machine()
@@ -233,12 +247,15 @@ def main() -> None:
     tokens = sum(700 + sum(s.result_words * 2 + 60 for s in a.steps) for a in agents)
     working = tokens * KV_BYTES_PER_TOKEN >> 20
     budget = args.budget_mb or max(64, working // 2)
-    disk = args.disk_quota_mb or max(96, working // 2)
+    disk = args.disk_quota_mb or max(96, working // 3)
     print(
         f"{len(agents)} agents x {args.steps} steps, working set about {tokens} tokens "
         f"({working} MiB of KV); memory budget {budget} MiB, disk quota {disk} MiB"
     )
-    print(f"{'':<22} {'memory':>6} {'disk':>6}  (prompt tokens restored from each tier; ms)")
+    print(
+        f"{'':<22} {'memory':>6} {'disk':>6} {'cut':>5}  (prompt tokens restored from each "
+        "tier; blocks cut from disk; ms)"
+    )
     runs = (("lru", "--eviction lru", False), ("agent policy + hints", "--eviction agent", True))
     with tempfile.TemporaryDirectory() as tmp:
         for name, flag, hinted in runs:

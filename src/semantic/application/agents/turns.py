@@ -2,8 +2,9 @@
 generated, and both committed before the result is reported.
 
 The service (``AgentService.send``) holds the agent's lock and lease around this; a turn
-a delete ends keeps nothing. A reply's tool calls are read as it streams
-(``ReplyReader``): only the text before them is passed on as it comes.
+a delete ends keeps nothing. The reply is started and read as every front door's is
+(``chat_reply.start_reply``): its tool calls are read as it streams, and only the text
+before them is passed on as it comes.
 """
 
 from __future__ import annotations
@@ -16,18 +17,17 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from semantic.application.agents.live_turns import LiveTurn
 from semantic.application.agents.values import CommittedReply, Turn, TurnStarted
 from semantic.application.cache.store import AgentCacheStore
-from semantic.application.chat.chat_reply import ChatOutcome, ChatReply, nothing_kept
+from semantic.application.chat.chat_reply import ChatOutcome, ChatReply, start_reply
 from semantic.application.chat.context_edits import policy_applied
 from semantic.application.chat.generation import (
     CheckedInput,
-    GenerationHandle,
     GenerationInput,
     GenerationResult,
     GenerationService,
 )
 from semantic.application.chat.prompt_marks import mark
-from semantic.application.chat.reply_shape import ReplyShape, named_refusal, reply_shape
-from semantic.application.chat.tool_replies import Reply, ReplyReader, TurnEvent
+from semantic.application.chat.reply_shape import ReplyShape, reply_shape
+from semantic.application.chat.tool_replies import Reply, TurnEvent
 from semantic.application.chat.transcript import (
     answered,
     answers_history,
@@ -40,7 +40,6 @@ from semantic.application.chat.transcript import (
     whole,
 )
 from semantic.domain.chat import ChatMessage
-from semantic.domain.constraints import UnsupportedSchemaError
 from semantic.domain.context_edits import ContextPolicy, turn_starts, without_oldest_turns
 from semantic.domain.errors import AgentDeletedError, PromptTooLongError
 from semantic.ports.metadata_store import AgentRecord, MessageRecord, Transcripts
@@ -169,23 +168,21 @@ class TurnRunner:
         result. Its reply is committed with its question (after ``earlier`` messages;
         ``write`` commits them) before the result is reported, unless a delete ended the
         turn."""
+        start = self._generation.start(request)  # kept with the transcript, not by the reply
+        reply = await start_reply(start, self._shape(turn), turn.tools, new_call_id)
+        live.request_id = reply.request_id
         try:
-            handle = await self._generation.start(request)
-        except UnsupportedSchemaError as error:  # the grammar engine's, naming no field
-            raise named_refusal(error, turn.tools) from None
-        live.request_id = handle.request_id
-        try:
-            yield TurnStarted(handle.request_id)
-            relay = self._relay(handle, request.request, live, turn, earlier=earlier, write=write)
+            yield TurnStarted(reply.request_id)
+            relay = self._relay(reply, request.request, live, turn, earlier=earlier, write=write)
             async with contextlib.aclosing(relay) as events:
                 async for event in events:
                     yield event
         finally:  # also where the reader left before the first token
-            handle.close()
+            reply.close()
 
     async def _relay(
         self,
-        handle: GenerationHandle,
+        reply: ChatReply,
         request: GenerationInput,
         live: LiveTurn,
         turn: Turn,
@@ -194,8 +191,6 @@ class TurnRunner:
         write: Write,
     ) -> AsyncGenerator[TurnEvent, None]:
         asked_at = time.time()
-        reader = ReplyReader(self._shape(turn).calls_in, new_call_id)
-        reply = ChatReply(handle, reader, nothing_kept, None)  # kept with the transcript
         async with contextlib.aclosing(reply.events()) as events:  # cut short by a delete
             async for event in events:
                 if live.deleted:

@@ -104,29 +104,9 @@ class AgentCacheStore:
         """Agents' retention hints, as adoption gives them to their blocks."""
         self.tool_waits = ToolWaits(clock)
         """How long each agent's tools take: its KV is held that long after it calls them."""
-        records: RecordOrder = lru_records if lru else AgentRecordOrder(self.tool_waits)
         self._expiring: asyncio.Task[None] | None = None
-        self._shared = (
-            None
-            if shared is None
-            else SharedTier(
-                shared,
-                block_store,
-                block_records,
-                self.stats,
-                fingerprint,
-                quotas=self._config.quotas,
-            )
-        )
-        self._room = _disk_room(
-            block_store,
-            agent_records,
-            block_records,
-            self.hot,
-            self.stats,
-            order=records,
-            config=config,
-        )
+        self._shared = self._shared_over(shared, block_store, block_records, fingerprint)
+        self._room = self._room_over(block_store, agent_records, block_records)
         self._saver = self._saver_over(block_store, agent_records, block_records)
         self._walk = PrefixWalk(spec, fingerprint, block_records, self.hot, self._shared)
         self._lookup = self._lookup_over(block_store)
@@ -140,6 +120,42 @@ class AgentCacheStore:
             retention=self.retention,
         )
         self._fingerprint = fingerprint
+
+    def _shared_over(
+        self,
+        shared: SharedBlocks | None,
+        block_store: BlockStore,
+        block_records: BlockRecords,
+        fingerprint: str,
+    ) -> SharedTier | None:
+        """The shared tier (None: none configured), held to the namespaces' quotas there."""
+        if shared is None:
+            return None
+        quotas = self._config.quotas
+        return SharedTier(
+            shared, block_store, block_records, self.stats, fingerprint, quotas=quotas
+        )
+
+    def _room_over(
+        self, block_store: BlockStore, agent_records: AgentRecords, block_records: BlockRecords
+    ) -> DiskRoom:
+        """The disk's keeper, held to the configured quota, reserve and floor, cutting
+        agents in the eviction policy's order."""
+        config = self._config
+        lru = config.eviction == "lru"
+        order: RecordOrder = lru_records if lru else AgentRecordOrder(self.tool_waits)
+        return DiskRoom(
+            block_store,
+            agent_records,
+            block_records,
+            self.hot,
+            self.stats,
+            quota=config.disk_quota_bytes,
+            reserve=config.disk_reserve_bytes,
+            floor=config.disk_floor_bytes,
+            quotas=config.quotas,
+            order=order,
+        )
 
     def _saver_over(
         self, block_store: BlockStore, agent_records: AgentRecords, block_records: BlockRecords
@@ -335,29 +351,3 @@ class AgentCacheStore:
         await self._saver.delete_files(keys)
         if self._shared is not None:
             self._shared.discard(keys)
-
-
-def _disk_room(
-    block_store: BlockStore,
-    agent_records: AgentRecords,
-    block_records: BlockRecords,
-    hot: HotIndex,
-    stats: CacheStats,
-    *,
-    order: RecordOrder,
-    config: CacheConfig | None,
-) -> DiskRoom:
-    """The disk's keeper, held to the configured quota, reserve and floor."""
-    config = config or CacheConfig()
-    return DiskRoom(
-        block_store,
-        agent_records,
-        block_records,
-        hot,
-        stats,
-        quota=config.disk_quota_bytes,
-        reserve=config.disk_reserve_bytes,
-        floor=config.disk_floor_bytes,
-        quotas=config.quotas,
-        order=order,
-    )

@@ -1,6 +1,8 @@
-"""A reply as every front door reads it: its text and calls as they form (``ReplyReader``),
-then its outcome, once its calls are kept; and the wait for the whole of it. The plain
-front doors' turn (``chat_turn``) and an agent's (``agents.turns``) both read theirs so."""
+"""A reply as every front door starts and reads it: a refusal of its shape named by the
+request's own field, then its text and calls as they form (``ReplyReader``), then its
+outcome, once its calls are kept; and the wait for the whole of it. The plain front
+doors' turn (``chat_turn``) and an agent's (``agents.turns``) both start theirs here
+(``start_reply``)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,10 @@ from semantic.application.chat.generation import (
     GenerationResult,
     TextDelta,
 )
+from semantic.application.chat.reply_shape import ReplyShape, named_refusal
 from semantic.application.chat.tool_replies import Reply, ReplyEvent, ReplyReader
+from semantic.domain.constraints import UnsupportedSchemaError
+from semantic.domain.tools import ToolUse
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,3 +92,22 @@ class ChatReply:
 
 async def nothing_kept(answer: Reply) -> None:
     """For a reply kept elsewhere (an agent's, with its transcript)."""
+
+
+async def start_reply(
+    start: Awaitable[GenerationHandle],
+    shape: ReplyShape,
+    tools: ToolUse | None,
+    new_id: Callable[[], str],
+    *,
+    keep: Callable[[Reply], Awaitable[None]] = nothing_kept,
+    applied: AppliedEdit | None = None,
+) -> ChatReply:
+    """The reply ``start`` queues, read in ``shape`` (its calls given ids by ``new_id``;
+    ``keep``: what keeps them once whole). A schema the grammar engine refused is named by
+    the request's own field (``named_refusal``)."""
+    try:
+        handle = await start
+    except UnsupportedSchemaError as error:  # the grammar engine's, naming no field
+        raise named_refusal(error, tools) from None
+    return ChatReply(handle, ReplyReader(shape.calls_in, new_id), keep, applied)

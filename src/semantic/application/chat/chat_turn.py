@@ -7,7 +7,9 @@ as they were written, ``CallMemory``; a context edit applied), what the reply ma
 hints kept once the request has started, the reply's calls read as they stream and kept
 for their round trip, and the wait for the whole reply. The routes map their wire format
 to a ``ChatAsk`` and the pieces back. Agents and Responses run theirs through
-``AgentService``, which keeps a transcript, on the same engine call.
+``AgentService``, whose prompt is its transcript (``agents.turns``); their reply is shaped
+by the same ``reply_shape``, started and read by the same ``start_reply`` and
+``ChatReply``, on the same engine call.
 """
 
 from __future__ import annotations
@@ -18,23 +20,16 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from semantic.application.chat.call_memory import CallMemory
-from semantic.application.chat.chat_reply import ChatReply
+from semantic.application.chat.chat_reply import ChatReply, start_reply
 from semantic.application.chat.context_edits import AppliedEdit, edited
 from semantic.application.chat.generation import (
     GenerationHandle,
     GenerationInput,
     Limits,
 )
-from semantic.application.chat.reply_shape import (
-    FREE,
-    named_refusal,
-    no_room_for_tools,
-    reply_shape,
-)
-from semantic.application.chat.tool_replies import ReplyReader
+from semantic.application.chat.reply_shape import FREE, no_room_for_tools, reply_shape
 from semantic.application.chat.transcript import new_call_id
 from semantic.domain.chat import ChatMessage
-from semantic.domain.constraints import UnsupportedSchemaError
 from semantic.domain.context_edits import ClearToolUses
 from semantic.domain.errors import InvalidRequestError, PromptTooLongError
 from semantic.domain.generation import GREEDY, Priority, SamplingParams
@@ -130,16 +125,21 @@ class ChatTurns:
             ask.priority,
             shape.constraint,
         )
-        handle = await self._started(ask, generation, rendered)
+        keep = functools.partial(self._calls.remember, ask.namespace)  # calls as generated
+        start = self._agents.start_plain(generation)
+        try:
+            reply = await start_reply(
+                start, shape, ask.tools, ask.new_call_id, keep=keep, applied=rendered.applied
+            )
+        except PromptTooLongError as error:
+            raise self._too_long(ask, rendered, error) from None
         try:
             if ask.retention and ask.agent_id is not None:
                 await self._agents.retain(ask.namespace, ask.agent_id, ask.retention)
         except BaseException:  # a request whose hints cannot be kept does not run
-            handle.close()
+            reply.close()
             raise
-        reader = ReplyReader(shape.calls_in, ask.new_call_id)
-        keep = functools.partial(self._calls.remember, ask.namespace)  # calls as generated
-        return ChatReply(handle, reader, keep, rendered.applied)
+        return reply
 
     async def render(self, ask: ChatAsk) -> Rendered:
         """The prompt the request runs on (and what its context edit cleared)."""
@@ -184,22 +184,10 @@ class ChatTurns:
         room = self._limits.max_context - prompt_tokens
         return min(ask.default_max_tokens, max(1, room))
 
-    async def _started(
-        self, ask: ChatAsk, generation: GenerationInput, rendered: Rendered
-    ) -> GenerationHandle:
-        """Started, with refusals named by the request's own fields: a schema the grammar
-        engine refused names its tool (or the response format); a prompt that fits without
-        its tools but not with them names ``tools``."""
-        try:
-            return await self._agents.start_plain(generation)
-        except UnsupportedSchemaError as error:
-            raise named_refusal(error, ask.tools) from None
-        except PromptTooLongError as error:
-            raise self._too_long(ask, rendered, error) from None
-
     def _too_long(
         self, ask: ChatAsk, rendered: Rendered, error: PromptTooLongError
     ) -> PromptTooLongError:
+        """A prompt that fits without its tools but not with them names ``tools``."""
         if ask.tools is None or error.param != "messages":
             return error
         bare = self._tokenizer.render_chat(rendered.chat, scope=ask.namespace)
