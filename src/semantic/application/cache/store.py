@@ -144,12 +144,9 @@ class AgentCacheStore:
         config = self._config
         lru = config.eviction == "lru"
         order: RecordOrder = lru_records if lru else AgentRecordOrder(self.tool_waits)
+        books = (block_store, agent_records, block_records, self.hot, self.stats)
         return DiskRoom(
-            block_store,
-            agent_records,
-            block_records,
-            self.hot,
-            self.stats,
+            *books,
             quota=config.disk_quota_bytes,
             reserve=config.disk_reserve_bytes,
             floor=config.disk_floor_bytes,
