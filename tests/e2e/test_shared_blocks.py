@@ -6,6 +6,7 @@ and ``/health`` and the metrics say so."""
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -60,7 +61,17 @@ def pair(
     """Two servers on one database, pointed at a Redis that is not started yet."""
     redis = RedisServer(tmp_path / "redis")
     database = postgres.create_database(f"shared_{uuid4().hex[:12]}")
-    one = ServerProcess(tmp_path / "one", "--database-url", database, "--shared-blocks", redis.url)
+    quotas = tmp_path / "quotas.json"
+    quotas.write_text(json.dumps({"capped": {"shared_mb": 12}}))  # one block of this model
+    one = ServerProcess(
+        tmp_path / "one",
+        "--database-url",
+        database,
+        "--shared-blocks",
+        redis.url,
+        "--namespace-quotas",
+        str(quotas),
+    )
     two = ServerProcess(
         tmp_path / "two",
         "--database-url",
@@ -110,6 +121,7 @@ def test_an_agent_continues_on_another_server_from_redis_and_serves_without_it(
     assert moved.choices[0].message.content == cold.choices[0].message.content
     assert two.metric("semantic_shared_blocks_total", {"event": "fetched"}) >= 2
     assert two.metric("semantic_corrupt_blocks_total") == 0
+    capped_in_redis(one)
 
     redis.stop()  # while serving
     talk += [
@@ -122,6 +134,29 @@ def test_an_agent_continues_on_another_server_from_redis_and_serves_without_it(
     eventually(lambda: "unreachable" in (shared_state(one), shared_state(two)), "the outage")
     assert min(s.metric("semantic_shared_blocks_reachable") for s in (one, two)) == 0
     back_empty(one, two, redis)
+
+
+def shared_usage(server: ServerProcess, namespace: str) -> dict[str, Any]:
+    reply = httpx.get(f"{server.url}/v1/namespaces/{namespace}/usage", timeout=10)
+    assert reply.status_code == 200
+    return dict(reply.json()["shared"])
+
+
+def capped_in_redis(one: ServerProcess) -> None:
+    """A namespace with a shared-tier quota of one block pushes a longer prompt's blocks:
+    its own least recently used go, within its quota; the other namespace's stay."""
+    before = shared_usage(one, "default")["used_bytes"]
+    assert before > 0
+    chat(
+        one,
+        [{"role": "system", "content": RULES}, {"role": "user", "content": "A tide?"}],
+        **{"X-Namespace": "capped"},
+    )
+    trimmed = {"event": "trimmed"}
+    eventually(lambda: one.metric("semantic_shared_blocks_total", trimmed) >= 1, "trimmed")
+    capped = shared_usage(one, "capped")
+    assert 0 < capped["used_bytes"] <= capped["quota_bytes"] == 12 << 20
+    assert shared_usage(one, "default")["used_bytes"] == before
 
 
 def back_empty(one: ServerProcess, two: ServerProcess, redis: RedisServer) -> None:
