@@ -39,8 +39,9 @@ class ToolWaits:
                 default=FIRST_GUESS_S,
             )
             self._due[(namespace, agent_id)] = now + expected
-            while len(self._due) > MAX_KEPT:
-                self._due.pop(next(iter(self._due)))
+            for waits in (self._waiting, self._due):  # agents that never came back
+                while len(waits) > MAX_KEPT:
+                    waits.pop(next(iter(waits)))
         return now + min(CAP_S, 2 * expected)
 
     def due_in(self, namespace: str, agent_id: str) -> float | None:
