@@ -25,7 +25,7 @@ import logging
 import threading
 import time
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 import redis
@@ -157,11 +157,7 @@ class RedisSharedBlocks:
             for key, owner in zip(keys, pipe.execute(), strict=True):
                 if isinstance(owner, bytes):
                     owners.setdefault(owner.decode(errors="replace"), []).append(key)
-            pipe = self._writer.pipeline(transaction=True)
-            pipe.delete(*(redis_key(k) for k in keys))
-            for namespace, owned in owners.items():
-                self._unlist(pipe, namespace, owned)
-            pipe.execute()
+            self._drop(keys, owners)
 
         self._call(remove, None)
 
@@ -181,10 +177,7 @@ class RedisSharedBlocks:
                     excess -= sizes[key]
                     dropped.append(key)
             if dropped:
-                pipe = self._writer.pipeline(transaction=True)
-                pipe.delete(*(redis_key(k) for k in dropped))
-                self._unlist(pipe, namespace, dropped)
-                pipe.execute()
+                self._drop(dropped, {namespace: dropped})
             return dropped
 
         return self._call(cut, [])
@@ -203,6 +196,14 @@ class RedisSharedBlocks:
             self._unlist(pipe, namespace, gone)
             pipe.execute()
         return {k: n for k, n in sizes.items() if k not in gone}
+
+    def _drop(self, keys: Sequence[str], owners: Mapping[str, Sequence[str]]) -> None:
+        """Blocks removed, and unlisted from their namespaces' lists, in one transaction."""
+        pipe = self._writer.pipeline(transaction=True)
+        pipe.delete(*(redis_key(k) for k in keys))
+        for namespace, owned in owners.items():
+            self._unlist(pipe, namespace, owned)
+        pipe.execute()
 
     @staticmethod
     def _unlist(pipe: redis.client.Pipeline, namespace: str, keys: Sequence[str]) -> None:

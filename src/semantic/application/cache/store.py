@@ -106,7 +106,8 @@ class AgentCacheStore:
         """How long each agent's tools take: its KV is held that long after it calls them."""
         self._expiring: asyncio.Task[None] | None = None
         self._shared = self._shared_over(shared, block_store, block_records, fingerprint)
-        self._room = self._room_over(block_store, agent_records, block_records)
+        records: RecordOrder = lru_records if lru else AgentRecordOrder(self.tool_waits)
+        self._room = self._room_over(block_store, agent_records, block_records, records)
         self._saver = self._saver_over(block_store, agent_records, block_records)
         self._walk = PrefixWalk(spec, fingerprint, block_records, self.hot, self._shared)
         self._lookup = self._lookup_over(block_store)
@@ -137,13 +138,15 @@ class AgentCacheStore:
         )
 
     def _room_over(
-        self, block_store: BlockStore, agent_records: AgentRecords, block_records: BlockRecords
+        self,
+        block_store: BlockStore,
+        agent_records: AgentRecords,
+        block_records: BlockRecords,
+        order: RecordOrder,
     ) -> DiskRoom:
         """The disk's keeper, held to the configured quota, reserve and floor, cutting
-        agents in the eviction policy's order."""
+        agents in ``order`` (the eviction policy's, as memory's)."""
         config = self._config
-        lru = config.eviction == "lru"
-        order: RecordOrder = lru_records if lru else AgentRecordOrder(self.tool_waits)
         books = (block_store, agent_records, block_records, self.hot, self.stats)
         return DiskRoom(
             *books,
