@@ -87,6 +87,14 @@ def test_the_agents_api_sets_and_changes_hints_and_refuses_bad_ones(
     assert patched.status_code == 200, patched.text
     assert patched.json()["retention"]["ttl_seconds"] == 120
     assert patched.json()["retention"]["priority"] == 80  # not given: kept
+    by_header = httpx.post(  # the header names the hints on any route, creation too
+        api,
+        json={"id": "retention-by-header", "retention": {"priority": 10}},
+        headers={"X-Retention": "priority=90, ttl=300"},
+    )
+    assert by_header.status_code == 201, by_header.text
+    assert by_header.json()["retention"]["priority"] == 90  # the header's over the body's
+    assert by_header.json()["retention"]["ttl_seconds"] == 300
 
     refused: list[tuple[str, dict[str, Any], str]] = [
         ("post", {"id": "retention-bad-1", "retention": {"forever": True}}, "forever"),
@@ -101,6 +109,12 @@ def test_the_agents_api_sets_and_changes_hints_and_refuses_bad_ones(
         assert answer.status_code == 400, (body, answer.text)
         assert field in answer.text, answer.text
     assert httpx.get(f"{api}/retention-bad-1").status_code == 404  # nothing made
+    bad_made = httpx.post(
+        api, json={"id": "retention-bad-4"}, headers={"X-Retention": "priority=500"}
+    )
+    assert bad_made.status_code == 400, bad_made.text
+    assert "priority" in bad_made.text
+    assert httpx.get(f"{api}/retention-bad-4").status_code == 404
     turn = {"content": "Hi", "max_tokens": 1}
     bad_header = httpx.post(
         f"{api}/retention-keeper/messages",

@@ -55,7 +55,8 @@ class AgentController(Controller):
         )
         rule = data.context
         context = None if rule is None else ContextPolicy(rule.edit, rule.trigger_tokens, rule.keep)
-        retention = Retention().changed(data.retention.change()) if data.retention else None
+        change = {**(data.retention.change() if data.retention else {}), **header_hints(request)}
+        retention = Retention().changed(change) if change else None
         info = await services(state).agents.create(
             namespace, checked_id(data.id, "agent_id"), data.system_prompt, context, retention
         )
@@ -65,11 +66,13 @@ class AgentController(Controller):
     async def update(
         self, request: Request[Any, Any, Any], agent_id: str, data: PatchAgent, state: State
     ) -> dict[str, Any]:
-        """Its retention hints: the fields given change, the others stay."""
+        """Its retention hints: the fields given (``X-Retention``'s over the body's) change,
+        the others stay."""
         namespace = identity(request).namespace
         agent_id = checked_id(agent_id, "agent_id")
         found = services(state)
-        await found.agents.retain(namespace, agent_id, data.retention.change(), known=True)
+        change = {**data.retention.change(), **header_hints(request)}
+        await found.agents.retain(namespace, agent_id, change, known=True)
         return _agent(await found.agents.get(namespace, agent_id))
 
     @get("/")
