@@ -12,7 +12,7 @@ its history grows to several thousand tokens. A worker's turns call ``search_doc
 time (log-normal, 0.2 s to ``--max-tool-s``) and returns a hundred to a few hundred words;
 its last turn is its answer (``tool_choice: none``), and then it is done and never comes
 back. The memory budget is about half the trace's working set (``--budget-mb``) and the
-disk quota about half too (``--disk-quota-mb``): what the disk cuts is prefilled again.
+disk quota two fifths of it (``--disk-quota-mb``): what the disk cuts is prefilled again.
 
 So the question the trace asks of a policy is the one agent traffic asks: keep the agent
 that has been quiet longest but is coming back (a supervisor waiting on its worker), or
@@ -134,7 +134,7 @@ def plan(
             f"worker-{t}-{v}-{w}",
             f"Find why module {t}.{v}.{w} fails to build and say how to fix it.",
             tools,
-            chance.randint(150, 300),
+            chance.randint(300, 500),
         )
 
     return [
@@ -332,13 +332,15 @@ def report(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--teams", type=int, default=2)
-    parser.add_argument("--waves", type=int, default=3, help="delegate calls per team")
-    parser.add_argument("--workers", type=int, default=4, help="per wave, at once")
+    parser.add_argument("--waves", type=int, default=4, help="delegate calls per team")
+    parser.add_argument("--workers", type=int, default=3, help="per wave, at once")
     parser.add_argument("--steps", type=int, default=3, help="tool calls per worker")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--max-tool-s", type=float, default=40.0)
     parser.add_argument("--budget-mb", type=int, default=0, help="0: half the working set")
-    parser.add_argument("--disk-quota-mb", type=int, default=0, help="0: half the working set")
+    parser.add_argument(
+        "--disk-quota-mb", type=int, default=0, help="0: two fifths of the working set"
+    )
     parser.add_argument("--turns-out", type=Path, help="append every turn here, a JSON line each")
     args = parser.parse_args()
     print_machine()
@@ -348,7 +350,7 @@ def main() -> None:
     tokens = working_set(teams)
     working = tokens * KV_BYTES_PER_TOKEN >> 20
     budget = args.budget_mb or max(64, working // 2)
-    disk = args.disk_quota_mb or max(96, working // 2)
+    disk = args.disk_quota_mb or max(96, working * 2 // 5)
     agents = len(teams) * (1 + args.waves * args.workers)
     print(
         f"{len(teams)} teams, {agents} agents, {args.steps} tool calls a worker; working set "
