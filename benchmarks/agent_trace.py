@@ -1,18 +1,21 @@
 """A multi-agent trace with more agents than memory: LRU against the agent policy (ADR 0028).
 
-    python -m benchmarks.agent_trace [--teams 3] [--workers 4] [--steps 4] [--seed 7]
+    python -m benchmarks.agent_trace [--teams 2] [--waves 4] [--workers 3] [--steps 3]
+        [--seed 7] [--turns-out FILE] [--mlx-lm MODEL_DIR]
 
-Teams run at once, each a supervisor that hands its task to workers one after another, the
-shape of LangGraph's supervisor or CrewAI's hierarchical crew. Every agent is a ReAct loop
-on the agents API over one shared system prompt with the tools: a supervisor's turn calls
-``delegate`` and the tool's result is that worker's report, a few hundred words, so the
-supervisor waits a worker's whole task between its turns, idle for a long stretch while
-its history grows to several thousand tokens. A worker's turns call ``search_docs``,
-``read_file`` or ``run_tests`` (``tool_choice: required``); each tool takes a heavy-tailed
-time (log-normal, 0.2 s to ``--max-tool-s``) and returns a hundred to a few hundred words;
-its last turn is its answer (``tool_choice: none``), and then it is done and never comes
-back. The memory budget is about half the trace's working set (``--budget-mb``) and the
-disk quota two fifths of it (``--disk-quota-mb``): what the disk cuts is prefilled again.
+Teams run at once, each a supervisor that fans its task out to waves of workers: the shape
+of LangGraph's supervisor with ``Send``, CrewAI's hierarchical crew, or the Agents SDK's
+agents called as tools in parallel. Every agent is a ReAct loop on the agents API over one
+shared system prompt with the tools. A supervisor's turn calls ``delegate``; the wave's
+workers run at once, and their reports (a few hundred words each) are the call's result
+when the last of them is done. So the supervisor waits the wave's longest task between
+its turns, idle for a long stretch while its history grows to several thousand tokens.
+A worker's turns call ``search_docs``, ``read_file`` or ``run_tests`` (``tool_choice:
+required``); each tool takes a heavy-tailed time (log-normal, 0.2 s to ``--max-tool-s``)
+and returns a hundred to a few hundred words; its last turn is its answer (``tool_choice:
+none``), and then it is done and never comes back. The memory budget is about half the
+trace's working set (``--budget-mb``) and the disk quota two fifths of it
+(``--disk-quota-mb``): what the disk cuts is prefilled again.
 
 So the question the trace asks of a policy is the one agent traffic asks: keep the agent
 that has been quiet longest but is coming back (a supervisor waiting on its worker), or
@@ -26,8 +29,9 @@ for each: the share of prompt tokens restored from memory and from disk (the ser
 counters), the blocks cut from disk, time to first token p50 and p99 (streamed, as a
 client sees it), an agent step p50 and p99 (first token to last), the total time and the
 slowest first tokens with the tokens each computed, with the machine line.
-``mlx_lm.server`` has no agents or tools to replay this trace against: ``python -m
-benchmarks`` compares the two servers on plain chat instead.
+``--mlx-lm MODEL_DIR`` replays the same trace on ``mlx_lm.server`` for reference, through
+chat completions (the client sends each agent's whole history every turn; its prompt cache
+held to the memory budget, and it has no disk tier).
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ import random
 import re
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +53,9 @@ import httpx
 from reliability.server import ServerProcess
 
 from benchmarks.common import quantile
+from benchmarks.concurrency import MlxLmServer
 from benchmarks.machine import print_machine
+from benchmarks.trace_doors import AgentsDoor, ChatDoor, Door, Message, Seen
 
 
 def _tool(name: str, about: str, field: str) -> dict[str, Any]:
@@ -104,23 +110,6 @@ class Hints:
 
     supervisor: str | None
     worker: str | None
-
-
-@dataclass(frozen=True)
-class TurnSeen:
-    agent_id: str
-    ttft_s: float
-    step_s: float
-    """First token to last."""
-    prompt_tokens: int
-    computed: int
-    """Prompt tokens the turn computed (not restored from any tier)."""
-
-
-@dataclass
-class Seen:
-    turns: list[TurnSeen] = field(default_factory=list)
-    failures: int = 0
 
 
 def plan(
@@ -179,16 +168,14 @@ def words(n: int, chance: random.Random) -> str:
     return " ".join(chance.choice(WORDS) for _ in range(n))
 
 
-async def run_team(
-    client: httpx.AsyncClient, team: Team, told: Hints, seed: int, seen: Seen
-) -> None:
+async def run_team(door: Door, team: Team, told: Hints, seed: int) -> None:
     """Each of the supervisor's ``delegate`` calls hands the task to a wave of workers, who
     run at once; their reports are the call's result, when the last of them is done."""
-    await make(client, team.supervisor, told.supervisor)
-    message: dict[str, Any] = {"content": team.task}
+    await door.make(team.supervisor, told.supervisor)
+    message: Message = {"content": team.task}
     for wave in team.waves:
-        call_id = await turn(client, team.supervisor, message, seen)
-        await asyncio.gather(*(run_worker(client, w, told.worker, seed, seen) for w in wave))
+        call_id = await door.turn(team.supervisor, message)
+        await asyncio.gather(*(run_worker(door, w, told.worker, seed) for w in wave))
         chance = random.Random(f"{seed}-{team.supervisor}-{wave[0].agent_id}")
         report = "\n".join(f"{w.agent_id}: {words(w.report_words, chance)}" for w in wave)
         message = (
@@ -196,18 +183,16 @@ async def run_team(
             if call_id
             else {"content": f"The workers reported: {report}"}
         )
-    await turn(client, team.supervisor, message, seen, choice="none")
+    await door.turn(team.supervisor, message, choice="none")
 
 
-async def run_worker(
-    client: httpx.AsyncClient, worker: Worker, retention: str | None, seed: int, seen: Seen
-) -> None:
+async def run_worker(door: Door, worker: Worker, retention: str | None, seed: int) -> None:
     """A ReAct loop: a tool call a turn, the tool's result the next turn, then an answer."""
-    await make(client, worker.agent_id, retention)
+    await door.make(worker.agent_id, retention)
     chance = random.Random(f"{seed}-{worker.agent_id}")
-    message: dict[str, Any] = {"content": worker.task}
+    message: Message = {"content": worker.task}
     for tool_s, result_words in worker.tools:
-        call_id = await turn(client, worker.agent_id, message, seen)
+        call_id = await door.turn(worker.agent_id, message)
         await asyncio.sleep(tool_s)
         result = words(result_words, chance)
         message = (
@@ -215,62 +200,12 @@ async def run_worker(
             if call_id
             else {"content": f"Call one of the tools. Earlier: {result}"}
         )
-    await turn(client, worker.agent_id, message, seen, choice="none")
-
-
-async def make(client: httpx.AsyncClient, agent_id: str, retention: str | None) -> None:
-    headers = {"X-Retention": retention} if retention else {}
-    made = await client.post(
-        "/v1/agents", json={"id": agent_id, "system_prompt": RULES}, headers=headers
-    )
-    made.raise_for_status()
-
-
-async def turn(
-    client: httpx.AsyncClient,
-    agent_id: str,
-    message: dict[str, Any],
-    seen: Seen,
-    choice: str = "required",
-) -> str | None:
-    """One streamed turn; the id of the call it made (None: it made none)."""
-    body = {
-        **message,
-        "tools": TOOLS,
-        "tool_choice": choice,
-        "parallel_tool_calls": False,
-        "max_tokens": 48,
-        "temperature": 0,
-        "stream": True,
-    }
-    started = time.perf_counter()
-    first = last = None
-    final: dict[str, Any] = {}
-    async with client.stream("POST", f"/v1/agents/{agent_id}/messages", json=body) as reply:
-        if reply.status_code != 200:
-            seen.failures += 1
-            return None
-        async for line in reply.aiter_lines():
-            if not line.startswith("data: "):
-                continue
-            event = json.loads(line[6:])
-            now = time.perf_counter()
-            if event["type"] in ("delta", "tool_call_delta"):
-                first = first or now
-                last = now
-            elif event["type"] == "message":
-                final = event
-    if first is not None and last is not None:
-        usage = final.get("usage") or {}
-        prompt = usage.get("prompt_tokens", 0)
-        computed = prompt - usage.get("cached_tokens", 0)
-        seen.turns.append(TurnSeen(agent_id, first - started, last - first, prompt, computed))
-    calls = final.get("tool_calls") or []
-    return str(calls[0]["id"]) if calls and final.get("finish_reason") == "tool_calls" else None
+    await door.turn(worker.agent_id, message, choice="none")
 
 
 def counters(url: str) -> dict[str, float]:
-    """The server's prompt-token counters (tokens received, restored from each tier)."""
+    """semantic's prompt-token counters (tokens received, restored from each tier, blocks
+    cut from disk); none from a server that keeps no such counters."""
     text = httpx.get(f"{url}/metrics").text
     wanted = {
         "prompt": r"^semantic_prompt_tokens_total (\S+)",
@@ -281,45 +216,57 @@ def counters(url: str) -> dict[str, float]:
     return {k: float(m.group(1)) for k, p in wanted.items() if (m := re.search(p, text, re.M))}
 
 
-async def warm_up(url: str) -> None:
-    """One turn of an agent that is not in the trace, before the clock starts: the shared
-    system prompt with the tools is then cached, as on a server that has seen traffic, so
-    no policy is charged for the first prefill of it."""
-    async with httpx.AsyncClient(base_url=url, timeout=600) as client:
-        await make(client, "warm-up", None)
-        await turn(client, "warm-up", {"content": "Say hello."}, Seen())
+@dataclass(frozen=True)
+class Ran:
+    seen: Seen
+    total_s: float
+    counted: dict[str, float]
+    """The server's counters over the trace (after less before)."""
 
 
-async def run_trace(url: str, teams: list[Team], told: Hints, seed: int) -> Seen:
+async def run_trace(url: str, teams: list[Team], told: Hints, seed: int, model: str) -> Ran:
+    """The trace through semantic's agents API, or (``model`` given) through chat
+    completions. First one turn of an agent outside the trace, before the clock starts:
+    the shared system prompt with the tools is then cached, as on a server that has seen
+    traffic, so no run is charged for the first prefill of it."""
     seen = Seen()
-    limits = httpx.Limits(max_connections=2 * len(teams) + 2)
-    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
-        await asyncio.gather(*(run_team(client, team, told, seed, seen) for team in teams))
-    return seen
+    limits = httpx.Limits(max_connections=2 * len(teams) * len(teams[0].waves[0]) + 2)
+    async with httpx.AsyncClient(base_url=url, timeout=1200, limits=limits) as client:
+        door: Door = (
+            ChatDoor(client, RULES, TOOLS, seen, model)
+            if model
+            else AgentsDoor(client, RULES, TOOLS, seen)
+        )
+        await door.make("warm-up", None)
+        await door.turn("warm-up", {"content": "Say hello."})
+        seen.turns.clear()
+        before = await asyncio.to_thread(counters, url)
+        started = time.perf_counter()
+        await asyncio.gather(*(run_team(door, team, told, seed) for team in teams))
+        total_s = time.perf_counter() - started
+    after = await asyncio.to_thread(counters, url)
+    return Ran(seen, total_s, {k: v - before.get(k, 0.0) for k, v in after.items()})
 
 
-def report(
-    name: str, seen: Seen, before: dict[str, float], after: dict[str, float], s: float
-) -> None:
-    prompt = max(1.0, after["prompt"] - before["prompt"])
-    memory = (after.get("memory", 0) - before.get("memory", 0)) / prompt
-    disk = (after.get("disk", 0) - before.get("disk", 0)) / prompt
+def report(name: str, ran: Ran) -> None:
+    counted, turns = ran.counted, ran.seen.turns
+    prompt = counted.get("prompt")
 
-    cut = after.get("cut", 0) - before.get("cut", 0)
-
-    ttft = [t.ttft_s for t in seen.turns]
-    step = [t.step_s for t in seen.turns]
+    def share(tier: str) -> str:
+        return f"{counted.get(tier, 0) / prompt:6.1%}" if prompt else "     -"
 
     def ms(values: list[float], q: float) -> str:
         return f"{quantile(values, q) * 1e3:7.0f}" if values else "      -"
 
+    ttft, step = [t.ttft_s for t in turns], [t.step_s for t in turns]
+    cut = f"{counted['cut']:5.0f}" if "cut" in counted else "    -"
     print(
-        f"{name:<22} {memory:6.1%} {disk:6.1%} {cut:5.0f}  ttft p50 {ms(ttft, 0.5)} p99 "
+        f"{name:<22} {share('memory')} {share('disk')} {cut}  ttft p50 {ms(ttft, 0.5)} p99 "
         f"{ms(ttft, 0.99)}  step p50 {ms(step, 0.5)} p99 {ms(step, 0.99)}"
-        f"  total {s:6.1f} s  ({len(ttft)} turns, {seen.failures} failed)",
+        f"  total {ran.total_s:6.1f} s  ({len(turns)} turns, {ran.seen.failures} failed)",
         flush=True,
     )
-    slowest = sorted(seen.turns, key=lambda t: t.ttft_s, reverse=True)[:5]
+    slowest = sorted(turns, key=lambda t: t.ttft_s, reverse=True)[:5]
     print(
         f"{'':<22} slowest first tokens (agent ms computed/prompt tokens): "
         + ", ".join(
@@ -329,7 +276,15 @@ def report(
     )
 
 
-def main() -> None:
+def keep_turns(path: Path | None, name: str, seen: Seen) -> None:
+    if path is not None:
+        with path.open("a") as out:
+            out.writelines(
+                json.dumps({"run": name, **dataclasses.asdict(t)}) + "\n" for t in seen.turns
+            )
+
+
+def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--teams", type=int, default=2)
     parser.add_argument("--waves", type=int, default=4, help="delegate calls per team")
@@ -342,7 +297,18 @@ def main() -> None:
         "--disk-quota-mb", type=int, default=0, help="0: two fifths of the working set"
     )
     parser.add_argument("--turns-out", type=Path, help="append every turn here, a JSON line each")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--mlx-lm",
+        type=Path,
+        metavar="MODEL_DIR",
+        help="also replay the trace on mlx_lm.server over this model directory, through chat "
+        "completions, its prompt cache held to the memory budget",
+    )
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = arguments()
     print_machine()
     teams = plan(
         args.teams, args.waves, args.workers, args.steps, seed=args.seed, max_tool_s=args.max_tool_s
@@ -370,18 +336,29 @@ def main() -> None:
             data = Path(tmp) / name.split()[0]
             args_ = ("--kv-budget-mb", str(budget), "--disk-quota-mb", str(disk), *flag.split())
             with ServerProcess(data, *args_).start() as server:
-                asyncio.run(warm_up(server.url))
-                before = counters(server.url)
-                started = time.perf_counter()
-                seen = asyncio.run(run_trace(server.url, teams, told, args.seed))
-                report(name, seen, before, counters(server.url), time.perf_counter() - started)
-                if args.turns_out:
-                    with args.turns_out.open("a") as out:
-                        out.writelines(
-                            json.dumps({"run": name, **dataclasses.asdict(t)}) + "\n"
-                            for t in seen.turns
-                        )
+                ran = asyncio.run(run_trace(server.url, teams, told, args.seed, ""))
+                report(name, ran)
+                keep_turns(args.turns_out, name, ran.seen)
                 server.stop()
+    if args.mlx_lm:
+        replay_on_mlx_lm(args.mlx_lm, teams, args.seed, budget, args.turns_out)
+
+
+def replay_on_mlx_lm(
+    model_dir: Path, teams: list[Team], seed: int, budget_mb: int, turns_out: Path | None
+) -> None:
+    """The same trace on mlx_lm.server: every turn sends the agent's whole history (its
+    server keeps none), and its prompt cache may hold ``budget_mb`` (it has no disk tier)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        theirs = MlxLmServer(
+            model_dir, Path(tmp) / "mlx_lm.log", "--prompt-cache-bytes", str(budget_mb << 20)
+        )
+        try:
+            ran = asyncio.run(run_trace(theirs.url, teams, Hints(None, None), seed, theirs.model))
+            report("mlx_lm.server", ran)
+            keep_turns(turns_out, "mlx_lm.server", ran.seen)
+        finally:
+            theirs.stop()
 
 
 if __name__ == "__main__":

@@ -132,7 +132,8 @@ def _q(values: Sequence[float], q: float) -> float:
 class MlxLmServer:
     """``mlx_lm.server`` at its defaults on the same weights, with OpenBLAS preloaded."""
 
-    def __init__(self, model_path: Path, log: Path) -> None:
+    def __init__(self, model_path: Path, log: Path, *extra: str) -> None:
+        """``extra``: more of its flags (``--prompt-cache-bytes N``)."""
         self.model = str(model_path)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -146,6 +147,7 @@ class MlxLmServer:
                 str(model_path),
                 "--port",
                 str(self.port),
+                *extra,
             ],
             stdout=log.open("ab"),
             stderr=subprocess.STDOUT,
