@@ -17,6 +17,8 @@ from typing import Any, Protocol
 
 import httpx
 
+from benchmarks.common import content_of
+
 
 @dataclass(frozen=True)
 class TurnSeen:
@@ -147,11 +149,9 @@ class ChatDoor:
                 return None
             async for chunk in _events(reply):
                 usage = chunk.get("usage") or usage
-                for choice_ in chunk.get("choices") or ():
-                    delta = choice_.get("delta") or {}
-                    if delta.get("content") or delta.get("tool_calls"):
-                        streamed.token()
-                    text.append(delta.get("content") or "")
+                if said := content_of(chunk):
+                    streamed.token()
+                    text.append(said)
         streamed.record(self._seen, agent_id, usage)
         history.append({"role": "assistant", "content": "".join(text)})
         return None  # its history holds no call: the next turn's result goes as the user's
