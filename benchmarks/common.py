@@ -56,6 +56,11 @@ def load_bench(settings: Settings | None = None) -> Bench:
     print_machine()
     settings = settings or Settings()
     print(f"device: {use_device(settings.device)}")
+    return open_bench(settings)
+
+
+def open_bench(settings: Settings) -> Bench:
+    """The model ``settings`` name, loaded as the server loads it (no machine line)."""
     path, model_id = prepare_model(settings, ProgressPrinter())
     loaded = load_model(path, model_id)
     bench = Bench(loaded, MlxTokenizer(loaded.tokenizer), spec_from_model(loaded.model))

@@ -71,13 +71,21 @@ def test_gemma3_and_phi3_are_sliced_but_ride_nothing_and_say_why(family: str) ->
         assert family in (found[name] or "")
 
 
-def test_a_quantized_llama_says_the_host_pass_reads_float32_only() -> None:
+def test_a_quantized_llama_gets_the_host_pass_and_a_bfloat16_one_says_why_not() -> None:
+    """4- and 8-bit weights with float32 scales are read in place (ADR 0031); a bfloat16
+    model's products stay MLX's."""
     model = tiny_llama()
     nn.quantize(model, group_size=64, bits=4)  # type: ignore[attr-defined]  # mlx.nn's stubs omit it
     assert install(model)
-    why = _by_name(model)["host pass for small passes (ADR 0013)"] or ""
+    name = "host pass for small passes (ADR 0013)"
+    assert (_by_name(model)[name] is None) == blas_in_use().small_kernels
+    brain = tiny_llama()
+    brain.set_dtype(mx.bfloat16)
+    nn.quantize(brain, group_size=64, bits=4)  # type: ignore[attr-defined]  # mlx.nn's stubs omit it
+    assert install(brain)
+    why = _by_name(brain)[name] or ""
     if blas_in_use().small_kernels:
-        assert "QuantizedLinear" in why
+        assert "bfloat16" in why
 
 
 @pytest.mark.parametrize("family", ["llama3", "qwen2", "qwen3"])

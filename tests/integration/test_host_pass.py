@@ -11,7 +11,8 @@ import pytest
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from semantic.adapters.mlx.accelerator import Group
-from semantic.adapters.mlx.cpu.host_pass import HOST_PASS_ENV, HostPass
+from semantic.adapters.mlx.cpu.host_pass import HostPass
+from semantic.adapters.mlx.cpu.llama_native import HOST_PASS_ENV
 from semantic.adapters.mlx.kv.kv_blocks import gather_cache
 from semantic.adapters.mlx.kv.kv_payloads import MlxKV, StackedKV
 from semantic.adapters.mlx.kv.restored_prefix import RestoredPrefix

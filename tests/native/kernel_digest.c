@@ -17,6 +17,8 @@ void pieces_rms_norm(const float *x, const float *weight, float *out, int rows, 
 void pieces_swiglu(float *gate, const float *up, long n);
 void pieces_rope(float *row, int heads, int dim, int traditional, const float *cos_,
                  const float *sin_);
+void pieces_dequantize(const unsigned int *words, const float *scales, const float *biases,
+                       int bits, int n, float *out);
 const char *semantic_kernel_variant(void);
 
 static unsigned long long state = 88172645463325252ULL;
@@ -80,10 +82,27 @@ static void elementwise(void) {
     }
 }
 
+/* Every 4- and 8-bit value in every lane position, at scales and biases of both signs. */
+static void dequantization(void) {
+    enum { N = 576 };
+    unsigned int words[N / 4];
+    for (int i = 0; i < N / 4; i++) {
+        uniform(); /* the generator's next state: its bits are the word */
+        words[i] = (unsigned int)(state >> 16);
+    }
+    float *scales = randoms(N / 32), *biases = randoms(N / 32), out[N];
+    for (int bits = 4; bits <= 8; bits += 4) {
+        pieces_dequantize(words, scales, biases, bits, N, out);
+        emit(out, N);
+    }
+    free(scales), free(biases);
+}
+
 int main(void) {
     fprintf(stderr, "%s\n", semantic_kernel_variant());
     products();
     attention();
     elementwise();
+    dequantization();
     return 0;
 }

@@ -11,3 +11,10 @@ void pieces_rope(float *row, int heads, int dim, int traditional, const float *c
                  const float *sin_) {
     rope_row(row, heads, dim, traditional, cos_, sin_);
 }
+
+/* One row of a 4- or 8-bit weight dequantized (weights.h), groups of 32. */
+void pieces_dequantize(const unsigned int *words, const float *scales, const float *biases,
+                       int bits, int n, float *out) {
+    weight_t w = {words, scales, biases, bits, 32};
+    dequantize_row(&w, 0, n, out);
+}

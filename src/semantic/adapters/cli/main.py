@@ -85,7 +85,7 @@ def _parser() -> argparse.ArgumentParser:
         choices=WEIGHT_CHOICES,
         default=None,
         help="weight format of the embedded model (auto: float32 on a Linux "
-        "CPU, 4-bit on Apple silicon)",
+        "CPU, 4-bit on Apple silicon; quantized: the GGUF's own 4-bit; q8: 8-bit)",
     )
     common.add_argument(
         "--device",

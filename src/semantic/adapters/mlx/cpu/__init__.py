@@ -31,6 +31,7 @@ __all__ = [
     "accelerations_for",
     "accelerator_for",
     "install_attention",
+    "install_host_products",
     "kernel_name",
     "prefault_heap",
     "preload_fast_blas",
@@ -49,6 +50,13 @@ def accelerator_for(model: Any) -> Accelerator:
 def install_attention(model: Any) -> bool:
     """Swap in the host softmax attention where the model allows it (ADR 0008), at load."""
     from semantic.adapters.mlx.cpu.attention import install
+
+    return install(model)
+
+
+def install_host_products(model: Any) -> int:
+    """A quantized model's products on our kernels (ADR 0031), at load; how many layers."""
+    from semantic.adapters.mlx.cpu.host_weights import install
 
     return install(model)
 

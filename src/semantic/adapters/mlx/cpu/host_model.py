@@ -10,6 +10,7 @@ the addresses out as the C ``model_t``.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,8 +18,9 @@ import mlx.core as mx
 import numpy as np
 from mlx import nn
 
-from semantic.adapters.mlx.cpu import attention
+from semantic.adapters.mlx.cpu import attention, host_weights
 from semantic.adapters.mlx.cpu.fused_pass import fusion_obstacle
+from semantic.adapters.mlx.cpu.host_weights import HostWeight, WeightStruct
 from semantic.adapters.mlx.cpu.llama_layer import LlamaLayer
 from semantic.adapters.mlx.lm import Llama3RoPE
 from semantic.adapters.mlx.models.model_parts import MLPS
@@ -34,8 +36,9 @@ class _Layer(ctypes.Structure):
     """``layer_t``: a NULL bias or q/k norm is one the layer does not have."""
 
     _fields_ = [
-        (name, _Pointer)
-        for name in ("attn_norm", "mlp_norm", *_WEIGHTS, *_BIASES, "q_norm", "k_norm")
+        *((name, _Pointer) for name in ("attn_norm", "mlp_norm")),
+        *((name, WeightStruct) for name in _WEIGHTS),
+        *((name, _Pointer) for name in (*_BIASES, "q_norm", "k_norm")),
     ]
 
 
@@ -61,7 +64,8 @@ class HostModel:
     """The C struct for one model, and the arrays whose memory it points into."""
 
     struct: ModelStruct
-    embed: np.ndarray
+    embed: Callable[[np.ndarray], np.ndarray]
+    """Token ids to their float32 embeddings, as the model's own embedding computes them."""
     kv_heads: int
     head_dim: int
     hidden: int
@@ -101,8 +105,8 @@ def obstacle(model: Any) -> str | None:
     for layer in inner.layers:
         if (why := _layer_obstacle(layer)) is not None:
             return why
-    if not _plain_float32(getattr(inner.embed_tokens, "weight", None), inner.norm.weight):
-        return "embeddings or final norm not plain float32"
+    if not _plain_float32(inner.norm.weight) or _embedding_obstacle(inner.embed_tokens):
+        return "embeddings or final norm not float32 (or 4/8-bit embeddings)"
     if attention.softmax_pv_ranges_address() is None:
         return "our attention kernel is not built here"
     return None
@@ -143,19 +147,19 @@ def _weights(model: Any) -> dict[str, Any] | None:
     layers = inner.layers
     first = layers[0].self_attn.inner
     head_dim = _head_dim(first)
-    embed: Any = inner.embed_tokens.weight
     kept: list[Any] = []
     layer_structs = []
     for layer in layers:
-        arrays = _layer_arrays(layer)
-        host = [None if a is None else np.asarray(a) for a in arrays]
-        kept += host
-        layer_structs.append(_Layer(*(0 if h is None else h.ctypes.data for h in host)))
+        norms, weights, rest = _layer_arrays(layer)
+        host = [None if a is None else np.asarray(a) for a in (*norms, *rest)]
+        kept += [host, weights]
+        pointers = [0 if h is None else h.ctypes.data for h in host]
+        layer_structs.append(_Layer(*pointers[:2], *(w.struct for w in weights), *pointers[2:]))
     return {
-        "embed": np.asarray(embed),
+        "embed": _embedding_of(inner.embed_tokens),
         "dims": (
             len(layers),
-            int(embed.shape[1]),
+            int(inner.norm.weight.shape[0]),
             first.n_heads,
             first.n_kv_heads,
             head_dim,
@@ -177,34 +181,45 @@ def _layer_obstacle(layer: Any) -> str | None:
         return f"MLP {type(layer.mlp).__name__}: a llama-bodied SwiGLU MLP only"
     described = LlamaLayer(layer)
     linears = described.linears()
-    plain = nn.Linear  # type: ignore[attr-defined]  # mlx.nn ships no types
-    if kinds := {type(lin).__name__ for lin in linears if type(lin) is not plain}:
-        return f"{', '.join(sorted(kinds))} projections (quantized?): plain float32 Linear only"
+    if why := next(filter(None, map(host_weights.obstacle, linears)), None):
+        return why
     norms = [*described.norms(), *described.head_norms()]
     if any(type(norm) is not nn.RMSNorm for norm in norms):  # type: ignore[attr-defined]  # mlx.nn
         return "norms other than RMSNorm"
     if any(norm.eps != norms[0].eps for norm in norms):
         return "norms with different epsilons"
     biases = [lin.bias for lin in linears if "bias" in lin]
-    weights = [lin.weight for lin in linears]
-    if not _plain_float32(*(norm.weight for norm in norms), *weights, *biases):
-        return f"{linears[0].weight.dtype} weights: float32 only"
+    if not _plain_float32(*(norm.weight for norm in norms), *biases):
+        return "norms or biases not float32"
     return None
 
 
-def _layer_arrays(layer: Any) -> list[mx.array | None]:
-    """In ``layer_t``'s order: the two norms, the weights, the biases, the q/k norms."""
+def _layer_arrays(
+    layer: Any,
+) -> tuple[list[mx.array], list[HostWeight], list[mx.array | None]]:
+    """In ``layer_t``'s order: the two norms; the weights; the biases and the q/k norms."""
     described = LlamaLayer(layer)
     linears = described.linears()
     head_norms = [n.weight for n in described.head_norms()] or [None, None]
-    arrays = [
-        *(norm.weight for norm in described.norms()),
-        *(lin.weight for lin in linears),
-        *(lin.bias if "bias" in lin else None for lin in linears),
-        *head_norms,
-    ]
-    mx.eval([a for a in arrays if a is not None])
-    return arrays
+    norms = [norm.weight for norm in described.norms()]
+    rest = [*(lin.bias if "bias" in lin else None for lin in linears), *head_norms]
+    mx.eval([a for a in (*norms, *rest) if a is not None])
+    return norms, [HostWeight.of(lin) for lin in linears], rest
+
+
+def _embedding_obstacle(embedding: Any) -> str | None:
+    if type(embedding) is nn.Embedding:  # type: ignore[attr-defined]  # mlx.nn ships no types
+        return None if _plain_float32(embedding.weight) else "embeddings not float32"
+    return host_weights.obstacle(embedding)
+
+
+def _embedding_of(embedding: Any) -> Callable[[np.ndarray], np.ndarray]:
+    """A float32 table is indexed in place; a quantized one's rows are dequantized by its
+    own module, so they are MLX's bits."""
+    if type(embedding) is nn.Embedding:  # type: ignore[attr-defined]  # mlx.nn ships no types
+        table = np.asarray(embedding.weight)
+        return lambda tokens: table[tokens]
+    return lambda tokens: np.asarray(embedding(mx.array(tokens)))
 
 
 def _plain_float32(*arrays: Any) -> bool:

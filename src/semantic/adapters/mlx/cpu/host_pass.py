@@ -14,9 +14,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
-import os
-import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,15 +25,15 @@ from semantic.adapters.mlx.accelerator import Group
 from semantic.adapters.mlx.cpu import host_model
 from semantic.adapters.mlx.cpu.fused_pass import MAX_ROWS
 from semantic.adapters.mlx.cpu.host_model import HostModel
-from semantic.adapters.mlx.cpu.native_build import NATIVE_DIR, build_library
+from semantic.adapters.mlx.cpu.llama_native import (
+    HOST_PASS_ENV,
+    native_library,
+    small_kernels_loaded,
+    wanted,
+)
 from semantic.adapters.mlx.kv.cache_growth import LEAD, GrowAhead, alike
 from semantic.adapters.mlx.kv.restored_prefix import RestoredPrefix
 from semantic.adapters.mlx.lm import BatchKVCache, KVCache
-
-log = logging.getLogger(__name__)
-
-HOST_PASS_ENV = "SEMANTIC_HOST_PASS"
-"""``0``: every pass on MLX."""
 
 NAME = "llama-host-pass-v3"
 """Goes into the model fingerprint: KV computed by this pass rounds differently. v3: one
@@ -73,17 +70,13 @@ def supported(model: Any) -> bool:
 
 def obstacle(model: Any) -> str | None:
     """Why this model's small passes cannot run on the host; None when they can."""
-    if not _wanted():
+    if not wanted():
         return f"{HOST_PASS_ENV}=0"
-    if not _small_kernels_loaded():
+    if not small_kernels_loaded():
         return "our matmul kernels are not in front of the BLAS (their own line says why)"
-    if _library() is None:
+    if _pass_function() is None:
         return "native/llama_pass.c did not build (no C compiler?)"
     return host_model.obstacle(model)
-
-
-def _wanted() -> bool:
-    return os.environ.get(HOST_PASS_ENV) != "0"
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,9 +107,9 @@ class HostPass:
         """None unless the model is a float32 llama-bodied one with our attention, where
         our kernels built (and ``SEMANTIC_HOST_PASS`` is not ``0``). ``grow_lead``: see
         ``cache_growth.LEAD``."""
-        if not _wanted():
+        if not wanted():
             return None
-        function = _library()
+        function = _pass_function()
         weights = HostModel.of(model) if function is not None else None
         if weights is None:
             return None
@@ -143,7 +136,7 @@ class HostPass:
             return None
         mx.eval([g.tokens for g in groups])
         tokens = [np.asarray(g.tokens).astype(np.int64).reshape(-1) for g in groups]
-        x = np.ascontiguousarray(self._embed[np.concatenate(tokens)], dtype=np.float32)
+        x = np.ascontiguousarray(self._embed(np.concatenate(tokens)), dtype=np.float32)
         plans = [self._make_room(g) for g in groups]
         described = [self._describe(g, plan) for g, plan in zip(groups, plans, strict=True)]
         structs = (_Group * len(groups))(*(d[0] for d in described))
@@ -287,28 +280,12 @@ def _advance(caches: list[Any], length: int) -> None:
 
 
 @functools.cache
-def _library() -> Any:
-    """The loaded ``semantic_llama_pass``; None without a compiler or our matmul kernel."""
-    if not _wanted() or not _small_kernels_loaded():
+def _pass_function() -> Any:
+    """``semantic_llama_pass``; None where the library is not loaded."""
+    native = native_library()
+    if native is None:
         return None
-    try:
-        library = build_library(NATIVE_DIR / "llama_pass.c", "libsemantic_llama_pass")
-        if library is None:
-            return None
-        function = ctypes.CDLL(str(library)).semantic_llama_pass
-    except (OSError, subprocess.SubprocessError) as error:
-        log.warning("host pass unavailable (%s); small passes run on MLX", error)
-        return None
+    function = native.semantic_llama_pass
     function.argtypes = [_Pointer, ctypes.c_int, _Pointer, ctypes.c_int, _Pointer]
     function.restype = ctypes.c_int
     return function
-
-
-def _small_kernels_loaded() -> bool:
-    """Our batch-invariant matmul kernel answers for ``cblas_sgemm`` (ADR 0010)."""
-    try:
-        probe = ctypes.CDLL(None).semantic_blas_small_kernels
-    except AttributeError:
-        return False
-    probe.restype = ctypes.c_int
-    return bool(probe())

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from semantic.adapters.mlx.cpu import install_attention
+from semantic.adapters.mlx.cpu import install_attention, install_host_products
 from semantic.adapters.mlx.errors import CorruptModelError, ModelDownloadError, UnknownModelError
 from semantic.adapters.mlx.lm import load as mlx_lm_load
 from semantic.adapters.mlx.models.gguf import WeightFormat
@@ -69,8 +69,13 @@ def load_model(path: Path, model_id: str) -> LoadedModel:
             "embedded model: `semantic model pull --force`)."
         ) from error
     fast = install_attention(model)
+    products = install_host_products(model)
     log.info(
-        "loaded model %s from %s%s", model_id, path, " (host softmax attention)" if fast else ""
+        "loaded model %s from %s%s%s",
+        model_id,
+        path,
+        " (host softmax attention)" if fast else "",
+        f" ({products} quantized products on our kernels)" if products else "",
     )
     return LoadedModel(model, tokenizer, path, model_id, dict(config), fast)
 

@@ -35,12 +35,14 @@
 #include <string.h>
 
 #include "helper.h"
+#include "scratch.h"
 #include "simd.h"
 #include "softmax_pv.h"
+#include "weights.h"
 
 typedef struct {
     const float *attn_norm, *mlp_norm;
-    const float *wq, *wk, *wv, *wo, *wg, *wu, *wd; /* [out][in], as MLX's Linear keeps them */
+    weight_t wq, wk, wv, wo, wg, wu, wd; /* [out][in], as the model file keeps them */
     const float *bq, *bk, *bv, *bo, *bg, *bu, *bd; /* [out] biases (Qwen2's q/k/v), or NULL */
     const float *q_norm, *k_norm; /* [head_dim] per-head RMS norms before RoPE (Qwen3), or NULL */
 } layer_t;
@@ -73,63 +75,6 @@ typedef struct {
     int n_segments;
     const segment_t *const *segments; /* [layers][n_segments]; a group of one sequence */
 } group_t;
-
-typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float *, int,
-                         const float *, int, float, float *, int);
-enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 };
-
-static sgemm_fn sgemm(void) {
-    static sgemm_fn found;
-    if (found == NULL) found = (sgemm_fn)dlsym(RTLD_DEFAULT, "cblas_sgemm");
-    return found;
-}
-
-/* y = x @ w^T (+ bias) for `rows` rows: x [rows][in], w [out][in], y [rows][out]. With a
- * bias, as MLX's addmm does it on the CPU: y filled with the bias, then one product with
- * beta 1, so the bias is added where MLX adds it. */
-static void linear(const float *x, const float *w, const float *bias, float *y, int rows, int in,
-                   int out) {
-    if (bias != NULL)
-        for (int r = 0; r < rows; r++) memcpy(y + (long)r * out, bias, out * sizeof(float));
-    float beta = bias != NULL ? 1.0f : 0.0f;
-    sgemm()(ROW_MAJOR, NO_TRANS, TRANS, rows, out, in, 1.0f, x, in, w, in, beta, y, out);
-}
-
-/* Scratch that grows and is kept, one per calling thread (the engine's, pass after pass),
- * freed when that thread exits. */
-typedef struct {
-    float *buffer;
-    size_t held;
-} scratch_t;
-
-static pthread_key_t scratch_key;
-static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
-
-static void free_scratch(void *held) {
-    scratch_t *s = held;
-    free(s->buffer);
-    free(s);
-}
-
-static void make_scratch_key(void) { pthread_key_create(&scratch_key, free_scratch); }
-
-static float *scratch(size_t floats) {
-    pthread_once(&scratch_once, make_scratch_key);
-    scratch_t *s = pthread_getspecific(scratch_key);
-    if (s == NULL) {
-        s = calloc(1, sizeof *s);
-        if (s == NULL || pthread_setspecific(scratch_key, s) != 0) {
-            free(s);
-            return NULL;
-        }
-    }
-    if (floats > s->held) {
-        free(s->buffer);
-        s->buffer = aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
-        s->held = s->buffer != NULL ? floats : 0;
-    }
-    return s->buffer;
-}
 
 static void rms_norm(const float *x, const float *weight, float *out, int rows, int n, float eps) {
     int body = n - n % 16;
@@ -193,8 +138,6 @@ static void rope_row(float *row, int heads, int dim, int traditional, const floa
         }
     }
 }
-
-enum { KERNEL_ROWS = 32 }; /* the matmul kernel's batch-invariant reach (small_sgemm.c) */
 
 /* scores[r][0:n] = q[r] . keys[0:n] for up to 32 query rows: within our kernel's reach, so a
  * score's bits do not depend on how many rows share its product or on whether its keys lie
@@ -323,6 +266,39 @@ static int attend_group(const layer_io_t *io, const group_t *g, int layer, int r
     return 0;
 }
 
+/* The buffers of one pass beyond layer_io_t's: [rows][hidden] and [rows][inter]. */
+typedef struct {
+    float *h, *delta, *gate, *up;
+} body_io_t;
+
+/* One layer for all rows; 0, or -1 if scratch memory ran out. */
+static int one_layer(const layer_io_t *io, const body_io_t *b, int l, int n_groups,
+                     const group_t *groups, int rows, float *x) {
+    const model_t *m = io->m;
+    const layer_t *w = &m->layer[l];
+    int n = m->hidden, q_width = m->heads * m->head_dim, kv_width = m->kv_heads * m->head_dim;
+    int failed = 0;
+    rms_norm(x, w->attn_norm, b->h, rows, n, m->eps);
+    failed |= weight_product(b->h, &w->wq, w->bq, io->q, rows, n, q_width);
+    failed |= weight_product(b->h, &w->wk, w->bk, io->k, rows, n, kv_width);
+    failed |= weight_product(b->h, &w->wv, w->bv, io->v, rows, n, kv_width);
+    if (w->q_norm != NULL) { /* every head of every row is a row of head_dim here */
+        rms_norm(io->q, w->q_norm, io->q, rows * m->heads, m->head_dim, m->eps);
+        rms_norm(io->k, w->k_norm, io->k, rows * m->kv_heads, m->head_dim, m->eps);
+    }
+    for (int gi = 0, r0 = 0; gi < n_groups; r0 += groups[gi].batch * groups[gi].length, gi++)
+        failed |= attend_group(io, &groups[gi], l, r0);
+    failed |= weight_product(io->mixed, &w->wo, w->bo, b->delta, rows, q_width, n);
+    add_into(x, b->delta, (long)rows * n);
+    rms_norm(x, w->mlp_norm, b->h, rows, n, m->eps);
+    failed |= weight_product(b->h, &w->wg, w->bg, b->gate, rows, n, m->inter);
+    failed |= weight_product(b->h, &w->wu, w->bu, b->up, rows, n, m->inter);
+    swiglu(b->gate, b->up, (long)rows * m->inter);
+    failed |= weight_product(b->gate, &w->wd, w->bd, b->delta, rows, m->inter, n);
+    add_into(x, b->delta, (long)rows * n);
+    return failed ? -1 : 0;
+}
+
 /* Returns 0 when done; -1 if cblas_sgemm cannot be found or memory ran out (then the
  * caches may hold some of this pass's keys past their offsets, which nothing reads). */
 int semantic_llama_pass(const model_t *m, int n_groups, const group_t *groups, int rows,
@@ -347,31 +323,21 @@ int semantic_llama_pass(const model_t *m, int n_groups, const group_t *groups, i
                     sin_[(long)row * half + i] = (float)sin(angle);
                 }
     layer_io_t io = {m, q, k, v, mixed, cos_, sin_};
-    for (int l = 0; l < m->layers; l++) {
-        const layer_t *w = &m->layer[l];
-        rms_norm(x, w->attn_norm, h, rows, n, m->eps);
-        linear(h, w->wq, w->bq, q, rows, n, q_width);
-        linear(h, w->wk, w->bk, k, rows, n, kv_width);
-        linear(h, w->wv, w->bv, v, rows, n, kv_width);
-        if (w->q_norm != NULL) { /* every head of every row is a row of head_dim here */
-            rms_norm(q, w->q_norm, q, rows * m->heads, m->head_dim, m->eps);
-            rms_norm(k, w->k_norm, k, rows * m->kv_heads, m->head_dim, m->eps);
+    body_io_t body = {h, delta, gate, up};
+    for (int l = 0; l < m->layers; l++)
+        if (one_layer(&io, &body, l, n_groups, groups, rows, x) != 0) {
+            free(work);
+            return -1;
         }
-        for (int gi = 0, r0 = 0; gi < n_groups; r0 += groups[gi].batch * groups[gi].length, gi++)
-            if (attend_group(&io, &groups[gi], l, r0) != 0) {
-                free(work);
-                return -1;
-            }
-        linear(mixed, w->wo, w->bo, delta, rows, q_width, n);
-        add_into(x, delta, (long)rows * n);
-        rms_norm(x, w->mlp_norm, h, rows, n, m->eps);
-        linear(h, w->wg, w->bg, gate, rows, n, m->inter);
-        linear(h, w->wu, w->bu, up, rows, n, m->inter);
-        swiglu(gate, up, (long)rows * m->inter);
-        linear(gate, w->wd, w->bd, delta, rows, m->inter, n);
-        add_into(x, delta, (long)rows * n);
-    }
     rms_norm(x, m->final_norm, x, rows, n, m->eps);
     free(work);
     return 0;
+}
+
+/* y = x @ w^T for a weight outside the layers (a quantized output head), on the same
+ * kernels as the pass; 0, or -1 as semantic_llama_pass. */
+int semantic_weight_product(const weight_t *w, const float *x, const float *bias, float *y,
+                            int rows, int in, int out) {
+    if (sgemm() == NULL) return -1;
+    return weight_product(x, w, bias, y, rows, in, out);
 }

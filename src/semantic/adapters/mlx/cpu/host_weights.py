@@ -1,0 +1,213 @@
+"""Weight matrices as ``native/weights.h`` reads them, and quantized layers computed there.
+
+MLX's CPU quantized matmul reads about a nanosecond per weight here: 25 ms for SmolLM2's
+8-bit output head for one row, 200 ms for eight (ADR 0031). Our product reads the packed
+4- and 8-bit words in place and multiplies them on the small-product kernel, so a 4-bit
+model moves an eighth of the bytes of its float32 copy and computes the same bits.
+At load on the CPU (``install``), a quantized model's float16 parameters (a GGUF's scales
+and biases) are widened to float32, exactly, so the whole model runs in float32 as the
+host pass does; then its quantized linears and its quantized head become the subclasses
+below, which run MLX's graph up to their input and our product from there. A bfloat16
+model is left to MLX (ADR 0031 says why).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+from mlx import nn
+from mlx.utils import tree_flatten, tree_unflatten
+
+from semantic.adapters.mlx.cpu.llama_native import native_library
+
+_Pointer = ctypes.c_void_p
+
+FLOAT32, Q8, Q4 = 0, 8, 4
+"""``weight_t.kind``: the quantized kinds are their bit widths."""
+
+
+class WeightStruct(ctypes.Structure):
+    """``weight_t`` of ``native/weights.h``."""
+
+    _fields_ = [
+        ("data", _Pointer),
+        ("scales", _Pointer),
+        ("biases", _Pointer),
+        ("kind", ctypes.c_int),
+        ("group", ctypes.c_int),
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class HostWeight:
+    """The C struct of one weight matrix, and the arrays whose memory it points into."""
+
+    struct: WeightStruct
+    in_dims: int
+    out_dims: int
+    kept: tuple[np.ndarray, ...]
+
+    @classmethod
+    def of(cls, layer: Any) -> HostWeight:
+        """A plain float32 ``Linear``, or an affine 4/8-bit quantized linear or embedding
+        (``obstacle`` says None)."""
+        weight = np.asarray(_evaluated(layer.weight))
+        if not _is_quantized(layer):
+            out_dims, in_dims = weight.shape
+            struct = WeightStruct(weight.ctypes.data, None, None, FLOAT32, 0)
+            return cls(struct, in_dims, out_dims, (weight,))
+        scales, biases = (np.asarray(_evaluated(a)) for a in (layer.scales, layer.biases))
+        struct = WeightStruct(
+            weight.ctypes.data, scales.ctypes.data, biases.ctypes.data, layer.bits, layer.group_size
+        )
+        in_dims = weight.shape[1] * 32 // layer.bits
+        return cls(struct, in_dims, weight.shape[0], (weight, scales, biases))
+
+
+def obstacle(layer: Any) -> str | None:
+    """Why ``native/weights.h`` cannot read this layer's weight as it is; None if it can."""
+    if type(layer) is nn.Linear:  # type: ignore[attr-defined]  # mlx.nn ships no types
+        if not _plain_float32(layer.weight):
+            return f"{layer.weight.dtype} weights: float32 only, or 4/8-bit"
+        return None
+    if not _is_quantized(layer):
+        return f"{type(layer).__name__} projections: Linear or QuantizedLinear only"
+    if layer.mode != "affine" or layer.bits not in (4, 8) or layer.get("biases") is None:
+        return f"{layer.mode} {layer.bits}-bit quantization: affine 4- or 8-bit only"
+    if layer.group_size % 16:
+        return f"quantization groups of {layer.group_size}: a multiple of 16 only"
+    if not _plain_float32(layer.scales, layer.biases):
+        return f"{layer.scales.dtype} quantization scales: float32 (or float16, widened) only"
+    return None
+
+
+def install(model: Any) -> int:
+    """On the CPU, a quantized model's float16 parameters widened to float32 and its
+    quantized layers that our product reads swapped for the subclasses below; how many."""
+    if mx.default_device() != mx.cpu or native_library() is None:
+        return 0
+    quantized = [(name, m) for name, m in model.named_modules() if _is_quantized(m)]
+    if not quantized:
+        return 0
+    _widen(model)
+    swapped = [(name, _host_twin(m)) for name, m in quantized if obstacle(m) is None]
+    model.update_modules(tree_unflatten(swapped))
+    return len(swapped)
+
+
+class HostQuantizedLinear(nn.QuantizedLinear):  # type: ignore[misc, name-defined]  # mlx.nn: untyped
+    """A ``QuantizedLinear`` whose float32 products run on our kernels."""
+
+    def __init__(self, source: Any) -> None:
+        nn.Module.__init__(self)  # type: ignore[attr-defined]  # mlx.nn: untyped
+        _copy_quantized(source, self)
+        if "bias" in source:
+            self.bias = source.bias
+        self.freeze()
+        self._host = HostWeight.of(self)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if x.dtype != mx.float32:
+            return super().__call__(x)  # type: ignore[no-any-return]  # mlx.nn: untyped
+        return product(self._host, x, self.get("bias"))
+
+
+class HostQuantizedEmbedding(nn.QuantizedEmbedding):  # type: ignore[misc, name-defined]  # mlx.nn
+    """A ``QuantizedEmbedding`` whose use as the output head runs on our kernels."""
+
+    def __init__(self, source: Any) -> None:
+        nn.Module.__init__(self)  # type: ignore[attr-defined]  # mlx.nn: untyped
+        _copy_quantized(source, self)
+        self.num_embeddings, self.dims = source.num_embeddings, source.dims
+        self.freeze()
+        self._host = HostWeight.of(self)
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        if x.dtype != mx.float32:
+            return super().as_linear(x)  # type: ignore[no-any-return]  # mlx.nn: untyped
+        return product(self._host, x, None)
+
+
+def product(weight: HostWeight, x: mx.array, bias: mx.array | None) -> mx.array:
+    """``x @ W^T (+ bias)`` over the last axis of ``x``, evaluated now."""
+    rows = x.size // weight.in_dims
+    flat = np.ascontiguousarray(np.asarray(_evaluated(x)).reshape(rows, weight.in_dims))
+    out = np.empty((rows, weight.out_dims), np.float32)
+    held = None if bias is None else np.ascontiguousarray(np.asarray(_evaluated(bias)))
+    if rows:
+        status = _product_function()(
+            ctypes.byref(weight.struct),
+            flat.ctypes.data,
+            None if held is None else held.ctypes.data,
+            out.ctypes.data,
+            rows,
+            weight.in_dims,
+            weight.out_dims,
+        )
+        if status != 0:
+            raise MemoryError("the weight product could not allocate its scratch memory")
+    return mx.array(out).reshape(*x.shape[:-1], weight.out_dims)
+
+
+@functools.cache
+def _product_function() -> Any:
+    found = native_library()
+    if found is None:
+        raise RuntimeError("native/llama_pass.c is not built here")
+    function = found.semantic_weight_product
+    function.argtypes = [
+        _Pointer,
+        _Pointer,
+        _Pointer,
+        _Pointer,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+    ]
+    function.restype = ctypes.c_int
+    return function
+
+
+def _host_twin(layer: Any) -> Any:
+    if isinstance(layer, nn.QuantizedEmbedding):  # type: ignore[attr-defined]  # mlx.nn
+        return HostQuantizedEmbedding(layer)
+    return HostQuantizedLinear(layer)
+
+
+def _copy_quantized(source: Any, target: Any) -> None:
+    target.group_size, target.bits, target.mode = source.group_size, source.bits, source.mode
+    target.weight, target.scales, target.biases = source.weight, source.scales, source.biases
+
+
+def _widen(model: Any) -> None:
+    """float16 parameters (a GGUF's scales and biases) to float32: exact. bfloat16 models
+    keep their dtype (and MLX's products): their KV stays bfloat16, which the host pass
+    does not write."""
+    narrow = (mx.float16,)
+    parameters: Any = tree_flatten(model.parameters())  # a list of (path, array) pairs
+    wider = [(k, v.astype(mx.float32)) for k, v in parameters if v.dtype in narrow]
+    if wider:
+        model.update(tree_unflatten(wider))
+        mx.eval([v for _, v in wider])
+
+
+def _is_quantized(layer: Any) -> bool:
+    kinds = (nn.QuantizedLinear, nn.QuantizedEmbedding)  # type: ignore[attr-defined]  # mlx.nn
+    return isinstance(layer, kinds)
+
+
+def _evaluated(array: mx.array) -> mx.array:
+    mx.eval(array)
+    return array
+
+
+def _plain_float32(*arrays: Any) -> bool:
+    return all(
+        isinstance(a, mx.array) and a.dtype == mx.float32 and np.asarray(a).flags.c_contiguous
+        for a in arrays
+    )

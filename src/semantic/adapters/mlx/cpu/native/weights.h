@@ -1,0 +1,152 @@
+/*
+ * A weight matrix in the format the model file keeps it, multiplied by a few activation
+ * rows: float32, or MLX's group-wise affine 8-bit and 4-bit (weights packed into uint32
+ * words, low bits first; a float32 scale and bias per group of `group` inputs). See
+ * docs/adr/0031-quantized-weights-on-the-host.md.
+ *
+ * A quantized product dequantizes 16 output rows at a time into per-thread scratch (it
+ * stays in L2) and multiplies them with our small-product kernel (cblas_sgemm, small_sgemm.c)
+ * 32 activation rows at a time. So an output element is the same bits as the float32
+ * product over the dequantized matrix, whatever the number of rows or their place in a
+ * batch; and dequantization rounds as mx.dequantize does (q * scale, then + bias, two
+ * roundings), so a 4-bit model here computes what its float32 dequantized copy computes.
+ * Memory read per weight: 0.5 byte (4-bit) or 1 byte (8-bit) instead of 4.
+ */
+#ifndef SEMANTIC_WEIGHTS_H
+#define SEMANTIC_WEIGHTS_H
+#include <dlfcn.h>
+#include <stddef.h>
+#include <string.h>
+
+#include "helper.h"
+#include "scratch.h"
+#include "quantized.h"
+#include "simd.h"
+
+typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float *, int,
+                         const float *, int, float, float *, int);
+enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 };
+enum { KERNEL_ROWS = 32 }; /* the matmul kernel's batch-invariant reach (small_sgemm.c) */
+enum { DEQUANTIZED_ROWS = 16 };
+
+static sgemm_fn sgemm(void) {
+    static sgemm_fn found;
+    if (found == NULL) found = (sgemm_fn)dlsym(RTLD_DEFAULT, "cblas_sgemm");
+    return found;
+}
+
+typedef struct {
+    const weight_t *w;
+    const float *x;
+    float *y;
+    int rows, in, out;
+    float beta;
+    int failed;
+} weight_task_t;
+
+/* Output rows [16 unit, 16 (unit + 1)) for every activation row, unit by unit. */
+static void weight_units(const void *context, int from, int to) {
+    weight_task_t *t = (weight_task_t *)context;
+    float *dense = scratch((size_t)DEQUANTIZED_ROWS * t->in);
+    if (dense == NULL) {
+        t->failed = 1;
+        return;
+    }
+    for (int unit = from; unit < to; unit++) {
+        int first = unit * DEQUANTIZED_ROWS;
+        int n = t->out - first < DEQUANTIZED_ROWS ? t->out - first : DEQUANTIZED_ROWS;
+        for (int o = 0; o < n; o++) dequantize_row(t->w, first + o, t->in, dense + (long)o * t->in);
+        for (int r = 0; r < t->rows; r += KERNEL_ROWS) {
+            int rows = t->rows - r < KERNEL_ROWS ? t->rows - r : KERNEL_ROWS;
+            sgemm()(ROW_MAJOR, NO_TRANS, TRANS, rows, n, t->in, 1.0f, t->x + (long)r * t->in,
+                    t->in, dense, t->in, t->beta, t->y + (long)r * t->out + first, t->out);
+        }
+    }
+}
+
+/* Up to FUSED_ROWS activation rows: each 16 weights are dequantized in registers and met
+ * by every row there, nothing written back. The sums are the small kernel's (16 logical
+ * lanes over the depth, halved in simd.h's order, then the bias), so the bits are those of
+ * the dequantize-then-multiply path above; `rows` is a constant once inlined. */
+enum { FUSED_ROWS = 8, PREFETCH_ROWS = 16 };
+/* Rows up to which the fused loop runs: its accumulators (rows x PARTS registers) must
+ * stay in registers, 32 of them with AVX-512, 16 with AVX2 and NEON. */
+#define FUSED_REACH (LANES == 16 ? 8 : 2)
+
+static inline __attribute__((always_inline)) void fused_rows(const int rows, const int kind,
+                                                             const weight_task_t *t, int o) {
+    const weight_t *w = t->w;
+    int groups = t->in / w->group;
+    const unsigned char *packed = (const unsigned char *)w->data + (long)o * t->in * w->kind / 8;
+    long row_bytes = (long)t->in * kind / 8, ahead = (long)o + PREFETCH_ROWS < t->out ? PREFETCH_ROWS : 0;
+    for (long at = 0; at < row_bytes; at += 64) __builtin_prefetch(packed + ahead * row_bytes + at);
+    for (long at = 0; at < groups; at += 16) {
+        __builtin_prefetch(w->scales + (o + ahead) * groups + at);
+        __builtin_prefetch(w->biases + (o + ahead) * groups + at);
+    }
+    vf acc[FUSED_ROWS][PARTS];
+    for (int i = 0; i < rows; i++)
+        for (int q = 0; q < PARTS; q++) acc[i][q] = splat(0.0f);
+    for (int g = 0; g < groups; g++) {
+        group_decoder_t d = group_decoder(w->scales[(long)o * groups + g], w->biases[(long)o * groups + g]);
+        for (int at = g * w->group; at < (g + 1) * w->group; at += 16)
+            for (int q = 0; q < PARTS; q++) {
+                vf weights = weights_at(packed, kind, at + q * LANES, &d);
+                for (int i = 0; i < rows; i++)
+                    acc[i][q] += load(t->x + (long)i * t->in + at + q * LANES) * weights;
+            }
+    }
+    for (int i = 0; i < rows; i++) {
+        float sum = halve(acc[i]), *out = t->y + (long)i * t->out + o;
+        *out = t->beta == 0.0f ? sum : sum + t->beta * *out;
+    }
+}
+
+/* Output rows [from, to), each on its own; the loop compiled for each row count and
+ * format. */
+#define FUSED_CASES(kind)                                                                  \
+    switch (t->rows) {                                                                     \
+    case 1: for (int o = from; o < to; o++) fused_rows(1, kind, t, o); break;              \
+    case 2: for (int o = from; o < to; o++) fused_rows(2, kind, t, o); break;              \
+    case 3: for (int o = from; o < to; o++) fused_rows(3, kind, t, o); break;              \
+    case 4: for (int o = from; o < to; o++) fused_rows(4, kind, t, o); break;              \
+    case 5: for (int o = from; o < to; o++) fused_rows(5, kind, t, o); break;              \
+    case 6: for (int o = from; o < to; o++) fused_rows(6, kind, t, o); break;              \
+    case 7: for (int o = from; o < to; o++) fused_rows(7, kind, t, o); break;              \
+    default: for (int o = from; o < to; o++) fused_rows(8, kind, t, o); break;             \
+    }
+
+static void fused_units(const void *context, int from, int to) {
+    const weight_task_t *t = context;
+    if (t->w->kind == WEIGHT_Q4) {
+        FUSED_CASES(WEIGHT_Q4)
+    } else {
+        FUSED_CASES(WEIGHT_Q8)
+    }
+}
+
+/* y = x @ w^T (+ bias) for `rows` rows: x [rows][in], y [rows][out]. With a bias, as MLX's
+ * addmm does it on the CPU: y filled with the bias, then one product with beta 1, so the
+ * bias is added where MLX adds it. Returns 0, or -1 if scratch memory ran out. */
+static int weight_product(const float *x, const weight_t *w, const float *bias, float *y,
+                          int rows, int in, int out) {
+    if (bias != NULL)
+        for (int r = 0; r < rows; r++) memcpy(y + (long)r * out, bias, out * sizeof(float));
+    float beta = bias != NULL ? 1.0f : 0.0f;
+    if (w->kind == WEIGHT_FLOAT32) {
+        sgemm()(ROW_MAJOR, NO_TRANS, TRANS, rows, out, in, 1.0f, x, in, w->data, in, beta, y, out);
+        return 0;
+    }
+    weight_task_t task = {w, x, y, rows, in, out, beta, 0};
+    int fused = rows <= FUSED_REACH;
+    int units = fused ? out : (out + DEQUANTIZED_ROWS - 1) / DEQUANTIZED_ROWS;
+    work_fn work = fused ? fused_units : weight_units;
+    parallel_fn parallel = shared_helper();
+    if (parallel != NULL && units > 1)
+        parallel(work, &task, units, fused ? DEQUANTIZED_ROWS : 1);
+    else
+        work(&task, 0, units);
+    return task.failed ? -1 : 0;
+}
+
+#endif

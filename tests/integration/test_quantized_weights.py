@@ -1,0 +1,178 @@
+"""4- and 8-bit weights on our kernels (native/weights.h, ADR 0031), against MLX's own."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx import nn
+from mlx.utils import tree_flatten, tree_map
+from mlx_lm.models.cache import KVCache
+
+from semantic.adapters.mlx.accelerator import Group
+from semantic.adapters.mlx.cpu import host_weights
+from semantic.adapters.mlx.cpu.attention import install as install_attention
+from semantic.adapters.mlx.cpu.host_pass import HostPass
+from semantic.adapters.mlx.cpu.host_weights import (
+    HostQuantizedEmbedding,
+    HostQuantizedLinear,
+    HostWeight,
+    product,
+)
+from semantic.adapters.mlx.cpu.llama_native import native_library
+from tests.helpers import tiny_family
+
+TOLERANCE = 5e-4
+"""Relative to the largest value: the products differ from MLX's in summation order only."""
+
+pytestmark = pytest.mark.skipif(
+    native_library() is None, reason="no host kernels here (no compiler or no FMA)"
+)
+
+
+def quantized_linear(bits: int, out_dims: int = 80, in_dims: int = 96) -> Any:
+    mx.random.seed(bits)
+    plain = nn.Linear(in_dims, out_dims)  # type: ignore[attr-defined]  # mlx.nn: untyped
+    return nn.QuantizedLinear.from_linear(plain, group_size=32, bits=bits)  # type: ignore[attr-defined]  # mlx.nn: untyped
+
+
+def dequantized(layer: Any) -> Any:
+    """The float32 ``Linear`` that ``mx.dequantize`` makes of a quantized one."""
+    in_dims, out_dims = layer.weight.shape[1] * 32 // layer.bits, layer.weight.shape[0]
+    plain = nn.Linear(in_dims, out_dims, bias="bias" in layer)  # type: ignore[attr-defined]  # mlx.nn: untyped
+    plain.weight = mx.dequantize(
+        layer.weight, layer.scales, layer.biases, group_size=layer.group_size, bits=layer.bits
+    )
+    if "bias" in layer:
+        plain.bias = layer.bias
+    return plain
+
+
+def close(ours: mx.array, theirs: mx.array) -> bool:
+    a, b = np.asarray(ours), np.asarray(theirs)
+    return bool(np.abs(a - b).max() <= TOLERANCE * np.abs(b).max())
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("rows", [1, 3, 32])
+def test_a_quantized_product_is_the_float32_product_of_its_dequantized_weights(
+    bits: int, rows: int
+) -> None:
+    layer = quantized_linear(bits)
+    x = mx.random.normal((rows, 96))
+    ours = product(HostWeight.of(layer), x, layer.bias)
+    plain = dequantized(layer)
+    theirs = product(HostWeight.of(plain), x, plain.bias)
+    assert np.array_equal(np.asarray(ours), np.asarray(theirs))
+    assert close(ours, layer(x))  # MLX's quantized matmul
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_a_row_of_a_quantized_product_is_the_same_bits_alone_and_among_many(bits: int) -> None:
+    """Past 32 rows the activations go 32 at a time through the same kernel."""
+    weight = HostWeight.of(quantized_linear(bits, out_dims=200))
+    x = mx.random.normal((70, 96))
+    together = np.asarray(product(weight, x, None))
+    for row in (0, 31, 32, 69):
+        alone = np.asarray(product(weight, x[row : row + 1], None))
+        assert np.array_equal(alone[0], together[row])
+
+
+def test_install_widens_a_gguf_models_float16_scales_and_swaps_its_quantized_layers() -> None:
+    model = tiny_family("llama", seed=3)
+    nn.quantize(model, group_size=32, bits=4)  # type: ignore[attr-defined]  # mlx.nn's stubs omit it
+    narrow = tree_map(
+        lambda p: p.astype(mx.float16) if p.dtype == mx.float32 else p, model.parameters()
+    )
+    model.update(narrow)
+    swapped = host_weights.install(model)
+    layers = [m for _, m in model.named_modules() if isinstance(m, nn.QuantizedLinear)]  # type: ignore[attr-defined]  # mlx.nn
+    assert swapped == len(layers) + 1  # and the quantized embedding, the tied head
+    assert all(type(m) is HostQuantizedLinear for m in layers)
+    assert type(model.model.embed_tokens) is HostQuantizedEmbedding
+    parameters: Any = tree_flatten(model.parameters())  # (path, array) pairs
+    assert {array.dtype for _, array in parameters} <= {mx.float32, mx.uint32}
+
+
+def test_install_leaves_float32_and_bfloat16_models_alone() -> None:
+    plain = tiny_family("llama", seed=3)
+    assert host_weights.install(plain) == 0
+    brain = tiny_family("llama", seed=3)
+    brain.set_dtype(mx.bfloat16)
+    nn.quantize(brain, group_size=64, bits=4)  # type: ignore[attr-defined]  # mlx.nn's stubs omit it
+    assert host_weights.install(brain) == 0
+    assert brain.model.layers[0].mlp.down_proj.scales.dtype == mx.bfloat16
+    why = host_weights.obstacle(brain.model.layers[0].mlp.down_proj)
+    assert why is not None
+    assert "bfloat16" in why
+
+
+def quantized_family(family: str, bits: int) -> tuple[Any, Any]:
+    """The same random model twice: as MLX runs it, and with our products installed."""
+    pair = []
+    for _ in range(2):
+        model = tiny_family(family, seed=5)
+        nn.quantize(model, group_size=32, bits=bits)  # type: ignore[attr-defined]  # mlx.nn's stubs omit it
+        assert install_attention(model)
+        pair.append(model)
+    assert host_weights.install(pair[1]) > 0
+    return pair[0], pair[1]
+
+
+def fresh_caches(model: Any) -> list[Any]:
+    return [KVCache() for _ in model.model.layers]  # type: ignore[no-untyped-call]  # mlx-lm
+
+
+def tokens(seed: int, count: int) -> mx.array:
+    return mx.array([[int(t) for t in np.random.default_rng(seed).integers(1, 512, count)]])
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_each_llama_bodied_family_runs_quantized_on_the_host_as_mlx_does(
+    family: str, bits: int
+) -> None:
+    """A prompt on MLX's graph with our products, then a chunk and a decode step in the C
+    pass: close to mlx-lm's forward with MLX's quantized matmul, the logits too."""
+    theirs_model, ours_model = quantized_family(family, bits)
+    host = HostPass.of(ours_model)
+    assert host is not None
+    theirs, ours = fresh_caches(theirs_model), fresh_caches(ours_model)
+    prefix = tokens(1, 40)
+    assert close(ours_model.model(prefix, cache=ours), theirs_model.model(prefix, cache=theirs))
+    for step in (tokens(2, 7), mx.array([[42]])):
+        expected = theirs_model.model(step, cache=theirs)
+        got = host.hidden([Group(step, ours)])
+        assert got is not None
+        assert close(got[0], expected)
+        head = ours_model.model.embed_tokens.as_linear(got[0])
+        assert close(head, theirs_model.model.embed_tokens.as_linear(expected))
+    assert close(ours[1].keys[..., :48, :], theirs[1].keys[..., :48, :])
+
+
+def test_a_4_bit_model_on_the_host_computes_the_bits_of_its_dequantized_copy() -> None:
+    """Dequantization rounds as ``mx.dequantize`` does, and the product is the float32
+    one: a 4-bit model served here is its float32 copy, faster."""
+    _, quantized = quantized_family("llama", 4)
+    plain = tiny_family("llama", seed=5)
+    assert install_attention(plain)
+    plain_layers = dict(plain.named_modules())
+    for name, layer in quantized.named_modules():
+        if isinstance(layer, nn.QuantizedLinear):  # type: ignore[attr-defined]  # mlx.nn
+            plain_layers[name].weight = dequantized(layer).weight
+    embedding = quantized.model.embed_tokens
+    plain.model.embed_tokens.weight = mx.dequantize(
+        embedding.weight, embedding.scales, embedding.biases, group_size=32, bits=4
+    )
+    results = []
+    for model in (quantized, plain):
+        host = HostPass.of(model)
+        assert host is not None
+        caches = fresh_caches(model)
+        hidden = [host.hidden([Group(step, caches)]) for step in (tokens(3, 30), tokens(4, 1))]
+        results.append([np.asarray(h[0]) for h in hidden if h is not None])
+    assert len(results[0]) == 2
+    for ours, theirs in zip(*results, strict=True):
+        assert np.array_equal(ours, theirs)
