@@ -94,3 +94,54 @@ class LlamaCppState:
         self.llm.eval(list(tokens))
         last = llama_cpp.llama_get_logits_ith(self.llm.ctx, -1)
         return int(np.argmax(np.ctypeslib.as_array(last, shape=(self.llm.n_vocab(),))))
+
+
+def parallel_decode_rate(gguf: Path, streams: int, prompt: int = 32, steps: int = 32) -> float:
+    """Tokens/s of ``streams`` sequences decoding together in one llama.cpp context (its
+    batch API, one token of each sequence per ``llama_decode``), after a short prompt each."""
+    import llama_cpp
+
+    _quiet(llama_cpp)
+    model = llama_cpp.llama_model_load_from_file(
+        str(gguf).encode(), llama_cpp.llama_model_default_params()
+    )
+    params = llama_cpp.llama_context_default_params()
+    params.n_ctx = streams * (prompt + steps + 8)
+    params.n_batch = params.n_ubatch = max(streams * prompt, 512)
+    params.n_seq_max = streams
+    params.n_threads = params.n_threads_batch = N_THREADS
+    ctx = llama_cpp.llama_init_from_model(model, params)
+    batch = llama_cpp.llama_batch_init(streams * prompt, 0, streams)
+    try:
+        cells = [(s, p, 100 + 7 * s + p) for s in range(streams) for p in range(prompt)]
+        _decode(llama_cpp, ctx, batch, cells)
+        started = time.perf_counter()
+        for step in range(steps):
+            _decode(llama_cpp, ctx, batch, [(s, prompt + step, 200 + s) for s in range(streams)])
+        return streams * steps / (time.perf_counter() - started)
+    finally:
+        llama_cpp.llama_batch_free(batch)
+        llama_cpp.llama_free(ctx)
+        llama_cpp.llama_model_free(model)
+
+
+def _decode(llama_cpp: Any, ctx: Any, batch: Any, cells: list[tuple[int, int, int]]) -> None:
+    """One ``llama_decode`` of (sequence, position, token) cells, logits for each."""
+    for i, (sequence, position, token) in enumerate(cells):
+        batch.token[i], batch.pos[i] = token, position
+        batch.n_seq_id[i], batch.logits[i] = 1, True
+        batch.seq_id[i][0] = sequence
+    batch.n_tokens = len(cells)
+    if llama_cpp.llama_decode(ctx, batch) != 0:
+        raise RuntimeError("llama_decode failed")
+
+
+_SILENT: list[Any] = []
+"""The no-op log callback, kept alive while llama.cpp may call it."""
+
+
+def _quiet(llama_cpp: Any) -> None:
+    """llama.cpp's loader logs every tensor to stderr unless given a callback."""
+    if not _SILENT:
+        _SILENT.append(llama_cpp.llama_log_callback(lambda *_: None))
+        llama_cpp.llama_log_set(_SILENT[0], ctypes.c_void_p())

@@ -87,7 +87,9 @@ def test_install_widens_a_gguf_models_float16_scales_and_swaps_its_quantized_lay
         lambda p: p.astype(mx.float16) if p.dtype == mx.float32 else p, model.parameters()
     )
     model.update(narrow)
+    assert "float16 quantization scales" in (host_weights.products_obstacle(model) or "")
     swapped = host_weights.install(model)
+    assert host_weights.products_obstacle(model) is None
     layers = [m for _, m in model.named_modules() if isinstance(m, nn.QuantizedLinear)]  # type: ignore[attr-defined]  # mlx.nn
     assert swapped == len(layers) + 1  # and the quantized embedding, the tied head
     assert all(type(m) is HostQuantizedLinear for m in layers)
@@ -99,6 +101,7 @@ def test_install_widens_a_gguf_models_float16_scales_and_swaps_its_quantized_lay
 def test_install_leaves_float32_and_bfloat16_models_alone() -> None:
     plain = tiny_family("llama", seed=3)
     assert host_weights.install(plain) == 0
+    assert host_weights.products_obstacle(plain) == "no 4- or 8-bit layers in this model"
     brain = tiny_family("llama", seed=3)
     brain.set_dtype(mx.bfloat16)
     nn.quantize(brain, group_size=64, bits=4)  # type: ignore[attr-defined]  # mlx.nn's stubs omit it

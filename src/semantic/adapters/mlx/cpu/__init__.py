@@ -63,13 +63,15 @@ def install_host_products(model: Any) -> int:
 
 def kernel_name(model: Any, host_attention: bool) -> str:
     """The kernels that compute this model's KV here, for the fingerprint."""
-    from semantic.adapters.mlx.cpu import attention, host_pass, jit
+    from semantic.adapters.mlx.cpu import attention, host_pass, host_weights, jit
 
     kernel = attention.kernel_name() if host_attention else "mlx-sdpa"
     if jit.use_native_jit():
         kernel += f"+{jit.NAME}"
     if host_pass.supported(model):
         kernel += f"+{host_pass.NAME}"
+    if host_weights.products_obstacle(model) is None:
+        kernel += f"+{host_weights.NAME}"
     return kernel
 
 

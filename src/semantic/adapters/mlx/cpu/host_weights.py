@@ -27,6 +27,10 @@ from semantic.adapters.mlx.cpu.llama_native import native_library
 
 _Pointer = ctypes.c_void_p
 
+NAME = "host-quantized-products-v1"
+"""Goes into the model fingerprint: these products round as the float32 product over the
+dequantized weights, not as MLX's quantized matmul."""
+
 FLOAT32, Q8, Q4 = 0, 8, 4
 """``weight_t.kind``: the quantized kinds are their bit widths."""
 
@@ -98,6 +102,21 @@ def install(model: Any) -> int:
     swapped = [(name, _host_twin(m)) for name, m in quantized if obstacle(m) is None]
     model.update_modules(tree_unflatten(swapped))
     return len(swapped)
+
+
+def products_obstacle(model: Any) -> str | None:
+    """Why a model's 4/8-bit products do not run on our kernels; None when they all do."""
+    quantized = [m for _, m in model.named_modules() if _is_quantized(m)]
+    if not quantized:
+        return "no 4- or 8-bit layers in this model"
+    left = [m for m in quantized if type(m) not in (HostQuantizedLinear, HostQuantizedEmbedding)]
+    if not left:
+        return None
+    if mx.default_device() != mx.cpu:
+        return "the model runs on the GPU"
+    if native_library() is None:
+        return "native/llama_pass.c is not loaded here (the host pass line says why)"
+    return obstacle(left[0]) or "not installed at load"
 
 
 class HostQuantizedLinear(nn.QuantizedLinear):  # type: ignore[misc, name-defined]  # mlx.nn: untyped

@@ -49,18 +49,30 @@ static inline vi unpacked(const unsigned char *row, const int word[LANES], const
 }
 
 /* x86 widens bytes to ints in one instruction; gcc 12 makes sixteen scalar moves of the
- * same widening spelled as __builtin_convertvector, so here (only) the intrinsic. */
+ * same widening spelled as __builtin_convertvector, so here (only) the intrinsics. 4-bit
+ * values: each byte's two halves side by side (low half first), then widened; the high
+ * bits left in a lane are masked off by the caller. */
 #if LANES == 16 && defined(__AVX512F__)
 #include <immintrin.h>
 #define WIDEN_BYTES 1
 static inline vi widened_bytes(const unsigned char *at) {
     return (vi)_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)at));
 }
+static inline vi widened_nibbles(const unsigned char *at) {
+    __m128i bytes = _mm_loadl_epi64((const __m128i *)at);
+    return (vi)_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(bytes, _mm_srli_epi16(bytes, 4)));
+}
 #elif LANES == 8 && defined(__AVX2__)
 #include <immintrin.h>
 #define WIDEN_BYTES 1
 static inline vi widened_bytes(const unsigned char *at) {
     return (vi)_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)at));
+}
+static inline vi widened_nibbles(const unsigned char *at) {
+    int four;
+    memcpy(&four, at, sizeof four);
+    __m128i bytes = _mm_cvtsi32_si128(four);
+    return (vi)_mm256_cvtepu8_epi32(_mm_unpacklo_epi8(bytes, _mm_srli_epi16(bytes, 4)));
 }
 #else
 #define WIDEN_BYTES 0
@@ -90,6 +102,9 @@ static inline vi quantized_ints(const unsigned char *row, int kind, int at) {
 #endif
         q = unpacked(row + at, q8_word, q8_shift, 255);
     } else {
+#if WIDEN_BYTES
+        return widened_nibbles(row + at / 2) & splat_int(15);
+#endif
 #if LANES == 4
         int half = at % 8 * 4; /* a register is half a word here */
         q = unpacked(row + at / 8 * 4, q4_word, q4_shift, 15 << half);
