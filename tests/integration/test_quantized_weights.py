@@ -70,14 +70,28 @@ def test_a_quantized_product_is_the_float32_product_of_its_dequantized_weights(
 
 
 @pytest.mark.parametrize("bits", [4, 8])
-def test_a_row_of_a_quantized_product_is_the_same_bits_alone_and_among_many(bits: int) -> None:
-    """Past 32 rows the activations go 32 at a time through the same kernel."""
+def test_a_row_of_a_quantized_product_is_the_same_bits_alone_and_among_32(bits: int) -> None:
+    """Decode steps and the host pass: up to 32 rows, a row's bits never depend on the
+    others (the fused loop up to 8 rows, the dequantized rows on our kernel past that)."""
     weight = HostWeight.of(quantized_linear(bits, out_dims=200))
-    x = mx.random.normal((70, 96))
+    x = mx.random.normal((32, 96))
     together = np.asarray(product(weight, x, None))
-    for row in (0, 31, 32, 69):
+    for row in (0, 5, 31):
         alone = np.asarray(product(weight, x[row : row + 1], None))
         assert np.array_equal(alone[0], together[row])
+    assert np.array_equal(np.asarray(product(weight, x[:6], None)), together[:6])
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_a_prompt_chunk_is_the_float32_product_of_the_dequantized_weights(bits: int) -> None:
+    """Past 32 rows the dequantized weights go to OpenBLAS with every row, as a float32
+    model's chunk does: the same call, the same bits."""
+    layer = quantized_linear(bits, out_dims=200)
+    x = mx.random.normal((70, 96))
+    ours = product(HostWeight.of(layer), x, layer.bias)
+    plain = dequantized(layer)
+    theirs = product(HostWeight.of(plain), x, plain.bias)
+    assert np.array_equal(np.asarray(ours), np.asarray(theirs))
 
 
 def test_install_widens_a_gguf_models_float16_scales_and_swaps_its_quantized_layers() -> None:

@@ -19,14 +19,6 @@ typedef struct {
 
 typedef unsigned int vwords __attribute__((vector_size(4 * LANES)));
 
-#if LANES == 16
-static inline vi splat_int(int x) { return (vi){X4(x), X4(x), X4(x), X4(x)}; }
-#elif LANES == 8
-static inline vi splat_int(int x) { return (vi){X4(x), X4(x)}; }
-#else
-static inline vi splat_int(int x) { return (vi){X4(x)}; }
-#endif
-
 static inline vi constant_ints(const int values[LANES]) {
     vi v;
     memcpy(&v, values, sizeof v);

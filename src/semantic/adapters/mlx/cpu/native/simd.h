@@ -49,12 +49,14 @@ typedef int vi __attribute__((vector_size(4 * LANES)));
  * ones with gcc, and (vf){0} + x turns -0.0 into +0.0). */
 #define X4(x) x, x, x, x
 #if LANES == 16
-static inline vf splat(float x) { return (vf){X4(x), X4(x), X4(x), X4(x)}; }
+#define X_LANES(x) X4(x), X4(x), X4(x), X4(x)
 #elif LANES == 8
-static inline vf splat(float x) { return (vf){X4(x), X4(x)}; }
+#define X_LANES(x) X4(x), X4(x)
 #else
-static inline vf splat(float x) { return (vf){X4(x)}; }
+#define X_LANES(x) X4(x)
 #endif
+static inline vf splat(float x) { return (vf){X_LANES(x)}; }
+static inline vi splat_int(int x) { return (vi){X_LANES(x)}; }
 
 static inline vf load(const float *p) { return *(const vf *)p; }
 

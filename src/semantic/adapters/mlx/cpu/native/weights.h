@@ -4,12 +4,14 @@
  * words, low bits first; a float32 scale and bias per group of `group` inputs). See
  * docs/adr/0031-quantized-weights-on-the-host.md.
  *
- * A quantized product dequantizes 16 output rows at a time into per-thread scratch (it
- * stays in L2) and multiplies them with our small-product kernel (cblas_sgemm, small_sgemm.c)
- * 32 activation rows at a time. So an output element is the same bits as the float32
- * product over the dequantized matrix, whatever the number of rows or their place in a
- * batch; and dequantization rounds as mx.dequantize does (q * scale, then + bias, two
- * roundings), so a 4-bit model here computes what its float32 dequantized copy computes.
+ * Up to 32 activation rows (decode steps, the host pass), a quantized product either
+ * dequantizes 16 weights at a time in registers and meets every row there (a few rows), or
+ * dequantizes 16 output rows into per-thread scratch and multiplies them with our
+ * small-product kernel (cblas_sgemm, small_sgemm.c). Both sum as that kernel does, so an
+ * output element is the same bits as the float32 product over the dequantized matrix,
+ * whatever the number of rows or their place in a batch; and dequantization rounds as
+ * mx.dequantize does (q * scale, then + bias, two roundings), so a 4-bit model here
+ * computes what its float32 dequantized copy computes. More rows: see blocked_product.
  * Memory read per weight: 0.5 byte (4-bit) or 1 byte (8-bit) instead of 4.
  */
 #ifndef SEMANTIC_WEIGHTS_H
@@ -125,6 +127,44 @@ static void fused_units(const void *context, int from, int to) {
     }
 }
 
+/* More rows than our kernel's reach (a prompt chunk on MLX's graph): 4 MB of output rows
+ * at a time dequantized by our two threads, then one product of every row by the block
+ * through cblas_sgemm, which for so many rows is OpenBLAS's, as a float32 model's chunk
+ * is. Such a chunk's bits depend on its rows, as a float32 chunk's do; chunk boundaries
+ * depend only on the prompt (ADR 0009). */
+enum { BLOCK_BYTES = 4 << 20 };
+
+typedef struct {
+    const weight_t *w;
+    float *dense;
+    int first, in;
+} dequantize_task_t;
+
+static void dequantize_units(const void *context, int from, int to) {
+    const dequantize_task_t *t = context;
+    for (int o = from; o < to; o++)
+        dequantize_row(t->w, t->first + o, t->in, t->dense + (long)o * t->in);
+}
+
+static int blocked_product(const weight_task_t *t) {
+    int block = (int)(BLOCK_BYTES / ((size_t)t->in * sizeof(float))) / 16 * 16;
+    block = block < 16 ? 16 : block;
+    float *dense = scratch((size_t)block * t->in);
+    if (dense == NULL) return -1;
+    parallel_fn parallel = shared_helper();
+    for (int first = 0; first < t->out; first += block) {
+        int n = t->out - first < block ? t->out - first : block;
+        dequantize_task_t task = {t->w, dense, first, t->in};
+        if (parallel != NULL)
+            parallel(dequantize_units, &task, n, DEQUANTIZED_ROWS);
+        else
+            dequantize_units(&task, 0, n);
+        sgemm()(ROW_MAJOR, NO_TRANS, TRANS, t->rows, n, t->in, 1.0f, t->x, t->in, dense, t->in,
+                t->beta, t->y + first, t->out);
+    }
+    return 0;
+}
+
 /* y = x @ w^T (+ bias) for `rows` rows: x [rows][in], y [rows][out]. With a bias, as MLX's
  * addmm does it on the CPU: y filled with the bias, then one product with beta 1, so the
  * bias is added where MLX adds it. Returns 0, or -1 if scratch memory ran out. */
@@ -138,6 +178,7 @@ static int weight_product(const float *x, const weight_t *w, const float *bias, 
         return 0;
     }
     weight_task_t task = {w, x, y, rows, in, out, beta, 0};
+    if (rows > KERNEL_ROWS) return blocked_product(&task);
     int fused = rows <= FUSED_REACH;
     int units = fused ? out : (out + DEQUANTIZED_ROWS - 1) / DEQUANTIZED_ROWS;
     work_fn work = fused ? fused_units : weight_units;
