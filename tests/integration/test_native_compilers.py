@@ -19,7 +19,7 @@ from semantic.adapters.mlx.cpu import prepare_process
 prepared = prepare_process()
 import numpy as np
 import mlx.core as mx
-from semantic.adapters.mlx.cpu import attention, host_pass
+from semantic.adapters.mlx.cpu import attention, llama_native
 from semantic.adapters.mlx.cpu.accelerations import _kernels_here
 from semantic.adapters.mlx.cpu.blas import blas_in_use
 status = blas_in_use()
@@ -33,7 +33,8 @@ print(json.dumps({
     "shim": status.shim, "kernels": status.small_kernels, "compiler": status.compiler,
     "variant": status.variant,
     "why_not": _kernels_here(status), "worst": worst,
-    "softmax": attention._kernel_library() is not None, "pass": host_pass._library() is not None,
+    "softmax": attention._kernel_library() is not None,
+    "pass": llama_native.native_library() is not None,
 }))
 """
 

@@ -112,6 +112,18 @@ def test_install_widens_a_gguf_models_float16_scales_and_swaps_its_quantized_lay
     assert {array.dtype for _, array in parameters} <= {mx.float32, mx.uint32}
 
 
+def test_a_model_with_one_layer_our_product_cannot_read_is_left_to_mlx_whole() -> None:
+    """All or none: its fingerprint names our products only when every layer runs them."""
+    model = tiny_family("llama", seed=3)
+    nn.quantize(model, group_size=32, bits=4)  # type: ignore[attr-defined]  # mlx.nn's stubs omit it
+    mlp = model.model.layers[1].mlp
+    plain = nn.Linear(128, 64, bias=False)  # type: ignore[attr-defined]  # mlx.nn: untyped
+    mlp.down_proj = nn.QuantizedLinear.from_linear(plain, group_size=32, bits=3)  # type: ignore[attr-defined]  # mlx.nn: untyped
+    assert host_weights.install(model) == 0
+    assert not any(isinstance(m, HostQuantizedLinear) for _, m in model.named_modules())
+    assert "3-bit" in (host_weights.products_obstacle(model) or "")
+
+
 def test_install_leaves_float32_and_bfloat16_models_alone() -> None:
     plain = tiny_family("llama", seed=3)
     assert host_weights.install(plain) == 0

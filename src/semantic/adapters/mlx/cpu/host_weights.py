@@ -73,8 +73,9 @@ class HostWeight:
         return cls(struct, in_dims, weight.shape[0], (weight, scales, biases))
 
 
-def obstacle(layer: Any) -> str | None:
-    """Why ``native/weights.h`` cannot read this layer's weight as it is; None if it can."""
+def obstacle(layer: Any, *, widening: bool = False) -> str | None:
+    """Why ``native/weights.h`` cannot read this layer's weight as it is (or, ``widening``,
+    once its float16 scales are widened to float32); None if it can."""
     if type(layer) is nn.Linear:  # type: ignore[attr-defined]  # mlx.nn ships no types
         if not _plain_float32(layer.weight):
             return f"{layer.weight.dtype} weights: float32 only, or 4/8-bit"
@@ -85,21 +86,25 @@ def obstacle(layer: Any) -> str | None:
         return f"{layer.mode} {layer.bits}-bit quantization: affine 4- or 8-bit only"
     if layer.group_size % 16:
         return f"quantization groups of {layer.group_size}: a multiple of 16 only"
-    if not _plain_float32(layer.scales, layer.biases):
+    if not np.asarray(_evaluated(layer.weight)).flags.c_contiguous:
+        return "packed weights not contiguous"
+    widened = widening and {layer.scales.dtype, layer.biases.dtype} <= {mx.float16, mx.float32}
+    if not widened and not _plain_float32(layer.scales, layer.biases):
         return f"{layer.scales.dtype} quantization scales: float32 (or float16, widened) only"
     return None
 
 
 def install(model: Any) -> int:
     """On the CPU, a quantized model's float16 parameters widened to float32 and its
-    quantized layers that our product reads swapped for the subclasses below; how many."""
+    quantized layers swapped for the subclasses below; how many. All or none: a model
+    with a layer our product cannot read is left to MLX whole, as its fingerprint says."""
     if mx.default_device() != mx.cpu or native_library() is None:
         return 0
     quantized = [(name, m) for name, m in model.named_modules() if _is_quantized(m)]
-    if not quantized:
+    if not quantized or any(obstacle(m, widening=True) for _, m in quantized):
         return 0
     _widen(model)
-    swapped = [(name, _host_twin(m)) for name, m in quantized if obstacle(m) is None]
+    swapped = [(name, _host_twin(m)) for name, m in quantized]
     model.update_modules(tree_unflatten(swapped))
     return len(swapped)
 
@@ -116,7 +121,9 @@ def products_obstacle(model: Any) -> str | None:
         return "the model runs on the GPU"
     if native_library() is None:
         return "native/llama_pass.c is not loaded here (the host pass line says why)"
-    return obstacle(left[0]) or "not installed at load"
+    blocking = (obstacle(m, widening=True) for m in left)  # what keeps install off
+    as_they_are = (obstacle(m) for m in left)  # else what install would have changed
+    return next(filter(None, blocking), None) or next(filter(None, as_they_are), "not installed")
 
 
 class HostQuantizedLinear(nn.QuantizedLinear):  # type: ignore[misc, name-defined]  # mlx.nn: untyped

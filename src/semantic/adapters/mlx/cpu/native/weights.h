@@ -73,7 +73,7 @@ static void weight_units(const void *context, int from, int to) {
 enum { FUSED_ROWS = 8, PREFETCH_ROWS = 16 };
 /* Rows up to which the fused loop runs: its accumulators (rows x PARTS registers) must
  * stay in registers, 32 of them with AVX-512, 16 with AVX2 and NEON. */
-#define FUSED_REACH (LANES == 16 ? 8 : 2)
+#define FUSED_REACH (!SIMD_FMA ? 0 : LANES == 16 ? 8 : 2) /* its sums need the FMA */
 
 static inline __attribute__((always_inline)) void fused_rows(const int rows, const int kind,
                                                              const weight_task_t *t, int o) {
@@ -170,6 +170,7 @@ static int blocked_product(const weight_task_t *t) {
  * bias is added where MLX adds it. Returns 0, or -1 if scratch memory ran out. */
 static int weight_product(const float *x, const weight_t *w, const float *bias, float *y,
                           int rows, int in, int out) {
+    if (rows <= 0) return 0;
     if (bias != NULL)
         for (int r = 0; r < rows; r++) memcpy(y + (long)r * out, bias, out * sizeof(float));
     float beta = bias != NULL ? 1.0f : 0.0f;
