@@ -20,7 +20,7 @@ from mlx import nn
 
 from semantic.adapters.mlx.cpu import attention, host_weights
 from semantic.adapters.mlx.cpu.fused_pass import fusion_obstacle
-from semantic.adapters.mlx.cpu.host_weights import HostWeight, WeightStruct
+from semantic.adapters.mlx.cpu.host_weights import HostWeight, WeightStruct, plain_float32
 from semantic.adapters.mlx.cpu.llama_layer import LlamaLayer
 from semantic.adapters.mlx.lm import Llama3RoPE
 from semantic.adapters.mlx.models.model_parts import MLPS
@@ -105,7 +105,7 @@ def obstacle(model: Any) -> str | None:
     for layer in inner.layers:
         if (why := _layer_obstacle(layer)) is not None:
             return why
-    if not _plain_float32(inner.norm.weight) or _embedding_obstacle(inner.embed_tokens):
+    if not plain_float32(inner.norm.weight) or _embedding_obstacle(inner.embed_tokens):
         return "embeddings or final norm not float32 (or 4/8-bit embeddings)"
     if attention.softmax_pv_ranges_address() is None:
         return "our attention kernel is not built here"
@@ -189,7 +189,7 @@ def _layer_obstacle(layer: Any) -> str | None:
     if any(norm.eps != norms[0].eps for norm in norms):
         return "norms with different epsilons"
     biases = [lin.bias for lin in linears if "bias" in lin]
-    if not _plain_float32(*(norm.weight for norm in norms), *biases):
+    if not plain_float32(*(norm.weight for norm in norms), *biases):
         return "norms or biases not float32"
     return None
 
@@ -209,7 +209,7 @@ def _layer_arrays(
 
 def _embedding_obstacle(embedding: Any) -> str | None:
     if type(embedding) is nn.Embedding:  # type: ignore[attr-defined]  # mlx.nn ships no types
-        return None if _plain_float32(embedding.weight) else "embeddings not float32"
+        return None if plain_float32(embedding.weight) else "embeddings not float32"
     return host_weights.obstacle(embedding)
 
 
@@ -220,10 +220,3 @@ def _embedding_of(embedding: Any) -> Callable[[np.ndarray], np.ndarray]:
         table = np.asarray(embedding.weight)
         return lambda tokens: table[tokens]
     return lambda tokens: np.asarray(embedding(mx.array(tokens)))
-
-
-def _plain_float32(*arrays: Any) -> bool:
-    return all(
-        isinstance(a, mx.array) and a.dtype == mx.float32 and np.asarray(a).flags.c_contiguous
-        for a in arrays
-    )

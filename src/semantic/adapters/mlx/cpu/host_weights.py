@@ -77,7 +77,7 @@ def obstacle(layer: Any, *, widening: bool = False) -> str | None:
     """Why ``native/weights.h`` cannot read this layer's weight as it is (or, ``widening``,
     once its float16 scales are widened to float32); None if it can."""
     if type(layer) is nn.Linear:  # type: ignore[attr-defined]  # mlx.nn ships no types
-        if not _plain_float32(layer.weight):
+        if not plain_float32(layer.weight):
             return f"{layer.weight.dtype} weights: float32 only, or 4/8-bit"
         return None
     if not _is_quantized(layer):
@@ -89,7 +89,7 @@ def obstacle(layer: Any, *, widening: bool = False) -> str | None:
     if not np.asarray(_evaluated(layer.weight)).flags.c_contiguous:
         return "packed weights not contiguous"
     widened = widening and {layer.scales.dtype, layer.biases.dtype} <= {mx.float16, mx.float32}
-    if not widened and not _plain_float32(layer.scales, layer.biases):
+    if not widened and not plain_float32(layer.scales, layer.biases):
         return f"{layer.scales.dtype} quantization scales: float32 (or float16, widened) only"
     return None
 
@@ -232,7 +232,8 @@ def _evaluated(array: mx.array) -> mx.array:
     return array
 
 
-def _plain_float32(*arrays: Any) -> bool:
+def plain_float32(*arrays: Any) -> bool:
+    """Arrays the C code reads as they are: MLX float32, rows contiguous."""
     return all(
         isinstance(a, mx.array) and a.dtype == mx.float32 and np.asarray(a).flags.c_contiguous
         for a in arrays

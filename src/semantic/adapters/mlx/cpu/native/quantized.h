@@ -17,95 +17,53 @@ typedef struct {
     int kind, group;              /* a WEIGHT_ value; inputs per scale (a multiple of 16) */
 } weight_t;
 
-typedef unsigned int vwords __attribute__((vector_size(4 * LANES)));
-
-static inline vi constant_ints(const int values[LANES]) {
-    vi v;
-    memcpy(&v, values, sizeof v);
-    return v;
-}
-
-/* Lane i of a register of the words at `row`, word `word[i]`, shifted down `shift[i]` bits,
- * masked to `mask`. The words are broadcast and blended, never shuffled as bytes: gcc made
- * sixteen scalar moves of a byte shuffle or of a widening of bytes. */
-static inline vi unpacked(const unsigned char *row, const int word[LANES], const int shift[LANES],
-                          int mask) {
-    unsigned int words[4];
-    memcpy(words, row, sizeof words[0] * (size_t)(word[LANES - 1] + 1));
-    vi taken = splat_int(0);
-    for (int w = 0; w <= word[LANES - 1]; w++) {
-        vi here = constant_ints(word) == splat_int(w);
-        taken |= splat_int((int)words[w]) & here;
-    }
-    return (vi)((vwords)taken >> (vwords)constant_ints(shift)) & splat_int(mask);
-}
-
-/* x86 widens bytes to ints in one instruction; gcc 12 makes sixteen scalar moves of the
- * same widening spelled as __builtin_convertvector, so here (only) the intrinsics. 4-bit
- * values: each byte's two halves side by side (low half first), then widened; the high
- * bits left in a lane are masked off by the caller. */
+/* The quantized values at inputs [at, at + LANES) of a row (a multiple of LANES): four
+ * 8-bit or eight 4-bit values to a word, low bits first. `byte_lanes` gives one value a
+ * lane; `nibble_lanes` one 4-bit value in each lane's low bits (the caller masks). x86
+ * widens bytes to ints in one instruction (gcc 12 makes sixteen scalar moves of the same
+ * widening spelled as __builtin_convertvector or as a byte shuffle), so there, and only
+ * there, the intrinsics; with four lanes a register is one word, or half of one. */
 #if LANES == 16 && defined(__AVX512F__)
 #include <immintrin.h>
-#define WIDEN_BYTES 1
-static inline vi widened_bytes(const unsigned char *at) {
-    return (vi)_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)at));
+static inline vi byte_lanes(const unsigned char *row, int at) {
+    return (vi)_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(row + at)));
 }
-static inline vi widened_nibbles(const unsigned char *at) {
-    __m128i bytes = _mm_loadl_epi64((const __m128i *)at);
+static inline vi nibble_lanes(const unsigned char *row, int at) {
+    __m128i bytes = _mm_loadl_epi64((const __m128i *)(row + at / 2));
     return (vi)_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(bytes, _mm_srli_epi16(bytes, 4)));
 }
 #elif LANES == 8 && defined(__AVX2__)
 #include <immintrin.h>
-#define WIDEN_BYTES 1
-static inline vi widened_bytes(const unsigned char *at) {
-    return (vi)_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)at));
+static inline vi byte_lanes(const unsigned char *row, int at) {
+    return (vi)_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(row + at)));
 }
-static inline vi widened_nibbles(const unsigned char *at) {
+static inline vi nibble_lanes(const unsigned char *row, int at) {
     int four;
-    memcpy(&four, at, sizeof four);
+    memcpy(&four, row + at / 2, sizeof four);
     __m128i bytes = _mm_cvtsi32_si128(four);
     return (vi)_mm256_cvtepu8_epi32(_mm_unpacklo_epi8(bytes, _mm_srli_epi16(bytes, 4)));
 }
+#elif LANES == 4
+typedef unsigned int vwords __attribute__((vector_size(4 * LANES)));
+
+static inline vi word_lanes(const unsigned char *at, vwords shift) {
+    unsigned int word;
+    memcpy(&word, at, sizeof word);
+    return (vi)((vwords)splat_int((int)word) >> shift);
+}
+static inline vi byte_lanes(const unsigned char *row, int at) {
+    return word_lanes(row + at, (vwords){0, 8, 16, 24}) & splat_int(255);
+}
+static inline vi nibble_lanes(const unsigned char *row, int at) {
+    unsigned int half = (unsigned int)(at % 8 * 4); /* 16 in a word's second half */
+    return word_lanes(row + at / 8 * 4, (vwords){0, 4, 8, 12} + half);
+}
 #else
-#define WIDEN_BYTES 0
+#error "a vector width simd.h does not make"
 #endif
 
-/* The quantized values at inputs [at, at + LANES) of a row (a multiple of LANES): four
- * 8-bit or eight 4-bit values to a word, low bits first. */
 static inline vi quantized_ints(const unsigned char *row, int kind, int at) {
-#if LANES == 16
-    static const int q8_word[16] = {0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3};
-    static const int q4_word[16] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1};
-    static const int q8_shift[16] = {0, 8, 16, 24, 0, 8, 16, 24, 0, 8, 16, 24, 0, 8, 16, 24};
-    static const int q4_shift[16] = {0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28};
-#elif LANES == 8
-    static const int q8_word[8] = {0, 0, 0, 0, 1, 1, 1, 1}, q4_word[8] = {0};
-    static const int q8_shift[8] = {0, 8, 16, 24, 0, 8, 16, 24};
-    static const int q4_shift[8] = {0, 4, 8, 12, 16, 20, 24, 28};
-#else
-    static const int q8_word[4] = {0}, q4_word[4] = {0};
-    static const int q8_shift[4] = {0, 8, 16, 24};
-    static const int q4_shift[4] = {0, 4, 8, 12}; /* plus 16 in a word's second half */
-#endif
-    vi q;
-    if (kind == WEIGHT_Q8) {
-#if WIDEN_BYTES
-        return widened_bytes(row + at);
-#endif
-        q = unpacked(row + at, q8_word, q8_shift, 255);
-    } else {
-#if WIDEN_BYTES
-        return widened_nibbles(row + at / 2) & splat_int(15);
-#endif
-#if LANES == 4
-        int half = at % 8 * 4; /* a register is half a word here */
-        q = unpacked(row + at / 8 * 4, q4_word, q4_shift, 15 << half);
-        q = (vi)((vwords)q >> (vwords)splat_int(half));
-#else
-        q = unpacked(row + at / 2, q4_word, q4_shift, 15);
-#endif
-    }
-    return q;
+    return kind == WEIGHT_Q8 ? byte_lanes(row, at) : nibble_lanes(row, at) & splat_int(15);
 }
 
 /* q * scale rounded, then + bias rounded, as mx.dequantize computes them: the empty asm

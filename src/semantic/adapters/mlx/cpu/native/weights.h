@@ -7,7 +7,9 @@
  * Up to 32 activation rows (decode steps, the host pass), a quantized product either
  * dequantizes 16 weights at a time in registers and meets every row there (a few rows), or
  * dequantizes 16 output rows into per-thread scratch and multiplies them with our
- * small-product kernel (cblas_sgemm, small_sgemm.c). Both sum as that kernel does, so an
+ * small-product kernel (cblas_sgemm, small_sgemm.c); the first keeps weights out of memory,
+ * the second keeps 16 dequantized rows in cache for many activation rows (a 4 MB block
+ * there ran 16 rows 1.6x slower). Both sum as that kernel does, so an
  * output element is the same bits as the float32 product over the dequantized matrix,
  * whatever the number of rows or their place in a batch; and dequantization rounds as
  * mx.dequantize does (q * scale, then + bias, two roundings), so a 4-bit model here
@@ -46,7 +48,8 @@ typedef struct {
     int failed;
 } weight_task_t;
 
-/* Output rows [16 unit, 16 (unit + 1)) for every activation row, unit by unit. */
+/* Up to KERNEL_ROWS rows: output rows [16 unit, 16 (unit + 1)) dequantized into scratch
+ * (it stays in L1/L2 while every row meets it), unit by unit. */
 static void weight_units(const void *context, int from, int to) {
     weight_task_t *t = (weight_task_t *)context;
     float *dense = scratch((size_t)DEQUANTIZED_ROWS * t->in);
@@ -58,11 +61,8 @@ static void weight_units(const void *context, int from, int to) {
         int first = unit * DEQUANTIZED_ROWS;
         int n = t->out - first < DEQUANTIZED_ROWS ? t->out - first : DEQUANTIZED_ROWS;
         for (int o = 0; o < n; o++) dequantize_row(t->w, first + o, t->in, dense + (long)o * t->in);
-        for (int r = 0; r < t->rows; r += KERNEL_ROWS) {
-            int rows = t->rows - r < KERNEL_ROWS ? t->rows - r : KERNEL_ROWS;
-            sgemm()(ROW_MAJOR, NO_TRANS, TRANS, rows, n, t->in, 1.0f, t->x + (long)r * t->in,
-                    t->in, dense, t->in, t->beta, t->y + (long)r * t->out + first, t->out);
-        }
+        sgemm()(ROW_MAJOR, NO_TRANS, TRANS, t->rows, n, t->in, 1.0f, t->x, t->in, dense, t->in,
+                t->beta, t->y + first, t->out);
     }
 }
 
@@ -79,8 +79,8 @@ static inline __attribute__((always_inline)) void fused_rows(const int rows, con
                                                              const weight_task_t *t, int o) {
     const weight_t *w = t->w;
     int groups = t->in / w->group;
-    const unsigned char *packed = (const unsigned char *)w->data + (long)o * t->in * w->kind / 8;
     long row_bytes = (long)t->in * kind / 8, ahead = (long)o + PREFETCH_ROWS < t->out ? PREFETCH_ROWS : 0;
+    const unsigned char *packed = (const unsigned char *)w->data + o * row_bytes;
     for (long at = 0; at < row_bytes; at += 64) __builtin_prefetch(packed + ahead * row_bytes + at);
     for (long at = 0; at < groups; at += 16) {
         __builtin_prefetch(w->scales + (o + ahead) * groups + at);
