@@ -17,6 +17,7 @@ import mlx.core as mx
 import numpy as np
 
 from semantic.adapters.cli.progress import ProgressPrinter
+from semantic.adapters.mlx.cpu.llama_native import native_library
 from semantic.adapters.mlx.devices import DEVICE_CHOICES
 from semantic.adapters.mlx.kv.kv_payloads import kv_arrays
 from semantic.application.agents.values import CommittedReply, Turn
@@ -26,6 +27,7 @@ from semantic.config import Settings
 from semantic.domain.blocks import AgentBlocks
 from semantic.domain.chat import ChatMessage
 from semantic.domain.generation import FinishedRequest
+from tests.conformance.tiny_models import Variant
 
 T = TypeVar("T")
 
@@ -85,6 +87,13 @@ def device_choice() -> str:
     if name not in DEVICE_CHOICES:
         raise ValueError(f"{DEVICE_ENV} must be one of {', '.join(DEVICE_CHOICES)}, not {name!r}")
     return name
+
+
+def served_kv_dtype(variant: Variant) -> str:
+    """A row's KV dtype as served: on the CPU with our products, a bfloat16 model runs in
+    float32 over its bfloat16 weights, its KV too (ADR 0031)."""
+    on_our_products = device_choice() == "cpu" and native_library() is not None
+    return "float32" if on_our_products else variant.dtype
 
 
 def settings_for(model: Path, data_dir: Path, kv_at_rest: str = "lossless") -> Settings:

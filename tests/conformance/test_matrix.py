@@ -35,6 +35,7 @@ from tests.conformance.serving import (
     chat_prompt,
     next_prompt,
     plain,
+    served_kv_dtype,
     serving,
     settings_for,
     stored_kv,
@@ -114,7 +115,7 @@ def test_a_conversation_survives_restarts_forks_and_batching(
 async def _conversation(variant: Variant, settings: Settings) -> None:
     rng = random.Random(variant.name)
     async with serving(settings) as services:
-        assert services.spec.kv_dtype == variant.dtype
+        assert services.spec.kv_dtype == served_kv_dtype(variant)
         await services.agents.create(NAMESPACE, "a", None)
         first = await turn(services, "a", f"Remember this: {words(rng, 250)}")
         assert first.usage.prompt_tokens > services.spec.block_tokens  # a whole block and more

@@ -13,7 +13,7 @@ import pytest
 from reliability.server import ServerProcess
 
 from tests.conformance.conftest import ModelDirs
-from tests.conformance.serving import device_choice, words
+from tests.conformance.serving import device_choice, served_kv_dtype, words
 from tests.conformance.tiny_models import FAMILIES, Variant
 
 pytestmark = pytest.mark.model  # the embedded model's tokenizer
@@ -84,7 +84,8 @@ def test_each_served_model_says_which_fast_paths_run(
 ) -> None:
     """``GET /v1/models/{id}``, as the start's log lines say: slicing for every family
     (Gemma 3's and Phi-3's layers whole), riding (on the CPU) for every llama-bodied one,
-    the host softmax for those in float32, and every path that is off says why."""
+    the host softmax for those in float32 (bfloat16 ones too on our products, ADR 0031),
+    and every path that is off says why."""
     server = servers[variant].result()
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
     said = (client.models.retrieve(variant.name).model_extra or {})["runtime"]["accelerations"]
@@ -96,7 +97,10 @@ def test_each_served_model_says_which_fast_paths_run(
     assert said["long prompts sliced between decode steps (ADR 0009)"] == "on"
     if device_choice() == "cpu":  # on a GPU the host paths are off, and say so
         assert (said["prompt chunks ride decode steps (ADR 0009)"] == "on") == bodied
-        host_softmax = bodied and variant.dtype == "float32"
+        host_softmax = bodied and served_kv_dtype(variant) == "float32"
+        narrow = variant.quantized or variant.dtype == "bfloat16"
+        products = said["bfloat16 and 4/8-bit products on our kernels (ADR 0031)"]
+        assert (products == "on") == (narrow and served_kv_dtype(variant) == "float32")
         assert (said["host softmax attention (ADR 0008)"] == "on") == host_softmax
     if not bodied:
         assert variant.family in said["host pass for small passes (ADR 0013)"]

@@ -11,7 +11,7 @@ from mlx import nn
 from mlx.utils import tree_map
 from mlx_lm.models import gemma3_text
 
-from semantic.adapters.mlx.cpu import host_pass
+from semantic.adapters.mlx.cpu import host_pass, host_weights
 from semantic.adapters.mlx.cpu.accelerations import accelerations, kernels_obstacle
 from semantic.adapters.mlx.cpu.attention import install
 from semantic.adapters.mlx.cpu.blas import BlasStatus, blas_in_use
@@ -71,21 +71,24 @@ def test_gemma3_and_phi3_are_sliced_but_ride_nothing_and_say_why(family: str) ->
         assert family in (found[name] or "")
 
 
-def test_a_quantized_llama_gets_the_host_pass_and_a_bfloat16_one_says_why_not() -> None:
-    """4- and 8-bit weights with float32 scales are read in place (ADR 0031); a bfloat16
-    model's products stay MLX's."""
+def test_quantized_and_bfloat16_llamas_get_the_host_pass_once_our_products_are_installed() -> None:
+    """4- and 8-bit weights and bfloat16 ones are read in place (ADR 0031); until the
+    loader installs our products (and widens the rest to float32), the line says why."""
+    name = "host pass for small passes (ADR 0013)"
     model = tiny_llama()
     nn.quantize(model, group_size=64, bits=4)  # type: ignore[attr-defined]  # mlx.nn's stubs omit it
     assert install(model)
-    name = "host pass for small passes (ADR 0013)"
     assert (_by_name(model)[name] is None) == blas_in_use().small_kernels
-    brain = tiny_llama()
-    brain.set_dtype(mx.bfloat16)
-    nn.quantize(brain, group_size=64, bits=4)  # type: ignore[attr-defined]  # mlx.nn's stubs omit it
-    assert install(brain)
-    why = _by_name(brain)[name] or ""
-    if blas_in_use().small_kernels:
-        assert "bfloat16" in why
+    for quantized in (True, False):
+        brain = tiny_llama()
+        brain.set_dtype(mx.bfloat16)
+        if quantized:
+            nn.quantize(brain, group_size=64, bits=4)  # type: ignore[attr-defined]  # mlx.nn's stubs omit it
+        assert install(brain)
+        if blas_in_use().small_kernels:
+            assert "bfloat16" in (_by_name(brain)[name] or "")
+            assert host_weights.install(brain) > 0
+            assert _by_name(brain)[name] is None
 
 
 @pytest.mark.parametrize("family", ["llama3", "qwen2", "qwen3"])
@@ -119,7 +122,7 @@ def test_a_bfloat16_model_is_told_its_attention_runs_on_mlx() -> None:
     assert install(model)
     found = _by_name(model)
     assert "bfloat16 activations" in (found["host softmax attention (ADR 0008)"] or "")
-    assert "float32 only" in (found["host pass for small passes (ADR 0013)"] or "")
+    assert "not installed" in (found["host pass for small passes (ADR 0013)"] or "")
     assert found["long prompts sliced between decode steps (ADR 0009)"] is None
 
 

@@ -1,4 +1,5 @@
-"""4- and 8-bit weights on our kernels (native/weights.h, ADR 0031), against MLX's own."""
+"""4-bit, 8-bit and bfloat16 weights on our kernels (native/weights.h, ADR 0031), against
+MLX's own and against their float32 copies."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from semantic.adapters.mlx.cpu import host_weights
 from semantic.adapters.mlx.cpu.attention import install as install_attention
 from semantic.adapters.mlx.cpu.host_pass import HostPass
 from semantic.adapters.mlx.cpu.host_weights import (
+    HostBfloat16Embedding,
+    HostBfloat16Linear,
     HostQuantizedEmbedding,
     HostQuantizedLinear,
     HostWeight,
@@ -124,18 +127,62 @@ def test_a_model_with_one_layer_our_product_cannot_read_is_left_to_mlx_whole() -
     assert "3-bit" in (host_weights.products_obstacle(model) or "")
 
 
-def test_install_leaves_float32_and_bfloat16_models_alone() -> None:
-    plain = tiny_family("llama", seed=3)
-    assert host_weights.install(plain) == 0
-    assert host_weights.products_obstacle(plain) == "no 4- or 8-bit layers in this model"
-    brain = tiny_family("llama", seed=3)
-    brain.set_dtype(mx.bfloat16)
-    nn.quantize(brain, group_size=64, bits=4)  # type: ignore[attr-defined]  # mlx.nn's stubs omit it
-    assert host_weights.install(brain) == 0
-    assert brain.model.layers[0].mlp.down_proj.scales.dtype == mx.bfloat16
-    why = host_weights.obstacle(brain.model.layers[0].mlp.down_proj)
-    assert why is not None
-    assert "bfloat16" in why
+def test_install_leaves_float32_and_float16_models_alone() -> None:
+    for dtype in (mx.float32, mx.float16):
+        model = tiny_family("llama", seed=3)
+        model.set_dtype(dtype)
+        assert host_weights.install(model) == 0
+        why = host_weights.products_obstacle(model)
+        assert why == "no bfloat16 or 4/8-bit layers in this model"
+
+
+def bfloat16_linear(out_dims: int = 80, in_dims: int = 96) -> Any:
+    mx.random.seed(16)
+    layer = nn.Linear(in_dims, out_dims)  # type: ignore[attr-defined]  # mlx.nn: untyped
+    layer.set_dtype(mx.bfloat16)
+    return layer
+
+
+def widened(layer: Any) -> Any:
+    plain = nn.Linear(layer.weight.shape[1], layer.weight.shape[0])  # type: ignore[attr-defined]  # mlx.nn: untyped
+    plain.weight, plain.bias = layer.weight.astype(mx.float32), layer.bias.astype(mx.float32)
+    return plain
+
+
+@pytest.mark.parametrize("rows", [1, 3, 12, 70])
+def test_a_bfloat16_product_is_the_float32_product_of_its_widened_weights(rows: int) -> None:
+    """Every path (the fused loop, rows dequantized into scratch, blocks for OpenBLAS)
+    widens bfloat16 exactly; MLX's own bfloat16 matmul rounds its inputs and output."""
+    layer = bfloat16_linear()
+    plain = widened(layer)
+    x = mx.random.normal((rows, 96))
+    ours = product(HostWeight.of(layer), x, plain.bias)
+    same = product(HostWeight.of(plain), x, plain.bias)
+    assert np.array_equal(np.asarray(ours), np.asarray(same))
+    theirs = layer(x.astype(mx.bfloat16)).astype(mx.float32)
+    assert np.abs(np.asarray(ours - theirs)).max() <= 2**-7 * np.abs(np.asarray(ours)).max()
+
+
+def test_install_swaps_a_bfloat16_models_layers_and_widens_the_rest() -> None:
+    """Norms and biases become float32; the weights stay bfloat16, read where MLX keeps
+    them (no float32 copy); a quantized model with bfloat16 scales is installed too."""
+    model = tiny_family("qwen2", seed=3)  # biases too
+    model.set_dtype(mx.bfloat16)
+    assert host_weights.install(model) == 7 * 2 + 1  # two layers' linears and the embedding
+    assert host_weights.products_obstacle(model) is None
+    linears = [m for _, m in model.named_modules() if isinstance(m, nn.Linear)]  # type: ignore[attr-defined]  # mlx.nn
+    assert all(type(m) is HostBfloat16Linear and m.weight.dtype == mx.bfloat16 for m in linears)
+    assert type(model.model.embed_tokens) is HostBfloat16Embedding
+    weights = {id(m.weight) for m in [*linears, model.model.embed_tokens]}
+    parameters: Any = tree_flatten(model.parameters())  # (path, array) pairs
+    assert all(a.dtype == mx.float32 for _, a in parameters if id(a) not in weights)
+    gate = model.model.layers[0].mlp.gate_proj
+    assert HostWeight.of(gate).struct.data == np.asarray(gate.weight.view(mx.uint16)).ctypes.data
+    scaled = tiny_family("llama", seed=3)
+    scaled.set_dtype(mx.bfloat16)
+    nn.quantize(scaled, group_size=64, bits=4)  # type: ignore[attr-defined]  # mlx.nn's stubs omit it
+    assert host_weights.install(scaled) > 0
+    assert scaled.model.layers[0].mlp.down_proj.scales.dtype == mx.float32
 
 
 def quantized_family(family: str, bits: int) -> tuple[Any, Any]:
@@ -203,5 +250,30 @@ def test_a_4_bit_model_on_the_host_computes_the_bits_of_its_dequantized_copy() -
         hidden = [host.hidden([Group(step, caches)]) for step in (tokens(3, 30), tokens(4, 1))]
         results.append([np.asarray(h[0]) for h in hidden if h is not None])
     assert len(results[0]) == 2
+    for ours, theirs in zip(*results, strict=True):
+        assert np.array_equal(ours, theirs)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_a_bfloat16_model_on_the_host_computes_the_bits_of_its_float32_copy(family: str) -> None:
+    """A prompt on MLX's graph, a chunk and a decode step in the C pass: the same bits
+    and the same float32 KV as the float32 model of the same (widened) weights."""
+    results = []
+    for dtype in (mx.bfloat16, mx.float32):
+        model = tiny_family(family, seed=5)
+        model.set_dtype(mx.bfloat16)
+        model.set_dtype(dtype)  # the float32 copy of the same bfloat16 weights
+        assert install_attention(model)
+        assert host_weights.install(model) == (15 if dtype == mx.bfloat16 else 0)
+        host = HostPass.of(model)
+        assert host is not None
+        caches = fresh_caches(model)
+        hidden = [model.model(tokens(3, 40), cache=caches)]
+        for step in (tokens(4, 5), tokens(5, 1)):
+            rows = host.hidden([Group(step, caches)])
+            assert rows is not None
+            hidden.append(rows[0])
+        assert caches[0].keys.dtype == mx.float32
+        results.append([np.asarray(h) for h in (*hidden, caches[1].keys)])
     for ours, theirs in zip(*results, strict=True):
         assert np.array_equal(ours, theirs)

@@ -82,16 +82,17 @@ static void elementwise(void) {
     }
 }
 
-/* Every 4- and 8-bit value in every lane position, at scales and biases of both signs. */
+/* Every 4- and 8-bit value in every lane position, at scales and biases of both signs;
+ * and bfloat16 widened. */
 static void dequantization(void) {
     enum { N = 576 };
-    unsigned int words[N / 4];
-    for (int i = 0; i < N / 4; i++) {
+    unsigned int words[N / 2]; /* enough for bfloat16 */
+    for (int i = 0; i < N / 2; i++) {
         uniform(); /* the generator's next state: its bits are the word */
         words[i] = (unsigned int)(state >> 16);
     }
     float *scales = randoms(N / 32), *biases = randoms(N / 32), out[N];
-    for (int bits = 4; bits <= 8; bits += 4) {
+    for (int bits = 4; bits <= 16; bits *= 2) {
         pieces_dequantize(words, scales, biases, bits, N, out);
         emit(out, N);
     }

@@ -12,7 +12,8 @@ void pieces_rope(float *row, int heads, int dim, int traditional, const float *c
     rope_row(row, heads, dim, traditional, cos_, sin_);
 }
 
-/* One row of a 4- or 8-bit weight dequantized (weights.h), groups of 32. */
+/* One row of a 4- or 8-bit weight (groups of 32), or of a bfloat16 one, dequantized
+ * (weights.h). */
 void pieces_dequantize(const unsigned int *words, const float *scales, const float *biases,
                        int bits, int n, float *out) {
     weight_t w = {words, scales, biases, bits, 32};

@@ -41,14 +41,14 @@ class Acceleration:
 
 def accelerations(model: Any, blas: BlasStatus) -> tuple[Acceleration, ...]:
     host = host_pass.obstacle(model)
-    quantized = host_weights.products_obstacle(model)
+    narrow = host_weights.products_obstacle(model)
     return (
         Acceleration("fast BLAS", None if blas.fast else blas.remedy),
         Acceleration("small-product matmul kernels (ADR 0010)", _kernels_here(blas)),
         Acceleration("native MLX JIT (ADR 0012)", jit.obstacle()),
         Acceleration("host softmax attention (ADR 0008)", _attention_obstacle(model)),
         Acceleration("host pass for small passes (ADR 0013)", host),
-        Acceleration("4/8-bit products on our kernels (ADR 0031)", quantized),
+        Acceleration("bfloat16 and 4/8-bit products on our kernels (ADR 0031)", narrow),
         Acceleration("prompt chunks ride decode steps (ADR 0009)", fusion_obstacle(model)),
         Acceleration("long prompts sliced between decode steps (ADR 0009)", _slice_obstacle(model)),
         Acceleration("decode body beside the slice (ADR 0015)", _beside_obstacle(host)),

@@ -1,14 +1,16 @@
-"""Weight matrices as ``native/weights.h`` reads them, and quantized layers computed there.
+"""Weight matrices as ``native/weights.h`` reads them, and narrow layers computed there.
 
 MLX's CPU quantized matmul reads about a nanosecond per weight here: 25 ms for SmolLM2's
-8-bit output head for one row, 200 ms for eight (ADR 0031). Our product reads the packed
-4- and 8-bit words in place and multiplies them on the small-product kernel, so a 4-bit
-model moves an eighth of the bytes of its float32 copy and computes the same bits.
-At load on the CPU (``install``), a quantized model's float16 parameters (a GGUF's scales
-and biases) are widened to float32, exactly, so the whole model runs in float32 as the
-host pass does; then its quantized linears and its quantized head become the subclasses
-below, which run MLX's graph up to their input and our product from there. A bfloat16
-model is left to MLX (ADR 0031 says why).
+8-bit output head for one row, 200 ms for eight; its bfloat16 matmul runs 5-6 GFLOP/s,
+a twentieth of OpenBLAS's float32 (ADR 0031). Our product reads packed 4- and 8-bit words
+and bfloat16 halves in place and multiplies them on the small-product kernel, so a 4-bit
+model moves an eighth of the bytes of its float32 copy, a bfloat16 one half, and each
+computes the same bits as that copy.
+At load on the CPU (``install``), a narrow model's float16 and bfloat16 parameters (norms,
+biases, a GGUF's scales) are widened to float32, exactly, so the whole model runs in
+float32 as the host pass does, its KV included; then its quantized and bfloat16 linears
+and embeddings become the subclasses below, which run MLX's graph up to their input and
+our product from there.
 """
 
 from __future__ import annotations
@@ -28,11 +30,12 @@ from semantic.adapters.mlx.cpu.llama_native import native_library
 _Pointer = ctypes.c_void_p
 
 NAME = "host-quantized-products-v1"
-"""Goes into the model fingerprint: these products round as the float32 product over the
-dequantized weights, not as MLX's quantized matmul."""
+"""Goes into the model fingerprint: these products (4/8-bit and bfloat16 alike) round as
+the float32 product over the dequantized weights, not as MLX's quantized or bfloat16
+matmul."""
 
-FLOAT32, Q8, Q4 = 0, 8, 4
-"""``weight_t.kind``: the quantized kinds are their bit widths."""
+FLOAT32, Q8, Q4, BF16 = 0, 8, 4, 16
+"""``weight_t.kind``: the narrow kinds are their bit widths."""
 
 
 class WeightStruct(ctypes.Structure):
@@ -58,13 +61,17 @@ class HostWeight:
 
     @classmethod
     def of(cls, layer: Any) -> HostWeight:
-        """A plain float32 ``Linear``, or an affine 4/8-bit quantized linear or embedding
-        (``obstacle`` says None)."""
-        weight = np.asarray(_evaluated(layer.weight))
+        """A float32 or bfloat16 ``Linear`` or ``Embedding``, or an affine 4/8-bit quantized
+        linear or embedding (``obstacle`` says None)."""
         if not _is_quantized(layer):
+            kind = BF16 if layer.weight.dtype == mx.bfloat16 else FLOAT32
+            # numpy has no bfloat16: the same bytes as uint16, in place
+            in_place = layer.weight.view(mx.uint16) if kind == BF16 else layer.weight
+            weight = np.asarray(_evaluated(in_place))
             out_dims, in_dims = weight.shape
-            struct = WeightStruct(weight.ctypes.data, None, None, FLOAT32, 0)
+            struct = WeightStruct(weight.ctypes.data, None, None, kind, 0)
             return cls(struct, in_dims, out_dims, (weight,))
+        weight = np.asarray(_evaluated(layer.weight))
         scales, biases = (np.asarray(_evaluated(a)) for a in (layer.scales, layer.biases))
         struct = WeightStruct(
             weight.ctypes.data, scales.ctypes.data, biases.ctypes.data, layer.bits, layer.group_size
@@ -75,11 +82,12 @@ class HostWeight:
 
 def obstacle(layer: Any, *, widening: bool = False) -> str | None:
     """Why ``native/weights.h`` cannot read this layer's weight as it is (or, ``widening``,
-    once its float16 scales are widened to float32); None if it can."""
-    if type(layer) is nn.Linear:  # type: ignore[attr-defined]  # mlx.nn ships no types
-        if not plain_float32(layer.weight):
-            return f"{layer.weight.dtype} weights: float32 only, or 4/8-bit"
+    as ``install`` leaves it: float16 scales widened, a bfloat16 layer swapped for its
+    twin below); None if it can."""
+    if isinstance(layer, HostBfloat16Linear | HostBfloat16Embedding):
         return None
+    if type(layer) in (nn.Linear, nn.Embedding):  # type: ignore[attr-defined]  # mlx.nn: untyped
+        return _plain_obstacle(layer.weight, widening=widening)
     if not _is_quantized(layer):
         return f"{type(layer).__name__} projections: Linear or QuantizedLinear only"
     if layer.mode != "affine" or layer.bits not in (4, 8) or layer.get("biases") is None:
@@ -88,33 +96,48 @@ def obstacle(layer: Any, *, widening: bool = False) -> str | None:
         return f"quantization groups of {layer.group_size}: a multiple of 16 only"
     if not np.asarray(_evaluated(layer.weight)).flags.c_contiguous:
         return "packed weights not contiguous"
-    widened = widening and {layer.scales.dtype, layer.biases.dtype} <= {mx.float16, mx.float32}
+    widened = widening and {layer.scales.dtype, layer.biases.dtype} <= set(_WIDENED)
     if not widened and not plain_float32(layer.scales, layer.biases):
-        return f"{layer.scales.dtype} quantization scales: float32 (or float16, widened) only"
+        return f"{layer.scales.dtype} quantization scales: float32 (or widened) only"
+    return None
+
+
+def _plain_obstacle(weight: mx.array, *, widening: bool) -> str | None:
+    if weight.dtype == mx.float32:
+        return None if plain_float32(weight) else "float32 weights not contiguous"
+    if weight.dtype != mx.bfloat16:
+        return f"{weight.dtype} weights: float32, bfloat16 or 4/8-bit only"
+    rows = np.asarray(_evaluated(weight.view(mx.uint16)))
+    if weight.shape[-1] % 16 or not rows.flags.c_contiguous:
+        return f"bfloat16 rows of {weight.shape[-1]}: contiguous multiples of 16 only"
+    if not widening:
+        return "bfloat16 weights and activations: our products are not installed"
     return None
 
 
 def install(model: Any) -> int:
-    """On the CPU, a quantized model's float16 parameters widened to float32 and its
-    quantized layers swapped for the subclasses below; how many. All or none: a model
-    with a layer our product cannot read is left to MLX whole, as its fingerprint says."""
+    """On the CPU, a narrow model's float16 and bfloat16 parameters widened to float32
+    (but for the bfloat16 weights our products read) and its narrow layers swapped for the
+    subclasses below; how many. All or none: a model with a layer our product cannot read
+    is left to MLX whole, as its fingerprint says."""
     if mx.default_device() != mx.cpu or native_library() is None:
         return 0
-    quantized = [(name, m) for name, m in model.named_modules() if _is_quantized(m)]
-    if not quantized or any(obstacle(m, widening=True) for _, m in quantized):
+    narrow = _narrow_layers(model)
+    if not narrow or any(obstacle(m, widening=True) for _, m in narrow):
         return 0
-    _widen(model)
-    swapped = [(name, _host_twin(m)) for name, m in quantized]
+    kept = {f"{name}.weight" for name, m in narrow if not _is_quantized(m)}
+    _widen(model, kept)
+    swapped = [(name, _host_twin(m)) for name, m in narrow]
     model.update_modules(tree_unflatten(swapped))
     return len(swapped)
 
 
 def products_obstacle(model: Any) -> str | None:
-    """Why a model's 4/8-bit products do not run on our kernels; None when they all do."""
-    quantized = [m for _, m in model.named_modules() if _is_quantized(m)]
-    if not quantized:
-        return "no 4- or 8-bit layers in this model"
-    left = [m for m in quantized if type(m) not in (HostQuantizedLinear, HostQuantizedEmbedding)]
+    """Why a model's narrow products do not run on our kernels; None when they all do."""
+    narrow = [m for _, m in _narrow_layers(model)]
+    if not narrow:
+        return "no bfloat16 or 4/8-bit layers in this model"
+    left = [m for m in narrow if type(m) not in _TWINS]
     if not left:
         return None
     if mx.default_device() != mx.cpu:
@@ -124,6 +147,17 @@ def products_obstacle(model: Any) -> str | None:
     blocking = (obstacle(m, widening=True) for m in left)  # what keeps install off
     as_they_are = (obstacle(m) for m in left)  # else what install would have changed
     return next(filter(None, blocking), None) or next(filter(None, as_they_are), "not installed")
+
+
+def _narrow_layers(model: Any) -> list[tuple[str, Any]]:
+    """Quantized layers, and linears and embeddings whose weights are bfloat16 (or are so
+    already on our products)."""
+    plain = (nn.Linear, nn.Embedding)  # type: ignore[attr-defined]  # mlx.nn: untyped
+    return [
+        (name, m)
+        for name, m in model.named_modules()
+        if _is_quantized(m) or (isinstance(m, plain) and m.weight.dtype == mx.bfloat16)
+    ]
 
 
 class HostQuantizedLinear(nn.QuantizedLinear):  # type: ignore[misc, name-defined]  # mlx.nn: untyped
@@ -143,6 +177,42 @@ class HostQuantizedLinear(nn.QuantizedLinear):  # type: ignore[misc, name-define
         return product(self._host, x, self.get("bias"))
 
 
+class HostBfloat16Linear(nn.Linear):  # type: ignore[misc, name-defined]  # mlx.nn: untyped
+    """A bfloat16 ``Linear`` whose float32 products run on our kernels."""
+
+    def __init__(self, source: Any) -> None:
+        nn.Module.__init__(self)  # type: ignore[attr-defined]  # mlx.nn: untyped
+        self.weight = source.weight
+        if "bias" in source:
+            self.bias = source.bias
+        self.freeze()
+        self._host = HostWeight.of(self)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if x.dtype != mx.float32:
+            return super().__call__(x)  # type: ignore[no-any-return]  # mlx.nn: untyped
+        return product(self._host, x, self.get("bias"))
+
+
+class HostBfloat16Embedding(nn.Embedding):  # type: ignore[misc, name-defined]  # mlx.nn: untyped
+    """A bfloat16 ``Embedding`` whose rows come out float32 (exactly) and whose use as the
+    output head runs on our kernels."""
+
+    def __init__(self, source: Any) -> None:
+        nn.Module.__init__(self)  # type: ignore[attr-defined]  # mlx.nn: untyped
+        self.weight = source.weight
+        self.freeze()
+        self._host = HostWeight.of(self)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return super().__call__(x).astype(mx.float32)  # type: ignore[no-any-return]  # mlx.nn
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        if x.dtype != mx.float32:
+            return super().as_linear(x)  # type: ignore[no-any-return]  # mlx.nn: untyped
+        return product(self._host, x, None)
+
+
 class HostQuantizedEmbedding(nn.QuantizedEmbedding):  # type: ignore[misc, name-defined]  # mlx.nn
     """A ``QuantizedEmbedding`` whose use as the output head runs on our kernels."""
 
@@ -157,6 +227,10 @@ class HostQuantizedEmbedding(nn.QuantizedEmbedding):  # type: ignore[misc, name-
         if x.dtype != mx.float32:
             return super().as_linear(x)  # type: ignore[no-any-return]  # mlx.nn: untyped
         return product(self._host, x, None)
+
+
+_TWINS = (HostQuantizedLinear, HostQuantizedEmbedding, HostBfloat16Linear, HostBfloat16Embedding)
+"""What ``install`` swaps narrow layers for."""
 
 
 def product(weight: HostWeight, x: mx.array, bias: mx.array | None) -> mx.array:
@@ -202,7 +276,11 @@ def _product_function() -> Any:
 def _host_twin(layer: Any) -> Any:
     if isinstance(layer, nn.QuantizedEmbedding):  # type: ignore[attr-defined]  # mlx.nn
         return HostQuantizedEmbedding(layer)
-    return HostQuantizedLinear(layer)
+    if isinstance(layer, nn.QuantizedLinear):  # type: ignore[attr-defined]  # mlx.nn
+        return HostQuantizedLinear(layer)
+    if isinstance(layer, nn.Embedding):  # type: ignore[attr-defined]  # mlx.nn
+        return HostBfloat16Embedding(layer)
+    return HostBfloat16Linear(layer)
 
 
 def _copy_quantized(source: Any, target: Any) -> None:
@@ -210,13 +288,16 @@ def _copy_quantized(source: Any, target: Any) -> None:
     target.weight, target.scales, target.biases = source.weight, source.scales, source.biases
 
 
-def _widen(model: Any) -> None:
-    """float16 parameters (a GGUF's scales and biases) to float32: exact. bfloat16 models
-    keep their dtype (and MLX's products): their KV stays bfloat16, which the host pass
-    does not write."""
-    narrow = (mx.float16,)
+_WIDENED = (mx.float16, mx.bfloat16, mx.float32)
+"""Parameter dtypes a narrow model runs in float32 (float32 itself stays)."""
+
+
+def _widen(model: Any, kept: set[str]) -> None:
+    """float16 and bfloat16 parameters (norms, biases, a GGUF's scales) to float32: exact.
+    ``kept``: the paths of the bfloat16 weights our products read as they are."""
     parameters: Any = tree_flatten(model.parameters())  # a list of (path, array) pairs
-    wider = [(k, v.astype(mx.float32)) for k, v in parameters if v.dtype in narrow]
+    narrow = [(k, v) for k, v in parameters if v.dtype in (mx.float16, mx.bfloat16)]
+    wider = [(k, v.astype(mx.float32)) for k, v in narrow if k not in kept]
     if wider:
         model.update(tree_unflatten(wider))
         mx.eval([v for _, v in wider])

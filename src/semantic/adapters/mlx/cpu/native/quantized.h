@@ -1,6 +1,7 @@
 /*
- * MLX's group-wise affine 4- and 8-bit weights, as our kernels read them: the words
- * unpacked into vector lanes and dequantized with mx.dequantize's roundings. See
+ * MLX's group-wise affine 4- and 8-bit weights and bfloat16 weights, as our kernels read
+ * them: the words unpacked into vector lanes and dequantized with mx.dequantize's
+ * roundings, or bfloat16 widened (exactly: its bits are a float32's upper half). See
  * docs/adr/0031-quantized-weights-on-the-host.md.
  */
 #ifndef SEMANTIC_QUANTIZED_H
@@ -9,12 +10,14 @@
 
 #include "simd.h"
 
-enum { WEIGHT_FLOAT32 = 0, WEIGHT_Q8 = 8, WEIGHT_Q4 = 4 };
+enum { WEIGHT_FLOAT32 = 0, WEIGHT_Q8 = 8, WEIGHT_Q4 = 4, WEIGHT_BF16 = 16 };
 
 typedef struct {
-    const void *data;             /* float [out][in], or uint32 words [out][in * bits / 32] */
+    const void *data; /* float [out][in]; uint16 bfloat16 [out][in]; or, quantized, uint32
+                         words [out][in * bits / 32] */
     const float *scales, *biases; /* [out][in / group], quantized formats only */
-    int kind, group;              /* a WEIGHT_ value; inputs per scale (a multiple of 16) */
+    int kind, group; /* a WEIGHT_ value (bits a weight, float32 aside); inputs per scale (a
+                        multiple of 16), quantized formats only */
 } weight_t;
 
 /* The quantized values at inputs [at, at + LANES) of a row (a multiple of LANES): four
@@ -32,6 +35,10 @@ static inline vi nibble_lanes(const unsigned char *row, int at) {
     __m128i bytes = _mm_loadl_epi64((const __m128i *)(row + at / 2));
     return (vi)_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(bytes, _mm_srli_epi16(bytes, 4)));
 }
+static inline vi bfloat16_lanes(const unsigned char *row, int at) {
+    __m256i halves = _mm256_loadu_si256((const __m256i *)(row + 2 * (long)at));
+    return (vi)_mm512_slli_epi32(_mm512_cvtepu16_epi32(halves), 16);
+}
 #elif LANES == 8 && defined(__AVX2__)
 #include <immintrin.h>
 static inline vi byte_lanes(const unsigned char *row, int at) {
@@ -42,6 +49,10 @@ static inline vi nibble_lanes(const unsigned char *row, int at) {
     memcpy(&four, row + at / 2, sizeof four);
     __m128i bytes = _mm_cvtsi32_si128(four);
     return (vi)_mm256_cvtepu8_epi32(_mm_unpacklo_epi8(bytes, _mm_srli_epi16(bytes, 4)));
+}
+static inline vi bfloat16_lanes(const unsigned char *row, int at) {
+    __m128i halves = _mm_loadu_si128((const __m128i *)(row + 2 * (long)at));
+    return (vi)_mm256_slli_epi32(_mm256_cvtepu16_epi32(halves), 16);
 }
 #elif LANES == 4
 typedef unsigned int vwords __attribute__((vector_size(4 * LANES)));
@@ -57,6 +68,13 @@ static inline vi byte_lanes(const unsigned char *row, int at) {
 static inline vi nibble_lanes(const unsigned char *row, int at) {
     unsigned int half = (unsigned int)(at % 8 * 4); /* 16 in a word's second half */
     return word_lanes(row + at / 8 * 4, (vwords){0, 4, 8, 12} + half);
+}
+typedef unsigned short vhalves __attribute__((vector_size(2 * LANES)));
+
+static inline vi bfloat16_lanes(const unsigned char *row, int at) {
+    vhalves halves;
+    memcpy(&halves, row + 2 * (long)at, sizeof halves);
+    return (vi)(__builtin_convertvector(halves, vwords) << 16);
 }
 #else
 #error "a vector width simd.h does not make"
@@ -103,8 +121,9 @@ static inline group_decoder_t group_decoder(float scale, float bias) {
     return d;
 }
 
-/* The dequantized weights at inputs [at, at + LANES) of a row. */
+/* The dequantized weights at inputs [at, at + LANES) of a row (`d` unused for bfloat16). */
 static inline vf weights_at(const unsigned char *row, int kind, int at, const group_decoder_t *d) {
+    if (kind == WEIGHT_BF16) return (vf)bfloat16_lanes(row, at);
 #if TABLE_LOOKUP
     if (kind == WEIGHT_Q4) return __builtin_shuffle(d->table, quantized_ints(row, kind, at));
 #endif
@@ -112,14 +131,24 @@ static inline vf weights_at(const unsigned char *row, int kind, int at, const gr
                        d->bias);
 }
 
-/* One row of `n` inputs dequantized. */
+/* A row's scale and bias for inputs [g * group, (g + 1) * group); bfloat16 has none. */
+static inline group_decoder_t row_decoder(const weight_t *w, int kind, long row, int groups, int g) {
+    if (kind == WEIGHT_BF16) return (group_decoder_t){splat(0.0f), splat(0.0f), splat(0.0f)};
+    return group_decoder(w->scales[row * groups + g], w->biases[row * groups + g]);
+}
+
+/* Inputs a group: bfloat16 rows are one group. */
+static inline int group_inputs(const weight_t *w, int kind, int n) {
+    return kind == WEIGHT_BF16 ? n : w->group;
+}
+
+/* One row of `n` inputs (a multiple of 16) dequantized. */
 static void dequantize_row(const weight_t *w, long row, int n, float *out) {
-    int groups = n / w->group;
+    int group = group_inputs(w, w->kind, n), groups = n / group;
     const unsigned char *packed = (const unsigned char *)w->data + row * (long)n * w->kind / 8;
-    const float *scales = w->scales + row * groups, *biases = w->biases + row * groups;
     for (int g = 0; g < groups; g++) {
-        group_decoder_t d = group_decoder(scales[g], biases[g]);
-        for (int at = g * w->group; at < (g + 1) * w->group; at += LANES)
+        group_decoder_t d = row_decoder(w, w->kind, row, groups, g);
+        for (int at = g * group; at < (g + 1) * group; at += LANES)
             store(out + at, weights_at(packed, w->kind, at, &d));
     }
 }

@@ -1,7 +1,7 @@
 /*
  * A weight matrix in the format the model file keeps it, multiplied by a few activation
- * rows: float32, or MLX's group-wise affine 8-bit and 4-bit (weights packed into uint32
- * words, low bits first; a float32 scale and bias per group of `group` inputs). See
+ * rows: float32, bfloat16, or MLX's group-wise affine 8-bit and 4-bit (weights packed into
+ * uint32 words, low bits first; a float32 scale and bias per group of `group` inputs). See
  * docs/adr/0031-quantized-weights-on-the-host.md.
  *
  * Up to 32 activation rows (decode steps, the host pass), a quantized product either
@@ -14,7 +14,8 @@
  * whatever the number of rows or their place in a batch; and dequantization rounds as
  * mx.dequantize does (q * scale, then + bias, two roundings), so a 4-bit model here
  * computes what its float32 dequantized copy computes. More rows: see blocked_product.
- * Memory read per weight: 0.5 byte (4-bit) or 1 byte (8-bit) instead of 4.
+ * Memory read per weight: 0.5 byte (4-bit), 1 byte (8-bit) or 2 (bfloat16) instead of 4;
+ * bfloat16 "dequantizes" to its float32 widening, exactly.
  */
 #ifndef SEMANTIC_WEIGHTS_H
 #define SEMANTIC_WEIGHTS_H
@@ -78,11 +79,11 @@ enum { FUSED_ROWS = 8, PREFETCH_ROWS = 16 };
 static inline __attribute__((always_inline)) void fused_rows(const int rows, const int kind,
                                                              const weight_task_t *t, int o) {
     const weight_t *w = t->w;
-    int groups = t->in / w->group;
+    int group = group_inputs(w, kind, t->in), groups = t->in / group;
     long row_bytes = (long)t->in * kind / 8, ahead = (long)o + PREFETCH_ROWS < t->out ? PREFETCH_ROWS : 0;
     const unsigned char *packed = (const unsigned char *)w->data + o * row_bytes;
     for (long at = 0; at < row_bytes; at += 64) __builtin_prefetch(packed + ahead * row_bytes + at);
-    for (long at = 0; at < groups; at += 16) {
+    for (long at = 0; kind != WEIGHT_BF16 && at < groups; at += 16) {
         __builtin_prefetch(w->scales + (o + ahead) * groups + at);
         __builtin_prefetch(w->biases + (o + ahead) * groups + at);
     }
@@ -90,8 +91,8 @@ static inline __attribute__((always_inline)) void fused_rows(const int rows, con
     for (int i = 0; i < rows; i++)
         for (int q = 0; q < PARTS; q++) acc[i][q] = splat(0.0f);
     for (int g = 0; g < groups; g++) {
-        group_decoder_t d = group_decoder(w->scales[(long)o * groups + g], w->biases[(long)o * groups + g]);
-        for (int at = g * w->group; at < (g + 1) * w->group; at += 16)
+        group_decoder_t d = row_decoder(w, kind, o, groups, g);
+        for (int at = g * group; at < (g + 1) * group; at += 16)
             for (int q = 0; q < PARTS; q++) {
                 vf weights = weights_at(packed, kind, at + q * LANES, &d);
                 for (int i = 0; i < rows; i++)
@@ -122,8 +123,10 @@ static void fused_units(const void *context, int from, int to) {
     const weight_task_t *t = context;
     if (t->w->kind == WEIGHT_Q4) {
         FUSED_CASES(WEIGHT_Q4)
-    } else {
+    } else if (t->w->kind == WEIGHT_Q8) {
         FUSED_CASES(WEIGHT_Q8)
+    } else {
+        FUSED_CASES(WEIGHT_BF16)
     }
 }
 
