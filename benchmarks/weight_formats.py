@@ -1,35 +1,53 @@
-"""The embedded model in each weight format, in one run, with llama.cpp beside it.
+"""One model in each weight format, ours beside llama.cpp on the same file, in one run.
 
-    python -m benchmarks.weight_formats [--prompt 1024] [--formats float32,quantized,q8]
+    python -m benchmarks.weight_formats [--prompt 4096] [--formats q4_1,q4_0,q8_0,bf16,f32]
+        [--out bench-results]
 
-For each format (``--weights``): the bytes of weights the loaded model holds, a cold
-prefill (tokens/s, the engine's 256-token chunks) and the decode rate of 1, 8 and 16
-sequences through the engine. llama.cpp (``llama-cpp-python``, where it is installed)
-runs the GGUF those formats come from (Q4_1): a cold prefill of the same prompt, and 1, 8
-and 16 sequences after a short prompt each, decoding in one batch a step (its C batch
-API). llama.cpp runs first, before any thread of ours exists. ADR 0031 has the numbers.
+Every format is one GGUF file that both servers run: the embedded model's own Q4_1, and
+that file stored again as Q4_0, Q8_0, BF16 and F32 (``gguf_files``). Ours serves the
+4- and 8-bit files as they are (``--model FILE.gguf``), and the BF16 and F32 rows as
+``--weights bf16`` and ``float32`` (MLX reads a GGUF's BF16 tensors as float16), the same
+values. For each: resident memory the model added (RSS after the run less RSS before
+loading, its KV included), the weights held (ours: parameter bytes; llama.cpp: the file),
+a cold prefill of one prompt, and 1, 8 and 16 sequences decoding together (ours through
+the engine; llama.cpp after a short prompt each, one batch a step, through its C API).
+Each measurement runs in a fresh process, llama.cpp's first. Writes
+``weight_formats.json`` and ``weight_formats.png`` into ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from mlx.utils import tree_flatten
 
-from benchmarks import llama_cpp
+from benchmarks import gguf_files, llama_cpp
 from benchmarks.common import Bench, open_bench, timed
 from benchmarks.decode_scaling import engine_rate
 from benchmarks.machine import print_machine
 from semantic.adapters.mlx.cpu.blas import report_blas
-from semantic.adapters.mlx.devices import use_device
 from semantic.config import Settings
 from semantic.domain.generation import SamplingParams
 
 STREAMS = (1, 8, 16)
+FORMATS = {"q4_1": "Q4_1", "q4_0": "Q4_0", "q8_0": "Q8_0", "bf16": "BF16", "f32": "F32"}
+"""Row name: the GGUF type both servers run."""
+OURS_BY_WEIGHTS = {"BF16": "bf16", "F32": "float32"}
+"""Types ours serves from the embedded model's conversion (the same values)."""
+
+
+def resident_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def weight_bytes(bench: Bench) -> int:
@@ -54,50 +72,123 @@ def prefill_rate(bench: Bench, prompt: list[int]) -> float:
     return len(prompt) / seconds
 
 
-def measure(weights: str, prompt: list[int]) -> list[str]:
-    bench = open_bench(Settings(weights=weights))
+def ours(gguf: Path, kind: str, prompt: list[int]) -> dict[str, Any]:
+    before = resident_mb()
+    weights = OURS_BY_WEIGHTS.get(kind)
+    bench = open_bench(Settings(weights=weights) if weights else Settings(model=str(gguf)))
     bench.backend().warm_up()
     prefill = prefill_rate(bench, prompt)
-    rates = [engine_rate(bench, n) for n in STREAMS]
-    decode = " ".join(f"{rate:>7.1f}" for rate in rates)
-    return [f"{weights:<10} {weight_bytes(bench) / 1e6:>9.1f} {prefill:>9.0f}  {decode}"]
+    decode = [engine_rate(bench, n) for n in STREAMS]
+    held = weight_bytes(bench) / 1e6
+    return {"held_mb": held, "rss_mb": resident_mb() - before, "prefill": prefill, "decode": decode}
 
 
-def llama_cpp_row(prompt: list[int]) -> str:
-    """Its cold prefill of the same prompt, then its streams as ours run them: after a
-    short prompt each, all of them in one batch a step."""
-    if not llama_cpp.available():
-        return "llama.cpp: not installed (pip install llama-cpp-python)"
+def theirs(gguf: Path, prompt: list[int]) -> dict[str, Any]:
+    before = resident_mb()
+    state = llama_cpp.LlamaCppState(gguf, len(prompt) + 8, gguf.parent)
+    prefill = len(prompt) / state.cold(prompt)
+    rss = resident_mb() - before
+    del state
+    decode = [llama_cpp.parallel_decode_rate(gguf, n) for n in STREAMS]
+    held = gguf.stat().st_size / 1e6
+    return {"held_mb": held, "rss_mb": rss, "prefill": prefill, "decode": decode}
+
+
+def one(server: str, gguf: Path, kind: str, prompt_tokens: int) -> dict[str, Any]:
+    """One row, measured in this (fresh) process."""
+    rng = random.Random(0)
+    prompt = [rng.randrange(100, 40_000) for _ in range(prompt_tokens)]
+    found = ours(gguf, kind, prompt) if server == "ours" else theirs(gguf, prompt)
+    return {"format": kind, "server": server} | found
+
+
+def run(formats: list[str], prompt: int, with_llama: bool) -> list[dict[str, Any]]:
+    """Every row, each in a fresh process; llama.cpp's first for each file."""
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        gguf = llama_cpp.embedded_gguf(Path(tmp))
-        state = llama_cpp.LlamaCppState(gguf, len(prompt) + 8, Path(tmp))
-        rate = len(prompt) / state.cold(prompt)
-        del state
-        decode = " ".join(f"{llama_cpp.parallel_decode_rate(gguf, n):>7.1f}" for n in STREAMS)
-        size = gguf.stat().st_size
-    return f"{'llama.cpp':<10} {size / 1e6:>9.1f} {rate:>9.0f}  {decode}   (its Q4_1 GGUF)"
+        source = gguf_files.embedded_gguf(Path(tmp))
+        for name in formats:
+            kind = FORMATS[name]
+            gguf = source if kind == "Q4_1" else gguf_files.requantized(source, kind, Path(tmp))
+            servers = ("llama.cpp", "ours") if with_llama else ("ours",)
+            rows += [_in_fresh_process(server, gguf, kind, prompt) for server in servers]
+            print(table(rows[-len(servers) :], header=len(rows) == len(servers)), flush=True)
+    return rows
+
+
+def _in_fresh_process(server: str, gguf: Path, kind: str, prompt: int) -> dict[str, Any]:
+    command = [sys.executable, "-m", "benchmarks.weight_formats", "--one", server]
+    command += ["--gguf", str(gguf), "--kind", kind, "--prompt", str(prompt)]
+    done = subprocess.run(command, check=True, capture_output=True, text=True)
+    row: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return row
+
+
+def table(rows: list[dict[str, Any]], header: bool = True) -> str:
+    streams = " | ".join(f"decode {n}" for n in STREAMS)
+    lines = [
+        f"| GGUF | server | weights MB | RSS + MB | cold prefill tok/s | {streams} |",
+        "|---|---|---:|---:|---:|" + "---:|" * len(STREAMS),
+    ]
+    for r in rows:
+        decode = " | ".join(f"{rate:.1f}" for rate in r["decode"])
+        lines.append(
+            f"| {r['format']} | {r['server']} | {r['held_mb']:.0f} | {r['rss_mb']:.0f} "
+            f"| {r['prefill']:.0f} | {decode} |"
+        )
+    return "\n".join(lines if header else lines[2:])
+
+
+def plot(rows: list[dict[str, Any]], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kinds = list(dict.fromkeys(r["format"] for r in rows))
+    panels = [("cold prefill", -1), *((f"decode, {n} streams", i) for i, n in enumerate(STREAMS))]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 4))
+    for ax, (title, index) in zip(axes, panels, strict=True):
+        for offset, server in ((-0.2, "ours"), (0.2, "llama.cpp")):
+            found = {r["format"]: _rate(r, index) for r in rows if r["server"] == server}
+            xs = [i + offset for i, kind in enumerate(kinds) if kind in found]
+            ax.bar(xs, [found[k] for k in kinds if k in found], 0.4, label=server)
+        ax.set_xticks(range(len(kinds)), kinds)
+        ax.set_title(f"{title} (tokens/s)")
+    axes[0].legend()
+    fig.suptitle("One model per GGUF type, both servers, same run (higher is better)")
+    fig.tight_layout()
+    fig.savefig(out / "weight_formats.png", dpi=120)
+
+
+def _rate(row: dict[str, Any], decode_index: int) -> float:
+    """Tokens/s: the cold prefill's (-1) or a stream count's decode."""
+    return float(row["prefill"] if decode_index < 0 else row["decode"][decode_index])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--prompt", type=int, default=1024, help="cold prompt tokens")
-    parser.add_argument("--formats", default="float32,quantized,q8")
+    parser.add_argument("--prompt", type=int, default=4096, help="cold prompt tokens")
+    parser.add_argument("--formats", default=",".join(FORMATS))
+    parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    parser.add_argument("--one", choices=("ours", "llama.cpp"), help=argparse.SUPPRESS)
+    parser.add_argument("--gguf", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--kind", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.one:
+        print(json.dumps(one(args.one, args.gguf, args.kind, args.prompt)))
+        return
     report_blas()
-    print_machine()
-    print(f"device: {use_device(Settings().device)}")
-    rng = random.Random(0)
-    prompt = [rng.randrange(100, 40_000) for _ in range(args.prompt)]
-    theirs = llama_cpp_row(prompt)  # first, while no MLX or BLAS thread of ours is about
-    rows = []
-    for weights in args.formats.split(","):
-        rows += measure(weights, prompt)
-    rows.append(theirs)
-    streams = " ".join(f"{n:>7}" for n in STREAMS)
-    print(f"{'weights':<10} {'MB held':>9} {'prefill':>9}  decode tokens/s at {streams} streams")
-    print(f"{'':<10} {'':>9} {'tok/s':>9}")
-    for row in rows:
-        print(row)
+    found = print_machine()
+    with_llama = llama_cpp.available()
+    if not with_llama:
+        print("llama-cpp-python is not installed: ours only")
+    rows = run(args.formats.split(","), args.prompt, with_llama)
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = {"machine": found, "prompt": args.prompt, "rows": rows}
+    (args.out / "weight_formats.json").write_text(json.dumps(results, indent=2))
+    plot(rows, args.out)
+    print(f"wrote {args.out}/weight_formats.json and weight_formats.png")
 
 
 if __name__ == "__main__":

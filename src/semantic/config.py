@@ -140,5 +140,5 @@ class Settings:
             raise ValueError("prefill_idle_slice_s must be positive")
 
 
-WEIGHT_CHOICES = ("auto", "float32", "float16", "quantized", "q8")
+WEIGHT_CHOICES = ("auto", "float32", "float16", "bf16", "quantized", "q4", "q8")
 KV_AT_REST_CHOICES = ("lossless", "q8", "q4")

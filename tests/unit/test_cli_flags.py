@@ -108,3 +108,23 @@ def test_an_unknown_flag_is_named_by_its_subcommand(capsys: pytest.CaptureFixtur
 def test_data_dir_on_generate_says_whose_flag_it_is(capsys: pytest.CaptureFixture[str]) -> None:
     line = refused(capsys, "generate", "--data-dir", "x", "hi")
     assert line.endswith("--data-dir is serve's (nothing else keeps data)")
+
+
+@pytest.mark.parametrize(
+    ("choice", "format_"),
+    [("q4", "quantized"), ("quantized", "quantized"), ("q8", "q8"), ("bf16", "bf16")],
+)
+def test_weights_choices_name_the_format_they_convert_to(choice: str, format_: str) -> None:
+    from semantic.bootstrap import weight_format
+    from semantic.config import Settings
+
+    args = _parser().parse_args(["serve", "--weights", choice])
+    assert weight_format(Settings(weights=args.weights)) == format_
+
+
+def test_weights_auto_leaves_the_format_to_the_model_source() -> None:
+    """The embedded model's default here, or a GGUF file's own bits."""
+    from semantic.bootstrap import weight_format
+    from semantic.config import Settings
+
+    assert weight_format(Settings()) is None

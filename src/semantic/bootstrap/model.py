@@ -32,7 +32,7 @@ from semantic.adapters.mlx.kv.restore_buffers import RestoreBuffers
 from semantic.adapters.mlx.models.fingerprint import model_fingerprint
 from semantic.adapters.mlx.models.gguf import WeightFormat
 from semantic.adapters.mlx.models.loader import LoadedModel, load_model, resolve_model
-from semantic.adapters.mlx.models.model_cache import ModelCache, Progress, default_weight_format
+from semantic.adapters.mlx.models.model_cache import ModelCache, Progress
 from semantic.adapters.mlx.tokenizer.tokenizer import MlxTokenizer
 from semantic.application.cache.store import AgentCacheStore
 from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
@@ -67,10 +67,9 @@ class EngineRuntime:
         self.loop.stop()
 
 
-def weight_format(settings: Settings) -> WeightFormat:
-    if settings.weights == "auto":
-        return default_weight_format()
-    return WeightFormat(settings.weights)
+def weight_format(settings: Settings) -> WeightFormat | None:
+    """``--weights``; None for ``auto``, which each kind of model source resolves."""
+    return None if settings.weights == "auto" else WeightFormat.named(settings.weights)
 
 
 def prepare_model(settings: Settings, progress: Progress) -> tuple[Path, str]:

@@ -75,7 +75,11 @@ def _check_sampling(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 
 def pull_model(args: argparse.Namespace) -> int:
     from semantic.adapters.mlx.errors import UnknownModelError
-    from semantic.adapters.mlx.models.model_cache import EMBEDDED_MODELS, ModelCache
+    from semantic.adapters.mlx.models.model_cache import (
+        EMBEDDED_MODELS,
+        ModelCache,
+        default_weight_format,
+    )
     from semantic.bootstrap import weight_format
 
     settings = settings_from(args)
@@ -86,9 +90,8 @@ def pull_model(args: argparse.Namespace) -> int:
             "Hugging Face hub id is fetched by `serve` or `generate --model` when first loaded"
         )
     cache = ModelCache(settings.model_cache_dir)
-    path = cache.ensure(
-        settings.model, weight_format(settings), ProgressPrinter(), force=args.force
-    )
+    chosen = weight_format(settings) or default_weight_format()
+    path = cache.ensure(settings.model, chosen, ProgressPrinter(), force=args.force)
     print(path)
     return 0
 

@@ -84,8 +84,9 @@ def _parser() -> argparse.ArgumentParser:
         "--weights",
         choices=WEIGHT_CHOICES,
         default=None,
-        help="weight format of the embedded model (auto: float32 on a Linux "
-        "CPU, 4-bit on Apple silicon; quantized: the GGUF's own 4-bit; q8: 8-bit)",
+        help="weight format of the embedded model or a GGUF file (auto: float32 on a Linux "
+        "CPU, 4-bit on Apple silicon, a GGUF file's own; quantized or q4: the GGUF's own "
+        "4-bit; q8: 8-bit; bf16: bfloat16)",
     )
     common.add_argument(
         "--device",

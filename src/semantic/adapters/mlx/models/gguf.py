@@ -16,6 +16,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from semantic.adapters.mlx.errors import UnsupportedModelError
 from semantic.adapters.mlx.models.gguf_tokenizer import write_tokenizer_files
 
 GGUF_GROUP_SIZE = 32
@@ -27,19 +28,30 @@ Progress = Callable[[str, int, int], None]
 class WeightFormat(StrEnum):
     """How the converted weights are stored.
 
-    ``quantized`` keeps the GGUF's 4/8-bit weights: an eighth of float32's bytes, and on a
-    CPU with our kernels (ADR 0031) the same bits as float32, faster. ``q8`` stores every
-    quantized tensor again in 8 bits (groups of 32, nearly the GGUF's 4-bit grid exactly),
-    the format of 8-bit models. float32 is the dequantized copy.
+    ``quantized`` (or ``q4``) keeps the GGUF's 4/8-bit weights: an eighth of float32's
+    bytes, and on a CPU with our kernels (ADR 0031) the same bits as float32, faster.
+    ``q8`` stores every quantized tensor again in 8 bits (groups of 32, nearly the GGUF's
+    4-bit grid exactly), the format of 8-bit models. float32 is the dequantized copy;
+    ``bf16`` that copy rounded to bfloat16, the format of most published checkpoints.
     """
 
     FLOAT32 = "float32"
     FLOAT16 = "float16"
+    BF16 = "bf16"
     QUANTIZED = "quantized"
     Q8 = "q8"
 
+    @classmethod
+    def named(cls, choice: str) -> WeightFormat:
+        """``--weights``: a format's value, or ``q4``, the GGUF's own 4-bit."""
+        return cls.QUANTIZED if choice == "q4" else cls(choice)
 
-class GGUFConversionError(ValueError):
+
+_NARROWED = {WeightFormat.FLOAT16: mx.float16, WeightFormat.BF16: mx.bfloat16}
+"""Formats that store the dequantized copy's floats narrower."""
+
+
+class GGUFConversionError(UnsupportedModelError):
     """The GGUF is not a model this converter understands."""
 
 
@@ -63,7 +75,15 @@ def convert_gguf(
     gguf_path: Path, out_dir: Path, weight_format: WeightFormat, progress: Progress
 ) -> None:
     """Write the MLX model directory for ``gguf_path`` into ``out_dir`` (which must exist)."""
-    loaded = mx.load(str(gguf_path), return_metadata=True)
+    try:
+        loaded = mx.load(str(gguf_path), return_metadata=True)
+    except (RuntimeError, ValueError) as error:
+        raise GGUFConversionError(
+            f"MLX could not read {gguf_path} ({error}). It reads GGUF tensors of types F32, "
+            f"F16, Q4_0, Q4_1 and Q8_0; re-quantize others (K-quants, IQ) to Q8_0 or Q4_0 "
+            f"with llama.cpp's llama-quantize --allow-requantize, or convert the original "
+            f"checkpoint with mlx_lm.convert."
+        ) from error
     if not isinstance(loaded, tuple):
         raise GGUFConversionError(f"{gguf_path} did not load as GGUF")
     tensors, metadata = loaded
@@ -74,12 +94,14 @@ def convert_gguf(
         )
     config = llama_config(metadata)
     weights = _convert_tensors(tensors, weight_format, progress)
-    if weight_format is WeightFormat.QUANTIZED:
-        config["quantization"] = {"group_size": GGUF_GROUP_SIZE, "bits": 4}
+    if weight_format is WeightFormat.QUANTIZED and (bits := _widest_bits(weights)):
+        # mlx-lm reads each layer's own bits from its shapes; this is the default
+        config["quantization"] = {"group_size": GGUF_GROUP_SIZE, "bits": bits}
     if weight_format is WeightFormat.Q8:
         config["quantization"] = {"group_size": GGUF_GROUP_SIZE, "bits": 8}
     config["tie_word_embeddings"] = "lm_head.weight" not in weights
-    config["torch_dtype"] = "float16" if weight_format is WeightFormat.FLOAT16 else "float32"
+    narrowed = _NARROWED.get(weight_format)
+    config["torch_dtype"] = "float32" if narrowed is None else str(narrowed).rsplit(".", 1)[-1]
     progress("writing weights", 0, 1)
     mx.save_safetensors(str(out_dir / "model.safetensors"), weights, metadata={"format": "mlx"})
     progress("writing weights", 1, 1)
@@ -144,16 +166,30 @@ def _convert_tensors(
             out |= dict(zip(names, packed, strict=True))
         else:
             out[f"{stem}.weight"] = _dequantize(weight, scales, renamed[f"{stem}.biases"])
-        if weight_format is WeightFormat.FLOAT16 and out[f"{stem}.weight"].dtype == mx.float32:
-            out[f"{stem}.weight"] = out[f"{stem}.weight"].astype(mx.float16)
+        narrowed = _NARROWED.get(weight_format)
+        if narrowed is not None and out[f"{stem}.weight"].dtype == mx.float32:
+            out[f"{stem}.weight"] = out[f"{stem}.weight"].astype(narrowed)
         mx.eval(out[f"{stem}.weight"])
         progress("converting tensors", done, len(stems))
     return out
 
 
+def _bits(weight: mx.array, scales: mx.array) -> int:
+    return int(weight.shape[-1] * 32 // (scales.shape[-1] * GGUF_GROUP_SIZE))
+
+
+def _widest_bits(weights: Mapping[str, mx.array]) -> int | None:
+    """The most bits any quantized tensor has (a Q4 file keeps some tensors Q8_0)."""
+    found = [
+        _bits(weights[name.removesuffix("scales") + "weight"], scales)
+        for name, scales in weights.items()
+        if name.endswith(".scales")
+    ]
+    return max(found, default=None)
+
+
 def _dequantize(weight: mx.array, scales: mx.array, biases: mx.array) -> mx.array:
-    in_dims = scales.shape[-1] * GGUF_GROUP_SIZE
-    bits = weight.shape[-1] * 32 // in_dims
+    bits = _bits(weight, scales)
     return mx.dequantize(
         weight,
         scales.astype(mx.float32),

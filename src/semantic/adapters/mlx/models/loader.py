@@ -1,7 +1,8 @@
 """Resolve ``--model`` to a directory and load it with mlx-lm.
 
 ``--model`` is an embedded model's name (fetched into the model cache on first use), a
-local mlx-lm model directory, or a Hugging Face hub id where a hub is reachable.
+local GGUF file (converted into the model cache once, its 4/8-bit tensors kept), a local
+mlx-lm model directory, or a Hugging Face hub id where a hub is reachable.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from semantic.adapters.mlx.models.model_cache import (
     ModelCache,
     Progress,
     check_model_dir,
+    default_weight_format,
 )
 from semantic.adapters.mlx.models.runtime import check_mlx_lm_version
 
@@ -37,15 +39,21 @@ class LoadedModel:
 
 
 def resolve_model(
-    name: str, cache: ModelCache, weight_format: WeightFormat, progress: Progress
+    name: str, cache: ModelCache, weight_format: WeightFormat | None, progress: Progress
 ) -> tuple[Path, str]:
-    """The model directory for ``name`` and the id the API serves it under."""
+    """The model directory for ``name`` and the id the API serves it under; ``weight_format``
+    None: the embedded model's default here, a GGUF file's own."""
     if name in EMBEDDED_MODELS:
-        return cache.ensure(name, weight_format, progress), name
+        return cache.ensure(name, weight_format or default_weight_format(), progress), name
     local = Path(name).expanduser()
+    if local.is_file() and local.suffix.lower() == ".gguf":
+        chosen = weight_format or WeightFormat.QUANTIZED
+        return cache.ensure_gguf(local, chosen, progress), local.stem
     if local.exists():
         if not local.is_dir():
-            raise CorruptModelError(f"--model {name}: a file, not an mlx-lm model directory")
+            raise CorruptModelError(
+                f"--model {name}: a file, neither a GGUF (.gguf) nor an mlx-lm model directory"
+            )
         check_model_dir(local)
         return local.resolve(), local.resolve().name
     if name.count("/") == 1 and not name.startswith((".", "/", "~")):

