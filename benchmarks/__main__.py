@@ -1,7 +1,8 @@
 """One command for the benchmarks: ours beside mlx-lm on the same prompts, in the same run.
 
     python -m benchmarks            # quick: histories up to 4,096 tokens, ours and mlx-lm
-    python -m benchmarks --full     # + 7,680 tokens, + llama.cpp where llama-cpp-python installs
+    python -m benchmarks --full     # + 7,680 tokens, + llama.cpp where llama-cpp-python installs,
+                                    # + every weight format on both servers (weight_formats)
 
 Writes ``bench-results/results.json``, ``results.md`` and PNG plots, and prints a summary
 with each target beside its measurement.
@@ -22,7 +23,7 @@ from typing import Any
 import httpx
 from reliability.server import ServerProcess
 
-from benchmarks import concurrency, llama_cpp, persistence, report, resume
+from benchmarks import concurrency, llama_cpp, persistence, report, resume, weight_formats
 from benchmarks.common import load_bench
 from benchmarks.machine import machine
 from semantic.domain.chat import ChatMessage
@@ -89,7 +90,8 @@ def main() -> None:
     parser.add_argument(
         "--skip",
         default="",
-        help="comma-separated parts to skip (resume, concurrency, persistence, overhead);"
+        help="comma-separated parts to skip (resume, concurrency, persistence, overhead,"
+        " formats);"
         " their figures from the last run in --out are kept",
     )
     args = parser.parse_args()
@@ -122,6 +124,10 @@ def main() -> None:
     if "persistence" not in skip:
         results["persistence"] = asyncio.run(persistence_rows(sizes))
         print(report.persistence_table(results["persistence"]))
+        save(results, args.out)
+    if args.full and "formats" not in skip:
+        formats = list(weight_formats.FORMATS)
+        results["formats"] = weight_formats.run(formats, 4096, llama_cpp.available())
         save(results, args.out)
     results["seconds"] = time.monotonic() - started
     save(results, args.out)

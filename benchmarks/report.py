@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks import weight_formats
 from benchmarks.machine import machine_line
 from benchmarks.resume import ResumeRow
 
@@ -139,6 +140,7 @@ def summary(results: dict[str, Any]) -> str:
                     ours[n] >= theirs[n],
                 )
             )
+    checks += weight_formats.checks(results.get("formats", []))
     if "overhead" in results:
         share = results["overhead"]["overhead_fraction"]
         checks.append(("HTTP overhead <= 10% of a 64-token reply", f"{share:.1%}", share <= 0.10))
@@ -163,6 +165,9 @@ def markdown(results: dict[str, Any]) -> str:
         parts += ["## Concurrency through HTTP\n", concurrency_table(results["concurrency"]), ""]
     if "persistence" in results:
         parts += ["## Persistence\n", persistence_table(results["persistence"]), ""]
+    if "formats" in results:
+        title = "## Each weight format, both servers on the same GGUF file (4,096-token prompt)\n"
+        parts += [title, weight_formats.table(results["formats"]), ""]
     if "overhead" in results:
         o = results["overhead"]
         parts.append(
@@ -174,6 +179,8 @@ def markdown(results: dict[str, Any]) -> str:
 
 
 def plots(results: dict[str, Any], out: Path) -> None:
+    if "formats" in results:
+        weight_formats.plot(results["formats"], out)
     import matplotlib
 
     matplotlib.use("Agg")

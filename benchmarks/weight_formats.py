@@ -139,6 +139,29 @@ def table(rows: list[dict[str, Any]], header: bool = True) -> str:
     return "\n".join(lines if header else lines[2:])
 
 
+def checks(rows: list[dict[str, Any]]) -> list[tuple[str, str, bool]]:
+    """The weights issue's bars on the embedded Q4_1 file: (target, measured, met)."""
+    found = {(r["format"], r["server"]): r for r in rows}
+    ours, theirs, f32 = (
+        found.get(key) for key in (("Q4_1", "ours"), ("Q4_1", "llama.cpp"), ("F32", "ours"))
+    )
+    said: list[tuple[str, str, bool]] = []
+    if ours is not None and f32 is not None:
+        ratio = ours["decode"][0] / f32["decode"][0]
+        said.append(("4-bit one stream >= 2.5x our float32", f"{ratio:.2f}x", ratio >= 2.5))
+    if ours is None or theirs is None:
+        return said
+    bars = [
+        ("4-bit one stream >= 1.0x llama.cpp's", ours["decode"][0] / theirs["decode"][0], 1.0),
+        ("4-bit 16 streams >= 2x llama.cpp's", ours["decode"][-1] / theirs["decode"][-1], 2.0),
+        ("4-bit cold 4K time <= 0.7x llama.cpp's", theirs["prefill"] / ours["prefill"], -0.7),
+        ("4-bit weights held <= 1.3x the file", ours["held_mb"] / theirs["held_mb"], -1.3),
+    ]
+    for name, ratio, bar in bars:  # a negative bar is an upper one
+        said.append((name, f"{ratio:.2f}x", ratio >= bar if bar > 0 else ratio <= -bar))
+    return said
+
+
 def plot(rows: list[dict[str, Any]], out: Path) -> None:
     import matplotlib
 

@@ -60,10 +60,11 @@ def close(ours: mx.array, theirs: mx.array) -> bool:
 
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("rows", [1, 3, 32])
+@pytest.mark.parametrize("out_dims", [80, 203])  # output rows in fours and twos, and not
 def test_a_quantized_product_is_the_float32_product_of_its_dequantized_weights(
-    bits: int, rows: int
+    bits: int, rows: int, out_dims: int
 ) -> None:
-    layer = quantized_linear(bits)
+    layer = quantized_linear(bits, out_dims)
     x = mx.random.normal((rows, 96))
     ours = product(HostWeight.of(layer), x, layer.bias)
     plain = dequantized(layer)
@@ -76,7 +77,7 @@ def test_a_quantized_product_is_the_float32_product_of_its_dequantized_weights(
 def test_a_row_of_a_quantized_product_is_the_same_bits_alone_and_among_32(bits: int) -> None:
     """Decode steps and the host pass: up to 32 rows, a row's bits never depend on the
     others (the fused loop up to 8 rows, the dequantized rows on our kernel past that)."""
-    weight = HostWeight.of(quantized_linear(bits, out_dims=200))
+    weight = HostWeight.of(quantized_linear(bits, out_dims=203))
     x = mx.random.normal((32, 96))
     together = np.asarray(product(weight, x, None))
     for row in (0, 5, 31):
@@ -150,10 +151,13 @@ def widened(layer: Any) -> Any:
 
 
 @pytest.mark.parametrize("rows", [1, 3, 12, 70])
-def test_a_bfloat16_product_is_the_float32_product_of_its_widened_weights(rows: int) -> None:
+@pytest.mark.parametrize("out_dims", [80, 203])
+def test_a_bfloat16_product_is_the_float32_product_of_its_widened_weights(
+    rows: int, out_dims: int
+) -> None:
     """Every path (the fused loop, rows dequantized into scratch, blocks for OpenBLAS)
     widens bfloat16 exactly; MLX's own bfloat16 matmul rounds its inputs and output."""
-    layer = bfloat16_linear()
+    layer = bfloat16_linear(out_dims)
     plain = widened(layer)
     x = mx.random.normal((rows, 96))
     ours = product(HostWeight.of(layer), x, plain.bias)
