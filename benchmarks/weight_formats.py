@@ -169,7 +169,8 @@ def plot(rows: list[dict[str, Any]], out: Path) -> None:
     import matplotlib.pyplot as plt
 
     kinds = list(dict.fromkeys(r["format"] for r in rows))
-    panels = [("cold prefill", -1), *((f"decode, {n} streams", i) for i, n in enumerate(STREAMS))]
+    decode = ((f"decode, {n} stream{'s' * (n > 1)}", i) for i, n in enumerate(STREAMS))
+    panels = [("cold prefill", -1), *decode]
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 4))
     for ax, (title, index) in zip(axes, panels, strict=True):
         for offset, server in ((-0.2, "ours"), (0.2, "llama.cpp")):
@@ -178,7 +179,7 @@ def plot(rows: list[dict[str, Any]], out: Path) -> None:
             ax.bar(xs, [found[k] for k in kinds if k in found], 0.4, label=server)
         ax.set_xticks(range(len(kinds)), kinds)
         ax.set_title(f"{title} (tokens/s)")
-    axes[0].legend()
+    axes[-1].legend()
     fig.suptitle("One model per GGUF type, both servers, same run (higher is better)")
     fig.tight_layout()
     fig.savefig(out / "weight_formats.png", dpi=120)
