@@ -160,38 +160,39 @@ def _narrow_layers(model: Any) -> list[tuple[str, Any]]:
     ]
 
 
-class HostQuantizedLinear(nn.QuantizedLinear):  # type: ignore[misc, name-defined]  # mlx.nn: untyped
+class _OnOurProducts:
+    """Mixed in before an MLX linear: its float32 products run on our kernels; any other
+    input keeps the MLX layer's own matmul."""
+
+    def _adopt(self: Any, source: Any) -> None:
+        """``source``'s weights (and bias), frozen, and the C struct our products read."""
+        if "bias" in source:
+            self.bias = source.bias
+        self.freeze()
+        self._host = HostWeight.of(self)
+
+    def __call__(self: Any, x: mx.array) -> mx.array:
+        if x.dtype != mx.float32:
+            return super().__call__(x)  # type: ignore[misc, no-any-return]  # the MLX layer next in the MRO
+        return product(self._host, x, self.get("bias"))
+
+
+class HostQuantizedLinear(_OnOurProducts, nn.QuantizedLinear):  # type: ignore[misc, name-defined]  # mlx.nn: untyped
     """A ``QuantizedLinear`` whose float32 products run on our kernels."""
 
     def __init__(self, source: Any) -> None:
         nn.Module.__init__(self)  # type: ignore[attr-defined]  # mlx.nn: untyped
         _copy_quantized(source, self)
-        if "bias" in source:
-            self.bias = source.bias
-        self.freeze()
-        self._host = HostWeight.of(self)
-
-    def __call__(self, x: mx.array) -> mx.array:
-        if x.dtype != mx.float32:
-            return super().__call__(x)  # type: ignore[no-any-return]  # mlx.nn: untyped
-        return product(self._host, x, self.get("bias"))
+        self._adopt(source)
 
 
-class HostBfloat16Linear(nn.Linear):  # type: ignore[misc, name-defined]  # mlx.nn: untyped
+class HostBfloat16Linear(_OnOurProducts, nn.Linear):  # type: ignore[misc, name-defined]  # mlx.nn: untyped
     """A bfloat16 ``Linear`` whose float32 products run on our kernels."""
 
     def __init__(self, source: Any) -> None:
         nn.Module.__init__(self)  # type: ignore[attr-defined]  # mlx.nn: untyped
         self.weight = source.weight
-        if "bias" in source:
-            self.bias = source.bias
-        self.freeze()
-        self._host = HostWeight.of(self)
-
-    def __call__(self, x: mx.array) -> mx.array:
-        if x.dtype != mx.float32:
-            return super().__call__(x)  # type: ignore[no-any-return]  # mlx.nn: untyped
-        return product(self._host, x, self.get("bias"))
+        self._adopt(source)
 
 
 class HostBfloat16Embedding(nn.Embedding):  # type: ignore[misc, name-defined]  # mlx.nn: untyped
