@@ -83,14 +83,16 @@ def after_restarts(work: Path, measure: Callable[[str], dict[int, Ttft]]) -> lis
     return [on_a_fresh_copy(work, index, measure) for index in range(RESTARTS)]
 
 
-def on_a_fresh_copy(work: Path, index: int, measure: Callable[[str], T]) -> T:
-    """``measure(url)`` on a server started on a fresh copy of ``work / "data"`` as the
-    earlier servers left it: a turn saves its blocks, so a second turn on the same
-    directory would find more of its prompt stored than the first did."""
+def on_a_fresh_copy(
+    work: Path, index: int, measure: Callable[[str], T], server_args: Sequence[str] = ()
+) -> T:
+    """``measure(url)`` on a server (started with ``server_args``) on a fresh copy of
+    ``work / "data"`` as the earlier servers left it: a turn saves its blocks, so a second
+    turn on the same directory would find more of its prompt stored than the first did."""
     data = work / f"restart-{index}"
     shutil.copytree(work / "data", data, ignore=shutil.ignore_patterns("lock", "*.log"))
     try:
-        with ServerProcess(data).start() as server:
+        with ServerProcess(data, *server_args).start() as server:
             measured = measure(server.url)
             server.stop()
     finally:

@@ -9,9 +9,11 @@ that file stored again as Q4_0, Q8_0, BF16 and F32 (``gguf_files``). Ours serves
 ``--weights bf16`` and ``float32`` (MLX reads a GGUF's BF16 tensors as float16), the same
 values. For each: resident memory the model added (RSS after the run less RSS before
 loading, its KV included), the weights held (ours: parameter bytes; llama.cpp: the file),
-a cold prefill of one prompt, and 1, 8 and 16 sequences decoding together (ours through
-the engine; llama.cpp after a short prompt each, one batch a step, through its C API).
-Each measurement runs in a fresh process, llama.cpp's first. Writes
+a cold prefill of one prompt, 1, 8 and 16 sequences decoding together (ours through the
+engine; llama.cpp after a short prompt each, one batch a step, through its C API), and an
+agent's next turn from disk over a history of the prompt's length (``format_turns``: ours
+after a restart, llama.cpp from its state file). Each measurement runs in a fresh
+process, llama.cpp's first. Writes
 ``weight_formats.json`` and ``weight_formats.png`` into ``--out``.
 """
 
@@ -28,7 +30,7 @@ from typing import Any
 
 from mlx.utils import tree_flatten
 
-from benchmarks import gguf_files, llama_cpp
+from benchmarks import format_turns, gguf_files, llama_cpp
 from benchmarks.common import Bench, open_bench, timed
 from benchmarks.decode_scaling import engine_rate
 from benchmarks.machine import print_machine
@@ -39,8 +41,26 @@ from semantic.domain.generation import SamplingParams
 STREAMS = (1, 8, 16)
 FORMATS = {"q4_1": "Q4_1", "q4_0": "Q4_0", "q8_0": "Q8_0", "bf16": "BF16", "f32": "F32"}
 """Row name: the GGUF type both servers run."""
-OURS_BY_WEIGHTS = {"BF16": "bf16", "F32": "float32"}
-"""Types ours serves from the embedded model's conversion (the same values)."""
+OURS_BY_WEIGHTS = {"Q4_1": "quantized", "BF16": "bf16", "F32": "float32"}
+"""Types ours serves from the embedded model's conversion (the same values); the others
+from the file itself, converted into a model cache of the run's own."""
+
+
+def our_source(kind: str, gguf: Path) -> dict[str, str]:
+    """The settings (as ``serve`` flags without dashes) that make ours serve ``kind``."""
+    if kind in OURS_BY_WEIGHTS:
+        return {"weights": OURS_BY_WEIGHTS[kind]}
+    return {"model": str(gguf), "model_cache": str(gguf.parent / "model-cache")}
+
+
+def _settings(source: dict[str, str]) -> Settings:
+    if "model" in source:
+        return Settings(model=source["model"], model_cache_dir=Path(source["model_cache"]))
+    return Settings(weights=source["weights"])
+
+
+def _server_args(source: dict[str, str]) -> list[str]:
+    return [part for key, value in source.items() for part in (f"--{key.replace('_', '-')}", value)]
 
 
 def resident_mb() -> float:
@@ -74,8 +94,7 @@ def prefill_rate(bench: Bench, prompt: list[int]) -> float:
 
 def ours(gguf: Path, kind: str, prompt: list[int]) -> dict[str, Any]:
     before = resident_mb()
-    weights = OURS_BY_WEIGHTS.get(kind)
-    bench = open_bench(Settings(weights=weights) if weights else Settings(model=str(gguf)))
+    bench = open_bench(_settings(our_source(kind, gguf)))
     bench.backend().warm_up()
     prefill = prefill_rate(bench, prompt)
     decode = [engine_rate(bench, n) for n in STREAMS]
@@ -83,42 +102,59 @@ def ours(gguf: Path, kind: str, prompt: list[int]) -> dict[str, Any]:
     return {"held_mb": held, "rss_mb": resident_mb() - before, "prefill": prefill, "decode": decode}
 
 
-def theirs(gguf: Path, prompt: list[int]) -> dict[str, Any]:
+def theirs(gguf: Path, prompt: list[int], turns: format_turns.Turns) -> dict[str, Any]:
     before = resident_mb()
     state = llama_cpp.LlamaCppState(gguf, len(prompt) + 8, gguf.parent)
     prefill = len(prompt) / state.cold(prompt)
     rss = resident_mb() - before
     del state
     decode = [llama_cpp.parallel_decode_rate(gguf, n) for n in STREAMS]
+    next_turn = format_turns.theirs(gguf, turns, gguf.parent)
     held = gguf.stat().st_size / 1e6
-    return {"held_mb": held, "rss_mb": rss, "prefill": prefill, "decode": decode}
+    return {"held_mb": held, "rss_mb": rss, "prefill": prefill, "decode": decode} | {
+        "next_turn": next_turn
+    }
 
 
-def one(server: str, gguf: Path, kind: str, prompt_tokens: int) -> dict[str, Any]:
+def one(server: str, gguf: Path, kind: str, prompt_tokens: int, turns: Path) -> dict[str, Any]:
     """One row, measured in this (fresh) process."""
     rng = random.Random(0)
     prompt = [rng.randrange(100, 40_000) for _ in range(prompt_tokens)]
-    found = ours(gguf, kind, prompt) if server == "ours" else theirs(gguf, prompt)
+    if server == "ours":
+        found = ours(gguf, kind, prompt)
+    else:
+        found = theirs(gguf, prompt, format_turns.Turns.load(turns))
     return {"format": kind, "server": server} | found
 
 
 def run(formats: list[str], prompt: int, with_llama: bool) -> list[dict[str, Any]]:
-    """Every row, each in a fresh process; llama.cpp's first for each file."""
+    """Every row, each in a fresh process, llama.cpp's first for each file; then our next
+    turn from disk, through servers of that format."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        source = gguf_files.embedded_gguf(Path(tmp))
+        work = Path(tmp)
+        source = gguf_files.embedded_gguf(work)
+        turns = format_turns.make_turns(prompt).save(work / "turns.json")
         for name in formats:
             kind = FORMATS[name]
-            gguf = source if kind == "Q4_1" else gguf_files.requantized(source, kind, Path(tmp))
+            gguf = source if kind == "Q4_1" else gguf_files.requantized(source, kind, work)
             servers = ("llama.cpp", "ours") if with_llama else ("ours",)
-            rows += [_in_fresh_process(server, gguf, kind, prompt) for server in servers]
-            print(table(rows[-len(servers) :], header=len(rows) == len(servers)), flush=True)
+            found = [_in_fresh_process(server, gguf, kind, prompt, turns) for server in servers]
+            talk = work / f"turns-{kind}"
+            talk.mkdir()
+            args = _server_args(our_source(kind, gguf))
+            found[-1]["next_turn"] = format_turns.ours(args, format_turns.Turns.load(turns), talk)
+            rows += found
+            print(table(found, header=len(rows) == len(servers)), flush=True)
     return rows
 
 
-def _in_fresh_process(server: str, gguf: Path, kind: str, prompt: int) -> dict[str, Any]:
+def _in_fresh_process(
+    server: str, gguf: Path, kind: str, prompt: int, turns: Path
+) -> dict[str, Any]:
     command = [sys.executable, "-m", "benchmarks.weight_formats", "--one", server]
     command += ["--gguf", str(gguf), "--kind", kind, "--prompt", str(prompt)]
+    command += ["--turns", str(turns)]
     done = subprocess.run(command, check=True, capture_output=True, text=True)
     row: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return row
@@ -127,14 +163,16 @@ def _in_fresh_process(server: str, gguf: Path, kind: str, prompt: int) -> dict[s
 def table(rows: list[dict[str, Any]], header: bool = True) -> str:
     streams = " | ".join(f"decode {n}" for n in STREAMS)
     lines = [
-        f"| GGUF | server | weights MB | RSS + MB | cold prefill tok/s | {streams} |",
-        "|---|---|---:|---:|---:|" + "---:|" * len(STREAMS),
+        f"| GGUF | server | weights MB | RSS + MB | cold prefill tok/s | next turn, disk "
+        f"| {streams} |",
+        "|---|---|---:|---:|---:|---:|" + "---:|" * len(STREAMS),
     ]
     for r in rows:
         decode = " | ".join(f"{rate:.1f}" for rate in r["decode"])
+        turn = f"{r['next_turn'] * 1000:.0f} ms" if "next_turn" in r else "-"
         lines.append(
             f"| {r['format']} | {r['server']} | {r['held_mb']:.0f} | {r['rss_mb']:.0f} "
-            f"| {r['prefill']:.0f} | {decode} |"
+            f"| {r['prefill']:.0f} | {turn} | {decode} |"
         )
     return "\n".join(lines if header else lines[2:])
 
@@ -157,6 +195,9 @@ def checks(rows: list[dict[str, Any]]) -> list[tuple[str, str, bool]]:
         ("4-bit cold 4K time <= 0.7x llama.cpp's", theirs["prefill"] / ours["prefill"], -0.7),
         ("4-bit weights held <= 1.3x the file", ours["held_mb"] / theirs["held_mb"], -1.3),
     ]
+    if "next_turn" in ours and "next_turn" in theirs:
+        turn = ours["next_turn"] / theirs["next_turn"]
+        bars.append(("4-bit next turn from disk <= llama.cpp's state file", turn, -1.0))
     for name, ratio, bar in bars:  # a negative bar is an upper one
         said.append((name, f"{ratio:.2f}x", ratio >= bar if bar > 0 else ratio <= -bar))
     return said
@@ -198,9 +239,10 @@ def main() -> None:
     parser.add_argument("--one", choices=("ours", "llama.cpp"), help=argparse.SUPPRESS)
     parser.add_argument("--gguf", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--kind", help=argparse.SUPPRESS)
+    parser.add_argument("--turns", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(one(args.one, args.gguf, args.kind, args.prompt)))
+        print(json.dumps(one(args.one, args.gguf, args.kind, args.prompt, args.turns)))
         return
     report_blas()
     found = print_machine()
