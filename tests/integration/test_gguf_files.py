@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import mlx.core as mx
 import pytest
 from benchmarks.corpus import conversation
 from benchmarks.gguf_files import embedded_gguf, requantized
@@ -16,9 +17,10 @@ from mlx import nn
 from semantic.adapters.cli.progress import ProgressPrinter
 from semantic.adapters.mlx.cpu import accelerations_for
 from semantic.adapters.mlx.cpu.blas import blas_in_use
-from semantic.adapters.mlx.cpu.host_weights import HostQuantizedLinear
+from semantic.adapters.mlx.cpu.host_weights import HostBfloat16Linear, HostQuantizedLinear
 from semantic.adapters.mlx.cpu.llama_native import native_library
 from semantic.adapters.mlx.errors import CorruptModelError, UnsupportedModelError
+from semantic.adapters.mlx.kv.kv_blocks import spec_from_model
 from semantic.adapters.mlx.models.loader import LoadedModel, load_model
 from semantic.adapters.mlx.tokenizer.tokenizer import MlxTokenizer
 from semantic.bootstrap import prepare_model
@@ -84,3 +86,23 @@ def test_a_gguf_of_a_type_mlx_cannot_read_is_refused_with_the_fix(
     other.write_text("not a model")
     with pytest.raises(CorruptModelError, match="neither a GGUF"):
         served(other, tmp_path / "cache")
+
+
+def test_weights_bf16_serves_a_gguf_as_bfloat16_on_our_products_with_float32_kv(
+    files: Path, tmp_path: Path, real_model: RealModel
+) -> None:
+    """``--weights bf16``: the dequantized copy rounded to bfloat16, read in place by our
+    products; the model computes in float32, its KV too (ADR 0031)."""
+    loaded = served(next(files.glob("*.Q4_1.gguf")), tmp_path / "cache", weights="bf16")
+    linears = [m for _, m in loaded.model.named_modules() if isinstance(m, nn.Linear)]  # type: ignore[attr-defined]  # mlx.nn
+    assert linears
+    assert all(type(m) is HostBfloat16Linear and m.weight.dtype == mx.bfloat16 for m in linears)
+    said = {a.name: a.describe() for a in accelerations_for(loaded.model, blas_in_use())}
+    assert said["bfloat16 and 4/8-bit products on our kernels (ADR 0031)"] == "on"
+    assert said["host pass for small passes (ADR 0013)"] == "on"
+    served_model = Served(loaded.model, MlxTokenizer(loaded.tokenizer))
+    assert spec_from_model(loaded.model).kv_dtype == "float32"
+    prompt = real_model.tokenizer.render_chat(
+        conversation(6, 40, lambda m: len(real_model.tokenizer.render_chat(m)))
+    )
+    assert len(generate(served_model.engine(), prompt, 8).token_ids) == 8
