@@ -79,7 +79,8 @@ enum { FUSED_ROWS = 8, FUSED_COLS = 4, FUSED_CHUNKS = 8 };
  * bytes ran a 49,152-row head 1.4x faster than at 16 rows ahead; one VM, ADR 0031). */
 enum { PREFETCH_BYTES = 4096 };
 /* Rows up to which the fused loop runs: its accumulators (rows x cols x PARTS registers)
- * must stay in registers, 32 of them with AVX-512, 16 with AVX2 and NEON. */
+ * must stay in registers: AVX-512 has 32 of 16 lanes (PARTS 1), AVX2 16 of 8 (PARTS 2),
+ * NEON 32 of 4 (PARTS 4). */
 #define FUSED_REACH (!SIMD_FMA ? 0 : LANES == 16 ? 8 : 2) /* its sums need the FMA */
 
 static inline __attribute__((always_inline)) void prefetch_rows(const weight_t *w, int kind,
