@@ -111,8 +111,12 @@ def theirs(gguf: Path, prompt: list[int], turns: format_turns.Turns) -> dict[str
     decode = [llama_cpp.parallel_decode_rate(gguf, n) for n in STREAMS]
     next_turn = format_turns.theirs(gguf, turns, gguf.parent)
     held = gguf.stat().st_size / 1e6
-    return {"held_mb": held, "rss_mb": rss, "prefill": prefill, "decode": decode} | {
-        "next_turn": next_turn
+    return {
+        "held_mb": held,
+        "rss_mb": rss,
+        "prefill": prefill,
+        "decode": decode,
+        "next_turn": next_turn,
     }
 
 
