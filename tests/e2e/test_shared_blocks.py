@@ -170,8 +170,9 @@ def back_empty(one: ServerProcess, two: ServerProcess, redis: RedisServer) -> No
         {"role": "system", "content": "Reefs. " + RULES},
         {"role": "user", "content": "Name a reef."},
     ]
-    first = chat(one, talk, **agent)
+    # counted before the turn: its blocks may be pushed before its reply is read
     published = one.metric("semantic_shared_blocks_total", {"event": "published"})
+    first = chat(one, talk, **agent)
     eventually(
         lambda: one.metric("semantic_shared_blocks_total", {"event": "published"}) > published,
         "pushed again",
