@@ -87,11 +87,25 @@ def _cpuinfo() -> str:
 
 
 def _cpu_model(cpuinfo: str) -> str:
+    """The CPU's name, with its x86 family and model: a VM's name is often just "AMD
+    EPYC", and family 25 covers Zen 3 (model 1, AVX2 only) and Zen 4 (model 17, AVX-512)."""
+    fields = _first_fields(cpuinfo)
+    name = next(
+        (fields[key] for key in ("model name", "Model", "cpu model") if fields.get(key)),
+        platform.processor() or sys.platform,
+    )
+    if "cpu family" in fields and "model" in fields:
+        return f"{name} (family {fields['cpu family']}, model {fields['model']})"
+    return name
+
+
+def _first_fields(cpuinfo: str) -> dict[str, str]:
+    """Each key's first value in /proc/cpuinfo (the first CPU's)."""
+    fields: dict[str, str] = {}
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
-        if key.strip() in {"model name", "Model", "cpu model"} and value.strip():
-            return value.strip()
-    return platform.processor() or sys.platform
+        fields.setdefault(key.strip(), value.strip())
+    return fields
 
 
 def _version(package: str) -> str:

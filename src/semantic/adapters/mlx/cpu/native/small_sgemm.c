@@ -89,6 +89,24 @@ static void put(const product_t *p, int row, int col, float sum) {
     *out = p->beta == 0.0f ? value : value + p->beta * *out;
 }
 
+/* put() for `rows` x `cols` sums (row-major in `sums`), clipped to the product. A plain
+ * product (alpha 1, beta 0: every product MLX asks for) copies each row: the same bits,
+ * and at a short k, as in attention scores, the per-element stores were a fifth of the
+ * time (AVX2, 32 x 4,178 x 64). */
+static void put_tile(const product_t *p, int row, int col, int rows, int cols, int to,
+                     const float *sums) {
+    int keep_rows = p->m - row < rows ? p->m - row : rows;
+    int keep_cols = to - col < cols ? to - col : cols;
+    for (int i = 0; i < keep_rows; i++) {
+        if (p->alpha == 1.0f && p->beta == 0.0f) {
+            memcpy(p->c + (size_t)(row + i) * p->ldc + col, sums + cols * i,
+                   (size_t)keep_cols * sizeof(float));
+            continue;
+        }
+        for (int j = 0; j < keep_cols; j++) put(p, row + i, col + j, sums[cols * i + j]);
+    }
+}
+
 /* Three-row-or-fewer products through sgemv: the fallback without AVX-512. */
 static void gemv_rows(int trans_b, const product_t *p) {
     for (int row = 0; row < p->m; row++) {
@@ -260,9 +278,7 @@ static inline __attribute__((always_inline)) void dot_columns_by(
             for (int i = 0; i < rows; i++) a[i] = row_of(p->a, p->lda, row + i, p->m, row);
             float dots[MOST_DOTS];
             dot_tile(rows, cols, p->k, a, b, row == 0 && col + cols < to ? next : NULL, dots);
-            for (int i = 0; i < rows && row + i < p->m; i++)
-                for (int j = 0; j < cols && col + j < to; j++)
-                    put(p, row + i, col + j, dots[cols * i + j]);
+            put_tile(p, row, col, rows, cols, to, dots);
         }
     }
 }
@@ -292,7 +308,7 @@ static void broadcast_columns(const product_t *p, int from, int to) {
             }
             float sums[64];
             memcpy(sums, acc, sizeof sums);
-            for (int j = 0; j < 64; j++) put(p, row, col + j, sums[j]);
+            put_tile(p, row, col, 1, 64, to, sums);
         }
         for (; col < to; col++) {
             float sum = 0.0f;
