@@ -93,14 +93,18 @@ static void put(const product_t *p, int row, int col, float sum) {
  * product (alpha 1, beta 0: every product MLX asks for) copies each row: the same bits,
  * and at a short k, as in attention scores, the per-element stores were a fifth of the
  * time (AVX2, 32 x 4,178 x 64). */
-static void put_tile(const product_t *p, int row, int col, int rows, int cols, int to,
-                     const float *sums) {
+static inline __attribute__((always_inline)) void put_tile(
+    const product_t *p, int row, int col, const int rows, const int cols, int to,
+    const float *sums) {
     int keep_rows = p->m - row < rows ? p->m - row : rows;
     int keep_cols = to - col < cols ? to - col : cols;
     for (int i = 0; i < keep_rows; i++) {
+        float *out = p->c + (size_t)(row + i) * p->ldc + col;
         if (p->alpha == 1.0f && p->beta == 0.0f) {
-            memcpy(p->c + (size_t)(row + i) * p->ldc + col, sums + cols * i,
-                   (size_t)keep_cols * sizeof(float));
+            if (keep_cols == cols) /* a constant size: a register move, not a call */
+                memcpy(out, sums + cols * i, (size_t)cols * sizeof(float));
+            else
+                memcpy(out, sums + cols * i, (size_t)keep_cols * sizeof(float));
             continue;
         }
         for (int j = 0; j < keep_cols; j++) put(p, row + i, col + j, sums[cols * i + j]);
@@ -290,6 +294,69 @@ static void dot_columns(const product_t *p, int from, int to) {
 static void dot_columns_one_row(const product_t *p, int from, int to) {
     dot_columns_by(1, ROW_COLS, p, from, to);
 }
+
+/* ---- short rows: A's row held in registers ------------------------------------------
+ * Attention scores multiply each query row by every key, over one head (k = 64 in most
+ * small models). There a tile's loop runs four steps and its reduction and stores cost as
+ * much again. For k up to HELD_STEPS blocks of 16 the row of A stays in registers while
+ * the rows of B go past, HELD_BLOCK of them at a time so they come from L1 for every row
+ * of A: same lanes, same order, same bits as dot_tile (scores 32 x 4,178 x 64 on a Zen 3,
+ * one thread: ADR 0026). */
+#define HELD_STEPS (8 / PARTS) /* A's row in 8 registers: k <= 64 (AVX2), 128 (AVX-512) */
+enum { HELD_BLOCK = 64 };
+
+/* dots[j] = x . b[j] for four rows of B; x is `steps` blocks of 16 lanes. */
+static inline __attribute__((always_inline)) void dot_four_held(
+    const int steps, const vf x[][PARTS], const float *const *b, float *dots) {
+    vf acc[4][PARTS];
+    for (int j = 0; j < 4; j++)
+        for (int q = 0; q < PARTS; q++) acc[j][q] = splat(0.0f);
+    for (int s = 0; s < steps; s++)
+        for (int q = 0; q < PARTS; q++)
+            for (int j = 0; j < 4; j++) acc[j][q] += x[s][q] * load(b[j] + 16 * s + q * LANES);
+    halve4(acc, dots);
+}
+
+static inline __attribute__((always_inline)) void held_columns_by(
+    const int steps, const product_t *p, int from, int to) {
+    for (int start = from; start < to; start += HELD_BLOCK) {
+        int end = start + HELD_BLOCK < to ? start + HELD_BLOCK : to;
+        for (int row = 0; row < p->m; row++) {
+            const float *a = p->a + (size_t)row * p->lda;
+            vf x[HELD_STEPS][PARTS];
+            for (int s = 0; s < steps; s++)
+                for (int q = 0; q < PARTS; q++) x[s][q] = load(a + 16 * s + q * LANES);
+            for (int col = start; col < end; col += 4) {
+                const float *b[4];
+                for (int j = 0; j < 4; j++) b[j] = row_of(p->b, p->ldb, col + j, end, col);
+                float dots[4];
+                dot_four_held(steps, x, b, dots);
+                put_tile(p, row, col, 1, 4, end, dots);
+            }
+        }
+    }
+}
+
+/* B transposed with k a multiple of 16 and at most HELD_STEPS blocks (held_fits). */
+static void held_columns(const product_t *p, int from, int to) {
+    switch (p->k / 16) {
+    case 1: held_columns_by(1, p, from, to); break;
+    case 2: held_columns_by(2, p, from, to); break;
+#if HELD_STEPS >= 4
+    case 3: held_columns_by(3, p, from, to); break;
+    case 4: held_columns_by(4, p, from, to); break;
+#endif
+#if HELD_STEPS >= 8
+    case 5: held_columns_by(5, p, from, to); break;
+    case 6: held_columns_by(6, p, from, to); break;
+    case 7: held_columns_by(7, p, from, to); break;
+    case 8: held_columns_by(8, p, from, to); break;
+#endif
+    default: dot_columns(p, from, to);
+    }
+}
+
+static int held_fits(int k) { return k % 16 == 0 && k / 16 <= HELD_STEPS; }
 
 /* C[row, from:to] for plain B (k x n), 64 columns at a time: sum over k of a[row][k] times
  * row k of B, each output summed in order of k. */
@@ -502,6 +569,7 @@ void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k, float
 #if HAVE_KERNELS
         if (m <= SMALL_MAX_ROWS) {
             p.columns = trans_b == NO_TRANS ? broadcast_columns
+                        : held_fits(k)     ? held_columns
                         : m == 1           ? dot_columns_one_row
                                            : dot_columns;
             run(&p);
