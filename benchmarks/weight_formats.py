@@ -235,10 +235,24 @@ def _rate(row: dict[str, Any], decode_index: int) -> float:
     return float(row["prefill"] if decode_index < 0 else row["decode"][decode_index])
 
 
+def _format_names(text: str) -> list[str]:
+    """Row names in either case (``Q4_1`` or ``q4_1``); an unknown one is a usage error."""
+    names = [name.strip().lower() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in FORMATS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown format {unknown}; choose from {list(FORMATS)}")
+    return names
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompt", type=int, default=4096, help="cold prompt tokens")
-    parser.add_argument("--formats", default=",".join(FORMATS))
+    parser.add_argument(
+        "--formats",
+        type=_format_names,
+        default=list(FORMATS),
+        help=f"comma-separated, any of {', '.join(FORMATS)} (default: all)",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
     parser.add_argument("--one", choices=("ours", "llama.cpp"), help=argparse.SUPPRESS)
     parser.add_argument("--gguf", type=Path, help=argparse.SUPPRESS)
@@ -253,7 +267,7 @@ def main() -> None:
     with_llama = llama_cpp.available()
     if not with_llama:
         print("llama-cpp-python is not installed: ours only")
-    rows = run(args.formats.split(","), args.prompt, with_llama)
+    rows = run(args.formats, args.prompt, with_llama)
     args.out.mkdir(parents=True, exist_ok=True)
     results = {"machine": found, "prompt": args.prompt, "rows": rows}
     (args.out / "weight_formats.json").write_text(json.dumps(results, indent=2))
