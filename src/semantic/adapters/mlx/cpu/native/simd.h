@@ -60,6 +60,19 @@ static inline vi splat_int(int x) { return (vi){X_LANES(x)}; }
 
 static inline vf load(const float *p) { return *(const vf *)p; }
 
+/* Keeps a loaded value in a register: without it GCC folds the load into every
+ * multiply-add that uses the value (a 2 x 3 tile then loaded A's rows three times over and
+ * ran no faster than 1 x 4 on a Zen 3; ADR 0026). An empty asm the value passes through. */
+#if defined(__AVX512F__)
+#define KEEP(v) __asm__("" : "+v"(v))
+#elif defined(__AVX__)
+#define KEEP(v) __asm__("" : "+x"(v))
+#elif defined(__aarch64__)
+#define KEEP(v) __asm__("" : "+w"(v))
+#else
+#define KEEP(v) ((void)0)
+#endif
+
 static inline void store(float *p, vf x) { *(vf *)p = x; }
 
 static inline vf vmax(vf a, vf b) {

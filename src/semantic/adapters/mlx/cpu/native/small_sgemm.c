@@ -39,6 +39,9 @@
 
 enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 };
 enum { GEMV_MAX_ROWS = 3, SMALL_MAX_ROWS = 32 };
+/* Columns a thread claims at a time: 48 for the dot tiles (a multiple of 2, 3 and 4
+ * columns: no short tile but the product's last), 64 for the broadcast tiles' blocks. */
+enum { DOT_CHUNK = 48, BROADCAST_CHUNK = 64 };
 
 #ifndef BLAS_TARGET
 #define BLAS_TARGET "libopenblas.so.0"
@@ -81,6 +84,7 @@ struct product {
     const float *a, *b;
     float *c;
     void (*columns)(const product_t *, int, int); /* computes columns [from, to) */
+    int chunk; /* columns a thread claims at a time (a multiple of the tile's) */
 };
 
 static void put(const product_t *p, int row, int col, float sum) {
@@ -129,10 +133,11 @@ static void gemv_rows(int trans_b, const product_t *p) {
 /* Tile shapes for the variant's register file: a tile's rows x cols accumulators (each a
  * block of 16 logical lanes, PARTS registers) and one row of each operand stay in
  * registers. TILE_* serve products of several rows, ROW_COLS products of one (a lone
- * decode step, where a taller tile would only repeat the row). AVX-512: 4 x 4, 16 + 8 of 32
- * zmm; AVX2: 1 x 4, 8 + 4 of 16 ymm (measured against 2 x 2, 4 x 1 and 2 x 4: 16 rows of
- * SmolLM2's MLP product 294 us against 341, 324 and 454; ADR 0026); NEON: 2 x 2, 16 + 8 of
- * 32 q (not measured). The shape never changes a bit of a result: each output is summed in
+ * decode step, where a taller tile would only repeat the row). AVX-512: 4 x 4, 16 + 5 of 32
+ * zmm; AVX2: 2 x 3, 12 + 3 of 16 ymm, five loads to six multiply-adds (1 x 4 loads five to
+ * four; on a Zen 3 with 16-32 rows, 2 x 3 ran 14-34% faster, 3 x 2 and 2 x 2 slower: ADR
+ * 0026); NEON: 2 x 2, 16 + 3 of 32 q (not measured). Every dimension of SmolLM2's and most
+ * models' matrices is a multiple of 3. The shape never changes a bit of a result: each output is summed in
  * the same lanes and halved in the same order (simd.h). */
 #if defined(TILE_ROWS) && defined(TILE_COLS)
 /* given at build time (a tuning experiment) */
@@ -140,8 +145,8 @@ static void gemv_rows(int trans_b, const product_t *p) {
 #define TILE_ROWS 4
 #define TILE_COLS 4
 #elif LANES == 8
-#define TILE_ROWS 1
-#define TILE_COLS 4
+#define TILE_ROWS 2
+#define TILE_COLS 3
 #else
 #define TILE_ROWS 2
 #define TILE_COLS 2
@@ -212,6 +217,25 @@ static inline void halve4(const vf acc[][PARTS], float out[4]) {
     memcpy(out, &f, 4 * sizeof(float));
 }
 
+/* dots[t] = halve(acc[t]) for an even count: four at a time, a last two in a tree of its
+ * own (each repeated). */
+static inline __attribute__((always_inline)) void halve_pairs(const int count,
+                                                              const vf acc[][PARTS], float *dots) {
+    int t = 0;
+    for (; t + 4 <= count; t += 4) halve4(acc + t, dots + t);
+    if (t < count) {
+        vf two[4][PARTS];
+        float sums[4];
+        for (int q = 0; q < PARTS; q++) {
+            two[0][q] = two[2][q] = acc[t][q];
+            two[1][q] = two[3][q] = acc[t + 1][q];
+        }
+        halve4(two, sums);
+        dots[t] = sums[0];
+        dots[t + 1] = sums[1];
+    }
+}
+
 #if LANES == 16
 /* Lane i of the result is the sum of the 16 lanes of v[i]: the tree for sixteen. */
 static inline void halve16(const vf acc[][PARTS], float out[16]) {
@@ -238,11 +262,28 @@ static inline __attribute__((always_inline)) void dot_tile(
         if (ahead)
             for (int j = 0; j < cols; j++) __builtin_prefetch(ahead[j] + at);
         for (int q = 0; q < PARTS; q++) {
-            vf y[MOST_COLS];
-            for (int j = 0; j < cols; j++) y[j] = load(b[j] + at + q * LANES);
-            for (int i = 0; i < rows; i++) {
-                vf x = load(a[i] + at + q * LANES);
-                for (int j = 0; j < cols; j++) acc[cols * i + j][q] += x * y[j];
+            if (rows <= cols) { /* A's rows held, B's loaded one at a time */
+                vf x[TILE_ROWS];
+                for (int i = 0; i < rows; i++) {
+                    x[i] = load(a[i] + at + q * LANES);
+                    KEEP(x[i]);
+                }
+                for (int j = 0; j < cols; j++) {
+                    vf y = load(b[j] + at + q * LANES);
+                    KEEP(y);
+                    for (int i = 0; i < rows; i++) acc[cols * i + j][q] += x[i] * y;
+                }
+            } else { /* B's rows held, A's loaded one at a time */
+                vf y[MOST_COLS];
+                for (int j = 0; j < cols; j++) {
+                    y[j] = load(b[j] + at + q * LANES);
+                    KEEP(y[j]);
+                }
+                for (int i = 0; i < rows; i++) {
+                    vf x = load(a[i] + at + q * LANES);
+                    KEEP(x);
+                    for (int j = 0; j < cols; j++) acc[cols * i + j][q] += x * y[j];
+                }
             }
         }
     }
@@ -251,8 +292,8 @@ static inline __attribute__((always_inline)) void dot_tile(
         halve16(acc, dots);
     else
 #endif
-        if (rows * cols % 4 == 0)
-        for (int t = 0; t < rows * cols; t += 4) halve4(acc + t, dots + t);
+        if (rows * cols % 2 == 0)
+        halve_pairs(rows * cols, acc, dots);
     else
         for (int t = 0; t < rows * cols; t++) dots[t] = halve(acc[t]);
     for (; at < k; at++)
@@ -267,21 +308,36 @@ static const float *row_of(const float *base, int ld, int i, int rows, int first
     return base + (size_t)(i < rows ? i : first) * ld;
 }
 
+/* The share of the next `cols` rows of B that tile `tile` of `tiles` asks for ahead:
+ * spread over all the tiles, the loads from memory overlap the whole group's arithmetic
+ * instead of bunching into its first tile (16 rows of SmolLM2's products on a Zen 3, both
+ * cores, weights from memory: 60-65 -> 76-80 GFLOP/s with the 2 x 3 tile; ADR 0026). */
+static inline __attribute__((always_inline)) void prefetch_share(
+    const int cols, const float *const *next, int k, int tile, int tiles) {
+    int lines_per_row = (k + 15) / 16, lines = cols * lines_per_row;
+    for (int line = tile * lines / tiles; line < (tile + 1) * lines / tiles; line++)
+        __builtin_prefetch(next[line / lines_per_row] + 16 * (line % lines_per_row));
+}
+
 /* C[:, from:to] for B transposed (n x k): each `cols` rows of B are read from memory once
- * and multiplied with every row of A, `rows` at a time. */
+ * and multiplied with every row of A, `rows` at a time, while the next `cols` rows are
+ * fetched (by the tiles' shares, or within the one tile's loop). */
 static inline __attribute__((always_inline)) void dot_columns_by(
     const int rows, const int cols, const product_t *p, int from, int to) {
+    int tiles = (p->m + rows - 1) / rows;
     for (int col = from; col < to; col += cols) {
         const float *b[MOST_COLS], *next[MOST_COLS];
         for (int j = 0; j < cols; j++) {
             b[j] = row_of(p->b, p->ldb, col + j, to, col);
             next[j] = row_of(p->b, p->ldb, col + cols + j, to, col);
         }
+        int more = col + cols < to;
         for (int row = 0; row < p->m; row += rows) {
             const float *a[TILE_ROWS];
             for (int i = 0; i < rows; i++) a[i] = row_of(p->a, p->lda, row + i, p->m, row);
+            if (more && tiles > 1) prefetch_share(cols, next, p->k, row / rows, tiles);
             float dots[MOST_DOTS];
-            dot_tile(rows, cols, p->k, a, b, row == 0 && col + cols < to ? next : NULL, dots);
+            dot_tile(rows, cols, p->k, a, b, more && tiles == 1 ? next : NULL, dots);
             put_tile(p, row, col, rows, cols, to, dots);
         }
     }
@@ -386,14 +442,14 @@ static void broadcast_columns(const product_t *p, int from, int to) {
 }
 
 /* ---- one helper thread, sharing the columns by work stealing --------------------------
- * The caller offers the product and both threads claim 64-column chunks until none are
+ * The caller offers the product and both threads claim chunks of columns until none are
  * left. If the helper is slow to wake (or its core is busy with another thread) the caller
  * simply does more chunks; it only ever waits for a helper that is mid-chunk. A column is
  * computed the same way by either thread, so the split never changes a result. */
 
 /* Two threads pay off once B is a few hundred KB (reading it is most of the time) or the
  * arithmetic is large. */
-enum { CHUNK = 64, SPIN_NS = 200000, MIN_THREADED_B = 1 << 16, MIN_THREADED_WORK = 1 << 20 };
+enum { SPIN_NS = 200000, MIN_THREADED_B = 1 << 16, MIN_THREADED_WORK = 1 << 20 };
 
 typedef void (*work_fn)(const void *context, int from, int to);
 
@@ -528,11 +584,11 @@ static void product_columns(const void *context, int from, int to) {
 /* Two threads when it is worth it. */
 static void run(const product_t *p) {
     long long b_size = (long long)p->n * p->k, work = b_size * p->m;
-    if ((b_size < MIN_THREADED_B && work < MIN_THREADED_WORK) || p->n < 2 * CHUNK) {
+    if ((b_size < MIN_THREADED_B && work < MIN_THREADED_WORK) || p->n < 2 * p->chunk) {
         p->columns(p, 0, p->n);
         return;
     }
-    share(product_columns, p, p->n, CHUNK);
+    share(product_columns, p, p->n, p->chunk);
 }
 
 /* The same helper for our other kernels (native/softmax_pv.c finds this with dlsym), so
@@ -565,9 +621,10 @@ void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k, float
                  const float *a, int lda, const float *b, int ldb, float beta, float *c, int ldc) {
     resolve(); /* never fails here: the library is only made global once it resolved */
     if (order == ROW_MAJOR && trans_a == NO_TRANS && m > 0 && n > 0 && k > 0) {
-        product_t p = {m, n, k, lda, ldb, ldc, alpha, beta, a, b, c, NULL};
+        product_t p = {m, n, k, lda, ldb, ldc, alpha, beta, a, b, c, NULL, DOT_CHUNK};
 #if HAVE_KERNELS
         if (m <= SMALL_MAX_ROWS) {
+            if (trans_b == NO_TRANS) p.chunk = BROADCAST_CHUNK;
             p.columns = trans_b == NO_TRANS ? broadcast_columns
                         : held_fits(k)     ? held_columns
                         : m == 1           ? dot_columns_one_row
