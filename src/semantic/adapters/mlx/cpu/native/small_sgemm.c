@@ -137,8 +137,8 @@ static void gemv_rows(int trans_b, const product_t *p) {
  * zmm; AVX2: 2 x 3, 12 + 3 of 16 ymm, five loads to six multiply-adds (1 x 4 loads five to
  * four; on a Zen 3 with 16-32 rows, 2 x 3 ran 14-34% faster, 3 x 2 and 2 x 2 slower: ADR
  * 0026); NEON: 2 x 2, 16 + 3 of 32 q (not measured). Every dimension of SmolLM2's and most
- * models' matrices is a multiple of 3. The shape never changes a bit of a result: each output is summed in
- * the same lanes and halved in the same order (simd.h). */
+ * models' matrices is a multiple of 3. The shape never changes a bit of a result: each
+ * output is summed in the same lanes and halved in the same order (simd.h). */
 #if defined(TILE_ROWS) && defined(TILE_COLS)
 /* given at build time (a tuning experiment) */
 #elif LANES == 16
