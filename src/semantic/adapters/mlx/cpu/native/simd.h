@@ -119,4 +119,98 @@ static inline float halve(const vf part[PARTS]) {
     return h[0];
 }
 
+
+/* Shuffle masks of the transposing add tree: level L pairs lanes 2^(log2(LANES)-L) apart,
+ * taking the blocks of that size alternately from x and y (LO) or the blocks after (HI). */
+#if LANES == 16
+#define LO1 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23
+#define HI1 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31
+#define LO2 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27
+#define HI2 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31
+#define LO3 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29
+#define HI3 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31
+#define LO4 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30
+#define HI4 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31
+#elif LANES == 8
+#define LO1 0, 1, 2, 3, 8, 9, 10, 11
+#define HI1 4, 5, 6, 7, 12, 13, 14, 15
+#define LO2 0, 1, 4, 5, 8, 9, 12, 13
+#define HI2 2, 3, 6, 7, 10, 11, 14, 15
+#define LO3 0, 2, 4, 6, 8, 10, 12, 14
+#define HI3 1, 3, 5, 7, 9, 11, 13, 15
+#else
+#define LO1 0, 1, 4, 5
+#define HI1 2, 3, 6, 7
+#define LO2 0, 2, 4, 6
+#define HI2 1, 3, 5, 7
+#endif
+/* The same two shuffles and one add in either compiler's spelling (clang has no
+ * __builtin_shuffle, GCC before 12 no __builtin_shufflevector). */
+#if defined(__clang__)
+#define FOLD(x, y, low, high) (__builtin_shufflevector(x, y, low) + __builtin_shufflevector(x, y, high))
+#else
+#define FOLD(x, y, low, high) \
+    (__builtin_shuffle(x, y, (vi){low}) + __builtin_shuffle(x, y, (vi){high}))
+#endif
+
+/* One register per accumulator: its 16 logical lanes' first halvings, which add whole
+ * registers (lane i + lane i+8 is part 0 + part 1 with 8 lanes; with 4 lanes, parts 0 + 2
+ * and 1 + 3, then those two), the order of halve(). */
+static inline vf halve_parts(const vf part[PARTS]) {
+#if PARTS == 1
+    return part[0];
+#elif PARTS == 2
+    return part[0] + part[1];
+#else
+    return (part[0] + part[2]) + (part[1] + part[3]);
+#endif
+}
+
+/* Lanes 0-3 of the result are the sums of four accumulators: a transposing add tree over
+ * the register's lanes that does halve()'s adds for all four at once (the fourth-last and
+ * later levels pair the tree's one register with itself). */
+static inline void halve4(const vf acc[][PARTS], float out[4]) {
+    vf w0 = halve_parts(acc[0]), w1 = halve_parts(acc[1]);
+    vf w2 = halve_parts(acc[2]), w3 = halve_parts(acc[3]);
+    vf f = FOLD(FOLD(w0, w1, LO1, HI1), FOLD(w2, w3, LO1, HI1), LO2, HI2);
+#if LANES >= 8
+    f = FOLD(f, f, LO3, HI3);
+#endif
+#if LANES == 16
+    f = FOLD(f, f, LO4, HI4);
+#endif
+    memcpy(out, &f, 4 * sizeof(float));
+}
+
+/* dots[t] = halve(acc[t]) for an even count: four at a time, a last two in a tree of its
+ * own (each repeated). */
+static inline __attribute__((always_inline)) void halve_pairs(const int count,
+                                                              const vf acc[][PARTS], float *dots) {
+    int t = 0;
+    for (; t + 4 <= count; t += 4) halve4(acc + t, dots + t);
+    if (t < count) {
+        vf two[4][PARTS];
+        float sums[4];
+        for (int q = 0; q < PARTS; q++) {
+            two[0][q] = two[2][q] = acc[t][q];
+            two[1][q] = two[3][q] = acc[t + 1][q];
+        }
+        halve4(two, sums);
+        dots[t] = sums[0];
+        dots[t + 1] = sums[1];
+    }
+}
+
+#if LANES == 16
+/* Lane i of the result is the sum of the 16 lanes of v[i]: the tree for sixteen. */
+static inline void halve16(const vf acc[][PARTS], float out[16]) {
+    vf eights[8], fours[4], twos[2];
+    for (int i = 0; i < 8; i++) eights[i] = FOLD(acc[2 * i][0], acc[2 * i + 1][0], LO1, HI1);
+    for (int i = 0; i < 4; i++) fours[i] = FOLD(eights[2 * i], eights[2 * i + 1], LO2, HI2);
+    for (int i = 0; i < 2; i++) twos[i] = FOLD(fours[2 * i], fours[2 * i + 1], LO3, HI3);
+    vf sums = FOLD(twos[0], twos[1], LO4, HI4);
+    memcpy(out, &sums, sizeof sums);
+}
+#endif
+
 #endif
