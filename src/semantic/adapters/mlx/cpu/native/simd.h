@@ -73,6 +73,13 @@ static inline vf load(const float *p) { return *(const vf *)p; }
 #define KEEP(v) ((void)0)
 #endif
 
+/* A load that stays in its register (KEEP). */
+static inline __attribute__((always_inline)) vf kept(const float *p) {
+    vf v = load(p);
+    KEEP(v);
+    return v;
+}
+
 static inline void store(float *p, vf x) { *(vf *)p = x; }
 
 static inline vf vmax(vf a, vf b) {

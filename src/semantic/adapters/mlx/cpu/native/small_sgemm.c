@@ -152,6 +152,7 @@ static void gemv_rows(int trans_b, const product_t *p) {
 #define TILE_COLS 2
 #endif
 #define ROW_COLS 4
+_Static_assert(TILE_ROWS <= TILE_COLS, "a tile holds its rows of A and loads B's in turn");
 #define MOST_COLS (TILE_COLS > ROW_COLS ? TILE_COLS : ROW_COLS)
 #define MOST_DOTS (TILE_ROWS * TILE_COLS > ROW_COLS ? TILE_ROWS * TILE_COLS : ROW_COLS)
 
@@ -169,28 +170,11 @@ static inline __attribute__((always_inline)) void dot_tile(
         if (ahead)
             for (int j = 0; j < cols; j++) __builtin_prefetch(ahead[j] + at);
         for (int q = 0; q < PARTS; q++) {
-            if (rows <= cols) { /* A's rows held, B's loaded one at a time */
-                vf x[TILE_ROWS];
-                for (int i = 0; i < rows; i++) {
-                    x[i] = load(a[i] + at + q * LANES);
-                    KEEP(x[i]);
-                }
-                for (int j = 0; j < cols; j++) {
-                    vf y = load(b[j] + at + q * LANES);
-                    KEEP(y);
-                    for (int i = 0; i < rows; i++) acc[cols * i + j][q] += x[i] * y;
-                }
-            } else { /* B's rows held, A's loaded one at a time */
-                vf y[MOST_COLS];
-                for (int j = 0; j < cols; j++) {
-                    y[j] = load(b[j] + at + q * LANES);
-                    KEEP(y[j]);
-                }
-                for (int i = 0; i < rows; i++) {
-                    vf x = load(a[i] + at + q * LANES);
-                    KEEP(x);
-                    for (int j = 0; j < cols; j++) acc[cols * i + j][q] += x * y[j];
-                }
+            vf x[TILE_ROWS]; /* A's rows held, B's loaded one at a time */
+            for (int i = 0; i < rows; i++) x[i] = kept(a[i] + at + q * LANES);
+            for (int j = 0; j < cols; j++) {
+                vf y = kept(b[j] + at + q * LANES);
+                for (int i = 0; i < rows; i++) acc[cols * i + j][q] += x[i] * y;
             }
         }
     }
