@@ -189,22 +189,19 @@ static inline void halve4(const vf acc[][PARTS], float out[4]) {
     memcpy(out, &f, 4 * sizeof(float));
 }
 
-/* dots[t] = halve(acc[t]) for an even count: four at a time, a last two in a tree of its
- * own (each repeated). */
-static inline __attribute__((always_inline)) void halve_pairs(const int count,
-                                                              const vf acc[][PARTS], float *dots) {
+/* sums[t] = halve(acc[t]) for every t < count, four at a time by the tree; the last one
+ * to three go through it too, repeated to fill its four. */
+static inline __attribute__((always_inline)) void halve_each(const int count,
+                                                             const vf acc[][PARTS], float *sums) {
     int t = 0;
-    for (; t + 4 <= count; t += 4) halve4(acc + t, dots + t);
+    for (; t + 4 <= count; t += 4) halve4(acc + t, sums + t);
     if (t < count) {
-        vf two[4][PARTS];
-        float sums[4];
-        for (int q = 0; q < PARTS; q++) {
-            two[0][q] = two[2][q] = acc[t][q];
-            two[1][q] = two[3][q] = acc[t + 1][q];
-        }
-        halve4(two, sums);
-        dots[t] = sums[0];
-        dots[t + 1] = sums[1];
+        vf last[4][PARTS];
+        float four[4];
+        for (int u = 0; u < 4; u++)
+            for (int q = 0; q < PARTS; q++) last[u][q] = acc[t + u % (count - t)][q];
+        halve4(last, four);
+        for (int u = 0; u < count - t; u++) sums[t + u] = four[u];
     }
 }
 

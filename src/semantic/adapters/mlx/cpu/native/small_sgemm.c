@@ -183,10 +183,7 @@ static inline __attribute__((always_inline)) void dot_tile(
         halve16(acc, dots);
     else
 #endif
-        if (rows * cols % 2 == 0)
-        halve_pairs(rows * cols, acc, dots);
-    else
-        for (int t = 0; t < rows * cols; t++) dots[t] = halve(acc[t]);
+        halve_each(rows * cols, acc, dots);
     for (; at < k; at++)
         for (int i = 0; i < rows; i++)
             for (int j = 0; j < cols; j++) /* one rounding, as the lanes' sums */

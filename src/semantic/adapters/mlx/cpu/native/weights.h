@@ -120,17 +120,12 @@ static inline __attribute__((always_inline)) void fused_tile(const int rows, con
                 }
             }
     }
+    vf flat[FUSED_COLS * FUSED_ROWS][PARTS]; /* summed by the tree, four at a time */
     float sums[FUSED_COLS * FUSED_ROWS];
-    if (rows * cols % 2 == 0) { /* the transposing tree, four sums at a time (simd.h) */
-        vf flat[FUSED_COLS * FUSED_ROWS][PARTS];
-        for (int c = 0; c < cols; c++)
-            for (int i = 0; i < rows; i++)
-                for (int q = 0; q < PARTS; q++) flat[c * rows + i][q] = acc[c][i][q];
-        halve_pairs(rows * cols, flat, sums);
-    } else {
-        for (int c = 0; c < cols; c++)
-            for (int i = 0; i < rows; i++) sums[c * rows + i] = halve(acc[c][i]);
-    }
+    for (int c = 0; c < cols; c++)
+        for (int i = 0; i < rows; i++)
+            for (int q = 0; q < PARTS; q++) flat[c * rows + i][q] = acc[c][i][q];
+    halve_each(rows * cols, flat, sums);
     for (int c = 0; c < cols; c++)
         for (int i = 0; i < rows; i++) {
             float sum = sums[c * rows + i], *out = t->y + (long)i * t->out + o + c;
