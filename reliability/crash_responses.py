@@ -3,10 +3,10 @@
     python -m reliability.crash_responses [--trials 20] [--chains 3] [--seed 1]
 
 Each trial: chains of ``/v1/responses`` on ``previous_response_id`` run until a kill -9 at a
-random moment. After the restart, every response whose 200 reached the client must be
-retrievable with its input items, and each chain's next turn must report at least the last
-acknowledged response's tokens as cached; no metadata row may point at a missing or corrupt
-block file.
+random moment after the first acknowledged response. After the restart, every response whose
+200 reached the client must be retrievable with its input items, and each chain's next turn
+must report at least the last acknowledged response's tokens as cached; no metadata row may
+point at a missing or corrupt block file.
 """
 
 from __future__ import annotations
@@ -54,7 +54,9 @@ def respond(url: str, text: str, previous: str | None) -> dict[str, Any]:
     return result
 
 
-def grow(url: str, chain: Chain, rng: random.Random, stop: threading.Event) -> None:
+def grow(
+    url: str, chain: Chain, rng: random.Random, stop: threading.Event, acked: threading.Event
+) -> None:
     while not stop.is_set():
         previous = chain.acknowledged[-1] if chain.acknowledged else None
         try:
@@ -63,17 +65,20 @@ def grow(url: str, chain: Chain, rng: random.Random, stop: threading.Event) -> N
             return
         chain.acknowledged.append(reply["id"])
         chain.tokens = reply["usage"]["input_tokens"] + reply["usage"]["output_tokens"]
+        acked.set()
 
 
 def trial(data_dir: Path, index: int, chains: int, rng: random.Random, summary: Summary) -> None:
     grown = [Chain() for _ in range(chains)]
     with ServerProcess(data_dir).start() as server:
-        stop = threading.Event()
+        stop, acked = threading.Event(), threading.Event()
         threads = [
-            threading.Thread(target=grow, args=(server.url, c, random.Random(rng.random()), stop))
+            threading.Thread(
+                target=grow, args=(server.url, c, random.Random(rng.random()), stop, acked)
+            )
             for c in grown
         ]
-        server.kill_during(threads, stop, rng.uniform(0.5, 4.0))
+        server.kill_during(threads, stop, rng.uniform(0.5, 4.0), acked)
     summary.trials += 1
     with ServerProcess(data_dir).start() as server:
         orphans = orphan_agents(data_dir)  # the start collected them, before any new turn

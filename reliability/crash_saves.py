@@ -3,7 +3,8 @@
     python -m reliability.crash_saves [--trials 50] [--agents 3] [--seed 1]
 
 Each trial: start a server on one data directory, let agents converse (every reply is only
-acknowledged once its KV and blocks are on disk), kill -9 at a random moment, restart, and
+acknowledged once its KV and blocks are on disk), kill -9 at a random moment after the
+first acknowledged reply (so a slow machine still has something to check), restart, and
 for every agent whose turn was acknowledged check that its next turn reports at least that
 conversation as cached and answers exactly as a cold run does; then check that no metadata
 row points at a missing or corrupt block file.
@@ -52,7 +53,11 @@ def chat(url: str, messages: list[dict[str, str]], headers: dict[str, str]) -> d
 
 
 def converse(
-    url: str, conversation: Conversation, rng: random.Random, stop: threading.Event
+    url: str,
+    conversation: Conversation,
+    rng: random.Random,
+    stop: threading.Event,
+    acked: threading.Event,
 ) -> None:
     while not stop.is_set():
         conversation.messages.append({"role": "user", "content": rng.choice(QUESTIONS)})
@@ -65,19 +70,20 @@ def converse(
         content = reply["choices"][0]["message"]["content"]  # type: ignore[index]
         conversation.messages.append({"role": "assistant", "content": content})
         conversation.acknowledged_tokens = usage["prompt_tokens"] + usage["completion_tokens"]  # type: ignore[index]
+        acked.set()
 
 
 def trial(data_dir: Path, index: int, agents: int, rng: random.Random, summary: Summary) -> None:
     conversations = [Conversation(f"agent-{index}-{a}") for a in range(agents)]
     with ServerProcess(data_dir).start() as server:
-        stop = threading.Event()
+        stop, acked = threading.Event(), threading.Event()
         threads = [
             threading.Thread(
-                target=converse, args=(server.url, c, random.Random(rng.random()), stop)
+                target=converse, args=(server.url, c, random.Random(rng.random()), stop, acked)
             )
             for c in conversations
         ]
-        server.kill_during(threads, stop, rng.uniform(0.5, 4.0))
+        server.kill_during(threads, stop, rng.uniform(0.5, 4.0), acked)
     summary.trials += 1
     with ServerProcess(data_dir).start() as server:
         checked = [check(server.url, index, c, summary) for c in conversations]

@@ -90,9 +90,17 @@ class FuzzResult:
         if status >= 500:
             self.server_errors += 1
             self.failures.append(f"{what} -> {status}: {response.text[:200]}")
-        elif status >= 400 and status != 404 and not _has_message(response):
+        elif status >= 400 and status != 404 and not _says_why(response):
             self.refusals_without_message += 1
             self.failures.append(f"{what} -> {status} without an error message")
+
+
+def _says_why(response: httpx.Response | Any) -> bool:
+    """An error body with a message; a reply to HEAD has no body at all (RFC 9110), so its
+    status is all it can say."""
+    if response.request.method == "HEAD":
+        return True
+    return _has_message(response)
 
 
 def _has_message(response: httpx.Response | Any) -> bool:

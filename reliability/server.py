@@ -93,12 +93,20 @@ class ServerProcess:
         return self.process.wait(timeout)
 
     def kill_during(
-        self, workers: list[threading.Thread], stop: threading.Event, seconds: float
+        self,
+        workers: list[threading.Thread],
+        stop: threading.Event,
+        seconds: float,
+        acknowledged: threading.Event | None = None,
     ) -> None:
         """Start ``workers``, kill -9 the server after ``seconds`` of their traffic, then tell
-        them to stop and wait for them: a crash in the middle of real work."""
+        them to stop and wait for them: a crash in the middle of real work. ``acknowledged``:
+        the seconds count from when it is set (the workers' first reply), so that a slow or
+        busy machine still kills after something was acknowledged, not before."""
         for worker in workers:
             worker.start()
+        if acknowledged is not None:
+            acknowledged.wait(300)
         time.sleep(seconds)
         self.kill()
         stop.set()

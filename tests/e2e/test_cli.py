@@ -93,7 +93,7 @@ def test_a_bad_scheduler_setting_is_refused_before_anything_loads(
 def test_serve_with_an_unknown_model_exits_with_one_clear_error(tmp_path: Path) -> None:
     port = str(free_port())
     result = semantic(
-        "serve", "--model", "no-such-model", "--port", port, "--data-dir", str(tmp_path), timeout=10
+        "serve", "--model", "no-such-model", "--port", port, "--data-dir", str(tmp_path), timeout=60
     )
     assert result.returncode == 2
     assert "unknown model 'no-such-model'" in result.stderr
