@@ -18,4 +18,5 @@ if [ "$workers" -gt 1 ]; then
         echo "pytest-xdist is missing (pip install -e '.[dev]'): the tests run in one process" >&2
     fi
 fi
-exec .venv/bin/python -m pytest "${parallel[@]}" "$@"
+# (the guarded expansion: bash 3.2, macOS's own, calls an empty array unbound under set -u)
+exec .venv/bin/python -m pytest ${parallel[@]+"${parallel[@]}"} "$@"
