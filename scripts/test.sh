@@ -1,22 +1,29 @@
 #!/usr/bin/env bash
 # README step 2: the whole test suite (unit, integration on the real model, end to end).
 #
-# SEMANTIC_TEST_WORKERS=2: two worker processes (pytest-xdist). Alone, the suite leaves the
-# CPUs idle nearly half the time, while a test waits for a server it started; two workers
-# fill that. Each file runs on one worker, so a module's shared server starts once; each
-# worker loads the real model once. One process by default (and in CI): a test that bounds
-# a latency (the slow-client flood's 2 s) can miss it while the other worker computes.
+# Two worker processes (pytest-xdist) where the machine has two cores or more: alone, the
+# suite leaves the CPUs idle nearly half the time while a test waits for a server it
+# started, and two workers fill that. Each file runs on one worker, so a module's shared
+# server starts once; each worker loads the real model once. The tests marked `alone`
+# bound a latency (the slow-client flood's 2 s), which a machine busy with the other
+# worker can miss: they run afterwards, in a pass of their own.
+# SEMANTIC_TEST_WORKERS=N: N workers; 1: everything in this process, in one pass.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || ./scripts/setup.sh
-workers="${SEMANTIC_TEST_WORKERS:-1}"
-parallel=()
-if [ "$workers" -gt 1 ]; then
-    if .venv/bin/python -c "import xdist" 2>/dev/null; then
-        parallel=(-n "$workers" --dist loadfile)
-    else
-        echo "pytest-xdist is missing (pip install -e '.[dev]'): the tests run in one process" >&2
-    fi
+cores="$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)"
+workers="${SEMANTIC_TEST_WORKERS:-$((cores >= 2 ? 2 : 1))}"
+if [ "$workers" -gt 1 ] && ! .venv/bin/python -c "import xdist" 2>/dev/null; then
+    echo "pytest-xdist is missing (pip install -e '.[dev]'): the tests run in one process" >&2
+    workers=1
 fi
-# (the guarded expansion: bash 3.2, macOS's own, calls an empty array unbound under set -u)
-exec .venv/bin/python -m pytest ${parallel[@]+"${parallel[@]}"} "$@"
+if [ "$workers" -le 1 ]; then
+    exec .venv/bin/python -m pytest "$@"
+fi
+status=0
+.venv/bin/python -m pytest -n "$workers" --dist loadfile --alone without "$@" || status=$?
+alone=0
+.venv/bin/python -m pytest --alone only "$@" || alone=$?
+[ "$alone" -eq 5 ] && alone=0  # 5: the selection held no such test
+[ "$status" -ne 0 ] && exit "$status"
+exit "$alone"

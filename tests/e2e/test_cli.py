@@ -119,6 +119,7 @@ def test_serve_says_what_it_serves_at_start_unless_quiet(tmp_path: Path) -> None
     assert "fast paths" not in quiet
 
 
+@pytest.mark.alone  # "at once": within 5 s, which a machine busy with other tests can miss
 def test_serve_on_a_port_in_use_fails_at_once_before_saying_it_listens(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from reliability import slow_clients
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.model, pytest.mark.alone]
 
 
 def test_a_slow_client_flood_leaves_ordinary_requests_answered_and_the_log_small(
