@@ -20,10 +20,13 @@ fi
 if [ "$workers" -le 1 ]; then
     exec .venv/bin/python -m pytest "$@"
 fi
+left="$(mktemp)"
+trap 'rm -f "$left"' EXIT
 status=0
-.venv/bin/python -m pytest -n "$workers" --dist loadfile --alone without "$@" || status=$?
-alone=0
-.venv/bin/python -m pytest --alone only "$@" || alone=$?
-[ "$alone" -eq 5 ] && alone=0  # 5: the selection held no such test
-[ "$status" -ne 0 ] && exit "$status"
-exit "$alone"
+.venv/bin/python -m pytest -n "$workers" --dist loadfile --alone without --alone-left "$left" "$@" \
+    || status=$?
+if [ -s "$left" ]; then  # the selection held tests marked alone
+    [ "$status" -eq 5 ] && status=0  # 5: the parallel pass had nothing else to run
+    .venv/bin/python -m pytest --alone only "$@" || { [ "$status" -ne 0 ] || status=$?; }
+fi
+exit "$status"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from reliability.services.postgres import PostgresServer
@@ -22,6 +24,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="tests marked alone (they bound a latency): run them with the others (default),"
         " leave them out (the parallel pass of scripts/test.sh), or run only them",
     )
+    parser.addoption(
+        "--alone-left",
+        type=Path,
+        default=None,
+        help="with --alone without: write there the ids of the tests it left out (so the"
+        " pass for them runs only where there are some)",
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -37,6 +46,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
+    left: Path | None = config.getoption("--alone-left")
+    if left is not None and not wanted:  # every worker collects alike: the same lines
+        written = left.with_name(f"{left.name}.{os.getpid()}")
+        written.write_text("".join(f"{item.nodeid}\n" for item in dropped))
+        written.replace(left)
 
 
 @pytest.fixture(scope="session")
