@@ -23,10 +23,10 @@ fi
 left="$(mktemp)"
 trap 'rm -f "$left"' EXIT
 status=0
-.venv/bin/python -m pytest -n "$workers" --dist loadfile --alone without --alone-left "$left" "$@" \
+.venv/bin/python -m pytest -n "$workers" --dist loadfile --alone=without --alone-left="$left" "$@" \
     || status=$?
 if [ -s "$left" ]; then  # the selection held tests marked alone
     [ "$status" -eq 5 ] && status=0  # 5: the parallel pass had nothing else to run
-    .venv/bin/python -m pytest --alone only "$@" || { [ "$status" -ne 0 ] || status=$?; }
+    .venv/bin/python -m pytest --alone=only "$@" || { [ "$status" -ne 0 ] || status=$?; }
 fi
 exit "$status"
