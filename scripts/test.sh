@@ -25,8 +25,10 @@ trap 'rm -f "$left"' EXIT
 status=0
 .venv/bin/python -m pytest -n "$workers" --dist loadfile --alone=without --alone-left="$left" "$@" \
     || status=$?
-if [ -s "$left" ]; then  # the selection held tests marked alone
-    [ "$status" -eq 5 ] && status=0  # 5: the parallel pass had nothing else to run
+# the alone pass where the selection held such tests, and the parallel pass ended in a
+# result (0 passed, 1 failed, 5 had nothing else to run), not interrupted (2) or refused
+if [ -s "$left" ] && { [ "$status" -le 1 ] || [ "$status" -eq 5 ]; }; then
+    [ "$status" -eq 5 ] && status=0
     .venv/bin/python -m pytest --alone=only "$@" || { [ "$status" -ne 0 ] || status=$?; }
 fi
 exit "$status"
