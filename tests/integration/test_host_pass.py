@@ -187,13 +187,18 @@ def as_read_from_disk(blocks: AgentBlocks) -> AgentBlocks:
     return replace(blocks, layers=tuple(tuple(b) for b in layers))
 
 
-@pytest.mark.parametrize("from_disk", [False, True])
+@pytest.mark.parametrize(("from_disk", "n_new"), [(False, 20), (True, 20), (True, 70)])
 def test_a_prefix_read_in_place_gives_the_bits_of_a_built_cache(
-    real_model: RealModel, host: HostPass, make_engine: EngineFactory, from_disk: bool
+    real_model: RealModel,
+    host: HostPass,
+    make_engine: EngineFactory,
+    from_disk: bool,
+    n_new: int,
 ) -> None:
     """The restored blocks read where they lie (hot: the pool's arrays; warm: the buffers
     files were read into) and the same blocks copied into one cache first: same hidden
-    states, same new KV, and the cache built afterwards holds both, bit for bit."""
+    states, same new KV, and the cache built afterwards holds both, bit for bit. 70 new
+    tokens take three passes, each reading the prefix and the passes' rows before it."""
     model, spec = real_model.loaded.model, real_model.spec
     engine, _ = make_engine()
     blocks = generate(engine, tokens(9, 600), 2).blocks
@@ -203,37 +208,39 @@ def test_a_prefix_read_in_place_gives_the_bits_of_a_built_cache(
     n = blocks.n_tokens
     prefix = RestoredPrefix.of(blocks, n, spec)
     assert prefix is not None
-    suffix = mx.array([tokens(10, 20)])
+    suffix = mx.array([tokens(10, n_new)])
     tails = fresh_caches(model)
     in_place = host.hidden([Group(suffix, tails, prefix)])
-    built = gather_cache(model, blocks, n, 20, spec)
-    expected = host.hidden([Group(suffix, built)])
+    built = gather_cache(model, blocks, n, n_new, spec)
+    expected = [host.hidden([Group(suffix[:, at : at + 32], built)]) for at in range(0, n_new, 32)]
     assert in_place is not None
-    assert expected is not None
-    assert np.array_equal(np.asarray(in_place[0]), np.asarray(expected[0]))
+    assert all(part is not None for part in expected)
+    whole = np.concatenate([np.asarray(part[0]) for part in expected if part is not None], 1)
+    assert np.array_equal(np.asarray(in_place[0]), whole)
     after = gather_cache(model, blocks, n, 0, spec, tails=tails)
+    end = n + n_new
     for layer in (0, 17, 29):
-        assert after[layer].offset == built[layer].offset == n + 20
+        assert after[layer].offset == built[layer].offset == end
         for ours, theirs in (
             (after[layer].keys, built[layer].keys),
             (after[layer].values, built[layer].values),
         ):
-            assert np.array_equal(
-                np.asarray(ours)[..., : n + 20, :], np.asarray(theirs)[..., : n + 20, :]
-            )
+            assert np.array_equal(np.asarray(ours)[..., :end, :], np.asarray(theirs)[..., :end, :])
 
 
+@pytest.mark.parametrize("n_new", [20, 50])
 def test_a_returning_agent_read_in_place_continues_as_with_its_cache_built_first(
-    make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch
+    make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch, n_new: int
 ) -> None:
     """Through the engine: a short new message over restored blocks (read in place, the
     cache built at the next decode step) gives the tokens and the KV it gives when the
-    cache is built before the first pass."""
+    cache is built before the first pass. 50 new tokens take two host passes in place,
+    and one pass on MLX once the cache is built: the same tokens, the KV within rounding."""
     engine, _ = make_engine()
     earlier = tokens(11, 500)
     first = generate(engine, earlier, 4)
     assert first.blocks is not None
-    turn = [*first.blocks.token_ids, *tokens(12, 20)]
+    turn = [*first.blocks.token_ids, *tokens(12, n_new)]
     made: list[RestoredPrefix | None] = []
     real_of = RestoredPrefix.of
 
@@ -261,8 +268,11 @@ def test_a_returning_agent_read_in_place_continues_as_with_its_cache_built_first
         ):
             assert isinstance(ours.payload, MlxKV)
             assert isinstance(theirs.payload, MlxKV)
-            assert mx.array_equal(ours.payload.keys, theirs.payload.keys).item()
-            assert mx.array_equal(ours.payload.values, theirs.payload.values).item()
+            for a, b in (
+                (ours.payload.keys, theirs.payload.keys),
+                (ours.payload.values, theirs.payload.values),
+            ):
+                assert mx.array_equal(a, b).item() if n_new <= 32 else close(a, b)
 
 
 @pytest.mark.parametrize("family", ["mistral", "llama3", "qwen2", "qwen3"])

@@ -53,6 +53,11 @@ from semantic.ports.model_backend import (
     StepOutput,
 )
 
+IN_PLACE_PASSES = 2
+"""A returning agent's new tokens run in host passes reading its restored prefix in place
+when they fit this many passes; more go through MLX after the prefix is gathered. Past two
+passes MLX's larger products win at a 4K context (ADR 0013 has the sweep)."""
+
 
 class MlxBackend:
     def __init__(
@@ -139,9 +144,13 @@ class MlxBackend:
     def _prefix_in_place(
         self, restored: AgentBlocks | None, n_restored: int, n_new: int
     ) -> RestoredPrefix | None:
-        """A returning agent whose new tokens fit one host pass skips the cache build before
-        its first token: that pass reads the restored blocks where they lie."""
-        if not self._host_rows or restored is None or not 0 < n_new <= self._host_rows:
+        """A returning agent whose new tokens fit a few host passes skips the cache build
+        before its first token: those passes read the restored blocks where they lie."""
+        if (
+            not self._host_rows
+            or restored is None
+            or not 0 < n_new <= self._host_rows * IN_PLACE_PASSES
+        ):
             return None
         if not self._host.addressable:
             return None

@@ -118,12 +118,33 @@ class HostPass:
     def hidden(self, groups: Sequence[Group]) -> list[mx.array] | None:
         """Each group's final hidden states ``(batch, length, dim)``, after the model's
         last norm, with the groups' caches advanced; None (nothing done) when the pass is
-        too big or a cache is not one this pass writes."""
+        too big or a cache is not one this pass writes. One group reading a restored
+        prefix in place runs in passes of ``MAX_ROWS``, however long: the backend admits
+        such a group only for a few passes' worth of rows (``backend.IN_PLACE_PASSES``)."""
+        if len(groups) == 1 and groups[0].prefix is not None:
+            return self._in_passes(groups[0])
         pass_ = self.prepare(groups)
         if pass_ is None:
             return None
         pass_.run()
         return pass_.finish()
+
+    def _in_passes(self, group: Group) -> list[mx.array] | None:
+        """Each pass reads the prefix where it lies and the rows the passes before it
+        wrote into the group's own caches. What the first pass's checks found (one row,
+        plain caches, now grown to be written here) holds for the rest."""
+        length = group.tokens.shape[1]
+        parts = [group.tokens[:, start : start + MAX_ROWS] for start in range(0, length, MAX_ROWS)]
+        hidden = []
+        for index, tokens in enumerate(parts):
+            pass_ = self.prepare([Group(tokens, group.caches, group.prefix)])
+            if pass_ is None:
+                if index:  # the checks passed for the first: they hold for the rest
+                    raise RuntimeError("a host pass refused the rest of a prefixed group")
+                return None
+            pass_.run()
+            hidden.extend(pass_.finish())
+        return [hidden[0] if len(hidden) == 1 else mx.concatenate(hidden, axis=1)]
 
     def prepare(self, groups: Sequence[Group]) -> PreparedPass | None:
         """Everything a pass needs from MLX, done on this thread: ``run`` then touches no

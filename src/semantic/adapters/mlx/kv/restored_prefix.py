@@ -3,9 +3,9 @@
 A returning agent's KV comes back as blocks, each in one buffer (the one its file was read
 into, or the one its sequence was cut into when it finished). Copying them into one cache
 buffer per layer (``gather_cache``) took ~32 ms at 4,000 tokens, all of it before the first
-new token. When the agent's new tokens fit one host pass (ADR 0013), that pass reads the
-blocks in place instead (each block's rows of one kv head are contiguous), and writes the
-new tokens' KV into a small cache of its own. The copy into one buffer then happens on the
+new token. When the agent's new tokens fit a few host passes (ADR 0013), those passes read
+the blocks in place instead (each block's rows of one kv head are contiguous), and write
+the new tokens' KV into a small cache of its own. The copy into one buffer then happens on the
 next decode step, after the first token is out.
 """
 
