@@ -78,10 +78,15 @@ enum { FUSED_ROWS = 8, FUSED_COLS = 4, FUSED_CHUNKS = 8 };
 /* How far ahead a tile asks for the weights it will read: 4 KB (rows of 1,152 bfloat16
  * bytes ran a 49,152-row head 1.4x faster than at 16 rows ahead; one VM, ADR 0031). */
 enum { PREFETCH_BYTES = 4096 };
-/* Rows up to which the fused loop runs: its accumulators (rows x cols x PARTS registers)
- * must stay in registers: AVX-512 has 32 of 16 lanes (PARTS 1), AVX2 16 of 8 (PARTS 2),
- * NEON 32 of 4 (PARTS 4). */
-#define FUSED_REACH (!SIMD_FMA ? 0 : LANES == 16 ? 8 : 2) /* its sums need the FMA */
+/* Rows up to which the fused loop runs. AVX-512 has 32 registers of 16 lanes (PARTS 1),
+ * so 8 rows' accumulators stay in them. AVX2 has 16 of 8 (PARTS 2): from 3 rows on, the
+ * compiler reads the activations as memory operands of the multiply-adds, and that still
+ * beats writing 16 dequantized rows to scratch and reading them back, up to 6 rows (3-6
+ * rows of a 4- or 8-bit pass 0.55-0.85x the time on a Zen 3; 7 and 8 even; ADR 0031).
+ * NEON (32 of 4, PARTS 4) keeps 2: not measured on a NEON CPU. */
+#ifndef FUSED_REACH /* given at build time: a tuning experiment */
+#define FUSED_REACH (!SIMD_FMA ? 0 : LANES == 16 ? 8 : LANES == 8 ? 6 : 2) /* needs the FMA */
+#endif
 
 static inline __attribute__((always_inline)) void prefetch_rows(const weight_t *w, int kind,
                                                                 long row_bytes, int groups,
