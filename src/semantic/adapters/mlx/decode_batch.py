@@ -97,7 +97,8 @@ class DecodeBatch:
         joining, built = self._build_joining()
         if not joining:
             return
-        merged = [layers[0].merge(list(layers)) for layers in zip(*built, strict=True)]
+        lone = _adopted(built[0]) if not self._caches and len(built) == 1 else None
+        merged = lone or [layers[0].merge(list(layers)) for layers in zip(*built, strict=True)]
         if self._caches:
             for mine, theirs in zip(self._caches, merged, strict=True):
                 mine.extend(theirs)
@@ -297,6 +298,23 @@ class DecodeBatch:
 
 def _built(caches: Caches) -> list[Any]:
     return caches() if callable(caches) else caches
+
+
+def _adopted(caches: list[Any]) -> list[Any] | None:
+    """A lone newcomer's plain caches as a batch of one that holds their buffers: merging
+    copies every layer's KV into buffers with no room, so the next pass grows (copies) them
+    again. A plain cache's buffer is its own (the host pass already writes into it past its
+    positions; ``kv_blocks.clone_prefix``). None where a layer is not a plain cache."""
+    if not all(type(c) is KVCache and c.keys is not None for c in caches):
+        return None
+    batch = []
+    for cache in caches:
+        adopted = BatchKVCache([0])
+        adopted.keys, adopted.values = cache.keys, cache.values
+        adopted.offset = adopted.offset + cache.offset
+        adopted._idx = cache.offset  # noqa: SLF001 - BatchKVCache keeps its write index here
+        batch.append(adopted)
+    return batch
 
 
 def _ints(array: mx.array) -> list[int]:

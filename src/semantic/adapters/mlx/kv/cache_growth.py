@@ -14,6 +14,7 @@ for it (ADR 0009, ADR 0013).
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,14 +38,21 @@ class _Made:
 @dataclass
 class _Growing:
     """The bigger buffers made so far for one batch's caches, and the old buffers' addresses
-    they copy from (a batch that changed since has other buffers: this is then dropped)."""
+    they copy from (a batch that changed since has other buffers: this is then dropped).
+    The caches themselves are held weakly: a batch dropped mid-way and a new one whose
+    buffers MLX's allocator then placed at the same addresses must not match (the copies
+    made hold the old batch's KV)."""
 
     sources: list[tuple[int, int]]
+    owners: list[weakref.ref[Any]]
     width: int
     made: list[_Made] = field(default_factory=list)
 
     def matches(self, caches: list[Any]) -> bool:
-        return len(caches) == len(self.sources) and _addresses(caches) == self.sources
+        if len(caches) != len(self.sources):
+            return False
+        same = all(owner() is cache for owner, cache in zip(self.owners, caches, strict=True))
+        return same and _addresses(caches) == self.sources
 
 
 class GrowAhead:
@@ -68,7 +76,8 @@ class GrowAhead:
         if growing is None:
             if capacity - write_at > self._lead:
                 return
-            growing = self._growing = _Growing(_addresses(caches), capacity + self._step)
+            owners = [weakref.ref(cache) for cache in caches]
+            growing = self._growing = _Growing(_addresses(caches), owners, capacity + self._step)
         per_step = math.ceil(len(caches) / max(1, self._lead // 2))
         for cache in caches[len(growing.made) : len(growing.made) + per_step]:
             growing.made.append(_made(cache, growing.width, write_at))

@@ -1,0 +1,52 @@
+"""A decode batch's buffers grown ahead (``cache_growth``), apart from any model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from semantic.adapters.mlx.kv.cache_growth import GrowAhead
+from semantic.adapters.mlx.lm import BatchKVCache
+
+LAYERS, WRITTEN = 4, 200
+
+
+def batch_on(buffers: list[tuple[mx.array, mx.array]]) -> list[Any]:
+    """A batch of one row holding ``WRITTEN`` positions in ``buffers`` (256 wide)."""
+    caches = []
+    for keys, values in buffers:
+        cache: Any = BatchKVCache([0])
+        cache.keys, cache.values = keys, values
+        cache.offset = cache.offset + WRITTEN
+        cache._idx = WRITTEN  # noqa: SLF001 - BatchKVCache keeps its write index here
+        caches.append(cache)
+    return caches
+
+
+def filled(buffers: list[tuple[mx.array, mx.array]], value: float) -> None:
+    for keys, values in buffers:
+        np.asarray(keys)[...] = value
+        np.asarray(values)[...] = value
+
+
+def test_a_new_batch_on_a_dropped_batchs_addresses_grows_from_its_own_kv() -> None:
+    """MLX's allocator hands a freed buffer to the next request of its size, so a batch
+    dropped while its next buffers were being made can be followed by one whose buffers
+    lie at the very same addresses. That batch must not switch in copies of the old KV."""
+    buffers = [(mx.zeros((1, 2, 256, 64)), mx.zeros((1, 2, 256, 64))) for _ in range(LAYERS)]
+    mx.eval(buffers)
+    growth = GrowAhead(step=256, lead=64)
+    filled(buffers, 1.0)
+    old = batch_on(buffers)
+    growth.before_step(old, WRITTEN, 1)  # 56 positions of room: the first layer's copy made
+    del old  # the batch is dropped; its buffers are "freed" and come back below
+    filled(buffers, 2.0)
+    new = batch_on(buffers)
+    for _ in range(2 * LAYERS):
+        growth.before_step(new, WRITTEN, 1)
+    assert all(c.keys.shape[2] == 512 for c in new)  # grown and switched
+    for cache in new:
+        for grown in (cache.keys, cache.values):
+            assert np.all(np.asarray(grown)[:, :, :WRITTEN] == 2.0)
