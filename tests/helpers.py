@@ -31,6 +31,27 @@ def generate(
     return completions(run_until_idle(engine))[request_id]
 
 
+def kv_of_both(
+    ours: CompletionEvent, theirs: CompletionEvent, layers: tuple[int, ...] = (0, 29)
+) -> list[tuple[Any, Any]]:
+    """The keys and the values of two replies' blocks side by side, block by block, in
+    ``layers``: (ours, theirs) pairs of MLX arrays to compare."""
+    from semantic.adapters.mlx.kv.kv_payloads import MlxKV
+
+    assert ours.blocks is not None
+    assert theirs.blocks is not None
+    pairs = []
+    for layer in layers:
+        for mine, other in zip(ours.blocks.layers[layer], theirs.blocks.layers[layer], strict=True):
+            assert isinstance(mine.payload, MlxKV)
+            assert isinstance(other.payload, MlxKV)
+            pairs += [
+                (mine.payload.keys, other.payload.keys),
+                (mine.payload.values, other.payload.values),
+            ]
+    return pairs
+
+
 def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
     """``code`` in a fresh interpreter that sees this one's modules (a fresh process is the
     only place to see what happens before MLX or a library loads)."""

@@ -8,9 +8,8 @@ import mlx.core as mx
 import pytest
 
 from semantic.adapters.mlx import decode_batch
-from semantic.adapters.mlx.kv.kv_payloads import MlxKV
 from semantic.domain.chat import ChatMessage
-from tests.helpers import generate
+from tests.helpers import generate, kv_of_both
 from tests.integration.conftest import EngineFactory, RealModel
 
 pytestmark = pytest.mark.model
@@ -45,13 +44,5 @@ def test_a_lone_newcomer_keeps_its_buffers_and_decodes_as_when_merged(
     monkeypatch.setattr(decode_batch, "_adopted", lambda _: None)
     merged = generate(engine, prompt, 12)
     assert adopted.token_ids == merged.token_ids
-    assert adopted.blocks is not None
-    assert merged.blocks is not None
-    for layer in (0, 29):
-        for ours, theirs in zip(
-            adopted.blocks.layers[layer], merged.blocks.layers[layer], strict=True
-        ):
-            assert isinstance(ours.payload, MlxKV)
-            assert isinstance(theirs.payload, MlxKV)
-            assert mx.array_equal(ours.payload.keys, theirs.payload.keys).item()
-            assert mx.array_equal(ours.payload.values, theirs.payload.values).item()
+    for ours, theirs in kv_of_both(adopted, merged):
+        assert mx.array_equal(ours, theirs).item()

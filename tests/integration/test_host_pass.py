@@ -17,7 +17,7 @@ from semantic.adapters.mlx.kv.kv_blocks import gather_cache
 from semantic.adapters.mlx.kv.kv_payloads import MlxKV, StackedKV
 from semantic.adapters.mlx.kv.restored_prefix import RestoredPrefix
 from semantic.domain.blocks import AgentBlocks, KVBlock
-from tests.helpers import generate, tiny_family
+from tests.helpers import generate, kv_of_both, tiny_family
 from tests.integration.conftest import EngineFactory, RealModel
 
 TOLERANCE = 5e-4
@@ -260,19 +260,8 @@ def test_a_returning_agent_read_in_place_continues_as_with_its_cache_built_first
         == len(first.blocks.token_ids)
     )
     assert in_place.token_ids == built_first.token_ids
-    assert in_place.blocks is not None
-    assert built_first.blocks is not None
-    for layer in (0, 29):
-        for ours, theirs in zip(
-            in_place.blocks.layers[layer], built_first.blocks.layers[layer], strict=True
-        ):
-            assert isinstance(ours.payload, MlxKV)
-            assert isinstance(theirs.payload, MlxKV)
-            for a, b in (
-                (ours.payload.keys, theirs.payload.keys),
-                (ours.payload.values, theirs.payload.values),
-            ):
-                assert mx.array_equal(a, b).item() if n_new <= 32 else close(a, b)
+    for ours, theirs in kv_of_both(in_place, built_first):
+        assert mx.array_equal(ours, theirs).item() if n_new <= 32 else close(ours, theirs)
 
 
 @pytest.mark.parametrize("family", ["mistral", "llama3", "qwen2", "qwen3"])
