@@ -27,7 +27,7 @@ from tests.e2e.test_cli import semantic
 
 pytestmark = pytest.mark.model
 
-RULES = " ".join(f"Rule {i}: keep the harbour log in order." for i in range(80))
+RULES = " ".join(f"Rule {i}: keep the harbour log in order." for i in range(50))
 
 
 def chat(server: ServerProcess, messages: list[dict[str, str]], **headers: str) -> Any:

@@ -16,6 +16,7 @@ from semantic.adapters.mlx.cpu import layer_slice
 from semantic.adapters.mlx.kv.kv_blocks import cut_into_blocks, gather_cache
 from semantic.adapters.mlx.kv.kv_payloads import MlxKV, StackedKV, kv_arrays
 from semantic.adapters.mlx.kv.restore_buffers import RestoreBuffers
+from semantic.adapters.mlx.kv.restored_caches import RestoredCaches
 from semantic.application.engine.events import CompletionEvent
 from semantic.application.scheduler.pacer import PacerConfig
 from semantic.domain.chat import ChatMessage
@@ -331,7 +332,7 @@ def test_a_restored_cache_that_cannot_be_gathered_fails_only_its_request(
     tokenizer = real_model.tokenizer
     earlier = tokenizer.render_chat(conversation(5, 300, counter(real_model)))
     question = tokenizer.render_chat(QUESTION)
-    engine, backend = make_engine()
+    engine, _ = make_engine()
     first = generate(engine, earlier, 2)
     stored = first.blocks
     full = [*earlier, *first.token_ids, *question[-12:]]  # few new tokens: read in place
@@ -340,7 +341,7 @@ def test_a_restored_cache_that_cannot_be_gathered_fails_only_its_request(
     def no_room(*_: Any) -> Any:
         raise MemoryError("no room to gather the restored prefix")
 
-    monkeypatch.setattr(backend, "_gathered", no_room)
+    monkeypatch.setattr(RestoredCaches, "gathered", no_room)
     other = engine.submit("other", question, max_tokens=12)
     engine.step()
     returning = engine.submit("agent", full, stored, max_tokens=8)
@@ -423,14 +424,14 @@ def test_a_chunk_riding_with_rows_that_all_fail_to_join_is_computed_alone(
     tokenizer = real_model.tokenizer
     earlier = tokenizer.render_chat(conversation(8, 300, counter(real_model)))
     question = tokenizer.render_chat(QUESTION)
-    engine, backend = make_engine(pacer=PacerConfig(ride_ratio=50.0))
+    engine, _ = make_engine(pacer=PacerConfig(ride_ratio=50.0))
     first = generate(engine, earlier, 2)
     alone = generate(engine, question, 8).token_ids
 
     def no_room(*_: Any) -> Any:
         raise MemoryError("no room to gather the restored prefix")
 
-    monkeypatch.setattr(backend, "_gathered", no_room)
+    monkeypatch.setattr(RestoredCaches, "gathered", no_room)
     returning = engine.submit("agent", [*earlier, *first.token_ids, *question[-12:]], first.blocks)
     engine.step()  # its first token, from a pass that reads the restored blocks in place
     rider = engine.submit("rider", question, max_tokens=8)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
 from semantic.adapters.mlx.tokenizer.piece_encoder import PieceEncoder
+from semantic.adapters.mlx.tokenizer.tokenizer import MlxTokenizer
 from semantic.domain.chat import ChatMessage
 from tests.integration.conftest import RealModel
 
@@ -95,6 +98,25 @@ def test_truncation_set_on_the_tokenizer_cuts_nothing(real_model: RealModel) -> 
     text = TRICKY[-1] * 3
     assert encoder.encode(text) == plain(backend(real_model), text)
     assert len(encoder.encode(text)) > 16
+
+
+def test_the_grammar_engine_reads_the_vocabulary_without_padding_or_truncation(
+    real_model: RealModel,
+) -> None:
+    """Its JSON has them off, and the tokenizer keeps its own; as it is where it has none."""
+    own = backend(real_model)
+    cutting = Tokenizer.from_str(own.to_str())
+    cutting.enable_truncation(max_length=16)
+    cutting.enable_padding(length=32)
+    for tokenizer, changed in ((cutting, True), (own, False)):
+        wrapper = SimpleNamespace(
+            eos_token_ids=[0], vocab={"a": 1}, backend_tokenizer=tokenizer, chat_template=None
+        )
+        seen = json.loads(MlxTokenizer(wrapper).tokenizers_json() or "{}")
+        assert seen["padding"] is None
+        assert seen["truncation"] is None
+        assert (tokenizer.padding is not None) == changed
+        assert (seen == json.loads(tokenizer.to_str())) != changed
 
 
 def _tiny_tokenizer(pre_tokenizer: Any, added: AddedToken) -> Tokenizer:

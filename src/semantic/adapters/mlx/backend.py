@@ -23,15 +23,14 @@ from semantic.adapters.mlx.devices import HOST_VIEWS, HostMemory
 from semantic.adapters.mlx.kv.kv_blocks import (
     clone_prefix,
     cut_into_blocks,
-    gather_cache,
     reserve_room,
     room_to_reserve,
     size_cache,
     window_history,
 )
 from semantic.adapters.mlx.kv.restore_buffers import RestoreBuffers
-from semantic.adapters.mlx.kv.restored_prefix import RestoredPrefix
-from semantic.adapters.mlx.lm import BatchKVCache, make_prompt_cache
+from semantic.adapters.mlx.kv.restored_caches import RestoredCaches
+from semantic.adapters.mlx.lm import BatchKVCache
 from semantic.adapters.mlx.models.model_parts import BodyAndHead
 from semantic.adapters.mlx.sampling import log_softmax, make_sampler
 from semantic.adapters.mlx.sequence_state import SequenceState, fresh_plain, sample_first
@@ -52,11 +51,6 @@ from semantic.ports.model_backend import (
     SliceProgress,
     StepOutput,
 )
-
-IN_PLACE_PASSES = 2
-"""A returning agent's new tokens run in host passes reading its restored prefix in place
-when they fit this many passes; more go through MLX after the prefix is gathered. Past two
-passes MLX's larger products win at a 4K context (ADR 0013 has the sweep)."""
 
 
 class MlxBackend:
@@ -80,14 +74,13 @@ class MlxBackend:
         where not, blocks are cut and gathered by MLX ops on the device's own stream, and
         no restored prefix is read in place."""
         self._model = model
-        self._host = host
         self._buffers = buffers if host.addressable else None
         self._spec = spec
         self._accelerator = accelerator
         self._decoder = DecodeBatch(model, eos_token_ids, accelerator)
-        self._streams: tuple[Any, ...] | None = None
         self._split = BodyAndHead.of(model)
         self._host_rows = accelerator.host_rows if accelerator is not None else 0
+        self._restored = RestoredCaches(model, spec, host, self._host_rows)
         self._capabilities = BackendCapabilities(
             spec,
             model_id,
@@ -117,13 +110,7 @@ class MlxBackend:
     ) -> bool:
         if seq_id in self._sequences:
             raise InvalidRequestError(f"sequence {seq_id} is already open")
-        prefix = self._prefix_in_place(restored, n_restored, n_new)
-        if prefix is not None:
-            caches = make_prompt_cache(self._model)
-        else:
-            caches = gather_cache(
-                self._model, restored, n_restored, n_new, self._spec, streams=self._copy_streams()
-            )
+        caches, prefix = self._restored.open(restored, n_restored, n_new)
         sampler = make_sampler(sampling)
         self._sequences[seq_id] = SequenceState(
             caches, sampler, track_top_prob, n_new, prefix, matcher=matcher
@@ -141,34 +128,12 @@ class MlxBackend:
         self._in_place -= copied
         return RoundResult(outcomes, copied)
 
-    def _prefix_in_place(
-        self, restored: AgentBlocks | None, n_restored: int, n_new: int
-    ) -> RestoredPrefix | None:
-        """A returning agent whose new tokens fit a few host passes skips the cache build
-        before its first token: those passes read the restored blocks where they lie."""
-        if (
-            not self._host_rows
-            or restored is None
-            or not 0 < n_new <= self._host_rows * IN_PLACE_PASSES
-        ):
-            return None
-        if not self._host.addressable:
-            return None
-        return RestoredPrefix.of(restored, n_restored, self._spec)
-
     def _caches(self, sequence: SequenceState) -> list[Any]:
         """The sequence's caches, with a prefix read in place copied in front first."""
         if sequence.prefix is not None:
-            sequence.caches = self._gathered(sequence.prefix, sequence.caches)
+            sequence.caches = self._restored.gathered(sequence.prefix, sequence.caches)
             sequence.prefix = None
         return sequence.caches
-
-    def _gathered(self, prefix: RestoredPrefix, tails: list[Any]) -> list[Any]:
-        streams = self._copy_streams()
-        blocks, n_tokens = prefix.blocks, prefix.n_tokens
-        return gather_cache(
-            self._model, blocks, n_tokens, 0, self._spec, streams=streams, tails=tails
-        )
 
     def prefill(self, seq_id: str, tokens: Sequence[int]) -> None:
         sequence = self._sequences[seq_id]
@@ -284,7 +249,7 @@ class MlxBackend:
         if self._spec.has_sliding_layers and sequence.prefix is None:
             sequence.history = window_history(sequence.caches, self._spec)
         if sequence.prefix is not None:  # built at the next step, after the first token is out
-            caches = functools.partial(self._gathered, sequence.prefix, sequence.caches)
+            caches = functools.partial(self._restored.gathered, sequence.prefix, sequence.caches)
         self._decoder.add(
             seq_id,
             caches,
@@ -390,11 +355,3 @@ class MlxBackend:
             if any(token.finished for token in self.decode_step().tokens):
                 break
         self.close_sequence("warm-up", 0)
-
-    def _copy_streams(self) -> tuple[Any, ...]:
-        """Two CPU streams (two threads) for restore copies, made on the engine thread; the
-        device's own stream alone where its memory is not the host's."""
-        if self._streams is None:
-            own = mx.default_stream(mx.default_device())
-            self._streams = (own, mx.new_stream(mx.cpu)) if self._host.addressable else (own,)
-        return self._streams

@@ -327,7 +327,7 @@ def _handed_back(batch: list[Any]) -> list[Any] | None:
     cache or its row is left-padded."""
     if not all(type(layer) is BatchKVCache and layer.keys is not None for layer in batch):
         return None
-    if any(int(layer.left_padding[0].item()) for layer in batch):
+    if mx.stack([layer.left_padding[0] for layer in batch]).any().item():  # one evaluation
         return None
     caches = []
     for layer in batch:

@@ -120,7 +120,7 @@ class HostPass:
         last norm, with the groups' caches advanced; None (nothing done) when the pass is
         too big or a cache is not one this pass writes. One group reading a restored
         prefix in place runs in passes of ``MAX_ROWS``, however long: the backend admits
-        such a group only for a few passes' worth of rows (``backend.IN_PLACE_PASSES``)."""
+        such a group only for a few passes' worth of rows (``restored_caches.IN_PLACE_PASSES``)."""
         if len(groups) == 1 and groups[0].prefix is not None:
             return self._in_passes(groups[0])
         pass_ = self.prepare(groups)

@@ -20,12 +20,13 @@ of any role. Only the chat template's own markers are special.
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 import threading
 from array import array
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 # Pieces shorter than this are encoded each time: remembering them saves nothing.
@@ -57,12 +58,16 @@ class PieceEncoder:
         backend: Any,
         special: dict[str, int],
         max_bytes: int,
-        as_text: Any = None,
+        as_text: Callable[[], Any] | None = None,
         decodes_exactly: bool = False,
     ) -> None:
+        """``as_text``: makes the same tokenizer reading special tokens' text as text (or
+        None where it cannot), called the first time a message needs it: rare, and a copy
+        of the tokenizer costs ~0.2 s at every start otherwise."""
         self._backend = backend
         self._decodes_exactly = decodes_exactly
-        self._as_text = as_text  # the same tokenizer reading special tokens' text as text
+        self._make_as_text = as_text
+        self._as_text: Any = None
         self._special = special
         # Longest first: at one position the alternation takes the first that matches,
         # which is then the longest, as the tokenizer's own matcher does.
@@ -93,7 +98,7 @@ class PieceEncoder:
             special[token.content] = int(token_id)
         if not special:
             return None
-        as_text = _reading_special_as_text(backend, special)
+        as_text = functools.partial(_reading_special_as_text, own, special)
         encoder = cls(own, special, max_bytes, as_text, _decodes_exactly(own))
         tokens = list(special)
         sample = " x 12 ".join(["Hello, world!", *tokens, " end\n", *tokens]) + "".join(
@@ -126,7 +131,13 @@ class PieceEncoder:
 
     @property
     def can_quote(self) -> bool:
-        return self._as_text is not None
+        return self._quoting() is not None
+
+    def _quoting(self) -> Any:
+        with self._lock:
+            if self._make_as_text is not None:
+                self._as_text, self._make_as_text = self._make_as_text(), None
+            return self._as_text
 
     def encode_quoted(self, text: str, marks: tuple[str, str]) -> list[int]:
         """Encode ``text`` where each stretch between the two ``marks`` (a message's own
@@ -134,7 +145,7 @@ class PieceEncoder:
         The ids are those of the text with the quoted stretches' special-token spellings
         encoded as plain text. Rare (only a message that spells a special token comes here),
         so nothing is remembered."""
-        if self._as_text is None:
+        if self._quoting() is None:
             raise ValueError("this tokenizer cannot read special tokens' text as text")
         ids: list[int] = []
         between: list[str] = []  # the text since the last special token

@@ -54,6 +54,8 @@ class MlxTokenizer:
         backend = getattr(self._wrapper, "backend_tokenizer", None)
         if backend is None:
             return None
+        if getattr(backend, "padding", None) is None and getattr(backend, "truncation", 0) is None:
+            return str(backend.to_str())  # nothing to turn off: no copy (~0.3 s at 49k)
         copied = copy.copy(backend)
         copied.no_padding()
         copied.no_truncation()
