@@ -85,7 +85,7 @@ def run(rounds: int, workdir: Path, seed: int = 3) -> Result:
         data_dir = workdir / f"round-{index}"
         server = ServerProcess(data_dir).start()
         histories = {
-            kind: converse(server, kind, 150 + 50 * index + 10 * n) for n, kind in enumerate(DAMAGE)
+            kind: converse(server, kind, 100 + 50 * index + 10 * n) for n, kind in enumerate(DAMAGE)
         }
         server.stop()
         keys = {kind: damage(data_dir, kind, rng, agent_of(kind)) for kind in DAMAGE}

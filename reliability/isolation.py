@@ -113,7 +113,7 @@ def check_ids(server: ServerProcess, result: Result) -> None:
 
 
 def check_namespaces(server: ServerProcess, result: Result) -> None:
-    words = " ".join(f"word{i}" for i in range(400))
+    words = " ".join(f"word{i}" for i in range(200))  # 723 tokens: two whole blocks
     body = {
         "model": "default",
         "max_tokens": 1,
