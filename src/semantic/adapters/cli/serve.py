@@ -44,6 +44,12 @@ log = logging.getLogger(__name__)
 
 LAST_EVENTS_S = 10
 """How long after ``--grace`` uvicorn still waits for streams to carry their last event."""
+KEEP_ALIVE_S = 8
+"""How long an idle connection waits for its next request: longer than the 5 s for which
+httpx (the transport under the OpenAI and Anthropic SDKs) reuses an idle connection. At
+equal times (uvicorn's default is 5 s too) a request sent just as the server closed the
+connection met a reset: an agent back from a 5 s tool call, say. Below ``--header-timeout``'s
+default (10 s), which bounds an idle connection as well."""
 LISTEN_QUEUE = 4096
 """Connections the kernel holds for the server to accept (it caps this at somaxconn): at the
 connection limit, a new client waits in it while slow ones are closed for it, rather than
@@ -171,6 +177,7 @@ def _config(
         # Past the grace, the engine fails what is left at its next step (a long prefill
         # step takes seconds): connections get that long to carry the error event out.
         timeout_graceful_shutdown=math.ceil(settings.grace_s) + LAST_EVENTS_S,
+        timeout_keep_alive=KEEP_ALIVE_S,
         access_log=False,
     )
 
