@@ -203,9 +203,10 @@ def frozen(one: ServerProcess, two: ServerProcess, redis: RedisServer) -> None:
         {"role": "system", "content": "Dives. " + RULES},
         {"role": "user", "content": "A wreck?"},
     ]
-    first = chat(one, talk, **agent)
     published = {"event": "published"}
+    # counted before the turn: its blocks may be pushed before its reply is read
     before = one.metric("semantic_shared_blocks_total", published)
+    first = chat(one, talk, **agent)
     eventually(lambda: one.metric("semantic_shared_blocks_total", published) > before, "pushed")
     redis.signal(signal.SIGSTOP)
     try:
