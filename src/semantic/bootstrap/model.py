@@ -29,6 +29,7 @@ from semantic.adapters.mlx.devices import (
 from semantic.adapters.mlx.kv.host_codec import check_at_rest, storage_format
 from semantic.adapters.mlx.kv.kv_blocks import spec_from_model
 from semantic.adapters.mlx.kv.restore_buffers import RestoreBuffers
+from semantic.adapters.mlx.models.digest_memo import DigestMemo
 from semantic.adapters.mlx.models.fingerprint import model_fingerprint
 from semantic.adapters.mlx.models.gguf import WeightFormat
 from semantic.adapters.mlx.models.loader import LoadedModel, load_model, resolve_model
@@ -126,7 +127,10 @@ async def load_for_serving(
     check_at_rest(settings.kv_at_rest, spec)
     kernel = kernel_of(loaded)
     storage = storage_format(settings.kv_at_rest)
-    fingerprint = await asyncio.to_thread(model_fingerprint, loaded.path, spec, storage, kernel)
+    memo = DigestMemo(settings.model_cache_dir / "digests")
+    fingerprint = await asyncio.to_thread(
+        model_fingerprint, loaded.path, spec, storage, kernel, memo
+    )
     return loaded, tokenizer, spec, kernel, fingerprint
 
 
