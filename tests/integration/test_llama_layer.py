@@ -1,6 +1,7 @@
 """The one description of a llama-bodied layer (``llama_layer``): the fused pass and the
 layer slice both run its steps, so a prompt through either gives the same bits, hidden
-states and caches alike; a change to one path that the other lacks fails here."""
+states and caches alike, with mlx-lm's SwiGLU or the C pass's (``host_swiglu``); a change
+to one path that the other lacks fails here."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from mlx_lm.models.cache import KVCache
 
 from semantic.adapters.mlx.accelerator import Group
+from semantic.adapters.mlx.cpu import host_swiglu
 from semantic.adapters.mlx.cpu.attention import install
 from semantic.adapters.mlx.cpu.fused_pass import fused_hidden
 from semantic.adapters.mlx.cpu.layer_slice import SPLIT_MIN_TOKENS, LayerSlice, StepTimes
@@ -21,7 +23,14 @@ FAMILIES = ("llama", "qwen2", "qwen3")
 """Plain, with q/k/v biases, with per-head q/k norms."""
 
 
-def _model(family: str) -> Any:
+def _model(family: str, swiglu: str) -> Any:
+    if swiglu == "host":  # heads of 64, which the C pass (and so its SwiGLU) needs
+        model = tiny_family(
+            family, num_key_value_heads=2, num_attention_heads=4, hidden_size=256, head_dim=64
+        )
+        assert install(model)
+        assert host_swiglu.install(model)
+        return model
     model = tiny_family(family, num_key_value_heads=2, num_attention_heads=4)
     assert install(model)
     return model
@@ -38,9 +47,10 @@ def _sliced(model: Any, tokens: list[int], caches: list[Any]) -> tuple[mx.array,
     return chunk.hidden, chunk
 
 
+@pytest.mark.parametrize("swiglu", ["mlx-lm", "host"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_the_fused_pass_and_the_slice_give_the_same_bits(family: str) -> None:
-    model = _model(family)
+def test_the_fused_pass_and_the_slice_give_the_same_bits(family: str, swiglu: str) -> None:
+    model = _model(family, swiglu)
     prefix = [int(t) for t in np.random.default_rng(1).integers(3, 500, 40)]
     tokens = [int(t) for t in np.random.default_rng(2).integers(3, 500, SPLIT_MIN_TOKENS + 8)]
     fused_caches, sliced_caches = _caches(model), _caches(model)

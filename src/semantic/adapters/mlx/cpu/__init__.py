@@ -32,6 +32,7 @@ __all__ = [
     "accelerator_for",
     "install_attention",
     "install_host_products",
+    "install_host_swiglu",
     "kernel_name",
     "prefault_heap",
     "preload_fast_blas",
@@ -57,6 +58,14 @@ def install_attention(model: Any) -> bool:
 def install_host_products(model: Any) -> int:
     """A quantized model's products on our kernels (ADR 0031), at load; how many layers."""
     from semantic.adapters.mlx.cpu.host_weights import install
+
+    return install(model)
+
+
+def install_host_swiglu(model: Any) -> bool:
+    """The C pass's SwiGLU in the MLPs of a model the host pass runs, at load (after the
+    products)."""
+    from semantic.adapters.mlx.cpu.host_swiglu import install
 
     return install(model)
 

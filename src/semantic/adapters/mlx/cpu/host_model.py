@@ -177,7 +177,7 @@ def _weights(model: Any) -> dict[str, Any] | None:
 
 
 def _layer_obstacle(layer: Any) -> str | None:
-    if type(layer.mlp) not in MLPS:
+    if not isinstance(layer.mlp, MLPS):  # mlx-lm's, or with the host SwiGLU (host_swiglu)
         return f"MLP {type(layer.mlp).__name__}: a llama-bodied SwiGLU MLP only"
     described = LlamaLayer(layer)
     linears = described.linears()

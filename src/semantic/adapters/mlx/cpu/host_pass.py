@@ -35,10 +35,11 @@ from semantic.adapters.mlx.kv.cache_growth import LEAD, GrowAhead, alike
 from semantic.adapters.mlx.kv.restored_prefix import RestoredPrefix
 from semantic.adapters.mlx.lm import BatchKVCache, KVCache
 
-NAME = "llama-host-pass-v3"
+NAME = "llama-host-pass-v4"
 """Goes into the model fingerprint: KV computed by this pass rounds differently. v3: one
 kernel source for every variant (ADR 0026), its scalar tails fused; the same bits on
-AVX-512, AVX2 and NEON."""
+AVX-512, AVX2 and NEON. v4: where it runs, prompt chunks on MLX's graph take its SwiGLU
+too (``host_swiglu``)."""
 
 _CACHE_STEP = 256
 """Cache buffers grow in mlx-lm's steps, so its own updates find the same shapes."""

@@ -96,7 +96,7 @@ class LayerSlice:
         masks = layer_masks(body, hidden, caches)
         whole = not all(type(layer) in LLAMA_LAYERS for layer in body.layers)
         runs = _head_runs(body.layers) if len(tokens) >= SPLIT_MIN_TOKENS and not whole else ()
-        split_mlp = bool(runs) and all(type(layer.mlp) in MLPS for layer in body.layers)
+        split_mlp = bool(runs) and all(isinstance(layer.mlp, MLPS) for layer in body.layers)
         chunk = cls(hidden, masks, size_cache, runs, split_mlp=split_mlp, whole_layers=whole)
         chunk.last_seconds = timings.predict(chunk.attention_steps, chunk.mlp_steps)
         return chunk

@@ -17,6 +17,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from semantic.adapters.mlx.cpu import host_swiglu
 from semantic.adapters.mlx.cpu.attention import HostSoftmaxAttention
 from semantic.adapters.mlx.lm import swiglu
 
@@ -63,8 +64,11 @@ class LlamaLayer:
         return normed, self.block.mlp.gate_proj(normed)
 
     def gated(self, normed: mx.array, gate: mx.array) -> mx.array:
-        """The second: the up projection, gated (SwiGLU)."""
-        out: mx.array = swiglu(gate, self.block.mlp.up_proj(normed))
+        """The second: the up projection, gated (SwiGLU: the MLP's own, ``host_swiglu``)."""
+        up = self.block.mlp.up_proj(normed)
+        if isinstance(self.block.mlp, host_swiglu.HostSwigluMLP):
+            return host_swiglu.swiglu(gate, up)
+        out: mx.array = swiglu(gate, up)
         return out
 
     def mlp_out(self, hidden: mx.array, gated: mx.array) -> mx.array:

@@ -12,7 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from semantic.adapters.mlx.cpu import install_attention, install_host_products
+from semantic.adapters.mlx.cpu import (
+    install_attention,
+    install_host_products,
+    install_host_swiglu,
+)
 from semantic.adapters.mlx.errors import CorruptModelError, ModelDownloadError, UnknownModelError
 from semantic.adapters.mlx.lm import load as mlx_lm_load
 from semantic.adapters.mlx.models.gguf import WeightFormat
@@ -78,6 +82,7 @@ def load_model(path: Path, model_id: str) -> LoadedModel:
         ) from error
     fast = install_attention(model)
     products = install_host_products(model)
+    install_host_swiglu(model)
     log.info(
         "loaded model %s from %s%s%s",
         model_id,

@@ -122,6 +122,33 @@ static void swiglu(float *gate, const float *up, long n) {
     }
 }
 
+/* SwiGLU over many values (a prompt chunk's MLP on MLX's graph, whose exp is scalar),
+ * shared with our helper thread in runs of whole registers. Each value's bits are those of
+ * the pass's own SwiGLU, wherever the runs end. */
+enum { SWIGLU_RUN = 16384 };
+
+typedef struct {
+    float *gate;
+    const float *up;
+    long n;
+} swiglu_task_t;
+
+static void swiglu_runs(const void *context, int from, int to) {
+    const swiglu_task_t *t = context;
+    long start = (long)from * SWIGLU_RUN, end = (long)to * SWIGLU_RUN;
+    swiglu(t->gate + start, t->up + start, (end < t->n ? end : t->n) - start);
+}
+
+void semantic_swiglu(float *gate, const float *up, long n) {
+    swiglu_task_t task = {gate, up, n};
+    int runs = (int)((n + SWIGLU_RUN - 1) / SWIGLU_RUN);
+    parallel_fn parallel = shared_helper();
+    if (parallel != NULL && runs > 1)
+        parallel(swiglu_runs, &task, runs, 1);
+    else
+        swiglu_runs(&task, 0, runs);
+}
+
 /* Rotate each head's pairs (a, b) -> (a cos - b sin, a sin + b cos), as MLX's RoPE does:
  * pairs of neighbours (traditional) or of the two halves' i-th elements. */
 static void rope_row(float *row, int heads, int dim, int traditional, const float *cos_,
