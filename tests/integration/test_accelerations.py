@@ -35,6 +35,8 @@ def test_the_embedded_model_gets_every_acceleration_this_machine_can_give(
     assert (found["host pass for small passes (ADR 0013)"] is None) == host_pass.supported(
         real_model.loaded.model
     )
+    swiglu = found["prompt chunks' SwiGLU in vector lanes (ADR 0013)"]  # installed at load
+    assert (swiglu is None) == host_pass.supported(real_model.loaded.model)
 
 
 def test_a_model_the_fast_paths_do_not_cover_is_told_why() -> None:

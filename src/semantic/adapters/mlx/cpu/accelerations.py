@@ -16,7 +16,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from semantic.adapters.mlx.cpu import attention, host_pass, host_weights, jit
+from semantic.adapters.mlx.cpu import attention, host_pass, host_swiglu, host_weights, jit
 from semantic.adapters.mlx.cpu.blas import SHIM_ENV, BlasStatus, compute_threads
 from semantic.adapters.mlx.cpu.blas_probe import this_cpus_flags
 from semantic.adapters.mlx.cpu.fused_pass import fusion_obstacle
@@ -48,6 +48,7 @@ def accelerations(model: Any, blas: BlasStatus) -> tuple[Acceleration, ...]:
         Acceleration("native MLX JIT (ADR 0012)", jit.obstacle()),
         Acceleration("host softmax attention (ADR 0008)", _attention_obstacle(model)),
         Acceleration("host pass for small passes (ADR 0013)", host),
+        Acceleration("prompt chunks' SwiGLU in vector lanes (ADR 0013)", _swiglu(model, host)),
         Acceleration("bfloat16 and 4/8-bit products on our kernels (ADR 0031)", narrow),
         Acceleration("prompt chunks ride decode steps (ADR 0009)", fusion_obstacle(model)),
         Acceleration("long prompts sliced between decode steps (ADR 0009)", _slice_obstacle(model)),
@@ -109,6 +110,12 @@ def _slice_obstacle(model: Any) -> str | None:
     if BodyAndHead.of(model) is None:
         return not_sliceable(model)
     return None
+
+
+def _swiglu(model: Any, host: str | None) -> str | None:
+    if host is not None:
+        return "needs the host pass"
+    return None if host_swiglu.installed(model) else "not installed at load"
 
 
 def _beside_obstacle(host: str | None) -> str | None:

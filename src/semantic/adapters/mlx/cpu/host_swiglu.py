@@ -57,6 +57,11 @@ def install(model: Any) -> bool:
     return True
 
 
+def installed(model: Any) -> bool:
+    layers = getattr(getattr(model, "model", None), "layers", None) or []
+    return bool(layers) and all(isinstance(layer.mlp, HostSwigluMLP) for layer in layers)
+
+
 def swiglu(gate: mx.array, up: mx.array) -> mx.array:
     """``silu(gate) * up``, as the C pass computes it; mlx-lm's where the rows are not
     float32 (the C pass's rows always are)."""
