@@ -33,7 +33,8 @@ class HostSwigluMLP:
 
     def __call__(self, x: mx.array) -> mx.array:
         mlp: Any = self
-        return mlp.down_proj(swiglu(mlp.gate_proj(x), mlp.up_proj(x)))  # type: ignore[no-any-return]
+        out: mx.array = mlp.down_proj(swiglu(mlp.gate_proj(x), mlp.up_proj(x)))
+        return out
 
 
 _HOST_CLASSES: dict[type, type] = {
@@ -58,6 +59,7 @@ def install(model: Any) -> bool:
 
 
 def installed(model: Any) -> bool:
+    """Every layer's MLP calls the host SwiGLU (what the server reports)."""
     layers = getattr(getattr(model, "model", None), "layers", None) or []
     return bool(layers) and all(isinstance(layer.mlp, HostSwigluMLP) for layer in layers)
 
@@ -66,7 +68,8 @@ def swiglu(gate: mx.array, up: mx.array) -> mx.array:
     """``silu(gate) * up``, as the C pass computes it; mlx-lm's where the rows are not
     float32 (the C pass's rows always are)."""
     if gate.dtype != mx.float32 or up.dtype != mx.float32:
-        return mlx_swiglu(gate, up)  # type: ignore[no-any-return]
+        theirs: mx.array = mlx_swiglu(gate, up)
+        return theirs
     mx.eval(gate, up)
     out = np.array(gate, dtype=np.float32)  # our own copy: the kernel writes in place
     ups = np.ascontiguousarray(up, dtype=np.float32)
