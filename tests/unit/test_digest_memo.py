@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from semantic.adapters.mlx.models.digest_memo import SETTLED_NS, DigestMemo
+from semantic.adapters.mlx.models.digest_memo import KEPT, SETTLED_NS, DigestMemo
 
 
 class CountingDigest:
@@ -78,3 +78,21 @@ def test_a_memo_that_cannot_be_written_still_gives_the_digest(
     memo = DigestMemo(blocked / "digests", later)
     assert memo.digest(weights, compute) == memo.digest(weights, compute) == compute(weights)
     assert compute.reads == 3
+
+
+def test_only_the_newest_digests_are_kept(tmp_path: Path) -> None:
+    memo = DigestMemo(tmp_path / "digests", later)
+    models = []
+    seen: set[Path] = set()
+    for index in range(KEPT + 3):
+        path = tmp_path / f"model-{index}.safetensors"
+        path.write_bytes(bytes([index]))
+        memo.digest([path], CountingDigest())
+        models.append(path)
+        for entry in set((tmp_path / "digests").glob("*.digest")) - seen:  # distinct ages
+            os.utime(entry, ns=(index * SETTLED_NS, index * SETTLED_NS))
+            seen.add(entry)
+    assert len(list((tmp_path / "digests").glob("*.digest"))) == KEPT
+    compute = CountingDigest()
+    memo.digest([models[-1]], compute)  # the newest is still known
+    assert compute.reads == 0

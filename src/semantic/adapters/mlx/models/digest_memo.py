@@ -8,7 +8,8 @@ kernel; no call sets it back), so a kept digest is never taken for other bytes. 
 kernel's clock for those times is coarse (a few ms), so, as git does with its index, a
 digest is kept only for files unchanged while they were hashed and last changed well before
 (a write in the same tick as the hashing would leave the times as they were). A memo that
-cannot be read or written costs only the hashing.
+cannot be read or written costs only the hashing. It keeps the newest ``KEPT`` digests
+(models in passing directories, a test's say, would otherwise pile up).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 SETTLED_NS = 2_000_000_000  # how long ago the files' last change must be for a digest to be kept
+KEPT = 64
 
 
 class DigestMemo:
@@ -53,10 +55,23 @@ class DigestMemo:
             self.directory.mkdir(parents=True, exist_ok=True)
             partial.write_text(digest)
             partial.replace(entry)  # whole or absent, whoever else writes it
+            self._prune()
         except OSError as error:
             log.debug("could not keep the weights' digest in %s: %s", self.directory, error)
             with contextlib.suppress(OSError):
                 partial.unlink(missing_ok=True)
+
+    def _prune(self) -> None:
+        entries = sorted(self.directory.glob("*.digest"), key=_modified, reverse=True)
+        for stale in entries[KEPT:]:
+            stale.unlink(missing_ok=True)
+
+
+def _modified(path: Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return 0  # gone meanwhile: first to go
 
 
 def _described(paths: Sequence[Path]) -> list[tuple[str, int, int, int, int, int]]:
