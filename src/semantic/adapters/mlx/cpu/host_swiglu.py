@@ -1,9 +1,10 @@
 """The C pass's SwiGLU for the prompt chunks MLX's graph computes.
 
-MLX's CPU exp is scalar (~12 ns a value here, ADR 0013). In a 256-row chunk of SmolLM2 the
-MLP's SwiGLU (mlx-lm's compiled ``swiglu``) took 5.3 ms a layer beside 13.5 ms for its three
-products: a sixth of a cold prompt's time. The C pass computes it in vector lanes
-(``native/llama_pass.c``); ``semantic_swiglu`` runs that loop on our two threads.
+MLX's CPU exp is scalar (~12 ns a value on the Zen 3 VM of ADR 0013). In a 256-row chunk of
+SmolLM2 there the MLP's SwiGLU (mlx-lm's compiled ``swiglu``) took 5.3 ms a layer beside
+13.5 ms for its three products: a sixth of a cold prompt's time. The C pass computes it in
+vector lanes (``native/llama_pass.c``); ``semantic_swiglu`` runs that loop on our two
+threads.
 
 Where the host pass runs a model, its llama MLPs call this one instead of mlx-lm's, so the
 whole-layer path (mlx-lm's body), the layer slice and the fused pass compute the same
