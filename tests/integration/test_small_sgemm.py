@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -110,6 +111,35 @@ def test_blas_helper_threads_leave_the_first_cpu_to_the_caller() -> None:
     assert helpers[0] <= set(cpus[1:])
     main = f"{Path('/proc/self/comm').read_text().strip()}/{os.getpid()}"
     assert threads[main] == set(cpus)
+
+
+def test_a_process_allowed_one_cpu_starts_no_helper_and_says_why_steps_run_one_at_a_time() -> None:
+    """A helper on the caller's only CPU would take turns with it (slower, not faster)."""
+    if not (blas_in_use().shim and blas_in_use().small_kernels):
+        pytest.skip("needs our kernels")
+    code = """
+import json
+import os
+os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+from semantic.adapters.mlx.cpu import prepare_process
+prepare_process()
+import mlx.core as mx
+import numpy as np
+from semantic.adapters.mlx.cpu.accelerations import _beside_obstacle
+rng = np.random.default_rng(0)
+a, b = rng.standard_normal((8, 576), np.float32), rng.standard_normal((1536, 576), np.float32)
+product = a @ b.T
+mine = np.array(mx.array(a) @ mx.array(b).T)
+names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+print(json.dumps({"threads": names, "error": float(np.abs(mine - product).max()),
+                  "beside": _beside_obstacle(None)}))
+"""
+    done = run_python(code)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert "sgemm-helper" not in seen["threads"]
+    assert seen["error"] < 1e-3
+    assert seen["beside"] == "one CPU allowed to this process"
 
 
 def _product(rows: int) -> None:

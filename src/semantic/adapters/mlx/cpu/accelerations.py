@@ -17,7 +17,7 @@ from typing import Any
 import mlx.core as mx
 
 from semantic.adapters.mlx.cpu import attention, host_pass, host_swiglu, host_weights, jit
-from semantic.adapters.mlx.cpu.blas import SHIM_ENV, BlasStatus, compute_threads
+from semantic.adapters.mlx.cpu.blas import SHIM_ENV, BlasStatus, allowed_cpus, compute_threads
 from semantic.adapters.mlx.cpu.blas_probe import this_cpus_flags
 from semantic.adapters.mlx.cpu.fused_pass import fusion_obstacle
 from semantic.adapters.mlx.cpu.kernel_variant import VARIANT_ENV, choose_variant, variants_here
@@ -121,6 +121,8 @@ def _swiglu(model: Any, host: str | None) -> str | None:
 def _beside_obstacle(host: str | None) -> str | None:
     if host is not None:
         return "needs the host pass"
+    if allowed_cpus() < 2:
+        return "one CPU allowed to this process"
     if compute_threads() is None:
         return f"{SIDE_BY_SIDE_ENV}=0, or not OpenBLAS with our kernels"
     return None

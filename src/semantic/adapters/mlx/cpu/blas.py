@@ -150,7 +150,7 @@ def _keep_helpers_off_the_callers_core(blas_workers: list[int], shim: ctypes.CDL
         return
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
-        return
+        return  # and the shim starts no helper
     spare = cpus[1:]
     for index, thread in enumerate(blas_workers):
         try:
@@ -247,10 +247,17 @@ class ComputeThreads:
         self._shim.semantic_set_helper_enabled(1)
 
 
+def allowed_cpus() -> int:
+    """CPUs this process may run on (its affinity: ``taskset``, a cgroup's cpuset)."""
+    return len(os.sched_getaffinity(0))
+
+
 @functools.cache
 def compute_threads() -> ComputeThreads | None:
     """The switch for running two threads of work side by side; None unless OpenBLAS with
-    our kernels (and their helper) is what MLX's products run on."""
+    our kernels (and their helper) is what MLX's products run on, on two CPUs or more."""
+    if allowed_cpus() < 2:
+        return None
     status = preload_fast_blas()
     if not (status.small_kernels and status.path and "openblas" in status.path.lower()):
         return None
