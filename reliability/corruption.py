@@ -84,8 +84,8 @@ def run(rounds: int, workdir: Path, seed: int = 3) -> Result:
     for index in range(rounds):
         data_dir = workdir / f"round-{index}"
         server = ServerProcess(data_dir).start()
-        histories = {
-            kind: converse(server, kind, 100 + 50 * index + 10 * n) for n, kind in enumerate(DAMAGE)
+        histories = {  # each over one block (56 words: ~280 tokens), longer in later rounds
+            kind: converse(server, kind, 56 + 50 * index + 4 * n) for n, kind in enumerate(DAMAGE)
         }
         server.stop()
         keys = {kind: damage(data_dir, kind, rng, agent_of(kind)) for kind in DAMAGE}
