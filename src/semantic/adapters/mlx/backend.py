@@ -20,14 +20,13 @@ import mlx.core as mx
 from semantic.adapters.mlx.accelerator import Accelerator, Group
 from semantic.adapters.mlx.decode_batch import Caches, DecodeBatch
 from semantic.adapters.mlx.devices import HOST_VIEWS, HostMemory
-from semantic.adapters.mlx.kv.kv_blocks import (
+from semantic.adapters.mlx.kv.cache_room import (
     clone_prefix,
-    cut_into_blocks,
     reserve_room,
     room_to_reserve,
     size_cache,
-    window_history,
 )
+from semantic.adapters.mlx.kv.kv_blocks import cut_into_blocks, window_history
 from semantic.adapters.mlx.kv.restore_buffers import RestoreBuffers
 from semantic.adapters.mlx.kv.restored_caches import RestoredCaches
 from semantic.adapters.mlx.lm import BatchKVCache

@@ -307,7 +307,7 @@ def _adopted(caches: list[Any]) -> list[Any] | None:
     """A lone newcomer's plain caches as a batch of one that holds their buffers: merging
     copies every layer's KV into buffers with no room, so the next pass grows (copies) them
     again. A plain cache's buffer is its own (the host pass already writes into it past its
-    positions; ``kv_blocks.clone_prefix``). None where a layer is not a plain cache."""
+    positions; ``cache_room.clone_prefix``). None where a layer is not a plain cache."""
     if not all(type(c) is KVCache and c.keys is not None for c in caches):
         return None
     batch = []
