@@ -29,6 +29,14 @@ def test_a_sliding_layer_is_capped_by_its_window() -> None:
     assert spec.first_block_needed(0, 1000) == (1000 - 512) // 256
 
 
+@pytest.mark.parametrize("windows", [(None,) * 4, (512, None, 1024, None), (300,) * 4])
+def test_a_sequences_blocks_are_its_layers_blocks_summed(windows: tuple[int | None, ...]) -> None:
+    spec = ModelCacheSpec(4, 1, 8, 8, "float16", windows)
+    for n in range(0, 3000, 61):
+        assert spec.blocks_for_tokens(n) == sum(spec.blocks_for_layer(i, n) for i in range(4))
+    assert spec.has_sliding_layers == (windows != (None,) * 4)
+
+
 def test_the_tokens_a_budget_holds_plateau_where_every_layer_slides() -> None:
     spec = smollm2()
     assert spec.tokens_within(60, 8192) == 512  # 30 layers, a block each per 256 tokens

@@ -191,3 +191,18 @@ BooksMachine.TestCase.settings = settings(
     max_examples=100, stateful_step_count=30, deadline=None, derandomize=True
 )
 test_kv_books = BooksMachine.TestCase
+
+
+def test_a_global_ledger_grown_a_position_at_a_time_holds_exactly_what_it_needs() -> None:
+    """Within a block, a step claims nothing (and skips the walk over the layers); across a
+    boundary, every layer gets its next block."""
+    spec = ModelCacheSpec(3, 1, 2, 2, "float32", (None,) * 3, block_tokens=4)
+    pool = BlockPool(12)
+    books = KVBooks(pool, spec, reclaim=None, clock=lambda: 0.0)
+    ledger = books.ledger("r")
+    for n in range(1, 17):
+        assert books.grow(ledger, n)
+        assert [len(ids) for ids in ledger.ids] == [spec.blocks_for_layer(0, n)] * 3
+        assert len(pool.held_by("r")) == spec.blocks_for_tokens(n) == ledger.block_count
+    assert not books.grow(ledger, 17)  # a fifth block a layer: the pool holds four
+    assert ledger.positions == 16

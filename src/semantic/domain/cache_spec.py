@@ -63,7 +63,7 @@ class ModelCacheSpec:
 
     @property
     def has_sliding_layers(self) -> bool:
-        return any(w is not None for w in self.layer_windows)
+        return self.layer_windows.count(None) != self.n_layers
 
     def window(self, layer: int) -> int | None:
         return self.layer_windows[layer]
@@ -86,8 +86,16 @@ class ModelCacheSpec:
         return last - self.first_block_needed(layer, n_tokens) + 1
 
     def blocks_for_tokens(self, n_tokens: int) -> int:
-        """Blocks, summed over layers, that a sequence of ``n_tokens`` holds."""
-        return sum(self.blocks_for_layer(layer, n_tokens) for layer in range(self.n_layers))
+        """Blocks, summed over layers, that a sequence of ``n_tokens`` holds. Asked for
+        every running request each round: the global layers are counted at once."""
+        if n_tokens <= 0:
+            return 0
+        global_layers = self.layer_windows.count(None)
+        total = global_layers * ((n_tokens - 1) // self.block_tokens + 1)
+        if global_layers == self.n_layers:
+            return total
+        sliding = (i for i, w in enumerate(self.layer_windows) if w is not None)
+        return total + sum(self.blocks_for_layer(layer, n_tokens) for layer in sliding)
 
     def tokens_within(self, blocks: int, limit: int) -> int:
         """The longest sequence, at most ``limit`` tokens, whose KV fits in ``blocks``

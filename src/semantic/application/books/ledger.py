@@ -22,7 +22,7 @@ class BlockLedger:
 
     @property
     def block_count(self) -> int:
-        return sum(len(ids) for ids in self.ids)
+        return sum(map(len, self.ids))
 
     def clear(self) -> list[int]:
         """Forget every block; returns the ids it held."""
