@@ -21,7 +21,7 @@ from semantic.adapters.mlx.devices import use_device
 from semantic.adapters.mlx.kv.kv_blocks import spec_from_model
 from semantic.adapters.mlx.models.loader import LoadedModel, load_model
 from semantic.adapters.mlx.tokenizer.tokenizer import MlxTokenizer
-from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
+from semantic.application.engine.batch_engine import BlockPoolBatchEngine, EngineConfig
 from semantic.bootstrap import freeze_startup_objects, prepare_model
 from semantic.config import Settings
 from semantic.domain.block_pool import BlockPool

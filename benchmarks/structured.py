@@ -21,7 +21,7 @@ from semantic.adapters.grammar.llguidance_grammar import LlguidanceCompiler, Llg
 from semantic.adapters.mlx.backend import MlxBackend
 from semantic.adapters.mlx.cpu import accelerator_for
 from semantic.adapters.mlx.token_mask import masked
-from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
+from semantic.application.engine.batch_engine import BlockPoolBatchEngine, EngineConfig
 from semantic.application.scheduler.pacer import PacerConfig
 from semantic.bootstrap import grammar_compiler
 from semantic.domain.block_pool import BlockPool

@@ -19,7 +19,7 @@ import mlx.core as mx
 from benchmarks.common import load_bench
 from benchmarks.corpus import spread
 from semantic.adapters.mlx.backend import MlxBackend
-from semantic.application.engine import BlockPoolBatchEngine
+from semantic.application.engine.batch_engine import BlockPoolBatchEngine
 from semantic.application.engine.events import CompletionEvent
 from semantic.application.scheduler.pacer import PacerConfig
 from semantic.domain.blocks import AgentBlocks

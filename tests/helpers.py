@@ -7,7 +7,7 @@ import subprocess
 import sys
 from typing import Any
 
-from semantic.application.engine import BlockPoolBatchEngine
+from semantic.application.engine.batch_engine import BlockPoolBatchEngine
 from semantic.application.engine.events import CompletionEvent, EngineEvent
 
 

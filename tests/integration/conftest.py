@@ -18,7 +18,7 @@ from semantic.adapters.mlx.kv.restore_buffers import RestoreBuffers
 from semantic.adapters.mlx.models.loader import LoadedModel, load_model
 from semantic.adapters.mlx.tokenizer.tokenizer import MlxTokenizer
 from semantic.adapters.storage.sql_metadata import SqlMetadataStore
-from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
+from semantic.application.engine.batch_engine import BlockPoolBatchEngine, EngineConfig
 from semantic.bootstrap import grammar_compiler, prepare_model
 from semantic.config import Settings
 from semantic.domain.block_pool import BlockPool

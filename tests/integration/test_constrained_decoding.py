@@ -9,7 +9,7 @@ import json
 import jsonschema
 import pytest
 
-from semantic.application.engine import BlockPoolBatchEngine
+from semantic.application.engine.batch_engine import BlockPoolBatchEngine
 from semantic.application.engine.events import CompletionEvent
 from semantic.domain.chat import ChatMessage
 from semantic.domain.constraints import OutputConstraint, TaggedSchema

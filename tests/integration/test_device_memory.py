@@ -22,7 +22,7 @@ from semantic.adapters.mlx.kv.kv_payloads import StackedKV, kv_arrays
 from semantic.adapters.mlx.kv.restore_buffers import RestoreBuffers
 from semantic.adapters.storage.block_files import BlockFiles
 from semantic.adapters.storage.kv_block_store import KVBlockStore
-from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
+from semantic.application.engine.batch_engine import BlockPoolBatchEngine, EngineConfig
 from semantic.application.engine.events import CompletionEvent
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.blocks import AgentBlocks, KVBlock

@@ -17,7 +17,7 @@ from semantic.adapters.mlx.cpu.llama_native import native_library
 from semantic.adapters.mlx.kv.kv_blocks import spec_from_model
 from semantic.adapters.mlx.models.loader import load_model
 from semantic.adapters.mlx.tokenizer.tokenizer import MlxTokenizer
-from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
+from semantic.application.engine.batch_engine import BlockPoolBatchEngine, EngineConfig
 from semantic.bootstrap import prepare_model
 from semantic.config import Settings
 from semantic.domain.block_pool import BlockPool

@@ -21,7 +21,7 @@ from semantic.adapters.storage.redis_blocks import RedisSharedBlocks, redis_key
 from semantic.adapters.storage.schema import blocks
 from semantic.adapters.storage.sql_metadata import SqlMetadataStore
 from semantic.application.cache.store import AgentCacheStore, CachedPrefix
-from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
+from semantic.application.engine.batch_engine import BlockPoolBatchEngine, EngineConfig
 from semantic.application.engine.events import CompletionEvent
 from semantic.domain.block_pool import BlockPool
 from tests.integration.conftest import RealModel

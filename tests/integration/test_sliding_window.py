@@ -13,7 +13,7 @@ from semantic.adapters.mlx.backend import MlxBackend
 from semantic.adapters.mlx.cpu import accelerator_for
 from semantic.adapters.mlx.kv.kv_blocks import gather_cache, spec_from_model
 from semantic.adapters.mlx.kv.kv_payloads import MlxKV
-from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
+from semantic.application.engine.batch_engine import BlockPoolBatchEngine, EngineConfig
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.blocks import AgentBlocks, KVBlock
 from tests.helpers import generate

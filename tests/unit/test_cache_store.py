@@ -9,7 +9,7 @@ import pytest
 from semantic.application.cache.lineage import ANONYMOUS_AGENT, ANONYMOUS_PREFIX, branch_prefix
 from semantic.application.cache.read_lanes import READERS
 from semantic.application.cache.store import AgentCacheStore, CacheConfig, CachedPrefix, LeaseOf
-from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
+from semantic.application.engine.batch_engine import BlockPoolBatchEngine, EngineConfig
 from semantic.application.engine.events import CompletionEvent
 from semantic.application.scheduler.pacer import PacerConfig
 from semantic.domain.block_pool import BlockPool

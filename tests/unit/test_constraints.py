@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from semantic.application.chat.generation import GenerationInput, GenerationService, Limits
-from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
+from semantic.application.engine.batch_engine import BlockPoolBatchEngine, EngineConfig
 from semantic.application.engine.engine_loop import EngineLoop
 from semantic.application.engine.events import TokenEvent
 from semantic.application.scheduler.pacer import PacerConfig

@@ -9,13 +9,9 @@ from typing import Any
 import pytest
 
 from semantic.application.books.kv_books import HEAD_PIN_PATIENCE_S
-from semantic.application.engine import (
-    NO_ROOM_FAILURE,
-    NO_ROOM_PATIENCE_S,
-    BlockPoolBatchEngine,
-    EngineConfig,
-)
 from semantic.application.engine.active_request import StoredPrefix
+from semantic.application.engine.admission import NO_ROOM_FAILURE, NO_ROOM_PATIENCE_S
+from semantic.application.engine.batch_engine import BlockPoolBatchEngine, EngineConfig
 from semantic.application.engine.events import CompletionEvent, EngineEvent, TokenEvent
 from semantic.application.scheduler.pacer import PacerConfig
 from semantic.domain.block_pool import BlockPool

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 import pytest
 
 from semantic.application.chat.generation import GenerationInput, GenerationService, Limits
-from semantic.application.engine import BlockPoolBatchEngine, EngineConfig, StepResult
+from semantic.application.engine.batch_engine import BlockPoolBatchEngine, EngineConfig
 from semantic.application.engine.engine_loop import SHUTDOWN_FAILURE, AsyncEventStream, EngineLoop
-from semantic.application.engine.events import CompletionEvent, EngineEvent, TokenEvent
+from semantic.application.engine.events import CompletionEvent, EngineEvent, StepResult, TokenEvent
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.errors import ShuttingDownError
 from semantic.domain.generation import FinishReason

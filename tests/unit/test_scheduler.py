@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
+from semantic.application.engine.batch_engine import BlockPoolBatchEngine, EngineConfig
 from semantic.application.engine.events import CompletionEvent, EngineEvent
 from semantic.application.scheduler.pacer import PacerConfig, PrefillPacer
 from semantic.domain.block_pool import BlockPool

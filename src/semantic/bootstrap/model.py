@@ -36,7 +36,7 @@ from semantic.adapters.mlx.models.loader import LoadedModel, load_model, resolve
 from semantic.adapters.mlx.models.model_cache import ModelCache, Progress
 from semantic.adapters.mlx.tokenizer.tokenizer import MlxTokenizer
 from semantic.application.cache.store import AgentCacheStore
-from semantic.application.engine import BlockPoolBatchEngine, EngineConfig
+from semantic.application.engine.batch_engine import BlockPoolBatchEngine, EngineConfig
 from semantic.application.engine.engine_loop import EngineLoop
 from semantic.application.scheduler.pacer import PacerConfig
 from semantic.config import Settings

@@ -36,8 +36,8 @@ from semantic.application.chat.chat_turn import ChatTurns
 from semantic.application.chat.generation import GenerationService, Limits
 from semantic.application.dashboard.turn_history import TurnHistory
 from semantic.application.dashboard.view import Dashboard
-from semantic.application.engine import StepResult
 from semantic.application.engine.engine_loop import EngineLoop
+from semantic.application.engine.events import StepResult
 from semantic.application.observers import Observers
 from semantic.application.readiness import ReadinessCheck
 from semantic.application.threads import install_default_executor

@@ -10,7 +10,7 @@ from semantic.application.agents.service import AgentService
 from semantic.application.cache.store import AgentCacheStore
 from semantic.application.chat.chat_turn import ChatTurns
 from semantic.application.dashboard.view import Dashboard
-from semantic.application.engine import StepResult
+from semantic.application.engine.events import StepResult
 from semantic.application.readiness import ReadinessCheck
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.errors import ModelUnavailableError

@@ -24,7 +24,7 @@ from semantic.application.engine.active_request import (
     StoredPrefix,
 )
 from semantic.application.engine.admission import Admission
-from semantic.application.engine.events import EngineEvent
+from semantic.application.engine.events import EngineEvent, StepResult
 from semantic.application.engine.intake import Intake
 from semantic.application.engine.lifecycle import Lifecycle
 from semantic.application.engine.prefix_sharing import PrefixSharing
@@ -58,14 +58,6 @@ class EngineConfig:
     pacer: PacerConfig = field(default_factory=PacerConfig)
     max_running: int = 32
     max_waiting: int = 256
-
-
-@dataclass(frozen=True, slots=True)
-class StepResult:
-    events: list[EngineEvent]
-    decoding: int
-    prefilling: int
-    waiting: int
 
 
 class BlockPoolBatchEngine:

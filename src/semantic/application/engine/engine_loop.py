@@ -18,8 +18,8 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from semantic.application.engine.active_request import GenerationRequest
-from semantic.application.engine.batch_engine import BlockPoolBatchEngine, StepResult
-from semantic.application.engine.events import CompletionEvent, EngineEvent
+from semantic.application.engine.batch_engine import BlockPoolBatchEngine
+from semantic.application.engine.events import CompletionEvent, EngineEvent, StepResult
 from semantic.application.threads import wait_until_gone
 from semantic.domain.errors import ShuttingDownError
 

@@ -1,4 +1,5 @@
-"""What the engine reports as it runs: tokens as they are made, and completions."""
+"""What the engine reports as it runs: tokens as they are made, completions, and each
+step's tally."""
 
 from __future__ import annotations
 
@@ -36,3 +37,13 @@ class CompletionEvent:
 
 
 EngineEvent = TokenEvent | CompletionEvent
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """One ``step``: its events, and the requests decoding, prefilling and waiting after it."""
+
+    events: list[EngineEvent]
+    decoding: int
+    prefilling: int
+    waiting: int
