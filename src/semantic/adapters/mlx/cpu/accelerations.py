@@ -17,8 +17,9 @@ from typing import Any
 import mlx.core as mx
 
 from semantic.adapters.mlx.cpu import attention, host_pass, host_swiglu, host_weights, jit
-from semantic.adapters.mlx.cpu.blas import SHIM_ENV, BlasStatus, allowed_cpus, compute_threads
+from semantic.adapters.mlx.cpu.blas import SHIM_ENV, BlasStatus
 from semantic.adapters.mlx.cpu.blas_probe import this_cpus_flags
+from semantic.adapters.mlx.cpu.compute_threads import allowed_cpus, compute_threads
 from semantic.adapters.mlx.cpu.fused_pass import fusion_obstacle
 from semantic.adapters.mlx.cpu.kernel_variant import VARIANT_ENV, choose_variant, variants_here
 from semantic.adapters.mlx.cpu.side_by_side import SIDE_BY_SIDE_ENV

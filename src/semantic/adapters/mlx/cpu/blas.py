@@ -170,14 +170,14 @@ def blas_in_use(reason: CoreReason | None = None) -> BlasStatus:
     MLX's own bundled BLAS is loaded privately, so if no global library provides the symbol,
     MLX runs on the reference BLAS.
     """
-    provider = _global_provider("cblas_sgemm")
+    provider = global_provider("cblas_sgemm")
     if provider is None:
         return BlasStatus("reference BLAS (bundled with mlx-cpu)", None, fast=False)
     shim = SHIM_NAME in os.path.basename(provider)
     kernels, compiler, variant = False, None, None
     if shim:
         kernels, compiler, variant = _shim_build(provider)
-        provider = _global_provider("cblas_sgemv") or provider
+        provider = global_provider("cblas_sgemv") or provider
     if "openblas" not in os.path.basename(provider).lower():
         return BlasStatus("BLAS", provider, True, shim, kernels, compiler=compiler, variant=variant)
     version, core = _openblas_identity(provider)
@@ -229,52 +229,6 @@ def _openblas_identity(path: str) -> tuple[str | None, str | None]:
     return version, core
 
 
-@dataclass(frozen=True, slots=True)
-class ComputeThreads:
-    """How many threads the products use: OpenBLAS's count, and our kernels' helper."""
-
-    _blas: ctypes.CDLL
-    _shim: ctypes.CDLL
-    normal: int
-    """OpenBLAS's thread count as the process runs it."""
-
-    def one_each(self) -> None:
-        """A thread's products run on it alone: two threads of work, a core each. Call it
-        only between products (OpenBLAS's count must not change while one runs)."""
-        self._shim.semantic_set_helper_enabled(0)
-        self._blas.openblas_set_num_threads(1)
-
-    def restore(self) -> None:
-        self._blas.openblas_set_num_threads(self.normal)
-        self._shim.semantic_set_helper_enabled(1)
-
-
-def allowed_cpus() -> int:
-    """CPUs this process may run on (its affinity: ``taskset``, a cgroup's cpuset)."""
-    return len(os.sched_getaffinity(0))
-
-
-@functools.cache
-def compute_threads() -> ComputeThreads | None:
-    """The switch for running two threads of work side by side; None unless OpenBLAS with
-    our kernels (and their helper) is what MLX's products run on, on two CPUs or more."""
-    if allowed_cpus() < 2:
-        return None
-    status = preload_fast_blas()
-    if not (status.small_kernels and status.path and "openblas" in status.path.lower()):
-        return None
-    provider = _global_provider("cblas_sgemm")
-    if provider is None:
-        return None
-    blas = ctypes.CDLL(status.path, mode=os.RTLD_NOLOAD)
-    shim = ctypes.CDLL(provider, mode=os.RTLD_NOLOAD)
-    if not (
-        hasattr(blas, "openblas_set_num_threads") and hasattr(shim, "semantic_set_helper_enabled")
-    ):
-        return None
-    return ComputeThreads(blas, shim, int(blas.openblas_get_num_threads()))
-
-
 class _DlInfo(ctypes.Structure):
     _fields_ = (
         ("dli_fname", ctypes.c_char_p),
@@ -284,7 +238,7 @@ class _DlInfo(ctypes.Structure):
     )
 
 
-def _global_provider(symbol: str) -> str | None:
+def global_provider(symbol: str) -> str | None:
     """Path of the library that defines ``symbol`` in the process's global scope."""
     try:
         address = ctypes.cast(getattr(ctypes.CDLL(None), symbol), ctypes.c_void_p)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from semantic.adapters.mlx.accelerator import PendingStep, StepDecoder
-from semantic.adapters.mlx.cpu.blas import ComputeThreads, compute_threads
+from semantic.adapters.mlx.cpu.compute_threads import ComputeThreads, compute_threads
 from semantic.ports.model_backend import DecodedToken, StepOutput
 
 SIDE_BY_SIDE_ENV = "SEMANTIC_SIDE_BY_SIDE"
