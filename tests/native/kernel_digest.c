@@ -51,17 +51,28 @@ static void products(void) {
         }
 }
 
-static void attention(void) {
-    int kv_heads = 2, rows = 5, span = 83, dim = 128;
+/* Softmax and values for `rows` query rows of two kv heads over `span` positions, row r
+ * reading [lo[r % 5], hi[r % 5]). */
+static void attention_case(int rows, int span, int dim, const int lo[5], const int hi[5]) {
+    int kv_heads = 2, from[64], to[64];
+    for (int r = 0; r < rows; r++) from[r] = lo[r % 5], to[r] = hi[r % 5];
     float *scores = randoms((long)kv_heads * rows * span);
     float *values = randoms((long)kv_heads * span * dim);
     float *out = malloc(sizeof(float) * (size_t)kv_heads * rows * dim);
-    int lo[5] = {0, 3, 0, 17, 1}, hi[5] = {83, 60, 1, 83, 82};
     semantic_softmax_pv(1, kv_heads, rows, span, dim, scores, values, 0, (long)span * dim, dim,
-                        lo, hi, rows, out);
+                        from, to, rows, out);
     emit(scores, (long)kv_heads * rows * span);
     emit(out, (long)kv_heads * rows * dim);
     free(scores), free(values), free(out);
+}
+
+static void attention(void) {
+    attention_case(5, 83, 128, (int[]){0, 3, 0, 17, 1}, (int[]){83, 60, 1, 83, 82});
+    /* many tiles a unit, and blocks of positions: a chunk's rows over a longer context */
+    attention_case(59, 700, 64, (int[]){0, 0, 5, 300, 0}, (int[]){700, 257, 699, 560, 1});
+    /* a decode step's few rows: the narrow tile */
+    attention_case(3, 700, 64, (int[]){0, 9, 0, 0, 0}, (int[]){700, 700, 444, 0, 0});
+    attention_case(1, 300, 128, (int[]){2, 0, 0, 0, 0}, (int[]){300, 0, 0, 0, 0});
 }
 
 static void elementwise(void) {

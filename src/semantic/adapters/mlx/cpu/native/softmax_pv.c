@@ -6,12 +6,15 @@
  * passes over them and MLX's own p @ V reached ~40 GFLOP/s for the few-row products of a
  * decode step or a short chunk at a long context. Here each row is masked by a key range
  * [lo, hi) (causal limit, left padding), exponentiated with a vectorised exp, summed, and
- * a tile of rows (four, six on AVX2) meets each value row once.
+ * a tile of rows (four, six on AVX2; three for a decode step's heads) meets each value row
+ * once; a few tiles meet a block of value rows in turn, so a long context's values come
+ * from L2, not from memory once per tile.
  *
  * Bits: a row's result depends only on its own scores, its range and the values: it is
  * summed in 16 logical lanes from lo, the lanes folded in a fixed order, and the value rows are
  * accumulated from lo in order. Rows sharing a tile only share loads (a row past its own
- * hi adds exact zeros), so a row gets the same bits alone, batched, or in any chunk.
+ * hi adds exact zeros), so a row gets the same bits alone, batched, or in any chunk, and
+ * whatever the tile's shape or where the blocks end.
  *
  * Layout: scores [batch][kv_heads][rows][span] contiguous, softmaxed in place;
  * values [batch][kv_heads][span][dim] with strides in floats, dim contiguous, or, through
@@ -86,38 +89,69 @@ static float softmax_row(float *row, int lo, int hi, int zero_to) {
 #define TILE 4
 #define PV_COLS 4
 #endif
+/* A tile of up to NARROW rows takes NARROW x NARROW_COLS: a decode step's three query
+ * heads of one kv head (SmolLM2, most GQA models) with no stand-in rows, and on AVX2 each
+ * value row read in two passes instead of four. On a Zen 3 (AVX2, 30 layers' values,
+ * ours alone in a loop): one step at 4,178 positions 8.2-13.0 ms against 19.7-23.5, 16
+ * sequences' steps at 600 20.2-20.4 ms against 35.3-37.5. */
+#ifndef NARROW /* given at build time: a tuning experiment */
+#define NARROW 3
+#define NARROW_COLS 4
+#endif
+#define MOST_COLS (PV_COLS > NARROW_COLS ? PV_COLS : NARROW_COLS)
+_Static_assert(NARROW <= TILE, "a narrow tile is the first rows of a tile");
 
-/* out[r][d:d+LANES*PV_COLS] = inverse[r] * sum over j in [lo, end) of p[r][j] * V[j][...],
- * for TILE rows at once: each value row is loaded once for all of them. Ranges are taken
- * in order, so the sum runs over j from lo upwards however the rows are laid out. */
-static void weigh_values(float *const *p, int lo, int end, const vrange_t *ranges,
-                         int n_ranges, int h, int dim, const float *inverse, float *const *out) {
-    for (int d = 0; d < dim; d += LANES * PV_COLS) {
-        vf acc[TILE][PV_COLS];
-        for (int r = 0; r < TILE; r++)
-            for (int c = 0; c < PV_COLS; c++) acc[r][c] = splat(0.0f);
+/* acc[r][d] += sum over j in [lo, end) of p[r][j] * V[j][d] for `rows` rows at once, each
+ * value row loaded once for all of them, `cols` registers of its columns at a time; acc
+ * [rows][dim] carries the sums from one block of positions to the next (a float32 store
+ * and load: exact). Ranges are taken in order, so each sum runs over j from lo upwards
+ * however the rows are laid out and wherever the blocks end. */
+static inline __attribute__((always_inline)) void weigh_values_by(
+    const int rows, const int cols, float *const *p, int lo, int end, const vrange_t *ranges,
+    int n_ranges, int h, int dim, float *acc) {
+    for (int d = 0; d < dim; d += LANES * cols) {
+        vf sum[TILE][MOST_COLS];
+        for (int r = 0; r < rows; r++)
+            for (int c = 0; c < cols; c++) sum[r][c] = load(acc + r * dim + d + LANES * c);
         for (const vrange_t *range = ranges; range < ranges + n_ranges; range++) {
             int from = range->start > lo ? range->start : lo;
             int to = range->end < end ? range->end : end;
             const float *at = range->base + h * range->head + d - (long)range->start * range->row;
             for (int j = from; j < to; j++) {
                 const float *row = at + (long)j * range->row;
-                vf v[PV_COLS];
-                for (int c = 0; c < PV_COLS; c++) v[c] = load(row + LANES * c);
-                for (int r = 0; r < TILE; r++) {
+                vf v[MOST_COLS];
+                for (int c = 0; c < cols; c++) v[c] = load(row + LANES * c);
+                for (int r = 0; r < rows; r++) {
                     vf w = splat(p[r][j]);
-                    for (int c = 0; c < PV_COLS; c++) acc[r][c] += w * v[c];
+                    for (int c = 0; c < cols; c++) sum[r][c] += w * v[c];
                 }
             }
         }
-        for (int r = 0; r < TILE; r++)
-            for (int c = 0; c < PV_COLS; c++)
-                store(out[r] + d + LANES * c, acc[r][c] * splat(inverse[r]));
+        for (int r = 0; r < rows; r++)
+            for (int c = 0; c < cols; c++) store(acc + r * dim + d + LANES * c, sum[r][c]);
     }
 }
 
+/* A tile of up to NARROW rows (a decode step's query heads of one kv head) takes the
+ * narrow shape: no stand-in rows, each value row read in fewer passes. */
+static void weigh_values(int count, float *const *p, int lo, int end, const vrange_t *ranges,
+                         int n_ranges, int h, int dim, float *acc) {
+    if (count <= NARROW)
+        weigh_values_by(NARROW, NARROW_COLS, p, lo, end, ranges, n_ranges, h, dim, acc);
+    else
+        weigh_values_by(TILE, PV_COLS, p, lo, end, ranges, n_ranges, h, dim, acc);
+}
+
+/* A unit is up to GROUP_TILES tiles of one (sequence, kv head) pair (fewer where their
+ * sums would not fit ACC_FLOATS: head_dim above 256), which meet the values a block of
+ * BLOCK_ROWS positions at a time: the block (64 KB at head_dim 64) stays in L2 while every
+ * tile reads it, where a tile at a time read all of a long context's values from L3 or
+ * memory once per tile. Four tiles a unit keep both threads busy at a short chunk: 78
+ * rows of one kv head (26 rows of SmolLM2's three query heads each) are four units. */
+enum { GROUP_TILES = 4, BLOCK_ROWS = 256, ACC_FLOATS = GROUP_TILES * TILE * 256 };
+
 typedef struct {
-    int kv_heads, rows, span, dim, rows_per_range, tiles;
+    int kv_heads, rows, span, dim, rows_per_range, tiles, group, groups;
     float *scores;
     const vrange_t *ranges; /* [batch][n_ranges] */
     int n_ranges;
@@ -125,45 +159,68 @@ typedef struct {
     float *out;
 } task_t;
 
-/* Tiles [from, to) of all (sequence, kv head) pairs; each tile is computed by one thread,
- * so how the tiles are shared never changes a bit. */
-static void run_tiles(const void *context, int from, int to) {
-    const task_t *t = context;
-    float spare[TILE][256]; /* outputs of the stand-in rows that fill a short tile */
-    for (int unit = from; unit < to; unit++) {
-        int pair = unit / t->tiles, r0 = unit % t->tiles * TILE;
-        int b = pair / t->kv_heads, h = pair % t->kv_heads;
-        float *block = t->scores + (long)pair * t->rows * t->span;
-        const vrange_t *ranges = t->ranges + (long)b * t->n_ranges;
-        float *dest = t->out + (long)pair * t->rows * t->dim;
-        const int *lo = t->lo + (long)b * t->rows_per_range, *hi = t->hi + (long)b * t->rows_per_range;
-        int count = t->rows - r0 < TILE ? t->rows - r0 : TILE;
-        int start = t->span, end = 0;
-        for (int r = 0; r < count; r++) {
-            int k = (r0 + r) % t->rows_per_range;
-            start = lo[k] < start ? lo[k] : start;
-            end = hi[k] > end ? hi[k] : end;
-        }
-        float *p[TILE], *o[TILE], inverse[TILE];
-        for (int r = 0; r < count; r++) {
-            int k = (r0 + r) % t->rows_per_range;
-            p[r] = block + (long)(r0 + r) * t->span;
-            o[r] = dest + (long)(r0 + r) * t->dim;
-            inverse[r] = softmax_row(p[r], lo[k], hi[k], t->span);
-        }
-        if (end <= start) {
-            for (int r = 0; r < count; r++) memset(o[r], 0, (size_t)t->dim * sizeof(float));
-            continue;
-        }
-        for (int r = count; r < TILE; r++) { /* repeat row 0; its copies go nowhere */
-            p[r] = p[0];
-            inverse[r] = inverse[0];
-            o[r] = t->dim <= 256 ? spare[r] : o[0];
-        }
-        weigh_values(p, start, end, ranges, t->n_ranges, h, t->dim, inverse, o);
+/* One tile's rows softmaxed in place: their probabilities, 1/sums and outputs (stand-ins
+ * repeat row 0 in a short tile and go nowhere), and the span of positions they read. */
+typedef struct {
+    float *p[TILE], *o[TILE], inverse[TILE];
+    int count, start, end;
+} tile_t;
+
+static void open_tile(const task_t *t, int pair, int r0, tile_t *tile) {
+    int b = pair / t->kv_heads;
+    float *block = t->scores + (long)pair * t->rows * t->span;
+    float *dest = t->out + (long)pair * t->rows * t->dim;
+    const int *lo = t->lo + (long)b * t->rows_per_range, *hi = t->hi + (long)b * t->rows_per_range;
+    tile->count = t->rows - r0 < TILE ? t->rows - r0 : TILE;
+    tile->start = t->span, tile->end = 0;
+    for (int r = 0; r < tile->count; r++) {
+        int k = (r0 + r) % t->rows_per_range;
+        tile->start = lo[k] < tile->start ? lo[k] : tile->start;
+        tile->end = hi[k] > tile->end ? hi[k] : tile->end;
+        tile->p[r] = block + (long)(r0 + r) * t->span;
+        tile->o[r] = dest + (long)(r0 + r) * t->dim;
+        tile->inverse[r] = softmax_row(tile->p[r], lo[k], hi[k], t->span);
+    }
+    for (int r = tile->count; r < TILE; r++) {
+        tile->p[r] = tile->p[0];
+        tile->inverse[r] = tile->inverse[0];
     }
 }
 
+/* Units [from, to): softmax every row of the unit's tiles, then their values block by
+ * block; each tile is computed by one thread, so how the units are shared never changes
+ * a bit. */
+static void run_tiles(const void *context, int from, int to) {
+    const task_t *t = context;
+    float acc[ACC_FLOATS]; /* [group][TILE][dim] */
+    tile_t tiles[GROUP_TILES];
+    long per_tile = (long)TILE * t->dim;
+    for (int unit = from; unit < to; unit++) {
+        int pair = unit / t->groups, first = unit % t->groups * t->group;
+        int b = pair / t->kv_heads, h = pair % t->kv_heads, n = 0, start = t->span, end = 0;
+        const vrange_t *ranges = t->ranges + (long)b * t->n_ranges;
+        for (; n < t->group && first + n < t->tiles; n++) {
+            open_tile(t, pair, (first + n) * TILE, &tiles[n]);
+            memset(acc + n * per_tile, 0, (size_t)per_tile * sizeof(float));
+            start = tiles[n].start < start ? tiles[n].start : start;
+            end = tiles[n].end > end ? tiles[n].end : end;
+        }
+        int block = n > 1 ? BLOCK_ROWS : end - start; /* a lone tile: one pass */
+        for (int at = start; at < end; at += block)
+            for (int i = 0; i < n; i++) {
+                int lo = at > tiles[i].start ? at : tiles[i].start;
+                int stop = at + block < tiles[i].end ? at + block : tiles[i].end;
+                if (lo < stop)
+                    weigh_values(tiles[i].count, tiles[i].p, lo, stop, ranges, t->n_ranges,
+                                 h, t->dim, acc + i * per_tile);
+            }
+        for (int i = 0; i < n; i++)
+            for (int r = 0; r < tiles[i].count; r++)
+                for (int d = 0; d < t->dim; d += LANES)
+                    store(tiles[i].o[r] + d, load(acc + i * per_tile + r * t->dim + d) *
+                                                 splat(tiles[i].inverse[r]));
+    }
+}
 
 enum { MIN_SHARED_WORK = 1 << 16 }; /* score elements below which one thread is quicker */
 
@@ -174,10 +231,12 @@ void semantic_softmax_pv_ranges(int batch, int kv_heads, int rows, int span, int
                                 const int *lo, const int *hi, int rows_per_range, float *out) {
     /* rows_per_range: query rows of one kv head share ranges in blocks of `length` (the
      * group's heads repeat the same positions): range index = row % rows_per_range. */
-    if (dim % 64 != 0) return;
-    task_t task = {kv_heads, rows, span, dim, rows_per_range, (rows + TILE - 1) / TILE,
+    if (dim % 64 != 0 || dim > ACC_FLOATS / TILE) return;
+    int tiles = (rows + TILE - 1) / TILE, fits = ACC_FLOATS / (TILE * dim);
+    int group = fits < GROUP_TILES ? fits : GROUP_TILES, groups = (tiles + group - 1) / group;
+    task_t task = {kv_heads, rows, span, dim, rows_per_range, tiles, group, groups,
                    scores, ranges, n_ranges, lo, hi, out};
-    int units = batch * kv_heads * task.tiles;
+    int units = batch * kv_heads * groups;
     parallel_fn parallel = shared_helper();
     if (parallel != NULL && (long)batch * kv_heads * rows * span >= MIN_SHARED_WORK && units > 1)
         parallel(run_tiles, &task, units, 1);
