@@ -1,9 +1,9 @@
 """Stateful agents: the server keeps each agent's transcript and KV; clients send only the
 new message. A reply is acknowledged only after it is committed with its question.
 
-This module is the agents' lifecycle (create, fork, delete, list) and their turns; the
-locks and leases around a turn are ``turn_gate``, the turn itself ``turns``, plain
-requests naming an agent ``plain_requests``, the transcript's rendering
+This module is the agents' lifecycle (create, list; fork and delete are ``forks``) and
+their turns; the locks and leases around a turn are ``turn_gate``, the turn itself
+``turns``, plain requests naming an agent ``plain_requests``, the transcript's rendering
 ``chat.transcript``, what a delete ends ``live_turns``, and the values ``values``."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import functools
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any
 
+from semantic.application.agents.forks import AgentForks
 from semantic.application.agents.leases import AgentLeases
 from semantic.application.agents.live_turns import LiveTurns
 from semantic.application.agents.plain_requests import PlainRequests
@@ -27,7 +28,6 @@ from semantic.application.agents.values import (
     Turn,
     TurnStarted,
 )
-from semantic.application.cache.lineage import branch_prefix
 from semantic.application.cache.store import AgentCacheStore
 from semantic.application.chat.generation import (
     CheckedInput,
@@ -83,6 +83,7 @@ class AgentService:
         self._turns = self._gate.turns
         self._plain = PlainRequests(generation, self._agent_records, self._gate, cache.retention)
         self._runner = TurnRunner(generation, self._transcripts, cache, tokenizer)
+        self._forks = AgentForks(self._gate, cache, agent_records)
 
     async def create(
         self,
@@ -212,59 +213,13 @@ class AgentService:
         return await self.get(namespace, agent_id), loaded
 
     async def delete(self, namespace: str, agent_id: str) -> None:
-        """Ends the agent's queued and running turns and plain requests first (they keep
-        nothing and say the agent was deleted), rather than waiting minutes for a long reply
-        to finish, and waits for them, so one that finished first has committed what it
-        saves before the agent is deleted. Of deletes that race, only the first finds the
-        agent (the others are a 404); an agent whose first request was still running is
-        found too."""
-        with self._turns.deleting(namespace, agent_id):
-            await self._delete(namespace, agent_id)
-
-    async def _delete(self, namespace: str, agent_id: str) -> None:
-        live = await self._turns.end(namespace, agent_id)
-        self._cache.retention.forget(namespace, agent_id)
-        # Saves still queued (of one that finished first, or of a plain request whose
-        # client left while its save waited) would bring the agent back after the delete.
-        await self._cache.flush()
-        async with (
-            self._gate.lock(namespace, agent_id),
-            self._gate.leased(namespace, agent_id) as lease,
-        ):
-            record = await self._agent_records.agent(namespace, agent_id)
-            if record is None or record.anonymous:
-                if live:  # its first requests were running: they are ended, nothing kept
-                    return
-                raise AgentNotFoundError(agent_id, namespace)
-            delete = self._agent_records.delete_agent
-            orphans = await self._cache.keeping(
-                namespace, agent_id, functools.partial(delete, namespace, agent_id, lease=lease)
-            )
-            for branch in await self._agent_records.agents(namespace):
-                if branch.agent_id.startswith(branch_prefix(agent_id)):
-                    orphans += await self._agent_records.delete_agent(namespace, branch.agent_id)
-        await self._cache.forget(orphans)
+        """The agent and its branches, its live turns ended first (``AgentForks.delete``)."""
+        await self._forks.delete(namespace, agent_id)
 
     async def fork(self, namespace: str, source_id: str, new_id: str) -> AgentInfo:
-        """A new agent sharing every block and message of the source: nothing is copied but
-        ids, and the two diverge from their next turn on."""
-        async with self._gate.lock(namespace, source_id), self._gate.leased(namespace, new_id):
-            source = await self._record(namespace, source_id)
-            await self._branch(namespace, source_id, new_id, source.system_prompt)
+        """A new agent sharing every block and message of the source (``AgentForks.fork``)."""
+        await self._forks.fork(namespace, source_id, new_id)
         return await self.get(namespace, new_id)
-
-    async def _branch(
-        self, namespace: str, source_id: str, new_id: str, system_prompt: str | None
-    ) -> AgentRecord:
-        """One transaction (the block list, the reference counts, a copy of the message
-        rows), so a crash leaves no half-made fork."""
-        write = functools.partial(
-            self._agent_records.fork_agent, namespace, source_id, new_id, system_prompt
-        )
-        record = await self._cache.keeping(namespace, new_id, write)
-        if record is None:
-            raise AgentNotFoundError(source_id, namespace)
-        return record
 
     async def messages(self, namespace: str, agent_id: str) -> list[MessageRecord]:
         await self._record(namespace, agent_id)
