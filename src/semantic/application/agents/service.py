@@ -80,7 +80,6 @@ class AgentService:
         self._cache = cache
         self._tokenizer = tokenizer
         self._gate = TurnGate(cache, LiveTurns(generation.cancel), leases)
-        self._turns = self._gate.turns
         self._plain = PlainRequests(generation, self._agent_records, self._gate, cache.retention)
         self._runner = TurnRunner(generation, self._transcripts, cache, tokenizer)
         self._forks = AgentForks(self._gate, cache, agent_records)

@@ -159,8 +159,9 @@ typedef struct {
     float *out;
 } task_t;
 
-/* One tile's rows softmaxed in place: their probabilities, 1/sums and outputs (stand-ins
- * repeat row 0 in a short tile and go nowhere), and the span of positions they read. */
+/* One tile's rows softmaxed in place: their probabilities, 1/sums and outputs (a short
+ * tile's stand-ins repeat row 0's probabilities; their sums are never stored), and the
+ * span of positions they read. */
 typedef struct {
     float *p[TILE], *o[TILE], inverse[TILE];
     int count, start, end;
@@ -181,10 +182,7 @@ static void open_tile(const task_t *t, int pair, int r0, tile_t *tile) {
         tile->o[r] = dest + (long)(r0 + r) * t->dim;
         tile->inverse[r] = softmax_row(tile->p[r], lo[k], hi[k], t->span);
     }
-    for (int r = tile->count; r < TILE; r++) {
-        tile->p[r] = tile->p[0];
-        tile->inverse[r] = tile->inverse[0];
-    }
+    for (int r = tile->count; r < TILE; r++) tile->p[r] = tile->p[0];
 }
 
 /* Units [from, to): softmax every row of the unit's tiles, then their values block by
