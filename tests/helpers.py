@@ -128,3 +128,17 @@ def mlx_lm_greedy(model: Any, prompt: list[int], n: int) -> list[int]:
         out.append(token)
         logits = model(mx.array([out[-1:]]), cache=cache)[0, -1]
     return out
+
+
+def huge_pages_expected() -> bool:
+    """Whether this machine should put the weights on huge pages (ADR 0032): Linux 6.1 or
+    later, transparent huge pages not switched off, the switch not set to 0."""
+    if not sys.platform.startswith("linux") or os.environ.get("SEMANTIC_HUGE_PAGES") == "0":
+        return False
+    release = tuple(int(part) for part in os.uname().release.split("-")[0].split(".")[:2])
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as mode:
+            off = "[never]" in mode.read()
+    except OSError:
+        return False
+    return release >= (6, 1) and not off

@@ -15,19 +15,22 @@ from semantic.adapters.mlx.cpu import host_pass, host_weights
 from semantic.adapters.mlx.cpu.accelerations import accelerations, kernels_obstacle
 from semantic.adapters.mlx.cpu.attention import install
 from semantic.adapters.mlx.cpu.blas import BlasStatus, blas_in_use
-from tests.helpers import tiny_family, tiny_llama
+from semantic.adapters.mlx.cpu.huge_pages import WeightPages
+from tests.helpers import huge_pages_expected, tiny_family, tiny_llama
 from tests.integration.conftest import RealModel
 
 
-def _by_name(model: object) -> dict[str, str | None]:
-    return {a.name: a.why_not for a in accelerations(model, blas_in_use())}
+def _by_name(model: object, pages: WeightPages | None = None) -> dict[str, str | None]:
+    return {a.name: a.why_not for a in accelerations(model, blas_in_use(), pages)}
 
 
 def test_the_embedded_model_gets_every_acceleration_this_machine_can_give(
     real_model: RealModel,
 ) -> None:
-    found = _by_name(real_model.loaded.model)
+    found = _by_name(real_model.loaded.model, real_model.loaded.pages)
     assert found["host softmax attention (ADR 0008)"] is None
+    if huge_pages_expected():
+        assert found["weights on huge pages (ADR 0032)"] is None
     assert found["prompt chunks ride decode steps (ADR 0009)"] is None
     assert found["long prompts sliced between decode steps (ADR 0009)"] is None
     if blas_in_use().small_kernels:
@@ -180,3 +183,17 @@ def test_the_small_kernels_run_on_every_variant_and_say_why_not_where_none_fits(
     else:
         assert why is not None
         assert said in why
+
+
+def test_weights_moved_onto_huge_pages_compute_what_they_did() -> None:
+    from semantic.adapters.mlx.cpu.huge_pages import place_weights
+
+    model = tiny_llama(seed=3)
+    prompt = mx.array([[1, 5, 9, 200, 7]])
+    before = model(prompt)
+    mx.eval(before)
+    pages = place_weights(model)
+    assert pages.weight_bytes > 0
+    if huge_pages_expected():
+        assert pages.mostly, pages.describe()
+    assert mx.array_equal(model(prompt), before).item()

@@ -25,7 +25,7 @@ from semantic.adapters.mlx.models.loader import LoadedModel, load_model
 from semantic.adapters.mlx.tokenizer.tokenizer import MlxTokenizer
 from semantic.bootstrap import prepare_model
 from semantic.config import Settings
-from tests.helpers import generate
+from tests.helpers import generate, huge_pages_expected
 from tests.integration.conftest import RealModel
 from tests.integration.test_quantized_model import Served
 
@@ -61,8 +61,10 @@ def test_a_gguf_file_is_served_in_its_own_bits_and_answers_as_its_float32_copy(
     linears = [m for _, m in own.model.named_modules() if isinstance(m, nn.QuantizedLinear)]  # type: ignore[attr-defined]  # mlx.nn
     assert linears
     assert all(type(m) is HostQuantizedLinear and m.bits == bits for m in linears)
-    said = {a.name: a.describe() for a in accelerations_for(own.model, blas_in_use())}
+    said = {a.name: a.describe() for a in accelerations_for(own.model, blas_in_use(), own.pages)}
     assert said["bfloat16 and 4/8-bit products on our kernels (ADR 0031)"] == "on"
+    if huge_pages_expected():  # packed words and scales alike
+        assert said["weights on huge pages (ADR 0032)"] == "on"
     widened = served(source, tmp_path / "cache", weights="float32")
     tokenizer = real_model.tokenizer
     messages = conversation(5, 40, lambda m: len(tokenizer.render_chat(m)))
@@ -97,7 +99,8 @@ def test_weights_bf16_serves_a_gguf_as_bfloat16_on_our_products_with_float32_kv(
     linears = [m for _, m in loaded.model.named_modules() if isinstance(m, nn.Linear)]  # type: ignore[attr-defined]  # mlx.nn
     assert linears
     assert all(type(m) is HostBfloat16Linear and m.weight.dtype == mx.bfloat16 for m in linears)
-    said = {a.name: a.describe() for a in accelerations_for(loaded.model, blas_in_use())}
+    found = accelerations_for(loaded.model, blas_in_use(), loaded.pages)
+    said = {a.name: a.describe() for a in found}
     assert said["bfloat16 and 4/8-bit products on our kernels (ADR 0031)"] == "on"
     assert said["host pass for small passes (ADR 0013)"] == "on"
     served_model = Served(loaded.model, MlxTokenizer(loaded.tokenizer))

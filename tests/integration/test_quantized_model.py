@@ -53,7 +53,7 @@ def four_bit(tmp_path_factory: pytest.TempPathFactory) -> Served:
 
 
 def test_the_4_bit_model_runs_every_fast_path(four_bit: Served) -> None:
-    said = {a.name: a.describe() for a in accelerations_for(four_bit.model, blas_in_use())}
+    said = {a.name: a.describe() for a in accelerations_for(four_bit.model, blas_in_use(), None)}
     assert said["bfloat16 and 4/8-bit products on our kernels (ADR 0031)"] == "on"
     assert said["host pass for small passes (ADR 0013)"] == "on"
     assert said["decode body beside the slice (ADR 0015)"] == "on"

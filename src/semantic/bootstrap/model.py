@@ -146,7 +146,7 @@ def kernel_of(loaded: LoadedModel) -> str:
 def runtime_report(loaded: LoadedModel, kernel: str, host: HostMemory) -> dict[str, Any]:
     """What the model runs on, logged once and served by ``/v1/models/{id}``."""
     blas = preload_fast_blas()
-    found = accelerations_for(loaded.model, blas)
+    found = accelerations_for(loaded.model, blas, loaded.pages)
     for acceleration in found:
         log.info("acceleration %s: %s", acceleration.name, acceleration.describe())
     log.info("kv restore and export: %s", host.describe())

@@ -5,7 +5,8 @@ pass that lets a prompt chunk ride a decode step (``fused_pass``), the host soft
 attention (``attention``, ``native/softmax_pv.c``), the layer slice (``layer_slice``), the
 decode body beside it (``side_by_side``), the BLAS shim and its small-product kernel
 (``blas*``, ``native/small_sgemm.c``), MLX's JIT for this CPU (``jit``), building the C
-(``native_build``), malloc tuning and prefaulting (``memory``), the process preparation
+(``native_build``), malloc tuning and prefaulting (``memory``), weights on huge pages
+(``huge_pages``), the process preparation
 (``process``) and the report of which of these run (``accelerations``).
 
 This module is its one door (an import-linter contract keeps the rest of ``semantic`` out
@@ -18,6 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from semantic.adapters.mlx.cpu.blas import BlasStatus, preload_fast_blas, report_blas
+from semantic.adapters.mlx.cpu.huge_pages import WeightPages
 from semantic.adapters.mlx.cpu.memory import prefault_heap
 from semantic.adapters.mlx.cpu.process import PreparedProcess, prepare_process
 
@@ -28,12 +30,14 @@ if TYPE_CHECKING:
 __all__ = [
     "BlasStatus",
     "PreparedProcess",
+    "WeightPages",
     "accelerations_for",
     "accelerator_for",
     "install_attention",
     "install_host_products",
     "install_host_swiglu",
     "kernel_name",
+    "place_weights_on_huge_pages",
     "prefault_heap",
     "preload_fast_blas",
     "prepare_process",
@@ -70,6 +74,14 @@ def install_host_swiglu(model: Any) -> bool:
     return install(model)
 
 
+def place_weights_on_huge_pages(model: Any) -> WeightPages:
+    """The loaded model's weights moved onto huge pages where Linux allows (ADR 0032), last
+    at load: after the installs above have settled which arrays the passes read."""
+    from semantic.adapters.mlx.cpu.huge_pages import place_weights
+
+    return place_weights(model)
+
+
 def kernel_name(model: Any, host_attention: bool) -> str:
     """The kernels that compute this model's KV here, for the fingerprint."""
     from semantic.adapters.mlx.cpu import attention, host_pass, host_weights, jit
@@ -84,8 +96,11 @@ def kernel_name(model: Any, host_attention: bool) -> str:
     return kernel
 
 
-def accelerations_for(model: Any, blas: BlasStatus) -> tuple[Acceleration, ...]:
-    """Which fast paths run for this model on this machine, and why the others do not."""
+def accelerations_for(
+    model: Any, blas: BlasStatus, pages: WeightPages | None
+) -> tuple[Acceleration, ...]:
+    """Which fast paths run for this model on this machine, and why the others do not
+    (``pages``: what ``place_weights_on_huge_pages`` did at load)."""
     from semantic.adapters.mlx.cpu.accelerations import accelerations as found
 
-    return found(model, blas)
+    return found(model, blas, pages)

@@ -21,6 +21,7 @@ from semantic.adapters.mlx.cpu.blas import SHIM_ENV, BlasStatus
 from semantic.adapters.mlx.cpu.blas_probe import this_cpus_flags
 from semantic.adapters.mlx.cpu.compute_threads import allowed_cpus, compute_threads
 from semantic.adapters.mlx.cpu.fused_pass import fusion_obstacle
+from semantic.adapters.mlx.cpu.huge_pages import WeightPages
 from semantic.adapters.mlx.cpu.kernel_variant import VARIANT_ENV, choose_variant, variants_here
 from semantic.adapters.mlx.cpu.side_by_side import SIDE_BY_SIDE_ENV
 from semantic.adapters.mlx.models.model_parts import BodyAndHead, not_sliceable
@@ -40,7 +41,9 @@ class Acceleration:
         return "on" if self.why_not is None else f"off: {self.why_not}"
 
 
-def accelerations(model: Any, blas: BlasStatus) -> tuple[Acceleration, ...]:
+def accelerations(
+    model: Any, blas: BlasStatus, pages: WeightPages | None
+) -> tuple[Acceleration, ...]:
     host = host_pass.obstacle(model)
     narrow = host_weights.products_obstacle(model)
     return (
@@ -54,6 +57,7 @@ def accelerations(model: Any, blas: BlasStatus) -> tuple[Acceleration, ...]:
         Acceleration("prompt chunks ride decode steps (ADR 0009)", fusion_obstacle(model)),
         Acceleration("long prompts sliced between decode steps (ADR 0009)", _slice_obstacle(model)),
         Acceleration("decode body beside the slice (ADR 0015)", _beside_obstacle(host)),
+        Acceleration("weights on huge pages (ADR 0032)", _pages_obstacle(pages)),
     )
 
 
@@ -117,6 +121,12 @@ def _swiglu(model: Any, host: str | None) -> str | None:
     if host is not None:
         return "needs the host pass"
     return None if host_swiglu.installed(model) else "not installed at load"
+
+
+def _pages_obstacle(pages: WeightPages | None) -> str | None:
+    if pages is None:
+        return "not placed at load"
+    return None if pages.mostly else pages.describe()
 
 
 def _beside_obstacle(host: str | None) -> str | None:

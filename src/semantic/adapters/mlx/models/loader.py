@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from semantic.adapters.mlx.cpu import (
+    WeightPages,
     install_attention,
     install_host_products,
     install_host_swiglu,
+    place_weights_on_huge_pages,
 )
 from semantic.adapters.mlx.errors import CorruptModelError, ModelDownloadError, UnknownModelError
 from semantic.adapters.mlx.lm import load as mlx_lm_load
@@ -40,6 +42,8 @@ class LoadedModel:
     model_id: str
     config: dict[str, Any]
     host_attention: bool = False
+    pages: WeightPages | None = None
+    """Where the weights landed (ADR 0032); None: not placed."""
 
 
 def resolve_model(
@@ -83,6 +87,7 @@ def load_model(path: Path, model_id: str) -> LoadedModel:
     fast = install_attention(model)
     products = install_host_products(model)
     install_host_swiglu(model)
+    pages = place_weights_on_huge_pages(model)
     log.info(
         "loaded model %s from %s%s%s",
         model_id,
@@ -90,7 +95,7 @@ def load_model(path: Path, model_id: str) -> LoadedModel:
         " (host softmax attention)" if fast else "",
         f" ({products} quantized products on our kernels)" if products else "",
     )
-    return LoadedModel(model, tokenizer, path, model_id, dict(config), fast)
+    return LoadedModel(model, tokenizer, path, model_id, dict(config), fast, pages)
 
 
 def _from_hub(repo: str) -> Path:

@@ -1,0 +1,96 @@
+"""Which pages under the weights are collapsed, and what is said when some are not."""
+
+from __future__ import annotations
+
+import errno
+
+from semantic.adapters.mlx.cpu.huge_pages import (
+    BUSY_TRIES,
+    HUGE_PAGE,
+    HUGE_PAGES_ENV,
+    Span,
+    WeightPages,
+    collapse_spans,
+    merged,
+    obstacle,
+    page_runs,
+)
+
+MB = 1 << 20
+
+
+class FakeKernel:
+    """``madvise(MADV_COLLAPSE)`` that refuses the calls it is told to, and remembers all."""
+
+    def __init__(self, refuse: dict[Span, int] | None = None) -> None:
+        self.refuse = refuse or {}
+        self.calls: list[Span] = []
+
+    def __call__(self, start: int, length: int) -> int:
+        self.calls.append((start, start + length))
+        return self.refuse.get((start, start + length), 0)
+
+
+def test_touching_and_overlapping_arrays_merge_and_pages_cover_them_whole() -> None:
+    spans = merged([(10 * MB, 11 * MB), (3 * MB, 5 * MB), (5 * MB, 6 * MB), (4 * MB, 4 * MB + 1)])
+    assert spans == [(3 * MB, 6 * MB), (10 * MB, 11 * MB)]
+    assert page_runs(spans) == [(2 * MB, 6 * MB), (10 * MB, 12 * MB)]
+
+
+def test_every_page_collapsed_counts_every_weight_byte() -> None:
+    spans = [(3 * MB, 6 * MB), (7 * MB, 9 * MB)]
+    kernel = FakeKernel()
+    pages = collapse_spans(spans, kernel)
+    assert kernel.calls == [(2 * MB, 10 * MB)]  # one call for one run of pages
+    assert (pages.weight_bytes, pages.huge_bytes, pages.why_not) == (5 * MB, 5 * MB, None)
+    assert pages.mostly
+
+
+def test_a_run_refused_whole_is_tried_page_by_page() -> None:
+    run, straddling = (0, 8 * MB), (4 * MB, 6 * MB)
+    kernel = FakeKernel({run: errno.EINVAL, straddling: errno.EINVAL})
+    pages = collapse_spans([(0, 8 * MB)], kernel)
+    assert kernel.calls[1:] == [(p, p + HUGE_PAGE) for p in range(0, 8 * MB, HUGE_PAGE)]
+    assert pages.huge_bytes == 6 * MB
+    assert pages.why_not == "some pages straddle two mappings"
+    assert not pages.mostly
+
+
+def test_a_kernel_without_collapse_and_one_out_of_pages_are_told_apart() -> None:
+    old = collapse_spans([(0, HUGE_PAGE)], FakeKernel({(0, HUGE_PAGE): errno.EINVAL}))
+    assert old.huge_bytes == 0
+    assert "Linux 6.1" in (old.why_not or "")
+    full = collapse_spans([(0, HUGE_PAGE)], FakeKernel({(0, HUGE_PAGE): errno.ENOMEM}))
+    assert "no free huge pages" in (full.why_not or "")
+    assert "0 of 2 MB on huge pages" in full.describe()
+
+
+def test_the_switch_and_other_systems_turn_it_off() -> None:
+    assert obstacle("linux", {}) is None
+    assert obstacle("linux", {HUGE_PAGES_ENV: "0"}) == f"{HUGE_PAGES_ENV}=0"
+    assert "Linux" in (obstacle("darwin", {}) or "")
+
+
+def test_a_busy_page_is_tried_again() -> None:
+    class BusyOnce(FakeKernel):
+        def __call__(self, start: int, length: int) -> int:
+            super().__call__(start, length)
+            return errno.EAGAIN if len(self.calls) <= 2 else 0
+
+    kernel = BusyOnce()
+    pages = collapse_spans([(0, HUGE_PAGE)], kernel)
+    assert len(kernel.calls) == 3  # the run, then its one page twice
+    assert pages.huge_bytes == HUGE_PAGE
+
+
+def test_a_page_busy_every_time_is_said() -> None:
+    kernel = FakeKernel({(0, HUGE_PAGE): errno.EAGAIN})
+    pages = collapse_spans([(0, HUGE_PAGE)], kernel)
+    assert len(kernel.calls) == 1 + BUSY_TRIES
+    assert "busy" in (pages.why_not or "")
+
+
+def test_weights_never_placed_are_not_said_to_be_on_huge_pages() -> None:
+    pages = WeightPages(0, 0, f"{HUGE_PAGES_ENV}=0")
+    assert not pages.mostly
+    assert pages.describe() == f"{HUGE_PAGES_ENV}=0"
