@@ -25,7 +25,7 @@ from reliability.server import ServerProcess
 
 from benchmarks import concurrency, llama_cpp, persistence, report, resume, weight_formats
 from benchmarks.common import load_bench
-from benchmarks.machine import machine
+from benchmarks.machine import machine, print_fast_paths
 from semantic.domain.chat import ChatMessage
 
 QUICK_SIZES = (512, 1024, 2048, 4096)
@@ -158,6 +158,7 @@ def run_concurrency(model_path: Path, out: Path) -> list[concurrency.Concurrency
         tempfile.TemporaryDirectory() as tmp,
         ServerProcess(Path(tmp) / "concurrency").start() as server,
     ):
+        print_fast_paths(server.url)
         for agents in AGENTS:
             rows.append(concurrency.measure(server.url, "semantic", agents))
         server.stop()

@@ -14,6 +14,8 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+import httpx
+
 from semantic.adapters.mlx.cpu.blas import preload_fast_blas
 from semantic.adapters.mlx.cpu.blas_core import cpu_flags
 from semantic.adapters.mlx.cpu.kernel_variant import (
@@ -68,6 +70,18 @@ def print_machine() -> dict[str, str]:
     found = machine()
     print(machine_line(found), flush=True)
     return found
+
+
+def print_fast_paths(url: str) -> None:
+    """What the server under measurement says it runs (``runtime.accelerations`` of
+    ``GET /v1/models/{id}``): the paths that are off, each with its reason."""
+    model_id = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
+    runtime = httpx.get(f"{url}/v1/models/{model_id}", timeout=10).json()["runtime"]
+    found: dict[str, str] = runtime["accelerations"]
+    off = [f"{name}: {said}" for name, said in found.items() if said != "on"]
+    print(f"server fast paths: {len(found) - len(off)} of {len(found)} on", flush=True)
+    for line in off:
+        print(f"  {line}", flush=True)
 
 
 def _kernel_variant() -> str:
