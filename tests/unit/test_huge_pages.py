@@ -61,7 +61,7 @@ def test_a_kernel_without_collapse_and_one_out_of_pages_are_told_apart() -> None
     assert old.huge_bytes == 0
     assert "Linux 6.1" in (old.why_not or "")
     full = collapse_spans([(0, HUGE_PAGE)], FakeKernel({(0, HUGE_PAGE): errno.ENOMEM}))
-    assert "no free huge pages" in (full.why_not or "")
+    assert "no huge page was free" in (full.why_not or "")
     assert "0 of 2 MB on huge pages" in full.describe()
 
 

@@ -87,13 +87,15 @@ def obstacle(platform: str, environ: Mapping[str, str]) -> str | None:
 def weight_spans(model: Any) -> list[Span]:
     """The address ranges of the model's parameters, merged where they touch or overlap
     (a tied head is the embedding's own memory)."""
+    import mlx.core as mx
     import numpy as np
     from mlx.utils import tree_flatten
 
     spans = []
     parameters: Any = tree_flatten(model.parameters())  # a list of (path, array) pairs
     for _, array in parameters:
-        host = np.asarray(array)  # a view of MLX's buffer on the CPU, not a copy
+        plain = array.view(mx.uint16) if array.dtype == mx.bfloat16 else array  # numpy lacks it
+        host = np.asarray(plain)  # a view of MLX's buffer on the CPU, not a copy
         spans.append((host.ctypes.data, host.ctypes.data + host.nbytes))
     return merged(spans)
 
@@ -155,8 +157,8 @@ def _why(errors: set[int], *, any_done: bool) -> str:
         if any_done:
             return "some pages straddle two mappings"
         return "the kernel refused MADV_COLLAPSE (Linux 6.1 or later)"
-    if errno.ENOMEM in errors:
-        return "the kernel had no free huge pages to spare"
+    if errno.ENOMEM in errors:  # madvise's word for a range not wholly mapped, too
+        return "a page reaches past mapped memory, or no huge page was free"
     if errno.EAGAIN in errors:
         return "pages stayed busy (locked or in flight) through every try"
     return "madvise failed: " + ", ".join(sorted(errno.errorcode.get(e, str(e)) for e in errors))
