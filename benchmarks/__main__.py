@@ -159,6 +159,7 @@ def run_concurrency(model_path: Path, out: Path) -> list[concurrency.Concurrency
         ServerProcess(Path(tmp) / "concurrency").start() as server,
     ):
         print_fast_paths(server.url)
+        concurrency.warm_up(server.url)
         for agents in AGENTS:
             rows.append(concurrency.measure(server.url, "semantic", agents))
         server.stop()
@@ -166,7 +167,7 @@ def run_concurrency(model_path: Path, out: Path) -> list[concurrency.Concurrency
     try:
         for agents in AGENTS:
             for attempt in (1, 2):  # mlx_lm.server sometimes aborts under load: restart once
-                theirs = theirs or concurrency.MlxLmServer(model_path, out / "mlx_lm.server.log")
+                theirs = theirs or _warm_mlx_lm(model_path, out)
                 try:
                     row = concurrency.measure(
                         theirs.url, "mlx_lm.server", agents, model=theirs.model
@@ -185,6 +186,12 @@ def run_concurrency(model_path: Path, out: Path) -> list[concurrency.Concurrency
         if theirs is not None:
             theirs.stop()
     return rows
+
+
+def _warm_mlx_lm(model_path: Path, out: Path) -> concurrency.MlxLmServer:
+    server = concurrency.MlxLmServer(model_path, out / "mlx_lm.server.log")
+    concurrency.warm_up(server.url, model=server.model)
+    return server
 
 
 async def persistence_rows(sizes: tuple[int, ...]) -> list[dict[str, float]]:

@@ -1,6 +1,7 @@
 """Concurrency through HTTP: N agents streaming at once, ours and mlx-lm's own server.
 
-For each N: N distinct short chats start together, each streaming a 64-token reply.
+After one short warm-up stream, for each N: N distinct short chats start together, each
+streaming a 64-token reply.
 Reports aggregate tokens/s end to end (prompts' prefill included), the aggregate decode rate
 (tokens after each agent's first, over the span from the first first token to the last
 token: what the issue's "N agents >= k x one agent's decode rate" compares), and the
@@ -114,6 +115,15 @@ def measure(
         _q(gaps, 0.5),
         _q(gaps, 0.99),
     )
+
+
+def warm_up(url: str, model: str = "default") -> None:
+    """One short stream before the measured ones, to each server alike: a server's first
+    request pays its first allocations and page faults (ours decoded one stream at 38
+    tokens/s in its first request and 50 in the next ones here), which is not the rate an
+    agent sees."""
+    with httpx.Client() as client:
+        one_stream(client, url, model, "Say hello.", namespace="warm-up", max_tokens=16)
 
 
 def decode_rate(arrivals: Sequence[Sequence[float]]) -> float:
