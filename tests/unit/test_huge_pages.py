@@ -37,6 +37,12 @@ def test_touching_and_overlapping_arrays_merge_and_pages_cover_them_whole() -> N
     assert page_runs(spans) == [(2 * MB, 6 * MB), (10 * MB, 12 * MB)]
 
 
+def test_pages_larger_than_2_mib_stay_inside_the_weights() -> None:
+    big = 32 * MB
+    spans = [(10 * MB, 100 * MB), (130 * MB, 150 * MB)]
+    assert page_runs(spans, big) == [(32 * MB, 96 * MB)]
+
+
 def test_every_page_collapsed_counts_every_weight_byte() -> None:
     spans = [(3 * MB, 6 * MB), (7 * MB, 9 * MB)]
     kernel = FakeKernel()

@@ -121,7 +121,12 @@ def huge_page_size() -> int:
 
 
 def page_runs(spans: Iterable[Span], page: int = HUGE_PAGE) -> list[Span]:
-    """The aligned runs of huge pages that cover ``spans``, as few calls as possible."""
+    """The aligned runs of huge pages under ``spans``, as few calls as possible: rounded out
+    to cover them where a page is 2 MiB, rounded in where it is larger (a 512 MiB page
+    half outside the weights would fill hundreds of megabytes that were never touched)."""
+    if page > HUGE_PAGE:
+        inner = ((-(-start // page) * page, end // page * page) for start, end in spans)
+        return merged(run for run in inner if run[1] > run[0])
     return merged((start // page * page, -(-end // page) * page) for start, end in spans)
 
 
