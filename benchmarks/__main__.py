@@ -161,7 +161,7 @@ def run_concurrency(model_path: Path, out: Path) -> list[concurrency.Concurrency
         print_fast_paths(server.url)
         concurrency.warm_up(server.url)
         for agents in AGENTS:
-            rows.append(concurrency.measure_rounds(server.url, "semantic", agents))
+            rows.append(concurrency.measure(server.url, "semantic", agents))
         server.stop()
     theirs: concurrency.MlxLmServer | None = None
     try:
@@ -169,7 +169,7 @@ def run_concurrency(model_path: Path, out: Path) -> list[concurrency.Concurrency
             for attempt in (1, 2):  # mlx_lm.server sometimes aborts under load: restart once
                 theirs = theirs or _warm_mlx_lm(model_path, out)
                 try:
-                    row = concurrency.measure_rounds(
+                    row = concurrency.measure(
                         theirs.url, "mlx_lm.server", agents, model=theirs.model
                     )
                 except httpx.HTTPError as error:

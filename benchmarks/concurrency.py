@@ -1,7 +1,7 @@
 """Concurrency through HTTP: N agents streaming at once, ours and mlx-lm's own server.
 
 After one short warm-up stream, for each N: N distinct short chats start together, each
-streaming a 64-token reply; three rounds, the median kept.
+streaming a 64-token reply.
 Reports aggregate tokens/s end to end (prompts' prefill included), the aggregate decode rate
 (tokens after each agent's first, over the span from the first first token to the last
 token: what the issue's "N agents >= k x one agent's decode rate" compares), and the
@@ -76,32 +76,13 @@ def one_stream(
     return (arrivals[0] - started if arrivals else float("nan")), arrivals, len(arrivals)
 
 
-def measure_rounds(
-    url: str, name: str, agents: int, rounds: int = 3, model: str = "default"
-) -> ConcurrencyRow:
-    """The round of ``rounds`` with the median decode rate: one 64-token round of one agent
-    lasts ~1.5 s, and a VM's speed drifts by 10% and more over seconds (16 agents decoded
-    171 and 245 tokens/s in two runs of one commit), so a single round is a coin toss at a
-    bar's edge. Each round has prompts of its own, so no round finds another's in a cache."""
-    rows = [measure(url, name, agents, model=model, round_=r) for r in range(rounds)]
-    return sorted(rows, key=lambda row: row.decode_per_s)[len(rows) // 2]
-
-
 def measure(
-    url: str,
-    name: str,
-    agents: int,
-    max_tokens: int = 64,
-    model: str = "default",
-    *,
-    round_: int = 0,
+    url: str, name: str, agents: int, max_tokens: int = 64, model: str = "default"
 ) -> ConcurrencyRow:
     """``model`` is what the server expects in the body (mlx_lm.server: the model path; any
     other name sends it looking for a hub)."""
-    round_text = f", round {round_}" if round_ else ""
     prompts = [
-        f"Write a short story about {TOPICS[i % len(TOPICS)]} (version {i}, set {agents}"
-        f"{round_text})."
+        f"Write a short story about {TOPICS[i % len(TOPICS)]} (version {i}, set {agents})."
         for i in range(agents)
     ]
     clients = [httpx.Client() for _ in prompts]
