@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from typing import Any
@@ -135,7 +136,8 @@ def huge_pages_expected() -> bool:
     later, transparent huge pages not switched off, the switch not set to 0."""
     if not sys.platform.startswith("linux") or os.environ.get("SEMANTIC_HUGE_PAGES") == "0":
         return False
-    release = tuple(int(part) for part in os.uname().release.split("-")[0].split(".")[:2])
+    numbers = re.match(r"(\d+)\.(\d+)", os.uname().release)
+    release = (int(numbers[1]), int(numbers[2])) if numbers else (0, 0)
     try:
         with open("/sys/kernel/mm/transparent_hugepage/enabled") as mode:
             off = "[never]" in mode.read()

@@ -193,7 +193,6 @@ def test_weights_moved_onto_huge_pages_compute_what_they_did() -> None:
     before = model(prompt)
     mx.eval(before)
     pages = place_weights(model)
-    assert pages.weight_bytes > 0
     if huge_pages_expected():  # its last page may reach past the heap: a few MB in all
         assert pages.huge_bytes > 0, pages.describe()
     assert mx.array_equal(model(prompt), before).item()
