@@ -118,10 +118,10 @@ def measure(
 
 
 def warm_up(url: str, model: str = "default") -> None:
-    """One short stream before the measured ones, to each server alike: a server's first
-    request pays its first allocations and page faults (ours decoded one stream at 38
-    tokens/s in its first request and 50 in the next ones here), which is not the rate an
-    agent sees."""
+    """One short stream before the measured ones, to each server alike, so that no
+    measured row pays a server's one-time costs (first allocations, lazily built state).
+    Not a figure: on the Zen 3 VM of ADR 0032 a stream's inter-token gaps were flat from
+    its first tokens on, and the rows moved within their spread with and without it."""
     with httpx.Client() as client:
         one_stream(client, url, model, "Say hello.", namespace="warm-up", max_tokens=16)
 
