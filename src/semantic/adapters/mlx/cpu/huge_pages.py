@@ -6,8 +6,9 @@ otherwise keep full. Debian's transparent huge pages are "madvise" only, and MLX
 come from malloc unadvised, so a weight never lands on a huge page by itself. Linux 6.1's
 ``MADV_COLLAPSE`` rebuilds pages already filled as huge pages, in place, whatever the THP
 mode says: one call per run of 2 MiB pages under the weights after load. Measured on a
-Zen 3 VM (ADR 0032): the host pass over one row 21.6 -> 18.6 ms; the collapse itself
-costs ~7 ms per 2 MiB page there (1.4-1.9 s for SmolLM2 in float32), once.
+Zen 3 VM (EPYC family 25 model 1, OpenBLAS 0.3.21 Zen core; ADR 0032), alternated in one
+process: the host pass over one row 18.7 -> 16.6 ms; the collapse itself costs ~7 ms per
+2 MiB page there (1.3-1.9 s for SmolLM2 in float32), once.
 
 The pages it rebuilds may hold neighbouring allocations too; their contents are unchanged,
 and memory freed later on such a page only splits it back.
