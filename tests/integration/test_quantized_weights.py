@@ -281,3 +281,22 @@ def test_a_bfloat16_model_on_the_host_computes_the_bits_of_its_float32_copy(fami
         results.append([np.asarray(h) for h in (*hidden, caches[1].keys)])
     for ours, theirs in zip(*results, strict=True):
         assert np.array_equal(ours, theirs)
+
+
+@pytest.mark.parametrize("kind", ["q4", "q8", "bf16"])
+def test_a_pass_reads_an_embeddings_rows_as_its_own_module_computes_them(kind: str) -> None:
+    """The host pass takes its input rows from ``table_rows`` (our C), not MLX's graph."""
+    mx.random.seed(7)
+    plain = nn.Embedding(300, 96)  # type: ignore[attr-defined]  # mlx.nn: untyped
+    if kind == "bf16":
+        plain.weight = plain.weight.astype(mx.bfloat16)
+        twin: Any = HostBfloat16Embedding(plain)
+    else:
+        bits = 4 if kind == "q4" else 8
+        twin = HostQuantizedEmbedding(nn.QuantizedEmbedding.from_embedding(plain, 32, bits))  # type: ignore[attr-defined]  # mlx.nn: untyped
+    ids = np.array([0, 5, 299, 5, 17])
+    host = host_weights.table_of(twin)
+    assert host is not None
+    ours = host_weights.table_rows(host, ids)
+    assert np.array_equal(ours, np.asarray(twin(mx.array(ids)).astype(mx.float32)))
+    assert host_weights.table_of(plain) is None

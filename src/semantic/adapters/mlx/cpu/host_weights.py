@@ -255,6 +255,41 @@ def product(weight: HostWeight, x: mx.array, bias: mx.array | None) -> mx.array:
     return mx.array(out).reshape(*x.shape[:-1], weight.out_dims)
 
 
+def table_of(embedding: Any) -> HostWeight | None:
+    """The C struct of an embedding ``install`` put on our kernels; None for any other."""
+    if isinstance(embedding, HostQuantizedEmbedding | HostBfloat16Embedding):
+        host: HostWeight = embedding._host  # noqa: SLF001 - this module's own twins
+        return host
+    return None
+
+
+def table_rows(weight: HostWeight, ids: np.ndarray) -> np.ndarray:
+    """Rows ``ids`` of a 4/8-bit or bfloat16 embedding table as float32, the bits its own
+    module computes (``dequantize_row`` rounds as ``mx.dequantize``), without a trip through
+    MLX's graph for a pass's few tokens."""
+    wanted = np.ascontiguousarray(ids, dtype=np.int64)
+    out = np.empty((wanted.size, weight.in_dims), np.float32)
+    _rows_function()(
+        ctypes.byref(weight.struct),
+        wanted.ctypes.data,
+        wanted.size,
+        weight.in_dims,
+        out.ctypes.data,
+    )
+    return out
+
+
+@functools.cache
+def _rows_function() -> Any:
+    found = native_library()
+    if found is None:
+        raise RuntimeError("native/llama_pass.c is not built here")
+    function = found.semantic_dequantize_rows
+    function.argtypes = [_Pointer, _Pointer, ctypes.c_int, ctypes.c_int, _Pointer]
+    function.restype = None
+    return function
+
+
 @functools.cache
 def _product_function() -> Any:
     found = native_library()

@@ -368,3 +368,10 @@ int semantic_weight_product(const weight_t *w, const float *x, const float *bias
     if (sgemm() == NULL) return -1;
     return weight_product(x, w, bias, y, rows, in, out);
 }
+
+/* Rows `ids[0 .. n)` of a 4/8-bit or bfloat16 table (an embedding) dequantized into
+ * out[n][in], as mx.dequantize rounds them: a pass's input rows without MLX's graph. */
+void semantic_dequantize_rows(const weight_t *w, const long long *ids, int n, int in,
+                              float *out) {
+    for (int i = 0; i < n; i++) dequantize_row(w, (long)ids[i], in, out + (long)i * in);
+}
