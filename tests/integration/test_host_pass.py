@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
 from dataclasses import replace
 from typing import Any
 
@@ -132,6 +134,33 @@ def test_a_row_gets_the_same_bits_alone_and_beside_others(
         assert single is not None
         assert np.array_equal(np.asarray(single[0]), np.asarray(shared))
     assert np.array_equal(np.asarray(apart[1][3].keys), np.asarray(together[1][3].keys))
+
+
+def test_a_remembered_layout_follows_new_buffers_and_keeps_no_old_one_alive(
+    real_model: RealModel, host: HostPass
+) -> None:
+    """Steps reuse the buffers' layout while the caches hold the same arrays; caches given
+    other arrays (a copy) are described again and continue with the same bits; and the
+    layout holds the arrays it saw only weakly."""
+    model = real_model.loaded.model
+    caches = fresh_caches(model)
+    assert host.hidden([Group(mx.array([tokens(3, 20)]), caches)]) is not None
+    first = weakref.ref(caches[0].keys)
+    assert host.hidden([Group(mx.array([[42]]), caches)]) is not None
+    assert caches[0].keys is first()  # room left: the same buffers, written in place
+    copies = fresh_caches(model)
+    for cache, copy in zip(caches, copies, strict=True):
+        copy.keys, copy.values, copy.offset = cache.keys + 0, cache.values + 0, cache.offset
+    mx.eval([(c.keys, c.values) for c in copies])
+    step = mx.array([[7]])
+    ours, theirs = host.hidden([Group(step, caches)]), host.hidden([Group(step, copies)])
+    assert ours is not None
+    assert theirs is not None
+    assert np.array_equal(np.asarray(ours[0]), np.asarray(theirs[0]))
+    assert mx.array_equal(caches[29].keys[..., :22, :], copies[29].keys[..., :22, :]).item()
+    del caches
+    gc.collect()
+    assert first() is None
 
 
 def test_a_pass_of_more_than_32_rows_is_left_to_mlx(real_model: RealModel, host: HostPass) -> None:

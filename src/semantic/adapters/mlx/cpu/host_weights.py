@@ -241,7 +241,7 @@ def product(weight: HostWeight, x: mx.array, bias: mx.array | None) -> mx.array:
     out = np.empty((rows, weight.out_dims), np.float32)
     held = None if bias is None else np.ascontiguousarray(np.asarray(_evaluated(bias)))
     if rows:
-        status = _product_function()(
+        status = _native("semantic_weight_product")(
             ctypes.byref(weight.struct),
             flat.ctypes.data,
             None if held is None else held.ctypes.data,
@@ -269,7 +269,7 @@ def table_rows(weight: HostWeight, ids: np.ndarray) -> np.ndarray:
     MLX's graph for a pass's few tokens."""
     wanted = np.ascontiguousarray(ids, dtype=np.int64)
     out = np.empty((wanted.size, weight.in_dims), np.float32)
-    _rows_function()(
+    _native("semantic_dequantize_rows")(
         ctypes.byref(weight.struct),
         wanted.ctypes.data,
         wanted.size,
@@ -279,33 +279,20 @@ def table_rows(weight: HostWeight, ids: np.ndarray) -> np.ndarray:
     return out
 
 
-@functools.cache
-def _rows_function() -> Any:
-    found = native_library()
-    if found is None:
-        raise RuntimeError("native/llama_pass.c is not built here")
-    function = found.semantic_dequantize_rows
-    function.argtypes = [_Pointer, _Pointer, ctypes.c_int, ctypes.c_int, _Pointer]
-    function.restype = None
-    return function
+_SIGNATURES: dict[str, tuple[list[Any], Any]] = {
+    "semantic_weight_product": ([_Pointer] * 4 + [ctypes.c_int] * 3, ctypes.c_int),
+    "semantic_dequantize_rows": ([_Pointer, _Pointer, ctypes.c_int, ctypes.c_int, _Pointer], None),
+}
+"""Argument and result types of the functions of native/llama_pass.c this module calls."""
 
 
 @functools.cache
-def _product_function() -> Any:
+def _native(name: str) -> Any:
     found = native_library()
     if found is None:
         raise RuntimeError("native/llama_pass.c is not built here")
-    function = found.semantic_weight_product
-    function.argtypes = [
-        _Pointer,
-        _Pointer,
-        _Pointer,
-        _Pointer,
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.c_int,
-    ]
-    function.restype = ctypes.c_int
+    function = getattr(found, name)
+    function.argtypes, function.restype = _SIGNATURES[name]
     return function
 
 
