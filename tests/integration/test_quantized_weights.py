@@ -300,3 +300,5 @@ def test_a_pass_reads_an_embeddings_rows_as_its_own_module_computes_them(kind: s
     ours = host_weights.table_rows(host, ids)
     assert np.array_equal(ours, np.asarray(twin(mx.array(ids)).astype(mx.float32)))
     assert host_weights.table_of(plain) is None
+    with pytest.raises(IndexError):
+        host_weights.table_rows(host, np.array([3, 300]))

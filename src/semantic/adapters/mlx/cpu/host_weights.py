@@ -266,8 +266,11 @@ def table_of(embedding: Any) -> HostWeight | None:
 def table_rows(weight: HostWeight, ids: np.ndarray) -> np.ndarray:
     """Rows ``ids`` of a 4/8-bit or bfloat16 embedding table as float32, the bits its own
     module computes (``dequantize_row`` rounds as ``mx.dequantize``), without a trip through
-    MLX's graph for a pass's few tokens."""
+    MLX's graph for a pass's few tokens. An id past the table raises, as numpy's indexing
+    of a float32 table does, where the C would read past it."""
     wanted = np.ascontiguousarray(ids, dtype=np.int64)
+    if wanted.size and not (wanted.min() >= 0 and wanted.max() < weight.out_dims):
+        raise IndexError(f"token ids outside the table's {weight.out_dims} rows")
     out = np.empty((wanted.size, weight.in_dims), np.float32)
     _native("semantic_dequantize_rows")(
         ctypes.byref(weight.struct),
