@@ -1,13 +1,13 @@
 """The CPU accelerator: everything that makes MLX's CPU backend fast for llama-bodied models.
 
-Inside: the host pass (``host_pass``, ``host_model``, ``native/llama_pass.c``), the fused
-pass that lets a prompt chunk ride a decode step (``fused_pass``), the host softmax
-attention (``attention``, ``native/softmax_pv.c``), the layer slice (``layer_slice``), the
-decode body beside it (``side_by_side``), the BLAS shim and its small-product kernel
-(``blas*``, ``native/small_sgemm.c``), MLX's JIT for this CPU (``jit``), building the C
-(``native_build``), malloc tuning and prefaulting (``memory``), the weights on huge pages
-(``huge_pages``), the process preparation (``process``) and the report of which of these
-run (``accelerations``).
+Inside: the host pass (``host_pass``, ``host_model``, ``buffer_layout``,
+``native/llama_pass.c``), the fused pass that lets a prompt chunk ride a decode step
+(``fused_pass``), the host softmax attention (``attention``, ``native/softmax_pv.c``), the
+layer slice (``layer_slice``), the decode body beside it (``side_by_side``), the BLAS shim
+and its small-product kernel (``blas*``, ``native/small_sgemm.c``), MLX's JIT for this CPU
+(``jit``), building the C (``native_build``), malloc tuning and prefaulting (``memory``),
+the weights on huge pages (``huge_pages``), the process preparation (``process``) and the
+report of which of these run (``accelerations``).
 
 This module is its one door (an import-linter contract keeps the rest of ``semantic`` out
 of the modules above). Importing it changes nothing and loads no MLX: ``prepare_process``

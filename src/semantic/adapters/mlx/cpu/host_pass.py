@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +23,7 @@ import numpy as np
 
 from semantic.adapters.mlx.accelerator import Group
 from semantic.adapters.mlx.cpu import host_model
+from semantic.adapters.mlx.cpu.buffer_layout import BufferLayout
 from semantic.adapters.mlx.cpu.fused_pass import MAX_ROWS
 from semantic.adapters.mlx.cpu.host_model import HostModel
 from semantic.adapters.mlx.cpu.llama_native import (
@@ -82,35 +82,6 @@ def obstacle(model: Any) -> str | None:
 
 
 @dataclass(frozen=True, slots=True)
-class _Layout:
-    """One group's cache buffers as the C side reads them, kept while its caches hold the
-    same arrays: a decode step then skips two conversions a buffer (60 layers' buffers took
-    ~0.9 ms a step). The arrays are held weakly: a layout never keeps a finished batch's KV
-    in memory, and an array it saw cannot be mistaken for a new one at the same address."""
-
-    keys: tuple[weakref.ref[mx.array], ...]
-    values: tuple[weakref.ref[mx.array], ...]
-    capacity: int
-    key_pointers: Any
-    value_pointers: Any
-    k_strides: tuple[int, int, int]
-    v_strides: tuple[int, int, int]
-
-    def holds(self, caches: Sequence[Any]) -> bool:
-        if len(caches) != len(self.keys):
-            return False
-        return all(
-            _same(c.keys, k) and _same(c.values, v)
-            for c, k, v in zip(caches, self.keys, self.values, strict=True)
-        )
-
-
-def _same(array: mx.array | None, seen: weakref.ref[mx.array]) -> bool:
-    held = seen()
-    return held is not None and array is held
-
-
-@dataclass(frozen=True, slots=True)
 class _Plan:
     """Where one group's new rows go: the same for all its layers' caches (``layout``: their
     buffers as a step before described them, if they are the same arrays and have room)."""
@@ -118,7 +89,7 @@ class _Plan:
     write_at: int
     lo: np.ndarray
     pos: np.ndarray
-    layout: _Layout | None = None
+    layout: BufferLayout | None = None
 
 
 class HostPass:
@@ -134,7 +105,7 @@ class HostPass:
             weights.hidden,
         )
         self._growth = GrowAhead(_CACHE_STEP, grow_lead)
-        self._layouts: list[_Layout] = []
+        self._layouts: list[BufferLayout] = []
         """The last two groups' (a decode batch's, a ride's)."""
 
     @classmethod
@@ -254,23 +225,9 @@ class HostPass:
         buffers = [(c.keys, c.values) for c in group.caches]  # written by the C pass
         return described, [layout, plan, buffers]
 
-    def _laid_out(self, caches: list[Any]) -> _Layout:
-        """The buffers' addresses and strides, remembered for the steps after."""
-        keys = [np.asarray(c.keys) for c in caches]
-        values = [np.asarray(c.values) for c in caches]
-        if any(k.strides != keys[0].strides for k in keys) or any(
-            v.strides != values[0].strides for v in values
-        ):
-            raise ValueError("the layers' cache buffers are laid out differently")
-        layout = _Layout(
-            tuple(weakref.ref(c.keys) for c in caches),
-            tuple(weakref.ref(c.values) for c in caches),
-            caches[0].keys.shape[2],
-            (_Pointer * len(keys))(*(k.ctypes.data for k in keys)),
-            (_Pointer * len(values))(*(v.ctypes.data for v in values)),
-            _float_strides(keys[0]),
-            _float_strides(values[0]),
-        )
+    def _laid_out(self, caches: list[Any]) -> BufferLayout:
+        """The buffers' layout, remembered for the steps after."""
+        layout = BufferLayout.of(caches)
         self._layouts = [*self._layouts[-1:], layout]
         return layout
 
@@ -335,11 +292,6 @@ def _has_room(cache: Any, needed: int) -> bool:
 def _rows_contiguous(array: mx.array) -> bool:
     strides = np.asarray(array).strides
     return strides[3] == 4 and strides[2] == 4 * array.shape[3] and min(strides) > 0
-
-
-def _float_strides(array: np.ndarray) -> tuple[int, int, int]:
-    b, h, p, _ = (s // 4 for s in array.strides)
-    return b, h, p
 
 
 def _advance(caches: list[Any], length: int) -> None:
