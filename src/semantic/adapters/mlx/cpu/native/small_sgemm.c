@@ -203,8 +203,15 @@ static const float *row_of(const float *base, int ld, int i, int rows, int first
 static inline __attribute__((always_inline)) void prefetch_share(
     const int cols, const float *const *next, int k, int tile, int tiles) {
     int lines_per_row = (k + 15) / 16, lines = cols * lines_per_row;
-    for (int line = tile * lines / tiles; line < (tile + 1) * lines / tiles; line++)
-        __builtin_prefetch(next[line / lines_per_row] + 16 * (line % lines_per_row));
+    int line = tile * lines / tiles, end = (tile + 1) * lines / tiles;
+    int row = line / lines_per_row, at = line % lines_per_row; /* then counted, not divided */
+    for (; line < end; line++) {
+        __builtin_prefetch(next[row] + 16 * at);
+        if (++at == lines_per_row) {
+            at = 0;
+            row++;
+        }
+    }
 }
 
 /* C[:, from:to] for B transposed (n x k): each `cols` rows of B are read from memory once
