@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import statistics
 import tempfile
 import time
@@ -31,6 +32,8 @@ from semantic.domain.chat import ChatMessage
 QUICK_SIZES = (512, 1024, 2048, 4096)
 FULL_SIZES = (*QUICK_SIZES, 7680)
 AGENTS = (1, 2, 4, 8, 16, 32)
+ROUNDS = 3
+"""Rounds of the concurrency rows, both servers measured in turn (``run_concurrency``)."""
 
 
 def overhead(repeats: int = 7) -> dict[str, float]:
@@ -153,39 +156,57 @@ def save(results: dict[str, Any], out: Path) -> None:
 
 
 def run_concurrency(model_path: Path, out: Path) -> list[concurrency.ConcurrencyRow]:
-    rows = []
+    """Both servers up at once, measured in turn at each agent count, for ``ROUNDS`` rounds;
+    each row the median of its rounds. These VMs' speed drifts by a third and more within
+    minutes (the same 16-row host pass: 41.5 then 63.0 ms a step, minutes apart, on the Zen 3
+    VM of ADR 0026), so one server measured minutes after the other, or one agent minutes
+    before sixteen, compared the VM's moods as much as the servers."""
+    measured: dict[tuple[str, int], list[concurrency.ConcurrencyRow]] = {}
     with (
         tempfile.TemporaryDirectory() as tmp,
         ServerProcess(Path(tmp) / "concurrency").start() as server,
     ):
         print_fast_paths(server.url)
         concurrency.warm_up(server.url)
-        for agents in AGENTS:
-            rows.append(concurrency.measure(server.url, "semantic", agents))
-        server.stop()
-    theirs: concurrency.MlxLmServer | None = None
-    try:
-        for agents in AGENTS:
-            for attempt in (1, 2):  # mlx_lm.server sometimes aborts under load: restart once
-                theirs = theirs or _warm_mlx_lm(model_path, out)
-                try:
-                    row = concurrency.measure(
-                        theirs.url, "mlx_lm.server", agents, model=theirs.model
-                    )
-                except httpx.HTTPError as error:
-                    code = theirs.process.poll()
+        theirs: concurrency.MlxLmServer | None = None
+        try:
+            for round_ in range(1, ROUNDS + 1):
+                for agents in AGENTS:
+                    ours = concurrency.measure(server.url, "semantic", agents, round_=round_)
+                    theirs, row = _measure_mlx_lm(theirs, model_path, out, agents, round_)
+                    for measured_row in (ours, row):
+                        if measured_row is not None:
+                            key = (measured_row.server, agents)
+                            measured.setdefault(key, []).append(measured_row)
                     print(
-                        f"mlx_lm.server failed at {agents} agents, try {attempt}: {error}, {code=}"
+                        f"round {round_}/{ROUNDS}, {agents} agents: decode {ours.decode_per_s:.1f}"
+                        f" tokens/s, mlx_lm.server {row.decode_per_s if row else math.nan:.1f}"
                     )
-                    theirs.stop()
-                    theirs = None
-                    continue
-                rows.append(row)
-                break
-    finally:
-        if theirs is not None:
+        finally:
+            if theirs is not None:
+                theirs.stop()
+        server.stop()
+    return [concurrency.median_row(rows) for rows in measured.values()]
+
+
+def _measure_mlx_lm(
+    theirs: concurrency.MlxLmServer | None, model_path: Path, out: Path, agents: int, round_: int
+) -> tuple[concurrency.MlxLmServer | None, concurrency.ConcurrencyRow | None]:
+    """mlx_lm.server sometimes aborts under load: restarted once."""
+    for attempt in (1, 2):
+        theirs = theirs or _warm_mlx_lm(model_path, out)
+        try:
+            row = concurrency.measure(
+                theirs.url, "mlx_lm.server", agents, model=theirs.model, round_=round_
+            )
+        except httpx.HTTPError as error:
+            code = theirs.process.poll()
+            print(f"mlx_lm.server failed at {agents} agents, try {attempt}: {error}, {code=}")
             theirs.stop()
-    return rows
+            theirs = None
+            continue
+        return theirs, row
+    return theirs, None
 
 
 def _warm_mlx_lm(model_path: Path, out: Path) -> concurrency.MlxLmServer:

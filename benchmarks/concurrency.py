@@ -1,7 +1,8 @@
 """Concurrency through HTTP: N agents streaming at once, ours and mlx-lm's own server.
 
 After one short warm-up stream, for each N: N distinct short chats start together, each
-streaming a 64-token reply.
+streaming a 64-token reply. The full benchmark measures both servers in turn at each N, in
+rounds, and keeps each figure's median (``benchmarks.__main__.run_concurrency``).
 Reports aggregate tokens/s end to end (prompts' prefill included), the aggregate decode rate
 (tokens after each agent's first, over the span from the first first token to the last
 token: what the issue's "N agents >= k x one agent's decode rate" compares), and the
@@ -11,8 +12,10 @@ p50/p99 of time to first token and inter-token latency.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -77,12 +80,20 @@ def one_stream(
 
 
 def measure(
-    url: str, name: str, agents: int, max_tokens: int = 64, model: str = "default"
+    url: str,
+    name: str,
+    agents: int,
+    max_tokens: int = 64,
+    model: str = "default",
+    *,
+    round_: int = 0,
 ) -> ConcurrencyRow:
     """``model`` is what the server expects in the body (mlx_lm.server: the model path; any
-    other name sends it looking for a hub)."""
+    other name sends it looking for a hub); ``round_`` makes the prompts new again, so that
+    a repeat finds none of them in either server's prompt cache."""
     prompts = [
-        f"Write a short story about {TOPICS[i % len(TOPICS)]} (version {i}, set {agents})."
+        f"Write a short story about {TOPICS[i % len(TOPICS)]} (version {i}, set {agents}"
+        + (f", round {round_})." if round_ else ").")
         for i in range(agents)
     ]
     clients = [httpx.Client() for _ in prompts]
@@ -115,6 +126,17 @@ def measure(
         _q(gaps, 0.5),
         _q(gaps, 0.99),
     )
+
+
+def median_row(rows: Sequence[ConcurrencyRow]) -> ConcurrencyRow:
+    """One server's rounds at one agent count, each figure their median."""
+    first = rows[0]
+    figures = {
+        field.name: statistics.median(getattr(r, field.name) for r in rows)
+        for field in dataclasses.fields(ConcurrencyRow)
+        if field.name not in ("server", "agents")
+    }
+    return ConcurrencyRow(first.server, first.agents, **figures)
 
 
 def warm_up(url: str, model: str = "default") -> None:

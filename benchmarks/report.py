@@ -140,6 +140,19 @@ def summary(results: dict[str, Any]) -> str:
                     ours[n] >= theirs[n],
                 )
             )
+        their_decode = {
+            r["agents"]: r.get("decode_per_s", math.nan) for r in rows if r["server"] != "semantic"
+        }
+        for n in (1, 8, 16):
+            if n in decode and n in their_decode:
+                checks.append(
+                    (
+                        f"{n} agents' decode >= 3x mlx_lm.server's",
+                        f"{decode[n] / their_decode[n]:.2f}x "
+                        f"({decode[n]:.1f} vs {their_decode[n]:.1f})",
+                        decode[n] >= 3 * their_decode[n],
+                    )
+                )
     checks += weight_formats.checks(results.get("formats", []))
     if "overhead" in results:
         share = results["overhead"]["overhead_fraction"]
