@@ -89,11 +89,12 @@ def measure(
     round_: int = 0,
 ) -> ConcurrencyRow:
     """``model`` is what the server expects in the body (mlx_lm.server: the model path; any
-    other name sends it looking for a hub); ``round_`` makes the prompts new again, so that
-    a repeat finds none of them in either server's prompt cache."""
+    other name sends it looking for a hub); ``round_`` makes the prompts new again from their
+    first words, so that a repeat finds no more of them in either server's prompt cache than
+    the first round did (the chat template's opening)."""
     prompts = [
-        f"Write a short story about {TOPICS[i % len(TOPICS)]} (version {i}, set {agents}"
-        + (f", round {round_})." if round_ else ").")
+        (f"Round {round_}. " if round_ else "")
+        + f"Write a short story about {TOPICS[i % len(TOPICS)]} (version {i}, set {agents})."
         for i in range(agents)
     ]
     clients = [httpx.Client() for _ in prompts]
