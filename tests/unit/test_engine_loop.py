@@ -182,6 +182,43 @@ def test_a_returning_agent_does_not_wait_the_quiet_time(backend: FakeBackend) ->
         loop.stop()
 
 
+def test_new_agents_sharing_a_cached_opening_wait_for_each_other(backend: FakeBackend) -> None:
+    """A prompt that branches off a cached sequence part way (a new agent whose system
+    prompt was seen before) is a new conversation: the round waits for the burst, as for
+    prompts with nothing cached, rather than starting it with whoever came first."""
+    engine = BlockPoolBatchEngine(
+        backend, FakeTokenizer(), BlockPool(400), EngineConfig(prefill_chunk_tokens=4)
+    )
+    engine.submit(agent_id="a", prompt_tokens=[1, 2, 3, 4, 5], max_tokens=3)
+    done: list[CompletionEvent] = []
+    while not done:
+        done += [e for e in engine.step().events if isinstance(e, CompletionEvent)]
+    opening = done[0].blocks
+    assert opening is not None
+    first_round: list[int] = []
+
+    def on_step(result: StepResult) -> None:
+        if not first_round:
+            first_round.append(result.decoding + result.prefilling + result.waiting)
+
+    loop = EngineLoop(engine, on_step=on_step, arrival_window_s=3.0, arrival_quiet_s=1.0)
+    loop.start()
+    try:
+        sinks = [AsyncEventStream(asyncio.new_event_loop()) for _ in range(2)]
+        for index, (agent, tail) in enumerate((("b", [7, 8]), ("c", [9, 9]))):
+            request = loop.engine.request(agent, [1, 2, *tail], opening, max_tokens=2)
+            assert request.cached is not None
+            assert not request.continues_cached
+            with loop.arriving():
+                loop.submit(sinks[index], request)
+            time.sleep(0.1)  # the next agent's request is parsed a little later
+        while not first_round:
+            loop.run_sync(lambda: None, timeout=10)
+        assert first_round == [2]
+    finally:
+        loop.stop()
+
+
 def test_events_posted_together_wake_the_loop_once_and_keep_their_order(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

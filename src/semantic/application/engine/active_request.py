@@ -69,6 +69,14 @@ class GenerationRequest:
     stored: StoredPrefix | None = None
     constraint: OutputConstraint | None = None
 
+    @property
+    def continues_cached(self) -> bool:
+        """Whether the prompt goes on from the end of its cached sequence (an agent coming
+        back), rather than branching off part way (a new conversation that shares only a
+        system prompt or a template's opening with one seen before)."""
+        cached = self.cached
+        return cached is not None and cached.matched >= cached.blocks.n_tokens
+
 
 @dataclass(slots=True)
 class ActiveRequest:

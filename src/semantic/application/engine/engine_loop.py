@@ -86,7 +86,7 @@ class EngineLoop:
                 raise ShuttingDownError("the server is shutting down; no new requests")
             request_id = self.engine.enqueue(request)
             self._sinks[request_id] = sink
-            self._fresh_waiting |= request.cached is None
+            self._fresh_waiting |= not request.continues_cached
             self._wake.notify()
         return request_id
 
@@ -99,8 +99,11 @@ class EngineLoop:
         were prefilled in one big pass while it decoded, and its stream stalled for it (16
         agents over HTTP: first tokens 0.7-1.0 s apart). A new agent arriving alone waits the
         quiet time at most (20 ms from the start of its way in). A returning agent, whose
-        prompt continues restored KV, never shares a prefill pass, so it waits only for
-        requests already on their way; nothing waits while requests run.
+        prompt continues restored KV from its end, never shares a prefill pass, so it waits
+        only for requests already on their way; nothing waits while requests run. A prompt
+        that branches off cached KV part way (new agents whose system prompt was cached
+        before) counts as new: sixteen such, over HTTP, otherwise split into a first few
+        that decoded alone and the rest, whose prefill stalled them for ~1.2 s.
 
         The quiet time: sixteen requests sent at once reached this point up to 11 ms apart
         (the server parses them one at a time); with 10 ms, about one burst in four split,
