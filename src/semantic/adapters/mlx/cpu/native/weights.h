@@ -99,8 +99,8 @@ static inline __attribute__((always_inline)) void prefetch_rows(const weight_t *
     }
 }
 
-/* A product's row geometry, worked out once per span: divisions cost a tile of a one-row
- * product more than a tenth of its time. */
+/* A product's row geometry, worked out once per span rather than with two divisions in
+ * every tile (q8 products of one and two rows 0.95-0.97x the time; ADR 0010). */
 typedef struct {
     int group, groups;
     long row_bytes, ahead; /* ahead: output rows PREFETCH_BYTES cover */
