@@ -12,6 +12,7 @@ from semantic.application.engine.batch_engine import BlockPoolBatchEngine, Engin
 from semantic.application.engine.engine_loop import SHUTDOWN_FAILURE, AsyncEventStream, EngineLoop
 from semantic.application.engine.events import CompletionEvent, EngineEvent, StepResult, TokenEvent
 from semantic.domain.block_pool import BlockPool
+from semantic.domain.blocks import AgentBlocks
 from semantic.domain.errors import ShuttingDownError
 from semantic.domain.generation import FinishReason
 from tests.unit.fakes import FakeBackend, FakeTokenizer, next_token
@@ -24,10 +25,7 @@ def backend() -> FakeBackend:
 
 @pytest.fixture
 def loop(backend: FakeBackend) -> Iterator[EngineLoop]:
-    engine = BlockPoolBatchEngine(
-        backend, FakeTokenizer(), BlockPool(400), EngineConfig(prefill_chunk_tokens=4)
-    )
-    engine_loop = EngineLoop(engine)
+    engine_loop = EngineLoop(small_engine(backend))
     engine_loop.start()
     yield engine_loop
     engine_loop.stop()
@@ -100,13 +98,31 @@ def test_draining_refuses_new_work_and_fails_what_outlives_the_grace_saying_why(
         loop.submit(events.append, loop.engine.request("a", [1, 2], max_tokens=2))
 
 
-def loop_counting_the_first_round(
-    backend: FakeBackend, window_s: float, quiet_s: float = 0.01
-) -> tuple[EngineLoop, list[int]]:
-    """A started loop, and a list that gets how many requests its first round knew of."""
-    engine = BlockPoolBatchEngine(
+def small_engine(backend: FakeBackend) -> BlockPoolBatchEngine:
+    return BlockPoolBatchEngine(
         backend, FakeTokenizer(), BlockPool(400), EngineConfig(prefill_chunk_tokens=4)
     )
+
+
+def served_agent_a(engine: BlockPoolBatchEngine) -> AgentBlocks:
+    """Agent "a"'s blocks after the engine has answered its prompt [1, 2, 3, 4, 5]."""
+    engine.submit(agent_id="a", prompt_tokens=[1, 2, 3, 4, 5], max_tokens=3)
+    done: list[CompletionEvent] = []
+    while not done:
+        done += [e for e in engine.step().events if isinstance(e, CompletionEvent)]
+    blocks = done[0].blocks
+    assert blocks is not None
+    return blocks
+
+
+def loop_counting_the_first_round(
+    backend: FakeBackend,
+    window_s: float,
+    quiet_s: float = 0.01,
+    engine: BlockPoolBatchEngine | None = None,
+) -> tuple[EngineLoop, list[int]]:
+    """A started loop, and a list that gets how many requests its first round knew of."""
+    engine = engine or small_engine(backend)
     first_round: list[int] = []
 
     def on_step(result: StepResult) -> None:
@@ -156,15 +172,8 @@ def test_an_idle_engine_waits_a_moment_for_a_request_just_behind_another(
 
 def test_a_returning_agent_does_not_wait_the_quiet_time(backend: FakeBackend) -> None:
     """Its prompt continues restored KV, so it would not share a prefill pass anyway."""
-    engine = BlockPoolBatchEngine(
-        backend, FakeTokenizer(), BlockPool(400), EngineConfig(prefill_chunk_tokens=4)
-    )
-    engine.submit(agent_id="a", prompt_tokens=[1, 2, 3, 4, 5], max_tokens=3)
-    done: list[CompletionEvent] = []
-    while not done:
-        done += [e for e in engine.step().events if isinstance(e, CompletionEvent)]
-    blocks = done[0].blocks
-    assert blocks is not None
+    engine = small_engine(backend)
+    blocks = served_agent_a(engine)
     rounds: list[StepResult] = []
     loop = EngineLoop(engine, on_step=rounds.append, arrival_window_s=60.0, arrival_quiet_s=60.0)
     loop.start()
@@ -186,23 +195,9 @@ def test_new_agents_sharing_a_cached_opening_wait_for_each_other(backend: FakeBa
     """A prompt that branches off a cached sequence part way (a new agent whose system
     prompt was seen before) is a new conversation: the round waits for the burst, as for
     prompts with nothing cached, rather than starting it with whoever came first."""
-    engine = BlockPoolBatchEngine(
-        backend, FakeTokenizer(), BlockPool(400), EngineConfig(prefill_chunk_tokens=4)
-    )
-    engine.submit(agent_id="a", prompt_tokens=[1, 2, 3, 4, 5], max_tokens=3)
-    done: list[CompletionEvent] = []
-    while not done:
-        done += [e for e in engine.step().events if isinstance(e, CompletionEvent)]
-    opening = done[0].blocks
-    assert opening is not None
-    first_round: list[int] = []
-
-    def on_step(result: StepResult) -> None:
-        if not first_round:
-            first_round.append(result.decoding + result.prefilling + result.waiting)
-
-    loop = EngineLoop(engine, on_step=on_step, arrival_window_s=3.0, arrival_quiet_s=1.0)
-    loop.start()
+    engine = small_engine(backend)
+    opening = served_agent_a(engine)
+    loop, first_round = loop_counting_the_first_round(backend, 3.0, 1.0, engine)
     try:
         sinks = [AsyncEventStream(asyncio.new_event_loop()) for _ in range(2)]
         for index, (agent, tail) in enumerate((("b", [7, 8]), ("c", [9, 9]))):
