@@ -103,7 +103,8 @@ class EngineLoop:
         only for requests already on their way; nothing waits while requests run. A prompt
         that branches off cached KV part way (new agents whose system prompt was cached
         before) counts as new: sixteen such, over HTTP, otherwise split into a first few
-        that decoded alone and the rest, whose prefill stalled them for ~1.2 s.
+        that decoded alone and the rest, whose prefill stalled them for ~1.2 s (a 2-core Zen 3
+        VM; ADR 0009).
 
         The quiet time: sixteen requests sent at once reached this point up to 11 ms apart
         (the server parses them one at a time); with 10 ms, about one burst in four split,
