@@ -75,14 +75,20 @@ def test_strided_batches_of_small_products_match_numpy() -> None:
     _close(mx.array(queries) @ keys.swapaxes(-1, -2), want, 64)
 
 
-def test_a_row_gets_the_same_bits_alone_and_in_a_batch() -> None:
+@pytest.mark.parametrize(("rows", "columns", "depth"), [(16, 1536, 576), (32, 130, 1000), (16, 49, 577)])
+def test_a_row_gets_the_same_bits_alone_and_in_a_batch(rows: int, columns: int, depth: int) -> None:
+    """Whole blocks of 16 rows take the lane tiles on AVX2 (lane_tiles.h), other counts the
+    dot tiles, one row its own: every one sums each output alike. Columns not a multiple of
+    the tiles' and depths past the last 16 included."""
     if not blas_in_use().small_kernels:
         pytest.skip("the small-product kernels are not built on this machine")
-    batch, weights = mx.array(_random(16, 576, seed=6)), mx.array(_random(1536, 576, seed=7))
+    batch = mx.array(_random(rows, depth, seed=6))
+    weights = mx.array(_random(columns, depth, seed=7))
     together = np.asarray(batch @ weights.T)
-    for row in (0, 5, 15):
+    for row in (0, 5, rows - 1):
         alone = np.asarray(batch[row : row + 1] @ weights.T)
         assert np.array_equal(alone[0], together[row])
+    assert np.array_equal(np.asarray(batch[:15] @ weights.T), together[:15])
 
 
 def _threads() -> dict[str, set[int]]:

@@ -37,9 +37,9 @@ static float *randoms(long n) {
 static void emit(const float *x, long n) { fwrite(x, sizeof *x, (size_t)n, stdout); }
 
 static void products(void) {
-    static const int rows[] = {1, 2, 4, 5, 17, 32}, depths[] = {576, 577, 70, 64, 32};
+    static const int rows[] = {1, 2, 4, 5, 16, 17, 32}, depths[] = {576, 577, 70, 64, 32};
     for (int d = 0; d < 5; d++) /* 64 and 32: rows of A held in registers (small_sgemm.c) */
-        for (int r = 0; r < 6; r++) {
+        for (int r = 0; r < 7; r++) {
             int m = rows[r], n = 301, k = depths[d];
             float *a = randoms((long)m * k), *b = randoms((long)n * k), *c = randoms((long)m * n);
             cblas_sgemm(101, 111, 112, m, n, k, 1.0f, a, k, b, k, 0.0f, c, n); /* A B^T */

@@ -154,11 +154,11 @@ static inline float halve(const vf part[PARTS]) {
 /* The same two shuffles and one add in either compiler's spelling (clang has no
  * __builtin_shuffle, GCC before 12 no __builtin_shufflevector). */
 #if defined(__clang__)
-#define FOLD(x, y, low, high) (__builtin_shufflevector(x, y, low) + __builtin_shufflevector(x, y, high))
+#define SHUFFLE(x, y, ...) __builtin_shufflevector(x, y, __VA_ARGS__)
 #else
-#define FOLD(x, y, low, high) \
-    (__builtin_shuffle(x, y, (vi){low}) + __builtin_shuffle(x, y, (vi){high}))
+#define SHUFFLE(x, y, ...) __builtin_shuffle(x, y, (vi){__VA_ARGS__})
 #endif
+#define FOLD(x, y, low, high) (SHUFFLE(x, y, low) + SHUFFLE(x, y, high))
 
 /* One register per accumulator: its 16 logical lanes' first halvings, which add whole
  * registers (lane i + lane i+8 is part 0 + part 1 with 8 lanes; with 4 lanes, parts 0 + 2
