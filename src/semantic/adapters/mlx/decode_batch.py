@@ -19,6 +19,7 @@ from typing import Any
 import mlx.core as mx
 
 from semantic.adapters.mlx.accelerator import Group, Passes, PendingStep
+from semantic.adapters.mlx.kv.batch_caches import extracted_rows, merged_layer
 from semantic.adapters.mlx.lm import BatchKVCache, KVCache
 from semantic.adapters.mlx.models.model_parts import BodyAndHead
 from semantic.adapters.mlx.sampling import Sampler, top_prob
@@ -98,7 +99,7 @@ class DecodeBatch:
         if not joining:
             return
         lone = _adopted(built[0]) if not self._caches and len(built) == 1 else None
-        merged = lone or [layers[0].merge(list(layers)) for layers in zip(*built, strict=True)]
+        merged = lone or [merged_layer(layers) for layers in zip(*built, strict=True)]
         if self._caches:
             for mine, theirs in zip(self._caches, merged, strict=True):
                 mine.extend(theirs)
@@ -184,8 +185,8 @@ class DecodeBatch:
             out.append(
                 DecodedToken(row.seq_id, token, top if row.track_top_prob else None, finished)
             )
-        for index in done:
-            self._finished[self._rows[index].seq_id] = self._extract(index)
+        for index, caches in zip(done, self._extract(done) if done else [], strict=True):
+            self._finished[self._rows[index].seq_id] = caches
         self._drop(done)
         return out
 
@@ -254,7 +255,7 @@ class DecodeBatch:
                 del self._joining[position]
                 return _built(caches) if build else []
         index = next(i for i, row in enumerate(self._rows) if row.seq_id == seq_id)
-        caches = self._extract(index)
+        caches = self._extract([index])[0]
         self._drop([index])
         return caches
 
@@ -275,13 +276,11 @@ class DecodeBatch:
         where = mx.array(tracked)
         return mx.zeros((len(self._rows),)).at[where].add(top_prob(logits[where]))
 
-    def _extract(self, index: int) -> list[Any]:
-        """A leaving row's caches; the last row's are its buffers, not a copy (every caller
-        drops the row right after)."""
+    def _extract(self, indices: list[int]) -> list[list[Any]]:
+        """The leaving rows' caches; the last row's are its buffers, not a copy (every
+        caller drops the rows right after)."""
         mine = _handed_back(self._caches) if len(self._rows) == 1 else None
-        caches = mine or [layer.extract(index) for layer in self._caches]
-        mx.eval([(c.keys, c.values) for c in caches])
-        return caches
+        return [mine] if mine is not None else extracted_rows(self._caches, indices)
 
     def _drop(self, indices: list[int]) -> None:
         if not indices:
