@@ -21,12 +21,12 @@
 
 #include "simd.h"
 
-/* AVX2 only for now: the variant it was measured on (a block of rows is one or two
- * registers of 8; AVX-512 and NEON keep their dot tiles until measured on their CPUs). */
+/* AVX2 only for now: the variant it was measured on (a block of 16 rows is two registers
+ * of 8; AVX-512 and NEON keep their dot tiles until measured on their CPUs). */
 #if LANES == 8
 #define LANE_TILES 1
 
-/* A product's rows go in blocks of 16 (two registers); a tile multiplies every block by 6
+/* A product's rows go in whole blocks of 16 (the caller asks for no other counts); a tile multiplies every block by 6
  * rows of B: 12 accumulators of AVX2's 16 ymm, the rest hold a step's rows and a broadcast
  * weight. Blocks of 8 by 12 rows of B (one load of A and twelve broadcasts per twelve
  * multiply-adds) ran 1.3-2.1x the dot tiles' time (Zen 3, ADR 0010). The depth runs in
@@ -42,16 +42,8 @@
 #endif
 enum { LANE_BLOCK = 16, LANE_VECS = 2, LANE_COLS = 6, LANE_MAX_BLOCKS = 2 };
 
-/* Floats the packed copy of `m` rows of depth `k` takes. */
-static size_t lane_packed_floats(int m, int k) {
-    return (size_t)(m + LANE_BLOCK - 1) / LANE_BLOCK * LANE_BLOCK * (size_t)(k / 16 * 16);
-}
-
-/* Row `row` of A from depth `at`, 16 floats, or zeros past the product's rows. */
-static inline const float *lane_row(const float *a, int lda, int m, int row, int at) {
-    static const float zeros[16];
-    return row < m ? a + (size_t)row * lda + at : zeros;
-}
+/* Floats the packed copy of `m` rows (whole blocks: a multiple of 16) of depth `k` takes. */
+static size_t lane_packed_floats(int m, int k) { return (size_t)m * (size_t)(k / 16 * 16); }
 
 /* r[c][i] = r[i][c]: the usual three rounds of AVX shuffles (pairs, quads, halves). */
 static inline void transpose8(vf r[8]) {
@@ -73,13 +65,12 @@ static inline void transpose8(vf r[8]) {
 
 /* A block's ap[(l * steps + s) * 16 + i] = a[row0 + i][16 s + l], for one step s: its
  * 16 x 16 piece of A transposed 8 x 8 at a time. */
-static void lane_pack_step(const float *a, int lda, int m, int row0, int s, int steps,
-                           float *ap) {
+static void lane_pack_step(const float *a, int lda, int row0, int s, int steps, float *ap) {
     for (int rows = 0; rows < LANE_BLOCK; rows += 8)
         for (int lanes = 0; lanes < 16; lanes += 8) {
             vf r[8];
             for (int i = 0; i < 8; i++)
-                r[i] = load(lane_row(a, lda, m, row0 + rows + i, 16 * s) + lanes);
+                r[i] = load(a + (size_t)(row0 + rows + i) * lda + 16 * s + lanes);
             transpose8(r);
             for (int c = 0; c < 8; c++)
                 store(ap + ((size_t)(lanes + c) * steps + s) * LANE_BLOCK + rows, r[c]);
@@ -91,7 +82,7 @@ static void lane_pack(const float *a, int lda, int m, int k, float *ap) {
     int steps = k / 16;
     for (int row0 = 0; row0 < m; row0 += LANE_BLOCK)
         for (int s = 0; s < steps; s++)
-            lane_pack_step(a, lda, m, row0, s, steps, ap + (size_t)row0 * 16 * steps);
+            lane_pack_step(a, lda, row0, s, steps, ap + (size_t)row0 * 16 * steps);
 }
 
 /* acc[j][r] += lane l of `count` steps: ap at (block, l, first step), b[j] at its lane. */
@@ -139,12 +130,12 @@ static inline void lane_prefetch_share(lane_prefetch_t *f) {
     }
 }
 
-/* sums[i * LANE_COLS + j] = a[i] . b[j] over k (k >= 16) for the product's `m` rows
- * (packed in `ap`, and in place in `a` for the depth past the last 16), halved as dot_tile
- * halves; `next` (or NULL): the rows of B the next tile reads. */
+/* sums[i * LANE_COLS + j] = a[i] . b[j] over k (k >= 16) for the product's `m` rows (a
+ * multiple of 16; packed in `ap`, and in place in `a` for the depth past the last 16),
+ * halved as dot_tile halves; `next` (or NULL): the rows of B the next tile reads. */
 static void lane_tile(const float *ap, const float *a, int lda, int m, int k,
                       const float *const *b, const float *const *next, float *sums) {
-    int steps = k / 16, blocks = (m + LANE_BLOCK - 1) / LANE_BLOCK;
+    int steps = k / 16, blocks = m / LANE_BLOCK;
     int chunks = (steps + LANE_CHUNK - 1) / LANE_CHUNK, chunk = (steps + chunks - 1) / chunks;
     lane_prefetch_t ahead = {next, LANE_COLS, steps, 0, 0, LANE_COLS * steps, chunks * blocks * 16, 0};
     vf part[LANE_MAX_BLOCKS][16][LANE_COLS][LANE_VECS];
