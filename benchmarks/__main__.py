@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from reliability.server import ServerProcess
 
 from benchmarks import concurrency, llama_cpp, persistence, report, resume, weight_formats
 from benchmarks.common import load_bench
 from benchmarks.machine import machine, print_fast_paths
+from benchmarks.servers import steady_server
 from semantic.domain.chat import ChatMessage
 
 QUICK_SIZES = (512, 1024, 2048, 4096)
@@ -55,7 +55,7 @@ def overhead(repeats: int = 7) -> dict[str, float]:
     inside: list[float] = []
     with (
         tempfile.TemporaryDirectory() as tmp,
-        ServerProcess(Path(tmp) / "overhead").start() as server,
+        steady_server(Path(tmp) / "overhead").start() as server,
     ):
         with httpx.Client(base_url=server.url, timeout=300) as client:
             for index in range(repeats + 1):  # the first warms the path up
@@ -164,7 +164,7 @@ def run_concurrency(model_path: Path, out: Path) -> list[concurrency.Concurrency
     measured: dict[tuple[str, int], list[concurrency.ConcurrencyRow]] = {}
     with (
         tempfile.TemporaryDirectory() as tmp,
-        ServerProcess(Path(tmp) / "concurrency").start() as server,
+        steady_server(Path(tmp) / "concurrency").start() as server,
     ):
         print_fast_paths(server.url)
         concurrency.warm_up(server.url)

@@ -50,11 +50,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from reliability.server import ServerProcess
 
 from benchmarks.common import quantile
 from benchmarks.concurrency import MlxLmServer
 from benchmarks.machine import print_machine
+from benchmarks.servers import steady_server
 from benchmarks.trace_doors import AgentsDoor, ChatDoor, Door, Message, Seen
 
 
@@ -335,7 +335,7 @@ def main() -> None:
         for name, flag, told in runs:
             data = Path(tmp) / name.split()[0]
             args_ = ("--kv-budget-mb", str(budget), "--disk-quota-mb", str(disk), *flag.split())
-            with ServerProcess(data, *args_).start() as server:
+            with steady_server(data, *args_).start() as server:
                 ran = asyncio.run(run_trace(server.url, teams, told, args.seed, ""))
                 report(name, ran)
                 keep_turns(args.turns_out, name, ran.seen)

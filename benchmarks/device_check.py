@@ -24,13 +24,12 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from reliability.server import ServerProcess
-
 from benchmarks.common import Bench, load_bench
 from benchmarks.corpus import conversation
 from benchmarks.decode_scaling import engine_rate
 from benchmarks.random_model import write_random_llama
 from benchmarks.resume import QUESTION, stream_ttft
+from benchmarks.servers import steady_server
 from semantic.config import Settings, default_model_cache_dir
 
 EMBEDDED_DIR = default_model_cache_dir() / "smollm2-135m-instruct-float32"
@@ -71,7 +70,7 @@ def next_turn_from_disk(model: Path, device: str, bench: Bench, history_tokens: 
     args = ("--model", str(model), "--device", device)
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "warm"
-        with ServerProcess(data, *args).start() as server:
+        with steady_server(data, *args).start() as server:
             _, reply, _ = stream_ttft(server.url, messages, "agent")
             server.stop()
         turn = [
@@ -79,10 +78,10 @@ def next_turn_from_disk(model: Path, device: str, bench: Bench, history_tokens: 
             {"role": "assistant", "content": reply},
             {"role": "user", "content": QUESTION},
         ]
-        with ServerProcess(data, *args).start() as server:
+        with steady_server(data, *args).start() as server:
             warm_s, warm_text, cached = stream_ttft(server.url, turn, "agent")
             server.stop()
-        with ServerProcess(Path(tmp) / "cold", *args).start() as server:
+        with steady_server(Path(tmp) / "cold", *args).start() as server:
             cold_s, cold_text, _ = stream_ttft(server.url, turn, "agent")
             server.stop()
     prompt = len(tokenizer.render_chat(history)) + len(tokenizer.encode(reply)) + 20

@@ -18,11 +18,11 @@ from pathlib import Path
 from statistics import median
 
 from mlx_lm.utils import load_tokenizer
-from reliability.server import ServerProcess
 
 from benchmarks import llama_cpp
 from benchmarks.corpus import conversation
 from benchmarks.resume import QUESTION, RESTARTS, Ttft, middle, on_a_fresh_copy, stream_ttft
+from benchmarks.servers import steady_server
 from semantic.adapters.cli.progress import ProgressPrinter
 from semantic.adapters.mlx.tokenizer.tokenizer import MlxTokenizer
 from semantic.bootstrap import prepare_model
@@ -69,7 +69,7 @@ def _plain(message: ChatMessage) -> dict[str, str]:
 
 
 def ours(server_args: Sequence[str], turns: Turns, work: Path) -> float:
-    with ServerProcess(work / "data", *server_args).start() as server:
+    with steady_server(work / "data", *server_args).start() as server:
         stream_ttft(server.url, turns.first, "agent")
         server.stop()
     runs = [

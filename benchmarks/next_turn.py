@@ -15,11 +15,10 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from reliability.server import ServerProcess
-
 from benchmarks.common import load_bench, median
 from benchmarks.corpus import conversation
 from benchmarks.resume import QUESTION, stream_ttft
+from benchmarks.servers import steady_server
 from benchmarks.warm_vs_cold import run
 from semantic.application.scheduler.pacer import PacerConfig
 from semantic.domain.chat import ChatMessage
@@ -40,7 +39,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
             data = Path(tmp) / f"d{repeat}"
-            with ServerProcess(data).start() as server:
+            with steady_server(data).start() as server:
                 _, reply, _ = stream_ttft(server.url, messages, "profile")
                 server.stop()
             turn = [
@@ -48,7 +47,7 @@ def main() -> None:
                 {"role": "assistant", "content": reply},
                 {"role": "user", "content": QUESTION},
             ]
-            with ServerProcess(data).start() as server:
+            with steady_server(data).start() as server:
                 ttft, _, cached = stream_ttft(server.url, turn, "profile")
                 server.stop()
             ttfts.append(ttft)

@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from reliability.server import ServerProcess
 
 from benchmarks.common import load_bench, median
 from benchmarks.corpus import conversation
 from benchmarks.resume import QUESTION, on_a_fresh_copy, stream_ttft
+from benchmarks.servers import steady_server
 
 CHAT_NAMESPACE = "chat"
 Timing = tuple[float, int]
@@ -60,7 +60,7 @@ def first_turns(data: Path, messages: list[dict[str, str]]) -> tuple[str, str]:
     """The conversation answered once each way on one server: the first response's id,
     and the reply chat completions gave (which its next turn re-sends)."""
     system, talk = messages[0]["content"], messages[1:]
-    with ServerProcess(data).start() as server:
+    with steady_server(data).start() as server:
         _, first = respond(server.url, {"instructions": system, "input": talk})
         _, reply, _ = stream_ttft(server.url, messages, CHAT_NAMESPACE)
         server.stop()

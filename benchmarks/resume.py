@@ -23,11 +23,11 @@ import httpx
 import mlx.core as mx
 from mlx_lm import load as mlx_lm_load
 from mlx_lm.models.cache import load_prompt_cache, make_prompt_cache, save_prompt_cache
-from reliability.server import ServerProcess
 
 from benchmarks import gguf_files, llama_cpp
 from benchmarks.common import chat_chunks, content_of
 from benchmarks.corpus import conversation
+from benchmarks.servers import steady_server
 
 QUESTION = "Thanks. In one sentence, what is the most important point so far?"
 RESTARTS = 3
@@ -92,7 +92,7 @@ def on_a_fresh_copy(
     data = work / f"restart-{index}"
     shutil.copytree(work / "data", data, ignore=shutil.ignore_patterns("lock", "*.log"))
     try:
-        with ServerProcess(data, *server_args).start() as server:
+        with steady_server(data, *server_args).start() as server:
             measured = measure(server.url)
             server.stop()
     finally:
@@ -163,7 +163,7 @@ def run(
             for n in sizes
         }
         cold, memory, replies = {}, {}, {}
-        with ServerProcess(work / "data").start() as server:
+        with steady_server(work / "data").start() as server:
             for n, history in histories.items():
                 cold[n], replies[n], _ = stream_ttft(server.url, history, f"n{n}")
                 memory[n], _, _ = stream_ttft(server.url, history, f"n{n}")

@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 import httpx
-from reliability.server import ServerProcess
 
 from benchmarks.machine import print_machine
+from benchmarks.servers import steady_server
 
 
 def ask(url: str, namespace: str, agent: str, system: str, question: str) -> tuple[float, int, int]:
@@ -75,7 +75,7 @@ def main() -> None:
     print_machine()
     system = " ".join(f"Rule {i}: keep answers short and kind." for i in range(args.rules))
     with tempfile.TemporaryDirectory() as tmp:
-        server = ServerProcess(Path(tmp) / "data").start()
+        server = steady_server(Path(tmp) / "data").start()
         try:
             alone, prompt, _ = ask(server.url, "alone", "solo", system, "Name a colour.")
             print(f"one agent alone: {alone:.2f} s for a {prompt}-token prompt")

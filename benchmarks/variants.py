@@ -22,9 +22,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from reliability.server import ServerProcess
-
 from benchmarks.machine import print_machine
+from benchmarks.servers import steady_server
 from semantic.adapters.mlx.cpu.kernel_variant import VARIANT_ENV, this_cpus_variants
 
 _RESULT = "variant-result: "
@@ -44,7 +43,7 @@ def measure(history_tokens: int) -> dict[str, Any]:
     )
     messages = [{"role": m.role, "content": m.content} for m in history]
     with tempfile.TemporaryDirectory() as tmp:
-        with ServerProcess(Path(tmp)).start() as server:
+        with steady_server(Path(tmp)).start() as server:
             cold, reply, _ = stream_ttft(server.url, messages, "variants")
             server.stop()
         turn = [
@@ -52,7 +51,7 @@ def measure(history_tokens: int) -> dict[str, Any]:
             {"role": "assistant", "content": reply},
             {"role": "user", "content": QUESTION},
         ]
-        with ServerProcess(Path(tmp)).start() as server:
+        with steady_server(Path(tmp)).start() as server:
             next_turn, _, cached = stream_ttft(server.url, turn, "variants")
             server.stop()
     one, sixteen = engine_rate(bench, 1), engine_rate(bench, 16)

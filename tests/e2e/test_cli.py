@@ -111,7 +111,10 @@ def test_serve_says_what_it_serves_at_start_unless_quiet(tmp_path: Path) -> None
     assert f"  device      {runtime['device']}" in lines
     assert f"  BLAS        {runtime['blas']}" in lines
     for name, state in runtime["accelerations"].items():
-        assert f"    {name}: {state}" in lines
+        if name == "weights on huge pages (ADR 0032)":  # may have moved on since the start
+            assert any(line.startswith(f"    {name}: {state.split(' (')[0]}") for line in lines)
+        else:
+            assert f"    {name}: {state}" in lines
     assert "Traceback" not in said
     with ServerProcess(tmp_path / "quiet", "--quiet", log_info=False).start() as server:
         quiet = server.log.read_text()

@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from reliability.server import ServerProcess
 
 from tests.e2e.sdk_types import anthropic_messages, openai_messages
+from tests.helpers import huge_pages_expected
 
 pytestmark = pytest.mark.model
 
@@ -50,6 +51,24 @@ def test_openai_chat_answers_without_and_with_streaming(server: ServerProcess) -
     assert chunks[-1].usage.completion_tokens == reply.usage.completion_tokens  # type: ignore[union-attr]
 
 
+def test_the_weights_move_onto_huge_pages_once_the_server_answers(server: ServerProcess) -> None:
+    def said() -> str:
+        found = httpx.get(f"{server.url}/v1/models/default", timeout=10).json()
+        return str(found["runtime"]["accelerations"]["weights on huge pages (ADR 0032)"])
+
+    deadline = time.monotonic() + 180  # the move runs at the lowest priority
+    while said().startswith("on (") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if not huge_pages_expected():
+        assert said().startswith("off: ")
+        return
+    assert said() == "on"
+    assert server.process is not None
+    with open(f"/proc/{server.process.pid}/smaps_rollup") as rollup:
+        huge_kb = next(int(line.split()[1]) for line in rollup if line.startswith("AnonHuge"))
+    assert huge_kb * 1024 > 500e6  # SmolLM2's 538 MB of float32 weights, bar a page or two
+
+
 def test_openai_completions_and_models(server: ServerProcess) -> None:
     client = oai(server)
     assert [m.id for m in client.models.list().data] == ["smollm2-135m-instruct"]
@@ -59,7 +78,7 @@ def test_openai_completions_and_models(server: ServerProcess) -> None:
     assert runtime["kv_memory"] == "host views (the model runs on the CPU)"
     said = runtime["accelerations"]
     assert said["host softmax attention (ADR 0008)"] == "on"
-    assert all(value == "on" or value.startswith("off: ") for value in said.values())
+    assert all(value.startswith(("on", "off: ")) for value in said.values())
     done = client.completions.create(
         model="default", prompt="The capital of France is", max_tokens=4, temperature=0
     )

@@ -15,22 +15,25 @@ from semantic.adapters.mlx.cpu import host_pass, host_weights
 from semantic.adapters.mlx.cpu.accelerations import accelerations, kernels_obstacle
 from semantic.adapters.mlx.cpu.attention import install
 from semantic.adapters.mlx.cpu.blas import BlasStatus, blas_in_use
-from semantic.adapters.mlx.cpu.huge_pages import WeightPages
+from semantic.adapters.mlx.cpu.huge_pages import PagePlacement
 from tests.helpers import huge_pages_expected, tiny_family, tiny_llama
 from tests.integration.conftest import RealModel
 
 
-def _by_name(model: object, pages: WeightPages | None = None) -> dict[str, str | None]:
+def _by_name(model: object, pages: PagePlacement | None = None) -> dict[str, str | None]:
     return {a.name: a.why_not for a in accelerations(model, blas_in_use(), pages)}
 
 
 def test_the_embedded_model_gets_every_acceleration_this_machine_can_give(
     real_model: RealModel,
 ) -> None:
-    found = _by_name(real_model.loaded.model, real_model.loaded.pages)
+    placement = real_model.loaded.pages
+    assert placement is not None
+    placement.wait()  # the move goes on beside whatever runs: "on" while it does
+    found = _by_name(real_model.loaded.model, placement)
     assert found["host softmax attention (ADR 0008)"] is None
     if huge_pages_expected():
-        assert found["weights on huge pages (ADR 0032)"] is None
+        assert found["weights on huge pages (ADR 0032)"] is None, placement.pages
     assert found["prompt chunks ride decode steps (ADR 0009)"] is None
     assert found["long prompts sliced between decode steps (ADR 0009)"] is None
     if blas_in_use().small_kernels:

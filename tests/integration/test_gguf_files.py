@@ -66,7 +66,9 @@ def test_a_gguf_file_is_served_in_its_own_bits_and_answers_as_its_float32_copy(
     if huge_pages_expected():  # packed words and scales alike; late in a test process the
         # heap is cut into mappings whose seams no huge page may straddle: some, not all
         assert own.pages is not None
-        assert own.pages.huge_bytes > 0, own.pages.describe()
+        pages = own.pages.wait()
+        assert pages is not None
+        assert pages.huge_bytes > 0, pages.describe()
     widened = served(source, tmp_path / "cache", weights="float32")
     tokenizer = real_model.tokenizer
     messages = conversation(5, 40, lambda m: len(tokenizer.render_chat(m)))

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import errno
+import threading
 
 from semantic.adapters.mlx.cpu.huge_pages import (
     BUSY_TRIES,
     HUGE_PAGE,
     HUGE_PAGES_ENV,
+    PIECE_PAGES,
+    PagePlacement,
     Span,
     WeightPages,
     collapse_spans,
@@ -100,3 +103,65 @@ def test_weights_never_placed_are_not_said_to_be_on_huge_pages() -> None:
     pages = WeightPages(0, 0, f"{HUGE_PAGES_ENV}=0")
     assert not pages.mostly
     assert pages.describe() == f"{HUGE_PAGES_ENV}=0"
+
+
+def test_a_long_run_is_collapsed_a_piece_at_a_time() -> None:
+    piece = PIECE_PAGES * HUGE_PAGE
+    kernel = FakeKernel()
+    pages = collapse_spans([(0, 2 * piece + HUGE_PAGE)], kernel)
+    assert kernel.calls == [(0, piece), (piece, 2 * piece), (2 * piece, 2 * piece + HUGE_PAGE)]
+    assert pages.huge_bytes == 2 * piece + HUGE_PAGE
+
+
+class HeldKernel(FakeKernel):
+    """Each call waits until the test lets it go."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Semaphore(0)
+        self.go = threading.Semaphore(0)
+
+    def __call__(self, start: int, length: int) -> int:
+        self.entered.release()
+        assert self.go.acquire(timeout=30)
+        return super().__call__(start, length)
+
+
+def test_a_placement_is_under_way_until_its_thread_ends_and_then_tells_everyone() -> None:
+    kernel, heard = HeldKernel(), list[WeightPages]()
+    placement = PagePlacement([(0, HUGE_PAGE)], kernel, HUGE_PAGE)
+    placement.when_done(heard.append)
+    assert not kernel.entered.acquire(timeout=0.05)  # nothing moves before the start
+    placement.start()
+    placement.start()  # once
+    assert kernel.entered.acquire(timeout=30)
+    assert placement.pages is None
+    assert placement.wait(0) is None
+    kernel.go.release()
+    done = placement.wait(30)
+    assert done is not None
+    assert done.huge_bytes == HUGE_PAGE
+    assert heard == [done]
+    placement.when_done(heard.append)  # after the end: at once, on this thread
+    assert heard == [done, done]
+
+
+def test_a_stopped_placement_moves_no_piece_after_the_one_under_way() -> None:
+    piece = PIECE_PAGES * HUGE_PAGE
+    kernel = HeldKernel()
+    placement = PagePlacement([(0, 3 * piece)], kernel, HUGE_PAGE)
+    placement.start()
+    assert kernel.entered.acquire(timeout=30)
+    placement.stop()
+    kernel.go.release()
+    pages = placement.wait(30)
+    assert pages is not None
+    assert kernel.calls == [(0, piece)]
+    assert pages.huge_bytes == piece
+    assert pages.why_not == "stopped before it was over"
+
+
+def test_a_placement_ruled_out_is_over_from_the_start() -> None:
+    placement = PagePlacement.ruled_out(f"{HUGE_PAGES_ENV}=0")
+    assert placement.pages == WeightPages(0, 0, f"{HUGE_PAGES_ENV}=0")
+    assert placement.wait(0) is placement.pages

@@ -14,6 +14,7 @@ from semantic.adapters.mlx.backend import MlxBackend
 from semantic.adapters.mlx.cpu import (
     accelerations_for,
     accelerator_for,
+    huge_pages_line,
     kernel_name,
     prefault_heap,
     preload_fast_blas,
@@ -92,6 +93,16 @@ def build_engine(settings: Settings, progress: Progress, *, warm_up: bool = True
     return EngineRuntime(settings, loaded, tokenizer, spec, backend, pool, engine, loop)
 
 
+def finish_start(loaded: LoadedModel, tokenizer: MlxTokenizer) -> None:
+    """The last of a server's start, once the engine is warm and its memory touched: then
+    the weights' move onto huge pages begins (ADR 0032; a page on the move locks the
+    address space, and the start's page faults waited for every page)."""
+    warm_up_chat_template(tokenizer)
+    freeze_startup_objects()
+    if loaded.pages is not None:
+        loaded.pages.start()
+
+
 def prepare_memory(n_bytes: int, spec: ModelCacheSpec, restore_buffers: RestoreBuffers) -> None:
     """Touch ``n_bytes`` up front so the first restores after a restart do not page-fault:
     half as ready buffers for whole blocks read from disk, the rest freed to the heap for
@@ -123,7 +134,7 @@ async def load_for_serving(
 ) -> tuple[LoadedModel, MlxTokenizer, ModelCacheSpec, str, str]:
     """The model loaded, its tokenizer and cache spec, its kernel and its fingerprint (the
     root of every block key, ADR 0005)."""
-    loaded, tokenizer, spec = await asyncio.to_thread(load, settings, progress)
+    loaded, tokenizer, spec = await asyncio.to_thread(load, settings, progress, True)
     check_at_rest(settings.kv_at_rest, spec)
     kernel = kernel_of(loaded)
     storage = storage_format(settings.kv_at_rest)
@@ -144,28 +155,33 @@ def kernel_of(loaded: LoadedModel) -> str:
 
 
 def runtime_report(loaded: LoadedModel, kernel: str, host: HostMemory) -> dict[str, Any]:
-    """What the model runs on, logged once and served by ``/v1/models/{id}``."""
+    """What the model runs on, logged once and served by ``/v1/models/{id}``; the huge pages'
+    line is brought up to date when their move ends (it goes on beside the server)."""
     blas = preload_fast_blas()
     found = accelerations_for(loaded.model, blas, loaded.pages)
     for acceleration in found:
         log.info("acceleration %s: %s", acceleration.name, acceleration.describe())
     log.info("kv restore and export: %s", host.describe())
+    lines = {a.name: a.describe() for a in found}
+    if (placement := loaded.pages) is not None:
+        placement.when_done(lambda _: lines.update([huge_pages_line(placement)]))
     return {
         "device": device_name(),
         "kv_memory": host.describe(),
         "blas": blas.describe(),
         "kernels": kernel,
-        "accelerations": {a.name: a.describe() for a in found},
+        "accelerations": lines,
     }
 
 
 def load(
-    settings: Settings, progress: Progress
+    settings: Settings, progress: Progress, move_weights_later: bool = False
 ) -> tuple[LoadedModel, MlxTokenizer, ModelCacheSpec]:
+    """``move_weights_later``: the caller starts the weights' move (``finish_start``)."""
     report_blas()
     log.info("device: %s", use_device(settings.device))
     path, model_id = prepare_model(settings, progress)
-    loaded = load_model(path, model_id)
+    loaded = load_model(path, model_id, move_weights_later=move_weights_later)
     tokenizer = MlxTokenizer(loaded.tokenizer, max_context(loaded, settings))
     return loaded, tokenizer, spec_from_model(loaded.model)
 

@@ -43,12 +43,11 @@ from semantic.application.readiness import ReadinessCheck
 from semantic.application.threads import install_default_executor
 from semantic.bootstrap.model import (
     engine_on,
-    freeze_startup_objects,
+    finish_start,
     load_for_serving,
     max_context,
     prepare_memory,
     runtime_report,
-    warm_up_chat_template,
 )
 from semantic.config import Settings
 from semantic.domain.block_pool import BlockPool
@@ -140,8 +139,7 @@ async def _start_services(
     loop.start()
     await asyncio.to_thread(loop.run_sync, backend.warm_up)
     await asyncio.to_thread(prepare_memory, prefault, spec, restore_buffers)
-    warm_up_chat_template(tokenizer)
-    freeze_startup_objects()
+    finish_start(loaded, tokenizer)
     return await _services(
         settings,
         _Started(loaded, kernel, tokenizer, spec, pool, loop, host),

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from semantic.adapters.mlx.cpu.blas import BlasStatus, preload_fast_blas, report_blas
-from semantic.adapters.mlx.cpu.huge_pages import WeightPages
+from semantic.adapters.mlx.cpu.huge_pages import PagePlacement, WeightPages
 from semantic.adapters.mlx.cpu.memory import prefault_heap
 from semantic.adapters.mlx.cpu.process import PreparedProcess, prepare_process
 
@@ -29,10 +29,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BlasStatus",
+    "PagePlacement",
     "PreparedProcess",
     "WeightPages",
     "accelerations_for",
     "accelerator_for",
+    "huge_pages_line",
     "install_attention",
     "install_host_products",
     "install_host_swiglu",
@@ -74,12 +76,21 @@ def install_host_swiglu(model: Any) -> bool:
     return install(model)
 
 
-def place_weights_on_huge_pages(model: Any) -> WeightPages:
-    """The loaded model's weights moved onto huge pages where Linux allows (ADR 0032), last
-    at load: after the installs above have settled which arrays the passes read."""
-    from semantic.adapters.mlx.cpu.huge_pages import place_weights
+def place_weights_on_huge_pages(model: Any, *, later: bool) -> PagePlacement:
+    """The move of the loaded model's weights onto huge pages where Linux allows (ADR
+    0032), last at load (after the installs above have settled which arrays the passes
+    read): done now, or with ``later`` to be started once the server is up."""
+    from semantic.adapters.mlx.cpu.huge_pages import placement_for
 
-    return place_weights(model)
+    return placement_for(model, later=later)
+
+
+def huge_pages_line(placement: PagePlacement) -> tuple[str, str]:
+    """The report's line for the weights' huge pages, as their move stands now."""
+    from semantic.adapters.mlx.cpu.accelerations import weights_on_huge_pages
+
+    line = weights_on_huge_pages(placement)
+    return line.name, line.describe()
 
 
 def kernel_name(model: Any, host_attention: bool) -> str:
@@ -97,10 +108,10 @@ def kernel_name(model: Any, host_attention: bool) -> str:
 
 
 def accelerations_for(
-    model: Any, blas: BlasStatus, pages: WeightPages | None
+    model: Any, blas: BlasStatus, pages: PagePlacement | None
 ) -> tuple[Acceleration, ...]:
     """Which fast paths run for this model on this machine, and why the others do not
-    (``pages``: what ``place_weights_on_huge_pages`` did at load)."""
+    (``pages``: what ``place_weights_on_huge_pages`` started at load)."""
     from semantic.adapters.mlx.cpu.accelerations import accelerations as found
 
     return found(model, blas, pages)

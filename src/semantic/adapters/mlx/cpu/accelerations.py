@@ -21,7 +21,7 @@ from semantic.adapters.mlx.cpu.blas import SHIM_ENV, BlasStatus
 from semantic.adapters.mlx.cpu.blas_probe import this_cpus_flags
 from semantic.adapters.mlx.cpu.compute_threads import allowed_cpus, compute_threads
 from semantic.adapters.mlx.cpu.fused_pass import fusion_obstacle
-from semantic.adapters.mlx.cpu.huge_pages import WeightPages
+from semantic.adapters.mlx.cpu.huge_pages import PagePlacement
 from semantic.adapters.mlx.cpu.kernel_variant import VARIANT_ENV, choose_variant, variants_here
 from semantic.adapters.mlx.cpu.side_by_side import SIDE_BY_SIDE_ENV
 from semantic.adapters.mlx.models.model_parts import BodyAndHead, not_sliceable
@@ -32,17 +32,24 @@ class Acceleration:
     name: str
     why_not: str | None
     """None when it runs."""
+    note: str | None = None
+    """What a running one is still doing."""
 
     @property
     def on(self) -> bool:
         return self.why_not is None
 
     def describe(self) -> str:
-        return "on" if self.why_not is None else f"off: {self.why_not}"
+        if self.why_not is not None:
+            return f"off: {self.why_not}"
+        return "on" if self.note is None else f"on ({self.note})"
+
+
+HUGE_PAGES = "weights on huge pages (ADR 0032)"
 
 
 def accelerations(
-    model: Any, blas: BlasStatus, pages: WeightPages | None
+    model: Any, blas: BlasStatus, pages: PagePlacement | None
 ) -> tuple[Acceleration, ...]:
     host = host_pass.obstacle(model)
     narrow = host_weights.products_obstacle(model)
@@ -57,7 +64,7 @@ def accelerations(
         Acceleration("prompt chunks ride decode steps (ADR 0009)", fusion_obstacle(model)),
         Acceleration("long prompts sliced between decode steps (ADR 0009)", _slice_obstacle(model)),
         Acceleration("decode body beside the slice (ADR 0015)", _beside_obstacle(host)),
-        Acceleration("weights on huge pages (ADR 0032)", _pages_obstacle(pages)),
+        weights_on_huge_pages(pages),
     )
 
 
@@ -123,10 +130,13 @@ def _swiglu(model: Any, host: str | None) -> str | None:
     return None if host_swiglu.installed(model) else "not installed at load"
 
 
-def _pages_obstacle(pages: WeightPages | None) -> str | None:
-    if pages is None:
-        return "not placed at load"
-    return None if pages.mostly else pages.describe()
+def weights_on_huge_pages(placement: PagePlacement | None) -> Acceleration:
+    """On while the move goes on (the server does not wait for it), then as it ended."""
+    if placement is None:
+        return Acceleration(HUGE_PAGES, "not placed at load")
+    if (pages := placement.pages) is None:
+        return Acceleration(HUGE_PAGES, None, "moving beside the server, at the lowest priority")
+    return Acceleration(HUGE_PAGES, None if pages.mostly else pages.describe())
 
 
 def _beside_obstacle(host: str | None) -> str | None:

@@ -1,14 +1,19 @@
-"""The model's weights moved onto huge pages (2 MiB on x86-64) at load (ADR 0032).
+"""The model's weights moved onto huge pages (2 MiB on x86-64) beside the server (ADR 0032).
 
 A decode step reads every weight once, 540 MB for SmolLM2 in float32: on 4 KiB pages that
 is some 130,000 translations a step, and each miss stalls a stream the prefetcher would
 otherwise keep full. Debian's transparent huge pages are "madvise" only, and MLX's buffers
 come from malloc unadvised, so a weight never lands on a huge page by itself. Linux 6.1's
 ``MADV_COLLAPSE`` rebuilds pages already filled as huge pages, in place, whatever the THP
-mode says: one call per run of 2 MiB pages under the weights after load. Measured on a
+mode says: one call per 16 MiB of the pages under the weights. Measured on a
 Zen 3 VM (EPYC family 25 model 1, OpenBLAS 0.3.21 Zen core; ADR 0032), alternated in one
 process: the host pass over one row 18.7 -> 16.6 ms; the collapse itself costs ~7 ms per
-2 MiB page there (1.3-1.9 s for SmolLM2 in float32), once.
+2 MiB page there (1.3-1.9 s for SmolLM2 in float32), once; 2.1-7.8 s on the same VM a
+day later (most of it the copy into fresh memory, which the hypervisor backs as it is first
+touched; ``glibc.malloc.hugetlb=1`` paid as much at first touch). While a page moves, the
+address space is locked, so the move runs once the server is up, on a thread of its own at
+the lowest priority (``PagePlacement``); ``SEMANTIC_HUGE_PAGES=at-load`` makes it at load
+instead (the benchmarks: their figures are steady states).
 
 The pages it rebuilds may hold neighbouring allocations too; their contents are unchanged,
 and memory freed later on such a page only splits it back.
@@ -16,23 +21,32 @@ and memory freed later on such a page only splits it back.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterable, Mapping
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 log = logging.getLogger(__name__)
 
 HUGE_PAGES_ENV = "SEMANTIC_HUGE_PAGES"
+AT_LOAD = "at-load"
+"""``SEMANTIC_HUGE_PAGES=at-load``: the load waits for the move (``0``: no move at all)."""
 HUGE_PAGE = 2 << 20
 """x86-64's and 4 KiB-paged arm64's; the kernel's own figure wins (``huge_page_size``)."""
 PMD_SIZE_FILE = "/sys/kernel/mm/transparent_hugepage/hpage_pmd_size"
 MADV_COLLAPSE = 25
 BUSY_TRIES = 3
+PIECE_PAGES = 8
+"""Huge pages one call collapses at most (16 MiB): a placement told to stop stops between
+calls, and a call holds the address space's lock for a few of them, not for all."""
+LOWEST_PRIORITY = 19
 
 Span = tuple[int, int]
 """[start, end) in the process's address space."""
@@ -61,19 +75,101 @@ class WeightPages:
         return f"{mb} on huge pages" + (f" ({self.why_not})" if self.why_not else "")
 
 
-def place_weights(model: Any) -> WeightPages:
-    """Collapse the pages under ``model``'s parameters, where this machine allows it."""
+class PagePlacement:
+    """The weights' move onto huge pages, on a thread of its own at the lowest priority,
+    started once the server is up (``start``): while a page moves, the process's address
+    space is locked (~7 ms a page on the VM above), and a start that page-faults its KV
+    memory in waited for every page. The weights stay readable throughout."""
+
+    def __init__(
+        self, spans: list[Span], collapse: Collapse, page: int, over: WeightPages | None = None
+    ) -> None:
+        """``over``: a placement with nothing to do, already over (the weights' move ruled
+        out, or done at load)."""
+        self._work = (spans, collapse, page)
+        self._pages = over
+        self._started = over is not None
+        self._done = threading.Event()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[WeightPages], None]] = []
+        if over is not None:
+            self._done.set()
+
+    @classmethod
+    def ruled_out(cls, why: str) -> PagePlacement:
+        return cls([], _no_collapse, HUGE_PAGE, WeightPages(0, 0, why))
+
+    def start(self) -> None:
+        """The move begins beside whatever runs (once; later calls do nothing)."""
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+        threading.Thread(target=self._run, name="huge-pages", daemon=True).start()
+
+    @property
+    def pages(self) -> WeightPages | None:
+        """What landed; None until the move is over."""
+        return self._pages
+
+    def wait(self, timeout: float | None = None) -> WeightPages | None:
+        """The move started if it was not, and waited for."""
+        self.start()
+        self._done.wait(timeout)
+        return self._pages
+
+    def when_done(self, callback: Callable[[WeightPages], None]) -> None:
+        """``callback(pages)`` once the move is over: now if it is (on this thread), else
+        on the placement's thread."""
+        with self._lock:
+            if self._pages is None:
+                self._callbacks.append(callback)
+                return
+        callback(self._pages)
+
+    def stop(self) -> None:
+        """No page moved after the one under way (those moved stay moved)."""
+        self._stop.set()
+
+    def _run(self) -> None:
+        _lower_this_threads_priority()
+        began = time.monotonic()
+        spans, collapse, page = self._work
+        pages = collapse_spans(spans, collapse, page, stopped=self._stop.is_set)
+        took = time.monotonic() - began
+        log.info("weights: %s (%.1f s, beside the server)", pages.describe(), took)
+        with self._lock:
+            self._pages, callbacks = pages, self._callbacks
+            self._callbacks = []
+        self._done.set()
+        for callback in callbacks:
+            callback(pages)
+
+
+def placement_for(
+    model: Any, *, later: bool, environ: Mapping[str, str] = os.environ
+) -> PagePlacement:
+    """The move of ``model``'s parameters onto huge pages where this machine allows it: done
+    now, or with ``later`` to be started (``SEMANTIC_HUGE_PAGES=at-load``: now regardless)."""
     import mlx.core as mx
 
     if mx.default_device() != mx.cpu:
-        return WeightPages(0, 0, "the weights live on a GPU")
-    if (why := obstacle(sys.platform, os.environ)) is not None:
-        return WeightPages(0, 0, why)
+        return PagePlacement.ruled_out("the weights live on a GPU")
+    if (why := obstacle(sys.platform, environ)) is not None:
+        return PagePlacement.ruled_out(why)
     if (collapse := _madvise_collapse()) is None:
-        return WeightPages(0, 0, "no madvise in this C library")
-    spans = weight_spans(model)
-    pages = collapse_spans(spans, collapse, huge_page_size())
-    log.info("weights: %s", pages.describe())
+        return PagePlacement.ruled_out("no madvise in this C library")
+    placement = PagePlacement(weight_spans(model), collapse, huge_page_size())
+    if not later or environ.get(HUGE_PAGES_ENV) == AT_LOAD:
+        placement.wait()
+    return placement
+
+
+def place_weights(model: Any) -> WeightPages:
+    """The move, done now."""
+    pages = placement_for(model, later=False).wait()
+    assert pages is not None  # waited without a timeout
     return pages
 
 
@@ -131,13 +227,22 @@ def page_runs(spans: Iterable[Span], page: int = HUGE_PAGE) -> list[Span]:
     return merged((start // page * page, -(-end // page) * page) for start, end in spans)
 
 
-def collapse_spans(spans: list[Span], collapse: Collapse, page: int = HUGE_PAGE) -> WeightPages:
-    """Collapse each run whole; a run the kernel refuses whole (it crosses two mappings, or
-    a page was busy) page by page, a busy page a few times. Counts the weight bytes on
-    pages that collapsed."""
+def collapse_spans(
+    spans: list[Span],
+    collapse: Collapse,
+    page: int = HUGE_PAGE,
+    stopped: Callable[[], bool] = lambda: False,
+) -> WeightPages:
+    """Collapse each run a piece of ``PIECE_PAGES`` at a time; a piece the kernel refuses
+    whole (it crosses two mappings, or a page was busy) page by page, a busy page a few
+    times. Counts the weight bytes on pages that collapsed; ``stopped`` is asked before
+    each piece."""
     done: list[Span] = []
     errors: set[int] = set()
-    for run in page_runs(spans, page):
+    for run in pieces(page_runs(spans, page), page):
+        if stopped():
+            errors.add(errno.ECANCELED)
+            break
         if collapse(run[0], run[1] - run[0]) == 0:
             done.append(run)
             continue
@@ -146,6 +251,12 @@ def collapse_spans(spans: list[Span], collapse: Collapse, page: int = HUGE_PAGE)
     size = sum(end - start for start, end in spans)
     huge = _overlap(spans, merged(done))
     return WeightPages(size, huge, _why(errors, any_done=bool(done)) if huge < size else None)
+
+
+def pieces(runs: Iterable[Span], page: int, most: int = PIECE_PAGES) -> Iterator[Span]:
+    for start, end in runs:
+        for at in range(start, end, most * page):
+            yield at, min(end, at + most * page)
 
 
 def _collapsed(page: Span, collapse: Collapse, errors: set[int]) -> bool:
@@ -159,6 +270,8 @@ def _collapsed(page: Span, collapse: Collapse, errors: set[int]) -> bool:
 
 
 def _why(errors: set[int], *, any_done: bool) -> str:
+    if errno.ECANCELED in errors:
+        return "stopped before it was over"
     if errors == {errno.EINVAL}:
         if any_done:
             return "some pages straddle two mappings"
@@ -176,6 +289,16 @@ def _overlap(spans: list[Span], pages: list[Span]) -> int:
         for low, high in pages:
             total += max(0, min(end, high) - max(start, low))
     return total
+
+
+def _no_collapse(_start: int, _length: int) -> int:
+    return errno.ENOSYS
+
+
+def _lower_this_threads_priority() -> None:
+    """Linux's nice is a thread's own: the server's threads keep theirs."""
+    with contextlib.suppress(OSError, AttributeError):  # else at the server's priority
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LOWEST_PRIORITY)
 
 
 def _madvise_collapse() -> Collapse | None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from semantic.adapters.mlx.cpu import (
-    WeightPages,
+    PagePlacement,
     install_attention,
     install_host_products,
     install_host_swiglu,
@@ -42,8 +42,8 @@ class LoadedModel:
     model_id: str
     config: dict[str, Any]
     host_attention: bool = False
-    pages: WeightPages | None = None
-    """Where the weights landed (ADR 0032); None: not placed."""
+    pages: PagePlacement | None = None
+    """The weights' move onto huge pages (ADR 0032), going on or over; None: not placed."""
 
 
 def resolve_model(
@@ -72,8 +72,10 @@ def resolve_model(
     )
 
 
-def load_model(path: Path, model_id: str) -> LoadedModel:
-    """Load weights and tokenizer; a broken directory gives one clear error."""
+def load_model(path: Path, model_id: str, *, move_weights_later: bool = False) -> LoadedModel:
+    """Load weights and tokenizer; a broken directory gives one clear error. The weights
+    move onto huge pages now, or with ``move_weights_later`` when the caller starts
+    ``LoadedModel.pages`` (a server, once it answers: ADR 0032)."""
     check_mlx_lm_version()
     check_model_dir(path)
     try:
@@ -87,7 +89,7 @@ def load_model(path: Path, model_id: str) -> LoadedModel:
     fast = install_attention(model)
     products = install_host_products(model)
     install_host_swiglu(model)
-    pages = place_weights_on_huge_pages(model)
+    pages = place_weights_on_huge_pages(model, later=move_weights_later)
     log.info(
         "loaded model %s from %s%s%s",
         model_id,
