@@ -165,3 +165,21 @@ def test_a_placement_ruled_out_is_over_from_the_start() -> None:
     placement = PagePlacement.ruled_out(f"{HUGE_PAGES_ENV}=0")
     assert placement.pages == WeightPages(0, 0, f"{HUGE_PAGES_ENV}=0")
     assert placement.wait(0) is placement.pages
+
+
+def test_a_placement_moves_while_the_server_is_idle_or_once_its_patience_runs_out() -> None:
+    piece = PIECE_PAGES * HUGE_PAGE
+    kernel, busy = FakeKernel(), threading.Event()
+    busy.set()
+    placement = PagePlacement([(0, 2 * piece)], kernel, HUGE_PAGE)
+    placement.start(idle=lambda: not busy.is_set(), patience=3600)
+    assert placement.wait(0.2) is None
+    assert kernel.calls == []  # a busy server: nothing moves
+    busy.clear()
+    assert placement.wait(30) is not None
+    assert kernel.calls == [(0, piece), (piece, 2 * piece)]
+    impatient = PagePlacement([(0, piece)], FakeKernel(), HUGE_PAGE)
+    impatient.start(idle=lambda: False, patience=0)
+    moved = impatient.wait(30)
+    assert moved is not None
+    assert moved.huge_bytes == piece

@@ -93,14 +93,14 @@ def build_engine(settings: Settings, progress: Progress, *, warm_up: bool = True
     return EngineRuntime(settings, loaded, tokenizer, spec, backend, pool, engine, loop)
 
 
-def finish_start(loaded: LoadedModel, tokenizer: MlxTokenizer) -> None:
+def finish_start(loaded: LoadedModel, tokenizer: MlxTokenizer, loop: EngineLoop) -> None:
     """The last of a server's start, once the engine is warm and its memory touched: then
-    the weights' move onto huge pages begins (ADR 0032; a page on the move locks the
-    address space, and the start's page faults waited for every page)."""
+    the weights' move onto huge pages begins, in the engine's idle time (ADR 0032; a page on
+    the move locks the address space: the start's page faults waited for every page)."""
     warm_up_chat_template(tokenizer)
     freeze_startup_objects()
     if loaded.pages is not None:
-        loaded.pages.start()
+        loaded.pages.start(idle=lambda: loop.active_requests == 0)
 
 
 def prepare_memory(n_bytes: int, spec: ModelCacheSpec, restore_buffers: RestoreBuffers) -> None:

@@ -139,7 +139,7 @@ async def _start_services(
     loop.start()
     await asyncio.to_thread(loop.run_sync, backend.warm_up)
     await asyncio.to_thread(prepare_memory, prefault, spec, restore_buffers)
-    finish_start(loaded, tokenizer)
+    finish_start(loaded, tokenizer, loop)
     return await _services(
         settings,
         _Started(loaded, kernel, tokenizer, spec, pool, loop, host),
