@@ -147,7 +147,7 @@ class PagePlacement:
         spans, collapse, page = self._work
         pages = collapse_spans(spans, collapse, page, lambda: self._go_ahead(idle, patience))
         took = time.monotonic() - began
-        log.info("weights: %s (%.1f s, beside the server)", pages.describe(), took)
+        log.info("weights: %s (moved in %.1f s)", pages.describe(), took)
         with self._lock:
             self._pages, callbacks = pages, self._callbacks
             self._callbacks = []
