@@ -15,7 +15,7 @@ from semantic.adapters.mlx.cpu import host_pass, host_weights
 from semantic.adapters.mlx.cpu.accelerations import accelerations, kernels_obstacle
 from semantic.adapters.mlx.cpu.attention import install
 from semantic.adapters.mlx.cpu.blas import BlasStatus, blas_in_use
-from semantic.adapters.mlx.cpu.huge_pages import PagePlacement
+from semantic.adapters.mlx.cpu.page_placement import PagePlacement
 from tests.helpers import huge_pages_expected, tiny_family, tiny_llama
 from tests.integration.conftest import RealModel
 
@@ -189,7 +189,7 @@ def test_the_small_kernels_run_on_every_variant_and_say_why_not_where_none_fits(
 
 
 def test_weights_moved_onto_huge_pages_compute_what_they_did() -> None:
-    from semantic.adapters.mlx.cpu.huge_pages import place_weights
+    from semantic.adapters.mlx.cpu.page_placement import place_weights
 
     model = tiny_llama(seed=3)
     prompt = mx.array([[1, 5, 9, 200, 7]])

@@ -10,7 +10,6 @@ from semantic.adapters.mlx.cpu.huge_pages import (
     HUGE_PAGE,
     HUGE_PAGES_ENV,
     PIECE_PAGES,
-    PagePlacement,
     Span,
     WeightPages,
     collapse_spans,
@@ -18,6 +17,7 @@ from semantic.adapters.mlx.cpu.huge_pages import (
     obstacle,
     page_runs,
 )
+from semantic.adapters.mlx.cpu.page_placement import PagePlacement
 
 MB = 1 << 20
 

@@ -19,8 +19,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from semantic.adapters.mlx.cpu.blas import BlasStatus, preload_fast_blas, report_blas
-from semantic.adapters.mlx.cpu.huge_pages import PagePlacement, WeightPages
+from semantic.adapters.mlx.cpu.huge_pages import WeightPages
 from semantic.adapters.mlx.cpu.memory import prefault_heap
+from semantic.adapters.mlx.cpu.page_placement import PagePlacement
 from semantic.adapters.mlx.cpu.process import PreparedProcess, prepare_process
 
 if TYPE_CHECKING:
@@ -80,7 +81,7 @@ def place_weights_on_huge_pages(model: Any, *, later: bool) -> PagePlacement:
     """The move of the loaded model's weights onto huge pages where Linux allows (ADR
     0032), last at load (after the installs above have settled which arrays the passes
     read): done now, or with ``later`` to be started once the server is up."""
-    from semantic.adapters.mlx.cpu.huge_pages import placement_for
+    from semantic.adapters.mlx.cpu.page_placement import placement_for
 
     return placement_for(model, later=later)
 

@@ -21,8 +21,8 @@ from semantic.adapters.mlx.cpu.blas import SHIM_ENV, BlasStatus
 from semantic.adapters.mlx.cpu.blas_probe import this_cpus_flags
 from semantic.adapters.mlx.cpu.compute_threads import allowed_cpus, compute_threads
 from semantic.adapters.mlx.cpu.fused_pass import fusion_obstacle
-from semantic.adapters.mlx.cpu.huge_pages import PagePlacement
 from semantic.adapters.mlx.cpu.kernel_variant import VARIANT_ENV, choose_variant, variants_here
+from semantic.adapters.mlx.cpu.page_placement import PagePlacement
 from semantic.adapters.mlx.cpu.side_by_side import SIDE_BY_SIDE_ENV
 from semantic.adapters.mlx.models.model_parts import BodyAndHead, not_sliceable
 
