@@ -89,9 +89,10 @@ def test_each_served_model_says_which_fast_paths_run(
     server = servers[variant].result()
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
     said = (client.models.retrieve(variant.name).model_extra or {})["runtime"]["accelerations"]
-    assert all(value == "on" or value.startswith("off: ") for value in said.values())
+    assert all(value.startswith(("on", "off: ")) for value in said.values())
     logged = server.log.read_text()
-    for name, value in said.items():  # the same, one line each at start
+    for name, value in said.items():  # the same, one line each at start (or, for the huge
+        # pages' move, when it ended: ADR 0032)
         assert f"acceleration {name}: {value}" in logged
     bodied = variant.family in LLAMA_BODIED
     assert said["long prompts sliced between decode steps (ADR 0009)"] == "on"

@@ -9,7 +9,6 @@ from semantic.adapters.mlx.cpu.huge_pages import (
     BUSY_TRIES,
     HUGE_PAGE,
     HUGE_PAGES_ENV,
-    PIECE_PAGES,
     Span,
     WeightPages,
     collapse_spans,
@@ -50,16 +49,16 @@ def test_every_page_collapsed_counts_every_weight_byte() -> None:
     spans = [(3 * MB, 6 * MB), (7 * MB, 9 * MB)]
     kernel = FakeKernel()
     pages = collapse_spans(spans, kernel)
-    assert kernel.calls == [(2 * MB, 10 * MB)]  # one call for one run of pages
+    assert kernel.calls == [(p, p + HUGE_PAGE) for p in range(2 * MB, 10 * MB, HUGE_PAGE)]
     assert (pages.weight_bytes, pages.huge_bytes, pages.why_not) == (5 * MB, 5 * MB, None)
     assert pages.mostly
 
 
-def test_a_run_refused_whole_is_tried_page_by_page() -> None:
-    run, straddling = (0, 8 * MB), (4 * MB, 6 * MB)
-    kernel = FakeKernel({run: errno.EINVAL, straddling: errno.EINVAL})
+def test_a_page_refused_leaves_the_others_collapsed_and_is_said() -> None:
+    straddling = (4 * MB, 6 * MB)
+    kernel = FakeKernel({straddling: errno.EINVAL})
     pages = collapse_spans([(0, 8 * MB)], kernel)
-    assert kernel.calls[1:] == [(p, p + HUGE_PAGE) for p in range(0, 8 * MB, HUGE_PAGE)]
+    assert kernel.calls == [(p, p + HUGE_PAGE) for p in range(0, 8 * MB, HUGE_PAGE)]
     assert pages.huge_bytes == 6 * MB
     assert pages.why_not == "some pages straddle two mappings"
     assert not pages.mostly
@@ -88,14 +87,14 @@ def test_a_busy_page_is_tried_again() -> None:
 
     kernel = BusyOnce()
     pages = collapse_spans([(0, HUGE_PAGE)], kernel)
-    assert len(kernel.calls) == 3  # the run, then its one page twice
+    assert len(kernel.calls) == 3  # busy twice, then collapsed
     assert pages.huge_bytes == HUGE_PAGE
 
 
 def test_a_page_busy_every_time_is_said() -> None:
     kernel = FakeKernel({(0, HUGE_PAGE): errno.EAGAIN})
     pages = collapse_spans([(0, HUGE_PAGE)], kernel)
-    assert len(kernel.calls) == 1 + BUSY_TRIES
+    assert len(kernel.calls) == BUSY_TRIES
     assert "busy" in (pages.why_not or "")
 
 
@@ -103,14 +102,6 @@ def test_weights_never_placed_are_not_said_to_be_on_huge_pages() -> None:
     pages = WeightPages(0, 0, f"{HUGE_PAGES_ENV}=0")
     assert not pages.mostly
     assert pages.describe() == f"{HUGE_PAGES_ENV}=0"
-
-
-def test_a_long_run_is_collapsed_a_piece_at_a_time() -> None:
-    piece = PIECE_PAGES * HUGE_PAGE
-    kernel = FakeKernel()
-    pages = collapse_spans([(0, 2 * piece + HUGE_PAGE)], kernel)
-    assert kernel.calls == [(0, piece), (piece, 2 * piece), (2 * piece, 2 * piece + HUGE_PAGE)]
-    assert pages.huge_bytes == 2 * piece + HUGE_PAGE
 
 
 class HeldKernel(FakeKernel):
@@ -147,7 +138,7 @@ def test_a_placement_is_under_way_until_its_thread_ends_and_then_tells_everyone(
 
 
 def test_a_stopped_placement_moves_no_piece_after_the_one_under_way() -> None:
-    piece = PIECE_PAGES * HUGE_PAGE
+    piece = HUGE_PAGE
     kernel = HeldKernel()
     placement = PagePlacement([(0, 3 * piece)], kernel, HUGE_PAGE)
     placement.start()
@@ -168,7 +159,7 @@ def test_a_placement_ruled_out_is_over_from_the_start() -> None:
 
 
 def test_a_placement_moves_while_the_server_is_idle_or_once_its_patience_runs_out() -> None:
-    piece = PIECE_PAGES * HUGE_PAGE
+    piece = HUGE_PAGE
     kernel, busy = FakeKernel(), threading.Event()
     busy.set()
     placement = PagePlacement([(0, 2 * piece)], kernel, HUGE_PAGE)

@@ -164,7 +164,7 @@ def runtime_report(loaded: LoadedModel, kernel: str, host: HostMemory) -> dict[s
     log.info("kv restore and export: %s", host.describe())
     lines = {a.name: a.describe() for a in found}
     if (placement := loaded.pages) is not None:
-        placement.when_done(lambda _: lines.update([huge_pages_line(placement)]))
+        placement.when_done(lambda _: _bring_up_to_date(lines, huge_pages_line(placement)))
     return {
         "device": device_name(),
         "kv_memory": host.describe(),
@@ -172,6 +172,13 @@ def runtime_report(loaded: LoadedModel, kernel: str, host: HostMemory) -> dict[s
         "kernels": kernel,
         "accelerations": lines,
     }
+
+
+def _bring_up_to_date(lines: dict[str, str], line: tuple[str, str]) -> None:
+    """Logged first, then served: whatever ``/v1/models/{id}`` says, the log said before."""
+    if lines.get(line[0]) != line[1]:
+        log.info("acceleration %s: %s", *line)
+        lines[line[0]] = line[1]
 
 
 def load(

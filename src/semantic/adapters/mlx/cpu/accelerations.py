@@ -135,7 +135,7 @@ def weights_on_huge_pages(placement: PagePlacement | None) -> Acceleration:
     if placement is None:
         return Acceleration(HUGE_PAGES, "not placed at load")
     if (pages := placement.pages) is None:
-        return Acceleration(HUGE_PAGES, None, "moving beside the server, at the lowest priority")
+        return Acceleration(HUGE_PAGES, None, "moving beside the server, in its idle time")
     return Acceleration(HUGE_PAGES, None if pages.mostly else pages.describe())
 
 

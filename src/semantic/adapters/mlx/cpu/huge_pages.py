@@ -5,15 +5,15 @@ is some 130,000 translations a step, and each miss stalls a stream the prefetche
 otherwise keep full. Debian's transparent huge pages are "madvise" only, and MLX's buffers
 come from malloc unadvised, so a weight never lands on a huge page by itself. Linux 6.1's
 ``MADV_COLLAPSE`` rebuilds pages already filled as huge pages, in place, whatever the THP
-mode says: one call per 16 MiB of the pages under the weights. Measured on a
+mode says: one call per 2 MiB page under the weights. Measured on a
 Zen 3 VM (EPYC family 25 model 1, OpenBLAS 0.3.21 Zen core; ADR 0032), alternated in one
 process: the host pass over one row 18.7 -> 16.6 ms; the collapse itself costs ~7 ms per
 2 MiB page there (1.3-1.9 s for SmolLM2 in float32), once; 2.1-7.8 s on the same VM a
 day later (most of it the copy into fresh memory, which the hypervisor backs as it is first
 touched; ``glibc.malloc.hugetlb=1`` paid as much at first touch). While a page moves, the
-address space is locked, so the move runs once the server is up, on a thread of its own at
-the lowest priority (``PagePlacement``); ``SEMANTIC_HUGE_PAGES=at-load`` makes it at load
-instead (the benchmarks: their figures are steady states).
+address space is locked, so the move runs once the server is up, on a thread of its own in
+the machine's and the engine's idle time (``page_placement``); ``SEMANTIC_HUGE_PAGES=
+at-load`` makes it at load instead (the benchmarks: their figures are steady states).
 
 The pages it rebuilds may hold neighbouring allocations too; their contents are unchanged,
 and memory freed later on such a page only splits it back.
@@ -38,9 +38,6 @@ HUGE_PAGE = 2 << 20
 PMD_SIZE_FILE = "/sys/kernel/mm/transparent_hugepage/hpage_pmd_size"
 MADV_COLLAPSE = 25
 BUSY_TRIES = 3
-PIECE_PAGES = 8
-"""Huge pages one call collapses at most (16 MiB): a placement told to stop stops between
-calls, and a call holds the address space's lock for a few of them, not for all."""
 
 Span = tuple[int, int]
 """[start, end) in the process's address space."""
@@ -129,30 +126,27 @@ def collapse_spans(
     page: int = HUGE_PAGE,
     go_ahead: Callable[[], bool] = lambda: True,
 ) -> WeightPages:
-    """Collapse each run a piece of ``PIECE_PAGES`` at a time; a piece the kernel refuses
-    whole (it crosses two mappings, or a page was busy) page by page, a busy page a few
-    times. Counts the weight bytes on pages that collapsed; ``go_ahead()`` is asked before
-    each piece (it may wait), and False stops the move."""
+    """Collapse the pages under ``spans`` one call a page, a busy page a few times: between
+    calls the move may wait for an idle engine or stop (``go_ahead()``, asked before each
+    page: False stops it), and a thread that faults meanwhile waits for one page on the
+    move, not for a run. Counts the weight bytes on pages that collapsed."""
     done: list[Span] = []
     errors: set[int] = set()
-    for run in pieces(page_runs(spans, page), page):
+    for one in pages_of(page_runs(spans, page), page):
         if not go_ahead():
             errors.add(errno.ECANCELED)
             break
-        if collapse(run[0], run[1] - run[0]) == 0:
-            done.append(run)
-            continue
-        pages = [(p, p + page) for p in range(run[0], run[1], page)]
-        done += [one for one in pages if _collapsed(one, collapse, errors)]
+        if _collapsed(one, collapse, errors):
+            done.append(one)
     size = sum(end - start for start, end in spans)
     huge = _overlap(spans, merged(done))
     return WeightPages(size, huge, _why(errors, any_done=bool(done)) if huge < size else None)
 
 
-def pieces(runs: Iterable[Span], page: int, most: int = PIECE_PAGES) -> Iterator[Span]:
+def pages_of(runs: Iterable[Span], page: int) -> Iterator[Span]:
     for start, end in runs:
-        for at in range(start, end, most * page):
-            yield at, min(end, at + most * page)
+        for at in range(start, end, page):
+            yield at, at + page
 
 
 def _collapsed(page: Span, collapse: Collapse, errors: set[int]) -> bool:

@@ -1,5 +1,13 @@
 """The weights' move onto huge pages (``huge_pages``) as it runs: at load, or beside the
-server once it answers, on a thread of its own at the lowest priority (ADR 0032)."""
+server once it answers, a page at a time on a thread of its own that Linux runs only on a
+CPU with nothing else to do (SCHED_IDLE), and only while the engine has no request (ADR
+0032).
+
+Both, because a page on the move holds the address space's lock and takes a CPU for ~7 ms:
+at nice 0 or 19, a slow-client flood's ordinary requests (0.2 s) took 2.1-2.3 s (the move
+took the CPU, or, preempted at nice 19, held the lock while every thread that faulted
+waited for it); under SCHED_IDLE they met their 2 s three times of three.
+"""
 
 from __future__ import annotations
 
@@ -29,19 +37,18 @@ from semantic.adapters.mlx.cpu.huge_pages import (
 
 log = logging.getLogger(__name__)
 
-LOWEST_PRIORITY = 19
 PATIENCE_S = 2.0
-"""How long a piece waits for an idle server before it moves anyway: a busy server still
-gets its huge pages, a piece (~50 ms of stalls on the Zen 3 VM of ADR 0032) every two
-seconds."""
+"""How long a page waits for an idle engine before it moves anyway: a busy server still
+gets its huge pages, a page (~7 ms of stalls on the Zen 3 VM of ADR 0032) every two
+seconds, where a CPU has a moment free."""
 IDLE_POLL_S = 0.05
 
 
 class PagePlacement:
-    """The weights' move onto huge pages, on a thread of its own at the lowest priority,
-    started once the server is up (``start``): while a page moves, the process's address
-    space is locked (~7 ms a page on the Zen 3 VM of ADR 0032), and a start that faults its KV
-    memory in waited for every page. The weights stay readable throughout."""
+    """The weights' move onto huge pages, on a thread of its own, started once the server
+    is up (``start``): while a page moves, the process's address space is locked (~7 ms a
+    page on the Zen 3 VM of ADR 0032), and a start that faults its KV memory in waited for
+    every page. The weights stay readable throughout."""
 
     def __init__(
         self, spans: list[Span], collapse: Collapse, page: int, over: WeightPages | None = None
@@ -63,7 +70,7 @@ class PagePlacement:
         return cls([], _no_collapse, HUGE_PAGE, WeightPages(0, 0, why))
 
     def start(self, idle: Callable[[], bool] = lambda: True, patience: float = PATIENCE_S) -> None:
-        """The move begins, a piece at a time whenever ``idle()`` says the server has nothing
+        """The move begins, a page at a time whenever ``idle()`` says the server has nothing
         to do, or once ``patience`` seconds passed without (once; later calls do nothing).
         Moving beside a decode stream, the first reply after a start ran at 16 tokens/s
         instead of 36 on that VM: pages are locked while they move."""
@@ -100,7 +107,7 @@ class PagePlacement:
         self._stop.set()
 
     def _run(self, idle: Callable[[], bool], patience: float) -> None:
-        _lower_this_threads_priority()
+        _only_when_a_cpu_is_idle()
         began = time.monotonic()
         spans, collapse, page = self._work
         pages = collapse_spans(spans, collapse, page, lambda: self._go_ahead(idle, patience))
@@ -114,7 +121,7 @@ class PagePlacement:
             callback(pages)
 
     def _go_ahead(self, idle: Callable[[], bool], patience: float) -> bool:
-        """Before each piece: an idle server waited for, ``patience`` seconds at most;
+        """Before each page: an idle engine waited for, ``patience`` seconds at most;
         False once told to stop."""
         deadline = time.monotonic() + patience
         while not idle() and time.monotonic() < deadline and not self._stop.wait(IDLE_POLL_S):
@@ -152,7 +159,7 @@ def _no_collapse(_start: int, _length: int) -> int:
     return errno.ENOSYS
 
 
-def _lower_this_threads_priority() -> None:
-    """Linux's nice is a thread's own: the server's threads keep theirs."""
+def _only_when_a_cpu_is_idle() -> None:
+    """Linux's SCHED_IDLE, for this thread alone (its id 0 is the caller)."""
     with contextlib.suppress(OSError, AttributeError):  # else at the server's priority
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LOWEST_PRIORITY)
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
