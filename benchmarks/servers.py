@@ -1,7 +1,7 @@
 """The server as the benchmarks start it: its weights on huge pages before it answers.
 
-A server moves its weights onto huge pages once it is up, at the lowest priority (ADR
-0032); measured while they move, a row would mix two speeds. The benchmarks measure steady
+A server moves its weights onto huge pages once it is up, in its idle time (ADR 0032);
+measured while they move, a row would mix two speeds. The benchmarks measure steady
 states, so theirs waits for the move at load (``SEMANTIC_HUGE_PAGES=at-load``), as every
 server did before the move went into the background.
 """

@@ -23,12 +23,9 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
-
-log = logging.getLogger(__name__)
 
 HUGE_PAGES_ENV = "SEMANTIC_HUGE_PAGES"
 AT_LOAD = "at-load"
