@@ -1,7 +1,7 @@
 """A multi-agent trace with more agents than memory: LRU against the agent policy (ADR 0028).
 
     python -m benchmarks.agent_trace [--teams 2] [--waves 4] [--workers 3] [--steps 3]
-        [--seed 7] [--turns-out FILE] [--mlx-lm MODEL_DIR]
+        [--seed 7] [--turns-out FILE] [--urgent-supervisors] [--mlx-lm MODEL_DIR]
 
 Teams run at once, each a supervisor that fans its task out to waves of workers: the shape
 of LangGraph's supervisor with ``Send``, CrewAI's hierarchical crew, or the Agents SDK's
@@ -28,7 +28,9 @@ wait (``X-Retention``); the server also holds an agent's KV while its tools run.
 for each: the share of prompt tokens restored from memory and from disk (the server's
 counters), the blocks cut from disk, time to first token p50 and p99 (streamed, as a
 client sees it), an agent step p50 and p99 (first token to last), the total time and the
-slowest first tokens with the tokens each computed, with the machine line.
+slowest first tokens with the tokens each computed, and when each team ended beside its
+supervisor's turns and its tools' floor (each wave's longest chain of tool waits), with the
+machine line.
 ``--mlx-lm MODEL_DIR`` replays the same trace on ``mlx_lm.server`` for reference, through
 chat completions (the client sends each agent's whole history every turn; its prompt cache
 held to the memory budget, and it has no disk tier).
@@ -106,10 +108,12 @@ class Team:
 
 @dataclass(frozen=True)
 class Hints:
-    """``X-Retention`` for the agent policy's run (None: the LRU run sends none)."""
+    """``X-Retention`` for the agent policy's run (None: the LRU run sends none), and the
+    ``X-Priority`` of a supervisor's turns (None: none sent)."""
 
     supervisor: str | None
     worker: str | None
+    supervisor_turns: str | None = None
 
 
 def plan(
@@ -158,10 +162,14 @@ def _tokens(words: int) -> int:
     return words * 11 // 10  # the tool results' words, as the embedded tokenizer counts them
 
 
-def hints(max_tool_s: float) -> Hints:
+def hints(max_tool_s: float, *, urgent: bool = False) -> Hints:
     """What a framework knows: a supervisor matters most and waits its workers' tasks
-    (Anthropic's five-minute TTL); a worker waits its tools at most ``max_tool_s``."""
-    return Hints("priority=90, ttl=300", f"ttl={math.ceil(max_tool_s) + 5}")
+    (Anthropic's five-minute TTL); a worker waits its tools at most ``max_tool_s``; and
+    (``urgent``) the workers wait on a supervisor's turn, so it may go first
+    (``X-Priority: high``)."""
+    return Hints(
+        "priority=90, ttl=300", f"ttl={math.ceil(max_tool_s) + 5}", "high" if urgent else None
+    )
 
 
 def words(n: int, chance: random.Random) -> str:
@@ -174,7 +182,7 @@ async def run_team(door: Door, team: Team, told: Hints, seed: int) -> None:
     await door.make(team.supervisor, told.supervisor)
     message: Message = {"content": team.task}
     for wave in team.waves:
-        call_id = await door.turn(team.supervisor, message)
+        call_id = await door.turn(team.supervisor, message, priority=told.supervisor_turns)
         await asyncio.gather(*(run_worker(door, w, told.worker, seed) for w in wave))
         chance = random.Random(f"{seed}-{team.supervisor}-{wave[0].agent_id}")
         report = "\n".join(f"{w.agent_id}: {words(w.report_words, chance)}" for w in wave)
@@ -183,7 +191,7 @@ async def run_team(door: Door, team: Team, told: Hints, seed: int) -> None:
             if call_id
             else {"content": f"The workers reported: {report}"}
         )
-    await door.turn(team.supervisor, message, choice="none")
+    await door.turn(team.supervisor, message, choice="none", priority=told.supervisor_turns)
 
 
 async def run_worker(door: Door, worker: Worker, retention: str | None, seed: int) -> None:
@@ -276,6 +284,26 @@ def report(name: str, ran: Ran) -> None:
     )
 
 
+def paths(teams: list[Team], ran: Ran) -> None:
+    """Where each team's time went: when its last turn ended, its supervisor's turns (sent
+    to last token), and its tools' floor (each wave's longest chain of tool waits)."""
+    turns = ran.seen.turns
+    if not turns:
+        return
+    began = min(t.sent_at for t in turns)
+    said = []
+    for team in teams:
+        ids = {team.supervisor, *(w.agent_id for wave in team.waves for w in wave)}
+        own = [t for t in turns if t.agent_id in ids]
+        ended = max(t.sent_at + t.ttft_s + t.step_s for t in own) - began
+        supervised = sum(t.ttft_s + t.step_s for t in own if t.agent_id == team.supervisor)
+        tools = sum(max(sum(s for s, _ in w.tools) for w in wave) for wave in team.waves)
+        said.append(
+            f"{team.supervisor} {ended:.0f} s ({supervised:.0f} its turns, {tools:.0f} tools)"
+        )
+    print(f"{'':<22} teams ended: " + ", ".join(said), flush=True)
+
+
 def keep_turns(path: Path | None, name: str, seen: Seen) -> None:
     if path is not None:
         with path.open("a") as out:
@@ -297,6 +325,12 @@ def arguments() -> argparse.Namespace:
         "--disk-quota-mb", type=int, default=0, help="0: two fifths of the working set"
     )
     parser.add_argument("--turns-out", type=Path, help="append every turn here, a JSON line each")
+    parser.add_argument(
+        "--urgent-supervisors",
+        action="store_true",
+        help="two more runs, each policy with every supervisor's turn sent `X-Priority: "
+        "high` (it goes first, unpaced: ADR 0009)",
+    )
     parser.add_argument(
         "--mlx-lm",
         type=Path,
@@ -327,17 +361,23 @@ def main() -> None:
         f"{'':<22} {'memory':>6} {'disk':>6} {'cut':>5}  (prompt tokens restored from each "
         "tier; blocks cut from disk; ms)"
     )
-    runs = (
+    runs = [
         ("lru", "--eviction lru", Hints(None, None)),
         ("agent policy + hints", "--eviction agent", hints(args.max_tool_s)),
-    )
+    ]
+    if args.urgent_supervisors:
+        runs += [
+            ("agent + X-Priority", "--eviction agent", hints(args.max_tool_s, urgent=True)),
+            ("lru + X-Priority", "--eviction lru", Hints(None, None, "high")),
+        ]
     with tempfile.TemporaryDirectory() as tmp:
-        for name, flag, told in runs:
-            data = Path(tmp) / name.split()[0]
+        for n, (name, flag, told) in enumerate(runs):
+            data = Path(tmp) / f"run-{n}"  # each on a fresh server and data directory
             args_ = ("--kv-budget-mb", str(budget), "--disk-quota-mb", str(disk), *flag.split())
             with steady_server(data, *args_).start() as server:
                 ran = asyncio.run(run_trace(server.url, teams, told, args.seed, ""))
                 report(name, ran)
+                paths(teams, ran)
                 keep_turns(args.turns_out, name, ran.seen)
                 server.stop()
     if args.mlx_lm:

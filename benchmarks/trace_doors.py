@@ -29,6 +29,8 @@ class TurnSeen:
     prompt_tokens: int
     computed: int
     """Prompt tokens the turn computed (not restored from any tier); 0 where not told."""
+    sent_at: float = 0.0
+    """When the turn was sent (``time.perf_counter``): where it sat in the trace."""
 
 
 @dataclass
@@ -45,8 +47,11 @@ Message = dict[str, Any]
 class Door(Protocol):
     async def make(self, agent_id: str, retention: str | None) -> None: ...
 
-    async def turn(self, agent_id: str, message: Message, choice: str = "required") -> str | None:
-        """One streamed turn; the id of the tool call it made (None: it made none)."""
+    async def turn(
+        self, agent_id: str, message: Message, choice: str = "required", priority: str | None = None
+    ) -> str | None:
+        """One streamed turn (``priority``: its ``X-Priority``); the id of the tool call it
+        made (None: it made none)."""
         ...
 
 
@@ -72,7 +77,7 @@ class _Streamed:
             cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
         computed = 0 if cached is None else prompt - cached
         ttft, step = self.first - self.started, self.last - self.first
-        seen.turns.append(TurnSeen(agent_id, ttft, step, prompt, computed))
+        seen.turns.append(TurnSeen(agent_id, ttft, step, prompt, computed, self.started))
 
 
 async def _events(reply: httpx.Response) -> AsyncIterator[dict[str, Any]]:
@@ -94,11 +99,14 @@ class AgentsDoor:
         body = {"id": agent_id, "system_prompt": self._system}
         (await self._client.post("/v1/agents", json=body, headers=headers)).raise_for_status()
 
-    async def turn(self, agent_id: str, message: Message, choice: str = "required") -> str | None:
+    async def turn(
+        self, agent_id: str, message: Message, choice: str = "required", priority: str | None = None
+    ) -> str | None:
         body = {**message, **_turn_settings(self._tools, choice)}
         streamed, final = _Streamed(), {}
         url = f"/v1/agents/{agent_id}/messages"
-        async with self._client.stream("POST", url, json=body) as reply:
+        headers = {"X-Priority": priority} if priority else {}
+        async with self._client.stream("POST", url, json=body, headers=headers) as reply:
             if reply.status_code != 200:
                 await _failed(self._seen, agent_id, reply)
                 return None
@@ -131,7 +139,13 @@ class ChatDoor:
     async def make(self, agent_id: str, retention: str | None) -> None:  # noqa: ARG002
         self._histories[agent_id] = [{"role": "system", "content": self._system}]
 
-    async def turn(self, agent_id: str, message: Message, choice: str = "required") -> str | None:
+    async def turn(
+        self,
+        agent_id: str,
+        message: Message,
+        choice: str = "required",
+        priority: str | None = None,  # noqa: ARG002 - a server of its own: no such header
+    ) -> str | None:
         history = self._histories[agent_id]
         history.append({"role": "user", **message} if "role" not in message else message)
         body = {

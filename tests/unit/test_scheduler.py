@@ -216,6 +216,55 @@ def test_short_prompts_arriving_every_round_do_not_starve_a_long_one() -> None:
     assert long_id in firsts, "the long prompt still gets every other round"
 
 
+def test_an_urgent_long_prompt_is_not_held_back_for_short_ones() -> None:
+    e = engine(pacer=PacerConfig(fixed_tokens=8))
+    long_id = e.submit("long", list(range(1, 61)), max_tokens=2, priority=Priority.HIGH)
+    e.step()
+    short_id = e.submit("short", [7, 3, 9], max_tokens=2)
+    assert first_token_order(e) == [long_id, short_id]
+
+
+def rounds_to_first_token(priority: Priority) -> tuple[int, int]:
+    """Two streams decode; a 40-token prompt of ``priority`` arrives: the rounds until its
+    first token, and the decode steps of the streams meanwhile."""
+    backend = FakeBackend()
+    config = EngineConfig(prefill_chunk_tokens=4, pacer=PacerConfig(idle_tokens=64, busy_tokens=8))
+    e = BlockPoolBatchEngine(backend, FakeTokenizer(), BlockPool(200), config)
+    for n in range(2):
+        e.submit(f"stream-{n}", [3 + n, 4, 5], max_tokens=40)
+    e.step()
+    steps = len(backend.made("step"))
+    prompt_id = e.submit("prompt", list(range(1, 41)), max_tokens=2, priority=priority)
+    rounds = 0
+    while not any(event.request_id == prompt_id for event in e.step().events):
+        rounds += 1
+    return rounds + 1, len(backend.made("step")) - steps
+
+
+def test_an_urgent_prompt_beside_streams_goes_unpaced_and_the_streams_still_step() -> None:
+    urgent_rounds, urgent_steps = rounds_to_first_token(Priority.HIGH)
+    paced_rounds, _ = rounds_to_first_token(Priority.NORMAL)
+    assert urgent_rounds == 1, "the whole prompt in one round, as if nothing decoded"
+    assert paced_rounds == 5, "8 tokens a round beside the streams"
+    assert urgent_steps == 1, "the streams took their step in that round"
+
+
+def test_an_urgent_arrival_is_admitted_before_running_prompts_go_on() -> None:
+    e = engine(pacer=PacerConfig(fixed_tokens=8))
+    long_id = e.submit("long", list(range(1, 61)), max_tokens=2)
+    e.step()
+    urgent_id = e.submit("urgent", list(range(2, 42)), max_tokens=2, priority=Priority.HIGH)
+    assert first_token_order(e) == [urgent_id, long_id]
+
+
+def test_an_equal_priority_is_not_urgent_short_prompts_still_go_first() -> None:
+    e = engine(pacer=PacerConfig(fixed_tokens=8))
+    long_id = e.submit("long", list(range(1, 61)), max_tokens=2, priority=Priority.HIGH)
+    e.step()
+    short_id = e.submit("short", [7, 3, 9], max_tokens=2, priority=Priority.HIGH)
+    assert first_token_order(e) == [short_id, long_id]
+
+
 def test_an_idle_engine_slices_a_lone_prompt_so_an_arrival_starts_within_a_round() -> None:
     """With nothing decoding, a 1,024-token pass made a request arriving meanwhile wait
     ~3 s here; sliced rounds let it in after one of them."""

@@ -1,7 +1,9 @@
 """Admission and chunking for one round, after mini-SGLang's PrefillAdder.
 
-Requests already prefilling keep their place at the front and continue first. New ones
-come from the queue in priority order; each is admitted only if the pool, after what running
+Requests already prefilling keep their place at the front and continue first, in priority
+order; a prompt of a higher priority than every other request goes first and unpaced, as if
+nothing decoded (a supervisor its workers wait on). New ones come from the queue in priority
+order; each is admitted only if the pool, after what running
 requests may still grow into (layer one), can also hold its prompt and its expected output
 (layer two); availability is checked again once its cache is built and its shared blocks
 pinned. Only prompt tokens not restored from cache count against the round's budget, and
@@ -124,18 +126,23 @@ class PrefillAdder:
         queued or running) is theirs alone, so a long prompt part way through its prefill
         costs them a round, not its whole prefill (its next rounds are then paced beside
         their streams). Never two such rounds in a row: short arrivals cannot starve it.
+        A prompt more urgent than every other request goes before all of them (``_urgent``).
         ``running`` are the admitted requests, prefilling ones in order; ``capabilities``:
         what the backend can do this round (slice, carry prompt tokens in a decode step)."""
         ride_capacity, can_slice = capabilities.ride_capacity, capabilities.can_slice
-        prefilling = [r for r in running if r.remaining_prompt > 0]
+        prefilling = sorted((r for r in running if r.remaining_prompt > 0), key=_urgency)
+        urgent = self._urgent(running, prefilling[:1])
+        paced = 0 if urgent is not None else decoding  # as if nothing decoded
         waiting = len(self._queue) + len(prefilling)
-        budget = self._pacer.round_budget(decoding, waiting, ride_capacity, can_slice=can_slice)
+        budget = self._pacer.round_budget(paced, waiting, ride_capacity, can_slice=can_slice)
         left = _Round(budget.tokens, budget.seconds, budget.ride, budget.sliced)
         promised = sum(self._still_needs(r, r.reservation.block_count) for r in running)
         entry = _Entry(room, promised, busy=bool(running))
         plan: Plan = []
-        idle = decoding == 0 and can_slice and self._pacer.config.idle_slice_seconds is not None
-        if prefilling and not self._held_back:
+        idle = paced == 0 and can_slice and self._pacer.config.idle_slice_seconds is not None
+        if urgent is not None and urgent not in prefilling:
+            plan = self._admit(entry, left, short_only=False)  # the queue's head: it first
+        if prefilling and not self._held_back and urgent is None:
             plan = self._admit(entry, left, short_only=True)
             for request in prefilling:
                 if self._short(request.remaining_prompt) and not left.exhausted:
@@ -150,6 +157,22 @@ class PrefillAdder:
         if not (idle and self._one_long_prompt(plan)):
             plan += self._admit(entry, left, short_only=False)
         return self._settle(plan, budget, ride_capacity, idle)
+
+    def _urgent(
+        self, running: Sequence[ActiveRequest], first_prefilling: Sequence[ActiveRequest]
+    ) -> ActiveRequest | None:
+        """The prompt (prefilling, else the queue's head) of a higher priority than every
+        other request, running or queued, if there is one: it goes first, unpaced (big
+        chunks, sliced as in an idle round) and is never held back for short prompts. The
+        streams it passes still take a token a round. The prompt a framework marks urgent
+        is one others wait on (a supervisor whose workers start when it answers)."""
+        head = self._queue.peek()
+        candidates = [*first_prefilling, *([head] if head is not None else [])]
+        if not candidates:
+            return None
+        first = min(candidates, key=_urgency)
+        others = [r for r in (*running, *self._queue.items()) if r is not first]
+        return first if all(_urgency(first) < _urgency(r) for r in others) else None
 
     def _one_long_prompt(self, plan: Plan) -> bool:
         """Whether the plan is chunks of one prompt of more than a chunk of new tokens (its
@@ -261,3 +284,8 @@ class PrefillAdder:
         """Blocks ``request`` may still claim, up to its prompt plus its max tokens."""
         limit = len(request.prompt) + request.request.criteria.max_tokens
         return max(0, self._spec.blocks_for_tokens(limit) - held)
+
+
+def _urgency(request: ActiveRequest) -> int:
+    """Lower first: a request's queue priority (``X-Priority``)."""
+    return int(request.request.priority)
