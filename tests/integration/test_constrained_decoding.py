@@ -118,6 +118,26 @@ def test_a_required_call_comes_in_its_format_with_arguments_of_its_schema(
         jsonschema.validate(call["arguments"], TOOLS[call["name"]])
 
 
+def test_a_required_calls_forced_opening_prefilled_gives_the_tokens_decoding_it_gave(
+    real_model: RealModel, make_engine: EngineFactory, grammars: GrammarCompiler
+) -> None:
+    """``<tool_call>{"name": "`` is computed with the prompt, not a decode step a token:
+    the calls come out the same, token for token, alone and three at once."""
+    prompts = ["What is the weather in Paris?", "What is 2 plus 40?", "Hello!"]
+    requests = [
+        (chat(real_model, text), {"max_tokens": 48, "constraint": calls(require_call=True)})
+        for text in prompts
+    ]
+    replies = {}
+    for forced_opening in (True, False):
+        engine, _ = make_engine(grammars=grammars, forced_opening=forced_opening)
+        together = run_all(engine, requests)
+        alone = [run_all(engine, [request])[0] for request in requests]
+        replies[forced_opening] = [d.token_ids for d in together + alone]
+    assert replies[True] == replies[False]
+    assert grammars.compile(calls(require_call=True)).opening, "the opening is forced"
+
+
 def test_under_auto_free_text_goes_through_as_it_would_unconstrained(
     real_model: RealModel, make_engine: EngineFactory, grammars: GrammarCompiler
 ) -> None:

@@ -152,9 +152,15 @@ class LiteralMatcher:
 @dataclass
 class LiteralGrammar:
     literal: tuple[int, ...]
+    forced: int = 0
+    """How much of the literal it says every reply begins with (``opening``)."""
 
     def matcher(self) -> LiteralMatcher:
         return LiteralMatcher(self.literal)
+
+    @property
+    def opening(self) -> tuple[int, ...]:
+        return self.literal[: self.forced]
 
 
 @dataclass
@@ -163,13 +169,16 @@ class FakeGrammars:
     that literal; a schema holding ``"not"`` is refused, as llguidance refuses it."""
 
     compiled: list[OutputConstraint] = field(default_factory=list)
+    forced: int = 0
+    """How many of each literal's first tokens its grammar says are forced."""
 
     def compile(self, constraint: OutputConstraint) -> LiteralGrammar:
         schema = constraint.json_schema or "[]"
         if '"not"' in schema:
             raise UnsupportedSchemaError("not supported: not", keywords=("not",))
         self.compiled.append(constraint)
-        return LiteralGrammar(tuple(int(t) for t in schema.strip("[]").split(",") if t))
+        literal = tuple(int(t) for t in schema.strip("[]").split(",") if t)
+        return LiteralGrammar(literal, self.forced)
 
 
 def masked_choice(preferred: int, allowed: bytes) -> int:

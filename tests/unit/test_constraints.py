@@ -4,6 +4,8 @@ turn ends once the grammar is complete (or at max_tokens before that)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from semantic.application.chat.generation import GenerationInput, GenerationService, Limits
@@ -24,10 +26,12 @@ CONSTRAINT = OutputConstraint(json_schema="[12,30,4,4,51]")
 
 
 def make_engine(
-    grammars: FakeGrammars | None = None,
+    grammars: FakeGrammars | None = None, *, forced_opening: bool = True
 ) -> tuple[BlockPoolBatchEngine, FakeBackend]:
     backend = FakeBackend()
-    config = EngineConfig(prefill_chunk_tokens=4, pacer=PacerConfig(8))
+    config = EngineConfig(
+        prefill_chunk_tokens=4, pacer=PacerConfig(8), forced_opening=forced_opening
+    )
     engine = BlockPoolBatchEngine(
         backend, FakeTokenizer(), BlockPool(200), config, grammars=grammars
     )
@@ -67,6 +71,36 @@ def test_max_tokens_before_the_grammar_completes_ends_with_max_tokens() -> None:
     done = completions(run_until_idle(engine))[rid]
     assert list(done.token_ids) == list(LITERAL[:3])
     assert done.finish_reason is FinishReason.MAX_TOKENS
+
+
+def forced_run(forced_opening: bool, max_tokens: int = 20) -> tuple[list[int], Any, FakeBackend]:
+    """A constrained request whose grammar forces its first three tokens: what it streamed,
+    its completion, and the backend."""
+    engine, backend = make_engine(FakeGrammars(forced=3), forced_opening=forced_opening)
+    rid = engine.submit("a", PROMPT, max_tokens=max_tokens, constraint=CONSTRAINT)
+    events = run_until_idle(engine)
+    streamed = [e.token_id for e in events if isinstance(e, TokenEvent) and e.request_id == rid]
+    return streamed, completions(events)[rid], backend
+
+
+def test_a_forced_opening_is_prefilled_with_the_prompt_and_streamed_as_output() -> None:
+    streamed, done, backend = forced_run(forced_opening=True)
+    streamed_before, before, backend_before = forced_run(forced_opening=False)
+    assert streamed == streamed_before == [*LITERAL, EOS] == list(done.token_ids)
+    assert done.prompt_tokens == before.prompt_tokens == len(PROMPT)
+    assert done.blocks is not None
+    assert before.blocks is not None
+    assert done.blocks.token_ids == before.blocks.token_ids, "the KV kept: prompt, then reply"
+    prefilled = sum(n for _, n in backend.made("prefill"))
+    assert prefilled == len(PROMPT) + 3 == sum(n for _, n in backend_before.made("prefill")) + 3
+    assert len(backend.made("step")) == len(backend_before.made("step")) - 3
+
+
+def test_a_forced_opening_longer_than_max_tokens_is_decoded_as_before() -> None:
+    streamed, done, backend = forced_run(forced_opening=True, max_tokens=3)
+    assert streamed == list(LITERAL[:3]) == list(done.token_ids)
+    assert done.finish_reason is FinishReason.MAX_TOKENS
+    assert sum(n for _, n in backend.made("prefill")) == len(PROMPT)
 
 
 def test_a_schema_the_grammar_engine_refuses_is_refused_at_submission() -> None:

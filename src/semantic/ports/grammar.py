@@ -39,6 +39,14 @@ class Grammar(Protocol):
 
     def matcher(self) -> GrammarMatcher: ...
 
+    @property
+    def opening(self) -> tuple[int, ...]:
+        """The tokens every reply under it begins with, the grammar allowing no other at
+        each (a required call's ``<tool_call>{"name": "``): the engine computes them with
+        the prompt, in one pass, instead of a decode step each. May be shorter than what
+        the grammar forces (empty: none known)."""
+        ...
+
 
 class GrammarCompiler(Protocol):
     def compile(self, constraint: OutputConstraint) -> Grammar:

@@ -103,6 +103,9 @@ class ActiveRequest:
     """Its compiled output constraint: each admission starts a matcher from it."""
     dropped_tokens: int = 0
     """Cached prompt tokens its restore could not use (computed instead)."""
+    opening: tuple[int, ...] = ()
+    """The reply's first tokens, forced by its grammar: prefilled after the prompt, in its
+    pass, and reported as output before the first sampled token."""
 
     @property
     def pin_owner(self) -> str:
@@ -110,11 +113,12 @@ class ActiveRequest:
 
     @property
     def prompt(self) -> tuple[int, ...]:
-        return self.request.prompt
+        """What its prefill computes: the request's prompt, then the reply's forced opening."""
+        return self.request.prompt + self.opening if self.opening else self.request.prompt
 
     @property
     def remaining_prompt(self) -> int:
-        return len(self.request.prompt) - self.prefilled
+        return len(self.prompt) - self.prefilled
 
     @property
     def new_tokens(self) -> int:
@@ -124,7 +128,8 @@ class ActiveRequest:
             known = len(request.cached.blocks.token_ids)
         else:
             known = request.stored.tokens if request.stored is not None else 0
-        return len(request.prompt) - reusable_prefix(known, len(request.prompt))
+        prompt = self.prompt
+        return len(prompt) - reusable_prefix(known, len(prompt))
 
     def positions_after(self, generated: int) -> int:
         """Cache positions once ``generated`` tokens have been made (each is fed back)."""

@@ -20,6 +20,7 @@ from semantic.domain.blocks import AgentBlocks, restorable_prefix
 from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.errors import NoRoomCameError
 from semantic.domain.tokens import reusable_prefix
+from semantic.ports.grammar import GrammarMatcher
 from semantic.ports.model_backend import ModelBackend
 
 log = logging.getLogger(__name__)
@@ -128,7 +129,7 @@ class Admission:
 
     def _open_sequence(self, active: ActiveRequest, cached: AgentBlocks | None, n: int) -> None:
         grammar = active.grammar  # a fresh matcher for each try: a failed one may have begun
-        constrained = {"matcher": grammar.matcher()} if grammar is not None else {}
+        constrained = {"matcher": _past(grammar.matcher(), active.opening)} if grammar else {}
         in_place = self._backend.open_sequence(
             active.id,
             restored=cached,
@@ -156,3 +157,11 @@ class Admission:
             active.short_of_room_since = self._clock()
         elif self._clock() - since >= NO_ROOM_PATIENCE_S:
             self._refuse(active, NoRoomCameError(NO_ROOM_FAILURE))
+
+
+def _past(matcher: GrammarMatcher, opening: tuple[int, ...]) -> GrammarMatcher:
+    """``matcher`` told the reply's forced opening: the prefill computes it with the prompt,
+    so the first token sampled is the one after it."""
+    for token in opening:
+        matcher.accept(token)
+    return matcher

@@ -58,6 +58,9 @@ class EngineConfig:
     pacer: PacerConfig = field(default_factory=PacerConfig)
     max_running: int = 32
     max_waiting: int = 256
+    forced_opening: bool = True
+    """A constrained reply's opening that its grammar forces (``Grammar.opening``) is
+    computed with the prompt, not a decode step a token (False: tests compare)."""
 
 
 class BlockPoolBatchEngine:
@@ -94,6 +97,7 @@ class BlockPoolBatchEngine:
             lifecycle,
             state,
             grammars=grammars,
+            forced_opening=config.forced_opening,
         )
         self._admission = Admission(backend, self._spec, books, sharing, lifecycle, state=state)
         self.pacer = PrefillPacer(config.pacer)

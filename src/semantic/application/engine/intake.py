@@ -33,6 +33,7 @@ class Intake:
         state: EngineState,
         *,
         grammars: GrammarCompiler | None,
+        forced_opening: bool = True,
     ) -> None:
         self._spec = spec
         self._tokenizer = tokenizer
@@ -42,6 +43,7 @@ class Intake:
         self._running = state.running
         self._clock = state.clock
         self._grammars = grammars
+        self._forced_opening = forced_opening
         self._ids = itertools.count(1)
         self._cancels: dict[str, str | None] = {}  # request id -> why, if it failed
         self._cancel_lock = threading.Lock()
@@ -63,6 +65,7 @@ class Intake:
             self._books.ledger(request_id),
             submitted_at=self._clock(),
             grammar=grammar,
+            opening=self._opening(grammar, criteria.max_tokens),
         )
         if request.cached is not None:  # pin: hot blocks stay put until admission copies them
             self._books.pin(active, request.cached)
@@ -72,6 +75,14 @@ class Intake:
             self._books.release_pin(active)
             raise
         return request_id
+
+    def _opening(self, grammar: Grammar | None, max_tokens: int) -> tuple[int, ...]:
+        """The reply's forced opening, computed with the prompt; none where the reply may
+        not outgrow it (its first sampled token must still fit)."""
+        if grammar is None or not self._forced_opening:
+            return ()
+        opening = grammar.opening
+        return opening if len(opening) < max_tokens else ()
 
     def grammar_for(self, constraint: OutputConstraint | None) -> Grammar | None:
         """The constraint compiled (None for none); any thread. Compiled grammars are

@@ -94,11 +94,16 @@ class Lifecycle:
                 active.n_cached = active.prefilled = shared
 
     def first_token(self, active: ActiveRequest, first: SampledToken, events: Events) -> None:
+        """The reply's forced opening (prefilled with the prompt) is its output first."""
         active.first_token_at = self._clock()
         active.phase = Phase.DECODING
+        for token in active.opening:
+            self.accept_token(active, token, None, events)
+            if active.id not in self._running:  # ended inside it (a stop string)
+                return
         self.accept_token(active, first.token, first.top_prob, events)
         if active.id in self._running:
-            remaining = active.request.criteria.max_tokens - 1
+            remaining = active.request.criteria.max_tokens - 1 - len(active.opening)
             self._joins.append(Join(active.id, first.token, remaining))
 
     def accept_token(
@@ -152,7 +157,7 @@ class Lifecycle:
         if exported is None or exported.n_tokens <= 0:
             self._books.release(active.reservation)
             return None, error
-        token_ids = (active.prompt + tuple(kept))[: exported.n_tokens]
+        token_ids = (active.request.prompt + tuple(kept))[: exported.n_tokens]
         layers = self._books.bind(active.reservation, exported)
         blocks = AgentBlocks(active.request.agent_id, token_ids, layers)
         self._hand_on(active, blocks)
@@ -181,7 +186,7 @@ class Lifecycle:
             finish_reason=active.detector.reason or FinishReason.ERROR,
             text=active.detector.text,
             token_ids=tuple(kept),
-            prompt_tokens=len(active.prompt),
+            prompt_tokens=len(active.request.prompt),
             blocks=blocks,
             stats=active.stats(self._clock()),
             error=error,
