@@ -103,6 +103,53 @@ def test_a_forced_opening_longer_than_max_tokens_is_decoded_as_before() -> None:
     assert sum(n for _, n in backend.made("prefill")) == len(PROMPT)
 
 
+def test_requests_sharing_a_forced_opening_report_no_more_cached_than_their_prompt() -> None:
+    """Two alike arrive at once: the second copies the first's prefix, its opening too."""
+    engine, _ = make_engine(FakeGrammars(forced=3))
+    ids = [engine.submit(f"a{n}", PROMPT, max_tokens=20, constraint=CONSTRAINT) for n in (0, 1)]
+    done = completions(run_until_idle(engine))
+    for rid in ids:
+        assert list(done[rid].token_ids) == [*LITERAL, EOS]
+        assert done[rid].stats.cached_tokens <= len(PROMPT) - 1
+        assert done[rid].prompt_tokens == len(PROMPT)
+
+
+class GapCounter:
+    def __init__(self) -> None:
+        self.firsts = 0
+        self.gaps = 0
+
+    def on_first_token(self, seconds: float) -> None:
+        self.firsts += 1
+
+    def on_token_gap(self, seconds: float) -> None:
+        self.gaps += 1
+
+    def on_finished(self, finished: Any) -> None:
+        pass
+
+    def on_abandoned(self) -> None:
+        pass
+
+
+async def test_a_forced_opening_counts_no_gaps_between_tokens_of_its_own() -> None:
+    """It comes in the first sampled token's step: one first token, then a gap a step."""
+    engine, _ = make_engine(FakeGrammars(forced=3))
+    loop = EngineLoop(engine)
+    loop.start()
+    counted = GapCounter()
+    try:
+        service = GenerationService(loop, None, Limits(512, 256, 16), counted)
+        reply = await service.complete(
+            GenerationInput(tuple(PROMPT), max_tokens=9, constraint=CONSTRAINT)
+        )
+    finally:
+        loop.stop()
+    assert reply.text == FakeTokenizer().decode(LITERAL)
+    assert counted.firsts == 1
+    assert counted.gaps == len(LITERAL) - 3, "the steps after the first: 51, then the end"
+
+
 def test_a_schema_the_grammar_engine_refuses_is_refused_at_submission() -> None:
     grammars = FakeGrammars()
     engine, backend = make_engine(grammars)

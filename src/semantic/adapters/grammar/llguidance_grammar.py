@@ -119,7 +119,8 @@ class LlguidanceGrammar:
         self._pristine = pristine
         self._end_only = end_only
         self._guarded_by = guarded_by
-        self._opening: tuple[int, ...] | None = None
+        self._opening = tuple(pristine.deep_copy().compute_ff_tokens())
+        """Computed here, with the compilation (off the event loop, once per constraint)."""
 
     def matcher(self) -> LlguidanceMatcher:
         guard = None if self._guarded_by is None else RepeatGuard(*self._guarded_by)
@@ -129,8 +130,6 @@ class LlguidanceGrammar:
     def opening(self) -> tuple[int, ...]:
         """llguidance's fast-forward tokens at the start: forced, and tokenized as the model
         would write them (it leaves out a last token that the text after could merge into)."""
-        if self._opening is None:  # two threads may both compute it: the same tokens
-            self._opening = tuple(self._pristine.deep_copy().compute_ff_tokens())
         return self._opening
 
 

@@ -106,15 +106,15 @@ class ActiveRequest:
     opening: tuple[int, ...] = ()
     """The reply's first tokens, forced by its grammar: prefilled after the prompt, in its
     pass, and reported as output before the first sampled token."""
+    prompt: tuple[int, ...] = field(init=False)
+    """What its prefill computes: the request's prompt, then the reply's forced opening."""
+
+    def __post_init__(self) -> None:
+        self.prompt = self.request.prompt + self.opening if self.opening else self.request.prompt
 
     @property
     def pin_owner(self) -> str:
         return f"{self.id}/pin"
-
-    @property
-    def prompt(self) -> tuple[int, ...]:
-        """What its prefill computes: the request's prompt, then the reply's forced opening."""
-        return self.request.prompt + self.opening if self.opening else self.request.prompt
 
     @property
     def remaining_prompt(self) -> int:
@@ -142,7 +142,8 @@ class ActiveRequest:
             queued_s=admitted - self.submitted_at,
             prefill_s=max(0.0, first - admitted),
             decode_s=max(0.0, now - first),
-            cached_tokens=self.n_cached,
+            # of the request's prompt, its last counted as computed (as without an opening)
+            cached_tokens=min(self.n_cached, max(0, len(self.request.prompt) - 1)),
             computed_tokens=max(0, self.prefilled - self.n_cached),
             generated_tokens=self.detector.generated_count,
             dropped_tokens=self.dropped_tokens,

@@ -15,6 +15,9 @@ class TokenEvent:
     token_id: int
     text: str
     """Text that became safe to show with this token; empty while held back."""
+    forced: bool = False
+    """Of the reply's forced opening: computed with the prompt, it comes in the same step as
+    the first sampled token (no gap between them to count)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -98,7 +98,7 @@ class Lifecycle:
         active.first_token_at = self._clock()
         active.phase = Phase.DECODING
         for token in active.opening:
-            self.accept_token(active, token, None, events)
+            self.accept_token(active, token, None, events, forced=True)
             if active.id not in self._running:  # ended inside it (a stop string)
                 return
         self.accept_token(active, first.token, first.top_prob, events)
@@ -107,7 +107,13 @@ class Lifecycle:
             self._joins.append(Join(active.id, first.token, remaining))
 
     def accept_token(
-        self, active: ActiveRequest, token: int, top_prob: float | None, events: Events
+        self,
+        active: ActiveRequest,
+        token: int,
+        top_prob: float | None,
+        events: Events,
+        *,
+        forced: bool = False,
     ) -> None:
         generated = active.detector.generated_count + 1
         if not self._books.grow(active.reservation, active.positions_after(generated)):
@@ -115,7 +121,7 @@ class Lifecycle:
             self.complete(active, events, keep_kv=True)
             return
         progress = active.detector.add(token, top_prob)
-        events.append(TokenEvent(active.id, token, progress.text))
+        events.append(TokenEvent(active.id, token, progress.text, forced))
         if progress.finish is not None:
             self.complete(active, events, keep_kv=True)
 

@@ -282,7 +282,7 @@ class PrefillAdder:
 
     def _still_needs(self, request: ActiveRequest, held: int) -> int:
         """Blocks ``request`` may still claim, up to its prompt plus its max tokens."""
-        limit = len(request.prompt) + request.request.criteria.max_tokens
+        limit = len(request.request.prompt) + request.request.criteria.max_tokens
         return max(0, self._spec.blocks_for_tokens(limit) - held)
 
 
