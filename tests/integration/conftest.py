@@ -65,11 +65,19 @@ def make_engine(real_model: RealModel) -> EngineFactory:
         budget_bytes: int = 1 << 30,
         buffers: RestoreBuffers | None = None,
         grammars: GrammarCompiler | None = None,
+        forced_runs: bool = True,
         **config: Any,
     ) -> tuple[BlockPoolBatchEngine, MlxBackend]:
         eos, model = real_model.tokenizer.eos_token_ids, real_model.loaded.model
+        accelerator = accelerator_for(model)
         backend = MlxBackend(
-            model, real_model.spec, "test", eos, buffers, accelerator=accelerator_for(model)
+            model,
+            real_model.spec,
+            "test",
+            eos,
+            buffers,
+            accelerator=accelerator,
+            forced_runs=forced_runs,
         )
         pool = BlockPool.from_budget(real_model.spec, budget_bytes)
         engine = BlockPoolBatchEngine(

@@ -4,13 +4,14 @@ ones in the same decode steps."""
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import jsonschema
 import pytest
 
 from semantic.application.engine.batch_engine import BlockPoolBatchEngine
-from semantic.application.engine.events import CompletionEvent
+from semantic.application.engine.events import CompletionEvent, EngineEvent
 from semantic.domain.chat import ChatMessage
 from semantic.domain.constraints import OutputConstraint, TaggedSchema
 from semantic.domain.generation import FinishReason, SamplingParams
@@ -118,24 +119,33 @@ def test_a_required_call_comes_in_its_format_with_arguments_of_its_schema(
         jsonschema.validate(call["arguments"], TOOLS[call["name"]])
 
 
-def test_a_required_calls_forced_opening_prefilled_gives_the_tokens_decoding_it_gave(
+def test_a_required_calls_forced_tokens_computed_together_give_the_tokens_decoding_gave(
     real_model: RealModel, make_engine: EngineFactory, grammars: GrammarCompiler
 ) -> None:
-    """``<tool_call>{"name": "`` is computed with the prompt, not a decode step a token:
-    the calls come out the same, token for token, three at once and one alone."""
+    """``<tool_call>{"name": "`` is computed with the prompt, and alone, a call's other
+    forced runs (``", "arguments": {"`` ...) in the step of the token before them, not a
+    decode step a token: the calls come out the same, token for token, three at once and
+    one alone, in fewer steps."""
     prompts = ["What is the weather in Paris?", "What is 2 plus 40?", "Hello!"]
     requests = [
         (chat(real_model, text), {"max_tokens": 48, "constraint": calls(require_call=True)})
         for text in prompts
     ]
-    replies = {}
-    for forced_opening in (True, False):
-        engine, _ = make_engine(grammars=grammars, forced_opening=forced_opening)
+    replies, rounds = {}, {}
+    for forced in (True, False):
+        engine, _ = make_engine(grammars=grammars, forced_opening=forced, forced_runs=forced)
         together = run_all(engine, requests)
-        alone = run_all(engine, requests[:1])
-        replies[forced_opening] = [d.token_ids for d in together + alone]
+        alone_id = engine.submit("alone", requests[0][0], **requests[0][1])  # type: ignore[arg-type]  # test passthrough
+        events: list[EngineEvent] = []
+        for rounds[forced] in itertools.count(1):
+            events += engine.step().events
+            if not engine.has_work():
+                break
+        alone = completions(events)[alone_id]
+        replies[forced] = [d.token_ids for d in [*together, alone]]
     assert replies[True] == replies[False]
     assert grammars.compile(calls(require_call=True)).opening, "the opening is forced"
+    assert rounds[True] < rounds[False] - 5, rounds
 
 
 def test_under_auto_free_text_goes_through_as_it_would_unconstrained(

@@ -8,6 +8,7 @@ import mlx.core as mx
 import pytest
 
 from semantic.adapters.mlx import decode_batch
+from semantic.adapters.mlx.kv import batch_caches
 from semantic.domain.chat import ChatMessage
 from tests.helpers import generate, kv_of_both
 from tests.integration.conftest import EngineFactory, RealModel
@@ -31,7 +32,7 @@ def test_a_lone_row_joins_and_leaves_on_its_own_buffers_with_the_bits_of_copies(
     reply and its KV are the bits of the copying path."""
     engine, _ = make_engine()
     prompt = real_model.tokenizer.render_chat([ChatMessage("user", "Tell me a story.")])
-    adopt, hand_back = decode_batch._adopted, decode_batch._handed_back  # noqa: SLF001
+    adopt, hand_back = batch_caches.adopted, batch_caches.handed_back
     held: list[bool] = []
 
     def adopting(caches: list[Any]) -> list[Any] | None:
@@ -42,12 +43,12 @@ def test_a_lone_row_joins_and_leaves_on_its_own_buffers_with_the_bits_of_copies(
         held.append(same_buffers(hand_back(batch), batch))
         return hand_back(batch)
 
-    monkeypatch.setattr(decode_batch, "_adopted", adopting)
-    monkeypatch.setattr(decode_batch, "_handed_back", handing_back)
+    monkeypatch.setattr(decode_batch, "adopted", adopting)
+    monkeypatch.setattr(decode_batch, "handed_back", handing_back)
     own = generate(engine, prompt, 12)
     assert held == [True, True]
-    monkeypatch.setattr(decode_batch, "_adopted", lambda _: None)
-    monkeypatch.setattr(decode_batch, "_handed_back", lambda _: None)
+    monkeypatch.setattr(decode_batch, "adopted", lambda _: None)
+    monkeypatch.setattr(decode_batch, "handed_back", lambda _: None)
     copied = generate(engine, prompt, 12)
     assert own.token_ids == copied.token_ids
     for ours, theirs in kv_of_both(own, copied):

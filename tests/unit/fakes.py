@@ -144,6 +144,15 @@ class LiteralMatcher:
         self._at += ok
         return ok
 
+    def take_forced(self, limit: int) -> tuple[int, ...]:
+        """Every token of the literal is the only one its mask allows, then the end's."""
+        taken: list[int] = []
+        while len(taken) < limit and not self._ended:
+            token = self._literal[self._at] if self._at < len(self._literal) else EOS
+            self.accept(token)
+            taken.append(token)
+        return tuple(taken)
+
     @property
     def done(self) -> bool:
         return self._ended
@@ -205,6 +214,9 @@ class FakeModel:
     token a function of them (``next_token``), drawn within its grammar where it has one."""
 
     eos_at_length: int | None = None  # the end-of-turn token once a sequence is this long
+    forced_runs: bool = False
+    """A constrained step's token is followed in the same step by those its grammar
+    forces after it (``GrammarMatcher.take_forced``), as the MLX batch does for a row."""
     sequences: dict[str, _Seq] = field(default_factory=dict)
 
     def decoding(self) -> list[str]:
@@ -214,15 +226,21 @@ class FakeModel:
         self.sequences[seq_id].tokens.extend(tokens)
         return SampledToken(self._next(self.sequences[seq_id]), 0.5) if sample else None
 
-    def decode(self, seq_id: str) -> DecodedToken | None:
+    def decode(self, seq_id: str) -> list[DecodedToken]:
         seq = self.sequences[seq_id]
         if seq.pending is not None:  # as MLX's pipelined batch: its first step feeds it
             seq.tokens.append(seq.pending)
             seq.pending = None
-            return None
+            return []
         seq.tokens.append(token := self._next(seq))
         seq.remaining = 0 if token == EOS else seq.remaining - 1
-        return DecodedToken(seq_id, token, 0.5, seq.remaining == 0)
+        out = [DecodedToken(seq_id, token, 0.5, seq.remaining == 0)]
+        if self.forced_runs and seq.matcher is not None and seq.remaining > 0:
+            for forced in seq.matcher.take_forced(seq.remaining):
+                seq.tokens.append(forced)
+                seq.remaining = 0 if forced == EOS else seq.remaining - 1
+                out.append(DecodedToken(seq_id, forced, 1.0, seq.remaining == 0, forced=True))
+        return out
 
     def _next(self, seq: _Seq) -> int:
         eos = self.eos_at_length is not None and len(seq.tokens) >= self.eos_at_length
@@ -299,7 +317,7 @@ class FakeBackend:
         live = [] if self.paused.is_set() else self.model.decoding()
         self.log.append(("step", len(live)))
         self.log += [("ride", ride.seq_id, len(ride.tokens))] if ride else []
-        tokens = [token for seq_id in live if (token := self.model.decode(seq_id))]
+        tokens = [token for seq_id in live for token in self.model.decode(seq_id)]
         first = self._prefill(ride.seq_id, ride.tokens, ride.last) if ride else None
         return Stepped(StepOutput(tokens, first, failed), PASS_S)
 

@@ -18,7 +18,14 @@ from semantic.domain.constraints import OutputConstraint, UnsupportedSchemaError
 from semantic.domain.errors import InvalidRequestError
 from semantic.domain.generation import FinishReason
 from tests.helpers import completions, run_until_idle
-from tests.unit.fakes import EOS, FakeBackend, FakeGrammars, FakeTokenizer, next_token
+from tests.unit.fakes import (
+    EOS,
+    FakeBackend,
+    FakeGrammars,
+    FakeModel,
+    FakeTokenizer,
+    next_token,
+)
 
 PROMPT = [5, 9, 2, 7, 11, 3, 8, 1, 4, 6]
 LITERAL = (12, 30, 4, 4, 51)
@@ -26,9 +33,12 @@ CONSTRAINT = OutputConstraint(json_schema="[12,30,4,4,51]")
 
 
 def make_engine(
-    grammars: FakeGrammars | None = None, *, forced_opening: bool = True
+    grammars: FakeGrammars | None = None,
+    *,
+    forced_opening: bool = True,
+    forced_runs: bool = False,
 ) -> tuple[BlockPoolBatchEngine, FakeBackend]:
-    backend = FakeBackend()
+    backend = FakeBackend(FakeModel(forced_runs=forced_runs))
     config = EngineConfig(
         prefill_chunk_tokens=4, pacer=PacerConfig(8), forced_opening=forced_opening
     )
@@ -148,6 +158,24 @@ async def test_a_forced_opening_counts_no_gaps_between_tokens_of_its_own() -> No
     assert reply.text == FakeTokenizer().decode(LITERAL)
     assert counted.firsts == 1
     assert counted.gaps == len(LITERAL) - 3, "the steps after the first: 51, then the end"
+
+
+async def test_a_forced_run_in_a_step_counts_no_gaps_between_its_tokens() -> None:
+    """The literal after its first sampled token is forced: it comes in one step, with
+    the token before it; one gap is counted for that step, none inside it."""
+    engine, _ = make_engine(FakeGrammars(forced=1), forced_runs=True)
+    loop = EngineLoop(engine)
+    loop.start()
+    counted = GapCounter()
+    try:
+        service = GenerationService(loop, None, Limits(512, 256, 16), counted)
+        reply = await service.complete(
+            GenerationInput(tuple(PROMPT), max_tokens=len(LITERAL) + 1, constraint=CONSTRAINT)
+        )
+    finally:
+        loop.stop()
+    assert reply.text == FakeTokenizer().decode(LITERAL)
+    assert (counted.firsts, counted.gaps) == (1, 1)
 
 
 def test_a_schema_the_grammar_engine_refuses_is_refused_at_submission() -> None:

@@ -26,6 +26,12 @@ class GrammarMatcher(Protocol):
         """Advance past ``token`` (one the mask allowed); False if the grammar refuses it."""
         ...
 
+    def take_forced(self, limit: int) -> tuple[int, ...]:
+        """Up to ``limit`` next tokens, each the only one its mask allows, accepted: what
+        decoding would produce whatever the logits, so a decode step may compute them
+        with the token before them (a call's ``", "arguments": {"city": "``)."""
+        ...
+
     @property
     def done(self) -> bool:
         """Nothing more can follow: the end-of-turn token was accepted, or the matcher

@@ -63,6 +63,9 @@ class DecodedToken:
     token: int
     top_prob: float | None
     finished: bool
+    forced: bool = False
+    """The grammar allowed no other: computed in the pass of the token before it, and
+    reported with it (``GrammarMatcher.take_forced``)."""
 
 
 @dataclass(frozen=True, slots=True)

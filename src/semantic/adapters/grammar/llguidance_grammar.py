@@ -101,9 +101,29 @@ class LlguidanceMatcher:
             self._guard.step(token, self._matcher.is_accepting())
         return accepted
 
+    def take_forced(self, limit: int) -> tuple[int, ...]:
+        """Walks the masks rather than llguidance's fast-forward tokens: those are the
+        forced text's canonical tokens, which the mask may allow beside others."""
+        taken: list[int] = []
+        while len(taken) < limit and not self._ended:
+            token = _only(self.allowed())
+            if token is None:
+                break
+            self.accept(token)
+            taken.append(token)
+        return tuple(taken)
+
     @property
     def done(self) -> bool:
         return self._ended
+
+
+def _only(mask: bytes) -> int | None:
+    """The one token a mask allows; None where it allows several (or none)."""
+    rest = mask.lstrip(b"\x00")
+    if len(rest.rstrip(b"\x00")) != 1 or rest[0] & (rest[0] - 1):
+        return None
+    return (len(mask) - len(rest)) * 8 + rest[0].bit_length() - 1
 
 
 class LlguidanceGrammar:

@@ -63,6 +63,7 @@ class MlxBackend:
         *,
         accelerator: Accelerator | None,
         host: HostMemory = HOST_VIEWS,
+        forced_runs: bool = True,
     ) -> None:
         """``buffers``: where finished sequences' blocks are copied (the restore buffers'
         recycled memory); without them, or for caches that cannot be stacked (sliding
@@ -71,12 +72,12 @@ class MlxBackend:
         without one, every pass is mlx-lm's own and a prompt is never sliced.
         ``host``: whether numpy may view the KV where it lies (``devices.host_memory``);
         where not, blocks are cut and gathered by MLX ops on the device's own stream, and
-        no restored prefix is read in place."""
+        no restored prefix is read in place. ``forced_runs``: ``DecodeBatch``'s."""
         self._model = model
         self._buffers = buffers if host.addressable else None
         self._spec = spec
         self._accelerator = accelerator
-        self._decoder = DecodeBatch(model, eos_token_ids, accelerator)
+        self._decoder = DecodeBatch(model, eos_token_ids, accelerator, forced_runs=forced_runs)
         self._split = BodyAndHead.of(model)
         self._host_rows = accelerator.host_rows if accelerator is not None else 0
         self._restored = RestoredCaches(model, spec, host, self._host_rows)

@@ -19,7 +19,12 @@ from typing import Any
 import mlx.core as mx
 
 from semantic.adapters.mlx.accelerator import Group, Passes, PendingStep
-from semantic.adapters.mlx.kv.batch_caches import extracted_rows, merged_layer
+from semantic.adapters.mlx.kv.batch_caches import (
+    adopted,
+    extracted_rows,
+    handed_back,
+    merged_layer,
+)
 from semantic.adapters.mlx.lm import BatchKVCache, KVCache
 from semantic.adapters.mlx.models.model_parts import BodyAndHead
 from semantic.adapters.mlx.sampling import Sampler, top_prob
@@ -41,6 +46,10 @@ class _Row:
     """False until the row's first pass: its first input was already reported by prefill."""
     matcher: GrammarMatcher | None = None
     """A constrained row's grammar, told every token the row reports."""
+    told: bool = False
+    """Its matcher was told this step's input before the pass (to find ``run``)."""
+    run: tuple[int, ...] = ()
+    """Tokens its grammar forces after this step's input, fed in the same pass."""
 
 
 class DecodeBatch:
@@ -50,11 +59,19 @@ class DecodeBatch:
     client sending the reply back hits all of it), at no extra pass."""
 
     def __init__(
-        self, model: Any, stop_tokens: Iterable[int], passes: Passes | None = None
+        self,
+        model: Any,
+        stop_tokens: Iterable[int],
+        passes: Passes | None = None,
+        *,
+        forced_runs: bool = True,
     ) -> None:
         """``passes``: an accelerator's (``accelerator.py``), which may take a pass off
-        MLX or carry a prompt chunk along; without it, every pass is mlx-lm's own."""
+        MLX or carry a prompt chunk along; without it, every pass is mlx-lm's own.
+        ``forced_runs``: a lone constrained row's forced tokens ride its step (False:
+        tests compare)."""
         self._model = model
+        self._forced_runs = forced_runs
         self._passes = passes
         self._parts = BodyAndHead.of(model)
         self._stop = frozenset(stop_tokens)
@@ -98,7 +115,7 @@ class DecodeBatch:
         joining, built = self._build_joining()
         if not joining:
             return
-        lone = _adopted(built[0]) if not self._caches and len(built) == 1 else None
+        lone = adopted(built[0]) if not self._caches and len(built) == 1 else None
         merged = lone or [merged_layer(layers) for layers in zip(*built, strict=True)]
         if self._caches:
             for mine, theirs in zip(self._caches, merged, strict=True):
@@ -140,8 +157,26 @@ class DecodeBatch:
         if not self._rows or self._inputs is None or self._tops is None:
             return [], None
         fed, fed_tops = self._inputs, self._tops
-        logits, ridden = self._forward(Group(fed[:, None], self._caches), ride)
+        tokens = self._with_forced_run(fed) if ride is None else fed[:, None]
+        logits, ridden = self._forward(Group(tokens, self._caches), ride)
         return self._sampled(logits, fed, fed_tops), ridden
+
+    def _with_forced_run(self, fed: mx.array) -> mx.array:
+        """A lone constrained row's input, then the tokens its grammar allows alone after
+        it (a call's ``", "arguments": {"city": "``): one pass computes them all, where
+        each was a step; the row's next token is sampled after the last. Only alone: the
+        rows of one pass are fed as many tokens each."""
+        row = self._rows[0] if len(self._rows) == 1 else None
+        if not self._forced_runs or row is None or row.matcher is None or not row.has_output:
+            return fed[:, None]
+        if row.matcher.done:
+            return fed[:, None]
+        token = _ints(fed)[0]
+        row.matcher.accept(token)
+        row.told = True
+        if token not in self._stop and row.remaining > 1:
+            row.run = row.matcher.take_forced(row.remaining - 1)
+        return mx.array([[token, *row.run]])
 
     def begin_step(self) -> PendingStep | None:
         """A step whose body is to run elsewhere (``PendingStep.body.run``, on another
@@ -178,16 +213,28 @@ class DecodeBatch:
             if not row.has_output:
                 row.has_output = True
                 continue
-            row.remaining -= 1
-            finished = row.remaining <= 0 or token in self._stop
-            if finished:
+            reported = self._reported(row, token, top)
+            out += reported
+            if reported[-1].finished:
                 done.append(index)
-            out.append(
-                DecodedToken(row.seq_id, token, top if row.track_top_prob else None, finished)
-            )
         for index, caches in zip(done, self._extract(done) if done else [], strict=True):
             self._finished[self._rows[index].seq_id] = caches
         self._drop(done)
+        return out
+
+    def _reported(self, row: _Row, token: int, top: float) -> list[DecodedToken]:
+        """A row's input to this step, then its forced run (each the only token its mask
+        allowed: a probability of 1), up to the one that finishes the row."""
+        fed = [(token, top, False), *((forced, 1.0, True) for forced in row.run)]
+        row.told, row.run = False, ()
+        out = []
+        for fed_token, fed_top, forced in fed:
+            row.remaining -= 1
+            finished = row.remaining <= 0 or fed_token in self._stop
+            shown_top = fed_top if row.track_top_prob else None
+            out.append(DecodedToken(row.seq_id, fed_token, shown_top, finished, forced))
+            if finished:
+                break
         return out
 
     def _constrained(self, logits: mx.array, fed: mx.array) -> mx.array:
@@ -199,9 +246,12 @@ class DecodeBatch:
         matchers: list[GrammarMatcher | None] = []
         for row, token in zip(self._rows, _ints(fed), strict=True):
             matcher = row.matcher
-            if matcher is not None and row.has_output:  # a first token was told at prefill
+            if matcher is not None and row.has_output and not row.told:  # else told already
                 matcher.accept(token)
-            leaving = row.has_output and (row.remaining <= 1 or token in self._stop)
+            fed_now = (token, *row.run)
+            leaving = row.has_output and (
+                row.remaining <= len(fed_now) or any(t in self._stop for t in fed_now)
+            )
             matchers.append(None if matcher is None or matcher.done or leaving else matcher)
         return masked(logits, matchers)
 
@@ -279,7 +329,7 @@ class DecodeBatch:
     def _extract(self, indices: list[int]) -> list[list[Any]]:
         """The leaving rows' caches; the last row's are its buffers, not a copy (every
         caller drops the rows right after)."""
-        mine = _handed_back(self._caches) if len(self._rows) == 1 else None
+        mine = handed_back(self._caches) if len(self._rows) == 1 else None
         return [mine] if mine is not None else extracted_rows(self._caches, indices)
 
     def _drop(self, indices: list[int]) -> None:
@@ -300,41 +350,6 @@ class DecodeBatch:
 
 def _built(caches: Caches) -> list[Any]:
     return caches() if callable(caches) else caches
-
-
-def _adopted(caches: list[Any]) -> list[Any] | None:
-    """A lone newcomer's plain caches as a batch of one that holds their buffers: merging
-    copies every layer's KV into buffers with no room, so the next pass grows (copies) them
-    again. A plain cache's buffer is its own (the host pass already writes into it past its
-    positions; ``cache_room.clone_prefix``). None where a layer is not a plain cache."""
-    if not all(type(c) is KVCache and c.keys is not None for c in caches):
-        return None
-    batch = []
-    for cache in caches:
-        adopted = BatchKVCache([0])
-        adopted.keys, adopted.values = cache.keys, cache.values
-        adopted.offset = adopted.offset + cache.offset
-        adopted._idx = cache.offset  # noqa: SLF001 - BatchKVCache keeps its write index here
-        batch.append(adopted)
-    return batch
-
-
-def _handed_back(batch: list[Any]) -> list[Any] | None:
-    """A batch of one's buffers as plain caches: ``extract`` copies the whole KV (~200 ms
-    at 4K here, into memory touched for the first time), and the batch is dropped right
-    after, so the buffers are the caches' own. None where a layer is not a plain batch
-    cache or its row is left-padded."""
-    if not all(type(layer) is BatchKVCache and layer.keys is not None for layer in batch):
-        return None
-    if mx.stack([layer.left_padding[0] for layer in batch]).any().item():  # one evaluation
-        return None
-    caches = []
-    for layer in batch:
-        cache = KVCache()  # type: ignore[no-untyped-call]  # mlx-lm: unannotated
-        cache.keys, cache.values = layer.keys, layer.values
-        cache.offset = layer._idx  # noqa: SLF001 - BatchKVCache keeps its write index here
-        caches.append(cache)
-    return caches
 
 
 def _ints(array: mx.array) -> list[int]:

@@ -15,9 +15,9 @@ class TokenEvent:
     token_id: int
     text: str
     """Text that became safe to show with this token; empty while held back."""
-    forced: bool = False
-    """Of the reply's forced opening: computed with the prompt, it comes in the same step as
-    the first sampled token (no gap between them to count)."""
+    together: bool = False
+    """It came in the same step as the token before it (a run its grammar forced, or the
+    first sampled token after a forced opening): no gap between them to count."""
 
 
 @dataclass(frozen=True, slots=True)

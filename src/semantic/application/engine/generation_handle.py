@@ -103,16 +103,15 @@ class GenerationHandle:
 
     async def events(self) -> AsyncGenerator[GenerationEvent, None]:
         last: float | None = None
-        together = False  # the token came in the step of the one before (a forced opening)
         try:
             async for event in self._sink:
                 if self._check is not None:
                     self._check()
                 now = time.monotonic()
                 if isinstance(event, TokenEvent):
-                    if not together:
+                    if last is None or not event.together:
                         self._observe_token(now, last)
-                    together, last = event.forced, now
+                    last = now
                     if event.text:
                         yield TextDelta(event.text)
                 elif isinstance(event, CompletionEvent):

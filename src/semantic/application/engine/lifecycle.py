@@ -70,7 +70,7 @@ class Lifecycle:
         for token in output.tokens:
             owner = self._running.get(token.seq_id)
             if owner is not None:
-                self.accept_token(owner, token.token, token.top_prob, events)
+                self.accept_token(owner, token.token, token.top_prob, events, token.forced)
 
     def chunk_done(
         self, active: ActiveRequest, n: int, first: SampledToken | None, events: Events
@@ -97,11 +97,11 @@ class Lifecycle:
         """The reply's forced opening (prefilled with the prompt) is its output first."""
         active.first_token_at = self._clock()
         active.phase = Phase.DECODING
-        for token in active.opening:
-            self.accept_token(active, token, None, events, forced=True)
+        for index, token in enumerate(active.opening):
+            self.accept_token(active, token, None, events, together=index > 0)
             if active.id not in self._running:  # ended inside it (a stop string)
                 return
-        self.accept_token(active, first.token, first.top_prob, events)
+        self.accept_token(active, first.token, first.top_prob, events, bool(active.opening))
         if active.id in self._running:
             remaining = active.request.criteria.max_tokens - 1 - len(active.opening)
             self._joins.append(Join(active.id, first.token, remaining))
@@ -112,16 +112,16 @@ class Lifecycle:
         token: int,
         top_prob: float | None,
         events: Events,
-        *,
-        forced: bool = False,
+        together: bool = False,
     ) -> None:
+        """``together``: the token came in the step of the one before it (a forced run)."""
         generated = active.detector.generated_count + 1
         if not self._books.grow(active.reservation, active.positions_after(generated)):
             active.detector.end(FinishReason.POOL_EXHAUSTED)
             self.complete(active, events, keep_kv=True)
             return
         progress = active.detector.add(token, top_prob)
-        events.append(TokenEvent(active.id, token, progress.text, forced))
+        events.append(TokenEvent(active.id, token, progress.text, together))
         if progress.finish is not None:
             self.complete(active, events, keep_kv=True)
 

@@ -79,3 +79,38 @@ def _row_of(layer: Any, row: int, padding: int) -> Any:
     cache.values = mx.contiguous(layer.values[row : row + 1, :, padding:end])
     cache.offset = cache.keys.shape[2]
     return cache
+
+
+def adopted(caches: list[Any]) -> list[Any] | None:
+    """A lone newcomer's plain caches as a batch of one that holds their buffers: merging
+    copies every layer's KV into buffers with no room, so the next pass grows (copies) them
+    again. A plain cache's buffer is its own (the host pass already writes into it past its
+    positions; ``cache_room.clone_prefix``). None where a layer is not a plain cache."""
+    if not all(type(c) is KVCache and c.keys is not None for c in caches):
+        return None
+    batch = []
+    for cache in caches:
+        adopted = BatchKVCache([0])
+        adopted.keys, adopted.values = cache.keys, cache.values
+        adopted.offset = adopted.offset + cache.offset
+        adopted._idx = cache.offset  # noqa: SLF001 - BatchKVCache keeps its write index here
+        batch.append(adopted)
+    return batch
+
+
+def handed_back(batch: list[Any]) -> list[Any] | None:
+    """A batch of one's buffers as plain caches: ``extract`` copies the whole KV (~200 ms
+    at 4K here, into memory touched for the first time), and the batch is dropped right
+    after, so the buffers are the caches' own. None where a layer is not a plain batch
+    cache or its row is left-padded."""
+    if not all(type(layer) is BatchKVCache and layer.keys is not None for layer in batch):
+        return None
+    if mx.stack([layer.left_padding[0] for layer in batch]).any().item():  # one evaluation
+        return None
+    caches = []
+    for layer in batch:
+        cache = KVCache()  # type: ignore[no-untyped-call]  # mlx-lm: unannotated
+        cache.keys, cache.values = layer.keys, layer.values
+        cache.offset = layer._idx  # noqa: SLF001 - BatchKVCache keeps its write index here
+        caches.append(cache)
+    return caches
