@@ -37,13 +37,14 @@ def make_engine(
     *,
     forced_opening: bool = True,
     forced_runs: bool = False,
+    pool_blocks: int = 200,
 ) -> tuple[BlockPoolBatchEngine, FakeBackend]:
     backend = FakeBackend(FakeModel(forced_runs=forced_runs))
     config = EngineConfig(
         prefill_chunk_tokens=4, pacer=PacerConfig(8), forced_opening=forced_opening
     )
     engine = BlockPoolBatchEngine(
-        backend, FakeTokenizer(), BlockPool(200), config, grammars=grammars
+        backend, FakeTokenizer(), BlockPool(pool_blocks), config, grammars=grammars
     )
     return engine, backend
 
@@ -110,6 +111,17 @@ def test_a_forced_opening_longer_than_max_tokens_is_decoded_as_before() -> None:
     streamed, done, backend = forced_run(forced_opening=True, max_tokens=3)
     assert streamed == list(LITERAL[:3]) == list(done.token_ids)
     assert done.finish_reason is FinishReason.MAX_TOKENS
+    assert sum(n for _, n in backend.made("prefill")) == len(PROMPT)
+
+
+def test_a_prompt_the_pool_holds_only_without_its_opening_is_decoded_as_before() -> None:
+    """Six blocks of four tokens in two layers: the prompt and a first token fit (11
+    positions), not with the opening too (14): it is decoded, not left waiting for room."""
+    engine, backend = make_engine(FakeGrammars(forced=3), pool_blocks=6)
+    rid = engine.submit("a", PROMPT, max_tokens=20, constraint=CONSTRAINT)
+    done = completions(run_until_idle(engine, limit=100))[rid]
+    assert list(done.token_ids) == list(LITERAL[:2])
+    assert done.finish_reason is FinishReason.POOL_EXHAUSTED
     assert sum(n for _, n in backend.made("prefill")) == len(PROMPT)
 
 

@@ -157,6 +157,11 @@ class KVBooks:
         cache has adopted them under its own owner, or nobody will)."""
         self._pool.release_owner(request_id)
 
+    @property
+    def capacity(self) -> int:
+        """Blocks the pool holds in all, free or not."""
+        return self._pool.capacity
+
     def fits(self, blocks: int) -> bool:
         """Whether the pool can hand out ``blocks`` now, after asking ``reclaim`` for
         what it is short of."""

@@ -65,7 +65,7 @@ class Intake:
             self._books.ledger(request_id),
             submitted_at=self._clock(),
             grammar=grammar,
-            opening=self._opening(grammar, criteria.max_tokens),
+            opening=self._opening(grammar, request),
         )
         if request.cached is not None:  # pin: hot blocks stay put until admission copies them
             self._books.pin(active, request.cached)
@@ -76,13 +76,17 @@ class Intake:
             raise
         return request_id
 
-    def _opening(self, grammar: Grammar | None, max_tokens: int) -> tuple[int, ...]:
+    def _opening(self, grammar: Grammar | None, request: GenerationRequest) -> tuple[int, ...]:
         """The reply's forced opening, computed with the prompt; none where the reply may
-        not outgrow it (its first sampled token must still fit)."""
+        not outgrow it (its first sampled token must still fit), nor where the pool holds
+        the prompt only without it (admission would wait for room that never comes)."""
         if grammar is None or not self._forced_opening:
             return ()
         opening = grammar.opening
-        return opening if len(opening) < max_tokens else ()
+        if len(opening) >= request.criteria.max_tokens:
+            return ()
+        needed = self._spec.blocks_for_tokens(len(request.prompt) + len(opening) + 1)
+        return opening if needed <= self._books.capacity else ()
 
     def grammar_for(self, constraint: OutputConstraint | None) -> Grammar | None:
         """The constraint compiled (None for none); any thread. Compiled grammars are
