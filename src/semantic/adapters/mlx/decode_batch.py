@@ -167,15 +167,15 @@ class DecodeBatch:
         each was a step; the row's next token is sampled after the last. Only alone: the
         rows of one pass are fed as many tokens each."""
         row = self._rows[0] if len(self._rows) == 1 else None
-        if not self._forced_runs or row is None or row.matcher is None or not row.has_output:
-            return fed[:, None]
-        if row.matcher.done:
+        if not self._forced_runs or row is None or row.matcher is None or row.matcher.done:
             return fed[:, None]
         token = _ints(fed)[0]
-        row.matcher.accept(token)
+        if row.has_output:  # else told at prefill, and reported already
+            row.matcher.accept(token)
         row.told = True
-        if token not in self._stop and row.remaining > 1:
-            row.run = row.matcher.take_forced(row.remaining - 1)
+        room = row.remaining - row.has_output
+        if token not in self._stop and room > 0:
+            row.run = row.matcher.take_forced(room)
         return mx.array([[token, *row.run]])
 
     def begin_step(self) -> PendingStep | None:
@@ -210,12 +210,10 @@ class DecodeBatch:
         done: list[int] = []
         rows = zip(self._rows, _ints(fed), _floats(fed_tops), strict=True)
         for index, (row, token, top) in enumerate(rows):
-            if not row.has_output:
-                row.has_output = True
-                continue
             reported = self._reported(row, token, top)
+            row.has_output = True
             out += reported
-            if reported[-1].finished:
+            if reported and reported[-1].finished:
                 done.append(index)
         for index, caches in zip(done, self._extract(done) if done else [], strict=True):
             self._finished[self._rows[index].seq_id] = caches
@@ -223,9 +221,11 @@ class DecodeBatch:
         return out
 
     def _reported(self, row: _Row, token: int, top: float) -> list[DecodedToken]:
-        """A row's input to this step, then its forced run (each the only token its mask
-        allowed: a probability of 1), up to the one that finishes the row."""
-        fed = [(token, top, False), *((forced, 1.0, True) for forced in row.run)]
+        """A row's input to this step (unless its prefill reported it), then its forced
+        run (each the only token its mask allowed: a probability of 1), up to the one that
+        finishes the row."""
+        fed = [(token, top, False)] if row.has_output else []
+        fed += [(forced, 1.0, True) for forced in row.run]
         row.told, row.run = False, ()
         out = []
         for fed_token, fed_top, forced in fed:
@@ -248,8 +248,8 @@ class DecodeBatch:
             matcher = row.matcher
             if matcher is not None and row.has_output and not row.told:  # else told already
                 matcher.accept(token)
-            fed_now = (token, *row.run)
-            leaving = row.has_output and (
+            fed_now = (*((token,) if row.has_output else ()), *row.run)
+            leaving = bool(fed_now) and (
                 row.remaining <= len(fed_now) or any(t in self._stop for t in fed_now)
             )
             matchers.append(None if matcher is None or matcher.done or leaving else matcher)
