@@ -239,7 +239,7 @@ class FakeModel:
             for forced in seq.matcher.take_forced(seq.remaining):
                 seq.tokens.append(forced)
                 seq.remaining = 0 if forced == EOS else seq.remaining - 1
-                out.append(DecodedToken(seq_id, forced, 1.0, seq.remaining == 0, forced=True))
+                out.append(DecodedToken(seq_id, forced, 1.0, seq.remaining == 0, together=True))
         return out
 
     def _next(self, seq: _Seq) -> int:

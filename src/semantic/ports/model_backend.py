@@ -63,9 +63,9 @@ class DecodedToken:
     token: int
     top_prob: float | None
     finished: bool
-    forced: bool = False
-    """The grammar allowed no other: computed in the pass of the token before it, and
-    reported with it (``GrammarMatcher.take_forced``)."""
+    together: bool = False
+    """Reported in the same step as the token before it (a run its grammar forced,
+    ``GrammarMatcher.take_forced``): no gap between them."""
 
 
 @dataclass(frozen=True, slots=True)

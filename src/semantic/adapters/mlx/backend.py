@@ -77,9 +77,11 @@ class MlxBackend:
         self._buffers = buffers if host.addressable else None
         self._spec = spec
         self._accelerator = accelerator
-        self._decoder = DecodeBatch(model, eos_token_ids, accelerator, forced_runs=forced_runs)
-        self._split = BodyAndHead.of(model)
         self._host_rows = accelerator.host_rows if accelerator is not None else 0
+        self._decoder = DecodeBatch(
+            model, eos_token_ids, accelerator, forced_runs=forced_runs, pass_rows=self._host_rows
+        )
+        self._split = BodyAndHead.of(model)
         self._restored = RestoredCaches(model, spec, host, self._host_rows)
         self._capabilities = BackendCapabilities(
             spec,

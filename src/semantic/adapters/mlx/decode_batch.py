@@ -7,25 +7,29 @@ keeps its next step in flight, so a finished sequence's cache holds one position
 its tokens. This batch keeps mlx-lm's caches (``BatchKVCache`` and its kin: left-padded
 merge, extend, extract, filter) and its model, but samples from raw logits, normalises only
 the rows that need it (nucleus sampling, a top-token probability), and lets a newcomer's
-first token ride the next shared step. ADR 0011 has the measurements.
+first token ride the next shared step. ADR 0011 has the measurements. A constrained row
+keeps caches of its own, stepped as a group of its own in the same pass, so that it may be
+fed its grammar's forced runs (``decode_rows``, ADR 0017).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
 
 from semantic.adapters.mlx.accelerator import Group, Passes, PendingStep
+from semantic.adapters.mlx.decode_rows import Row
 from semantic.adapters.mlx.kv.batch_caches import (
     adopted,
     extracted_rows,
     handed_back,
     merged_layer,
+    row_views,
+    views,
 )
-from semantic.adapters.mlx.lm import BatchKVCache, KVCache
+from semantic.adapters.mlx.lm import KVCache
 from semantic.adapters.mlx.models.model_parts import BodyAndHead
 from semantic.adapters.mlx.sampling import Sampler, top_prob
 from semantic.adapters.mlx.token_mask import masked
@@ -36,27 +40,12 @@ Caches = list[Any] | Callable[[], list[Any]]
 """A sequence's per-layer caches (mlx-lm leaves them untyped), or what builds them."""
 
 
-@dataclass(slots=True)
-class _Row:
-    seq_id: str
-    sampler: Sampler
-    track_top_prob: bool
-    remaining: int
-    has_output: bool = False
-    """False until the row's first pass: its first input was already reported by prefill."""
-    matcher: GrammarMatcher | None = None
-    """A constrained row's grammar, told every token the row reports."""
-    told: bool = False
-    """Its matcher was told this step's input before the pass (to find ``run``)."""
-    run: tuple[int, ...] = ()
-    """Tokens its grammar forces after this step's input, fed in the same pass."""
-
-
 class DecodeBatch:
     """Each ``step`` runs one pass that feeds every row its newest token and samples the
     next, and reports the tokens the previous pass sampled. So a row's cache always holds
     every token it has reported (a finished sequence keeps its final token's KV, and a
-    client sending the reply back hits all of it), at no extra pass."""
+    client sending the reply back hits all of it), at no extra pass. Rows of the shared
+    batch cache come first, then the rows with caches of their own."""
 
     def __init__(
         self,
@@ -65,22 +54,25 @@ class DecodeBatch:
         passes: Passes | None = None,
         *,
         forced_runs: bool = True,
+        pass_rows: int = 0,
     ) -> None:
         """``passes``: an accelerator's (``accelerator.py``), which may take a pass off
         MLX or carry a prompt chunk along; without it, every pass is mlx-lm's own.
-        ``forced_runs``: a lone constrained row's forced tokens ride its step (False:
-        tests compare)."""
+        ``forced_runs``: constrained rows are fed their forced runs, in caches of their own
+        where ``passes`` can step several groups in one pass (False: tests compare).
+        ``pass_rows``: the rows one pass takes on the accelerator (runs stay within)."""
         self._model = model
-        self._forced_runs = forced_runs
         self._passes = passes
         self._parts = BodyAndHead.of(model)
+        self._forced_runs = forced_runs
+        self._pass_rows = pass_rows
         self._stop = frozenset(stop_tokens)
-        self._rows: list[_Row] = []
+        self._rows: list[Row] = []
         self._caches: list[Any] = []  # one batch cache per layer; mlx-lm leaves them untyped
         self._inputs: mx.array | None = None  # (rows,): each row's next input token
         self._tops: mx.array | None = None  # (rows,): its probability, for tracked rows
         self._finished: dict[str, list[Any]] = {}
-        self._joining: list[tuple[_Row, Caches, int]] = []
+        self._joining: list[tuple[Row, Caches, int]] = []
         self._failed: dict[str, Exception] = {}
 
     def __len__(self) -> int:
@@ -106,7 +98,7 @@ class DecodeBatch:
         batch together at the next step: one copy of the batch's caches, not one each.
         ``caches`` may be a function that builds them, called at that step. ``matcher``:
         the row's grammar, which has already accepted ``first_token``."""
-        row = _Row(seq_id, sampler, track_top_prob, max_new_tokens, matcher=matcher)
+        row = Row(seq_id, sampler, track_top_prob, max_new_tokens, matcher=matcher)
         self._joining.append((row, caches, first_token))
 
     def _admit_joining(self) -> None:
@@ -115,6 +107,32 @@ class DecodeBatch:
         joining, built = self._build_joining()
         if not joining:
             return
+        shared, apart = [], []
+        for (row, _, first), caches in zip(joining, built, strict=True):
+            if self._keeps_apart(row, caches):
+                row.own = caches
+                apart.append((row, first))
+            else:
+                shared.append((row, first, caches))
+        if shared:
+            self._merge([caches for _, _, caches in shared])
+        n_shared = self._n_shared()
+        self._inputs = _spliced(
+            self._inputs, n_shared, [f for _, f, _ in shared], [f for _, f in apart]
+        )
+        self._tops = _spliced(self._tops, n_shared, [0.0] * len(shared), [0.0] * len(apart))
+        before, after = self._rows[:n_shared], self._rows[n_shared:]
+        self._rows = [*before, *(r for r, _, _ in shared), *after, *(r for r, _ in apart)]
+
+    def _keeps_apart(self, row: Row, caches: list[Any]) -> bool:
+        """A constrained row keeps its own plain caches where one pass steps several
+        groups (the accelerator's, a llama body): its forced runs need a group of its own."""
+        if not self._forced_runs or row.matcher is None or self._passes is None:
+            return False
+        plain = all(type(c) is KVCache and c.keys is not None for c in caches)
+        return plain and self._parts is not None
+
+    def _merge(self, built: list[list[Any]]) -> None:
         lone = adopted(built[0]) if not self._caches and len(built) == 1 else None
         merged = lone or [merged_layer(layers) for layers in zip(*built, strict=True)]
         if self._caches:
@@ -122,18 +140,16 @@ class DecodeBatch:
                 mine.extend(theirs)
         else:
             self._caches = merged
-        firsts = mx.array([first for _, _, first in joining])
-        unknown = mx.zeros((len(joining),))
-        self._inputs = firsts if self._inputs is None else mx.concatenate([self._inputs, firsts])
-        self._tops = unknown if self._tops is None else mx.concatenate([self._tops, unknown])
-        self._rows += [row for row, _, _ in joining]
 
-    def _build_joining(self) -> tuple[list[tuple[_Row, Caches, int]], list[list[Any]]]:
+    def _n_shared(self) -> int:
+        return sum(row.own is None for row in self._rows)
+
+    def _build_joining(self) -> tuple[list[tuple[Row, Caches, int]], list[list[Any]]]:
         """The newcomers whose caches could be built, and those caches. One that fails (no
         memory to gather a restored prefix, say) is left out and noted for
         ``take_failed``, so it fails alone instead of failing the whole step."""
         joining, self._joining = self._joining, []
-        admitted: list[tuple[_Row, Caches, int]] = []
+        admitted: list[tuple[Row, Caches, int]] = []
         built: list[list[Any]] = []
         for entry in joining:
             try:
@@ -157,26 +173,45 @@ class DecodeBatch:
         if not self._rows or self._inputs is None or self._tops is None:
             return [], None
         fed, fed_tops = self._inputs, self._tops
-        tokens = self._with_forced_run(fed) if ride is None else fed[:, None]
-        logits, ridden = self._forward(Group(tokens, self._caches), ride)
+        if ride is None:
+            self._take_runs(fed)
+        logits, ridden = self._forward(self._groups(fed), ride)
         return self._sampled(logits, fed, fed_tops), ridden
 
-    def _with_forced_run(self, fed: mx.array) -> mx.array:
-        """A lone constrained row's input, then the tokens its grammar allows alone after
-        it (a call's ``", "arguments": {"city": "``): one pass computes them all, where
-        each was a step; the row's next token is sampled after the last. Only alone: the
-        rows of one pass are fed as many tokens each."""
-        row = self._rows[0] if len(self._rows) == 1 else None
-        if not self._forced_runs or row is None or row.matcher is None or row.matcher.done:
-            return fed[:, None]
-        token = _ints(fed)[0]
-        if row.has_output:  # else told at prefill, and reported already
-            row.matcher.accept(token)
-        row.told = True
-        room = row.remaining - row.has_output
-        if token not in self._stop and room > 0:
-            row.run = row.matcher.take_forced(room)
-        return mx.array([[token, *row.run]])
+    def _take_runs(self, fed: mx.array) -> None:
+        """Each constrained row alone in its cache takes its forced run, within the rows
+        one pass takes on the accelerator."""
+        n_shared = self._n_shared()
+        lone = [
+            row
+            for index, row in enumerate(self._rows)
+            if row.matcher is not None
+            and not row.matcher.done
+            and (row.own is not None or n_shared == 1 == index + 1)
+        ]
+        if not self._forced_runs or not lone:
+            return
+        tokens = dict(zip((row.seq_id for row in self._rows), _ints(fed), strict=True))
+        room = self._pass_rows - len(self._rows) if self._pass_rows else 1 << 30
+        for row in lone:
+            room -= len(row.take_run(tokens[row.seq_id], self._stop, max(room, 0)))
+
+    def _groups(self, fed: mx.array) -> list[Group]:
+        """The shared cache's rows as one group, then each row with caches of its own."""
+        n_shared = self._n_shared()
+        groups = [Group(self._fed(fed, 0, n_shared), self._caches)] if n_shared else []
+        for index in range(n_shared, len(self._rows)):
+            own = self._rows[index].own
+            assert own is not None  # the rows after the shared ones have their own
+            groups.append(Group(self._fed(fed, index, index + 1), own))
+        return groups
+
+    def _fed(self, fed: mx.array, start: int, end: int) -> mx.array:
+        """Rows ``start:end``'s tokens ``(rows, length)``: one each, or one row's run."""
+        run = self._rows[start].run if end == start + 1 else ()
+        if not run:
+            return fed[start:end, None]
+        return mx.concatenate([fed[start:end], mx.array(run, dtype=fed.dtype)])[None]
 
     def begin_step(self) -> PendingStep | None:
         """A step whose body is to run elsewhere (``PendingStep.body.run``, on another
@@ -188,14 +223,11 @@ class DecodeBatch:
         if self._parts is None:
             return None
         fed, fed_tops = self._inputs, self._tops
-        body = self._passes.prepare([Group(fed[:, None], self._caches)])
+        body = self._passes.prepare(self._groups(fed))
         return None if body is None else PendingStep(body, fed, fed_tops)
 
     def finish_step(self, pending: PendingStep) -> list[DecodedToken]:
-        assert self._parts is not None  # begin_step started none without
-        hidden = pending.body.finish()[0]
-        logits = self._parts.head(hidden)[:, -1, :]
-        return self._sampled(logits, pending.fed, pending.fed_tops)
+        return self._sampled(self._head(pending.body.finish()), pending.fed, pending.fed_tops)
 
     def _sampled(self, logits: mx.array, fed: mx.array, fed_tops: mx.array) -> list[DecodedToken]:
         """The tokens ``fed`` to this step, reported; the next ones sampled from
@@ -210,31 +242,13 @@ class DecodeBatch:
         done: list[int] = []
         rows = zip(self._rows, _ints(fed), _floats(fed_tops), strict=True)
         for index, (row, token, top) in enumerate(rows):
-            reported = self._reported(row, token, top)
-            row.has_output = True
+            reported = row.reported(token, top, self._stop)
             out += reported
             if reported and reported[-1].finished:
                 done.append(index)
         for index, caches in zip(done, self._extract(done) if done else [], strict=True):
             self._finished[self._rows[index].seq_id] = caches
         self._drop(done)
-        return out
-
-    def _reported(self, row: _Row, token: int, top: float) -> list[DecodedToken]:
-        """A row's input to this step (unless its prefill reported it), then its forced
-        run (each the only token its mask allowed: a probability of 1), up to the one that
-        finishes the row."""
-        fed = [(token, top, False)] if row.has_output else []
-        fed += [(forced, 1.0, True) for forced in row.run]
-        row.told, row.run = False, ()
-        out = []
-        for fed_token, fed_top, forced in fed:
-            row.remaining -= 1
-            finished = row.remaining <= 0 or fed_token in self._stop
-            shown_top = fed_top if row.track_top_prob else None
-            out.append(DecodedToken(row.seq_id, fed_token, shown_top, finished, forced))
-            if finished:
-                break
         return out
 
     def _constrained(self, logits: mx.array, fed: mx.array) -> mx.array:
@@ -248,26 +262,30 @@ class DecodeBatch:
             matcher = row.matcher
             if matcher is not None and row.has_output and not row.told:  # else told already
                 matcher.accept(token)
-            fed_now = (*((token,) if row.has_output else ()), *row.run)
-            leaving = bool(fed_now) and (
-                row.remaining <= len(fed_now) or any(t in self._stop for t in fed_now)
-            )
+            leaving = row.leaving(token, self._stop)
             matchers.append(None if matcher is None or matcher.done or leaving else matcher)
         return masked(logits, matchers)
 
-    def _forward(self, mine: Group, ride: Group | None) -> tuple[mx.array, mx.array | None]:
-        """The batch's next-token logits, and the ride's final hidden states (lazily)."""
-        groups = [mine] if ride is None else [mine, ride]
-        hidden = self._passes.hidden(groups) if self._passes is not None else None
-        if hidden is None and ride is None:
-            return self._model(mine.tokens, cache=mine.caches)[:, -1, :], None
+    def _forward(self, groups: list[Group], ride: Group | None) -> tuple[mx.array, mx.array | None]:
+        """The rows' next-token logits, and the ride's final hidden states (lazily)."""
+        passed = groups if ride is None else [*groups, ride]
+        hidden = self._passes.hidden(passed) if self._passes is not None else None
+        if hidden is None and len(passed) == 1:
+            return self._model(groups[0].tokens, cache=groups[0].caches)[:, -1, :], None
         if hidden is None:
             if self._passes is None:
-                raise TypeError("a prompt chunk rides a decode step only with an accelerator")
-            hidden = self._passes.fused_hidden(groups)
+                raise TypeError("several groups share a decode step only with an accelerator")
+            hidden = self._passes.fused_hidden(passed)
+        return self._head(hidden[: len(groups)]), hidden[-1] if ride is not None else None
+
+    def _head(self, hidden: list[mx.array]) -> mx.array:
+        """The rows' next-token logits from each group's final hidden states: its last
+        position's (a row fed a run has several)."""
         if self._parts is None:
-            raise TypeError("only a llama model's decode step can carry a prompt chunk")
-        return self._parts.head(hidden[0])[:, -1, :], hidden[1] if ride is not None else None
+            raise TypeError("only a llama model's decode step runs off mlx-lm's forward")
+        last = [h[:, -1:, :] for h in hidden]
+        logits: mx.array = self._parts.head(last[0] if len(last) == 1 else mx.concatenate(last))
+        return logits[:, -1, :]
 
     def take_finished(self, seq_id: str) -> list[Any] | None:
         """The cache of a row that left the batch by itself, once."""
@@ -281,17 +299,10 @@ class DecodeBatch:
             if row.seq_id == seq_id:
                 return None if callable(caches) else caches
         index = next((i for i, row in enumerate(self._rows) if row.seq_id == seq_id), None)
-        if index is None or not all(type(layer) is BatchKVCache for layer in self._caches):
+        if index is None:
             return None
-        views = []
-        for layer in self._caches:
-            start = int(layer.left_padding[index].item())
-            view = KVCache()  # type: ignore[no-untyped-call]  # mlx-lm: unannotated
-            view.keys = layer.keys[index : index + 1, :, start : start + n_tokens]
-            view.values = layer.values[index : index + 1, :, start : start + n_tokens]
-            view.offset = n_tokens
-            views.append(view)
-        return views
+        own = self._rows[index].own
+        return row_views(self._caches, index, n_tokens) if own is None else views(own, n_tokens)
 
     def builds_pending(self, seq_id: str) -> bool:
         """Whether the row joins at the next step with a cache still to be built."""
@@ -327,22 +338,30 @@ class DecodeBatch:
         return mx.zeros((len(self._rows),)).at[where].add(top_prob(logits[where]))
 
     def _extract(self, indices: list[int]) -> list[list[Any]]:
-        """The leaving rows' caches; the last row's are its buffers, not a copy (every
-        caller drops the rows right after)."""
-        mine = handed_back(self._caches) if len(self._rows) == 1 else None
-        return [mine] if mine is not None else extracted_rows(self._caches, indices)
+        """The leaving rows' caches: their own, or cut from the shared cache, whose last
+        row's are its buffers, not a copy (every caller drops the rows right after)."""
+        shared = [i for i in indices if self._rows[i].own is None]
+        mine = handed_back(self._caches) if shared and self._n_shared() == 1 else None
+        cut = [mine] if mine is not None else extracted_rows(self._caches, shared) if shared else []
+        by_index = dict(zip(shared, cut, strict=True))
+        return [_own_or(self._rows[i].own, by_index, i) for i in indices]
 
     def _drop(self, indices: list[int]) -> None:
         if not indices:
             return
         gone = set(indices)
         keep = [i for i in range(len(self._rows)) if i not in gone]
+        n_shared = self._n_shared()
+        shared_kept = [i for i in keep if i < n_shared]  # the shared rows come first
+        if not shared_kept:
+            self._caches = []
+        elif len(shared_kept) < n_shared:
+            for layer in self._caches:
+                layer.filter(shared_kept)
         self._rows = [self._rows[i] for i in keep]
         if not keep:
-            self._caches, self._inputs, self._tops = [], None, None
+            self._inputs, self._tops = None, None
             return
-        for layer in self._caches:
-            layer.filter(keep)
         where = mx.array(keep)
         if self._inputs is not None and self._tops is not None:
             self._inputs, self._tops = self._inputs[where], self._tops[where]
@@ -350,6 +369,19 @@ class DecodeBatch:
 
 def _built(caches: Caches) -> list[Any]:
     return caches() if callable(caches) else caches
+
+
+def _spliced(array: mx.array | None, at: int, inserted: list[Any], appended: list[Any]) -> mx.array:
+    """``array`` with ``inserted`` put in at ``at`` and ``appended`` after the end."""
+    parts = [] if array is None else [array[:at]]
+    parts += [mx.array(inserted)] if inserted else []
+    parts += [] if array is None else [array[at:]]
+    parts += [mx.array(appended)] if appended else []
+    return mx.concatenate(parts)
+
+
+def _own_or(own: list[Any] | None, cut: dict[int, list[Any]], index: int) -> list[Any]:
+    return own if own is not None else cut[index]
 
 
 def _ints(array: mx.array) -> list[int]:

@@ -70,7 +70,7 @@ class Lifecycle:
         for token in output.tokens:
             owner = self._running.get(token.seq_id)
             if owner is not None:
-                self.accept_token(owner, token.token, token.top_prob, events, token.forced)
+                self.accept_token(owner, token.token, token.top_prob, events, token.together)
 
     def chunk_done(
         self, active: ActiveRequest, n: int, first: SampledToken | None, events: Events

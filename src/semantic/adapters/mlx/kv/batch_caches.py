@@ -114,3 +114,28 @@ def handed_back(batch: list[Any]) -> list[Any] | None:
         cache.offset = layer._idx  # noqa: SLF001 - BatchKVCache keeps its write index here
         caches.append(cache)
     return caches
+
+
+def row_views(batch: list[Any], index: int, n_tokens: int) -> list[Any] | None:
+    """Row ``index``'s first ``n_tokens`` positions as plain caches that view the batch's
+    buffers; None for a batch cache of another kind."""
+    if not all(type(layer) is BatchKVCache for layer in batch):
+        return None
+    out = []
+    for layer in batch:
+        start = int(layer.left_padding[index].item())
+        rows = slice(index, index + 1)
+        out.append(_view(layer.keys[rows, :, start:], layer.values[rows, :, start:], n_tokens))
+    return out
+
+
+def views(caches: list[Any], n_tokens: int) -> list[Any]:
+    """Plain caches' first ``n_tokens`` positions, as plain caches viewing their buffers."""
+    return [_view(cache.keys, cache.values, n_tokens) for cache in caches]
+
+
+def _view(keys: mx.array, values: mx.array, n_tokens: int) -> Any:
+    view = KVCache()  # type: ignore[no-untyped-call]  # mlx-lm: unannotated
+    view.keys, view.values = keys[..., :n_tokens, :], values[..., :n_tokens, :]
+    view.offset = n_tokens
+    return view
