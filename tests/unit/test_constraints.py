@@ -154,20 +154,26 @@ class GapCounter:
         pass
 
 
-async def test_a_forced_opening_counts_no_gaps_between_tokens_of_its_own() -> None:
-    """It comes in the first sampled token's step: one first token, then a gap a step."""
-    engine, _ = make_engine(FakeGrammars(forced=3))
+async def counted_reply(engine: BlockPoolBatchEngine, max_tokens: int) -> tuple[str, GapCounter]:
+    """The constrained reply's text through the service, and the token gaps it counted."""
     loop = EngineLoop(engine)
     loop.start()
     counted = GapCounter()
     try:
         service = GenerationService(loop, None, Limits(512, 256, 16), counted)
         reply = await service.complete(
-            GenerationInput(tuple(PROMPT), max_tokens=9, constraint=CONSTRAINT)
+            GenerationInput(tuple(PROMPT), max_tokens=max_tokens, constraint=CONSTRAINT)
         )
     finally:
         loop.stop()
-    assert reply.text == FakeTokenizer().decode(LITERAL)
+    return reply.text, counted
+
+
+async def test_a_forced_opening_counts_no_gaps_between_tokens_of_its_own() -> None:
+    """It comes in the first sampled token's step: one first token, then a gap a step."""
+    engine, _ = make_engine(FakeGrammars(forced=3))
+    text, counted = await counted_reply(engine, max_tokens=9)
+    assert text == FakeTokenizer().decode(LITERAL)
     assert counted.firsts == 1
     assert counted.gaps == len(LITERAL) - 3, "the steps after the first: 51, then the end"
 
@@ -176,17 +182,8 @@ async def test_a_forced_run_in_a_step_counts_no_gaps_between_its_tokens() -> Non
     """The literal after its first sampled token is forced: it comes in one step, with
     the token before it; one gap is counted for that step, none inside it."""
     engine, _ = make_engine(FakeGrammars(forced=1), forced_runs=True)
-    loop = EngineLoop(engine)
-    loop.start()
-    counted = GapCounter()
-    try:
-        service = GenerationService(loop, None, Limits(512, 256, 16), counted)
-        reply = await service.complete(
-            GenerationInput(tuple(PROMPT), max_tokens=len(LITERAL) + 1, constraint=CONSTRAINT)
-        )
-    finally:
-        loop.stop()
-    assert reply.text == FakeTokenizer().decode(LITERAL)
+    text, counted = await counted_reply(engine, max_tokens=len(LITERAL) + 1)
+    assert text == FakeTokenizer().decode(LITERAL)
     assert (counted.firsts, counted.gaps) == (1, 1)
 
 

@@ -85,17 +85,22 @@ class LlguidanceMatcher:
         self._end_only = end_only
         self._guard = guard
         self._ended = False
+        self._mask: bytes | None = None
+        """The mask at this place, once computed: a step looks for a forced run, then masks."""
 
     def allowed(self) -> bytes:
         if self._matcher.is_error():  # a refused token: end the turn rather than go on
             return self._end_only
         if self._guard is not None and self._guard.repeated:
             return self._end_only
-        return self._matcher.compute_bitmask()
+        if self._mask is None:
+            self._mask = self._matcher.compute_bitmask()
+        return self._mask
 
     def accept(self, token: int) -> bool:
         byte = token // 8
         self._ended = byte < len(self._end_only) and bool(self._end_only[byte] >> (token % 8) & 1)
+        self._mask = None
         accepted = self._matcher.consume_token(token)
         if self._guard is not None and not self._ended:
             self._guard.step(token, self._matcher.is_accepting())

@@ -95,7 +95,8 @@ class DecodeBatch:
     ) -> None:
         """Join with a prefilled cache; ``first_token`` is fed at the next pass, which makes
         the first of at most ``max_new_tokens`` new tokens. Newcomers are merged into the
-        batch together at the next step: one copy of the batch's caches, not one each.
+        batch together at the next step: one copy of the batch's caches, not one each (a
+        constrained row may keep its own, ``_keeps_apart``).
         ``caches`` may be a function that builds them, called at that step. ``matcher``:
         the row's grammar, which has already accepted ``first_token``."""
         row = Row(seq_id, sampler, track_top_prob, max_new_tokens, matcher=matcher)
