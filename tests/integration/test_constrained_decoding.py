@@ -142,6 +142,25 @@ def test_a_required_calls_forced_tokens_computed_together_give_the_tokens_decodi
     assert all(a < b - 5 for a, b in zip(rounds[True], rounds[False], strict=True)), rounds
 
 
+def test_a_seeded_sampled_reply_is_the_same_with_forced_runs_as_a_step_a_token(
+    real_model: RealModel, make_engine: EngineFactory, grammars: GrammarCompiler
+) -> None:
+    """A run's tokens are not drawn, yet the seeded sampler moves past them as if they
+    were: whether a forced token comes in a run (alone) or a step (beside a riding prompt,
+    past a pass's rows), the draws after it are the same."""
+    constraint = OutputConstraint(json_schema=json.dumps(PERSON))
+    seeded = SamplingParams(temperature=0.9, top_p=0.95, seed=5)
+    request = (
+        chat(real_model, "Describe a pilot as JSON."),
+        {"max_tokens": 40, "constraint": constraint, "sampling": seeded},
+    )
+    replies = []
+    for forced_runs in (True, False):
+        engine, _ = make_engine(grammars=grammars, forced_runs=forced_runs)
+        replies.append(run_all(engine, [request])[0].token_ids)
+    assert replies[0] == replies[1]
+
+
 def counted_rounds(
     engine: BlockPoolBatchEngine, requests: list[tuple[list[int], dict[str, object]]]
 ) -> tuple[list[CompletionEvent], int]:

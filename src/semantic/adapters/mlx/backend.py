@@ -78,8 +78,9 @@ class MlxBackend:
         self._spec = spec
         self._accelerator = accelerator
         self._host_rows = accelerator.host_rows if accelerator is not None else 0
+        ride_rows = accelerator.ride_rows if accelerator is not None else 0
         self._decoder = DecodeBatch(
-            model, eos_token_ids, accelerator, forced_runs=forced_runs, pass_rows=self._host_rows
+            model, eos_token_ids, accelerator, forced_runs=forced_runs, pass_rows=ride_rows
         )
         self._split = BodyAndHead.of(model)
         self._restored = RestoredCaches(model, spec, host, self._host_rows)
@@ -87,7 +88,7 @@ class MlxBackend:
             spec,
             model_id,
             can_slice=self._split is not None and accelerator is not None,
-            ride_rows=accelerator.ride_rows if accelerator is not None else 0,
+            ride_rows=ride_rows,
         )
         self._sequences: dict[str, SequenceState] = {}
         self._beside = accelerator.beside(self._decoder, self._step_output) if accelerator else None

@@ -31,7 +31,7 @@ from semantic.adapters.mlx.kv.batch_caches import (
 )
 from semantic.adapters.mlx.lm import KVCache
 from semantic.adapters.mlx.models.model_parts import BodyAndHead
-from semantic.adapters.mlx.sampling import Sampler, top_prob
+from semantic.adapters.mlx.sampling import Sampler, sampled_rows, top_probs
 from semantic.adapters.mlx.token_mask import masked
 from semantic.ports.grammar import GrammarMatcher
 from semantic.ports.model_backend import DecodedToken
@@ -60,7 +60,10 @@ class DecodeBatch:
         MLX or carry a prompt chunk along; without it, every pass is mlx-lm's own.
         ``forced_runs``: constrained rows are fed their forced runs, in caches of their own
         where ``passes`` can step several groups in one pass (False: tests compare).
-        ``pass_rows``: the rows one pass takes on the accelerator (runs stay within)."""
+        ``pass_rows``: the rows a pass of several groups takes (the accelerator's
+        ``ride_rows``: runs stay within, so a row's products run on the kernels that give
+        the same bits at any batch size, ADR 0010); 0: no such pass, and only a row alone in
+        the batch takes runs."""
         self._model = model
         self._passes = passes
         self._parts = BodyAndHead.of(model)
@@ -128,7 +131,7 @@ class DecodeBatch:
     def _keeps_apart(self, row: Row, caches: list[Any]) -> bool:
         """A constrained row keeps its own plain caches where one pass steps several
         groups (the accelerator's, a llama body): its forced runs need a group of its own."""
-        if not self._forced_runs or row.matcher is None or self._passes is None:
+        if not self._forced_runs or row.matcher is None or not self._pass_rows:
             return False
         plain = all(type(c) is KVCache and c.keys is not None for c in caches)
         return plain and self._parts is not None
@@ -235,8 +238,8 @@ class DecodeBatch:
         ``logits`` (evaluated in the background while the caller goes on)."""
         if any(row.matcher is not None for row in self._rows):
             logits = self._constrained(logits, fed)
-        self._inputs = self._sample(logits)
-        self._tops = self._top_probs(logits)
+        self._inputs = sampled_rows(logits, [row.sampler for row in self._rows])
+        self._tops = top_probs(logits, [row.track_top_prob for row in self._rows])
         mx.async_eval(self._inputs, self._tops)  # type: ignore[no-untyped-call]  # mlx: unannotated
         mx.eval(fed, fed_tops)
         out: list[DecodedToken] = []
@@ -320,23 +323,6 @@ class DecodeBatch:
         caches = self._extract([index])[0]
         self._drop([index])
         return caches
-
-    def _sample(self, logits: mx.array) -> mx.array:
-        """Rows sharing one sampler (all greedy ones do) are sampled in one call."""
-        samplers = [row.sampler for row in self._rows]
-        if all(s is samplers[0] for s in samplers):
-            return samplers[0](logits)
-        return mx.concatenate([s(logits[i : i + 1]) for i, s in enumerate(samplers)])
-
-    def _top_probs(self, logits: mx.array) -> mx.array:
-        """Normalising costs an ``exp`` per vocabulary entry: only for rows that asked."""
-        tracked = [i for i, row in enumerate(self._rows) if row.track_top_prob]
-        if not tracked:
-            return mx.zeros((len(self._rows),))
-        if len(tracked) == len(self._rows):
-            return top_prob(logits)
-        where = mx.array(tracked)
-        return mx.zeros((len(self._rows),)).at[where].add(top_prob(logits[where]))
 
     def _extract(self, indices: list[int]) -> list[list[Any]]:
         """The leaving rows' caches: their own, or cut from the shared cache, whose last

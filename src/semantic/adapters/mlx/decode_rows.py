@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from semantic.adapters.mlx.sampling import Sampler
+from semantic.adapters.mlx.sampling import Sampler, skip_draws
 from semantic.ports.grammar import GrammarMatcher
 from semantic.ports.model_backend import DecodedToken
 
@@ -45,6 +45,7 @@ class Row:
         room = min(limit, self.remaining - self.has_output)
         if token not in stop and room > 0:
             self.run = self.matcher.take_forced(room)
+            skip_draws(self.sampler, len(self.run))  # as if sampled: the same draws after
         return self.run
 
     def fed_now(self, token: int) -> tuple[int, ...]:

@@ -35,6 +35,25 @@ def top_prob(logits: mx.array) -> mx.array:
     return mx.exp(mx.max(logits, axis=-1) - mx.logsumexp(logits, axis=-1))
 
 
+def sampled_rows(logits: mx.array, samplers: list[Sampler]) -> mx.array:
+    """Each row's token by its sampler; rows sharing one (all greedy ones do) in one call."""
+    if all(s is samplers[0] for s in samplers):
+        return samplers[0](logits)
+    return mx.concatenate([s(logits[i : i + 1]) for i, s in enumerate(samplers)])
+
+
+def top_probs(logits: mx.array, tracked: list[bool]) -> mx.array:
+    """``top_prob`` for the tracked rows, 0 for the others: normalising costs an ``exp``
+    per vocabulary entry, so only the rows that asked pay it."""
+    where = [i for i, asked in enumerate(tracked) if asked]
+    if not where:
+        return mx.zeros((len(tracked),))
+    if len(where) == len(tracked):
+        return top_prob(logits)
+    rows = mx.array(where)
+    return mx.zeros((len(tracked),)).at[rows].add(top_prob(logits[rows]))
+
+
 class SeededSampler:
     def __init__(self, params: SamplingParams) -> None:
         seed = params.seed if params.seed is not None else secrets.randbits(63)
@@ -42,6 +61,9 @@ class SeededSampler:
         self._inverse_temperature = 1.0 / params.temperature
         self._top_p = params.top_p
         self._top_k = params.top_k
+
+    def skip(self) -> None:
+        self._key = mx.random.split(self._key)[0]
 
     def __call__(self, logits: mx.array) -> mx.array:
         keys = mx.random.split(self._key)
@@ -51,6 +73,14 @@ class SeededSampler:
         if self._top_p < 1.0:  # the nucleus is cut on probabilities: normalise first
             logits = apply_top_p(log_softmax(logits), self._top_p)
         return mx.random.categorical(logits * self._inverse_temperature, key=keys[1])
+
+
+def skip_draws(sampler: Sampler, n: int) -> None:
+    """Advance a seeded sampler past ``n`` tokens it did not draw (a grammar forced them):
+    whether they came in one pass or a step each, its later draws are the same."""
+    if isinstance(sampler, SeededSampler):
+        for _ in range(n):
+            sampler.skip()
 
 
 def make_sampler(params: SamplingParams) -> Sampler:
