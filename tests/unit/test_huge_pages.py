@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import threading
+from collections.abc import Callable
 
 from semantic.adapters.mlx.cpu.huge_pages import (
     BUSY_TRIES,
@@ -174,3 +175,19 @@ def test_a_placement_moves_while_the_server_is_idle_or_once_its_patience_runs_ou
     moved = impatient.wait(30)
     assert moved is not None
     assert moved.huge_bytes == piece
+
+
+def test_work_before_the_move_runs_first_on_its_thread_under_the_same_gate() -> None:
+    kernel, seen = FakeKernel(), list[tuple[str, list[Span], bool]]()
+    placement = PagePlacement([(0, HUGE_PAGE)], kernel, HUGE_PAGE)
+
+    def before(go_ahead: Callable[[], bool]) -> None:
+        seen.append((threading.current_thread().name, list(kernel.calls), go_ahead()))
+
+    assert placement.start(before=before)
+    assert placement.wait(30) is not None
+    assert seen == [("huge-pages", [], True)]  # before any page moved
+    assert not placement.start(before=before)  # begun once: nothing more runs
+    over = PagePlacement.ruled_out(f"{HUGE_PAGES_ENV}=0")
+    assert not over.start(before=before)  # the caller does the work itself
+    assert len(seen) == 1

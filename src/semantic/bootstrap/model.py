@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,23 +96,40 @@ def build_engine(settings: Settings, progress: Progress, *, warm_up: bool = True
     return EngineRuntime(settings, loaded, tokenizer, spec, backend, pool, engine, loop)
 
 
-def finish_start(loaded: LoadedModel, tokenizer: MlxTokenizer, loop: EngineLoop) -> None:
-    """The last of a server's start, once the engine is warm and its memory touched: then
-    the weights' move onto huge pages begins, in the engine's idle time (ADR 0032; a page on
-    the move locks the address space: the start's page faults waited for every page)."""
+def finish_start(
+    loaded: LoadedModel, tokenizer: MlxTokenizer, loop: EngineLoop, heap_bytes: int
+) -> None:
+    """The last of a server's start, once the engine is warm: then ``heap_bytes`` of heap
+    are touched and the weights' move onto huge pages begins, one after the other on a
+    thread of their own in the engine's idle time (ADR 0032; a page on the move locks the
+    address space, so the faults go first). Where no move is to come, the heap is touched
+    now, before the server answers, as it always was."""
     warm_up_chat_template(tokenizer)
     freeze_startup_objects()
-    if loaded.pages is not None:
-        loaded.pages.start(idle=lambda: loop.active_requests == 0)
+    touch_heap = functools.partial(_touch_heap, heap_bytes)
+    moving = loaded.pages is not None and loaded.pages.start(
+        idle=lambda: loop.active_requests == 0, before=touch_heap
+    )
+    if not moving:
+        touch_heap(lambda: True)
 
 
-def prepare_memory(n_bytes: int, spec: ModelCacheSpec, restore_buffers: RestoreBuffers) -> None:
-    """Touch ``n_bytes`` up front so the first restores after a restart do not page-fault:
-    half as ready buffers for whole blocks read from disk, the rest freed to the heap for
-    the caches the engine builds."""
+def _touch_heap(n_bytes: int, go_ahead: Callable[[], bool]) -> None:
+    began = time.monotonic()
+    touched = prefault_heap(n_bytes, go_ahead=go_ahead)
+    if touched:
+        log.info("heap: %d MiB touched in %.1f s", touched >> 20, time.monotonic() - began)
+
+
+def reserve_restore_buffers(
+    n_bytes: int, spec: ModelCacheSpec, restore_buffers: RestoreBuffers
+) -> int:
+    """Half of ``n_bytes`` made into ready buffers for whole blocks read from disk, so the
+    first restores after a restart neither fault nor zero them; returns the bytes left of
+    ``n_bytes``, for the heap (``finish_start``)."""
     block_file_bytes = spec.bytes_per_token * spec.block_tokens
     made = restore_buffers.reserve(block_file_bytes, restore_buffers.max_bytes // block_file_bytes)
-    prefault_heap(n_bytes - made * block_file_bytes)
+    return max(n_bytes - made * block_file_bytes, 0)
 
 
 def warm_up_chat_template(tokenizer: MlxTokenizer) -> None:

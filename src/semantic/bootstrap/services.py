@@ -46,7 +46,7 @@ from semantic.bootstrap.model import (
     finish_start,
     load_for_serving,
     max_context,
-    prepare_memory,
+    reserve_restore_buffers,
     runtime_report,
 )
 from semantic.config import Settings
@@ -138,8 +138,8 @@ async def _start_services(
     )
     loop.start()
     await asyncio.to_thread(loop.run_sync, backend.warm_up)
-    await asyncio.to_thread(prepare_memory, prefault, spec, restore_buffers)
-    finish_start(loaded, tokenizer, loop)
+    heap = await asyncio.to_thread(reserve_restore_buffers, prefault, spec, restore_buffers)
+    finish_start(loaded, tokenizer, loop, heap)
     return await _services(
         settings,
         _Started(loaded, kernel, tokenizer, spec, pool, loop, host),

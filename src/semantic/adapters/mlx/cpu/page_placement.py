@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import logging
 import os
 import sys
@@ -69,18 +70,27 @@ class PagePlacement:
     def ruled_out(cls, why: str) -> PagePlacement:
         return cls([], _no_collapse, HUGE_PAGE, WeightPages(0, 0, why))
 
-    def start(self, idle: Callable[[], bool] = lambda: True, patience: float = PATIENCE_S) -> None:
+    def start(
+        self,
+        idle: Callable[[], bool] = lambda: True,
+        patience: float = PATIENCE_S,
+        before: Callable[[Callable[[], bool]], object] | None = None,
+    ) -> bool:
         """The move begins, a page at a time whenever ``idle()`` says the server has nothing
         to do, or once ``patience`` seconds passed without (once; later calls do nothing).
         Moving beside a decode stream, the first reply after a start ran at 16 tokens/s
-        instead of 36 on that VM: pages are locked while they move."""
+        instead of 36 on that VM: pages are locked while they move. ``before(go_ahead)``:
+        work for the same thread ahead of the move, under the same gate (the heap's
+        prefault: its faults would wait for pages on the move). False where no move began
+        (over, or begun before): then ``before`` did not run."""
         with self._lock:
             if self._started:
-                return
+                return False
             self._started = True
         threading.Thread(
-            target=self._run, args=(idle, patience), name="huge-pages", daemon=True
+            target=self._run, args=(idle, patience, before), name="huge-pages", daemon=True
         ).start()
+        return True
 
     @property
     def pages(self) -> WeightPages | None:
@@ -106,11 +116,19 @@ class PagePlacement:
         """No page moved after the one under way (those moved stay moved)."""
         self._stop.set()
 
-    def _run(self, idle: Callable[[], bool], patience: float) -> None:
+    def _run(
+        self,
+        idle: Callable[[], bool],
+        patience: float,
+        before: Callable[[Callable[[], bool]], object] | None,
+    ) -> None:
         _only_when_a_cpu_is_idle()
+        go_ahead = functools.partial(self._go_ahead, idle, patience)
+        if before is not None:
+            before(go_ahead)
         began = time.monotonic()
         spans, collapse, page = self._work
-        pages = collapse_spans(spans, collapse, page, lambda: self._go_ahead(idle, patience))
+        pages = collapse_spans(spans, collapse, page, go_ahead)
         took = time.monotonic() - began
         log.info("weights: %s (moved in %.1f s)", pages.describe(), took)
         with self._lock:
