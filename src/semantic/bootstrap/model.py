@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import gc
 import logging
 import time
@@ -49,6 +48,10 @@ from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.chat import ChatMessage
 
 log = logging.getLogger(__name__)
+
+RESERVE_WAIT_S = 60.0
+"""How long the prefault waits for the engine's thread to make a restore buffer (a long
+prompt chunk takes seconds); past it, as for an engine stopped, the prefault ends."""
 
 
 @dataclass
@@ -96,40 +99,61 @@ def build_engine(settings: Settings, progress: Progress, *, warm_up: bool = True
     return EngineRuntime(settings, loaded, tokenizer, spec, backend, pool, engine, loop)
 
 
+MemoryWork = Callable[[Callable[[], bool]], None]
+"""Work on the process's memory, given a ``go_ahead()`` to look at between its pieces."""
+
+
 def finish_start(
-    loaded: LoadedModel, tokenizer: MlxTokenizer, loop: EngineLoop, heap_bytes: int
+    loaded: LoadedModel, tokenizer: MlxTokenizer, loop: EngineLoop, memory: MemoryWork
 ) -> None:
-    """The last of a server's start, once the engine is warm: then ``heap_bytes`` of heap
-    are touched and the weights' move onto huge pages begins, one after the other on a
-    thread of their own in the engine's idle time (ADR 0032; a page on the move locks the
-    address space, so the faults go first). Where no move is to come, the heap is touched
-    now, before the server answers, as it always was."""
+    """The last of a server's start, once the engine is warm: then ``memory`` (the
+    prefault, ``prefault_work``) and the weights' move onto huge pages run one after the
+    other on a thread of their own in the engine's idle time (ADR 0032; a page on the move
+    locks the address space, so the faults go first). Where no move is to come, ``memory``
+    runs now, before the server answers, as it always did."""
     warm_up_chat_template(tokenizer)
     freeze_startup_objects()
-    touch_heap = functools.partial(_touch_heap, heap_bytes)
     moving = loaded.pages is not None and loaded.pages.start(
-        idle=lambda: loop.active_requests == 0, before=touch_heap
+        idle=lambda: loop.active_requests == 0, before=memory
     )
     if not moving:
-        touch_heap(lambda: True)
+        memory(lambda: True)
 
 
-def _touch_heap(n_bytes: int, go_ahead: Callable[[], bool]) -> None:
-    began = time.monotonic()
-    touched = prefault_heap(n_bytes, go_ahead=go_ahead)
-    if touched:
-        log.info("heap: %d MiB touched in %.1f s", touched >> 20, time.monotonic() - began)
-
-
-def reserve_restore_buffers(
-    n_bytes: int, spec: ModelCacheSpec, restore_buffers: RestoreBuffers
-) -> int:
-    """Half of ``n_bytes`` made into ready buffers for whole blocks read from disk, so the
-    first restores after a restart neither fault nor zero them; returns the bytes left of
-    ``n_bytes``, for the heap (``finish_start``)."""
+def prefault_work(
+    n_bytes: int,
+    spec: ModelCacheSpec,
+    restore_buffers: RestoreBuffers,
+    on_engine: Callable[[Callable[[], int]], int],
+) -> MemoryWork:
+    """``n_bytes`` touched up front so the first restores after a restart do not fault: as
+    ready buffers for whole blocks read from disk, up to the buffers' cap (made by
+    ``on_engine``, the engine's thread, where MLX runs, one between two looks at
+    ``go_ahead``), the rest touched and freed to the heap for the caches the engine
+    builds. ``on_engine`` raising ``TimeoutError`` (an engine stopped) ends it."""
     block_file_bytes = spec.bytes_per_token * spec.block_tokens
-    made = restore_buffers.reserve(block_file_bytes, restore_buffers.max_bytes // block_file_bytes)
-    return max(n_bytes - made * block_file_bytes, 0)
+
+    def reserve_one() -> int:
+        return restore_buffers.reserve(block_file_bytes, 1)
+
+    def work(go_ahead: Callable[[], bool]) -> None:
+        began, made = time.monotonic(), 0
+        for _ in range(restore_buffers.max_bytes // block_file_bytes):
+            if not go_ahead():
+                return
+            try:
+                made += on_engine(reserve_one)
+            except TimeoutError:
+                return
+        touched = prefault_heap(max(n_bytes - made * block_file_bytes, 0), go_ahead=go_ahead)
+        log.info(
+            "memory: %d MiB of restore buffers and %d MiB of heap touched in %.1f s",
+            made * block_file_bytes >> 20,
+            touched >> 20,
+            time.monotonic() - began,
+        )
+
+    return work
 
 
 def warm_up_chat_template(tokenizer: MlxTokenizer) -> None:

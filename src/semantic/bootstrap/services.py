@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import socket
@@ -42,11 +43,12 @@ from semantic.application.observers import Observers
 from semantic.application.readiness import ReadinessCheck
 from semantic.application.threads import install_default_executor
 from semantic.bootstrap.model import (
+    RESERVE_WAIT_S,
     engine_on,
     finish_start,
     load_for_serving,
     max_context,
-    reserve_restore_buffers,
+    prefault_work,
     runtime_report,
 )
 from semantic.config import Settings
@@ -138,8 +140,9 @@ async def _start_services(
     )
     loop.start()
     await asyncio.to_thread(loop.run_sync, backend.warm_up)
-    heap = await asyncio.to_thread(reserve_restore_buffers, prefault, spec, restore_buffers)
-    finish_start(loaded, tokenizer, loop, heap)
+    on_engine = functools.partial(loop.run_sync, timeout=RESERVE_WAIT_S)
+    memory = prefault_work(prefault, spec, restore_buffers, on_engine)
+    await asyncio.to_thread(finish_start, loaded, tokenizer, loop, memory)
     return await _services(
         settings,
         _Started(loaded, kernel, tokenizer, spec, pool, loop, host),

@@ -122,10 +122,9 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "--prefault-mb",
         type=flags.non_negative_int,
         default=None,
-        help="memory touched up front so the first restores after a restart do not"
-        " page-fault, MiB: half as restore buffers before the server answers, half in its"
-        f" idle time after; at most the KV budget; 0 turns it off (default: {PREFAULT_MB}, or"
-        " the KV budget if smaller)",
+        help="memory touched up front (once the server answers, in its idle time) so the"
+        " first restores after a restart do not page-fault, MiB; at most the KV budget; 0"
+        f" turns it off (default: {PREFAULT_MB}, or the KV budget if smaller)",
     ),
     Flag(
         "--kv-at-rest",

@@ -10,7 +10,7 @@ A fresh process has no freed memory yet, so its first restores would still fault
 page (a 4,096-token restore after a restart took 170 ms more than the same restore later).
 ``prefault_heap`` touches part of the budget once and frees it back to the heap, the way
 GPU servers reserve their KV pool up front: a server does it beside itself once it answers
-(``PagePlacement.start``'s ``before``), as each fault in a VM's fresh memory cost 12-17 us
+(the bootstrap's ``prefault_work``), as each fault in a VM's fresh memory cost 12-17 us
 of kernel time on a Zen 4 VM (1.1-2.3 s for 512 MiB, a quarter of a start there).
 """
 
