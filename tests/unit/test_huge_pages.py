@@ -191,3 +191,16 @@ def test_work_before_the_move_runs_first_on_its_thread_under_the_same_gate() -> 
     over = PagePlacement.ruled_out(f"{HUGE_PAGES_ENV}=0")
     assert not over.start(before=before)  # the caller does the work itself
     assert len(seen) == 1
+
+
+def test_work_before_the_move_that_fails_leaves_the_move_to_go_on() -> None:
+    kernel = FakeKernel()
+    placement = PagePlacement([(0, HUGE_PAGE)], kernel, HUGE_PAGE)
+
+    def failing(_go_ahead: Callable[[], bool]) -> None:
+        raise RuntimeError("no memory")
+
+    assert placement.start(before=failing)
+    moved = placement.wait(30)
+    assert moved is not None
+    assert moved.huge_bytes == HUGE_PAGE

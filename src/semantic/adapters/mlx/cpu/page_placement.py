@@ -125,7 +125,10 @@ class PagePlacement:
         _only_when_a_cpu_is_idle()
         go_ahead = functools.partial(self._go_ahead, idle, patience)
         if before is not None:
-            before(go_ahead)
+            try:
+                before(go_ahead)
+            except Exception:  # whatever failed there, the weights still move
+                log.exception("the work before the weights' move failed; the move goes on")
         began = time.monotonic()
         spans, collapse, page = self._work
         pages = collapse_spans(spans, collapse, page, go_ahead)
