@@ -473,6 +473,15 @@ def test_streams_are_event_streams_and_bad_bodies_are_client_errors(server: Serv
     assert wrong_method.status_code == 405
     assert wrong_method.json()["error"]["type"] == "invalid_request_error"
     assert "POST" in wrong_method.headers["allow"].split(", ")
+    assert "DELETE is not allowed on /v1/chat/completions; allowed: " in wrong_method.text
+
+
+def test_an_endpoint_this_server_lacks_is_refused_with_what_it_has(server: ServerProcess) -> None:
+    with pytest.raises(openai.NotFoundError) as not_served:
+        oai(server).embeddings.create(model="default", input="hi")
+    message = not_served.value.body["message"]  # type: ignore[index]  # the SDK's: object
+    assert "no endpoint at POST /v1/embeddings" in message
+    assert "/v1/chat/completions" in message
 
 
 def test_models_health_and_neutral_fields_of_every_endpoint(server: ServerProcess) -> None:

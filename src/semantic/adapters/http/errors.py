@@ -15,7 +15,9 @@ from litestar import Request, Response
 from litestar.exceptions import (
     ClientException,
     HTTPException,
+    MethodNotAllowedException,
     NotAuthorizedException,
+    NotFoundException,
     SerializationException,
     ValidationException,
 )
@@ -164,8 +166,15 @@ def _not_json_message(detail: str) -> str:
     return message
 
 
+ENDPOINTS = (
+    "OpenAI's /v1/chat/completions, /v1/completions, /v1/responses, /v1/conversations and"
+    " /v1/models, Anthropic's /v1/messages, and /v1/agents"
+)
+"""What a client that asked for a path nobody serves is told this server has."""
+
+
 def handle(request: Request[Any, Any, Any], error: Exception) -> Response[Any]:
-    problem = problem_for(error)
+    problem = _routing_problem(request, error) or problem_for(error)
     metrics = request.app.state.get("metrics")
     if metrics is not None:  # the server's ``Metrics``; absent in apps built for one test
         metrics.on_refused(problem.status, problem.kind)
@@ -175,6 +184,22 @@ def handle(request: Request[Any, Any, Any], error: Exception) -> Response[Any]:
     return Response(
         body_for(request.url.path, problem), status_code=problem.status, headers=headers
     )
+
+
+def _routing_problem(request: Request[Any, Any, Any], error: Exception) -> Problem | None:
+    """A path or method the router has no handler for, said with what there is (the
+    framework's own words are only "Not Found" and "Method Not Allowed")."""
+    where = f"{request.method} {request.url.path}"
+    if isinstance(error, NotFoundException) and error.detail == "Not Found":
+        return Problem(404, "not_found", f"no endpoint at {where}; this server has {ENDPOINTS}")
+    if isinstance(error, MethodNotAllowedException):
+        headers = error.headers or {}
+        allowed = next((v for k, v in headers.items() if k.lower() == "allow"), "")
+        message = f"{request.method} is not allowed on {request.url.path}"
+        return Problem(
+            405, "method_not_allowed", f"{message}; allowed: {allowed}" if allowed else message
+        )
+    return None
 
 
 def body_for(path: str, problem: Problem) -> dict[str, Any]:
