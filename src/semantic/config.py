@@ -44,7 +44,8 @@ class Settings:
     ``gpu``."""
     kv_budget_bytes: int = 2 << 30
     prefault_bytes: int = 1 << 30
-    """Heap touched once at start so the first restores after a restart do not page-fault."""
+    """Memory touched once the server answers (restore buffers, then heap), so the first
+    restores after a restart do not page-fault."""
     kv_at_rest: str = "lossless"
     """How block files hold KV: exact, or 8-/4-bit (smaller files, slightly different KV)."""
     default_max_tokens: int = 512

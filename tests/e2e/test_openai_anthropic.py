@@ -488,6 +488,8 @@ def test_models_health_and_neutral_fields_of_every_endpoint(server: ServerProces
     client = oai(server)
     assert client.models.retrieve("default").id == "smollm2-135m-instruct"
     assert httpx.get(f"{server.url}/v1/models/gpt-4").status_code == 404
+    hub_style = httpx.get(f"{server.url}/v1/models/org/name")  # ids with a slash are ids
+    assert "model 'org/name' is not served here" in hub_style.json()["error"]["message"]
     for path in ("/health", "/metrics", "/v1/models", "/v1/models/default"):
         head = httpx.head(f"{server.url}{path}")
         assert (head.status_code, head.content) == (200, b""), path

@@ -290,3 +290,12 @@ async def test_a_handle_closed_before_anyone_read_it_ends_its_request(
 
     await asyncio.wait_for(until_idle(), 10)
     assert ended == [handle.request_id]
+
+
+def test_a_stopped_loop_fails_the_calls_it_will_not_run(backend: FakeBackend) -> None:
+    engine_loop = EngineLoop(small_engine(backend))
+    engine_loop.start()
+    assert engine_loop.run_sync(lambda: threading.current_thread().name) == "semantic-engine"
+    engine_loop.stop()
+    with pytest.raises(ShuttingDownError):
+        engine_loop.run_sync(lambda: 1, timeout=5)

@@ -46,12 +46,13 @@ from semantic.config import Settings
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.chat import ChatMessage
+from semantic.domain.errors import ShuttingDownError
 
 log = logging.getLogger(__name__)
 
 RESERVE_WAIT_S = 60.0
 """How long the prefault waits for the engine's thread to make a restore buffer (a long
-prompt chunk takes seconds); past it, as for an engine stopped, the prefault ends."""
+prompt chunk takes seconds); past it the prefault ends."""
 
 
 @dataclass
@@ -113,9 +114,7 @@ def finish_start(
     runs now, before the server answers, as it always did."""
     warm_up_chat_template(tokenizer)
     freeze_startup_objects()
-    moving = loaded.pages is not None and loaded.pages.start(
-        idle=lambda: loop.active_requests == 0, before=memory
-    )
+    moving = loaded.pages is not None and loaded.pages.start(idle=loop.idle, before=memory)
     if not moving:
         memory(lambda: True)
 
@@ -125,27 +124,42 @@ def prefault_work(
     spec: ModelCacheSpec,
     restore_buffers: RestoreBuffers,
     on_engine: Callable[[Callable[[], int]], int],
+    idle: Callable[[], bool],
 ) -> MemoryWork:
     """``n_bytes`` touched up front so the first restores after a restart do not fault: as
-    ready buffers for whole blocks read from disk, up to the buffers' cap (made by
-    ``on_engine``, the engine's thread, where MLX runs, one between two looks at
-    ``go_ahead``), the rest touched and freed to the heap for the caches the engine
-    builds. ``on_engine`` raising ``TimeoutError`` (an engine stopped) ends it."""
+    ready buffers for whole blocks read from disk, up to the buffers' cap, the rest touched
+    and freed to the heap for the caches the engine builds. A buffer is made by
+    ``on_engine`` (the engine's thread, where MLX runs, between two steps), so only while
+    ``idle()`` (a busy engine would wait a buffer's faults: ~35-50 ms on a VM's fresh
+    memory); ``on_engine`` failing (an engine stopped, or busy past its timeout) ends the
+    prefault."""
     block_file_bytes = spec.bytes_per_token * spec.block_tokens
 
     def reserve_one() -> int:
         return restore_buffers.reserve(block_file_bytes, 1)
 
-    def work(go_ahead: Callable[[], bool]) -> None:
-        began, made = time.monotonic(), 0
+    def buffers(go_ahead: Callable[[], bool]) -> int | None:
+        """Buffers made, each once idle; None where the prefault ends here."""
+        made = 0
         for _ in range(restore_buffers.max_bytes // block_file_bytes):
-            if not go_ahead():
-                return
+            if not _idle_or_stopped(go_ahead, idle):
+                return None
             try:
-                made += on_engine(reserve_one)
-            except TimeoutError:
-                return
-        touched = prefault_heap(max(n_bytes - made * block_file_bytes, 0), go_ahead=go_ahead)
+                if not on_engine(reserve_one):
+                    return made  # the cap is reached (buffers given back meanwhile)
+            except (TimeoutError, ShuttingDownError) as error:
+                log.info("memory: the prefault ended after %d restore buffers: %s", made, error)
+                return None
+            made += 1
+        return made
+
+    def work(go_ahead: Callable[[], bool]) -> None:
+        began = time.monotonic()
+        made = buffers(go_ahead)
+        if made is None:
+            return
+        heap = max(n_bytes - made * block_file_bytes, 0)
+        touched = prefault_heap(heap, go_ahead=go_ahead)
         log.info(
             "memory: %d MiB of restore buffers and %d MiB of heap touched in %.1f s",
             made * block_file_bytes >> 20,
@@ -154,6 +168,15 @@ def prefault_work(
         )
 
     return work
+
+
+def _idle_or_stopped(go_ahead: Callable[[], bool], idle: Callable[[], bool]) -> bool:
+    """True once ``idle()``, asking ``go_ahead()`` first and while not; False once it says
+    stop."""
+    while go_ahead():
+        if idle():
+            return True
+    return False
 
 
 def warm_up_chat_template(tokenizer: MlxTokenizer) -> None:

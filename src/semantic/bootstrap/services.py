@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from semantic.adapters.http.keys import key_quotas
+from semantic.adapters.mlx.cpu import PagePlacement
 from semantic.adapters.mlx.devices import (
     HostMemory,
     host_memory,
@@ -85,6 +86,8 @@ class Services:
     """The Responses API's chains and conversations on the agents (ADR 0020)."""
     runtime: dict[str, Any] = field(default_factory=dict)
     """What the model runs on (BLAS and its core, kernels), served by ``/v1/models/{id}``."""
+    beside: PagePlacement | None = None
+    """The work beside the server once it answers (the prefault, the weights' move)."""
 
     @property
     def last_step(self) -> StepResult | None:
@@ -141,7 +144,7 @@ async def _start_services(
     loop.start()
     await asyncio.to_thread(loop.run_sync, backend.warm_up)
     on_engine = functools.partial(loop.run_sync, timeout=RESERVE_WAIT_S)
-    memory = prefault_work(prefault, spec, restore_buffers, on_engine)
+    memory = prefault_work(prefault, spec, restore_buffers, on_engine, loop.idle)
     await asyncio.to_thread(finish_start, loaded, tokenizer, loop, memory)
     return await _services(
         settings,
@@ -243,6 +246,7 @@ async def _services(
         readiness=ReadinessCheck(lambda: cache.disk, {"metadata": DatabaseProbe(metadata)}),
         responses=responses,
         runtime=runtime_report(loaded, engine.kernel, engine.host) | _placement(settings),
+        beside=loaded.pages,
     )
 
 
@@ -336,6 +340,8 @@ def _placement(settings: Settings) -> dict[str, str]:
 
 async def stop_services(services: Services, grace_s: float) -> None:
     """Finish or cancel running requests, flush every pending save, close storage."""
+    if services.beside is not None:
+        services.beside.stop()  # no more of the prefault or the move: memory is let go
     await asyncio.to_thread(services.loop.drain, grace_s)
     await services.cache.close()
     services.loop.stop()

@@ -71,10 +71,11 @@ class OpenAIController(Controller):
         found = services(state)
         return {"object": "list", "data": [_model_entry(found.model_id)]}
 
-    @route("/models/{model_id:str}", http_method=GET_AND_HEAD)
+    @route("/models/{model_id:path}", http_method=GET_AND_HEAD)
     async def model(self, model_id: str, state: State) -> dict[str, Any]:
+        """``model_id`` a path: a hub model is served as ``org/name``."""
         found = services(state)
-        check_model(model_id, found.model_id)
+        check_model(model_id.lstrip("/"), found.model_id)
         return {**_model_entry(found.model_id), "runtime": dict(found.runtime)}
 
     @post("/chat/completions", status_code=200)

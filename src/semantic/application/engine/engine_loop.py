@@ -63,6 +63,7 @@ class EngineLoop:
         self._wake = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
         self._running = False
+        self._stopped = False
         self._accepting = True
         self._arriving = 0
         self._last_arrival = 0.0
@@ -125,9 +126,13 @@ class EngineLoop:
             self._wake.notify()
 
     def call(self, fn: Callable[[], T]) -> Future[T]:
-        """Run ``fn`` on the engine thread between two steps."""
+        """Run ``fn`` on the engine thread between two steps; once the loop has stopped,
+        the future fails at once (``ShuttingDownError``)."""
         future: Future[T] = Future()
         with self._lock:
+            if self._stopped:
+                future.set_exception(ShuttingDownError("the engine has stopped"))
+                return future
             self._calls.append((fn, future))
             self._wake.notify()
         return future
@@ -141,6 +146,10 @@ class EngineLoop:
     def active_requests(self) -> int:
         with self._lock:
             return len(self._sinks)
+
+    def idle(self) -> bool:
+        """No request running or waiting: what work beside the server waits for."""
+        return self.active_requests == 0
 
     def drain(self, grace_s: float) -> None:
         """Stop accepting; let running requests finish for ``grace_s``, then end the rest as
@@ -160,6 +169,7 @@ class EngineLoop:
             time.sleep(0.05)
 
     def stop(self) -> None:
+        """The thread ended; calls it did not run fail (a caller waiting on one is told)."""
         with self._lock:
             self._running = False
             self._wake.notify()
@@ -167,6 +177,12 @@ class EngineLoop:
         if thread is not None:
             thread.join(timeout=30.0)
             wait_until_gone([thread.native_id])  # see threads.py
+        with self._lock:
+            self._stopped = True
+            left, self._calls = self._calls, []
+        for _, future in left:
+            if future.set_running_or_notify_cancel():
+                future.set_exception(ShuttingDownError("the engine stopped before running it"))
 
     def _run(self) -> None:
         while True:

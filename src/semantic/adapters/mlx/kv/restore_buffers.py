@@ -3,9 +3,9 @@
 MLX has no uninitialised allocation (``mx.empty`` is ``mx.zeros`` here), so a fresh buffer
 for a block file costs a full write pass before the read fills it: 23 of ~90 ms of thread
 time for a 4,096-token restore. A restore's buffer is therefore kept, once nothing can reach
-the KV inside it, for the next restore of a block of the same size; a reserve made at start
-means the first restores after a restart skip the zeroing too, the way GPU servers carve
-their KV pool out up front. Finished sequences are cut into these buffers as well
+the KV inside it, for the next restore of a block of the same size; a reserve made once
+the server answers means the first restores after a restart skip the zeroing too, the way
+GPU servers carve their KV pool out up front. Finished sequences are cut into these buffers as well
 (``kv_blocks.cut_into_blocks``), so exports and restores share the reserve: an export that
 took a reserved buffer leaves a later restore to zero a fresh one, until its block is gone.
 
@@ -89,12 +89,16 @@ class RestoreBuffers:
             self._returned.put(buffer)
 
     def reserve(self, n_bytes: int, count: int) -> int:
-        """Touch ``count`` buffers of ``n_bytes`` now (within the cap); returns how many."""
+        """Touch up to ``count`` buffers of ``n_bytes`` now, as many as the cap has room
+        for beside those kept (restores and exports give theirs back meanwhile); returns
+        how many were made."""
         made = 0
-        for _ in range(min(count, self._max_bytes // max(n_bytes, 1))):
-            buffer = mx.zeros((n_bytes,), dtype=mx.uint8)
-            mx.eval(buffer)
-            self.give_back(buffer)
+        for _ in range(count):
+            with self._lock:
+                self._sort_returned()
+                if self._kept_bytes + n_bytes > self._max_bytes:
+                    break
+            self.give_back(_touched(n_bytes))  # made outside the lock: restores go on
             made += 1
         return made
 
@@ -131,3 +135,10 @@ class RestoreBuffers:
         self._kept_bytes -= size
         if not buffers:
             del self._free[size]
+
+
+def _touched(n_bytes: int) -> mx.array:
+    """A fresh buffer, its pages touched (zeroed)."""
+    buffer = mx.zeros((n_bytes,), dtype=mx.uint8)
+    mx.eval(buffer)
+    return buffer
