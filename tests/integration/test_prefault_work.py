@@ -11,7 +11,7 @@ import pytest
 
 from semantic.adapters.mlx.kv.restore_buffers import RestoreBuffers
 from semantic.application.engine.engine_loop import EngineLoop
-from semantic.bootstrap.model import prefault_work
+from semantic.bootstrap.prefault import prefault_work
 from semantic.domain.cache_spec import ModelCacheSpec
 from tests.unit.fakes import FakeBackend
 from tests.unit.test_engine_loop import small_engine

@@ -44,14 +44,13 @@ from semantic.application.observers import Observers
 from semantic.application.readiness import ReadinessCheck
 from semantic.application.threads import install_default_executor
 from semantic.bootstrap.model import (
-    RESERVE_WAIT_S,
     engine_on,
     finish_start,
     load_for_serving,
     max_context,
-    prefault_work,
     runtime_report,
 )
+from semantic.bootstrap.prefault import RESERVE_WAIT_S, prefault_work
 from semantic.config import Settings
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.cache_spec import ModelCacheSpec
