@@ -13,6 +13,7 @@ from semantic.domain.cache_spec import ModelCacheSpec
 from semantic.domain.chat import ChatMessage
 from semantic.domain.constraints import OutputConstraint, UnsupportedSchemaError
 from semantic.domain.errors import IncompatibleCacheError
+from semantic.domain.generation import TokenLogprob
 from semantic.domain.tools import Tool
 from semantic.ports.grammar import GrammarMatcher
 from semantic.ports.model_backend import (
@@ -206,6 +207,14 @@ class _Seq:
     matcher: GrammarMatcher | None
     pending: int | None = None  # the first token, fed by the first step after it joins
     remaining: int = 0  # tokens it may still make: it decodes while there are any
+    logprobs: int | None = None  # alternatives a token's log-probability comes with
+
+    def logprob(self, token: int) -> TokenLogprob | None:
+        """A made-up log-probability: the token the likeliest, -0.25, then -1.25, ..."""
+        if self.logprobs is None:
+            return None
+        top = tuple((token + i, -0.25 - i) for i in range(self.logprobs))
+        return TokenLogprob(token, -0.25, top)
 
 
 @dataclass
@@ -223,8 +232,12 @@ class FakeModel:
         return [seq_id for seq_id, seq in self.sequences.items() if seq.remaining > 0]
 
     def feed(self, seq_id: str, tokens: Sequence[int], sample: bool) -> SampledToken | None:
-        self.sequences[seq_id].tokens.extend(tokens)
-        return SampledToken(self._next(self.sequences[seq_id]), 0.5) if sample else None
+        seq = self.sequences[seq_id]
+        seq.tokens.extend(tokens)
+        if not sample:
+            return None
+        token = self._next(seq)
+        return SampledToken(token, 0.5, seq.logprob(token))
 
     def decode(self, seq_id: str) -> list[DecodedToken]:
         seq = self.sequences[seq_id]
@@ -234,8 +247,9 @@ class FakeModel:
             return []
         seq.tokens.append(token := self._next(seq))
         seq.remaining = 0 if token == EOS else seq.remaining - 1
-        out = [DecodedToken(seq_id, token, 0.5, seq.remaining == 0)]
-        if self.forced_runs and seq.matcher is not None and seq.remaining > 0:
+        out = [DecodedToken(seq_id, token, 0.5, seq.remaining == 0, logprob=seq.logprob(token))]
+        runs = self.forced_runs and seq.logprobs is None  # a row with them takes none
+        if runs and seq.matcher is not None and seq.remaining > 0:
             for forced in seq.matcher.take_forced(seq.remaining):
                 seq.tokens.append(forced)
                 seq.remaining = 0 if forced == EOS else seq.remaining - 1
@@ -280,7 +294,7 @@ class FakeBackend:
     def open_sequence(self, seq_id: str, *, restored: AgentBlocks | None, **kw: Any) -> bool:
         tokens = _gather(restored, kw["n_restored"], self.spec) if restored else []
         self.log.append(("restore", seq_id, list(tokens)))
-        self.model.sequences[seq_id] = _Seq(tokens, kw.get("matcher"))
+        self.model.sequences[seq_id] = _Seq(tokens, kw.get("matcher"), logprobs=kw.get("logprobs"))
         self._in_place |= {seq_id} & self.reading_restored
         return seq_id in self._in_place
 

@@ -72,6 +72,30 @@ class SamplingParams:
 GREEDY = SamplingParams()
 
 
+MAX_TOP_LOGPROBS = 20
+"""Alternatives a token's log-probability may come with (OpenAI's ``top_logprobs`` bound)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """A generated token's log-probability under the distribution it was drawn from (the
+    model's, within its grammar where one constrains it; before temperature), and the
+    ``top`` most likely tokens there with theirs, most likely first."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+def check_logprobs(top: int | None) -> None:
+    """``top``: alternatives per token wanted (0: the token's own only; None: none)."""
+    if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise InvalidRequestError(
+            f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {top}",
+            param="top_logprobs",
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class CompletionCriteria:
     """When a request ends besides the model's own end-of-turn tokens.

@@ -15,7 +15,7 @@ from typing import Protocol
 
 from semantic.domain.blocks import AgentBlocks
 from semantic.domain.cache_spec import ModelCacheSpec
-from semantic.domain.generation import SamplingParams
+from semantic.domain.generation import SamplingParams, TokenLogprob
 from semantic.ports.grammar import GrammarMatcher
 
 
@@ -41,6 +41,8 @@ class ExportedKV:
 class SampledToken:
     token: int
     top_prob: float | None
+    logprob: TokenLogprob | None = None
+    """Where the sequence asked for log-probabilities (``open_sequence``'s ``logprobs``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +68,8 @@ class DecodedToken:
     together: bool = False
     """Reported in the same step as the token before it (a run its grammar forced,
     ``GrammarMatcher.take_forced``): no gap between them."""
+    logprob: TokenLogprob | None = None
+    """Where the sequence asked for log-probabilities (it then takes no forced runs)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,14 +262,17 @@ class ModelBackend(Protocol):
         sampling: SamplingParams,
         track_top_prob: bool = False,
         matcher: GrammarMatcher | None = None,
+        logprobs: int | None = None,
     ) -> bool:
         """Create the sequence's cache from the first ``n_restored`` tokens of ``restored``,
         sized once for the ``n_new`` prompt tokens that will be prefilled after them.
         ``matcher``: every token sampled for the sequence (its first one too) is drawn from
         the tokens it allows, with the sampling settings applied among them, and told to
-        it; free sequences in the same batch decode exactly as they would alone. True: the
-        sequence reads the restored blocks where they lie (their memory is in use: keep them
-        pinned) until a round reports it ``copied``."""
+        it; free sequences in the same batch decode exactly as they would alone.
+        ``logprobs``: every token comes with its log-probability and that many alternatives
+        (``TokenLogprob``; None: none). True: the sequence reads the restored blocks where
+        they lie (their memory is in use: keep them pinned) until a round reports it
+        ``copied``."""
         ...
 
     def copy_prefix(self, source_id: str, target_id: str, n_tokens: int, room: int) -> bool:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from litestar import Controller, Request, post, route
@@ -20,6 +21,13 @@ from semantic.adapters.http.common import (
 )
 from semantic.adapters.http.errors import body_for, problem_for
 from semantic.adapters.http.identity import identity
+from semantic.adapters.http.openai_logprobs import (
+    TokenText,
+    chat_content,
+    chat_logprobs_asked,
+    completion_lists,
+    completion_logprobs_asked,
+)
 from semantic.adapters.http.openai_schemas import (
     ChatCompletionRequest,
     ChatMessageIn,
@@ -55,6 +63,7 @@ from semantic.application.chat.generation import (
 from semantic.application.chat.tool_replies import Reply
 from semantic.domain.chat import ChatMessage, check_tool_answers
 from semantic.domain.errors import InvalidRequestError, SemanticError
+from semantic.domain.generation import TokenLogprob
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16
 """OpenAI's default for legacy completions (chat replies run to the end of the turn)."""
@@ -102,9 +111,10 @@ class OpenAIController(Controller):
             tools=openai_tool_use(data.tools, data.tool_choice, data.parallel_tool_calls),
             json_schema=response_schema(data.response_format),
             max_tokens=data.max_tokens if newer is None else newer,
+            logprobs=chat_logprobs_asked(data.logprobs, data.top_logprobs),
         )
         reply = await found.chats.start(ask)
-        bodies = ReplyBodies("chatcmpl", "chat.completion", found.model_id)
+        bodies = ReplyBodies("chatcmpl", "chat.completion", found.model_id, _texts(ask, found))
         if data.stream:
             usage = bool(data.stream_options and data.stream_options.include_usage)
             return sse(bodies.chat_chunks(reply, usage), reply.close)
@@ -123,9 +133,10 @@ class OpenAIController(Controller):
             prompt=_prompt(data.prompt),
             max_tokens=data.max_tokens,
             default_max_tokens=COMPLETION_DEFAULT_MAX_TOKENS,
+            logprobs=completion_logprobs_asked(data.logprobs),
         )
         reply = await found.chats.start(ask)
-        bodies = ReplyBodies("cmpl", "text_completion", found.model_id)
+        bodies = ReplyBodies("cmpl", "text_completion", found.model_id, _texts(ask, found))
         if data.stream:
             usage = bool(data.stream_options and data.stream_options.include_usage)
             return sse(bodies.text_chunks(reply, usage), reply.close)
@@ -133,13 +144,15 @@ class OpenAIController(Controller):
 
 
 class ReplyBodies:
-    """Response bodies of one request, in OpenAI's shapes."""
+    """Response bodies of one request, in OpenAI's shapes; ``texts``: each token's text,
+    where the request asked for log-probabilities (None: it did not)."""
 
-    def __init__(self, prefix: str, kind: str, model: str) -> None:
+    def __init__(self, prefix: str, kind: str, model: str, texts: TokenText | None = None) -> None:
         self.id = f"{prefix}-{uuid.uuid4().hex[:24]}"
         self.kind = kind
         self.model = model
         self.created = int(time.time())
+        self.texts = texts
 
     def chat(self, outcome: ChatOutcome) -> dict[str, Any]:
         result, answer = outcome.result, outcome.answer
@@ -151,7 +164,7 @@ class ReplyBodies:
             "index": 0,
             "message": message,
             "finish_reason": _finish(result, answer),
-            "logprobs": None,
+            "logprobs": self._chat_logprobs(result.logprobs),
         }
         return self._body([choice], result)
 
@@ -159,7 +172,9 @@ class ReplyBodies:
         choice = {
             "index": 0,
             "text": result.text,
-            "logprobs": None,
+            "logprobs": None
+            if self.texts is None
+            else completion_lists(result.logprobs, self.texts),
             "finish_reason": OPENAI_FINISH[result.finish_reason],
         }
         return self._body([choice], result)
@@ -168,15 +183,18 @@ class ReplyBodies:
         """Text and calls as they form, each call as OpenAI streams one: id, type and name
         in its first delta, then its arguments in pieces."""
 
-        def chunk(delta: dict[str, Any] | None, finish: str | None = None) -> str:
-            body = {"index": 0, "delta": delta or {}, "finish_reason": finish, "logprobs": None}
-            return self._chunk([body])
+        def chunk(
+            delta: dict[str, Any] | None, finish: str | None = None, logprobs: Any = None
+        ) -> str:
+            body = {"index": 0, "delta": delta or {}, "finish_reason": finish}
+            return self._chunk([{**body, "logprobs": logprobs}])
 
         yield chunk({"role": "assistant", "content": ""})
         try:
             async for event in reply.events():
                 if not isinstance(event, ChatOutcome):
-                    yield chunk(reply_delta(event))
+                    shown = event.logprobs if isinstance(event, TextDelta) else None
+                    yield chunk(reply_delta(event), None, self._chat_logprobs(shown))
                     continue
                 yield chunk(None, _finish(event.result, event.answer))
                 if usage:
@@ -186,14 +204,19 @@ class ReplyBodies:
         yield "data: [DONE]\n\n"
 
     async def text_chunks(self, reply: ChatReply, usage: bool) -> AsyncIterator[str]:
-        def chunk(text: str, finish: str | None) -> str:
-            body = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+        offset = 0
+
+        def chunk(text: str, finish: str | None, logprobs: Any = None) -> str:
+            body = {"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}
             return self._chunk([body])
 
         try:
             async for event in reply.events():
                 if isinstance(event, TextDelta):
-                    yield chunk(event.text, None)
+                    texts = self.texts
+                    lists = texts and completion_lists(event.logprobs, texts, offset)
+                    offset += len(event.text)
+                    yield chunk(event.text, None, lists)
                 elif isinstance(event, ChatOutcome):
                     yield chunk("", OPENAI_FINISH[event.result.finish_reason])
                     if usage:
@@ -201,6 +224,12 @@ class ReplyBodies:
         except SemanticError as error:  # typed as the same error outside a stream would be
             yield sse_data(body_for("/v1/chat/completions", problem_for(error)))
         yield "data: [DONE]\n\n"
+
+    def _chat_logprobs(self, entries: Sequence[TokenLogprob] | None) -> dict[str, Any] | None:
+        """Chat's ``logprobs`` for ``entries``, where the request asked (else None)."""
+        if self.texts is None or entries is None:
+            return None
+        return chat_content(entries, self.texts)
 
     def _chunk(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> str:
         body: dict[str, Any] = {
@@ -261,7 +290,6 @@ def _check_common(data: SamplingFields, found: Services) -> None:
 
 
 def _check_completion_only(data: CompletionRequest) -> None:
-    must_default(data.logprobs, None, "logprobs")
     must_default(data.echo, False, "echo")
     must_default(data.best_of, 1, "best_of")
     must_default(data.suffix or None, None, "suffix")
@@ -269,7 +297,6 @@ def _check_completion_only(data: CompletionRequest) -> None:
 
 def _check_chat_only(data: ChatCompletionRequest) -> None:
     """Chat fields this server has no use for are fine at their neutral values only."""
-    must_default(data.logprobs, False, "logprobs")
     must_default(data.prediction, None, "prediction")
     if data.functions:
         raise InvalidRequestError("functions are not supported; use tools", param="functions")
@@ -279,7 +306,6 @@ def _check_chat_only(data: ChatCompletionRequest) -> None:
     if data.function_call not in (None, "none", "auto"):
         message = "function_call is not supported; use tools and tool_choice"
         raise InvalidRequestError(message, param="function_call")
-    must_default(data.top_logprobs, 0, "top_logprobs")
     for unused, name in (
         (data.reasoning_effort, "reasoning_effort"),
         (data.audio, "audio"),
@@ -330,6 +356,13 @@ def _ask(request: Request[Any, Any, Any], data: SamplingFields, **asked: Any) ->
         retention=openai_hints(request, data.prompt_cache_retention),
         **asked,
     )
+
+
+def _texts(ask: ChatAsk, found: Services) -> TokenText | None:
+    """Each token's text, for the log-probabilities the request asked for (else None)."""
+    if ask.logprobs is None:
+        return None
+    return functools.lru_cache(maxsize=4096)(found.chats.token_text)
 
 
 def _prompt(prompt: str | list[Any]) -> str | tuple[int, ...]:

@@ -110,13 +110,14 @@ class MlxBackend:
         sampling: SamplingParams,
         track_top_prob: bool = False,
         matcher: GrammarMatcher | None = None,
+        logprobs: int | None = None,
     ) -> bool:
         if seq_id in self._sequences:
             raise InvalidRequestError(f"sequence {seq_id} is already open")
         caches, prefix = self._restored.open(restored, n_restored, n_new)
         sampler = make_sampler(sampling)
         self._sequences[seq_id] = SequenceState(
-            caches, sampler, track_top_prob, n_new, prefix, matcher=matcher
+            caches, sampler, track_top_prob, n_new, prefix, matcher=matcher, logprobs=logprobs
         )
         if prefix is not None:
             self._in_place.add(seq_id)
@@ -261,6 +262,7 @@ class MlxBackend:
             sequence.sampler,
             track_top_prob=sequence.track_top_prob,
             matcher=sequence.matcher,
+            logprobs=sequence.logprobs,
         )
         sequence.caches, sequence.prefix = [], None  # the batch holds the KV now
 

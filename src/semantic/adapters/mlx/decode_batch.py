@@ -20,7 +20,7 @@ from typing import Any
 import mlx.core as mx
 
 from semantic.adapters.mlx.accelerator import Group, Passes, PendingStep
-from semantic.adapters.mlx.decode_rows import Row
+from semantic.adapters.mlx.decode_rows import Row, hold_logprobs
 from semantic.adapters.mlx.kv.batch_caches import (
     adopted,
     extracted_rows,
@@ -30,6 +30,7 @@ from semantic.adapters.mlx.kv.batch_caches import (
     views,
 )
 from semantic.adapters.mlx.lm import KVCache
+from semantic.adapters.mlx.logprobs import arrays_of
 from semantic.adapters.mlx.models.model_parts import BodyAndHead
 from semantic.adapters.mlx.sampling import Sampler, sampled_rows, top_probs
 from semantic.adapters.mlx.token_mask import masked
@@ -95,6 +96,7 @@ class DecodeBatch:
         *,
         track_top_prob: bool = False,
         matcher: GrammarMatcher | None = None,
+        logprobs: int | None = None,
     ) -> None:
         """Join with a prefilled cache; ``first_token`` is fed at the next pass, which makes
         the first of at most ``max_new_tokens`` new tokens. Newcomers are merged into the
@@ -102,7 +104,9 @@ class DecodeBatch:
         constrained row may keep its own, ``_keeps_apart``).
         ``caches`` may be a function that builds them, called at that step. ``matcher``:
         the row's grammar, which has already accepted ``first_token``."""
-        row = Row(seq_id, sampler, track_top_prob, max_new_tokens, matcher=matcher)
+        row = Row(
+            seq_id, sampler, track_top_prob, max_new_tokens, matcher=matcher, logprobs=logprobs
+        )
         self._joining.append((row, caches, first_token))
 
     def _admit_joining(self) -> None:
@@ -191,6 +195,7 @@ class DecodeBatch:
             for index, row in enumerate(self._rows)
             if row.matcher is not None
             and not row.matcher.done
+            and row.logprobs is None
             and (row.own is not None or n_shared == 1 == index + 1)
         ]
         if not self._forced_runs or not lone:
@@ -238,15 +243,17 @@ class DecodeBatch:
         ``logits`` (evaluated in the background while the caller goes on)."""
         if any(row.matcher is not None for row in self._rows):
             logits = self._constrained(logits, fed)
+        fed_logprobs = [row.pending for row in self._rows]
         self._inputs = sampled_rows(logits, [row.sampler for row in self._rows])
         self._tops = top_probs(logits, [row.track_top_prob for row in self._rows])
-        mx.async_eval(self._inputs, self._tops)  # type: ignore[no-untyped-call]  # mlx: unannotated
-        mx.eval(fed, fed_tops)
+        pending = hold_logprobs(self._rows, logits, self._inputs)
+        mx.async_eval(self._inputs, self._tops, *pending)  # type: ignore[no-untyped-call]  # mlx: unannotated
+        mx.eval(fed, fed_tops, *arrays_of(fed_logprobs))
         out: list[DecodedToken] = []
         done: list[int] = []
-        rows = zip(self._rows, _ints(fed), _floats(fed_tops), strict=True)
-        for index, (row, token, top) in enumerate(rows):
-            reported = row.reported(token, top, self._stop)
+        rows = zip(self._rows, _ints(fed), _floats(fed_tops), fed_logprobs, strict=True)
+        for index, (row, token, top, logprob) in enumerate(rows):
+            reported = row.reported(token, top, self._stop, logprob)
             out += reported
             if reported and reported[-1].finished:
                 done.append(index)

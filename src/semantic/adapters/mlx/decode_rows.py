@@ -12,6 +12,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import mlx.core as mx
+
+from semantic.adapters.mlx.logprobs import (
+    LazyLogprob,
+    arrays_of,
+    lazy_logprobs,
+    token_logprob,
+)
 from semantic.adapters.mlx.sampling import Sampler, skip_draws
 from semantic.ports.grammar import GrammarMatcher
 from semantic.ports.model_backend import DecodedToken
@@ -34,6 +42,11 @@ class Row:
     """Its matcher was told this step's input before the pass (to find ``run``)."""
     run: tuple[int, ...] = ()
     """Tokens its grammar forces after this step's input, fed in the same pass."""
+    logprobs: int | None = None
+    """Alternatives each token's log-probability comes with; None: no log-probabilities
+    (a row that wants them takes no runs: a run's tokens are not drawn)."""
+    pending: LazyLogprob | None = None
+    """The log-probability of the token it feeds next, computed with that token's draw."""
 
     def take_run(self, token: int, stop: frozenset[int], limit: int) -> tuple[int, ...]:
         """Tell the matcher this step's input ``token`` (unless prefill told it) and take
@@ -58,10 +71,12 @@ class Row:
         fed = self.fed_now(token)
         return bool(fed) and (self.remaining <= len(fed) or any(t in stop for t in fed))
 
-    def reported(self, token: int, top: float, stop: frozenset[int]) -> list[DecodedToken]:
+    def reported(
+        self, token: int, top: float, stop: frozenset[int], logprob: LazyLogprob | None = None
+    ) -> list[DecodedToken]:
         """This step's tokens for the row, up to the one that finishes it; a run's tokens
         each the only one its mask allowed (a probability of 1), and each after the first
-        reported together with the one before it."""
+        reported together with the one before it. ``logprob``: the input's (evaluated)."""
         tops: Sequence[float] = [top] if self.has_output else []
         tops = [*tops, *(1.0 for _ in self.run)]
         fed = self.fed_now(token)
@@ -71,7 +86,20 @@ class Row:
             self.remaining -= 1
             finished = self.remaining <= 0 or fed_token in stop
             shown = fed_top if self.track_top_prob else None
-            out.append(DecodedToken(self.seq_id, fed_token, shown, finished, index > 0))
+            drawn = token_logprob(fed_token, logprob) if index == 0 else None
+            out.append(DecodedToken(self.seq_id, fed_token, shown, finished, index > 0, drawn))
             if finished:
                 break
         return out
+
+
+def hold_logprobs(rows: list[Row], logits: mx.array, drawn: mx.array) -> list[mx.array]:
+    """Each row that wants them keeps the log-probabilities of the token just ``drawn``
+    for it (lazily: reported with that token, next step); the arrays to evaluate."""
+    wanted = [row.logprobs for row in rows]
+    if all(top is None for top in wanted):
+        return []
+    lazy = lazy_logprobs(logits, drawn, wanted)
+    for row, entry in zip(rows, lazy, strict=True):
+        row.pending = entry
+    return arrays_of(lazy)

@@ -11,6 +11,7 @@ from semantic.adapters.mlx.accelerator import PromptSlice
 from semantic.adapters.mlx.kv.kv_blocks import History
 from semantic.adapters.mlx.kv.restored_prefix import RestoredPrefix
 from semantic.adapters.mlx.lm import KVCache
+from semantic.adapters.mlx.logprobs import arrays_of, lazy_logprobs, token_logprob
 from semantic.adapters.mlx.sampling import Sampler, top_prob
 from semantic.adapters.mlx.token_mask import masked
 from semantic.ports.grammar import GrammarMatcher
@@ -35,6 +36,8 @@ class SequenceState:
     """The grammar every token of a constrained sequence is drawn within."""
     history: History | None = None
     """Its sliding layers' windows as its prompt ended (``window_history``)."""
+    logprobs: int | None = None
+    """Alternatives each token's log-probability comes with; None: no log-probabilities."""
 
 
 def sample_first(sequence: SequenceState, logits: mx.array) -> SampledToken:
@@ -43,8 +46,11 @@ def sample_first(sequence: SequenceState, logits: mx.array) -> SampledToken:
         logits = masked(logits, [sequence.matcher])
     token = sequence.sampler(logits)
     top = top_prob(logits)[0] if sequence.track_top_prob else None
-    mx.eval(token, *([top] if top is not None else []))
-    sampled = SampledToken(scalar_int(token), scalar_float(top) if top is not None else None)
+    lazy = lazy_logprobs(logits, token, [sequence.logprobs])
+    mx.eval(token, *([top] if top is not None else []), *arrays_of(lazy))
+    drawn = scalar_int(token)
+    shown = scalar_float(top) if top is not None else None
+    sampled = SampledToken(drawn, shown, token_logprob(drawn, lazy[0]))
     if sequence.matcher is not None:
         sequence.matcher.accept(sampled.token)
     return sampled

@@ -69,7 +69,10 @@ class ChatReply:
         async with contextlib.aclosing(self._handle.events()) as events:
             async for event in events:
                 if isinstance(event, TextDelta):
-                    for piece in self._reader.feed(event.text):
+                    pieces = self._reader.feed(event.text)
+                    if pieces and not self._reader.reads_calls:  # all text: the delta itself
+                        pieces = [event]  # with its tokens' log-probabilities
+                    for piece in pieces:
                         yield piece
                 elif isinstance(event, GenerationResult):
                     rest, answer = self._reader.finish()

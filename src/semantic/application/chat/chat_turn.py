@@ -64,6 +64,8 @@ class ChatAsk:
     """Retention hints for the agent, checked already; kept once the request has started."""
     new_call_id: Callable[[], str] = new_call_id
     """Ids for the reply's calls, in the front door's own style."""
+    logprobs: int | None = None
+    """Each token's log-probability with that many alternatives; None: none."""
 
 
 class PlainAgents(Protocol):
@@ -124,6 +126,7 @@ class ChatTurns:
             ask.stop,
             ask.priority,
             shape.constraint,
+            ask.logprobs,
         )
         keep = functools.partial(self._calls.remember, ask.namespace)  # calls as generated
         start = self._agents.start_plain(generation)
@@ -140,6 +143,10 @@ class ChatTurns:
             reply.close()
             raise
         return reply
+
+    def token_text(self, token: int) -> str:
+        """One token's text as the tokenizer decodes it alone (a log-probability's entry)."""
+        return self._tokenizer.decode([token])
 
     async def render(self, ask: ChatAsk) -> Rendered:
         """The prompt the request runs on (and what its context edit cleared)."""

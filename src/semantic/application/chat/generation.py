@@ -27,7 +27,7 @@ from semantic.application.engine.generation_handle import (
     Usage,
 )
 from semantic.domain.constraints import OutputConstraint
-from semantic.domain.generation import GREEDY, Priority, SamplingParams
+from semantic.domain.generation import GREEDY, Priority, SamplingParams, check_logprobs
 from semantic.domain.tokens import reusable_prefix
 from semantic.ports.observer import GenerationObserver
 
@@ -58,6 +58,9 @@ class GenerationInput:
     priority: Priority = Priority.NORMAL
     constraint: OutputConstraint | None = None
     """What the reply must look like (JSON of a schema, tool calls); None leaves it free."""
+    logprobs: int | None = None
+    """Each token's log-probability with that many alternatives (``TextDelta.logprobs``,
+    ``GenerationResult.logprobs``); None: none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +92,7 @@ class GenerationService:
     def check(self, request: GenerationInput) -> CheckedInput:
         """Refuse a request before any work (``request_validation``: once a request)."""
         max_tokens = checked_max_tokens(request.prompt_tokens, request.max_tokens, self._limits)
+        check_logprobs(request.logprobs)
         return CheckedInput(request, max_tokens)
 
     async def start(
@@ -149,6 +153,7 @@ class GenerationService:
             priority=request.priority,
             namespace=request.namespace,
             constraint=request.constraint,
+            logprobs=request.logprobs,
         )
 
     def cancel(self, request_id: str) -> None:

@@ -68,6 +68,9 @@ class GenerationRequest:
     namespace: str = "default"
     stored: StoredPrefix | None = None
     constraint: OutputConstraint | None = None
+    logprobs: int | None = None
+    """Alternatives each generated token's log-probability comes with (``TokenLogprob``);
+    None: no log-probabilities."""
 
     @property
     def continues_cached(self) -> bool:

@@ -129,7 +129,6 @@ class Admission:
 
     def _open_sequence(self, active: ActiveRequest, cached: AgentBlocks | None, n: int) -> None:
         grammar = active.grammar  # a fresh matcher for each try: a failed one may have begun
-        constrained = {"matcher": _past(grammar.matcher(), active.opening)} if grammar else {}
         in_place = self._backend.open_sequence(
             active.id,
             restored=cached,
@@ -137,7 +136,8 @@ class Admission:
             n_new=len(active.prompt) - n,
             sampling=active.request.sampling,
             track_top_prob=active.request.criteria.min_top_prob is not None,
-            **constrained,
+            matcher=_past(grammar.matcher(), active.opening) if grammar else None,
+            logprobs=active.request.logprobs,
         )
         if in_place:  # its blocks stay pinned until a round reports them copied
             self._reading.add(active.id)

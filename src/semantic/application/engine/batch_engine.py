@@ -45,6 +45,7 @@ from semantic.domain.generation import (
     CompletionCriteria,
     Priority,
     SamplingParams,
+    check_logprobs,
 )
 from semantic.ports.grammar import Grammar, GrammarCompiler
 from semantic.ports.model_backend import ModelBackend
@@ -140,11 +141,14 @@ class BlockPoolBatchEngine:
         namespace: str = "default",
         stored: StoredPrefix | None = None,
         constraint: OutputConstraint | None = None,
+        logprobs: int | None = None,
     ) -> GenerationRequest:
         """A request with this engine's defaults (``max_tokens``: ``default_max_tokens``).
         ``cached_blocks`` are pinned from ``enqueue`` until admission; ``stored`` pins the
         stored prefix again if they were let go or fell short of it. A ``HeldPrefix`` (the
-        cache lookup's) brings its match along, which is used as is."""
+        cache lookup's) brings its match along, which is used as is. ``logprobs``: each
+        token's log-probability with that many alternatives (``TokenEvent.logprob``)."""
+        check_logprobs(logprobs)
         criteria = criteria or CompletionCriteria(
             max_tokens=max_tokens or self._config.default_max_tokens, stop_strings=tuple(stop)
         )
@@ -155,7 +159,16 @@ class BlockPoolBatchEngine:
             else cached_blocks
         )
         return GenerationRequest(
-            agent_id, prompt, criteria, sampling, cached, priority, namespace, stored, constraint
+            agent_id,
+            prompt,
+            criteria,
+            sampling,
+            cached,
+            priority,
+            namespace,
+            stored,
+            constraint,
+            logprobs,
         )
 
     def submit(
@@ -172,6 +185,7 @@ class BlockPoolBatchEngine:
         namespace: str = "default",
         stored: StoredPrefix | None = None,
         constraint: OutputConstraint | None = None,
+        logprobs: int | None = None,
     ) -> str:
         """``enqueue(request(...))``, for callers on the engine's own thread (tests)."""
         request = self.request(
@@ -186,6 +200,7 @@ class BlockPoolBatchEngine:
             namespace=namespace,
             stored=stored,
             constraint=constraint,
+            logprobs=logprobs,
         )
         return self.enqueue(request)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from semantic.domain.blocks import AgentBlocks
-from semantic.domain.generation import FinishReason, RequestStats
+from semantic.domain.generation import FinishReason, RequestStats, TokenLogprob
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,6 +18,8 @@ class TokenEvent:
     together: bool = False
     """It came in the same step as the token before it (a run its grammar forced, or the
     first sampled token after a forced opening): no gap between them to count."""
+    logprob: TokenLogprob | None = None
+    """Where the request asked for log-probabilities."""
 
 
 @dataclass(frozen=True, slots=True)

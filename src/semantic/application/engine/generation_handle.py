@@ -13,7 +13,7 @@ from semantic.application.engine.admission import NO_ROOM_FAILURE
 from semantic.application.engine.engine_loop import SHUTDOWN_FAILURE, AsyncEventStream, EngineLoop
 from semantic.application.engine.events import CompletionEvent, TokenEvent
 from semantic.domain.errors import NoRoomCameError, SemanticError, ShuttingDownError
-from semantic.domain.generation import FinishedRequest, FinishReason, RequestStats
+from semantic.domain.generation import FinishedRequest, FinishReason, RequestStats, TokenLogprob
 from semantic.ports.observer import GenerationObserver
 
 log = logging.getLogger(__name__)
@@ -29,6 +29,8 @@ class Usage:
 @dataclass(frozen=True, slots=True)
 class TextDelta:
     text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
+    """The log-probabilities of the tokens whose text this is (where the request asked)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +41,8 @@ class GenerationResult:
     usage: Usage
     stats: RequestStats
     stop_string: str | None
+    logprobs: tuple[TokenLogprob, ...] = ()
+    """Every shown token's log-probability, in order (where the request asked)."""
 
 
 GenerationEvent = TextDelta | GenerationResult
@@ -103,6 +107,8 @@ class GenerationHandle:
 
     async def events(self) -> AsyncGenerator[GenerationEvent, None]:
         last: float | None = None
+        held: list[TokenLogprob] = []  # tokens whose text is not out yet
+        shown: list[TokenLogprob] = []
         try:
             async for event in self._sink:
                 if self._check is not None:
@@ -112,8 +118,12 @@ class GenerationHandle:
                     if last is None or not event.together:
                         self._observe_token(now, last)
                     last = now
+                    if event.logprob is not None:
+                        held.append(event.logprob)
                     if event.text:
-                        yield TextDelta(event.text)
+                        yield TextDelta(event.text, tuple(held))
+                        shown += held
+                        held.clear()
                 elif isinstance(event, CompletionEvent):
                     self._finished = True
                     if self._cache is not None:  # acknowledge only what is on disk
@@ -121,7 +131,7 @@ class GenerationHandle:
                     self._log(event)
                     if self._observer is not None:
                         self._observer.on_finished(self._finished_request(event, now))
-                    yield _result(event)
+                    yield _result(event, tuple(shown))
         finally:
             self.close()
 
@@ -165,7 +175,7 @@ class GenerationHandle:
             self._observer.on_token_gap(now - last)
 
 
-def _result(event: CompletionEvent) -> GenerationResult:
+def _result(event: CompletionEvent, logprobs: tuple[TokenLogprob, ...]) -> GenerationResult:
     if event.finish_reason is FinishReason.ERROR and event.error == SHUTDOWN_FAILURE:
         raise ShuttingDownError(SHUTDOWN_FAILURE)
     if event.finish_reason is FinishReason.ERROR and event.error == NO_ROOM_FAILURE:
@@ -174,5 +184,11 @@ def _result(event: CompletionEvent) -> GenerationResult:
         raise GenerationFailedError(f"generation failed: {event.error or 'unknown error'}")
     usage = Usage(event.prompt_tokens, event.stats.generated_tokens, event.stats.cached_tokens)
     return GenerationResult(
-        event.request_id, event.text, event.finish_reason, usage, event.stats, event.stop_string
+        event.request_id,
+        event.text,
+        event.finish_reason,
+        usage,
+        event.stats,
+        event.stop_string,
+        logprobs,
     )

@@ -80,7 +80,7 @@ class Intake:
         """The reply's forced opening, computed with the prompt; none where the reply may
         not outgrow it (its first sampled token must still fit), nor where the pool holds
         the prompt only without it (admission would wait for room that never comes)."""
-        if grammar is None or not self._forced_opening:
+        if grammar is None or not self._forced_opening or request.logprobs is not None:
             return ()
         opening = grammar.opening
         if len(opening) >= request.criteria.max_tokens:

@@ -18,7 +18,7 @@ from semantic.application.engine.prefix_sharing import PrefixSharing
 from semantic.application.engine.state import EngineState
 from semantic.domain.blocks import AgentBlocks
 from semantic.domain.errors import NoRoomCameError
-from semantic.domain.generation import FinishReason
+from semantic.domain.generation import FinishReason, TokenLogprob
 from semantic.ports.model_backend import Join, ModelBackend, SampledToken, StepOutput
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,14 @@ class Lifecycle:
         for token in output.tokens:
             owner = self._running.get(token.seq_id)
             if owner is not None:
-                self.accept_token(owner, token.token, token.top_prob, events, token.together)
+                self.accept_token(
+                    owner,
+                    token.token,
+                    token.top_prob,
+                    events,
+                    together=token.together,
+                    logprob=token.logprob,
+                )
 
     def chunk_done(
         self, active: ActiveRequest, n: int, first: SampledToken | None, events: Events
@@ -101,7 +108,10 @@ class Lifecycle:
             self.accept_token(active, token, None, events, together=index > 0)
             if active.id not in self._running:  # ended inside it (a stop string)
                 return
-        self.accept_token(active, first.token, first.top_prob, events, bool(active.opening))
+        opened = bool(active.opening)
+        self.accept_token(
+            active, first.token, first.top_prob, events, together=opened, logprob=first.logprob
+        )
         if active.id in self._running:
             remaining = active.request.criteria.max_tokens - 1 - len(active.opening)
             self._joins.append(Join(active.id, first.token, remaining))
@@ -112,16 +122,19 @@ class Lifecycle:
         token: int,
         top_prob: float | None,
         events: Events,
+        *,
         together: bool = False,
+        logprob: TokenLogprob | None = None,
     ) -> None:
-        """``together``: the token came in the step of the one before it (a forced run)."""
+        """``together``: the token came in the step of the one before it (a forced run);
+        ``logprob``: where the request asked for log-probabilities."""
         generated = active.detector.generated_count + 1
         if not self._books.grow(active.reservation, active.positions_after(generated)):
             active.detector.end(FinishReason.POOL_EXHAUSTED)
             self.complete(active, events, keep_kv=True)
             return
         progress = active.detector.add(token, top_prob)
-        events.append(TokenEvent(active.id, token, progress.text, together))
+        events.append(TokenEvent(active.id, token, progress.text, together, logprob))
         if progress.finish is not None:
             self.complete(active, events, keep_kv=True)
 

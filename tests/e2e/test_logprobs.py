@@ -1,0 +1,88 @@
+"""Log-probabilities through OpenAI's SDK: chat's ``logprobs.content`` (whole and streamed)
+and the legacy completions' lists, each token's text adding up to the reply's."""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import cast
+
+import openai
+import pytest
+from openai.types.chat import ChatCompletionChunk
+from reliability.server import ServerProcess
+
+from tests.e2e.sdk_types import openai_messages
+from tests.e2e.test_openai_anthropic import oai
+
+ASK = openai_messages([{"role": "user", "content": "What is the capital of France?"}])
+
+
+def test_a_chat_reply_carries_each_tokens_logprob_whole_and_streamed(
+    server: ServerProcess,
+) -> None:
+    create = functools.partial(
+        oai(server).chat.completions.create,
+        model="default",
+        messages=ASK,
+        max_tokens=8,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+    )
+    whole = create()
+    choice = whole.choices[0]
+    assert choice.logprobs is not None
+    assert choice.logprobs.content is not None
+    content = choice.logprobs.content
+    assert "".join(entry.token for entry in content) == choice.message.content
+    assert whole.usage is not None
+    assert len(content) <= whole.usage.completion_tokens
+    for entry in content:
+        assert entry.logprob <= 0.0
+        assert entry.bytes == list(entry.token.encode())
+        assert [alt.token for alt in entry.top_logprobs][:1] == [entry.token]  # greedy
+        values = [alt.logprob for alt in entry.top_logprobs]
+        assert len(values) == 2
+        assert values == sorted(values, reverse=True)
+    chunks = cast("openai.Stream[ChatCompletionChunk]", create(stream=True))  # partial's type
+    pieces = [
+        chunk.choices[0].logprobs.content
+        for chunk in chunks
+        if chunk.choices and chunk.choices[0].logprobs
+    ]
+    entries = [e for piece in pieces if piece for e in piece]
+    assert [e.token for e in entries] == [e.token for e in content]
+    # the prompt is cached now: its uncached tail is computed in other chunks, which moves
+    # the last bits of the first token's scores
+    for ours, theirs in zip(entries, content, strict=True):
+        assert math.isclose(ours.logprob, theirs.logprob, abs_tol=1e-4)
+
+
+def test_a_completion_carries_its_tokens_offsets_and_alternatives(server: ServerProcess) -> None:
+    done = oai(server).completions.create(
+        model="default", prompt="The capital of France is", max_tokens=6, logprobs=3
+    )
+    lists = done.choices[0].logprobs
+    assert lists is not None
+    assert lists.tokens is not None
+    assert lists.text_offset is not None
+    assert lists.top_logprobs is not None
+    assert "".join(lists.tokens) == done.choices[0].text
+    assert lists.text_offset == [sum(map(len, lists.tokens[:i])) for i in range(len(lists.tokens))]
+    assert all(len(alternatives) <= 3 for alternatives in lists.top_logprobs)
+
+
+@pytest.mark.parametrize(
+    ("asked", "words"),
+    [({"top_logprobs": 2}, "needs logprobs=true"), ({"logprobs": True, "top_logprobs": 21}, "20")],
+)
+def test_top_logprobs_out_of_place_is_refused_naming_it(
+    server: ServerProcess, asked: dict[str, object], words: str
+) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        oai(server).chat.completions.create(model="default", messages=ASK, max_tokens=2, **asked)  # type: ignore[call-overload]  # test passthrough
+    body = refused.value.body
+    assert isinstance(body, dict)
+    assert body["param"] == "top_logprobs"
+    assert words in body["message"]
