@@ -14,8 +14,10 @@ from semantic.application.chat.generation import (
 )
 from semantic.application.engine.batch_engine import BlockPoolBatchEngine
 from semantic.application.engine.engine_loop import EngineLoop
+from semantic.application.engine.events import TokenEvent
 from semantic.domain.errors import InvalidRequestError
-from tests.unit.fakes import FakeBackend, FakeGrammars
+from tests.helpers import run_until_idle
+from tests.unit.fakes import EOS, FakeBackend, FakeGrammars, FakeModel
 from tests.unit.test_constraints import CONSTRAINT, LITERAL, PROMPT, make_engine
 from tests.unit.test_engine_loop import expected, small_engine
 
@@ -71,3 +73,13 @@ def test_alternatives_out_of_range_are_refused_naming_the_field(top: int) -> Non
     with pytest.raises(InvalidRequestError) as refused:
         service.check(GenerationInput((1, 2, 3), logprobs=top))
     assert refused.value.param == "top_logprobs"
+
+
+def test_the_end_of_the_turn_comes_with_no_logprob() -> None:
+    """It is no part of the reply: OpenAI's figures never show it."""
+    engine = small_engine(FakeBackend(FakeModel(eos_at_length=6)))
+    engine.submit("a", [1, 2, 3], max_tokens=10, logprobs=1)
+    tokens = [e for e in run_until_idle(engine) if isinstance(e, TokenEvent)]
+    assert tokens[-1].token_id == EOS
+    assert tokens[-1].logprob is None
+    assert all(e.logprob is not None for e in tokens[:-1])

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from semantic.domain.errors import InvalidRequestError
-from semantic.domain.generation import TokenLogprob, check_logprobs
+from semantic.domain.generation import MAX_TOP_LOGPROBS, TokenLogprob, check_logprobs
 
 TokenText = Callable[[int], str]
 
@@ -29,13 +29,11 @@ def chat_logprobs_asked(logprobs: bool | None, top_logprobs: int | None) -> int 
 
 def completion_logprobs_asked(logprobs: int | None) -> int | None:
     """The legacy completions' ``logprobs`` (alternatives per token; None: none)."""
-    if logprobs is not None and logprobs < 0:
-        raise InvalidRequestError(f"logprobs must be 0 or more, got {logprobs}", param="logprobs")
-    try:
-        check_logprobs(logprobs)
-    except InvalidRequestError as error:
-        error.param = "logprobs"
-        raise
+    if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
+        raise InvalidRequestError(
+            f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {logprobs}",
+            param="logprobs",
+        )
     return logprobs
 
 

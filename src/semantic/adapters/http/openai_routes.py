@@ -164,7 +164,7 @@ class ReplyBodies:
             "index": 0,
             "message": message,
             "finish_reason": _finish(result, answer),
-            "logprobs": self._chat_logprobs(result.logprobs),
+            "logprobs": self._chat_logprobs(None if answer.calls else result.logprobs),
         }
         return self._body([choice], result)
 
@@ -193,8 +193,9 @@ class ReplyBodies:
         try:
             async for event in reply.events():
                 if not isinstance(event, ChatOutcome):
-                    shown = event.logprobs if isinstance(event, TextDelta) else None
-                    yield chunk(reply_delta(event), None, self._chat_logprobs(shown))
+                    shown = event.logprobs if isinstance(event, TextDelta) else ()
+                    # (text re-read for calls carries none: null, as a call's pieces)
+                    yield chunk(reply_delta(event), None, self._chat_logprobs(shown or None))
                     continue
                 yield chunk(None, _finish(event.result, event.answer))
                 if usage:

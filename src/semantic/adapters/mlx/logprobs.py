@@ -14,6 +14,10 @@ import numpy as np
 from semantic.adapters.mlx.sampling import log_softmax
 from semantic.domain.generation import TokenLogprob
 
+FLOOR = -9999.0
+"""A drawn token's figure where the scores gave none (OpenAI's floor): JSON has no
+infinities, and a reply's body must stay JSON."""
+
 LazyLogprob = tuple[mx.array, mx.array, mx.array]
 """The drawn token's log-probability, the alternatives' ids and theirs, most likely first."""
 
@@ -47,10 +51,12 @@ def arrays_of(lazy: list[LazyLogprob | None]) -> list[mx.array]:
 
 def token_logprob(token: int, lazy: LazyLogprob | None) -> TokenLogprob | None:
     """``lazy`` read (evaluated already, with the step): alternatives a grammar rules out
-    (a log-probability of minus infinity) are left out."""
+    (a log-probability of minus infinity) are left out, a drawn token's non-finite figure
+    is ``FLOOR``."""
     if lazy is None:
         return None
     drawn, ids, values = lazy
     pairs = zip(np.asarray(ids).tolist(), np.asarray(values).tolist(), strict=True)
     top = tuple((int(i), float(v)) for i, v in pairs if math.isfinite(v))
-    return TokenLogprob(token, float(np.asarray(drawn)), top)
+    value = float(np.asarray(drawn))
+    return TokenLogprob(token, value if math.isfinite(value) else FLOOR, top)

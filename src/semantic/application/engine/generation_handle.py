@@ -109,6 +109,7 @@ class GenerationHandle:
         last: float | None = None
         held: list[TokenLogprob] = []  # tokens whose text is not out yet
         shown: list[TokenLogprob] = []
+        shown_chars = 0
         try:
             async for event in self._sink:
                 if self._check is not None:
@@ -123,6 +124,7 @@ class GenerationHandle:
                     if event.text:
                         yield TextDelta(event.text, tuple(held))
                         shown += held
+                        shown_chars += len(event.text)
                         held.clear()
                 elif isinstance(event, CompletionEvent):
                     self._finished = True
@@ -131,6 +133,8 @@ class GenerationHandle:
                     self._log(event)
                     if self._observer is not None:
                         self._observer.on_finished(self._finished_request(event, now))
+                    if len(event.text) > shown_chars:  # released at the end, unstreamed
+                        shown += held
                     yield _result(event, tuple(shown))
         finally:
             self.close()

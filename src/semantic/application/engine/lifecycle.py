@@ -127,13 +127,16 @@ class Lifecycle:
         logprob: TokenLogprob | None = None,
     ) -> None:
         """``together``: the token came in the step of the one before it (a forced run);
-        ``logprob``: where the request asked for log-probabilities."""
+        ``logprob``: where the request asked for log-probabilities (none for the end of the
+        turn: it is no part of the reply)."""
         generated = active.detector.generated_count + 1
         if not self._books.grow(active.reservation, active.positions_after(generated)):
             active.detector.end(FinishReason.POOL_EXHAUSTED)
             self.complete(active, events, keep_kv=True)
             return
         progress = active.detector.add(token, top_prob)
+        if progress.finish is FinishReason.END_OF_TURN:
+            logprob = None
         events.append(TokenEvent(active.id, token, progress.text, together, logprob))
         if progress.finish is not None:
             self.complete(active, events, keep_kv=True)
