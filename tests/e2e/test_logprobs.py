@@ -9,7 +9,7 @@ from typing import cast
 
 import openai
 import pytest
-from openai.types.chat import ChatCompletionChunk
+from openai.types.chat import ChatCompletionChunk, ChatCompletionFunctionToolParam
 from reliability.server import ServerProcess
 
 from tests.e2e.sdk_types import openai_messages
@@ -86,3 +86,29 @@ def test_top_logprobs_out_of_place_is_refused_naming_it(
     assert isinstance(body, dict)
     assert body["param"] == "top_logprobs"
     assert words in body["message"]
+
+
+def test_a_reply_that_calls_a_tool_has_no_logprobs(server: ServerProcess) -> None:
+    """OpenAI's figures are the content's; a reply of calls has none to show."""
+    weather: ChatCompletionFunctionToolParam = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+    called = oai(server).chat.completions.create(
+        model="default",
+        messages=openai_messages([{"role": "user", "content": "Weather in Paris?"}]),
+        tools=[weather],
+        tool_choice="required",
+        max_tokens=48,
+        logprobs=True,
+    )
+    choice = called.choices[0]
+    assert choice.message.tool_calls
+    assert choice.logprobs is None
