@@ -172,9 +172,7 @@ class ReplyBodies:
         choice = {
             "index": 0,
             "text": result.text,
-            "logprobs": None
-            if self.texts is None
-            else completion_lists(result.logprobs, self.texts),
+            "logprobs": self._completion_logprobs(result.logprobs),
             "finish_reason": OPENAI_FINISH[result.finish_reason],
         }
         return self._body([choice], result)
@@ -186,8 +184,8 @@ class ReplyBodies:
         def chunk(
             delta: dict[str, Any] | None, finish: str | None = None, logprobs: Any = None
         ) -> str:
-            body = {"index": 0, "delta": delta or {}, "finish_reason": finish}
-            return self._chunk([{**body, "logprobs": logprobs}])
+            body = {"index": 0, "delta": delta or {}, "finish_reason": finish, "logprobs": logprobs}
+            return self._chunk([body])
 
         yield chunk({"role": "assistant", "content": ""})
         try:
@@ -214,8 +212,7 @@ class ReplyBodies:
         try:
             async for event in reply.events():
                 if isinstance(event, TextDelta):
-                    texts = self.texts
-                    lists = texts and completion_lists(event.logprobs, texts, offset)
+                    lists = self._completion_logprobs(event.logprobs, offset)
                     offset += len(event.text)
                     yield chunk(event.text, None, lists)
                 elif isinstance(event, ChatOutcome):
@@ -231,6 +228,12 @@ class ReplyBodies:
         if self.texts is None or entries is None:
             return None
         return chat_content(entries, self.texts)
+
+    def _completion_logprobs(
+        self, entries: Sequence[TokenLogprob], offset: int = 0
+    ) -> dict[str, Any] | None:
+        """The completions' ``logprobs`` for ``entries``, where the request asked (else None)."""
+        return None if self.texts is None else completion_lists(entries, self.texts, offset)
 
     def _chunk(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> str:
         body: dict[str, Any] = {
