@@ -90,3 +90,23 @@ def test_a_row_gets_the_same_bits_alone_in_a_chunk_or_in_a_padded_batch() -> Non
     )
     assert np.array_equal(alone[0, :, 0], chunk[0, :, -1])
     assert np.array_equal(alone[0, :, 0], batched[0, :, 0])
+
+
+def test_a_row_gets_the_same_bits_whether_or_not_its_batch_is_shared_between_threads() -> None:
+    """A short decode row alone is computed by one thread; sixteen of them at a longer
+    span are shared with the helper thread (above any threshold for sharing)."""
+    span = 600
+    q = _random(16, HEADS, 1, DIM, seed=11)
+    k, v = _random(16, KV_HEADS, span, DIM, seed=12), _random(16, KV_HEADS, span, DIM, seed=13)
+    together = _attend(q, k, v, None)
+    for row in (0, 7, 15):
+        short = 40  # the same row over its first 40 positions: a small, unshared call
+        alone = _attend(q[row : row + 1], k[row : row + 1], v[row : row + 1], None)
+        assert np.array_equal(alone[0], together[row])
+        first = _attend(
+            q[row : row + 1], k[row : row + 1, :, :short], v[row : row + 1, :, :short], None
+        )
+        keep = np.zeros((16, 1, 1, span), dtype=bool)
+        keep[..., :short] = True
+        masked = _attend(q, k, v, mx.array(keep))
+        assert np.array_equal(first[0], masked[row])

@@ -220,7 +220,10 @@ static void run_tiles(const void *context, int from, int to) {
     }
 }
 
-enum { MIN_SHARED_WORK = 1 << 16 }; /* score elements below which one thread is quicker */
+/* Score elements below which one thread computes the call alone. 1 << 16 left sixteen
+ * streams' decode steps below ~450 positions on one thread while the helper spun (ADR 0008,
+ * amendment of 2026-12-02); the helper has just shared the scores' products then. */
+enum { MIN_SHARED_WORK = 1 << 13 };
 
 int semantic_softmax_pv_ready(void) { return 1; }
 
