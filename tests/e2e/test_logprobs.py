@@ -1,5 +1,6 @@
-"""Log-probabilities through OpenAI's SDK: chat's ``logprobs.content`` (whole and streamed)
-and the legacy completions' lists, each token's text adding up to the reply's."""
+"""Log-probabilities through OpenAI's SDK: chat's ``logprobs.content`` (whole and streamed),
+the legacy completions' lists and the Responses API's ``output_text.logprobs``, each token's
+text adding up to the reply's."""
 
 from __future__ import annotations
 
@@ -10,6 +11,13 @@ from typing import cast
 import openai
 import pytest
 from openai.types.chat import ChatCompletionChunk, ChatCompletionFunctionToolParam
+from openai.types.responses import (
+    Response,
+    ResponseOutputMessage,
+    ResponseOutputText,
+    ResponseStreamEvent,
+    ResponseTextDeltaEvent,
+)
 from reliability.server import ServerProcess
 
 from tests.e2e.sdk_types import openai_messages
@@ -112,3 +120,56 @@ def test_a_reply_that_calls_a_tool_has_no_logprobs(server: ServerProcess) -> Non
     choice = called.choices[0]
     assert choice.message.tool_calls
     assert choice.logprobs is None
+
+
+def _text_part(response: Response) -> ResponseOutputText:
+    message = response.output[0]
+    assert isinstance(message, ResponseOutputMessage)
+    part = message.content[0]
+    assert isinstance(part, ResponseOutputText)
+    return part
+
+
+def test_a_response_carries_its_texts_logprobs_when_included_whole_and_streamed(
+    server: ServerProcess,
+) -> None:
+    create = functools.partial(
+        oai(server).responses.create,
+        model="default",
+        input="What is the capital of France?",
+        max_output_tokens=8,
+        temperature=0,
+        include=["message.output_text.logprobs"],
+        top_logprobs=2,
+    )
+    whole = create()
+    entries = _text_part(whole).logprobs or []
+    assert entries
+    assert "".join(entry.token for entry in entries) == whole.output_text
+    for entry in entries:
+        assert entry.logprob <= 0.0
+        assert entry.bytes == list(entry.token.encode())
+        values = [alt.logprob for alt in entry.top_logprobs]
+        assert len(values) == 2
+        assert values == sorted(values, reverse=True)
+    events = cast("openai.Stream[ResponseStreamEvent]", create(stream=True))  # partial's type
+    streamed = [
+        e for event in events if isinstance(event, ResponseTextDeltaEvent) for e in event.logprobs
+    ]
+    assert [e.token for e in streamed] == [e.token for e in entries]
+    for ours, theirs in zip(streamed, entries, strict=True):
+        assert math.isclose(ours.logprob, theirs.logprob, abs_tol=1e-4)
+    plain = oai(server).responses.create(
+        model="default", input="What is the capital of France?", max_output_tokens=4
+    )
+    assert _text_part(plain).logprobs == []
+
+
+def test_a_responses_top_logprobs_out_of_range_is_refused_naming_it(server: ServerProcess) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        oai(server).responses.create(
+            model="default", input="Hi", max_output_tokens=2, top_logprobs=21
+        )
+    body = refused.value.body
+    assert isinstance(body, dict)
+    assert body["param"] == "top_logprobs"

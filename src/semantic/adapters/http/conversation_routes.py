@@ -12,8 +12,7 @@ from litestar.datastructures import State
 
 from semantic.adapters.http.common import services
 from semantic.adapters.http.identity import checked_id, identity
-from semantic.adapters.http.responses_items import fresh_id, input_items, new_id
-from semantic.adapters.http.responses_routes import page
+from semantic.adapters.http.responses_items import fresh_id, input_items, new_id, page
 from semantic.adapters.http.responses_schemas import (
     AddItems,
     CreateConversation,

@@ -1,5 +1,6 @@
-"""Tokens' log-probabilities in OpenAI's shapes: chat's ``logprobs.content`` entries and
-the legacy completions' parallel lists; and what a request asks for.
+"""Tokens' log-probabilities in OpenAI's shapes: chat's ``logprobs.content`` entries (the
+Responses API's ``output_text.logprobs`` are the same entries) and the legacy completions'
+parallel lists; and what a request asks for.
 
 A token's text is the tokenizer's decoding of it alone: a token that holds part of a
 character (byte-level vocabularies split some) shows as U+FFFD, and its ``bytes`` are
@@ -7,6 +8,7 @@ those of that text, not the token's raw bytes."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -14,6 +16,14 @@ from semantic.domain.errors import InvalidRequestError
 from semantic.domain.generation import MAX_TOP_LOGPROBS, TokenLogprob, check_logprobs
 
 TokenText = Callable[[int], str]
+
+RESPONSES_INCLUDE = "message.output_text.logprobs"
+"""What a Responses request puts in ``include`` for its text's log-probabilities."""
+
+
+def remembered(token_text: TokenText) -> TokenText:
+    """``token_text`` with a request's recent tokens remembered (a reply repeats many)."""
+    return functools.lru_cache(maxsize=4096)(token_text)
 
 
 def chat_logprobs_asked(logprobs: bool | None, top_logprobs: int | None) -> int | None:
@@ -37,12 +47,26 @@ def completion_logprobs_asked(logprobs: int | None) -> int | None:
     return logprobs
 
 
+def responses_logprobs_asked(include: Sequence[str] | None, top_logprobs: int | None) -> int | None:
+    """The Responses API asks with ``include`` (or, leniently, a ``top_logprobs`` count
+    above 0 alone): the alternatives wanted per token, None for none."""
+    check_logprobs(top_logprobs)
+    if RESPONSES_INCLUDE in (include or ()) or top_logprobs:
+        return top_logprobs or 0
+    return None
+
+
 def chat_content(entries: Sequence[TokenLogprob], text: TokenText) -> dict[str, Any]:
     """A message's (or a streamed delta's) ``logprobs`` object."""
-    return {"content": [_chat_entry(entry, text) for entry in entries], "refusal": None}
+    return {"content": token_entries(entries, text), "refusal": None}
 
 
-def _chat_entry(entry: TokenLogprob, text: TokenText) -> dict[str, Any]:
+def token_entries(entries: Sequence[TokenLogprob], text: TokenText) -> list[dict[str, Any]]:
+    """Each token's entry: its text, log-probability and bytes, and its alternatives'."""
+    return [_entry(entry, text) for entry in entries]
+
+
+def _entry(entry: TokenLogprob, text: TokenText) -> dict[str, Any]:
     return {
         **_token(entry.token, entry.logprob, text),
         "top_logprobs": [_token(token, logprob, text) for token, logprob in entry.top],

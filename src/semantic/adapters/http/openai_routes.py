@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -27,6 +26,7 @@ from semantic.adapters.http.openai_logprobs import (
     chat_logprobs_asked,
     completion_lists,
     completion_logprobs_asked,
+    remembered,
 )
 from semantic.adapters.http.openai_schemas import (
     ChatCompletionRequest,
@@ -366,7 +366,7 @@ def _texts(ask: ChatAsk, found: Services) -> TokenText | None:
     """Each token's text, for the log-probabilities the request asked for (else None)."""
     if ask.logprobs is None:
         return None
-    return functools.lru_cache(maxsize=4096)(found.chats.token_text)
+    return remembered(found.chats.token_text)
 
 
 def _prompt(prompt: str | list[Any]) -> str | tuple[int, ...]:

@@ -142,14 +142,22 @@ def item_messages(items: list[dict[str, Any]]) -> tuple[MessageRecord, ...]:
     return tuple(records)
 
 
-def output_items(reply: CommittedReply, message_id: str) -> list[dict[str, Any]]:
-    items = [message_item(message_id, reply.text)] if reply.text or not reply.calls else []
+def output_items(
+    reply: CommittedReply, message_id: str, logprobs: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """``logprobs``: the message's tokens' entries (empty where not asked, or for a reply
+    with calls, whose tokens are not all the message's text)."""
+    items = []
+    if reply.text or not reply.calls:
+        items.append(message_item(message_id, reply.text, None if reply.calls else logprobs))
     items += [call_item(c.id, c.name, c.arguments, complete=c.complete) for c in reply.calls]
     return items
 
 
-def message_item(message_id: str, text: str) -> dict[str, Any]:
-    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def message_item(
+    message_id: str, text: str, logprobs: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
     return {
         "id": message_id,
         "type": "message",
@@ -167,4 +175,29 @@ def call_item(call_id: str, name: str, arguments: str, *, complete: bool) -> dic
         "name": name,
         "arguments": arguments,
         "status": "completed" if complete else "incomplete",
+    }
+
+
+MAX_PAGE = 100
+
+
+def page(items: list[dict[str, Any]], limit: int, after: str | None, order: str) -> dict[str, Any]:
+    """A list page as OpenAI gives one: ``after`` an item's id, in ``order``."""
+    if not 1 <= limit <= MAX_PAGE:
+        raise InvalidRequestError(f"limit must be between 1 and {MAX_PAGE}", param="limit")
+    if order not in ("asc", "desc"):
+        raise InvalidRequestError("order must be 'asc' or 'desc'", param="order")
+    ordered = items if order == "asc" else items[::-1]
+    if after is not None:
+        ids = [i["id"] for i in ordered]
+        if after not in ids:
+            raise InvalidRequestError(f"after names no item: {after!r}", param="after")
+        ordered = ordered[ids.index(after) + 1 :]
+    data = ordered[:limit]
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": len(ordered) > limit,
     }

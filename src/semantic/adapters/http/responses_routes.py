@@ -13,6 +13,12 @@ from litestar.datastructures import State
 
 from semantic.adapters.http.common import services, sse, unless_client_leaves
 from semantic.adapters.http.identity import checked_id, identity
+from semantic.adapters.http.openai_logprobs import (
+    TokenText,
+    remembered,
+    responses_logprobs_asked,
+    token_entries,
+)
 from semantic.adapters.http.openai_tools import openai_tool_use
 from semantic.adapters.http.responses_items import (
     fresh_id,
@@ -20,6 +26,7 @@ from semantic.adapters.http.responses_items import (
     item_messages,
     new_id,
     output_items,
+    page,
 )
 from semantic.adapters.http.responses_schemas import ResponseRequest
 from semantic.adapters.http.responses_stream import ResponseEvents
@@ -43,8 +50,6 @@ from semantic.domain.retention import Retention
 from semantic.domain.tools import ToolUse
 from semantic.ports.object_store import StoredObject
 
-MAX_PAGE = 100
-
 
 class ResponsesController(Controller):
     path = "/v1/responses"
@@ -61,18 +66,10 @@ class ResponsesController(Controller):
         namespace = identity(request).namespace
         items = input_items(data.input)
         use = _tool_use(data)
-        schema = _text_schema(data.text)
         conversation = _conversation_id(data)
         history = await _conversation_items(found, namespace, conversation)
         response_id, message_id = new_id("resp"), new_id("msg")
-        turn = Turn(
-            "",
-            data.max_output_tokens,
-            sampling(data.temperature, data.top_p, None),
-            tools=use,
-            items=item_messages(items),
-            constraint=_schema_constraint(schema, use),
-        )
+        turn = _turn(data, items, use)
         ask = ResponseAsk(
             response_id,
             turn,
@@ -92,11 +89,12 @@ class ResponsesController(Controller):
             model=found.model_id,
             conversation=conversation,
             items=items,
+            texts=None if turn.logprobs is None else remembered(found.chats.token_text),
         )
         events = found.responses.create(namespace, ask, body.keep)
         first = await _first(request, events, data)
         if data.stream:
-            stream = ResponseEvents(body.started(), message_id)
+            stream = ResponseEvents(body.started(), message_id, body.texts)
             return sse(stream.stream(first, events, body.final), events.aclose)
         await unless_client_leaves(request, _last(first, events))
         return body.final()
@@ -134,28 +132,6 @@ class ResponsesController(Controller):
         return page([json.loads(o.body) for o in stored], limit, after, order)
 
 
-def page(items: list[dict[str, Any]], limit: int, after: str | None, order: str) -> dict[str, Any]:
-    """A list page as OpenAI gives one: ``after`` an item's id, in ``order``."""
-    if not 1 <= limit <= MAX_PAGE:
-        raise InvalidRequestError(f"limit must be between 1 and {MAX_PAGE}", param="limit")
-    if order not in ("asc", "desc"):
-        raise InvalidRequestError("order must be 'asc' or 'desc'", param="order")
-    ordered = items if order == "asc" else items[::-1]
-    if after is not None:
-        ids = [i["id"] for i in ordered]
-        if after not in ids:
-            raise InvalidRequestError(f"after names no item: {after!r}", param="after")
-        ordered = ordered[ids.index(after) + 1 :]
-    data = ordered[:limit]
-    return {
-        "object": "list",
-        "data": data,
-        "first_id": data[0]["id"] if data else None,
-        "last_id": data[-1]["id"] if data else None,
-        "has_more": len(ordered) > limit,
-    }
-
-
 def _id(value: str) -> str:
     return checked_id(value, "id")
 
@@ -172,13 +148,16 @@ class _Body:
         model: str,
         conversation: str | None,
         items: list[dict[str, Any]],
+        texts: TokenText | None,
     ) -> None:
+        """``texts``: each token's text, where the request asked for log-probabilities."""
         self.response_id = response_id
         self.message_id = message_id
         self.data = data
         self.model = model
         self.conversation = conversation
         self.items = items
+        self.texts = texts
         self.created_at = int(time.time())
         self.body: dict[str, Any] | None = None
 
@@ -191,7 +170,8 @@ class _Body:
         return self.body
 
     def keep(self, reply: CommittedReply) -> list[StoredObject]:
-        output = output_items(reply, self.message_id)
+        shown = [] if self.texts is None else token_entries(reply.logprobs, self.texts)
+        output = output_items(reply, self.message_id, shown)
         cut = reply.finish_reason in (FinishReason.MAX_TOKENS, FinishReason.MAX_CHARS)
         status = "incomplete" if cut and not reply.whole_calls else "completed"
         self.body = self._shape(status, output, reply)
@@ -313,7 +293,6 @@ def _check_unserved(data: ResponseRequest) -> None:
         raise InvalidRequestError("truncation must be 'auto' or 'disabled'", param="truncation")
     must_default(data.prompt, None, "prompt")
     must_default(data.context_management or None, None, "context_management")
-    must_default(data.top_logprobs or 0, 0, "top_logprobs")
     if data.previous_response_id is not None and data.conversation is not None:
         raise InvalidRequestError(
             "give previous_response_id or conversation, not both", param="conversation"
@@ -322,6 +301,18 @@ def _check_unserved(data: ResponseRequest) -> None:
         raise InvalidRequestError("max_output_tokens must be at least 1", param="max_output_tokens")
     if data.previous_response_id is not None:
         checked_id(data.previous_response_id, "previous_response_id")
+
+
+def _turn(data: ResponseRequest, items: list[dict[str, Any]], use: ToolUse | None) -> Turn:
+    return Turn(
+        "",
+        data.max_output_tokens,
+        sampling(data.temperature, data.top_p, None),
+        tools=use,
+        items=item_messages(items),
+        constraint=_schema_constraint(_text_schema(data.text), use),
+        logprobs=responses_logprobs_asked(data.include, data.top_logprobs),
+    )
 
 
 def _conversation_id(data: ResponseRequest) -> str | None:

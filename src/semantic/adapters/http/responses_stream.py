@@ -9,6 +9,7 @@ from typing import Any
 
 from semantic.adapters.http.common import sse_data
 from semantic.adapters.http.errors import problem_for
+from semantic.adapters.http.openai_logprobs import TokenText, token_entries
 from semantic.adapters.http.responses_items import call_item, message_item
 from semantic.application.agents.responses import ResponseEvent
 from semantic.application.agents.values import CommittedReply
@@ -18,9 +19,13 @@ from semantic.domain.errors import SemanticError
 
 
 class ResponseEvents:
-    def __init__(self, started: dict[str, Any], message_id: str) -> None:
+    def __init__(
+        self, started: dict[str, Any], message_id: str, texts: TokenText | None = None
+    ) -> None:
+        """``texts``: each token's text, where the request asked for log-probabilities."""
         self._started = started
         self._message_id = message_id
+        self._texts = texts
         self._sequence = 0
         self._text: list[str] | None = None
         self._calls: list[dict[str, Any]] = []
@@ -46,7 +51,7 @@ class ResponseEvents:
             event: ResponseEvent | None = first
             while event is not None:
                 if isinstance(event, TextDelta) and event.text:
-                    for line in self._delta(event.text):
+                    for line in self._delta(event):
                         yield line
                 elif isinstance(event, CallOpened):
                     for line in self._open_call(event):
@@ -66,20 +71,22 @@ class ResponseEvents:
             }
             yield self.event("response.failed", response=failed)
 
-    def _delta(self, text: str) -> list[str]:
+    def _delta(self, delta: TextDelta) -> list[str]:
         lines = []
         if self._text is None:
             self._text = []
             lines += self._open_message()
-        self._text.append(text)
+        self._text.append(delta.text)
+        texts = self._texts
+        shown = [] if texts is None else token_entries(delta.logprobs, texts)
         lines.append(
             self.event(
                 "response.output_text.delta",
                 item_id=self._message_id,
                 output_index=0,
                 content_index=0,
-                delta=text,
-                logprobs=[],
+                delta=delta.text,
+                logprobs=shown,
             )
         )
         return lines
@@ -123,7 +130,9 @@ class ResponseEvents:
         where = {"item_id": item["id"], "output_index": index, "content_index": 0}
         return [
             *lines,
-            self.event("response.output_text.done", **where, text=part["text"], logprobs=[]),
+            self.event(
+                "response.output_text.done", **where, text=part["text"], logprobs=part["logprobs"]
+            ),
             self.event("response.content_part.done", **where, part=part),
             self.event("response.output_item.done", output_index=index, item=item),
         ]

@@ -93,6 +93,7 @@ class TurnRunner:
             turn.stop,
             turn.priority,
             self._shape(turn).constraint or turn.constraint,
+            turn.logprobs,
         )
         try:
             return self._generation.check(request)
@@ -229,6 +230,7 @@ def _committed(event: GenerationResult, answer: Reply, place: int, rendered: str
         event.usage,
         event.stats,
         event.stop_string,
+        event.logprobs,
         place=place,
         calls=answer.calls,
         rendered=rendered,

@@ -128,6 +128,8 @@ class Turn:
     messages, calls sent back and their results)."""
     constraint: OutputConstraint | None = None
     """What a reply that calls no tool must match (a JSON Schema)."""
+    logprobs: int | None = None
+    """Each token's log-probability with that many alternatives; None: none."""
 
     @property
     def role(self) -> str:
