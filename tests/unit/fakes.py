@@ -67,6 +67,9 @@ class FakeTokenizer:
     def decode(self, token_ids: Sequence[int]) -> str:
         return "".join(self.PIECES[t] for t in token_ids)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        return self.PIECES[token_id].encode()
+
     def render_chat(
         self,
         messages: Sequence[ChatMessage],
@@ -103,6 +106,9 @@ class ByteTokenizer:
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return b"".join(self.pieces[t] for t in token_ids).decode("utf-8", errors="replace")
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self.pieces[token_id]
 
     def render_chat(
         self,

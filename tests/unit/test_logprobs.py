@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from semantic.adapters.http.openai_logprobs import token_entries
 from semantic.application.chat.generation import (
     GenerationInput,
     GenerationResult,
@@ -16,6 +17,7 @@ from semantic.application.engine.batch_engine import BlockPoolBatchEngine
 from semantic.application.engine.engine_loop import EngineLoop
 from semantic.application.engine.events import TokenEvent
 from semantic.domain.errors import InvalidRequestError
+from semantic.domain.generation import TokenLogprob, TokenPiece
 from tests.helpers import run_until_idle
 from tests.unit.fakes import EOS, FakeBackend, FakeGrammars, FakeModel
 from tests.unit.test_constraints import CONSTRAINT, LITERAL, PROMPT, make_engine
@@ -83,3 +85,15 @@ def test_the_end_of_the_turn_comes_with_no_logprob() -> None:
     assert tokens[-1].token_id == EOS
     assert tokens[-1].logprob is None
     assert all(e.logprob is not None for e in tokens[:-1])
+
+
+def test_an_entry_shows_a_split_characters_own_bytes_beside_its_replacement_text() -> None:
+    smile = "🙂".encode()
+    pieces = {1: TokenPiece("\ufffd", smile[:2]), 2: TokenPiece("\ufffd", smile[2:])}
+    entries = token_entries(
+        [TokenLogprob(1, -0.5, ((1, -0.5), (2, -1.5))), TokenLogprob(2, -0.1)], pieces.__getitem__
+    )
+    assert [e["token"] for e in entries] == ["\ufffd", "\ufffd"]
+    assert bytes(entries[0]["bytes"] + entries[1]["bytes"]).decode() == "🙂"
+    alternatives = entries[0]["top_logprobs"]
+    assert [alt["bytes"] for alt in alternatives] == [list(smile[:2]), list(smile[2:])]

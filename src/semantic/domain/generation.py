@@ -87,6 +87,16 @@ class TokenLogprob:
     top: tuple[tuple[int, float], ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class TokenPiece:
+    """One token as a log-probability's entry shows it: ``text``, its decoding alone (U+FFFD
+    where it holds part of a character), and ``raw``, the bytes of text it stands for (the
+    part's bytes there, which a client joins with its neighbours' to rebuild the character)."""
+
+    text: str
+    raw: bytes
+
+
 def check_logprobs(top: int | None) -> None:
     """``top``: alternatives per token wanted (0: the token's own only; None: none)."""
     if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:

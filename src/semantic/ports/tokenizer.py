@@ -33,6 +33,11 @@ class Tokenizer(Protocol):
 
     def decode(self, token_ids: Sequence[int]) -> str: ...
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes of text one token stands for: its decoding's where it holds whole
+        characters, the part's where it holds part of one (which decodes alone to U+FFFD)."""
+        ...
+
     def render_chat(
         self,
         messages: Sequence[ChatMessage],

@@ -3,8 +3,8 @@ Responses API's ``output_text.logprobs`` are the same entries) and the legacy co
 parallel lists; and what a request asks for.
 
 A token's text is the tokenizer's decoding of it alone: a token that holds part of a
-character (byte-level vocabularies split some) shows as U+FFFD, and its ``bytes`` are
-those of that text, not the token's raw bytes."""
+character (byte-level vocabularies split some) shows as U+FFFD, while its ``bytes`` are
+the part's own (``TokenPiece``)."""
 
 from __future__ import annotations
 
@@ -13,17 +13,22 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from semantic.domain.errors import InvalidRequestError
-from semantic.domain.generation import MAX_TOP_LOGPROBS, TokenLogprob, check_logprobs
+from semantic.domain.generation import (
+    MAX_TOP_LOGPROBS,
+    TokenLogprob,
+    TokenPiece,
+    check_logprobs,
+)
 
-TokenText = Callable[[int], str]
+TokenPieces = Callable[[int], TokenPiece]
 
 RESPONSES_INCLUDE = "message.output_text.logprobs"
 """What a Responses request puts in ``include`` for its text's log-probabilities."""
 
 
-def remembered(token_text: TokenText) -> TokenText:
-    """``token_text`` with a request's recent tokens remembered (a reply repeats many)."""
-    return functools.lru_cache(maxsize=4096)(token_text)
+def remembered(pieces: TokenPieces) -> TokenPieces:
+    """``pieces`` with a request's recent tokens remembered (a reply repeats many)."""
+    return functools.lru_cache(maxsize=4096)(pieces)
 
 
 def chat_logprobs_asked(logprobs: bool | None, top_logprobs: int | None) -> int | None:
@@ -56,34 +61,34 @@ def responses_logprobs_asked(include: Sequence[str] | None, top_logprobs: int | 
     return None
 
 
-def chat_content(entries: Sequence[TokenLogprob], text: TokenText) -> dict[str, Any]:
+def chat_content(entries: Sequence[TokenLogprob], text: TokenPieces) -> dict[str, Any]:
     """A message's (or a streamed delta's) ``logprobs`` object."""
     return {"content": token_entries(entries, text), "refusal": None}
 
 
-def token_entries(entries: Sequence[TokenLogprob], text: TokenText) -> list[dict[str, Any]]:
+def token_entries(entries: Sequence[TokenLogprob], text: TokenPieces) -> list[dict[str, Any]]:
     """Each token's entry: its text, log-probability and bytes, and its alternatives'."""
     return [_entry(entry, text) for entry in entries]
 
 
-def _entry(entry: TokenLogprob, text: TokenText) -> dict[str, Any]:
+def _entry(entry: TokenLogprob, text: TokenPieces) -> dict[str, Any]:
     return {
         **_token(entry.token, entry.logprob, text),
         "top_logprobs": [_token(token, logprob, text) for token, logprob in entry.top],
     }
 
 
-def _token(token: int, logprob: float, text: TokenText) -> dict[str, Any]:
-    shown = text(token)
-    return {"token": shown, "logprob": logprob, "bytes": list(shown.encode())}
+def _token(token: int, logprob: float, pieces: TokenPieces) -> dict[str, Any]:
+    piece = pieces(token)
+    return {"token": piece.text, "logprob": logprob, "bytes": list(piece.raw)}
 
 
 def completion_lists(
-    entries: Sequence[TokenLogprob], text: TokenText, offset: int = 0
+    entries: Sequence[TokenLogprob], text: TokenPieces, offset: int = 0
 ) -> dict[str, Any]:
     """The legacy completions' ``logprobs``: tokens, theirs, the alternatives by text, and
     where each token's text starts in the reply (from ``offset``)."""
-    tokens = [text(entry.token) for entry in entries]
+    tokens = [text(entry.token).text for entry in entries]
     starts, at = [], offset
     for shown in tokens:
         starts.append(at)
@@ -91,6 +96,6 @@ def completion_lists(
     return {
         "tokens": tokens,
         "token_logprobs": [entry.logprob for entry in entries],
-        "top_logprobs": [{text(t): lp for t, lp in entry.top} for entry in entries],
+        "top_logprobs": [{text(t).text: lp for t, lp in entry.top} for entry in entries],
         "text_offset": starts,
     }

@@ -21,7 +21,7 @@ from semantic.adapters.http.common import (
 from semantic.adapters.http.errors import body_for, problem_for
 from semantic.adapters.http.identity import identity
 from semantic.adapters.http.openai_logprobs import (
-    TokenText,
+    TokenPieces,
     chat_content,
     chat_logprobs_asked,
     completion_lists,
@@ -147,7 +147,9 @@ class ReplyBodies:
     """Response bodies of one request, in OpenAI's shapes; ``texts``: each token's text,
     where the request asked for log-probabilities (None: it did not)."""
 
-    def __init__(self, prefix: str, kind: str, model: str, texts: TokenText | None = None) -> None:
+    def __init__(
+        self, prefix: str, kind: str, model: str, texts: TokenPieces | None = None
+    ) -> None:
         self.id = f"{prefix}-{uuid.uuid4().hex[:24]}"
         self.kind = kind
         self.model = model
@@ -362,11 +364,11 @@ def _ask(request: Request[Any, Any, Any], data: SamplingFields, **asked: Any) ->
     )
 
 
-def _texts(ask: ChatAsk, found: Services) -> TokenText | None:
+def _texts(ask: ChatAsk, found: Services) -> TokenPieces | None:
     """Each token's text, for the log-probabilities the request asked for (else None)."""
     if ask.logprobs is None:
         return None
-    return remembered(found.chats.token_text)
+    return remembered(found.chats.token_piece)
 
 
 def _prompt(prompt: str | list[Any]) -> str | tuple[int, ...]:

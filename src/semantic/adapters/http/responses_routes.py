@@ -14,7 +14,7 @@ from litestar.datastructures import State
 from semantic.adapters.http.common import services, sse, unless_client_leaves
 from semantic.adapters.http.identity import checked_id, identity
 from semantic.adapters.http.openai_logprobs import (
-    TokenText,
+    TokenPieces,
     remembered,
     responses_logprobs_asked,
     token_entries,
@@ -89,7 +89,7 @@ class ResponsesController(Controller):
             model=found.model_id,
             conversation=conversation,
             items=items,
-            texts=None if turn.logprobs is None else remembered(found.chats.token_text),
+            texts=None if turn.logprobs is None else remembered(found.chats.token_piece),
         )
         events = found.responses.create(namespace, ask, body.keep)
         first = await _first(request, events, data)
@@ -148,7 +148,7 @@ class _Body:
         model: str,
         conversation: str | None,
         items: list[dict[str, Any]],
-        texts: TokenText | None,
+        texts: TokenPieces | None,
     ) -> None:
         """``texts``: each token's text, where the request asked for log-probabilities."""
         self.response_id = response_id

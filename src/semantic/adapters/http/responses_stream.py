@@ -9,7 +9,7 @@ from typing import Any
 
 from semantic.adapters.http.common import sse_data
 from semantic.adapters.http.errors import problem_for
-from semantic.adapters.http.openai_logprobs import TokenText, token_entries
+from semantic.adapters.http.openai_logprobs import TokenPieces, token_entries
 from semantic.adapters.http.responses_items import call_item, message_item
 from semantic.application.agents.responses import ResponseEvent
 from semantic.application.agents.values import CommittedReply
@@ -20,7 +20,7 @@ from semantic.domain.errors import SemanticError
 
 class ResponseEvents:
     def __init__(
-        self, started: dict[str, Any], message_id: str, texts: TokenText | None = None
+        self, started: dict[str, Any], message_id: str, texts: TokenPieces | None = None
     ) -> None:
         """``texts``: each token's text, where the request asked for log-probabilities."""
         self._started = started

@@ -32,7 +32,7 @@ from semantic.application.chat.transcript import new_call_id
 from semantic.domain.chat import ChatMessage
 from semantic.domain.context_edits import ClearToolUses
 from semantic.domain.errors import InvalidRequestError, PromptTooLongError
-from semantic.domain.generation import GREEDY, Priority, SamplingParams
+from semantic.domain.generation import GREEDY, Priority, SamplingParams, TokenPiece
 from semantic.domain.retention import Retention
 from semantic.domain.tools import ToolUse
 from semantic.ports.tokenizer import Tokenizer
@@ -144,9 +144,9 @@ class ChatTurns:
             raise
         return reply
 
-    def token_text(self, token: int) -> str:
-        """One token's text as the tokenizer decodes it alone (a log-probability's entry)."""
-        return self._tokenizer.decode([token])
+    def token_piece(self, token: int) -> TokenPiece:
+        """One token as a log-probability's entry shows it."""
+        return TokenPiece(self._tokenizer.decode([token]), self._tokenizer.token_bytes(token))
 
     async def render(self, ask: ChatAsk) -> Rendered:
         """The prompt the request runs on (and what its context edit cleared)."""

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from semantic.adapters.mlx.tokenizer.piece_encoder import PieceEncoder, quote_marks
+from semantic.adapters.mlx.tokenizer.token_bytes import TokenBytes
 from semantic.adapters.tool_formats import PromptFormat, format_for
 from semantic.domain.chat import ChatMessage
 from semantic.domain.errors import InvalidRequestError, PromptTooLongError
@@ -30,6 +31,7 @@ class MlxTokenizer:
         backend = getattr(wrapper, "backend_tokenizer", None)
         self._pieces = PieceEncoder.of(backend) if backend is not None else None
         self._longest_token = longest_token_bytes(backend) if backend is not None else None
+        self._bytes = TokenBytes(backend) if backend is not None else None
         self._special_texts = [str(t) for t in getattr(wrapper, "all_special_tokens", [])]
         template = getattr(wrapper, "chat_template", None)
         self._tools = format_for(template if isinstance(template, str) else None)
@@ -69,6 +71,10 @@ class MlxTokenizer:
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return str(self._wrapper.decode(list(token_ids), skip_special_tokens=False))
+
+    def token_bytes(self, token_id: int) -> bytes:
+        raw = self._bytes.of(token_id) if self._bytes is not None else None
+        return raw if raw is not None else self.decode([token_id]).encode()
 
     def render_chat(
         self,
