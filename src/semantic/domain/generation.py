@@ -50,6 +50,12 @@ class SamplingParams:
     seed: int | None = None
     top_k: int = 0
     """Sample among this many most likely tokens only; 0 keeps them all."""
+    presence_penalty: float = 0.0
+    """Taken off the score of every token already drawn in this reply (OpenAI's, -2 to 2)."""
+    frequency_penalty: float = 0.0
+    """Taken off a drawn token's score once for each time it was drawn (-2 to 2)."""
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """(token id, added to its score) pairs, -100 to 100 (100 all but forces a token)."""
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.temperature) or not 0.0 <= self.temperature <= 10.0:
@@ -63,6 +69,23 @@ class SamplingParams:
             raise InvalidRequestError(f"top_k must be 0 or more, got {self.top_k}", param="top_k")
         if self.seed is not None and not 0 <= self.seed < 2**63:
             raise InvalidRequestError(f"seed must be in [0, 2^63), got {self.seed}", param="seed")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or not -2.0 <= value <= 2.0:
+                message = f"{name} must be between -2 and 2, got {value}"
+                raise InvalidRequestError(message, param=name)
+        for token, bias in self.logit_bias:
+            if token < 0 or not math.isfinite(bias) or not -100.0 <= bias <= 100.0:
+                raise InvalidRequestError(
+                    f"logit_bias takes token ids and biases from -100 to 100, got {token}: {bias}",
+                    param="logit_bias",
+                )
+
+    @property
+    def penalized(self) -> bool:
+        """Whether its scores depend on the tokens it drew: such a reply draws every token
+        (no forced runs), so that each one is counted."""
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     @property
     def is_greedy(self) -> bool:

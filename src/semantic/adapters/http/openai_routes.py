@@ -287,10 +287,6 @@ def _usage(result: GenerationResult) -> dict[str, Any]:
 def _check_common(data: SamplingFields, found: Services) -> None:
     check_model(data.model, found.model_id)
     must_default(data.n, 1, "n")
-    must_default(data.presence_penalty, 0, "presence_penalty")
-    must_default(data.frequency_penalty, 0, "frequency_penalty")
-    if data.logit_bias and any(data.logit_bias.values()):
-        raise InvalidRequestError("logit_bias is not supported", param="logit_bias")
     if data.stream_options is not None and not data.stream:
         raise InvalidRequestError("stream_options needs stream=true", param="stream_options")
 
@@ -356,7 +352,14 @@ def _ask(request: Request[Any, Any, Any], data: SamplingFields, **asked: Any) ->
     return ChatAsk(
         who.namespace,
         who.agent_id or cache_key_agent(data.prompt_cache_key),
-        sampling=sampling(data.temperature, data.top_p, data.seed, data.top_k),
+        sampling=sampling(
+            data.temperature,
+            data.top_p,
+            data.seed,
+            data.top_k,
+            penalties=(data.presence_penalty, data.frequency_penalty),
+            bias=data.logit_bias,
+        ),
         stop=stop_strings(data.stop),
         priority=who.priority,
         retention=openai_hints(request, data.prompt_cache_retention),

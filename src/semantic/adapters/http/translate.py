@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -34,20 +34,41 @@ def sampling(
     top_k: int | None = None,
     *,
     max_temperature: float = OPENAI_MAX_TEMPERATURE,
+    penalties: tuple[float | None, float | None] = (None, None),
+    bias: Mapping[str, float] | None = None,
 ) -> SamplingParams:
     """The protocol's own temperature range is kept (OpenAI's 0-2, Anthropic's 0-1), so a
-    request that the real API would refuse is refused here too, not sampled near-randomly."""
+    request that the real API would refuse is refused here too, not sampled near-randomly.
+    ``penalties``: OpenAI's presence and frequency penalties; ``bias``: its ``logit_bias``."""
     if temperature is not None and not 0 <= temperature <= max_temperature:
         raise InvalidRequestError(
             f"temperature must be between 0 and {max_temperature:g}, got {temperature}",
             param="temperature",
         )
+    presence, frequency = penalties
     return SamplingParams(
         temperature=1.0 if temperature is None else temperature,
         top_p=1.0 if top_p is None else top_p,
         seed=seed,
         top_k=0 if top_k is None or top_k == -1 else top_k,  # -1: all tokens, as in vLLM
+        presence_penalty=presence or 0.0,
+        frequency_penalty=frequency or 0.0,
+        logit_bias=_token_biases(bias),
     )
+
+
+def _token_biases(bias: Mapping[str, float] | None) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``logit_bias``, keyed by token ids written as strings; a zero bias is none."""
+    pairs = []
+    for key, value in (bias or {}).items():
+        try:
+            token = int(key)
+        except ValueError:
+            message = f"logit_bias keys are token ids, got {key!r}"
+            raise InvalidRequestError(message, param="logit_bias") from None
+        if value:
+            pairs.append((token, float(value)))
+    return tuple(sorted(pairs))
 
 
 def stop_strings(stop: str | Sequence[str] | None, field: str = "stop") -> tuple[str, ...]:

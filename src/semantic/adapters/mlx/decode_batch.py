@@ -32,7 +32,7 @@ from semantic.adapters.mlx.kv.batch_caches import (
 from semantic.adapters.mlx.lm import KVCache
 from semantic.adapters.mlx.logprobs import arrays_of
 from semantic.adapters.mlx.models.model_parts import BodyAndHead
-from semantic.adapters.mlx.sampling import Sampler, sampled_rows, top_probs
+from semantic.adapters.mlx.sampling import Sampler, draws_every_token, sampled_rows, top_probs
 from semantic.adapters.mlx.token_mask import masked
 from semantic.ports.grammar import GrammarMatcher
 from semantic.ports.model_backend import DecodedToken
@@ -196,6 +196,7 @@ class DecodeBatch:
             if row.matcher is not None
             and not row.matcher.done
             and row.logprobs is None
+            and not draws_every_token(row.sampler)
             and (row.own is not None or n_shared == 1 == index + 1)
         ]
         if not self._forced_runs or not lone:

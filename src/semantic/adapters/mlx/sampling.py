@@ -75,13 +75,64 @@ class SeededSampler:
         return mx.random.categorical(logits * self._inverse_temperature, key=keys[1])
 
 
+class AdjustedSampler:
+    """A row's scores moved before its sampler draws: OpenAI's ``logit_bias``, and its
+    presence and frequency penalties over the tokens this sampler has drawn (counted here,
+    lazily, one vocabulary-wide row of counts per reply)."""
+
+    def __init__(self, inner: Sampler, params: SamplingParams) -> None:
+        self.inner = inner
+        self._params = params
+        self._bias: mx.array | None = None
+        self._counts: mx.array | None = None
+
+    @property
+    def counts_draws(self) -> bool:
+        return self._params.penalized
+
+    def __call__(self, logits: mx.array) -> mx.array:
+        width = logits.shape[-1]
+        if self._bias is None:
+            self._bias = _bias_row(self._params.logit_bias, width)
+            self._counts = mx.zeros((width,)) if self._params.penalized else None
+        moved = logits + self._bias
+        counts = self._counts
+        if counts is not None:
+            params = self._params
+            moved = moved - params.frequency_penalty * counts
+            moved = moved - params.presence_penalty * (counts > 0)
+        token = self.inner(moved)
+        if counts is not None:
+            self._counts = counts.at[token].add(1.0)
+        return token
+
+
+def _bias_row(bias: tuple[tuple[int, float], ...], width: int) -> mx.array:
+    row = mx.zeros((width,))
+    if not bias:
+        return row
+    tokens = mx.array([token for token, _ in bias])
+    return row.at[tokens].add(mx.array([value for _, value in bias]))
+
+
 def skip_draws(sampler: Sampler, n: int) -> None:
     """Advance a seeded sampler past ``n`` tokens it did not draw (a grammar forced them):
-    whether they came in one pass or a step each, its later draws are the same."""
+    whether they came in one pass or a step each, its later draws are the same. (A
+    penalized reply takes no forced tokens: ``SamplingParams.penalized``.)"""
+    if isinstance(sampler, AdjustedSampler):
+        sampler = sampler.inner
     if isinstance(sampler, SeededSampler):
         for _ in range(n):
             sampler.skip()
 
 
+def draws_every_token(sampler: Sampler) -> bool:
+    """Whether a row's sampler must see every token of its reply drawn (it counts them)."""
+    return isinstance(sampler, AdjustedSampler) and sampler.counts_draws
+
+
 def make_sampler(params: SamplingParams) -> Sampler:
-    return greedy if params.is_greedy else SeededSampler(params)
+    inner = greedy if params.is_greedy else SeededSampler(params)
+    if params.logit_bias or params.penalized:
+        return AdjustedSampler(inner, params)
+    return inner

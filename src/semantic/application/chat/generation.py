@@ -15,7 +15,11 @@ from dataclasses import dataclass
 
 from semantic.application.cache.lineage import ANONYMOUS_AGENT
 from semantic.application.cache.store import AgentCacheStore, CachedPrefix
-from semantic.application.chat.request_validation import Limits, checked_max_tokens
+from semantic.application.chat.request_validation import (
+    Limits,
+    check_logit_bias,
+    checked_max_tokens,
+)
 from semantic.application.engine.active_request import GenerationRequest
 from semantic.application.engine.engine_loop import AsyncEventStream, EngineLoop
 from semantic.application.engine.generation_handle import (
@@ -93,6 +97,7 @@ class GenerationService:
         """Refuse a request before any work (``request_validation``: once a request)."""
         max_tokens = checked_max_tokens(request.prompt_tokens, request.max_tokens, self._limits)
         check_logprobs(request.logprobs)
+        check_logit_bias(request.sampling, self._limits)
         return CheckedInput(request, max_tokens)
 
     async def start(

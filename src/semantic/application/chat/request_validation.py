@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from semantic.domain.errors import InvalidRequestError, PromptTooLongError
+from semantic.domain.generation import SamplingParams
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,4 +65,15 @@ def _check_prompt(prompt: Sequence[int], limits: Limits) -> None:
             f"the prompt needs {len(prompt) + 1} tokens of KV; this server's KV budget holds "
             f"{limits.kv_tokens} (raise --kv-budget-mb or shorten the prompt)",
             param="messages",
+        )
+
+
+def check_logit_bias(sampling: SamplingParams, limits: Limits) -> None:
+    """A bias must name a token of the vocabulary (the model's scores have no other)."""
+    vocab = limits.vocab_size
+    bad = None if vocab is None else next((t for t, _ in sampling.logit_bias if t >= vocab), None)
+    if bad is not None and vocab is not None:
+        raise InvalidRequestError(
+            f"logit_bias names token {bad}, outside the vocabulary (0 to {vocab - 1})",
+            param="logit_bias",
         )

@@ -80,7 +80,8 @@ class Intake:
         """The reply's forced opening, computed with the prompt; none where the reply may
         not outgrow it (its first sampled token must still fit), nor where the pool holds
         the prompt only without it (admission would wait for room that never comes)."""
-        if grammar is None or not self._forced_opening or request.logprobs is not None:
+        draws_all = request.logprobs is not None or request.sampling.penalized
+        if grammar is None or not self._forced_opening or draws_all:
             return ()
         opening = grammar.opening
         if len(opening) >= request.criteria.max_tokens:
