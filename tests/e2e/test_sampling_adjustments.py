@@ -54,7 +54,13 @@ def test_penalties_change_a_repetitive_reply_on_chat_and_completions(server: Ser
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("frequency_penalty", 2.5), ("presence_penalty", -2.5), ("logit_bias", {"1000": 101})],
+    [
+        ("frequency_penalty", 2.5),
+        ("presence_penalty", -2.5),
+        ("logit_bias", {"1000": 101}),
+        ("logit_bias", {"5": 60, "05": 60}),  # one id twice would add up past 100
+        ("logit_bias", {"-5": 1}),
+    ],
 )
 def test_out_of_range_adjustments_are_refused_naming_them(
     server: ServerProcess, field: str, value: object

@@ -95,6 +95,8 @@ def test_a_row_gets_the_same_bits_alone_in_a_chunk_or_in_a_padded_batch() -> Non
 def test_a_row_gets_the_same_bits_whether_or_not_its_batch_is_shared_between_threads() -> None:
     """A short decode row alone is computed by one thread; sixteen of them at a longer
     span are shared with the helper thread (above any threshold for sharing)."""
+    if attention.kernel_name() != "host-softmax-pv-v2":
+        pytest.skip("no native attention kernel here: nothing is shared")
     span = 600
     q = _random(16, HEADS, 1, DIM, seed=11)
     k, v = _random(16, KV_HEADS, span, DIM, seed=12), _random(16, KV_HEADS, span, DIM, seed=13)

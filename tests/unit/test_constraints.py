@@ -16,7 +16,7 @@ from semantic.application.scheduler.pacer import PacerConfig
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.constraints import OutputConstraint, UnsupportedSchemaError
 from semantic.domain.errors import InvalidRequestError
-from semantic.domain.generation import FinishReason
+from semantic.domain.generation import FinishReason, SamplingParams
 from tests.helpers import completions, run_until_idle
 from tests.unit.fakes import (
     EOS,
@@ -229,3 +229,13 @@ async def test_the_use_case_refuses_a_schema_before_queueing_and_completes_a_val
         loop.stop()
     assert reply.finish_reason is FinishReason.END_OF_TURN
     assert reply.text == FakeTokenizer().decode(LITERAL)
+
+
+def test_a_penalized_reply_takes_no_forced_opening() -> None:
+    """Its penalties count every token it drew; an opening's tokens would not be drawn."""
+    engine, backend = make_engine(FakeGrammars(forced=3))
+    penalized = SamplingParams(frequency_penalty=0.5)
+    rid = engine.submit("a", PROMPT, max_tokens=20, constraint=CONSTRAINT, sampling=penalized)
+    done = completions(run_until_idle(engine))[rid]
+    assert list(done.token_ids) == [*LITERAL, EOS]
+    assert sum(n for _, n in backend.made("prefill")) == len(PROMPT)

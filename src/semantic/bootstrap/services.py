@@ -191,11 +191,13 @@ class _Started:
 def _limits(settings: Settings, engine: _Started) -> Limits:
     """What a request is checked against (``request_validation``), from the started engine."""
     window = max_context(engine.loaded, settings)
+    scored = engine.loaded.scored_tokens
+    vocab = engine.tokenizer.vocab_size
     return Limits(
         window,
         settings.max_tokens_cap,
         settings.default_max_tokens,
-        vocab_size=engine.tokenizer.vocab_size,
+        vocab_size=vocab if scored is None else min(vocab, scored),
         kv_tokens=engine.spec.tokens_within(engine.pool.capacity, window),
     )
 

@@ -75,7 +75,7 @@ class SamplingParams:
                 message = f"{name} must be between -2 and 2, got {value}"
                 raise InvalidRequestError(message, param=name)
         for token, bias in self.logit_bias:
-            if token < 0 or not math.isfinite(bias) or not -100.0 <= bias <= 100.0:
+            if not 0 <= token < 2**31 or not math.isfinite(bias) or not -100.0 <= bias <= 100.0:
                 raise InvalidRequestError(
                     f"logit_bias takes token ids and biases from -100 to 100, got {token}: {bias}",
                     param="logit_bias",

@@ -49,7 +49,7 @@ class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class SamplingFields(msgspec.Struct, forbid_unknown_fields=True):
-    """Fields both endpoints share; ``n``, penalties and logprobs only at their defaults."""
+    """Fields both endpoints share; ``n`` only at its default."""
 
     model: str
     stream: bool | None = False

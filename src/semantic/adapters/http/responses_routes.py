@@ -65,11 +65,10 @@ class ResponsesController(Controller):
         _check_unserved(data)
         namespace = identity(request).namespace
         items = input_items(data.input)
-        use = _tool_use(data)
+        turn = _turn(data, items, _tool_use(data))  # refusals before any read
         conversation = _conversation_id(data)
         history = await _conversation_items(found, namespace, conversation)
         response_id, message_id = new_id("resp"), new_id("msg")
-        turn = _turn(data, items, use)
         ask = ResponseAsk(
             response_id,
             turn,
@@ -223,6 +222,7 @@ class _Body:
             "text": data.text or {"format": {"type": "text"}},
             "tool_choice": data.tool_choice or "auto",
             "tools": data.tools or [],
+            "top_logprobs": data.top_logprobs,
             "truncation": data.truncation or "disabled",
             "usage": usage,
             "metadata": data.metadata or {},

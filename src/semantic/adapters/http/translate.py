@@ -58,17 +58,18 @@ def sampling(
 
 
 def _token_biases(bias: Mapping[str, float] | None) -> tuple[tuple[int, float], ...]:
-    """OpenAI's ``logit_bias``, keyed by token ids written as strings; a zero bias is none."""
-    pairs = []
+    """OpenAI's ``logit_bias``, keyed by token ids written in decimal digits, each id once
+    (``"5"`` and ``"05"`` would otherwise add up past the range); a zero bias is none."""
+    pairs: dict[int, float] = {}
     for key, value in (bias or {}).items():
-        try:
-            token = int(key)
-        except ValueError:
-            message = f"logit_bias keys are token ids, got {key!r}"
-            raise InvalidRequestError(message, param="logit_bias") from None
-        if value:
-            pairs.append((token, float(value)))
-    return tuple(sorted(pairs))
+        token = int(key) if key.isascii() and key.isdigit() else None
+        if token is None or token in pairs:
+            why = "a token id" if token is None else "named twice"
+            raise InvalidRequestError(
+                f"logit_bias keys are token ids, each once: {key!r} is {why}", param="logit_bias"
+            )
+        pairs[token] = float(value)
+    return tuple(sorted((t, v) for t, v in pairs.items() if v))
 
 
 def stop_strings(stop: str | Sequence[str] | None, field: str = "stop") -> tuple[str, ...]:

@@ -108,7 +108,10 @@ class AdjustedSampler:
 
 
 def _bias_row(bias: tuple[tuple[int, float], ...], width: int) -> mx.array:
+    """The biases as one row of scores; an id past the scores (requests are checked against
+    the vocabulary first, ``check_logit_bias``) is left out rather than written past them."""
     row = mx.zeros((width,))
+    bias = tuple((token, value) for token, value in bias if token < width)
     if not bias:
         return row
     tokens = mx.array([token for token, _ in bias])

@@ -45,6 +45,16 @@ class LoadedModel:
     pages: PagePlacement | None = None
     """The weights' move onto huge pages (ADR 0032), going on or over; None: not placed."""
 
+    @property
+    def scored_tokens(self) -> int | None:
+        """How many token ids the model embeds and scores (its config's ``vocab_size``):
+        a tokenizer may list more (added tokens past the embedding), which no prompt or
+        ``logit_bias`` may name. None where the config does not say."""
+        size = self.config.get("vocab_size")
+        if size is None:
+            size = self.config.get("text_config", {}).get("vocab_size")
+        return int(size) if isinstance(size, int) else None
+
 
 def resolve_model(
     name: str, cache: ModelCache, weight_format: WeightFormat | None, progress: Progress

@@ -35,7 +35,10 @@ class TokenBytes:
 
     def __init__(self, backend: Any) -> None:
         self._backend = backend
-        added = backend.get_added_tokens_decoder()
+        try:
+            added = backend.get_added_tokens_decoder()
+        except AttributeError:  # a backend without added tokens: every id is a piece
+            added = {}
         self._added = {int(i): str(t.content).encode() for i, t in added.items()}
         byte_level = type(getattr(backend, "decoder", None)).__name__ == "ByteLevel"
         self._alphabet = byte_level_alphabet() if byte_level else None

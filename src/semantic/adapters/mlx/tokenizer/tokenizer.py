@@ -73,8 +73,11 @@ class MlxTokenizer:
         return str(self._wrapper.decode(list(token_ids), skip_special_tokens=False))
 
     def token_bytes(self, token_id: int) -> bytes:
-        raw = self._bytes.of(token_id) if self._bytes is not None else None
-        return raw if raw is not None else self.decode([token_id]).encode()
+        """The decoding's bytes where it is whole (a decoder may clean up spaces the piece
+        holds), the piece's where it is part of a character."""
+        text = self.decode([token_id])
+        raw = self._bytes.of(token_id) if self._bytes is not None and "\ufffd" in text else None
+        return raw if raw is not None else text.encode()
 
     def render_chat(
         self,
