@@ -36,10 +36,21 @@ def top_prob(logits: mx.array) -> mx.array:
 
 
 def sampled_rows(logits: mx.array, samplers: list[Sampler]) -> mx.array:
-    """Each row's token by its sampler; rows sharing one (all greedy ones do) in one call."""
+    """Each row's token by its sampler; rows sharing one (all greedy ones do) in one call,
+    also beside rows with samplers of their own. A row's draw depends on its row alone."""
     if all(s is samplers[0] for s in samplers):
         return samplers[0](logits)
-    return mx.concatenate([s(logits[i : i + 1]) for i, s in enumerate(samplers)])
+    groups: dict[int, list[int]] = {}
+    for row, sampler in enumerate(samplers):
+        groups.setdefault(id(sampler), []).append(row)
+    order = [row for rows in groups.values() for row in rows]
+    drawn = mx.concatenate([samplers[rows[0]](logits[mx.array(rows)]) for rows in groups.values()])
+    if order == sorted(order):
+        return drawn
+    places = [0] * len(order)
+    for place, row in enumerate(order):
+        places[row] = place
+    return drawn[mx.array(places)]
 
 
 def top_probs(logits: mx.array, tracked: list[bool]) -> mx.array:
