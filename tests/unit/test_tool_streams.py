@@ -14,7 +14,7 @@ from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletionChunk
 from pydantic import TypeAdapter
 
-from semantic.adapters.http import anthropic_routes, openai_routes
+from semantic.adapters.http import anthropic_routes, openai_bodies
 from semantic.adapters.http.anthropic_tools import new_tool_use_id
 from semantic.adapters.tool_formats import DefaultFormat
 from semantic.application.chat.chat_reply import ChatOutcome, ChatReply
@@ -95,10 +95,10 @@ def fixed_ids(prefix: str) -> Any:
 async def test_openai_stream_rebuilds_the_reply_without_streaming(
     pieces: list[str], finish: FinishReason
 ) -> None:
-    bodies = openai_routes.ReplyBodies("chatcmpl", "chat.completion", "m")
-    plain = bodies.chat(ChatOutcome(result(pieces, finish), whole(pieces, fixed_ids("call_"))))
+    bodies = openai_bodies.ReplyBodies("chatcmpl", "chat.completion", "m")
+    plain = bodies.chat([ChatOutcome(result(pieces, finish), whole(pieces, fixed_ids("call_")))])
     reply = canned_reply(pieces, finish, fixed_ids("call_"))
-    lines = [line async for line in bodies.chat_chunks(reply, False)]
+    lines = [line async for line in bodies.chat_chunks([reply], False)]
     state: ChatCompletionStreamState[Any] = ChatCompletionStreamState()
     for body in data_lines(lines):
         state.handle_chunk(ChatCompletionChunk.model_validate(body))

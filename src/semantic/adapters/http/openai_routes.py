@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from litestar import Controller, Request, post, route
@@ -16,15 +15,12 @@ from semantic.adapters.http.common import (
     result_of,
     services,
     sse,
-    sse_data,
 )
-from semantic.adapters.http.errors import body_for, problem_for
 from semantic.adapters.http.identity import identity
+from semantic.adapters.http.openai_bodies import ReplyBodies
 from semantic.adapters.http.openai_logprobs import (
     TokenPieces,
-    chat_content,
     chat_logprobs_asked,
-    completion_lists,
     completion_logprobs_asked,
     remembered,
 )
@@ -35,10 +31,8 @@ from semantic.adapters.http.openai_schemas import (
     SamplingFields,
 )
 from semantic.adapters.http.openai_tools import (
-    call_entry,
     history_calls,
     openai_tool_use,
-    reply_delta,
 )
 from semantic.adapters.http.retention_hints import cache_key_agent, openai_hints
 from semantic.adapters.http.state import Services
@@ -46,7 +40,6 @@ from semantic.adapters.http.tool_translate import (
     response_schema,
 )
 from semantic.adapters.http.translate import (
-    OPENAI_FINISH,
     chat,
     check_model,
     joined_text,
@@ -56,17 +49,13 @@ from semantic.adapters.http.translate import (
 )
 from semantic.application.chat.chat_reply import ChatOutcome, ChatReply
 from semantic.application.chat.chat_turn import ChatAsk
-from semantic.application.chat.generation import (
-    GenerationResult,
-    TextDelta,
-)
-from semantic.application.chat.tool_replies import Reply
 from semantic.domain.chat import ChatMessage, check_tool_answers
-from semantic.domain.errors import InvalidRequestError, SemanticError
-from semantic.domain.generation import TokenLogprob
+from semantic.domain.errors import InvalidRequestError
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16
 """OpenAI's default for legacy completions (chat replies run to the end of the turn)."""
+MAX_CHOICES = 16
+"""The most replies one request may ask for (``n``): each decodes as a request of its own."""
 
 Chunk = Callable[[dict[str, Any] | None, str | None], dict[str, Any]]
 
@@ -113,12 +102,12 @@ class OpenAIController(Controller):
             max_tokens=data.max_tokens if newer is None else newer,
             logprobs=chat_logprobs_asked(data.logprobs, data.top_logprobs),
         )
-        reply = await found.chats.start(ask)
+        replies = await _started(found, ask, data.n or 1)
         bodies = ReplyBodies("chatcmpl", "chat.completion", found.model_id, _texts(ask, found))
         if data.stream:
             usage = bool(data.stream_options and data.stream_options.include_usage)
-            return sse(bodies.chat_chunks(reply, usage), reply.close)
-        return bodies.chat(await result_of(request, reply))
+            return sse(bodies.chat_chunks(replies, usage), _closing(replies))
+        return bodies.chat(await _outcomes(request, replies))
 
     @post("/completions", status_code=200)
     async def completions(
@@ -135,129 +124,12 @@ class OpenAIController(Controller):
             default_max_tokens=COMPLETION_DEFAULT_MAX_TOKENS,
             logprobs=completion_logprobs_asked(data.logprobs),
         )
-        reply = await found.chats.start(ask)
+        replies = await _started(found, ask, data.n or 1)
         bodies = ReplyBodies("cmpl", "text_completion", found.model_id, _texts(ask, found))
         if data.stream:
             usage = bool(data.stream_options and data.stream_options.include_usage)
-            return sse(bodies.text_chunks(reply, usage), reply.close)
-        return bodies.text((await result_of(request, reply)).result)
-
-
-class ReplyBodies:
-    """Response bodies of one request, in OpenAI's shapes; ``texts``: each token's text,
-    where the request asked for log-probabilities (None: it did not)."""
-
-    def __init__(
-        self, prefix: str, kind: str, model: str, texts: TokenPieces | None = None
-    ) -> None:
-        self.id = f"{prefix}-{uuid.uuid4().hex[:24]}"
-        self.kind = kind
-        self.model = model
-        self.created = int(time.time())
-        self.texts = texts
-
-    def chat(self, outcome: ChatOutcome) -> dict[str, Any]:
-        result, answer = outcome.result, outcome.answer
-        message: dict[str, Any] = {"role": "assistant", "content": answer.content}
-        if answer.calls:
-            message["content"] = answer.content or None
-            message["tool_calls"] = [call_entry(call) for call in answer.calls]
-        choice = {
-            "index": 0,
-            "message": message,
-            "finish_reason": _finish(result, answer),
-            "logprobs": self._chat_logprobs(None if answer.calls else result.logprobs),
-        }
-        return self._body([choice], result)
-
-    def text(self, result: GenerationResult) -> dict[str, Any]:
-        choice = {
-            "index": 0,
-            "text": result.text,
-            "logprobs": self._completion_logprobs(result.logprobs),
-            "finish_reason": OPENAI_FINISH[result.finish_reason],
-        }
-        return self._body([choice], result)
-
-    async def chat_chunks(self, reply: ChatReply, usage: bool) -> AsyncIterator[str]:
-        """Text and calls as they form, each call as OpenAI streams one: id, type and name
-        in its first delta, then its arguments in pieces."""
-
-        def chunk(
-            delta: dict[str, Any] | None, finish: str | None = None, logprobs: Any = None
-        ) -> str:
-            body = {"index": 0, "delta": delta or {}, "finish_reason": finish, "logprobs": logprobs}
-            return self._chunk([body])
-
-        yield chunk({"role": "assistant", "content": ""})
-        try:
-            async for event in reply.events():
-                if not isinstance(event, ChatOutcome):
-                    shown = event.logprobs if isinstance(event, TextDelta) else ()
-                    # (text re-read for calls carries none: null, as a call's pieces)
-                    yield chunk(reply_delta(event), None, self._chat_logprobs(shown or None))
-                    continue
-                yield chunk(None, _finish(event.result, event.answer))
-                if usage:
-                    yield self._chunk([], _usage(event.result))
-        except SemanticError as error:  # typed as the same error outside a stream would be
-            yield sse_data(body_for("/v1/chat/completions", problem_for(error)))
-        yield "data: [DONE]\n\n"
-
-    async def text_chunks(self, reply: ChatReply, usage: bool) -> AsyncIterator[str]:
-        offset = 0
-
-        def chunk(text: str, finish: str | None, logprobs: Any = None) -> str:
-            body = {"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}
-            return self._chunk([body])
-
-        try:
-            async for event in reply.events():
-                if isinstance(event, TextDelta):
-                    lists = self._completion_logprobs(event.logprobs, offset)
-                    offset += len(event.text)
-                    yield chunk(event.text, None, lists)
-                elif isinstance(event, ChatOutcome):
-                    yield chunk("", OPENAI_FINISH[event.result.finish_reason])
-                    if usage:
-                        yield self._chunk([], _usage(event.result))
-        except SemanticError as error:  # typed as the same error outside a stream would be
-            yield sse_data(body_for("/v1/chat/completions", problem_for(error)))
-        yield "data: [DONE]\n\n"
-
-    def _chat_logprobs(self, entries: Sequence[TokenLogprob] | None) -> dict[str, Any] | None:
-        """Chat's ``logprobs`` for ``entries``, where the request asked (else None)."""
-        if self.texts is None or entries is None:
-            return None
-        return chat_content(entries, self.texts)
-
-    def _completion_logprobs(
-        self, entries: Sequence[TokenLogprob], offset: int = 0
-    ) -> dict[str, Any] | None:
-        """The completions' ``logprobs`` for ``entries``, where the request asked (else None)."""
-        return None if self.texts is None else completion_lists(entries, self.texts, offset)
-
-    def _chunk(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> str:
-        body: dict[str, Any] = {
-            "id": self.id,
-            "object": f"{self.kind}.chunk" if self.kind == "chat.completion" else self.kind,
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-        }
-        if usage is not None:
-            body["usage"] = usage
-        return sse_data(body)
-
-    def _body(self, choices: list[dict[str, Any]], result: GenerationResult) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "object": self.kind,
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-            "usage": _usage(result),
-        }
+            return sse(bodies.text_chunks(replies, usage), _closing(replies))
+        return bodies.text([o.result for o in await _outcomes(request, replies)])
 
 
 _SERVED_SINCE = int(time.time())
@@ -268,25 +140,10 @@ def _model_entry(model_id: str) -> dict[str, Any]:
     return {"id": model_id, "object": "model", "created": _SERVED_SINCE, "owned_by": "semantic"}
 
 
-def _finish(result: GenerationResult, answer: Reply) -> str:
-    """``tool_calls`` for whole calls; a reply cut inside one ends as it was cut."""
-    whole = answer.calls and not answer.cut_in_a_call
-    return "tool_calls" if whole else OPENAI_FINISH[result.finish_reason]
-
-
-def _usage(result: GenerationResult) -> dict[str, Any]:
-    usage = result.usage
-    return {
-        "prompt_tokens": usage.prompt_tokens,
-        "completion_tokens": usage.completion_tokens,
-        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
-    }
-
-
 def _check_common(data: SamplingFields, found: Services) -> None:
     check_model(data.model, found.model_id)
-    must_default(data.n, 1, "n")
+    if not 1 <= (1 if data.n is None else data.n) <= MAX_CHOICES:
+        raise InvalidRequestError(f"n must be between 1 and {MAX_CHOICES}, got {data.n}", param="n")
     if data.stream_options is not None and not data.stream:
         raise InvalidRequestError("stream_options needs stream=true", param="stream_options")
 
@@ -365,6 +222,45 @@ def _ask(request: Request[Any, Any, Any], data: SamplingFields, **asked: Any) ->
         retention=openai_hints(request, data.prompt_cache_retention),
         **asked,
     )
+
+
+async def _started(found: Services, ask: ChatAsk, n: int) -> list[ChatReply]:
+    """``n`` replies to the prompt, choice ``i`` seeded ``seed + i`` where a seed is given
+    (unseeded ones draw their own); none is left running if one is refused."""
+    replies: list[ChatReply] = []
+    try:
+        for index in range(n):
+            replies.append(await found.chats.start(_choice(ask, index)))
+    except BaseException:
+        _closing(replies)()
+        raise
+    return replies
+
+
+def _choice(ask: ChatAsk, index: int) -> ChatAsk:
+    seed = ask.sampling.seed
+    if index == 0 or seed is None:
+        return ask
+    seeded = dataclasses.replace(ask.sampling, seed=(seed + index) % 2**63)
+    return dataclasses.replace(ask, sampling=seeded)
+
+
+def _closing(replies: Sequence[ChatReply]) -> Callable[[], None]:
+    def close() -> None:
+        for reply in replies:
+            reply.close()
+
+    return close
+
+
+async def _outcomes(
+    request: Request[Any, Any, Any], replies: Sequence[ChatReply]
+) -> list[ChatOutcome]:
+    """Every choice whole; a client that leaves ends them all."""
+    try:
+        return [await result_of(request, reply) for reply in replies]
+    finally:
+        _closing(replies)()
 
 
 def _texts(ask: ChatAsk, found: Services) -> TokenPieces | None:

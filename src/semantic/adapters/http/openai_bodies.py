@@ -1,0 +1,216 @@
+"""OpenAI's response bodies and stream chunks for one request's choices: ``n`` replies to
+the same prompt, each under its own ``index``, streamed as their tokens come."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from semantic.adapters.http.common import sse_data
+from semantic.adapters.http.errors import body_for, problem_for
+from semantic.adapters.http.openai_logprobs import TokenPieces, chat_content, completion_lists
+from semantic.adapters.http.openai_tools import call_entry, reply_delta
+from semantic.adapters.http.translate import OPENAI_FINISH
+from semantic.application.chat.chat_reply import ChatOutcome, ChatReply
+from semantic.application.chat.generation import GenerationResult, TextDelta
+from semantic.application.chat.tool_replies import Reply
+from semantic.domain.errors import SemanticError
+from semantic.domain.generation import TokenLogprob
+
+DONE = "data: [DONE]\n\n"
+
+
+class ReplyBodies:
+    """Response bodies of one request, in OpenAI's shapes; ``texts``: each token's text,
+    where the request asked for log-probabilities (None: it did not)."""
+
+    def __init__(
+        self, prefix: str, kind: str, model: str, texts: TokenPieces | None = None
+    ) -> None:
+        self.id = f"{prefix}-{uuid.uuid4().hex[:24]}"
+        self.kind = kind
+        self.model = model
+        self.created = int(time.time())
+        self.texts = texts
+
+    def chat(self, outcomes: Sequence[ChatOutcome]) -> dict[str, Any]:
+        choices = [self._chat_choice(index, o) for index, o in enumerate(outcomes)]
+        return self._body(choices, [o.result for o in outcomes])
+
+    def _chat_choice(self, index: int, outcome: ChatOutcome) -> dict[str, Any]:
+        result, answer = outcome.result, outcome.answer
+        message: dict[str, Any] = {"role": "assistant", "content": answer.content}
+        if answer.calls:
+            message["content"] = answer.content or None
+            message["tool_calls"] = [call_entry(call) for call in answer.calls]
+        return {
+            "index": index,
+            "message": message,
+            "finish_reason": _finish(result, answer),
+            "logprobs": self._chat_logprobs(None if answer.calls else result.logprobs),
+        }
+
+    def text(self, results: Sequence[GenerationResult]) -> dict[str, Any]:
+        choices = [
+            {
+                "index": index,
+                "text": result.text,
+                "logprobs": self._completion_logprobs(result.logprobs),
+                "finish_reason": OPENAI_FINISH[result.finish_reason],
+            }
+            for index, result in enumerate(results)
+        ]
+        return self._body(choices, results)
+
+    async def chat_chunks(self, replies: Sequence[ChatReply], usage: bool) -> AsyncIterator[str]:
+        """Each choice's text and calls as they form, each call as OpenAI streams one: id,
+        type and name in its first delta, then its arguments in pieces."""
+        ended: list[GenerationResult] = []
+        streams = [self._chat_choice_chunks(i, reply, ended) for i, reply in enumerate(replies)]
+        async for line in self._all(streams, ended, usage, "/v1/chat/completions"):
+            yield line
+
+    async def _chat_choice_chunks(
+        self, index: int, reply: ChatReply, ended: list[GenerationResult]
+    ) -> AsyncIterator[str]:
+        def chunk(delta: dict[str, Any] | None, finish: str | None, logprobs: Any = None) -> str:
+            body = {"index": index, "delta": delta or {}, "finish_reason": finish}
+            return self._chunk([{**body, "logprobs": logprobs}])
+
+        yield chunk({"role": "assistant", "content": ""}, None)
+        async for event in reply.events():
+            if not isinstance(event, ChatOutcome):
+                shown = event.logprobs if isinstance(event, TextDelta) else ()
+                # (text re-read for calls carries none: null, as a call's pieces)
+                yield chunk(reply_delta(event), None, self._chat_logprobs(shown or None))
+                continue
+            ended.append(event.result)
+            yield chunk(None, _finish(event.result, event.answer))
+
+    async def text_chunks(self, replies: Sequence[ChatReply], usage: bool) -> AsyncIterator[str]:
+        ended: list[GenerationResult] = []
+        streams = [self._text_choice_chunks(i, reply, ended) for i, reply in enumerate(replies)]
+        async for line in self._all(streams, ended, usage, "/v1/completions"):
+            yield line
+
+    async def _text_choice_chunks(
+        self, index: int, reply: ChatReply, ended: list[GenerationResult]
+    ) -> AsyncIterator[str]:
+        offset = 0
+
+        def chunk(text: str, finish: str | None, logprobs: Any = None) -> str:
+            body = {"index": index, "text": text, "finish_reason": finish, "logprobs": logprobs}
+            return self._chunk([body])
+
+        async for event in reply.events():
+            if isinstance(event, TextDelta):
+                lists = self._completion_logprobs(event.logprobs, offset)
+                offset += len(event.text)
+                yield chunk(event.text, None, lists)
+            elif isinstance(event, ChatOutcome):
+                ended.append(event.result)
+                yield chunk("", OPENAI_FINISH[event.result.finish_reason])
+
+    async def _all(
+        self,
+        streams: Sequence[AsyncIterator[str]],
+        ended: list[GenerationResult],
+        usage: bool,
+        path: str,
+    ) -> AsyncIterator[str]:
+        """The choices' chunks as they come, then the usage of all (where asked) and the
+        end; an error is sent as the event the same error outside a stream would be."""
+        try:
+            async for line in merged(streams):
+                yield line
+            if usage:
+                yield self._chunk([], _usage(ended))
+        except SemanticError as error:  # typed as the same error outside a stream would be
+            yield sse_data(body_for(path, problem_for(error)))
+        yield DONE
+
+    def _chat_logprobs(self, entries: Sequence[TokenLogprob] | None) -> dict[str, Any] | None:
+        """Chat's ``logprobs`` for ``entries``, where the request asked (else None)."""
+        if self.texts is None or entries is None:
+            return None
+        return chat_content(entries, self.texts)
+
+    def _completion_logprobs(
+        self, entries: Sequence[TokenLogprob], offset: int = 0
+    ) -> dict[str, Any] | None:
+        """The completions' ``logprobs`` for ``entries``, where the request asked (else None)."""
+        return None if self.texts is None else completion_lists(entries, self.texts, offset)
+
+    def _chunk(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> str:
+        body: dict[str, Any] = {
+            "id": self.id,
+            "object": f"{self.kind}.chunk" if self.kind == "chat.completion" else self.kind,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+        if usage is not None:
+            body["usage"] = usage
+        return sse_data(body)
+
+    def _body(
+        self, choices: list[dict[str, Any]], results: Sequence[GenerationResult]
+    ) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": self.kind,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            "usage": _usage(results),
+        }
+
+
+async def merged(streams: Sequence[AsyncIterator[str]]) -> AsyncIterator[str]:
+    """The streams' items in the order they come; one stream's error ends them all."""
+    if len(streams) == 1:
+        async for item in streams[0]:
+            yield item
+        return
+    queue: asyncio.Queue[str | Exception | None] = asyncio.Queue()
+
+    async def pump(stream: AsyncIterator[str]) -> None:
+        try:
+            async for item in stream:
+                await queue.put(item)
+            await queue.put(None)
+        except Exception as error:  # noqa: BLE001 - handed to the reader, which raises it
+            await queue.put(error)
+
+    pumps = [asyncio.create_task(pump(stream)) for stream in streams]
+    try:
+        for _ in pumps:  # each pump ends with one None
+            while (came := await queue.get()) is not None:
+                if isinstance(came, Exception):
+                    raise came
+                yield came
+    finally:
+        for task in pumps:
+            task.cancel()
+
+
+def _finish(result: GenerationResult, answer: Reply) -> str:
+    """``tool_calls`` for whole calls; a reply cut inside one ends as it was cut."""
+    whole = answer.calls and not answer.cut_in_a_call
+    return "tool_calls" if whole else OPENAI_FINISH[result.finish_reason]
+
+
+def _usage(results: Sequence[GenerationResult]) -> dict[str, Any]:
+    """The prompt once (every choice shares it), the choices' tokens together."""
+    prompt = results[0].usage if results else None
+    completion = sum(r.usage.completion_tokens for r in results)
+    prompt_tokens = prompt.prompt_tokens if prompt else 0
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": prompt_tokens + completion,
+        "prompt_tokens_details": {"cached_tokens": prompt.cached_tokens if prompt else 0},
+    }
