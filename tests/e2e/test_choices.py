@@ -63,3 +63,16 @@ def test_n_out_of_range_is_refused_naming_it(server: ServerProcess, n: int) -> N
     body = refused.value.body
     assert isinstance(body, dict)
     assert body["param"] == "n"
+
+
+def test_best_of_is_served_equal_to_n_and_refused_otherwise(server: ServerProcess) -> None:
+    client = oai(server)
+    done = client.completions.create(
+        model="default", prompt="Apples are", max_tokens=2, n=2, best_of=2
+    )
+    assert len(done.choices) == 2
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model="default", prompt="Apples are", max_tokens=2, best_of=3)
+    body = refused.value.body
+    assert isinstance(body, dict)
+    assert body["param"] == "best_of"

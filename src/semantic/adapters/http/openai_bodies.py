@@ -4,9 +4,10 @@ the same prompt, each under its own ``index``, streamed as their tokens come."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from typing import Any
 
 from semantic.adapters.http.common import sse_data
@@ -21,6 +22,9 @@ from semantic.domain.errors import SemanticError
 from semantic.domain.generation import TokenLogprob
 
 DONE = "data: [DONE]\n\n"
+
+ChoiceChunks = Callable[[int, ChatReply, dict[int, GenerationResult]], AsyncIterator[str]]
+"""One choice's chunks under its index, its result kept in the dict once it ends."""
 
 
 class ReplyBodies:
@@ -65,16 +69,13 @@ class ReplyBodies:
         ]
         return self._body(choices, results)
 
-    async def chat_chunks(self, replies: Sequence[ChatReply], usage: bool) -> AsyncIterator[str]:
+    def chat_chunks(self, replies: Sequence[ChatReply], usage: bool) -> AsyncIterator[str]:
         """Each choice's text and calls as they form, each call as OpenAI streams one: id,
         type and name in its first delta, then its arguments in pieces."""
-        ended: list[GenerationResult] = []
-        streams = [self._chat_choice_chunks(i, reply, ended) for i, reply in enumerate(replies)]
-        async for line in self._all(streams, ended, usage, "/v1/chat/completions"):
-            yield line
+        return self._all(replies, self._chat_choice_chunks, usage, "/v1/chat/completions")
 
     async def _chat_choice_chunks(
-        self, index: int, reply: ChatReply, ended: list[GenerationResult]
+        self, index: int, reply: ChatReply, ended: dict[int, GenerationResult]
     ) -> AsyncIterator[str]:
         def chunk(delta: dict[str, Any] | None, finish: str | None, logprobs: Any = None) -> str:
             body = {"index": index, "delta": delta or {}, "finish_reason": finish}
@@ -87,17 +88,14 @@ class ReplyBodies:
                 # (text re-read for calls carries none: null, as a call's pieces)
                 yield chunk(reply_delta(event), None, self._chat_logprobs(shown or None))
                 continue
-            ended.append(event.result)
+            ended[index] = event.result
             yield chunk(None, _finish(event.result, event.answer))
 
-    async def text_chunks(self, replies: Sequence[ChatReply], usage: bool) -> AsyncIterator[str]:
-        ended: list[GenerationResult] = []
-        streams = [self._text_choice_chunks(i, reply, ended) for i, reply in enumerate(replies)]
-        async for line in self._all(streams, ended, usage, "/v1/completions"):
-            yield line
+    def text_chunks(self, replies: Sequence[ChatReply], usage: bool) -> AsyncIterator[str]:
+        return self._all(replies, self._text_choice_chunks, usage, "/v1/completions")
 
     async def _text_choice_chunks(
-        self, index: int, reply: ChatReply, ended: list[GenerationResult]
+        self, index: int, reply: ChatReply, ended: dict[int, GenerationResult]
     ) -> AsyncIterator[str]:
         offset = 0
 
@@ -111,23 +109,22 @@ class ReplyBodies:
                 offset += len(event.text)
                 yield chunk(event.text, None, lists)
             elif isinstance(event, ChatOutcome):
-                ended.append(event.result)
+                ended[index] = event.result
                 yield chunk("", OPENAI_FINISH[event.result.finish_reason])
 
     async def _all(
-        self,
-        streams: Sequence[AsyncIterator[str]],
-        ended: list[GenerationResult],
-        usage: bool,
-        path: str,
+        self, replies: Sequence[ChatReply], choice: ChoiceChunks, usage: bool, path: str
     ) -> AsyncIterator[str]:
         """The choices' chunks as they come, then the usage of all (where asked) and the
         end; an error is sent as the event the same error outside a stream would be."""
+        ended: dict[int, GenerationResult] = {}  # each choice's result, by index
+        streams = [choice(index, reply, ended) for index, reply in enumerate(replies)]
         try:
-            async for line in merged(streams):
-                yield line
+            async with contextlib.aclosing(merged(streams)) as lines:
+                async for line in lines:
+                    yield line
             if usage:
-                yield self._chunk([], _usage(ended))
+                yield self._chunk([], _usage([ended[i] for i in sorted(ended)]))
         except SemanticError as error:  # typed as the same error outside a stream would be
             yield sse_data(body_for(path, problem_for(error)))
         yield DONE
@@ -169,7 +166,7 @@ class ReplyBodies:
         }
 
 
-async def merged(streams: Sequence[AsyncIterator[str]]) -> AsyncIterator[str]:
+async def merged(streams: Sequence[AsyncIterator[str]]) -> AsyncGenerator[str, None]:
     """The streams' items in the order they come; one stream's error ends them all."""
     if len(streams) == 1:
         async for item in streams[0]:
@@ -178,12 +175,17 @@ async def merged(streams: Sequence[AsyncIterator[str]]) -> AsyncIterator[str]:
     queue: asyncio.Queue[str | Exception | None] = asyncio.Queue()
 
     async def pump(stream: AsyncIterator[str]) -> None:
+        """Ends with exactly one item however it ends: None, or the error that ended it."""
         try:
             async for item in stream:
-                await queue.put(item)
-            await queue.put(None)
+                queue.put_nowait(item)
         except Exception as error:  # noqa: BLE001 - handed to the reader, which raises it
-            await queue.put(error)
+            queue.put_nowait(error)
+        except BaseException:  # cancelled from outside: the reader must not wait for it
+            queue.put_nowait(SemanticError("a choice's stream ended early"))
+            raise
+        else:
+            queue.put_nowait(None)
 
     pumps = [asyncio.create_task(pump(stream)) for stream in streams]
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
@@ -12,9 +13,9 @@ from litestar.datastructures import State
 
 from semantic.adapters.http.common import (
     GET_AND_HEAD,
-    result_of,
     services,
     sse,
+    unless_client_leaves,
 )
 from semantic.adapters.http.identity import identity
 from semantic.adapters.http.openai_bodies import ReplyBodies
@@ -150,7 +151,8 @@ def _check_common(data: SamplingFields, found: Services) -> None:
 
 def _check_completion_only(data: CompletionRequest) -> None:
     must_default(data.echo, False, "echo")
-    must_default(data.best_of, 1, "best_of")
+    if data.best_of not in (None, 1, data.n or 1):
+        raise InvalidRequestError("best_of is supported only equal to n", param="best_of")
     must_default(data.suffix or None, None, "suffix")
 
 
@@ -238,11 +240,15 @@ async def _started(found: Services, ask: ChatAsk, n: int) -> list[ChatReply]:
 
 
 def _choice(ask: ChatAsk, index: int) -> ChatAsk:
-    seed = ask.sampling.seed
-    if index == 0 or seed is None:
+    """Choice 0 is the agent's reply (its KV kept as the agent's); the others are replies
+    of no agent, so that an agent's record is not whichever choice ended last."""
+    if index == 0:
         return ask
-    seeded = dataclasses.replace(ask.sampling, seed=(seed + index) % 2**63)
-    return dataclasses.replace(ask, sampling=seeded)
+    seed = ask.sampling.seed
+    sampling = ask.sampling
+    if seed is not None:
+        sampling = dataclasses.replace(sampling, seed=(seed + index) % 2**63)
+    return dataclasses.replace(ask, agent_id=None, sampling=sampling)
 
 
 def _closing(replies: Sequence[ChatReply]) -> Callable[[], None]:
@@ -258,7 +264,8 @@ async def _outcomes(
 ) -> list[ChatOutcome]:
     """Every choice whole; a client that leaves ends them all."""
     try:
-        return [await result_of(request, reply) for reply in replies]
+        every = asyncio.gather(*(reply.outcome() for reply in replies))
+        return list(await unless_client_leaves(request, every))
     finally:
         _closing(replies)()
 
