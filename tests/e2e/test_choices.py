@@ -4,6 +4,9 @@ once in the usage and the choices' tokens together."""
 
 from __future__ import annotations
 
+import json
+
+import httpx
 import openai
 import pytest
 from reliability.server import ServerProcess
@@ -76,3 +79,23 @@ def test_best_of_is_served_equal_to_n_and_refused_otherwise(server: ServerProces
     body = refused.value.body
     assert isinstance(body, dict)
     assert body["param"] == "best_of"
+
+
+def test_with_include_usage_every_chunk_says_usage_and_the_last_counts_all(
+    server: ServerProcess,
+) -> None:
+    body = {
+        "model": "default",
+        "messages": [{"role": "user", "content": "Name a fruit."}],
+        "max_tokens": 4,
+        "n": 2,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, timeout=60) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    assert all("usage" in event for event in events)
+    assert all(event["usage"] is None for event in events[:-1])
+    last = events[-1]
+    assert last["choices"] == []
+    assert last["usage"]["completion_tokens"] > 0

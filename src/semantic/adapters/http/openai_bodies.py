@@ -39,6 +39,7 @@ class ReplyBodies:
         self.model = model
         self.created = int(time.time())
         self.texts = texts
+        self._null_usage = False
 
     def chat(self, outcomes: Sequence[ChatOutcome]) -> dict[str, Any]:
         choices = [self._chat_choice(index, o) for index, o in enumerate(outcomes)]
@@ -115,8 +116,10 @@ class ReplyBodies:
     async def _all(
         self, replies: Sequence[ChatReply], choice: ChoiceChunks, usage: bool, path: str
     ) -> AsyncIterator[str]:
-        """The choices' chunks as they come, then the usage of all (where asked) and the
-        end; an error is sent as the event the same error outside a stream would be."""
+        """The choices' chunks as they come, then the usage of all (where asked: every
+        chunk before it then says ``"usage": null``, as OpenAI's do) and the end; an error
+        is sent as the event the same error outside a stream would be."""
+        self._null_usage = usage
         ended: dict[int, GenerationResult] = {}  # each choice's result, by index
         streams = [choice(index, reply, ended) for index, reply in enumerate(replies)]
         try:
@@ -149,7 +152,7 @@ class ReplyBodies:
             "model": self.model,
             "choices": choices,
         }
-        if usage is not None:
+        if usage is not None or self._null_usage:
             body["usage"] = usage
         return sse_data(body)
 
