@@ -208,3 +208,23 @@ def test_free_sequences_beside_constrained_ones_decode_exactly_as_alone(
     assert [d.token_ids for d in (together[1], together[3])] == [a.token_ids for a in alone]
     jsonschema.validate(json.loads(together[0].text), PERSON)
     assert together[2].finish_reason is FinishReason.MAX_TOKENS
+
+
+def test_a_penalized_reply_takes_no_forced_runs(
+    real_model: RealModel, make_engine: EngineFactory, grammars: GrammarCompiler
+) -> None:
+    """Its penalties count every token it drew, and a run's tokens are not drawn: with
+    runs allowed it decodes a step a token, as with none, and so comes out the same."""
+    penalized = SamplingParams(temperature=0.0, frequency_penalty=0.5)
+    request = (
+        chat(real_model, "What is the weather in Paris?"),
+        {"max_tokens": 48, "constraint": calls(require_call=True), "sampling": penalized},
+    )
+    replies, rounds = [], []
+    for forced_runs in (True, False):
+        engine, _ = make_engine(grammars=grammars, forced_opening=False, forced_runs=forced_runs)
+        done, taken = counted_rounds(engine, [request])
+        replies.append(done[0].token_ids)
+        rounds.append(taken)
+    assert replies[0] == replies[1]
+    assert rounds[0] == rounds[1]
