@@ -10,6 +10,7 @@ from litestar import Controller, Request, post
 from litestar.datastructures import State
 
 from semantic.adapters.http.anthropic_context import applied_edits, context_edit
+from semantic.adapters.http.anthropic_documents import documents_as_text
 from semantic.adapters.http.anthropic_schemas import (
     AnthropicMessage,
     CountTokensRequest,
@@ -148,6 +149,9 @@ def _conversation(
     return chat, bool(prefill)
 
 
+_TOOL_BLOCKS = ("tool_use", "tool_result")
+
+
 def _chat(
     system: str | list[TextBlock] | None, messages: list[AnthropicMessage]
 ) -> list[ChatMessage]:
@@ -157,13 +161,15 @@ def _chat(
             raise InvalidRequestError(
                 f"message role {message.role!r} is not supported", param="messages"
             )
-        if isinstance(message.content, list) and any(
-            b.type in ("tool_use", "tool_result") for b in message.content
-        ):
-            out.extend(history_message(message.role, message.content))
+        content = message.content
+        if isinstance(content, list) and message.role == "user":
+            content = documents_as_text(content)
+        tooled = isinstance(content, list) and any(b.type in _TOOL_BLOCKS for b in content)
+        if tooled and isinstance(content, list):
+            out.extend(history_message(message.role, content))
             continue
         final_prefill = message is messages[-1] and message.role == "assistant"
-        content = message.content or "" if final_prefill else message.content  # may be empty
+        content = content or "" if final_prefill else content  # may be empty
         out.append(chat(message.role, joined_text(content, "content block")))
     if not messages:
         raise InvalidRequestError("messages must not be empty", param="messages")

@@ -8,16 +8,17 @@ import msgspec
 
 
 class TextBlock(msgspec.Struct, forbid_unknown_fields=True):
-    """A content block. Only text is read; ``cache_control`` (every prefix is cached here
-    anyway) and ``citations`` (a reply's sources, sent back with it as history) do not
-    change what the model reads. The other fields belong to kinds of block this server does
-    not take (tool use and results, images, documents, thinking): known, so that such a
-    block is refused by naming its kind (``translate.joined_text``), not an odd field."""
+    """A content block. Text is read, and a text document as text (``anthropic_documents``);
+    ``cache_control`` (every prefix is cached here anyway) and ``citations`` (a reply's
+    sources sent back with it as history, or a document's ``{"enabled": true}``) do not
+    change what the model reads. The other fields belong to kinds of block this server
+    reads only in their places (tool use and results) or not at all (images, thinking):
+    known, so that such a block is refused by naming its kind, not an odd field."""
 
     type: str
     text: str | None = None
     cache_control: dict[str, Any] | None = None
-    citations: list[dict[str, Any]] | None = None
+    citations: list[dict[str, Any]] | dict[str, Any] | None = None
     id: Any = None
     name: Any = None
     input: Any = None
