@@ -164,8 +164,7 @@ def _chat(
         content = message.content
         if isinstance(content, list) and message.role == "user":
             content = documents_as_text(content)
-        tooled = isinstance(content, list) and any(b.type in _TOOL_BLOCKS for b in content)
-        if tooled and isinstance(content, list):
+        if isinstance(content, list) and any(b.type in _TOOL_BLOCKS for b in content):
             out.extend(history_message(message.role, content))
             continue
         final_prefill = message is messages[-1] and message.role == "assistant"

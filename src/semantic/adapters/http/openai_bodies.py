@@ -28,17 +28,17 @@ ChoiceChunks = Callable[[int, ChatReply, dict[int, GenerationResult]], AsyncIter
 
 
 class ReplyBodies:
-    """Response bodies of one request, in OpenAI's shapes; ``texts``: each token's text,
-    where the request asked for log-probabilities (None: it did not)."""
+    """Response bodies of one request, in OpenAI's shapes; ``pieces``: each token as a
+    log-probability's entry shows it, where the request asked for them (None: it did not)."""
 
     def __init__(
-        self, prefix: str, kind: str, model: str, texts: TokenPieces | None = None
+        self, prefix: str, kind: str, model: str, pieces: TokenPieces | None = None
     ) -> None:
         self.id = f"{prefix}-{uuid.uuid4().hex[:24]}"
         self.kind = kind
         self.model = model
         self.created = int(time.time())
-        self.texts = texts
+        self.pieces = pieces
         self._null_usage = False
 
     def chat(self, outcomes: Sequence[ChatOutcome]) -> dict[str, Any]:
@@ -134,15 +134,15 @@ class ReplyBodies:
 
     def _chat_logprobs(self, entries: Sequence[TokenLogprob] | None) -> dict[str, Any] | None:
         """Chat's ``logprobs`` for ``entries``, where the request asked (else None)."""
-        if self.texts is None or entries is None:
+        if self.pieces is None or entries is None:
             return None
-        return chat_content(entries, self.texts)
+        return chat_content(entries, self.pieces)
 
     def _completion_logprobs(
         self, entries: Sequence[TokenLogprob], offset: int = 0
     ) -> dict[str, Any] | None:
         """The completions' ``logprobs`` for ``entries``, where the request asked (else None)."""
-        return None if self.texts is None else completion_lists(entries, self.texts, offset)
+        return None if self.pieces is None else completion_lists(entries, self.pieces, offset)
 
     def _chunk(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> str:
         body: dict[str, Any] = {

@@ -26,9 +26,10 @@ RESPONSES_INCLUDE = "message.output_text.logprobs"
 """What a Responses request puts in ``include`` for its text's log-probabilities."""
 
 
-def remembered(pieces: TokenPieces) -> TokenPieces:
-    """``pieces`` with a request's recent tokens remembered (a reply repeats many)."""
-    return functools.lru_cache(maxsize=4096)(pieces)
+def pieces_for(asked: int | None, token_piece: TokenPieces) -> TokenPieces | None:
+    """Each token as its entries show it, where the request ``asked`` for log-probabilities
+    (None: it did not), a request's recent tokens remembered (a reply repeats many)."""
+    return None if asked is None else functools.lru_cache(maxsize=4096)(token_piece)
 
 
 def chat_logprobs_asked(logprobs: bool | None, top_logprobs: int | None) -> int | None:
@@ -61,20 +62,20 @@ def responses_logprobs_asked(include: Sequence[str] | None, top_logprobs: int | 
     return None
 
 
-def chat_content(entries: Sequence[TokenLogprob], text: TokenPieces) -> dict[str, Any]:
+def chat_content(entries: Sequence[TokenLogprob], pieces: TokenPieces) -> dict[str, Any]:
     """A message's (or a streamed delta's) ``logprobs`` object."""
-    return {"content": token_entries(entries, text), "refusal": None}
+    return {"content": token_entries(entries, pieces), "refusal": None}
 
 
-def token_entries(entries: Sequence[TokenLogprob], text: TokenPieces) -> list[dict[str, Any]]:
+def token_entries(entries: Sequence[TokenLogprob], pieces: TokenPieces) -> list[dict[str, Any]]:
     """Each token's entry: its text, log-probability and bytes, and its alternatives'."""
-    return [_entry(entry, text) for entry in entries]
+    return [_entry(entry, pieces) for entry in entries]
 
 
-def _entry(entry: TokenLogprob, text: TokenPieces) -> dict[str, Any]:
+def _entry(entry: TokenLogprob, pieces: TokenPieces) -> dict[str, Any]:
     return {
-        **_token(entry.token, entry.logprob, text),
-        "top_logprobs": [_token(token, logprob, text) for token, logprob in entry.top],
+        **_token(entry.token, entry.logprob, pieces),
+        "top_logprobs": [_token(token, logprob, pieces) for token, logprob in entry.top],
     }
 
 
@@ -84,11 +85,11 @@ def _token(token: int, logprob: float, pieces: TokenPieces) -> dict[str, Any]:
 
 
 def completion_lists(
-    entries: Sequence[TokenLogprob], text: TokenPieces, offset: int = 0
+    entries: Sequence[TokenLogprob], pieces: TokenPieces, offset: int = 0
 ) -> dict[str, Any]:
     """The legacy completions' ``logprobs``: tokens, theirs, the alternatives by text, and
     where each token's text starts in the reply (from ``offset``)."""
-    tokens = [text(entry.token).text for entry in entries]
+    tokens = [pieces(entry.token).text for entry in entries]
     starts, at = [], offset
     for shown in tokens:
         starts.append(at)
@@ -96,6 +97,6 @@ def completion_lists(
     return {
         "tokens": tokens,
         "token_logprobs": [entry.logprob for entry in entries],
-        "top_logprobs": [{text(t).text: lp for t, lp in entry.top} for entry in entries],
+        "top_logprobs": [{pieces(t).text: lp for t, lp in entry.top} for entry in entries],
         "text_offset": starts,
     }

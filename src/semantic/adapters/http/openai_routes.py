@@ -20,10 +20,9 @@ from semantic.adapters.http.common import (
 from semantic.adapters.http.identity import identity
 from semantic.adapters.http.openai_bodies import ReplyBodies
 from semantic.adapters.http.openai_logprobs import (
-    TokenPieces,
     chat_logprobs_asked,
     completion_logprobs_asked,
-    remembered,
+    pieces_for,
 )
 from semantic.adapters.http.openai_schemas import (
     ChatCompletionRequest,
@@ -104,7 +103,8 @@ class OpenAIController(Controller):
             logprobs=chat_logprobs_asked(data.logprobs, data.top_logprobs),
         )
         replies = await _started(found, ask, data.n or 1)
-        bodies = ReplyBodies("chatcmpl", "chat.completion", found.model_id, _texts(ask, found))
+        pieces = pieces_for(ask.logprobs, found.chats.token_piece)
+        bodies = ReplyBodies("chatcmpl", "chat.completion", found.model_id, pieces)
         if data.stream:
             usage = bool(data.stream_options and data.stream_options.include_usage)
             return sse(bodies.chat_chunks(replies, usage), _closing(replies))
@@ -126,7 +126,8 @@ class OpenAIController(Controller):
             logprobs=completion_logprobs_asked(data.logprobs),
         )
         replies = await _started(found, ask, data.n or 1)
-        bodies = ReplyBodies("cmpl", "text_completion", found.model_id, _texts(ask, found))
+        pieces = pieces_for(ask.logprobs, found.chats.token_piece)
+        bodies = ReplyBodies("cmpl", "text_completion", found.model_id, pieces)
         if data.stream:
             usage = bool(data.stream_options and data.stream_options.include_usage)
             return sse(bodies.text_chunks(replies, usage), _closing(replies))
@@ -268,13 +269,6 @@ async def _outcomes(
         return list(await unless_client_leaves(request, every))
     finally:
         _closing(replies)()
-
-
-def _texts(ask: ChatAsk, found: Services) -> TokenPieces | None:
-    """Each token's text, for the log-probabilities the request asked for (else None)."""
-    if ask.logprobs is None:
-        return None
-    return remembered(found.chats.token_piece)
 
 
 def _prompt(prompt: str | list[Any]) -> str | tuple[int, ...]:

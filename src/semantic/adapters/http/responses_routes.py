@@ -15,7 +15,7 @@ from semantic.adapters.http.common import services, sse, unless_client_leaves
 from semantic.adapters.http.identity import checked_id, identity
 from semantic.adapters.http.openai_logprobs import (
     TokenPieces,
-    remembered,
+    pieces_for,
     responses_logprobs_asked,
     token_entries,
 )
@@ -88,12 +88,12 @@ class ResponsesController(Controller):
             model=found.model_id,
             conversation=conversation,
             items=items,
-            texts=None if turn.logprobs is None else remembered(found.chats.token_piece),
+            pieces=pieces_for(turn.logprobs, found.chats.token_piece),
         )
         events = found.responses.create(namespace, ask, body.keep)
         first = await _first(request, events, data)
         if data.stream:
-            stream = ResponseEvents(body.started(), message_id, body.texts)
+            stream = ResponseEvents(body.started(), message_id, body.pieces)
             return sse(stream.stream(first, events, body.final), events.aclose)
         await unless_client_leaves(request, _last(first, events))
         return body.final()
@@ -147,16 +147,17 @@ class _Body:
         model: str,
         conversation: str | None,
         items: list[dict[str, Any]],
-        texts: TokenPieces | None,
+        pieces: TokenPieces | None,
     ) -> None:
-        """``texts``: each token's text, where the request asked for log-probabilities."""
+        """``pieces``: each token as its entries show it, where the request asked for
+        log-probabilities."""
         self.response_id = response_id
         self.message_id = message_id
         self.data = data
         self.model = model
         self.conversation = conversation
         self.items = items
-        self.texts = texts
+        self.pieces = pieces
         self.created_at = int(time.time())
         self.body: dict[str, Any] | None = None
 
@@ -169,7 +170,7 @@ class _Body:
         return self.body
 
     def keep(self, reply: CommittedReply) -> list[StoredObject]:
-        shown = [] if self.texts is None else token_entries(reply.logprobs, self.texts)
+        shown = [] if self.pieces is None else token_entries(reply.logprobs, self.pieces)
         output = output_items(reply, self.message_id, shown)
         cut = reply.finish_reason in (FinishReason.MAX_TOKENS, FinishReason.MAX_CHARS)
         status = "incomplete" if cut and not reply.whole_calls else "completed"

@@ -20,12 +20,13 @@ from semantic.domain.errors import SemanticError
 
 class ResponseEvents:
     def __init__(
-        self, started: dict[str, Any], message_id: str, texts: TokenPieces | None = None
+        self, started: dict[str, Any], message_id: str, pieces: TokenPieces | None = None
     ) -> None:
-        """``texts``: each token's text, where the request asked for log-probabilities."""
+        """``pieces``: each token as its entries show it, where the request asked for
+        log-probabilities."""
         self._started = started
         self._message_id = message_id
-        self._texts = texts
+        self._pieces = pieces
         self._sequence = 0
         self._text: list[str] | None = None
         self._calls: list[dict[str, Any]] = []
@@ -77,8 +78,8 @@ class ResponseEvents:
             self._text = []
             lines += self._open_message()
         self._text.append(delta.text)
-        texts = self._texts
-        shown = [] if texts is None else token_entries(delta.logprobs, texts)
+        pieces = self._pieces
+        shown = [] if pieces is None else token_entries(delta.logprobs, pieces)
         lines.append(
             self.event(
                 "response.output_text.delta",
