@@ -49,12 +49,7 @@ def checked_max_tokens(prompt: Sequence[int], max_tokens: int | None, limits: Li
 def _check_prompt(prompt: Sequence[int], limits: Limits) -> None:
     if not prompt:
         raise InvalidRequestError("the prompt is empty", param="messages")
-    vocab = limits.vocab_size
-    bad = None if vocab is None else next((t for t in prompt if not 0 <= t < vocab), None)
-    if bad is not None and vocab is not None:
-        raise InvalidRequestError(
-            f"token id {bad} is outside the vocabulary (0 to {vocab - 1})", param="messages"
-        )
+    _check_in_vocabulary(prompt, limits, "token id {} is", "messages")
     if len(prompt) >= limits.max_context:
         raise PromptTooLongError(
             f"the prompt is {len(prompt)} tokens; the model's context is {limits.max_context}",
@@ -70,10 +65,14 @@ def _check_prompt(prompt: Sequence[int], limits: Limits) -> None:
 
 def check_logit_bias(sampling: SamplingParams, limits: Limits) -> None:
     """A bias must name a token of the vocabulary (the model's scores have no other)."""
+    tokens = [token for token, _ in sampling.logit_bias]
+    _check_in_vocabulary(tokens, limits, "logit_bias names token {},", "logit_bias")
+
+
+def _check_in_vocabulary(tokens: Sequence[int], limits: Limits, says: str, param: str) -> None:
+    """``says``: the refusal's start, ``{}`` the first id outside."""
     vocab = limits.vocab_size
-    bad = None if vocab is None else next((t for t, _ in sampling.logit_bias if t >= vocab), None)
+    bad = None if vocab is None else next((t for t in tokens if not 0 <= t < vocab), None)
     if bad is not None and vocab is not None:
-        raise InvalidRequestError(
-            f"logit_bias names token {bad}, outside the vocabulary (0 to {vocab - 1})",
-            param="logit_bias",
-        )
+        message = f"{says.format(bad)} outside the vocabulary (0 to {vocab - 1})"
+        raise InvalidRequestError(message, param=param)
