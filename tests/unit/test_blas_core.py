@@ -6,10 +6,12 @@ from __future__ import annotations
 import pytest
 
 from semantic.adapters.mlx.cpu.blas_core import (
+    CoreDecision,
     CoreReason,
     candidate_cores,
     cpu_flags,
     is_generic,
+    wider_core,
 )
 from semantic.adapters.mlx.cpu.blas_probe import ProbeResult, decide_core
 
@@ -123,3 +125,30 @@ def test_a_recognised_core_is_kept_without_trying_others() -> None:
     assert coretype is None
     assert decision.core == "Haswell"
     assert library.asked == [None]
+
+
+@pytest.mark.parametrize(
+    ("asked", "flags", "expected"),
+    [
+        ("Haswell", AVX512_BF16, "Cooperlake"),
+        ("haswell", AVX512, "SkylakeX"),
+        ("SkylakeX", AVX512_BF16, "Cooperlake"),
+        ("Cooperlake", AVX512_BF16, None),
+        ("Haswell", AVX2, None),
+        ("Zen", AVX512_BF16, None),
+        (None, AVX512_BF16, None),
+    ],
+)
+def test_a_core_the_environment_narrows_names_the_wider_one_the_cpu_runs(
+    asked: str | None, flags: set[str], expected: str | None
+) -> None:
+    assert wider_core(asked, flags) == expected
+
+
+def test_the_report_says_the_environment_core_stands_and_what_is_wider() -> None:
+    decision = CoreDecision("Haswell", CoreReason.ENVIRONMENT, wider="Cooperlake")
+    described = decision.describe()
+    assert described.startswith("core Haswell, set by OPENBLAS_CORETYPE in the environment")
+    assert "Cooperlake" in described
+    assert "unset OPENBLAS_CORETYPE" in described
+    assert "Cooperlake" not in CoreDecision("Haswell", CoreReason.ENVIRONMENT).describe()

@@ -24,7 +24,13 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from semantic.adapters.mlx.cpu.blas_core import CORETYPE_ENV, CoreDecision, CoreReason, user_core
+from semantic.adapters.mlx.cpu.blas_core import (
+    CORETYPE_ENV,
+    CoreDecision,
+    CoreReason,
+    user_core,
+    wider_core,
+)
 from semantic.adapters.mlx.cpu.blas_probe import decide_core, this_cpus_flags
 from semantic.adapters.mlx.cpu.native_build import NATIVE_DIR, build_library
 
@@ -184,7 +190,8 @@ def blas_in_use(reason: CoreReason | None = None) -> BlasStatus:
     if reason is None:
         in_env = user_core(os.environ) is not None
         reason = CoreReason.ENVIRONMENT if in_env else CoreReason.DETECTED
-    decision = CoreDecision(core, reason)
+    wider = wider_core(core, this_cpus_flags()) if reason is CoreReason.ENVIRONMENT else None
+    decision = CoreDecision(core, reason, wider=wider)
     return BlasStatus(
         "OpenBLAS",
         provider,
@@ -263,6 +270,8 @@ def report_blas() -> BlasStatus:
             status.describe(),
             CORETYPE_ENV,
         )
+    elif status.core is not None and status.core.wider:
+        log.warning("BLAS: %s (ADR 0004: prompts run on the narrower kernels)", status.describe())
     else:
         log.info("BLAS: %s", status.describe())
     return status

@@ -64,6 +64,8 @@ class CoreDecision:
     reason: CoreReason
     detected: str | None = None
     """What OpenBLAS picked by itself, when we chose something else."""
+    wider: str | None = None
+    """A wider core the CPU's flags allow than the one the environment asked for."""
 
     @property
     def generic(self) -> bool:
@@ -73,6 +75,8 @@ class CoreDecision:
         if self.core is None:
             return str(self.reason)
         extra = f" (it detected {self.detected})" if self.detected else ""
+        if self.wider:
+            extra += f"; this CPU runs {self.wider}'s wider kernels: unset {CORETYPE_ENV}"
         return f"core {self.core}, {self.reason}{extra}"
 
 
@@ -93,6 +97,22 @@ def candidate_cores(detected: str | None, cpu_flags: Iterable[str]) -> tuple[str
         if needed <= flags:
             return cores
     return ()
+
+
+def wider_core(asked: str | None, cpu_flags: Iterable[str]) -> str | None:
+    """The best core the CPU's flags allow, where ``asked`` (the environment's choice) is
+    a narrower one of the same list; None otherwise. The environment's choice stands (a
+    machine's profile may set a core for reasons of its own); this only says what it costs:
+    Haswell's AVX2 kernels where AVX-512 ones would run (ADR 0004)."""
+    if asked is None:
+        return None
+    flags = frozenset(cpu_flags)
+    for needed, cores in _BY_FLAGS:
+        if needed <= flags:
+            names = [core.lower() for core in cores]
+            narrower = asked.strip().lower() in names[1:]
+            return cores[0] if narrower else None
+    return None
 
 
 def user_core(environ: Mapping[str, str]) -> str | None:
