@@ -76,7 +76,7 @@ class CoreDecision:
             return str(self.reason)
         extra = f" (it detected {self.detected})" if self.detected else ""
         if self.wider:
-            extra += f"; this CPU runs {self.wider}'s wider kernels: unset {CORETYPE_ENV}"
+            extra += f"; this CPU's flags allow {self.wider}'s wider kernels: unset {CORETYPE_ENV}"
         return f"core {self.core}, {self.reason}{extra}"
 
 
@@ -92,11 +92,7 @@ def candidate_cores(detected: str | None, cpu_flags: Iterable[str]) -> tuple[str
     """
     if not is_generic(detected):
         return ()
-    flags = frozenset(cpu_flags)
-    for needed, cores in _BY_FLAGS:
-        if needed <= flags:
-            return cores
-    return ()
+    return _cores_for(cpu_flags)
 
 
 def wider_core(asked: str | None, cpu_flags: Iterable[str]) -> str | None:
@@ -104,15 +100,18 @@ def wider_core(asked: str | None, cpu_flags: Iterable[str]) -> str | None:
     a narrower one of the same list; None otherwise. The environment's choice stands (a
     machine's profile may set a core for reasons of its own); this only says what it costs:
     Haswell's AVX2 kernels where AVX-512 ones would run (ADR 0004)."""
-    if asked is None:
-        return None
+    cores = _cores_for(cpu_flags)
+    narrower = asked is not None and asked.strip().lower() in [c.lower() for c in cores[1:]]
+    return cores[0] if narrower else None
+
+
+def _cores_for(cpu_flags: Iterable[str]) -> tuple[str, ...]:
+    """The cores a CPU with these flags runs, best first (``_BY_FLAGS``)."""
     flags = frozenset(cpu_flags)
     for needed, cores in _BY_FLAGS:
         if needed <= flags:
-            names = [core.lower() for core in cores]
-            narrower = asked.strip().lower() in names[1:]
-            return cores[0] if narrower else None
-    return None
+            return cores
+    return ()
 
 
 def user_core(environ: Mapping[str, str]) -> str | None:
