@@ -23,6 +23,7 @@
 #include <stddef.h>
 #include <string.h>
 
+#include "dot_tile.h"
 #include "helper.h"
 #include "scratch.h"
 #include "quantized.h"
@@ -60,6 +61,35 @@ static inline __attribute__((always_inline)) void prefetch_rows(const weight_t *
     }
 }
 
+/* y[:, first:first + n] = x @ dense^T (+ beta y): the dot tiles small_sgemm.c would run
+ * for this product (its rows are more than one, its columns fewer than the lane tiles
+ * take), called here without cblas_sgemm's dispatch and without asking for the next
+ * columns ahead (they were just written, and sit in L1). The same bits; without the
+ * kernels (no FMA), OpenBLAS's product. */
+static void dense_product(const weight_task_t *t, const float *dense, int first, int n) {
+#if SIMD_FMA
+    for (int col = 0; col < n; col += TILE_COLS) {
+        const float *b[TILE_COLS], *a[TILE_ROWS];
+        for (int j = 0; j < TILE_COLS; j++) b[j] = dense + (long)(col + j < n ? col + j : col) * t->in;
+        for (int row = 0; row < t->rows; row += TILE_ROWS) {
+            for (int i = 0; i < TILE_ROWS; i++)
+                a[i] = t->x + (long)(row + i < t->rows ? row + i : row) * t->in;
+            float dots[TILE_ROWS * TILE_COLS];
+            dot_tile(TILE_ROWS, TILE_COLS, t->in, a, b, NULL, dots);
+            for (int i = 0; i < TILE_ROWS && row + i < t->rows; i++)
+                for (int j = 0; j < TILE_COLS && col + j < n; j++) {
+                    float *out = t->y + (long)(row + i) * t->out + first + col + j;
+                    float sum = dots[TILE_COLS * i + j];
+                    *out = t->beta == 0.0f ? sum : sum + t->beta * *out;
+                }
+        }
+    }
+#else
+    sgemm()(ROW_MAJOR, NO_TRANS, TRANS, t->rows, n, t->in, 1.0f, t->x, t->in, dense, t->in,
+            t->beta, t->y + first, t->out);
+#endif
+}
+
 /* Up to KERNEL_ROWS rows: output rows [16 unit, 16 (unit + 1)) dequantized into scratch
  * (it stays in L1/L2 while every row meets it), unit by unit, the next unit's weights
  * asked for meanwhile (`perf` had the dequantization waiting on memory; 16 rows of a 4-bit
@@ -79,8 +109,7 @@ static void weight_units(const void *context, int from, int to) {
         int next = t->out - first - n < DEQUANTIZED_ROWS ? t->out - first - n : DEQUANTIZED_ROWS;
         prefetch_rows(t->w, t->w->kind, row_bytes, groups, first + n, next);
         for (int o = 0; o < n; o++) dequantize_row(t->w, first + o, t->in, dense + (long)o * t->in);
-        sgemm()(ROW_MAJOR, NO_TRANS, TRANS, t->rows, n, t->in, 1.0f, t->x, t->in, dense, t->in,
-                t->beta, t->y + first, t->out);
+        dense_product(t, dense, first, n);
     }
 }
 
