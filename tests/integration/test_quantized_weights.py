@@ -98,14 +98,16 @@ def test_a_prompt_chunk_is_the_float32_product_of_the_dequantized_weights(bits: 
     assert np.array_equal(np.asarray(ours), np.asarray(theirs))
 
 
-def test_install_widens_a_gguf_models_float16_scales_and_swaps_its_quantized_layers() -> None:
+def test_install_keeps_a_gguf_models_float16_scales_and_swaps_its_quantized_layers() -> None:
+    """The scales and biases stay as the file has them (our products read float16), the
+    norms are widened; nothing else is held twice."""
     model = tiny_family("llama", seed=3)
     nn.quantize(model, group_size=32, bits=4)  # type: ignore[attr-defined]  # mlx.nn's stubs omit it
     narrow = tree_map(
         lambda p: p.astype(mx.float16) if p.dtype == mx.float32 else p, model.parameters()
     )
     model.update(narrow)
-    assert "float16 quantization scales" in (host_weights.products_obstacle(model) or "")
+    assert host_weights.products_obstacle(model) == "not installed"
     swapped = host_weights.install(model)
     assert host_weights.products_obstacle(model) is None
     layers = [m for _, m in model.named_modules() if isinstance(m, nn.QuantizedLinear)]  # type: ignore[attr-defined]  # mlx.nn
@@ -113,7 +115,48 @@ def test_install_widens_a_gguf_models_float16_scales_and_swaps_its_quantized_lay
     assert all(type(m) is HostQuantizedLinear for m in layers)
     assert type(model.model.embed_tokens) is HostQuantizedEmbedding
     parameters: Any = tree_flatten(model.parameters())  # (path, array) pairs
-    assert {array.dtype for _, array in parameters} <= {mx.float32, mx.uint32}
+    groups = {a.dtype for k, a in parameters if k.endswith(("scales", "biases"))}
+    assert groups == {mx.float16}
+    others = {a.dtype for k, a in parameters if not k.endswith(("scales", "biases"))}
+    assert others <= {mx.float32, mx.uint32}
+    gate = model.model.layers[0].mlp.gate_proj
+    assert HostWeight.of(gate).struct.scales == np.asarray(gate.scales).ctypes.data
+
+
+@pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16])
+def test_narrow_scales_read_as_they_are_give_the_bits_of_their_float32_widening(
+    dtype: Any,
+) -> None:
+    """Each scale and bias widened as it is read: products, embedding rows and the tied
+    head equal those of the same model whose scales were widened to float32 at load."""
+    pair = []
+    for widen in (False, True):
+        model = tiny_family("llama", seed=3)
+        nn.quantize(model, group_size=32, bits=4)  # type: ignore[attr-defined]  # mlx.nn's stubs omit it
+        narrow = tree_map(
+            lambda p: p.astype(dtype) if p.dtype == mx.float32 else p, model.parameters()
+        )
+        model.update(narrow)
+        if widen:
+            model.update(
+                tree_map(
+                    lambda p: p.astype(mx.float32) if p.dtype == dtype else p, model.parameters()
+                )
+            )
+        assert host_weights.install(model) > 0
+        pair.append(model)
+    kept, widened = pair
+    assert kept.model.layers[0].mlp.gate_proj.scales.dtype == dtype
+    assert widened.model.layers[0].mlp.gate_proj.scales.dtype == mx.float32
+    x = mx.random.normal((5, 64), key=mx.random.key(1))
+    tokens = mx.array([[3, 17, 250, 9]])
+    for ours, theirs in (
+        (kept.model.layers[0].mlp.gate_proj(x), widened.model.layers[0].mlp.gate_proj(x)),
+        (kept.model.embed_tokens(tokens), widened.model.embed_tokens(tokens)),
+        (kept.model.embed_tokens.as_linear(x), widened.model.embed_tokens.as_linear(x)),
+    ):
+        assert ours.dtype == mx.float32
+        assert np.array_equal(np.asarray(ours), np.asarray(theirs))
 
 
 def test_a_model_with_one_layer_our_product_cannot_read_is_left_to_mlx_whole() -> None:
@@ -169,7 +212,8 @@ def test_a_bfloat16_product_is_the_float32_product_of_its_widened_weights(
 
 def test_install_swaps_a_bfloat16_models_layers_and_widens_the_rest() -> None:
     """Norms and biases become float32; the weights stay bfloat16, read where MLX keeps
-    them (no float32 copy); a quantized model with bfloat16 scales is installed too."""
+    them (no float32 copy); a quantized model with bfloat16 scales is installed too, its
+    scales as they are."""
     model = tiny_family("qwen2", seed=3)  # biases too
     model.set_dtype(mx.bfloat16)
     assert host_weights.install(model) == 7 * 2 + 1  # two layers' linears and the embedding
@@ -186,7 +230,7 @@ def test_install_swaps_a_bfloat16_models_layers_and_widens_the_rest() -> None:
     scaled.set_dtype(mx.bfloat16)
     nn.quantize(scaled, group_size=64, bits=4)  # type: ignore[attr-defined]  # mlx.nn's stubs omit it
     assert host_weights.install(scaled) > 0
-    assert scaled.model.layers[0].mlp.down_proj.scales.dtype == mx.float32
+    assert scaled.model.layers[0].mlp.down_proj.scales.dtype == mx.bfloat16  # read as it is
 
 
 def quantized_family(family: str, bits: int) -> tuple[Any, Any]:

@@ -19,6 +19,10 @@ void pieces_rope(float *row, int heads, int dim, int traditional, const float *c
                  const float *sin_);
 void pieces_dequantize(const unsigned int *words, const float *scales, const float *biases,
                        int bits, int n, float *out);
+void pieces_dequantize_narrow(const unsigned int *words, const unsigned short *scales,
+                              const unsigned short *biases, int bits, int group_type, int n,
+                              float *out);
+int pieces_float16_disagreements(void);
 const char *semantic_kernel_variant(void);
 
 static unsigned long long state = 88172645463325252ULL;
@@ -108,6 +112,19 @@ static void dequantization(void) {
         emit(out, N);
     }
     free(scales), free(biases);
+    /* scales and biases of 16 bits, float16 and bfloat16 (1 and 2): any sign, exponents up
+     * to 2 (bit 14 clear), zeros and subnormals among them */
+    unsigned short narrow[2][N / 32];
+    for (int i = 0; i < N / 32; i++)
+        for (int k = 0; k < 2; k++) {
+            uniform();
+            narrow[k][i] = (unsigned short)(state >> 48) & 0xbfff;
+        }
+    for (int type = 1; type <= 2; type++)
+        for (int bits = 4; bits <= 8; bits *= 2) {
+            pieces_dequantize_narrow(words, narrow[0], narrow[1], bits, type, N, out);
+            emit(out, N);
+        }
 }
 
 int main(void) {
@@ -116,5 +133,7 @@ int main(void) {
     attention();
     elementwise();
     dequantization();
-    return 0;
+    int disagree = pieces_float16_disagreements();
+    if (disagree) fprintf(stderr, "float16 widening disagrees with its bits %d times\n", disagree);
+    return disagree != 0;
 }

@@ -47,7 +47,13 @@ class WeightStruct(ctypes.Structure):
         ("biases", _Pointer),
         ("kind", ctypes.c_int),
         ("group", ctypes.c_int),
+        ("group_type", ctypes.c_int),
     ]
+
+
+_GROUP_TYPES = {mx.float32: 0, mx.float16: 1, mx.bfloat16: 2}
+"""``weight_t.group_type``: the dtypes a quantized matrix's scales and biases are read in, as
+the model file keeps them (each widened to float32 exactly as it is read)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,9 +78,15 @@ class HostWeight:
             struct = WeightStruct(weight.ctypes.data, None, None, kind, 0)
             return cls(struct, in_dims, out_dims, (weight,))
         weight = np.asarray(_evaluated(layer.weight))
-        scales, biases = (np.asarray(_evaluated(a)) for a in (layer.scales, layer.biases))
+        scales, biases = (_as_numpy(a) for a in (layer.scales, layer.biases))
+        group_type = _GROUP_TYPES[layer.scales.dtype]
         struct = WeightStruct(
-            weight.ctypes.data, scales.ctypes.data, biases.ctypes.data, layer.bits, layer.group_size
+            weight.ctypes.data,
+            scales.ctypes.data,
+            biases.ctypes.data,
+            layer.bits,
+            layer.group_size,
+            group_type,
         )
         in_dims = weight.shape[1] * 32 // layer.bits
         return cls(struct, in_dims, weight.shape[0], (weight, scales, biases))
@@ -82,8 +94,8 @@ class HostWeight:
 
 def obstacle(layer: Any, *, widening: bool = False) -> str | None:
     """Why ``native/weights.h`` cannot read this layer's weight as it is (or, ``widening``,
-    as ``install`` leaves it: float16 scales widened, a bfloat16 layer swapped for its
-    twin below); None if it can."""
+    as ``install`` leaves it: a bfloat16 layer swapped for its twin below); None if it
+    can."""
     if isinstance(layer, HostBfloat16Linear | HostBfloat16Embedding):
         return None
     if type(layer) in (nn.Linear, nn.Embedding):  # type: ignore[attr-defined]  # mlx.nn: untyped
@@ -96,10 +108,23 @@ def obstacle(layer: Any, *, widening: bool = False) -> str | None:
         return f"quantization groups of {layer.group_size}: a multiple of 16 only"
     if not np.asarray(_evaluated(layer.weight)).flags.c_contiguous:
         return "packed weights not contiguous"
-    widened = widening and {layer.scales.dtype, layer.biases.dtype} <= set(_WIDENED)
-    if not widened and not plain_float32(layer.scales, layer.biases):
-        return f"{layer.scales.dtype} quantization scales: float32 (or widened) only"
+    if not _groups_as_they_are(layer):
+        return f"{layer.scales.dtype} quantization scales: float32, float16 or bfloat16 only"
     return None
+
+
+def _groups_as_they_are(layer: Any) -> bool:
+    """Scales and biases our products read where they are: one dtype of ``_GROUP_TYPES``
+    for both, rows contiguous."""
+    arrays = (layer.scales, layer.biases)
+    one_type = arrays[0].dtype == arrays[1].dtype and arrays[0].dtype in _GROUP_TYPES
+    return one_type and all(_as_numpy(a).flags.c_contiguous for a in arrays)
+
+
+def _as_numpy(array: mx.array) -> np.ndarray:
+    """``array``'s memory as numpy sees it: bfloat16 (which numpy lacks) as its uint16 bits."""
+    in_place = array.view(mx.uint16) if array.dtype == mx.bfloat16 else array
+    return np.asarray(_evaluated(in_place))
 
 
 def _plain_obstacle(weight: mx.array, *, widening: bool) -> str | None:
@@ -126,6 +151,7 @@ def install(model: Any) -> int:
     if not narrow or any(obstacle(m, widening=True) for _, m in narrow):
         return 0
     kept = {f"{name}.weight" for name, m in narrow if not _is_quantized(m)}
+    kept |= {f"{name}.{part}" for name, m in narrow if _is_quantized(m) for part in _GROUPS}
     _widen(model, kept)
     swapped = [(name, _host_twin(m)) for name, m in narrow]
     model.update_modules(tree_unflatten(swapped))
@@ -224,6 +250,15 @@ class HostQuantizedEmbedding(nn.QuantizedEmbedding):  # type: ignore[misc, name-
         self.freeze()
         self._host = HostWeight.of(self)
 
+    def __call__(self, x: mx.array) -> mx.array:
+        """Rows ``x`` as float32, their scales and biases widened first (exact), as a table
+        whose scales were float32 would give them (MLX's own lookup follows the scales'
+        dtype)."""
+        scales, biases = (a[x].astype(mx.float32) for a in (self.scales, self.biases))
+        return mx.dequantize(
+            self.weight[x], scales, biases, group_size=self.group_size, bits=self.bits
+        )
+
     def as_linear(self, x: mx.array) -> mx.array:
         if x.dtype != mx.float32:
             return super().as_linear(x)  # type: ignore[no-any-return]  # mlx.nn: untyped
@@ -314,13 +349,13 @@ def _copy_quantized(source: Any, target: Any) -> None:
     target.weight, target.scales, target.biases = source.weight, source.scales, source.biases
 
 
-_WIDENED = (mx.float16, mx.bfloat16, mx.float32)
-"""Parameter dtypes a narrow model runs in float32 (float32 itself stays)."""
+_GROUPS = ("scales", "biases")
+"""A quantized layer's parameters that ``install`` leaves as they are."""
 
 
 def _widen(model: Any, kept: set[str]) -> None:
-    """float16 and bfloat16 parameters (norms, biases, a GGUF's scales) to float32: exact.
-    ``kept``: the paths of the bfloat16 weights our products read as they are."""
+    """float16 and bfloat16 parameters (norms, biases) to float32: exact. ``kept``: the
+    paths of the bfloat16 weights, scales and biases our products read as they are."""
     parameters: Any = tree_flatten(model.parameters())  # a list of (path, array) pairs
     narrow = [(k, v) for k, v in parameters if v.dtype in (mx.float16, mx.bfloat16)]
     wider = [(k, v.astype(mx.float32)) for k, v in narrow if k not in kept]

@@ -55,9 +55,13 @@ static inline __attribute__((always_inline)) void prefetch_rows(const weight_t *
                                                                 long first, int n) {
     const unsigned char *packed = (const unsigned char *)w->data + first * row_bytes;
     for (long at = 0; at < n * row_bytes; at += 64) __builtin_prefetch(packed + at);
-    for (long at = 0; kind != WEIGHT_BF16 && at < n * groups; at += 16) {
-        __builtin_prefetch(w->scales + first * groups + at);
-        __builtin_prefetch(w->biases + first * groups + at);
+    if (kind == WEIGHT_BF16) return; /* no scales */
+    long bytes = group_value_bytes(w->group_type);
+    const char *scales = (const char *)w->scales + first * groups * bytes;
+    const char *biases = (const char *)w->biases + first * groups * bytes;
+    for (long at = 0; at < n * groups * bytes; at += 64) {
+        __builtin_prefetch(scales + at);
+        __builtin_prefetch(biases + at);
     }
 }
 
@@ -164,18 +168,25 @@ static inline __attribute__((always_inline)) void fused_tile(const int rows, con
     for (int c = 0; c < cols; c++)
         for (int i = 0; i < rows; i++)
             for (int q = 0; q < PARTS; q++) acc[c][i][q] = splat(0.0f);
-    for (int g = 0; g < groups; g++) {
-        group_decoder_t d[FUSED_COLS];
-        for (int c = 0; c < cols; c++) d[c] = row_decoder(w, kind, (long)o + c, groups, g);
-        for (int at = g * group; at < (g + 1) * group; at += 16)
-            for (int q = 0; q < PARTS; q++) {
-                vf x[FUSED_ROWS];
-                for (int i = 0; i < rows; i++) x[i] = load(t->x + (long)i * t->in + at + q * LANES);
-                for (int c = 0; c < cols; c++) {
-                    vf weights = weights_at(packed + c * row_bytes, kind, at + q * LANES, &d[c]);
-                    for (int i = 0; i < rows; i++) acc[c][i][q] += x[i] * weights;
+    float room[FUSED_COLS][2 * GROUP_BLOCK];
+    for (int first = 0; first < groups; first += GROUP_BLOCK) {
+        int count = groups - first < GROUP_BLOCK ? groups - first : GROUP_BLOCK;
+        group_floats_t f[FUSED_COLS];
+        for (int c = 0; c < cols; c++)
+            f[c] = group_floats(w, kind, (long)o + c, groups, first, count, room[c]);
+        for (int g = first; g < first + count; g++) {
+            group_decoder_t d[FUSED_COLS];
+            for (int c = 0; c < cols; c++) d[c] = row_decoder(&f[c], g - first);
+            for (int at = g * group; at < (g + 1) * group; at += 16)
+                for (int q = 0; q < PARTS; q++) {
+                    vf x[FUSED_ROWS];
+                    for (int i = 0; i < rows; i++) x[i] = load(t->x + (long)i * t->in + at + q * LANES);
+                    for (int c = 0; c < cols; c++) {
+                        vf weights = weights_at(packed + c * row_bytes, kind, at + q * LANES, &d[c]);
+                        for (int i = 0; i < rows; i++) acc[c][i][q] += x[i] * weights;
+                    }
                 }
-            }
+        }
     }
     vf flat[FUSED_COLS * FUSED_ROWS][PARTS]; /* summed by the tree, four at a time */
     float sums[FUSED_COLS * FUSED_ROWS];
