@@ -67,7 +67,7 @@ enum { GROUP_BLOCK = 64 };
 static inline void widen_groups(const void *values, int type, long at, int count, float *out) {
     const unsigned short *halves = (const unsigned short *)values + at;
     int i = 0;
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) && defined(__F16C__)
     for (; type == GROUPS_FLOAT16 && i + 16 <= count; i += 16)
         _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(halves + i))));
 #elif defined(__F16C__)
