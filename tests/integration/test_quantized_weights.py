@@ -171,6 +171,26 @@ def test_a_model_with_one_layer_our_product_cannot_read_is_left_to_mlx_whole() -
     assert "3-bit" in (host_weights.products_obstacle(model) or "")
 
 
+@pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16])
+def test_narrow_scales_past_one_block_of_groups_in_every_path(dtype: Any) -> None:
+    """72 groups a row (more than the 64 widened at a time, and not a multiple of 16), in
+    the fused loop (1 and 3 rows), the scratch path (16) and blocks for OpenBLAS (40):
+    each the bits of the float32 product over the layer ``mx.dequantize`` makes with its
+    scales widened (the reference reads no group through our code)."""
+    layer = quantized_linear(4, out_dims=40, in_dims=72 * 32)
+    layer.scales, layer.biases = (
+        a.astype(dtype).astype(mx.float32) for a in (layer.scales, layer.biases)
+    )
+    reference = dequantized(layer)
+    narrow = host_weights.HostQuantizedLinear(layer)
+    narrow.scales, narrow.biases = (a.astype(dtype) for a in (layer.scales, layer.biases))
+    narrow._host = HostWeight.of(narrow)  # noqa: SLF001 - the struct over the narrow arrays
+    assert narrow.scales.dtype == dtype
+    for rows in (1, 3, 16, 40):
+        x = mx.random.normal((rows, 72 * 32), key=mx.random.key(rows))
+        assert np.array_equal(np.asarray(narrow(x)), np.asarray(reference(x)))
+
+
 def test_install_leaves_float32_and_float16_models_alone() -> None:
     for dtype in (mx.float32, mx.float16):
         model = tiny_family("llama", seed=3)

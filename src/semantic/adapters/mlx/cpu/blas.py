@@ -44,6 +44,8 @@ SHIM_ENV = "SEMANTIC_BLAS_SHIM"
 PIN_ENV = "SEMANTIC_PIN_HELPERS"
 """``0`` leaves the placement of BLAS helper threads to the OS scheduler."""
 CORE_CHOICE_ENV = "SEMANTIC_BLAS_CORE_CHOICE"
+CORE_CHOSEN_ENV = "SEMANTIC_BLAS_CORE_CHOSEN"
+"""The core ``preload_fast_blas`` put in ``OPENBLAS_CORETYPE`` (children inherit both)."""
 """``0`` keeps the OpenBLAS core the library detects, even a generic fallback."""
 SHIM_SOURCE = NATIVE_DIR / "small_sgemm.c"
 SHIM_NAME = "libsemantic_small_sgemm"
@@ -133,6 +135,7 @@ def _choose_core(library: str) -> CoreDecision:
     decision, coretype = decide_core(library, os.environ, this_cpus_flags())
     if coretype is not None:
         os.environ[CORETYPE_ENV] = coretype
+        os.environ[CORE_CHOSEN_ENV] = coretype  # a child then knows it was not the user's
     return decision
 
 
@@ -190,7 +193,10 @@ def blas_in_use(reason: CoreReason | None = None) -> BlasStatus:
     if reason is None:
         in_env = user_core(os.environ) is not None
         reason = CoreReason.ENVIRONMENT if in_env else CoreReason.DETECTED
-    wider = wider_core(core, this_cpus_flags()) if reason is CoreReason.ENVIRONMENT else None
+    users = reason is CoreReason.ENVIRONMENT and os.environ.get(CORE_CHOSEN_ENV) != user_core(
+        os.environ
+    )
+    wider = wider_core(core, this_cpus_flags()) if users else None
     decision = CoreDecision(core, reason, wider=wider)
     return BlasStatus(
         "OpenBLAS",

@@ -100,9 +100,16 @@ def wider_core(asked: str | None, cpu_flags: Iterable[str]) -> str | None:
     a narrower one of the same list; None otherwise. The environment's choice stands (a
     machine's profile may set a core for reasons of its own); this only says what it costs:
     Haswell's AVX2 kernels where AVX-512 ones would run (ADR 0004)."""
-    cores = _cores_for(cpu_flags)
-    narrower = asked is not None and asked.strip().lower() in [c.lower() for c in cores[1:]]
-    return cores[0] if narrower else None
+    cores = [_float32_kernels(core) for core in _cores_for(cpu_flags)]
+    mine = None if asked is None else _float32_kernels(asked)
+    narrower = mine is not None and mine in cores[1:] and mine != cores[0]
+    return _cores_for(cpu_flags)[0] if narrower else None
+
+
+def _float32_kernels(core: str) -> str:
+    """A core by the float32 kernels it runs: Cooperlake adds bfloat16 ones to SkylakeX's."""
+    name = core.strip().lower()
+    return "skylakex" if name == "cooperlake" else name
 
 
 def _cores_for(cpu_flags: Iterable[str]) -> tuple[str, ...]:

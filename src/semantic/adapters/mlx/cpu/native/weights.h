@@ -34,6 +34,10 @@ typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float *, int
 enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 };
 enum { KERNEL_ROWS = 32 }; /* the matmul kernel's batch-invariant reach (small_sgemm.c) */
 enum { DEQUANTIZED_ROWS = 16 };
+/* Packed bytes of the next unit the scratch path asks for at most: a 16-row unit of a
+ * 576-wide 4-bit matrix is 4.6 KB; one of 4,096-wide bfloat16 rows would be 128 KB,
+ * more than L1 holds. */
+enum { AHEAD_BYTES = 16384 };
 
 static sgemm_fn sgemm(void) {
     static sgemm_fn found;
@@ -67,7 +71,8 @@ static inline __attribute__((always_inline)) void prefetch_rows(const weight_t *
 
 /* y[:, first:first + n] = x @ dense^T (+ beta y): the dot tiles small_sgemm.c would run
  * for this product (its rows are more than one, its columns fewer than the lane tiles
- * take), called here without cblas_sgemm's dispatch and without asking for the next
+ * take; at a depth up to 128 it holds A's row instead, the same sums in the same order),
+ * called here without cblas_sgemm's dispatch and without asking for the next
  * columns ahead (they were just written, and sit in L1). The same bits; without the
  * kernels (no FMA), OpenBLAS's product. */
 static void dense_product(const weight_task_t *t, const float *dense, int first, int n) {
@@ -107,10 +112,13 @@ static void weight_units(const void *context, int from, int to) {
     }
     int groups = t->in / group_inputs(t->w, t->w->kind, t->in);
     long row_bytes = (long)t->in * t->w->kind / 8;
+    /* the next unit's rows, as many as AHEAD_BYTES hold (wide rows: not all of them) */
+    long fit = AHEAD_BYTES / row_bytes;
+    int ahead = fit < 1 ? 1 : fit < DEQUANTIZED_ROWS ? (int)fit : DEQUANTIZED_ROWS;
     for (int unit = from; unit < to; unit++) {
         int first = unit * DEQUANTIZED_ROWS;
         int n = t->out - first < DEQUANTIZED_ROWS ? t->out - first : DEQUANTIZED_ROWS;
-        int next = t->out - first - n < DEQUANTIZED_ROWS ? t->out - first - n : DEQUANTIZED_ROWS;
+        int next = t->out - first - n < ahead ? t->out - first - n : ahead;
         prefetch_rows(t->w, t->w->kind, row_bytes, groups, first + n, next);
         for (int o = 0; o < n; o++) dequantize_row(t->w, first + o, t->in, dense + (long)o * t->in);
         dense_product(t, dense, first, n);
@@ -226,19 +234,19 @@ static inline __attribute__((always_inline)) void fused_span(const int rows, con
  * and two output rows at a time ran a 49,152-row 8-bit head 1.4-1.7x faster (Zen 3). */
 #define TILE_ACCUMULATORS(rows) (LANES == 4 ? 16 : LANES == 8 && (rows) == 1 ? 4 : 8)
 #define TILE_FIT(rows) (TILE_ACCUMULATORS(rows) / ((rows) * PARTS))
-#define TILE_COLS(rows) (TILE_FIT(rows) >= FUSED_COLS ? FUSED_COLS : TILE_FIT(rows) ? TILE_FIT(rows) : 1)
+#define FUSED_TILE_COLS(rows) (TILE_FIT(rows) >= FUSED_COLS ? FUSED_COLS : TILE_FIT(rows) ? TILE_FIT(rows) : 1)
 
 /* The loop compiled for each row count and format; fewer rows, more output rows at once. */
 #define FUSED_CASES(kind)                                                                  \
     switch (t->rows) {                                                                     \
-    case 1: fused_span(1, TILE_COLS(1), kind, t, from, to); break;                         \
-    case 2: fused_span(2, TILE_COLS(2), kind, t, from, to); break;                         \
-    case 3: fused_span(3, TILE_COLS(3), kind, t, from, to); break;                         \
-    case 4: fused_span(4, TILE_COLS(4), kind, t, from, to); break;                         \
-    case 5: fused_span(5, TILE_COLS(5), kind, t, from, to); break;                         \
-    case 6: fused_span(6, TILE_COLS(6), kind, t, from, to); break;                         \
-    case 7: fused_span(7, TILE_COLS(7), kind, t, from, to); break;                         \
-    default: fused_span(8, TILE_COLS(8), kind, t, from, to); break;                        \
+    case 1: fused_span(1, FUSED_TILE_COLS(1), kind, t, from, to); break;                         \
+    case 2: fused_span(2, FUSED_TILE_COLS(2), kind, t, from, to); break;                         \
+    case 3: fused_span(3, FUSED_TILE_COLS(3), kind, t, from, to); break;                         \
+    case 4: fused_span(4, FUSED_TILE_COLS(4), kind, t, from, to); break;                         \
+    case 5: fused_span(5, FUSED_TILE_COLS(5), kind, t, from, to); break;                         \
+    case 6: fused_span(6, FUSED_TILE_COLS(6), kind, t, from, to); break;                         \
+    case 7: fused_span(7, FUSED_TILE_COLS(7), kind, t, from, to); break;                         \
+    default: fused_span(8, FUSED_TILE_COLS(8), kind, t, from, to); break;                        \
     }
 
 static void fused_units(const void *context, int from, int to) {
