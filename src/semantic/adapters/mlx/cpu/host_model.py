@@ -176,6 +176,9 @@ def _weights(model: Any) -> dict[str, Any] | None:
     }
 
 
+LEFT_TO_MLX = "4/8-bit or bfloat16 layers left on MLX's products (the products line says why)"
+
+
 def _layer_obstacle(layer: Any) -> str | None:
     if not isinstance(layer.mlp, MLPS):  # mlx-lm's, or with the host SwiGLU (host_swiglu)
         return f"MLP {type(layer.mlp).__name__}: a llama-bodied SwiGLU MLP only"
@@ -183,6 +186,8 @@ def _layer_obstacle(layer: Any) -> str | None:
     linears = described.linears()
     if why := next(filter(None, map(host_weights.obstacle, linears)), None):
         return why
+    if any(map(host_weights.left_to_mlx, linears)):
+        return LEFT_TO_MLX
     norms = [*described.norms(), *described.head_norms()]
     if any(type(norm) is not nn.RMSNorm for norm in norms):  # type: ignore[attr-defined]  # mlx.nn
         return "norms other than RMSNorm"
@@ -210,7 +215,9 @@ def _layer_arrays(
 def _embedding_obstacle(embedding: Any) -> str | None:
     if type(embedding) is nn.Embedding:  # type: ignore[attr-defined]  # mlx.nn ships no types
         return None if plain_float32(embedding.weight) else "embeddings not float32"
-    return host_weights.obstacle(embedding)
+    if why := host_weights.obstacle(embedding):
+        return why
+    return LEFT_TO_MLX if host_weights.left_to_mlx(embedding) else None
 
 
 def _embedding_of(embedding: Any) -> Callable[[np.ndarray], np.ndarray]:

@@ -175,15 +175,22 @@ def products_obstacle(model: Any) -> str | None:
     return next(filter(None, blocking), None) or next(filter(None, as_they_are), "not installed")
 
 
+def left_to_mlx(layer: Any) -> bool:
+    """A 4/8-bit or bfloat16 layer ``install`` did not swap: MLX's graph computes it its
+    own way, so the host pass must not read it (its decode steps would part from MLX's
+    prompt chunks)."""
+    return _is_narrow(layer) and type(layer) not in _TWINS
+
+
+def _is_narrow(layer: Any) -> bool:
+    plain = (nn.Linear, nn.Embedding)  # type: ignore[attr-defined]  # mlx.nn: untyped
+    return _is_quantized(layer) or (isinstance(layer, plain) and layer.weight.dtype == mx.bfloat16)
+
+
 def _narrow_layers(model: Any) -> list[tuple[str, Any]]:
     """Quantized layers, and linears and embeddings whose weights are bfloat16 (or are so
     already on our products)."""
-    plain = (nn.Linear, nn.Embedding)  # type: ignore[attr-defined]  # mlx.nn: untyped
-    return [
-        (name, m)
-        for name, m in model.named_modules()
-        if _is_quantized(m) or (isinstance(m, plain) and m.weight.dtype == mx.bfloat16)
-    ]
+    return [(name, m) for name, m in model.named_modules() if _is_narrow(m)]
 
 
 class _OnOurProducts:
