@@ -99,52 +99,9 @@ static void dense_product(const weight_task_t *t, const float *dense, int first,
 #endif
 }
 
-/* Up to KERNEL_ROWS rows: output rows [16 unit, 16 (unit + 1)) dequantized into scratch
- * (it stays in L1/L2 while every row meets it), unit by unit, the next unit's weights
- * asked for meanwhile (`perf` had the dequantization waiting on memory; 16 rows of a 4-bit
- * 1,536 x 576 product 0.96x the time, one AVX-512 VM, ADR 0031). */
-static void weight_units(const void *context, int from, int to) {
-    weight_task_t *t = (weight_task_t *)context;
-    float *dense = scratch((size_t)DEQUANTIZED_ROWS * t->in);
-    if (dense == NULL) {
-        t->failed = 1;
-        return;
-    }
-    int groups = t->in / group_inputs(t->w, t->w->kind, t->in);
-    long row_bytes = (long)t->in * t->w->kind / 8;
-    /* the next unit's rows, as many as AHEAD_BYTES hold (wide rows: not all of them) */
-    long fit = AHEAD_BYTES / row_bytes;
-    int ahead = fit < 1 ? 1 : fit < DEQUANTIZED_ROWS ? (int)fit : DEQUANTIZED_ROWS;
-    for (int unit = from; unit < to; unit++) {
-        int first = unit * DEQUANTIZED_ROWS;
-        int n = t->out - first < DEQUANTIZED_ROWS ? t->out - first : DEQUANTIZED_ROWS;
-        int next = t->out - first - n < ahead ? t->out - first - n : ahead;
-        prefetch_rows(t->w, t->w->kind, row_bytes, groups, first + n, next);
-        for (int o = 0; o < n; o++) dequantize_row(t->w, first + o, t->in, dense + (long)o * t->in);
-        dense_product(t, dense, first, n);
-    }
-}
-
-/* Up to FUSED_ROWS activation rows: each 16 weights are dequantized in registers and met
- * by every row there, nothing written back. The sums are the small kernel's (16 logical
- * lanes over the depth, halved in simd.h's order, then the bias), so the bits are those of
- * the dequantize-then-multiply path above; `rows` is a constant once inlined. A lane's sum
- * is one chain of fused multiply-adds, each waiting for the last (4 cycles), so with few
- * activation rows `cols` output rows go together: their chains are independent, and an
- * output element's sum is the same whatever its neighbours. */
-enum { FUSED_ROWS = 8, FUSED_COLS = 4, FUSED_CHUNKS = 8 };
 /* How far ahead a tile asks for the weights it will read: 4 KB (rows of 1,152 bfloat16
  * bytes ran a 49,152-row head 1.4x faster than at 16 rows ahead; one VM, ADR 0031). */
 enum { PREFETCH_BYTES = 4096 };
-/* Rows up to which the fused loop runs. AVX-512 has 32 registers of 16 lanes (PARTS 1),
- * so 8 rows' accumulators stay in them. AVX2 has 16 of 8 (PARTS 2): from 3 rows on, the
- * compiler reads the activations as memory operands of the multiply-adds, and that still
- * beats writing 16 dequantized rows to scratch and reading them back, up to 6 rows (3-6
- * rows of a 4- or 8-bit pass 0.55-0.85x the time on a Zen 3; 7 and 8 even; ADR 0031).
- * NEON (32 of 4, PARTS 4) keeps 2: not measured on a NEON CPU. */
-#ifndef FUSED_REACH /* given at build time: a tuning experiment */
-#define FUSED_REACH (!SIMD_FMA ? 0 : LANES == 16 ? 8 : LANES == 8 ? 6 : 2) /* needs the FMA */
-#endif
 
 /* A product's row geometry, worked out once per span rather than with two divisions in
  * every tile (q8 products of one and two rows 0.95-0.97x the time; ADR 0010). */
@@ -161,6 +118,49 @@ static inline rows_shape_t rows_shape(const weight_task_t *t, int kind) {
     s.ahead = (PREFETCH_BYTES + s.row_bytes - 1) / s.row_bytes;
     return s;
 }
+
+/* Up to KERNEL_ROWS rows: output rows [16 unit, 16 (unit + 1)) dequantized into scratch
+ * (it stays in L1/L2 while every row meets it), unit by unit, the next unit's weights
+ * asked for meanwhile (`perf` had the dequantization waiting on memory; 16 rows of a 4-bit
+ * 1,536 x 576 product 0.96x the time, one AVX-512 VM, ADR 0031). */
+static void weight_units(const void *context, int from, int to) {
+    weight_task_t *t = (weight_task_t *)context;
+    float *dense = scratch((size_t)DEQUANTIZED_ROWS * t->in);
+    if (dense == NULL) {
+        t->failed = 1;
+        return;
+    }
+    rows_shape_t shape = rows_shape(t, t->w->kind);
+    /* the next unit's rows, as many as AHEAD_BYTES hold (wide rows: not all of them) */
+    long fit = AHEAD_BYTES / shape.row_bytes;
+    int ahead = fit < 1 ? 1 : fit < DEQUANTIZED_ROWS ? (int)fit : DEQUANTIZED_ROWS;
+    for (int unit = from; unit < to; unit++) {
+        int first = unit * DEQUANTIZED_ROWS;
+        int n = t->out - first < DEQUANTIZED_ROWS ? t->out - first : DEQUANTIZED_ROWS;
+        int next = t->out - first - n < ahead ? t->out - first - n : ahead;
+        prefetch_rows(t->w, t->w->kind, shape.row_bytes, shape.groups, first + n, next);
+        for (int o = 0; o < n; o++) dequantize_row(t->w, first + o, t->in, dense + (long)o * t->in);
+        dense_product(t, dense, first, n);
+    }
+}
+
+/* Up to FUSED_ROWS activation rows: each 16 weights are dequantized in registers and met
+ * by every row there, nothing written back. The sums are the small kernel's (16 logical
+ * lanes over the depth, halved in simd.h's order, then the bias), so the bits are those of
+ * the dequantize-then-multiply path above; `rows` is a constant once inlined. A lane's sum
+ * is one chain of fused multiply-adds, each waiting for the last (4 cycles), so with few
+ * activation rows `cols` output rows go together: their chains are independent, and an
+ * output element's sum is the same whatever its neighbours. */
+enum { FUSED_ROWS = 8, FUSED_COLS = 4, FUSED_CHUNKS = 8 };
+/* Rows up to which the fused loop runs. AVX-512 has 32 registers of 16 lanes (PARTS 1),
+ * so 8 rows' accumulators stay in them. AVX2 has 16 of 8 (PARTS 2): from 3 rows on, the
+ * compiler reads the activations as memory operands of the multiply-adds, and that still
+ * beats writing 16 dequantized rows to scratch and reading them back, up to 6 rows (3-6
+ * rows of a 4- or 8-bit pass 0.55-0.85x the time on a Zen 3; 7 and 8 even; ADR 0031).
+ * NEON (32 of 4, PARTS 4) keeps 2: not measured on a NEON CPU. */
+#ifndef FUSED_REACH /* given at build time: a tuning experiment */
+#define FUSED_REACH (!SIMD_FMA ? 0 : LANES == 16 ? 8 : LANES == 8 ? 6 : 2) /* needs the FMA */
+#endif
 
 static inline __attribute__((always_inline)) void fused_tile(const int rows, const int cols,
                                                              const int kind,
