@@ -230,16 +230,34 @@ static void (*lane_ready(product_t *p))(const product_t *, int, int) {
 #define HELD_STEPS (8 / PARTS) /* A's row in 8 registers: k <= 64 (AVX2), 128 (AVX-512) */
 enum { HELD_BLOCK = 64 };
 
-/* dots[j] = x . b[j] for four rows of B; x is `steps` blocks of 16 lanes. */
-static inline __attribute__((always_inline)) void dot_four_held(
-    const int steps, const vf x[][PARTS], const float *const *b, float *dots) {
-    vf acc[4][PARTS];
-    for (int j = 0; j < 4; j++)
+/* Rows of B a held row meets at once: sixteen on AVX-512, their sums halved together
+ * (halve16: a third of the shuffles and adds a sum that four at a time take, and sixteen
+ * key rows read side by side); four elsewhere. */
+#if LANES == 16
+#define HELD_COLS 16
+#else
+#define HELD_COLS 4
+#endif
+
+/* dots[j] = x . b[j] for `cols` (4 or HELD_COLS) rows of B, b[j] = b + j * stride; x is
+ * `steps` blocks of 16 lanes. */
+static inline __attribute__((always_inline)) void dot_held(const int steps, const int cols,
+                                                           const vf x[][PARTS], const float *b,
+                                                           const long stride, float *dots) {
+    vf acc[HELD_COLS][PARTS];
+    for (int j = 0; j < cols; j++)
         for (int q = 0; q < PARTS; q++) acc[j][q] = splat(0.0f);
     for (int s = 0; s < steps; s++)
         for (int q = 0; q < PARTS; q++)
-            for (int j = 0; j < 4; j++) acc[j][q] += x[s][q] * load(b[j] + 16 * s + q * LANES);
-    halve4(acc, dots);
+            for (int j = 0; j < cols; j++)
+                acc[j][q] += x[s][q] * load(b + j * stride + 16 * s + q * LANES);
+#if LANES == 16
+    if (cols == 16) {
+        halve16(acc, dots);
+        return;
+    }
+#endif
+    halve_each(cols, acc, dots);
 }
 
 static inline __attribute__((always_inline)) void held_columns_by(
@@ -251,11 +269,27 @@ static inline __attribute__((always_inline)) void held_columns_by(
             vf x[HELD_STEPS][PARTS];
             for (int s = 0; s < steps; s++)
                 for (int q = 0; q < PARTS; q++) x[s][q] = load(a + 16 * s + q * LANES);
-            for (int col = start; col < end; col += 4) {
-                const float *b[4];
-                for (int j = 0; j < 4; j++) b[j] = row_of(p->b, p->ldb, col + j, end, col);
+            int col = start;
+            if (p->ldb == 16 * steps) /* rows of B side by side (keys of one head): one
+                                       * pointer, constant offsets */
+                for (; col + HELD_COLS <= end; col += HELD_COLS) {
+                    float dots[HELD_COLS];
+                    dot_held(steps, HELD_COLS, x, p->b + (size_t)col * p->ldb, 16 * steps, dots);
+                    put_tile(p, row, col, 1, HELD_COLS, end, dots);
+                }
+            for (; col < end; col += 4) {
                 float dots[4];
-                dot_four_held(steps, x, b, dots);
+                if (col + 4 <= end) {
+                    dot_held(steps, 4, x, p->b + (size_t)col * p->ldb, p->ldb, dots);
+                } else { /* the last rows, repeating the first of them past the end */
+                    const float *last = p->b + (size_t)col * p->ldb;
+                    dot_held(steps, 4, x, last, 0, dots);
+                    float more[4];
+                    for (int j = 1; col + j < end; j++) {
+                        dot_held(steps, 4, x, last + j * p->ldb, 0, more);
+                        dots[j] = more[0];
+                    }
+                }
                 put_tile(p, row, col, 1, 4, end, dots);
             }
         }
