@@ -1,7 +1,7 @@
 """One model in each weight format, ours beside llama.cpp on the same file, in one run.
 
     python -m benchmarks.weight_formats [--prompt 4096] [--formats q4_1,q4_0,q8_0,bf16,f32]
-        [--out bench-results]
+        [--rounds 1] [--out bench-results]
 
 Every format is one GGUF file that both servers run: the embedded model's own Q4_1, and
 that file stored again as Q4_0, Q8_0, BF16 and F32 (``gguf_files``). Ours serves the
@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -131,9 +132,13 @@ def one(server: str, gguf: Path, kind: str, prompt_tokens: int, turns: Path) -> 
     return {"format": kind, "server": server} | found
 
 
-def run(formats: list[str], prompt: int, with_llama: bool) -> list[dict[str, Any]]:
-    """Every row, each in a fresh process, llama.cpp's first for each file; then our next
-    turn from disk, through servers of that format."""
+def run(
+    formats: list[str], prompt: int, with_llama: bool, n_rounds: int = 1
+) -> list[dict[str, Any]]:
+    """Every row, each in a fresh process, llama.cpp's first for each file, ``n_rounds``
+    times in turn (each figure the median of its rounds: this VM class's speed drifts
+    10-25% between processes); then our next turn from disk, through servers of that
+    format (itself the middle of several restarts)."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -143,7 +148,11 @@ def run(formats: list[str], prompt: int, with_llama: bool) -> list[dict[str, Any
             kind = FORMATS[name]
             gguf = source if kind == "Q4_1" else gguf_files.requantized(source, kind, work)
             servers = ("llama.cpp", "ours") if with_llama else ("ours",)
-            found = [_in_fresh_process(server, gguf, kind, prompt, turns) for server in servers]
+            rounds = [
+                [_in_fresh_process(server, gguf, kind, prompt, turns) for server in servers]
+                for _ in range(n_rounds)
+            ]
+            found = [_median_row([r[i] for r in rounds]) for i in range(len(servers))]
             talk = work / f"turns-{kind}"
             talk.mkdir()
             args = _server_args(our_source(kind, gguf))
@@ -161,6 +170,18 @@ def _in_fresh_process(
     command += ["--turns", str(turns)]
     done = subprocess.run(command, check=True, capture_output=True, text=True)
     row: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return row
+
+
+def _median_row(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row of several rounds: each figure (and each decode rate) their median."""
+    row = dict(rounds[0])
+    for key, value in row.items():
+        if isinstance(value, float | int):
+            row[key] = statistics.median(r[key] for r in rounds)
+        elif isinstance(value, list):
+            columns = zip(*(r[key] for r in rounds), strict=True)
+            row[key] = [statistics.median(column) for column in columns]
     return row
 
 
@@ -254,6 +275,9 @@ def main() -> None:
         help=f"comma-separated, any of {', '.join(FORMATS)} (default: all)",
     )
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="fresh processes per figure, servers in turn"
+    )
     parser.add_argument("--one", choices=("ours", "llama.cpp"), help=argparse.SUPPRESS)
     parser.add_argument("--gguf", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--kind", help=argparse.SUPPRESS)
@@ -267,9 +291,9 @@ def main() -> None:
     with_llama = llama_cpp.available()
     if not with_llama:
         print("llama-cpp-python is not installed: ours only")
-    rows = run(args.formats, args.prompt, with_llama)
+    rows = run(args.formats, args.prompt, with_llama, max(args.rounds, 1))
     args.out.mkdir(parents=True, exist_ok=True)
-    results = {"machine": found, "prompt": args.prompt, "rows": rows}
+    results = {"machine": found, "prompt": args.prompt, "rounds": args.rounds, "rows": rows}
     (args.out / "weight_formats.json").write_text(json.dumps(results, indent=2))
     plot(rows, args.out)
     print(f"wrote {args.out}/weight_formats.json and weight_formats.png")
