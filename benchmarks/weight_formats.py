@@ -13,7 +13,7 @@ a cold prefill of one prompt, 1, 8 and 16 sequences decoding together (ours thro
 engine; llama.cpp after a short prompt each, one batch a step, through its C API), and an
 agent's next turn from disk over a history of the prompt's length (``format_turns``: ours
 after a restart, llama.cpp from its state file). Each measurement runs in a fresh
-process, llama.cpp's first. Writes
+process, llama.cpp's first (``--rounds N``: N times in turn, the medians). Writes
 ``weight_formats.json`` and ``weight_formats.png`` into ``--out``.
 """
 
@@ -136,9 +136,9 @@ def run(
     formats: list[str], prompt: int, with_llama: bool, n_rounds: int = 1
 ) -> list[dict[str, Any]]:
     """Every row, each in a fresh process, llama.cpp's first for each file, ``n_rounds``
-    times in turn (each figure the median of its rounds: this VM class's speed drifts
-    10-25% between processes); then our next turn from disk, through servers of that
-    format (itself the middle of several restarts)."""
+    times in turn (each figure the median of its rounds, with an even count the mean of the
+    middle two: this VM class's speed drifts 10-25% between processes); then our next turn
+    from disk, through servers of that format (itself the middle of several restarts)."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -256,6 +256,13 @@ def _rate(row: dict[str, Any], decode_index: int) -> float:
     return float(row["prefill"] if decode_index < 0 else row["decode"][decode_index])
 
 
+def _at_least_one(text: str) -> int:
+    rounds = int(text)
+    if rounds < 1:
+        raise argparse.ArgumentTypeError(f"rounds must be at least 1, got {rounds}")
+    return rounds
+
+
 def _format_names(text: str) -> list[str]:
     """Row names in either case (``Q4_1`` or ``q4_1``); an unknown one is a usage error."""
     names = [name.strip().lower() for name in text.split(",") if name.strip()]
@@ -276,7 +283,10 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
     parser.add_argument(
-        "--rounds", type=int, default=1, help="fresh processes per figure, servers in turn"
+        "--rounds",
+        type=_at_least_one,
+        default=1,
+        help="fresh processes per figure, servers in turn (each figure their median)",
     )
     parser.add_argument("--one", choices=("ours", "llama.cpp"), help=argparse.SUPPRESS)
     parser.add_argument("--gguf", type=Path, help=argparse.SUPPRESS)
@@ -291,7 +301,7 @@ def main() -> None:
     with_llama = llama_cpp.available()
     if not with_llama:
         print("llama-cpp-python is not installed: ours only")
-    rows = run(args.formats, args.prompt, with_llama, max(args.rounds, 1))
+    rows = run(args.formats, args.prompt, with_llama, args.rounds)
     args.out.mkdir(parents=True, exist_ok=True)
     results = {"machine": found, "prompt": args.prompt, "rounds": args.rounds, "rows": rows}
     (args.out / "weight_formats.json").write_text(json.dumps(results, indent=2))

@@ -1,12 +1,13 @@
 """A decode batch's caches joined and cut with one copy each.
 
-mlx-lm's ``BatchKVCache.merge`` writes each newcomer into a zeroed batch buffer by slice
-assignment, one lazy update of the whole buffer per sequence and layer, and ``extract``
+mlx-lm's ``BatchKVCache.merge`` sizes the batch buffer to the newcomers' positions alone
+(the first decode step then grows it, copying every layer again), and ``extract``
 evaluates the batch's padding again for every row and layer it cuts. Sixteen agents joining
 at once took ~150 ms of the first decode step after their prefill to merge and evaluate,
 and sixteen finishing together ~56 ms of the last to cut out (SmolLM2, a 2-core Zen 3 VM).
-Here each layer is one concatenation of left-padded pieces, and the rows leaving in one step
-are cut with one evaluation of the padding per layer and one evaluation of their caches.
+Here each layer's buffer has room up to the next ``BatchKVCache.step`` positions and is
+written once (zeros, then each sequence in place), and the rows leaving in one step are
+cut with one evaluation of the padding per layer and one evaluation of their caches.
 Only copies: the values are mlx-lm's.
 """
 

@@ -206,7 +206,8 @@ static inline __attribute__((always_inline)) void halve_each(const int count,
 }
 
 #if LANES == 16
-/* Lane i of the result is the sum of the 16 lanes of v[i]: the tree for sixteen. */
+/* Lane i of the result is the sum of the 16 lanes of acc[i], each by halve4's tree with its
+ * operands in the same order (so sixteen sums halved together are the bits of four by four). */
 static inline void halve16(const vf acc[][PARTS], float out[16]) {
     vf eights[8], fours[4], twos[2];
     for (int i = 0; i < 8; i++) eights[i] = FOLD(acc[2 * i][0], acc[2 * i + 1][0], LO1, HI1);

@@ -231,8 +231,8 @@ static void (*lane_ready(product_t *p))(const product_t *, int, int) {
 enum { HELD_BLOCK = 64 };
 
 /* Rows of B a held row meets at once: sixteen on AVX-512, their sums halved together
- * (halve16: a third of the shuffles and adds a sum that four at a time take, and sixteen
- * key rows read side by side); four elsewhere. */
+ * (halve16: 15 folds for sixteen sums against 20 by four, and sixteen key rows read side
+ * by side); four elsewhere. */
 #if LANES == 16
 #define HELD_COLS 16
 #else
@@ -279,16 +279,12 @@ static inline __attribute__((always_inline)) void held_columns_by(
                 }
             for (; col < end; col += 4) {
                 float dots[4];
-                if (col + 4 <= end) {
-                    dot_held(steps, 4, x, p->b + (size_t)col * p->ldb, p->ldb, dots);
-                } else { /* the last rows, repeating the first of them past the end */
-                    const float *last = p->b + (size_t)col * p->ldb;
-                    dot_held(steps, 4, x, last, 0, dots);
-                    float more[4];
-                    for (int j = 1; col + j < end; j++) {
-                        dot_held(steps, 4, x, last + j * p->ldb, 0, more);
-                        dots[j] = more[0];
-                    }
+                const float *b = p->b + (size_t)col * p->ldb;
+                switch (end - col) { /* the last one to three rows: halve_each fills the four */
+                case 1: dot_held(steps, 1, x, b, p->ldb, dots); break;
+                case 2: dot_held(steps, 2, x, b, p->ldb, dots); break;
+                case 3: dot_held(steps, 3, x, b, p->ldb, dots); break;
+                default: dot_held(steps, 4, x, b, p->ldb, dots);
                 }
                 put_tile(p, row, col, 1, 4, end, dots);
             }

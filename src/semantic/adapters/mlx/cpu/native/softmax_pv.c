@@ -104,9 +104,15 @@ _Static_assert(NARROW <= TILE, "a narrow tile is the first rows of a tile");
 /* Whether a tile's value row stays in registers beside its sums and the weight: then it is
  * loaded once, not once per row as a memory operand of each multiply-add (AVX-512's 4 x 4:
  * 8 loads to 16 multiply-adds instead of 20; softmax and values of a 512-row chunk at
- * 4,096 positions 0.57x the time on a Zen 5). AVX2's 16 registers do not hold a narrow
- * tile's 12 sums and 4 value registers: there the compiler's memory operands stay. */
-#define VECTOR_REGISTERS (LANES == 8 ? 16 : 32)
+ * 4,096 positions 0.55-0.70x the time on a Zen 5). AVX2's six-row tile holds it (15 of 16
+ * registers; 0.97-1.00x), its narrow 3 x 4 does not (17): there the compiler's memory
+ * operands stay. Registers by instruction set: 32 with AVX-512 (any lane width) and on
+ * arm64, 16 on other x86. */
+#if defined(__AVX512F__) || defined(__aarch64__)
+#define VECTOR_REGISTERS 32
+#else
+#define VECTOR_REGISTERS 16
+#endif
 #define HOLDS_ROW(rows, cols) ((rows) * (cols) + (cols) + 1 <= VECTOR_REGISTERS)
 
 /* acc[r][d] += sum over j in [lo, end) of p[r][j] * V[j][d] for `rows` rows at once, each
@@ -145,8 +151,9 @@ static inline __attribute__((always_inline)) void weigh_values_by(
  * narrow shape: no stand-in rows, each value row read in fewer passes. Not inlined into
  * run_tiles: there GCC kept run_tiles' integers in vector registers and spilled two of
  * the tile's sums to the stack inside the loop over value rows. */
-static __attribute__((noinline)) void weigh_values(int count, float *const *p, int lo, int end, const vrange_t *ranges,
-                         int n_ranges, int h, int dim, float *acc) {
+static __attribute__((noinline)) void weigh_values(int count, float *const *p, int lo,
+                                                   int end, const vrange_t *ranges,
+                                                   int n_ranges, int h, int dim, float *acc) {
     if (count <= NARROW)
         weigh_values_by(NARROW, NARROW_COLS, p, lo, end, ranges, n_ranges, h, dim, acc);
     else
