@@ -93,6 +93,38 @@ def test_a_row_gets_the_same_bits_alone_and_in_a_batch(rows: int, columns: int, 
     assert np.array_equal(np.asarray(batch[:15] @ weights.T), together[:15])
 
 
+def test_a_prompts_products_on_our_kernels_give_each_row_its_bits_alone() -> None:
+    """``SEMANTIC_PROMPT_PRODUCTS=ours`` (what a narrower OpenBLAS core than our variant
+    chooses by itself): past 32 rows x @ W^T runs on the dot tiles, so a chunk's row is the
+    bits it gets alone and matches the exact product; attention's depth stays OpenBLAS's."""
+    if not blas_in_use().small_kernels:
+        pytest.skip("the small-product kernels are not built on this machine")
+    code = """
+import json
+import os
+os.environ["SEMANTIC_PROMPT_PRODUCTS"] = "ours"
+from semantic.adapters.mlx.cpu import prepare_process
+from semantic.adapters.mlx.cpu.blas import blas_in_use
+prepare_process()
+import mlx.core as mx
+import numpy as np
+rng = np.random.default_rng(0)
+x, w = rng.standard_normal((70, 577), np.float32), rng.standard_normal((130, 577), np.float32)
+together = np.array(mx.array(x) @ mx.array(w).T)
+alone = [np.array(mx.array(x[r : r + 1]) @ mx.array(w).T)[0] for r in (0, 33, 69)]
+exact = x.astype(np.float64) @ w.T.astype(np.float64)
+print(json.dumps({"said": blas_in_use().describe(),
+                  "same": all(np.array_equal(a, together[r]) for a, r in zip(alone, (0, 33, 69))),
+                  "error": float(np.abs(together - exact).max())}))
+"""
+    done = run_python(code)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert "a prompt's x @ W^T past them" in seen["said"]
+    assert seen["same"]
+    assert seen["error"] < 1e-3
+
+
 def _threads() -> dict[str, set[int]]:
     """Each thread's name (with its id, to tell the unnamed apart) and allowed CPUs."""
     out = {}

@@ -11,6 +11,7 @@ from semantic.adapters.mlx.cpu.blas_core import (
     candidate_cores,
     cpu_flags,
     is_generic,
+    prompt_products_ours,
     wider_core,
 )
 from semantic.adapters.mlx.cpu.blas_probe import ProbeResult, decide_core
@@ -152,3 +153,23 @@ def test_the_report_says_the_environment_core_stands_and_what_is_wider() -> None
     assert "Cooperlake" in described
     assert "unset OPENBLAS_CORETYPE" in described
     assert "Cooperlake" not in CoreDecision("Haswell", CoreReason.ENVIRONMENT).describe()
+
+
+@pytest.mark.parametrize(
+    ("core", "variant", "ours"),
+    [
+        ("Haswell", "avx512", True),  # a profile's AVX2 core on an AVX-512 CPU
+        ("Prescott", "avx2", True),  # a generic fallback kept (SEMANTIC_BLAS_CORE_CHOICE=0)
+        ("Cooperlake", "avx512", False),
+        ("SkylakeX", "avx512", False),
+        ("Haswell", "avx2", False),
+        ("Zen", "avx2", False),
+        ("Haswell", "baseline", False),  # no kernels of ours
+        ("NEOVERSEN1", "neon", False),  # a core not listed: OpenBLAS's judgement stands
+        (None, "avx512", False),
+    ],
+)
+def test_a_prompts_products_are_ours_only_where_our_vectors_are_wider(
+    core: str | None, variant: str, ours: bool
+) -> None:
+    assert prompt_products_ours(core, variant) is ours

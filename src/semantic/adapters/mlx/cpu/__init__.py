@@ -96,9 +96,11 @@ def huge_pages_line(placement: PagePlacement) -> tuple[str, str]:
 
 def kernel_name(model: Any, host_attention: bool) -> str:
     """The kernels that compute this model's KV here, for the fingerprint."""
-    from semantic.adapters.mlx.cpu import attention, host_pass, host_weights, jit
+    from semantic.adapters.mlx.cpu import attention, blas, host_pass, host_weights, jit
 
     kernel = attention.kernel_name() if host_attention else "mlx-sdpa"
+    if blas.blas_in_use().prompt_products:
+        kernel += f"+{blas.PROMPT_PRODUCTS_NAME}"
     if jit.use_native_jit():
         kernel += f"+{jit.NAME}"
     if host_pass.supported(model):

@@ -28,6 +28,7 @@ from semantic.adapters.mlx.cpu.blas_core import (
     CORETYPE_ENV,
     CoreDecision,
     CoreReason,
+    prompt_products_ours,
     user_core,
     wider_core,
 )
@@ -44,9 +45,15 @@ SHIM_ENV = "SEMANTIC_BLAS_SHIM"
 PIN_ENV = "SEMANTIC_PIN_HELPERS"
 """``0`` leaves the placement of BLAS helper threads to the OS scheduler."""
 CORE_CHOICE_ENV = "SEMANTIC_BLAS_CORE_CHOICE"
+"""``0`` keeps the OpenBLAS core the library detects, even a generic fallback."""
 CORE_CHOSEN_ENV = "SEMANTIC_BLAS_CORE_CHOSEN"
 """The core ``preload_fast_blas`` put in ``OPENBLAS_CORETYPE`` (children inherit both)."""
-"""``0`` keeps the OpenBLAS core the library detects, even a generic fallback."""
+PROMPT_PRODUCTS_ENV = "SEMANTIC_PROMPT_PRODUCTS"
+"""``ours`` or ``openblas``: who computes a prompt's products past 32 rows; unset, ours
+where OpenBLAS's core is narrower than our kernel variant (``prompt_products_ours``)."""
+PROMPT_PRODUCTS_NAME = "prompt-products-by-dot-tiles-v1"
+"""Goes into the model fingerprint where a prompt's products are ours: they round as the
+dot tiles sum, not as OpenBLAS's kernels, so KV computed either way is not mixed."""
 SHIM_SOURCE = NATIVE_DIR / "small_sgemm.c"
 SHIM_NAME = "libsemantic_small_sgemm"
 
@@ -80,6 +87,8 @@ class BlasStatus:
     variant: str | None = None
     """The kernel variant the shim was built as (``avx512``, ``avx2``, ``neon``,
     ``baseline``), as the shim reports it."""
+    prompt_products: bool = False
+    """A prompt's products past 32 rows (x @ W^T) run on our kernels too."""
 
     def describe(self) -> str:
         """One line: the library, its version, where it was found, the core and why."""
@@ -88,7 +97,8 @@ class BlasStatus:
         if self.core is not None and self.core.core is not None:
             parts.append(self.core.describe())
         if self.small_kernels:
-            parts.append(f"products of up to 32 rows by our own {self.variant} kernels")
+            past = ", and a prompt's x @ W^T past them" if self.prompt_products else ""
+            parts.append(f"products of up to 32 rows{past} by our own {self.variant} kernels")
         elif self.shim:
             parts.append("up to three rows via sgemv (our kernels are off: the fast paths say why)")
         return f"{name} ({'; '.join(parts)})"
@@ -124,7 +134,19 @@ def preload_fast_blas() -> BlasStatus:
         log.warning("could not load BLAS library %s: %s", path, error)
         return BlasStatus("reference BLAS", None, fast=False)
     _keep_helpers_off_the_callers_core(sorted(_thread_ids() - threads_before), shim)
-    return blas_in_use(decision.reason)
+    status = blas_in_use(decision.reason)
+    if shim is not None and status.small_kernels and _prompt_products_wanted(status):
+        shim.semantic_set_prompt_products(1)
+        status = replace(status, prompt_products=True)
+    return status
+
+
+def _prompt_products_wanted(status: BlasStatus) -> bool:
+    asked = os.environ.get(PROMPT_PRODUCTS_ENV, "").strip().lower()
+    if asked in ("ours", "openblas"):
+        return asked == "ours"
+    core = status.core.core if status.core is not None else None
+    return prompt_products_ours(core, status.variant)
 
 
 def _choose_core(library: str) -> CoreDecision:
@@ -183,12 +205,21 @@ def blas_in_use(reason: CoreReason | None = None) -> BlasStatus:
     if provider is None:
         return BlasStatus("reference BLAS (bundled with mlx-cpu)", None, fast=False)
     shim = SHIM_NAME in os.path.basename(provider)
-    kernels, compiler, variant = False, None, None
+    kernels, compiler, variant, prompt = False, None, None, False
     if shim:
-        kernels, compiler, variant = _shim_build(provider)
+        kernels, compiler, variant, prompt = _shim_build(provider)
         provider = global_provider("cblas_sgemv") or provider
     if "openblas" not in os.path.basename(provider).lower():
-        return BlasStatus("BLAS", provider, True, shim, kernels, compiler=compiler, variant=variant)
+        return BlasStatus(
+            "BLAS",
+            provider,
+            True,
+            shim,
+            kernels,
+            compiler=compiler,
+            variant=variant,
+            prompt_products=prompt,
+        )
     version, core = _openblas_identity(provider)
     if reason is None:
         in_env = user_core(os.environ) is not None
@@ -208,15 +239,22 @@ def blas_in_use(reason: CoreReason | None = None) -> BlasStatus:
         core=decision,
         compiler=compiler,
         variant=variant,
+        prompt_products=prompt,
     )
 
 
-def _shim_build(provider: str) -> tuple[bool, str | None, str | None]:
-    """Whether our shim has its kernels, the compiler that built it and the variant it was
-    built as (a shim built before it said so says nothing)."""
+def _shim_build(provider: str) -> tuple[bool, str | None, str | None, bool]:
+    """Whether our shim has its kernels, the compiler that built it, the variant it was
+    built as (a shim built before it said so says nothing) and whether it takes a prompt's
+    products past 32 rows."""
     shim = ctypes.CDLL(provider, mode=os.RTLD_NOLOAD)
     kernels = bool(shim.semantic_blas_small_kernels())
-    return kernels, _said(shim, "semantic_blas_compiler"), _said(shim, "semantic_kernel_variant")
+    prompt = hasattr(shim, "semantic_prompt_products") and bool(shim.semantic_prompt_products())
+    compiler, variant = (
+        _said(shim, "semantic_blas_compiler"),
+        _said(shim, "semantic_kernel_variant"),
+    )
+    return kernels, compiler, variant, prompt
 
 
 def _said(library: ctypes.CDLL, function: str) -> str | None:
@@ -277,7 +315,8 @@ def report_blas() -> BlasStatus:
             CORETYPE_ENV,
         )
     elif status.core is not None and status.core.wider:
-        log.warning("BLAS: %s (ADR 0004: prompts run on the narrower kernels)", status.describe())
+        where = "their attention scores" if status.prompt_products else "prompts"
+        log.warning("BLAS: %s (ADR 0004: %s run on the narrower kernels)", status.describe(), where)
     else:
         log.info("BLAS: %s", status.describe())
     return status

@@ -121,6 +121,28 @@ def _cores_for(cpu_flags: Iterable[str]) -> tuple[str, ...]:
     return ()
 
 
+_CORE_LANES = {"skylakex": 16, "cooperlake": 16, "sapphirerapids": 16, "haswell": 8, "zen": 8}
+"""float32 lanes of the vectors an OpenBLAS core's sgemm kernels use (generic cores: 4)."""
+_VARIANT_LANES = {"avx512": 16, "avx2": 8, "neon": 4}
+"""float32 lanes of our kernel variants' vectors (``baseline`` has no kernels)."""
+
+
+def core_lanes(core: str | None) -> int | None:
+    """The float32 lanes of ``core``'s sgemm kernels; None for a core not listed here."""
+    if core is None:
+        return None
+    return 4 if is_generic(core) else _CORE_LANES.get(core.strip().lower())
+
+
+def prompt_products_ours(core: str | None, variant: str | None) -> bool:
+    """Whether a prompt's products past 32 rows should run on our kernels rather than
+    OpenBLAS's: where our variant's vectors are wider than those of the core OpenBLAS runs
+    (Haswell's on an AVX-512 CPU, as a machine's profile may set it; ADR 0004)."""
+    ours = _VARIANT_LANES.get(variant or "")
+    theirs = core_lanes(core)
+    return ours is not None and theirs is not None and ours > theirs
+
+
 def user_core(environ: Mapping[str, str]) -> str | None:
     """The core the user (or the machine's profile) asked for; never overridden."""
     value = environ.get(CORETYPE_ENV, "").strip()

@@ -14,6 +14,7 @@
  *     B transposed (x @ W^T: every linear layer, attention scores)  -> dot-product tiles
  *       (AVX2, 16 or 32 rows, 64+ columns: the same sums in lane tiles, lane_tiles.h)
  *     B plain (probabilities @ V)                                   -> broadcast tiles
+ *   more rows, B transposed, where Python asks (semantic_set_prompt_products) -> dot tiles
  * and passes everything else to OpenBLAS's sgemm unchanged. Built for a CPU without fused
  * multiply-add (x86 before AVX2) it keeps the older behaviour: up to three rows go to
  * OpenBLAS's sgemv. Every variant (AVX-512, AVX2 + FMA, NEON) runs the same source
@@ -362,6 +363,24 @@ static void run(const product_t *p) {
     share(product_columns, p, p->n, p->chunk);
 }
 
+/* ---- products past SMALL_MAX_ROWS ---------------------------------------------------
+ * A prompt's products (x @ W^T, more rows than a decode step) are OpenBLAS's, unless
+ * Python asks for ours: where OpenBLAS runs a narrower core than this build's variant
+ * (Haswell's AVX2 kernels, set by a machine's profile on an AVX-512 CPU), the dot tiles
+ * compute a 256-row chunk's products over depth 576 in 0.48-0.74x OpenBLAS's time (ADR
+ * 0004). Attention's scores (a depth the held rows take) stay OpenBLAS's: there ours ran
+ * 1.5-2x slower. The dot tiles also give each row the bits it gets alone. */
+static atomic_int prompt_products;
+
+void semantic_set_prompt_products(int ours) { atomic_store(&prompt_products, ours); }
+
+int semantic_prompt_products(void) { return atomic_load(&prompt_products); }
+
+static int prompt_rows_ours(int trans_b, int k) {
+    int asked = atomic_load_explicit(&prompt_products, memory_order_relaxed);
+    return asked && trans_b == TRANS && !held_fits(k);
+}
+
 /* The same helper for our other kernels (native/softmax_pv.c finds this with dlsym), so
  * the process never has more than one extra compute thread of ours. */
 void semantic_parallel_for(work_fn work, const void *context, int total, int chunk) {
@@ -371,6 +390,8 @@ void semantic_parallel_for(work_fn work, const void *context, int total, int chu
 #define HAVE_KERNELS 0
 void semantic_set_helper_cpu(int cpu) { (void)cpu; } /* no helper without the kernels */
 void semantic_set_helper_enabled(int enabled) { (void)enabled; }
+void semantic_set_prompt_products(int ours) { (void)ours; } /* OpenBLAS's: no kernels */
+int semantic_prompt_products(void) { return 0; }
 #endif
 
 /* Python reads these to say which products run here, and if not, why. */
@@ -394,6 +415,11 @@ void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k, float
     if (order == ROW_MAJOR && trans_a == NO_TRANS && m > 0 && n > 0 && k > 0) {
         product_t p = {m, n, k, lda, ldb, ldc, alpha, beta, a, b, c, NULL, DOT_CHUNK, NULL};
 #if HAVE_KERNELS
+        if (m > SMALL_MAX_ROWS && prompt_rows_ours(trans_b, k)) {
+            p.columns = dot_columns;
+            run(&p);
+            return;
+        }
         if (m <= SMALL_MAX_ROWS) {
             if (trans_b == NO_TRANS) p.chunk = BROADCAST_CHUNK;
             p.columns = trans_b == NO_TRANS ? broadcast_columns
