@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from semantic.adapters.mlx.cpu.blas import PROMPT_PRODUCTS_ENV
 from semantic.adapters.mlx.cpu.kernel_variant import (
     VARIANT_ENV,
     this_cpus_variants,
@@ -61,7 +62,11 @@ def _fma_variants() -> list[str]:
 
 
 def _run(variant: str, model: Path) -> dict[str, Any]:
-    done = run_python(_PROBE % {"model": str(model)}, **{VARIANT_ENV: variant})
+    """The probe on ``variant``, the prompt's products on our kernels whatever OpenBLAS's
+    core (left to itself, each variant chooses by its own width against the core's: ADR
+    0004), so that the digest covers them too."""
+    env = {VARIANT_ENV: variant, PROMPT_PRODUCTS_ENV: "ours"}
+    done = run_python(_PROBE % {"model": str(model)}, **env)
     assert done.returncode == 0, done.stderr[-3000:]
     found: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     assert found["variant"] == variant, found
