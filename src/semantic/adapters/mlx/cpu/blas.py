@@ -145,6 +145,8 @@ def _prompt_products_wanted(status: BlasStatus) -> bool:
     asked = os.environ.get(PROMPT_PRODUCTS_ENV, "").strip().lower()
     if asked in ("ours", "openblas"):
         return asked == "ours"
+    if asked:
+        log.warning("%s=%s: ours or openblas; deciding by the cores", PROMPT_PRODUCTS_ENV, asked)
     core = status.core.core if status.core is not None else None
     return prompt_products_ours(core, status.variant)
 
