@@ -252,11 +252,8 @@ def _shim_build(provider: str) -> tuple[bool, str | None, str | None, bool]:
     shim = ctypes.CDLL(provider, mode=os.RTLD_NOLOAD)
     kernels = bool(shim.semantic_blas_small_kernels())
     prompt = hasattr(shim, "semantic_prompt_products") and bool(shim.semantic_prompt_products())
-    compiler, variant = (
-        _said(shim, "semantic_blas_compiler"),
-        _said(shim, "semantic_kernel_variant"),
-    )
-    return kernels, compiler, variant, prompt
+    compiler = _said(shim, "semantic_blas_compiler")
+    return kernels, compiler, _said(shim, "semantic_kernel_variant"), prompt
 
 
 def _said(library: ctypes.CDLL, function: str) -> str | None:

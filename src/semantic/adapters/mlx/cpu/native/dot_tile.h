@@ -60,12 +60,7 @@ static inline __attribute__((always_inline)) void dot_tile(
             }
         }
     }
-#if LANES == 16
-    if (rows * cols == 16)
-        halve16(acc, dots);
-    else
-#endif
-        halve_each(rows * cols, acc, dots);
+    halve_each(rows * cols, acc, dots);
     for (; at < k; at++)
         for (int i = 0; i < rows; i++)
             for (int j = 0; j < cols; j++) /* one rounding, as the lanes' sums */

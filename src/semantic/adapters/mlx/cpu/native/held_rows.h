@@ -16,7 +16,7 @@
 enum { HELD_BLOCK = 64 };
 
 /* Rows of B a held row meets at once: sixteen on AVX-512, their sums halved together
- * (halve16: 15 folds for sixteen sums against 20 by four, and sixteen key rows read side
+ * (halve_each's halve16: 15 folds for sixteen sums against 20 by four, and sixteen key rows read side
  * by side); four elsewhere. */
 #if LANES == 16
 #define HELD_COLS 16
@@ -36,13 +36,7 @@ static inline __attribute__((always_inline)) void dot_held(const int steps, cons
         for (int q = 0; q < PARTS; q++)
             for (int j = 0; j < cols; j++)
                 acc[j][q] += x[s][q] * load(b + j * stride + 16 * s + q * LANES);
-#if LANES == 16
-    if (cols == 16) {
-        halve16(acc, dots);
-        return;
-    }
-#endif
-    halve_each(cols, acc, dots);
+    halve_each(cols, acc, dots); /* sixteen together on AVX-512 */
 }
 
 static inline __attribute__((always_inline)) void held_columns_by(

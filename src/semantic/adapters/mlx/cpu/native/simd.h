@@ -189,22 +189,6 @@ static inline void halve4(const vf acc[][PARTS], float out[4]) {
     memcpy(out, &f, 4 * sizeof(float));
 }
 
-/* sums[t] = halve(acc[t]) for every t < count, four at a time by the tree; the last one
- * to three go through it too, repeated to fill its four. */
-static inline __attribute__((always_inline)) void halve_each(const int count,
-                                                             const vf acc[][PARTS], float *sums) {
-    int t = 0;
-    for (; t + 4 <= count; t += 4) halve4(acc + t, sums + t);
-    if (t < count) {
-        vf last[4][PARTS];
-        float four[4];
-        for (int u = 0; u < 4; u++)
-            for (int q = 0; q < PARTS; q++) last[u][q] = acc[t + u % (count - t)][q];
-        halve4(last, four);
-        for (int u = 0; u < count - t; u++) sums[t + u] = four[u];
-    }
-}
-
 #if LANES == 16
 /* Lane i of the result is the sum of the 16 lanes of acc[i], each by halve4's tree with its
  * operands in the same order (so sixteen sums halved together are the bits of four by four). */
@@ -217,5 +201,26 @@ static inline void halve16(const vf acc[][PARTS], float out[16]) {
     memcpy(out, &sums, sizeof sums);
 }
 #endif
+
+/* sums[t] = halve(acc[t]) for every t < count: sixteen at a time where a register has 16
+ * lanes (halve16), then four at a time by the tree; the last one to three go through it
+ * too, repeated to fill its four. The same bits whichever way a sum goes. */
+static inline __attribute__((always_inline)) void halve_each(const int count,
+                                                             const vf acc[][PARTS], float *sums) {
+    int t = 0;
+#if LANES == 16
+    for (; t + 16 <= count; t += 16) halve16(acc + t, sums + t);
+#endif
+    for (; t + 4 <= count; t += 4) halve4(acc + t, sums + t);
+    if (t < count) {
+        vf last[4][PARTS];
+        float four[4];
+        for (int u = 0; u < 4; u++)
+            for (int q = 0; q < PARTS; q++) last[u][q] = acc[t + u % (count - t)][q];
+        halve4(last, four);
+        for (int u = 0; u < count - t; u++) sums[t + u] = four[u];
+    }
+}
+
 
 #endif
