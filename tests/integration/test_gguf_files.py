@@ -17,7 +17,7 @@ from mlx import nn
 from semantic.adapters.cli.progress import ProgressPrinter
 from semantic.adapters.mlx.cpu import accelerations_for
 from semantic.adapters.mlx.cpu.blas import blas_in_use
-from semantic.adapters.mlx.cpu.host_weights import HostBfloat16Linear, HostQuantizedLinear
+from semantic.adapters.mlx.cpu.host_twins import HostBfloat16Linear, HostQuantizedLinear
 from semantic.adapters.mlx.cpu.llama_native import native_library
 from semantic.adapters.mlx.errors import CorruptModelError, UnsupportedModelError
 from semantic.adapters.mlx.kv.kv_blocks import spec_from_model

@@ -16,15 +16,14 @@ from semantic.adapters.mlx.accelerator import Group
 from semantic.adapters.mlx.cpu import host_weights
 from semantic.adapters.mlx.cpu.attention import install as install_attention
 from semantic.adapters.mlx.cpu.host_pass import HostPass
-from semantic.adapters.mlx.cpu.host_weights import (
+from semantic.adapters.mlx.cpu.host_twins import (
     HostBfloat16Embedding,
     HostBfloat16Linear,
     HostQuantizedEmbedding,
     HostQuantizedLinear,
-    HostWeight,
-    product,
 )
 from semantic.adapters.mlx.cpu.llama_native import native_library
+from semantic.adapters.mlx.cpu.weight_structs import HostWeight, product, table_rows
 from tests.helpers import tiny_family
 
 TOLERANCE = 5e-4
@@ -71,6 +70,19 @@ def test_a_quantized_product_is_the_float32_product_of_its_dequantized_weights(
     theirs = product(HostWeight.of(plain), x, plain.bias)
     assert np.array_equal(np.asarray(ours), np.asarray(theirs))
     assert close(ours, layer(x))  # MLX's quantized matmul
+
+
+def test_a_4_bit_twin_holds_its_words_in_pair_order_and_leaves_the_layer_alone() -> None:
+    """Byte j of every 32 inputs holds input j (low nibble) and input j + 16 (high): a row
+    whose input i has the value i % 16 becomes bytes 0x00, 0x11, ... 0xff, twice."""
+    layer = quantized_linear(4, out_dims=1, in_dims=64)
+    values = np.arange(64, dtype=np.uint32) % 16
+    mlx_order = (values.reshape(8, 8) << (4 * np.arange(8, dtype=np.uint32))).sum(axis=1)
+    layer.weight = mx.array(mlx_order.astype(np.uint32).reshape(1, 8))
+    twin = HostQuantizedLinear(layer)
+    ours = np.asarray(twin.weight).view(np.uint8).reshape(-1)
+    assert ours.tolist() == [j | j << 4 for j in range(16)] * 2
+    assert np.array_equal(np.asarray(layer.weight), mlx_order.reshape(1, 8))  # its own kept
 
 
 @pytest.mark.parametrize("bits", [4, 8])
@@ -182,7 +194,7 @@ def test_narrow_scales_past_one_block_of_groups_in_every_path(dtype: Any) -> Non
         a.astype(dtype).astype(mx.float32) for a in (layer.scales, layer.biases)
     )
     reference = dequantized(layer)
-    narrow = host_weights.HostQuantizedLinear(layer)
+    narrow = HostQuantizedLinear(layer)
     narrow.scales, narrow.biases = (a.astype(dtype) for a in (layer.scales, layer.biases))
     narrow._host = HostWeight.of(narrow)  # noqa: SLF001 - the struct over the narrow arrays
     assert narrow.scales.dtype == dtype
@@ -298,15 +310,16 @@ def test_each_llama_bodied_family_runs_quantized_on_the_host_as_mlx_does(
 
 def test_a_4_bit_model_on_the_host_computes_the_bits_of_its_dequantized_copy() -> None:
     """Dequantization rounds as ``mx.dequantize`` does, and the product is the float32
-    one: a 4-bit model served here is its float32 copy, faster."""
-    _, quantized = quantized_family("llama", 4)
+    one: a 4-bit model served here is its float32 copy, faster (its words in our order are
+    the same weights as MLX's: the copy is made from MLX's)."""
+    as_mlx_has_it, quantized = quantized_family("llama", 4)
     plain = tiny_family("llama", seed=5)
     assert install_attention(plain)
     plain_layers = dict(plain.named_modules())
-    for name, layer in quantized.named_modules():
+    for name, layer in as_mlx_has_it.named_modules():
         if isinstance(layer, nn.QuantizedLinear):  # type: ignore[attr-defined]  # mlx.nn
             plain_layers[name].weight = dequantized(layer).weight
-    embedding = quantized.model.embed_tokens
+    embedding = as_mlx_has_it.model.embed_tokens
     plain.model.embed_tokens.weight = mx.dequantize(
         embedding.weight, embedding.scales, embedding.biases, group_size=32, bits=4
     )
@@ -349,20 +362,25 @@ def test_a_bfloat16_model_on_the_host_computes_the_bits_of_its_float32_copy(fami
 
 @pytest.mark.parametrize("kind", ["q4", "q8", "bf16"])
 def test_a_pass_reads_an_embeddings_rows_as_its_own_module_computes_them(kind: str) -> None:
-    """The host pass takes its input rows from ``table_rows`` (our C), not MLX's graph."""
+    """The host pass takes its input rows from ``table_rows`` (our C), not MLX's graph; they
+    are the rows MLX's own module gives (a 4-bit twin's words rearranged, the same values),
+    and the twin's own lookup gives them too."""
     mx.random.seed(7)
     plain = nn.Embedding(300, 96)  # type: ignore[attr-defined]  # mlx.nn: untyped
     if kind == "bf16":
         plain.weight = plain.weight.astype(mx.bfloat16)
+        as_mlx_has_it: Any = plain
         twin: Any = HostBfloat16Embedding(plain)
     else:
         bits = 4 if kind == "q4" else 8
-        twin = HostQuantizedEmbedding(nn.QuantizedEmbedding.from_embedding(plain, 32, bits))  # type: ignore[attr-defined]  # mlx.nn: untyped
+        as_mlx_has_it = nn.QuantizedEmbedding.from_embedding(plain, 32, bits)  # type: ignore[attr-defined]  # mlx.nn: untyped
+        twin = HostQuantizedEmbedding(as_mlx_has_it)
     ids = np.array([0, 5, 299, 5, 17])
     host = host_weights.table_of(twin)
     assert host is not None
-    ours = host_weights.table_rows(host, ids)
-    assert np.array_equal(ours, np.asarray(twin(mx.array(ids)).astype(mx.float32)))
+    ours = table_rows(host, ids)
+    assert np.array_equal(ours, np.asarray(as_mlx_has_it(mx.array(ids)).astype(mx.float32)))
+    assert np.array_equal(ours, np.asarray(twin(mx.array(ids))))
     assert host_weights.table_of(plain) is None
     with pytest.raises(IndexError):
-        host_weights.table_rows(host, np.array([3, 300]))
+        table_rows(host, np.array([3, 300]))

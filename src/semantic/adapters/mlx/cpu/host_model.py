@@ -20,8 +20,13 @@ from mlx import nn
 
 from semantic.adapters.mlx.cpu import attention, host_weights
 from semantic.adapters.mlx.cpu.fused_pass import fusion_obstacle
-from semantic.adapters.mlx.cpu.host_weights import HostWeight, WeightStruct, plain_float32
 from semantic.adapters.mlx.cpu.llama_layer import LlamaLayer
+from semantic.adapters.mlx.cpu.weight_structs import (
+    HostWeight,
+    WeightStruct,
+    plain_float32,
+    table_rows,
+)
 from semantic.adapters.mlx.lm import Llama3RoPE
 from semantic.adapters.mlx.models.model_parts import MLPS
 
@@ -229,5 +234,5 @@ def _embedding_of(embedding: Any) -> Callable[[np.ndarray], np.ndarray]:
         return lambda tokens: table[tokens]
     host = host_weights.table_of(embedding)
     if host is not None:
-        return lambda tokens: host_weights.table_rows(host, tokens)
+        return lambda tokens: table_rows(host, tokens)
     return lambda tokens: np.asarray(embedding(mx.array(tokens)))

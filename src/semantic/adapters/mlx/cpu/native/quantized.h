@@ -3,6 +3,12 @@
  * them: the words unpacked into vector lanes and dequantized with mx.dequantize's
  * roundings, or bfloat16 widened (exactly: its bits are a float32's upper half). See
  * docs/adr/0031-quantized-weights-on-the-host.md.
+ *
+ * 4-bit weights are read in pair order, not MLX's: in every 32 inputs of a row, byte j
+ * holds input j in its low nibble and input j + 16 in its high one (the layout of a
+ * GGUF's Q4 blocks; host_weights.py rearranges MLX's words so at load). Sixteen bytes
+ * widened a byte a lane are then two vectors of weights in input order, each byte read
+ * once, where MLX's order (inputs 2j and 2j + 1 in byte j) needs a shuffle per vector.
  */
 #ifndef SEMANTIC_QUANTIZED_H
 #define SEMANTIC_QUANTIZED_H
@@ -103,37 +109,16 @@ static inline group_floats_t group_floats(const weight_t *w, int kind, long row,
 /* Bytes an entry of scales or biases takes. */
 static inline long group_value_bytes(int type) { return type == GROUPS_FLOAT32 ? 4 : 2; }
 
-/* The quantized values at inputs [at, at + LANES) of a row (a multiple of LANES): four
- * 8-bit or eight 4-bit values to a word, low bits first. `byte_lanes` gives one value a
- * lane; `nibble_lanes` one 4-bit value in each lane's low bits (the caller masks). x86
- * widens bytes to ints in one instruction (gcc 12 makes sixteen scalar moves of the same
- * widening spelled as __builtin_convertvector or as a byte shuffle), so there, and only
- * there, the intrinsics; with four lanes a register is one word, or half of one. */
+/* LANES bytes from `row + at`, one a lane (8-bit weights; 4-bit ones' bytes in pair
+ * order), and bfloat16 halves widened. x86 widens bytes to ints in one instruction (gcc 12
+ * makes sixteen scalar moves of the same widening spelled as __builtin_convertvector or as
+ * a byte shuffle), so there, and only there, the intrinsics; with four lanes a register is
+ * one word. */
 #if LANES == 16 && defined(__AVX512F__)
 #include <immintrin.h>
 static inline vi byte_lanes(const unsigned char *row, int at) {
     return (vi)_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(row + at)));
 }
-#if defined(__AVX512BW__)
-/* The eight bytes in every 128-bit quarter (a broadcast load), byte i / 2 into lane i's
- * low byte and zeros above (one in-quarter byte shuffle), odd lanes shifted right by 4:
- * two instructions where widening the bytes took four. */
-static inline vi nibble_lanes(const unsigned char *row, int at) {
-    long long bytes;
-    memcpy(&bytes, row + (unsigned)at / 2, sizeof bytes); /* at >= 0: a shift */
-    enum { ZEROS = (int)0x80808000u }; /* a shuffle index with its top bit set writes a zero */
-    const __m512i pick = _mm512_setr_epi32(
-        ZEROS | 0, ZEROS | 0, ZEROS | 1, ZEROS | 1, ZEROS | 2, ZEROS | 2, ZEROS | 3, ZEROS | 3,
-        ZEROS | 4, ZEROS | 4, ZEROS | 5, ZEROS | 5, ZEROS | 6, ZEROS | 6, ZEROS | 7, ZEROS | 7);
-    const __m512i odd = _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
-    return (vi)_mm512_srlv_epi32(_mm512_shuffle_epi8(_mm512_set1_epi64(bytes), pick), odd);
-}
-#else
-static inline vi nibble_lanes(const unsigned char *row, int at) {
-    __m128i bytes = _mm_loadl_epi64((const __m128i *)(row + at / 2));
-    return (vi)_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(bytes, _mm_srli_epi16(bytes, 4)));
-}
-#endif
 static inline vi bfloat16_lanes(const unsigned char *row, int at) {
     __m256i halves = _mm256_loadu_si256((const __m256i *)(row + 2 * (long)at));
     return (vi)_mm512_slli_epi32(_mm512_cvtepu16_epi32(halves), 16);
@@ -143,14 +128,6 @@ static inline vi bfloat16_lanes(const unsigned char *row, int at) {
 static inline vi byte_lanes(const unsigned char *row, int at) {
     return (vi)_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(row + at)));
 }
-/* The word in every lane, lane i shifted right by 4 i: two instructions where widening the
- * bytes took four. */
-static inline vi nibble_lanes(const unsigned char *row, int at) {
-    int word;
-    memcpy(&word, row + (unsigned)at / 2, sizeof word); /* at >= 0: a shift */
-    return (vi)_mm256_srlv_epi32(_mm256_set1_epi32(word),
-                                 _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
-}
 static inline vi bfloat16_lanes(const unsigned char *row, int at) {
     __m128i halves = _mm_loadu_si128((const __m128i *)(row + 2 * (long)at));
     return (vi)_mm256_slli_epi32(_mm256_cvtepu16_epi32(halves), 16);
@@ -158,17 +135,10 @@ static inline vi bfloat16_lanes(const unsigned char *row, int at) {
 #elif LANES == 4
 typedef unsigned int vwords __attribute__((vector_size(4 * LANES)));
 
-static inline vi word_lanes(const unsigned char *at, vwords shift) {
-    unsigned int word;
-    memcpy(&word, at, sizeof word);
-    return (vi)((vwords)splat_int((int)word) >> shift);
-}
 static inline vi byte_lanes(const unsigned char *row, int at) {
-    return word_lanes(row + at, (vwords){0, 8, 16, 24}) & splat_int(255);
-}
-static inline vi nibble_lanes(const unsigned char *row, int at) {
-    unsigned int half = (unsigned int)(at % 8 * 4); /* 16 in a word's second half */
-    return word_lanes(row + at / 8 * 4, (vwords){0, 4, 8, 12} + half);
+    unsigned int word;
+    memcpy(&word, row + at, sizeof word);
+    return (vi)((vwords)splat_int((int)word) >> (vwords){0, 8, 16, 24}) & splat_int(255);
 }
 typedef unsigned short vhalves __attribute__((vector_size(2 * LANES)));
 
@@ -180,10 +150,6 @@ static inline vi bfloat16_lanes(const unsigned char *row, int at) {
 #else
 #error "a vector width simd.h does not make"
 #endif
-
-static inline vi quantized_ints(const unsigned char *row, int kind, int at) {
-    return kind == WEIGHT_Q8 ? byte_lanes(row, at) : nibble_lanes(row, at) & splat_int(15);
-}
 
 /* q * scale rounded, then + bias rounded, as mx.dequantize computes them: the empty asm
  * hides the product from the compiler, which would otherwise fuse the two into one
@@ -222,15 +188,29 @@ static inline group_decoder_t group_decoder(float scale, float bias) {
     return d;
 }
 
+/* The bytes of a 4-bit row (pair order) that hold inputs [at, at + LANES) and
+ * [at ^ 16, (at ^ 16) + LANES), a byte a lane: the first in their low nibbles if at % 32
+ * is under 16, else in their high ones. */
+static inline vi paired_bytes(const unsigned char *row, int at) {
+    return byte_lanes(row, (at >> 5 << 4) + (at & 15));
+}
+
+/* Those bytes' low (`high` 0) or high nibbles, dequantized. */
+static inline vf paired_weights(vi bytes, int high, const group_decoder_t *d) {
+#if TABLE_LOOKUP
+    /* the shuffle reads an index's low four bits: no mask */
+    return __builtin_shuffle(d->table, high ? bytes >> 4 : bytes);
+#else
+    vi nibbles = high ? bytes >> 4 : bytes & splat_int(15); /* bytes are 0-255 */
+    return dequantized(__builtin_convertvector(nibbles, vf), d->scale, d->bias);
+#endif
+}
+
 /* The dequantized weights at inputs [at, at + LANES) of a row (`d` unused for bfloat16). */
 static inline vf weights_at(const unsigned char *row, int kind, int at, const group_decoder_t *d) {
     if (kind == WEIGHT_BF16) return (vf)bfloat16_lanes(row, at);
-#if TABLE_LOOKUP
-    /* the shuffle reads an index modulo 16: its low four bits, so no mask */
-    if (kind == WEIGHT_Q4) return __builtin_shuffle(d->table, nibble_lanes(row, at));
-#endif
-    return dequantized(__builtin_convertvector(quantized_ints(row, kind, at), vf), d->scale,
-                       d->bias);
+    if (kind == WEIGHT_Q4) return paired_weights(paired_bytes(row, at), at & 16, d);
+    return dequantized(__builtin_convertvector(byte_lanes(row, at), vf), d->scale, d->bias);
 }
 
 /* Group `g` of a block `group_floats` gave (bfloat16 weights have none). */
@@ -244,7 +224,7 @@ static inline int group_inputs(const weight_t *w, int kind, int n) {
     return kind == WEIGHT_BF16 ? n : w->group;
 }
 
-/* One row of `n` inputs (a multiple of 16) dequantized. */
+/* One row of `n` inputs (a multiple of 16; of 32 for 4-bit) dequantized, in input order. */
 static void dequantize_row(const weight_t *w, long row, int n, float *out) {
     int group = group_inputs(w, w->kind, n), groups = n / group;
     const unsigned char *packed = (const unsigned char *)w->data + row * (long)n * w->kind / 8;
@@ -254,6 +234,15 @@ static void dequantize_row(const weight_t *w, long row, int n, float *out) {
         group_floats_t f = group_floats(w, w->kind, row, groups, first, count, room);
         for (int g = first; g < first + count; g++) {
             group_decoder_t d = row_decoder(&f, g - first);
+            if (w->kind == WEIGHT_Q4) { /* each byte read once for its two inputs */
+                for (int at = g * group; at < (g + 1) * group; at += 32)
+                    for (int q = 0; q < PARTS; q++) {
+                        vi bytes = paired_bytes(packed, at + q * LANES);
+                        store(out + at + q * LANES, paired_weights(bytes, 0, &d));
+                        store(out + at + 16 + q * LANES, paired_weights(bytes, 1, &d));
+                    }
+                continue;
+            }
             for (int at = g * group; at < (g + 1) * group; at += LANES)
                 store(out + at, weights_at(packed, w->kind, at, &d));
         }

@@ -177,6 +177,13 @@ static inline __attribute__((always_inline)) void fused_tile(const int rows, con
         for (int i = 0; i < rows; i++)
             for (int q = 0; q < PARTS; q++) acc[c][i][q] = splat(0.0f);
     float room[FUSED_COLS][2 * GROUP_BLOCK];
+    const float *xs[FUSED_ROWS]; /* one pointer a row (gcc had run out of registers) */
+    for (int i = 0; i < rows; i++) xs[i] = t->x + (long)i * t->in;
+    /* 4-bit: 32 inputs a step, two weights from each byte, read once (quantized.h). 16
+     * lanes keep a step's bytes in a register; 8 lanes read them again for the high nibbles
+     * (kept, they spilled). One-row products 0.78-0.83x the time of MLX's order (one
+     * thread); a decode step of one sequence 0.86-0.90x (AVX-512), AVX2 even (ADR 0031). */
+    const int step = kind == WEIGHT_Q4 ? 32 : 16, keep = LANES == 16;
     for (int first = 0; first < groups; first += GROUP_BLOCK) {
         int count = groups - first < GROUP_BLOCK ? groups - first : GROUP_BLOCK;
         group_floats_t f[FUSED_COLS];
@@ -185,15 +192,25 @@ static inline __attribute__((always_inline)) void fused_tile(const int rows, con
         for (int g = first; g < first + count; g++) {
             group_decoder_t d[FUSED_COLS];
             for (int c = 0; c < cols; c++) d[c] = row_decoder(&f[c], g - first);
-            for (int at = g * group; at < (g + 1) * group; at += 16)
-                for (int q = 0; q < PARTS; q++) {
-                    vf x[FUSED_ROWS];
-                    for (int i = 0; i < rows; i++) x[i] = load(t->x + (long)i * t->in + at + q * LANES);
-                    for (int c = 0; c < cols; c++) {
-                        vf weights = weights_at(packed + c * row_bytes, kind, at + q * LANES, &d[c]);
-                        for (int i = 0; i < rows; i++) acc[c][i][q] += x[i] * weights;
+            for (int at = g * group; at < (g + 1) * group; at += step) {
+                vi kept_bytes[FUSED_COLS][PARTS];
+                for (int c = 0; c < cols && step == 32 && keep; c++)
+                    for (int q = 0; q < PARTS; q++)
+                        kept_bytes[c][q] = byte_lanes(packed + c * row_bytes, (at >> 1) + q * LANES);
+                for (int h = 0; h < step / 16; h++)
+                    for (int q = 0; q < PARTS; q++) {
+                        int in = at + 16 * h + q * LANES;
+                        vf x[FUSED_ROWS];
+                        for (int i = 0; i < rows; i++) x[i] = load(xs[i] + in);
+                        for (int c = 0; c < cols; c++) {
+                            const unsigned char *row = packed + c * row_bytes;
+                            vf weights = step == 16 ? weights_at(row, kind, in, &d[c])
+                                         : keep ? paired_weights(kept_bytes[c][q], h, &d[c])
+                                                : paired_weights(byte_lanes(row, (at >> 1) + q * LANES), h, &d[c]);
+                            for (int i = 0; i < rows; i++) acc[c][i][q] += x[i] * weights;
+                        }
                     }
-                }
+            }
         }
     }
     vf flat[FUSED_COLS * FUSED_ROWS][PARTS]; /* summed by the tree, four at a time */
@@ -231,22 +248,26 @@ static inline __attribute__((always_inline)) void fused_span(const int rows, con
 /* Accumulator registers a tile may take: 8 of AVX-512's 32 and of AVX2's 16, 16 of NEON's
  * 32 (the rest hold the rows, the weights and their decoders). One row on AVX2 takes 4:
  * with 8, four output rows' scales and biases (8 more registers) did not fit beside them,
- * and two output rows at a time ran a 49,152-row 8-bit head 1.4-1.7x faster (Zen 3). */
-#define TILE_ACCUMULATORS(rows) (LANES == 4 ? 16 : LANES == 8 && (rows) == 1 ? 4 : 8)
-#define TILE_FIT(rows) (TILE_ACCUMULATORS(rows) / ((rows) * PARTS))
-#define FUSED_TILE_COLS(rows) (TILE_FIT(rows) >= FUSED_COLS ? FUSED_COLS : TILE_FIT(rows) ? TILE_FIT(rows) : 1)
+ * and two output rows at a time ran a 49,152-row 8-bit head 1.4-1.7x faster (Zen 3). Two
+ * 4-bit rows too (their 32-input steps spilled with two output rows: 1.24x the time, one
+ * output row 0.94-0.99x; 8-bit rows kept two: one was 1.10x). */
+#define TILE_ACCUMULATORS(rows, kind) \
+    (LANES == 4 ? 16 : LANES == 8 && ((rows) == 1 || ((rows) == 2 && (kind) == WEIGHT_Q4)) ? 4 : 8)
+#define TILE_FIT(rows, kind) (TILE_ACCUMULATORS(rows, kind) / ((rows) * PARTS))
+#define FUSED_TILE_COLS(rows, kind) \
+    (TILE_FIT(rows, kind) >= FUSED_COLS ? FUSED_COLS : TILE_FIT(rows, kind) ? TILE_FIT(rows, kind) : 1)
 
 /* The loop compiled for each row count and format; fewer rows, more output rows at once. */
 #define FUSED_CASES(kind)                                                                  \
     switch (t->rows) {                                                                     \
-    case 1: fused_span(1, FUSED_TILE_COLS(1), kind, t, from, to); break;                         \
-    case 2: fused_span(2, FUSED_TILE_COLS(2), kind, t, from, to); break;                         \
-    case 3: fused_span(3, FUSED_TILE_COLS(3), kind, t, from, to); break;                         \
-    case 4: fused_span(4, FUSED_TILE_COLS(4), kind, t, from, to); break;                         \
-    case 5: fused_span(5, FUSED_TILE_COLS(5), kind, t, from, to); break;                         \
-    case 6: fused_span(6, FUSED_TILE_COLS(6), kind, t, from, to); break;                         \
-    case 7: fused_span(7, FUSED_TILE_COLS(7), kind, t, from, to); break;                         \
-    default: fused_span(8, FUSED_TILE_COLS(8), kind, t, from, to); break;                        \
+    case 1: fused_span(1, FUSED_TILE_COLS(1, kind), kind, t, from, to); break;                         \
+    case 2: fused_span(2, FUSED_TILE_COLS(2, kind), kind, t, from, to); break;                         \
+    case 3: fused_span(3, FUSED_TILE_COLS(3, kind), kind, t, from, to); break;                         \
+    case 4: fused_span(4, FUSED_TILE_COLS(4, kind), kind, t, from, to); break;                         \
+    case 5: fused_span(5, FUSED_TILE_COLS(5, kind), kind, t, from, to); break;                         \
+    case 6: fused_span(6, FUSED_TILE_COLS(6, kind), kind, t, from, to); break;                         \
+    case 7: fused_span(7, FUSED_TILE_COLS(7, kind), kind, t, from, to); break;                         \
+    default: fused_span(8, FUSED_TILE_COLS(8, kind), kind, t, from, to); break;                        \
     }
 
 static void fused_units(const void *context, int from, int to) {
