@@ -226,9 +226,9 @@ static inline __attribute__((always_inline)) void fused_tile(const int rows, con
         }
 }
 
-/* Output rows a helper's claim: a few long runs, so that each thread reads its weights as
- * one stream (claims of 16 rows interleaved the two threads' reads and halved the rate of
- * a 49,152-row head). */
+/* The fewest output rows a claim takes: an eighth of them (claims of 16 rows throughout
+ * interleaved the two threads' reads and halved the rate of a 49,152-row head; since
+ * claims shrink to their least only at the end, 16 rows at least read even). */
 static int fused_chunk(int units) {
     int chunk = units / FUSED_CHUNKS / 16 * 16;
     return chunk < 16 ? 16 : chunk;

@@ -1,7 +1,7 @@
 /*
  * One helper thread beside the thread that calls our kernels, sharing a product's columns
  * (or any range of units) by work stealing: `share` offers the work, and both threads
- * claim chunks until none are left. If the helper is slow to wake (or its core is busy
+ * claim runs of chunks until none are left. If the helper is slow to wake (or its core is busy
  * with another thread) the caller simply does more chunks; it only ever waits for a helper
  * that is mid-chunk. A column is computed the same way by either thread, so the split
  * never changes a result. Included by small_sgemm.c, which exports `share` to our other
@@ -35,8 +35,8 @@ typedef void (*work_fn)(const void *context, int from, int to);
 typedef struct {
     work_fn work;
     const void *context;
-    int total, chunk, chunks;
-    atomic_int next;      /* the next unclaimed chunk */
+    int total, chunk;     /* units, and the fewest a claim takes */
+    atomic_int next;      /* the first unclaimed unit */
     atomic_int let_go;    /* set by the helper after its last access to this job */
 } job_t;
 
@@ -54,10 +54,21 @@ static long long now_ns(void) {
     return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
 }
 
+/* Each claim takes a quarter of the units left (whole chunks, one at least): long runs
+ * while much is left, so that each thread reads its part of a matrix as one stream, and
+ * single chunks at the end, so that neither waits long for the other. Claims of one
+ * chunk throughout interleaved the threads' reads (a 49,152-row head at half the rate);
+ * sixteen 4-bit or float32 decode rows 0.96-0.98x the time with these (AVX-512; AVX2 and
+ * one row even; in one process, alternated). */
 static void claim_chunks(job_t *job) {
-    for (int chunk; (chunk = atomic_fetch_add(&job->next, 1)) < job->chunks;) {
-        int from = chunk * job->chunk;
-        job->work(job->context, from, from + job->chunk < job->total ? from + job->chunk : job->total);
+    for (int from = atomic_load(&job->next); from < job->total;) {
+        int size = (job->total - from) / 4 / job->chunk * job->chunk;
+        int to = from + (size > job->chunk ? size : job->chunk);
+        to = to < job->total ? to : job->total;
+        if (atomic_compare_exchange_weak(&job->next, &from, to)) { /* else `from` reloaded */
+            job->work(job->context, from, to);
+            from = atomic_load(&job->next);
+        }
     }
 }
 
@@ -147,8 +158,7 @@ static void share(work_fn work, const void *context, int total, int chunk) {
         work(context, 0, total);
         return;
     }
-    job_t job = {.work = work, .context = context, .total = total, .chunk = chunk,
-                 .chunks = (total + chunk - 1) / chunk};
+    job_t job = {.work = work, .context = context, .total = total, .chunk = chunk};
     atomic_init(&job.next, 0);
     atomic_init(&job.let_go, 0);
     atomic_store_explicit(&helper.offered, &job, memory_order_release);
