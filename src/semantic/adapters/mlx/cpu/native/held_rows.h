@@ -16,8 +16,8 @@
 enum { HELD_BLOCK = 64 };
 
 /* Rows of B a held row meets at once: sixteen on AVX-512, their sums halved together
- * (halve_each's halve16: 15 folds for sixteen sums against 20 by four, and sixteen key rows read side
- * by side); four elsewhere. */
+ * (halve_each's halve16: 15 folds for sixteen sums against 20 by four, and sixteen key
+ * rows read side by side); four elsewhere. */
 #if LANES == 16
 #define HELD_COLS 16
 #else

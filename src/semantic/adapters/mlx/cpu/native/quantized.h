@@ -188,11 +188,11 @@ static inline group_decoder_t group_decoder(float scale, float bias) {
     return d;
 }
 
-/* The bytes of a 4-bit row (pair order) that hold inputs [at, at + LANES) and
- * [at ^ 16, (at ^ 16) + LANES), a byte a lane: the first in their low nibbles if at % 32
- * is under 16, else in their high ones. */
-static inline vi paired_bytes(const unsigned char *row, int at) {
-    return byte_lanes(row, (at >> 5 << 4) + (at & 15));
+/* Part `q` of the 16 bytes of a 4-bit row (pair order) that hold inputs [at, at + 32),
+ * `at` a multiple of 32, a byte a lane: inputs at + q LANES + i in their low nibbles,
+ * at + 16 + q LANES + i in their high ones. */
+static inline vi paired_bytes(const unsigned char *row, int at, int q) {
+    return byte_lanes(row, (at >> 1) + q * LANES);
 }
 
 /* Those bytes' low (`high` 0) or high nibbles, dequantized. */
@@ -206,10 +206,10 @@ static inline vf paired_weights(vi bytes, int high, const group_decoder_t *d) {
 #endif
 }
 
-/* The dequantized weights at inputs [at, at + LANES) of a row (`d` unused for bfloat16). */
+/* The dequantized weights at inputs [at, at + LANES) of an 8-bit or bfloat16 row (`d`
+ * unused for bfloat16); 4-bit rows go 32 inputs at a time (`paired_bytes`). */
 static inline vf weights_at(const unsigned char *row, int kind, int at, const group_decoder_t *d) {
     if (kind == WEIGHT_BF16) return (vf)bfloat16_lanes(row, at);
-    if (kind == WEIGHT_Q4) return paired_weights(paired_bytes(row, at), at & 16, d);
     return dequantized(__builtin_convertvector(byte_lanes(row, at), vf), d->scale, d->bias);
 }
 
@@ -237,7 +237,7 @@ static void dequantize_row(const weight_t *w, long row, int n, float *out) {
             if (w->kind == WEIGHT_Q4) { /* each byte read once for its two inputs */
                 for (int at = g * group; at < (g + 1) * group; at += 32)
                     for (int q = 0; q < PARTS; q++) {
-                        vi bytes = paired_bytes(packed, at + q * LANES);
+                        vi bytes = paired_bytes(packed, at, q);
                         store(out + at + q * LANES, paired_weights(bytes, 0, &d));
                         store(out + at + 16 + q * LANES, paired_weights(bytes, 1, &d));
                     }

@@ -222,5 +222,4 @@ static inline __attribute__((always_inline)) void halve_each(const int count,
     }
 }
 
-
 #endif

@@ -196,7 +196,7 @@ static inline __attribute__((always_inline)) void fused_tile(const int rows, con
                 vi kept_bytes[FUSED_COLS][PARTS];
                 for (int c = 0; c < cols && step == 32 && keep; c++)
                     for (int q = 0; q < PARTS; q++)
-                        kept_bytes[c][q] = byte_lanes(packed + c * row_bytes, (at >> 1) + q * LANES);
+                        kept_bytes[c][q] = paired_bytes(packed + c * row_bytes, at, q);
                 for (int h = 0; h < step / 16; h++)
                     for (int q = 0; q < PARTS; q++) {
                         int in = at + 16 * h + q * LANES;
@@ -206,7 +206,7 @@ static inline __attribute__((always_inline)) void fused_tile(const int rows, con
                             const unsigned char *row = packed + c * row_bytes;
                             vf weights = step == 16 ? weights_at(row, kind, in, &d[c])
                                          : keep ? paired_weights(kept_bytes[c][q], h, &d[c])
-                                                : paired_weights(byte_lanes(row, (at >> 1) + q * LANES), h, &d[c]);
+                                                : paired_weights(paired_bytes(row, at, q), h, &d[c]);
                             for (int i = 0; i < rows; i++) acc[c][i][q] += x[i] * weights;
                         }
                     }
