@@ -50,3 +50,11 @@ def test_a_new_batch_on_a_dropped_batchs_addresses_grows_from_its_own_kv() -> No
     for cache in new:
         for grown in (cache.keys, cache.values):
             assert np.all(np.asarray(grown)[:, :, :WRITTEN] == 2.0)
+
+
+def test_long_buffers_grow_by_a_quarter_in_whole_steps() -> None:
+    """Up to 2,048 positions a growth adds one step; past them a quarter of the capacity,
+    so a long decode copies its KV into new buffers a bounded number of times."""
+    growth = GrowAhead(step=256, lead=64)
+    added = {capacity: growth.extra(capacity) for capacity in (256, 1792, 2048, 3000, 8192)}
+    assert added == {256: 256, 1792: 256, 2048: 512, 3000: 512, 8192: 2048}
