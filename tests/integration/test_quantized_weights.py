@@ -58,7 +58,7 @@ def close(ours: mx.array, theirs: mx.array) -> bool:
 
 
 @pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize("rows", [1, 3, 6, 7, 32])  # the fused loop's reach: 2, 6 or 8 rows
+@pytest.mark.parametrize("rows", [1, 3, 6, 7, 32])  # each side of the fused reach: 2 to 8 rows
 @pytest.mark.parametrize("out_dims", [80, 203])  # output rows in fours and twos, and not
 def test_a_quantized_product_is_the_float32_product_of_its_dequantized_weights(
     bits: int, rows: int, out_dims: int

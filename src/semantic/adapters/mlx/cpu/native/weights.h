@@ -158,8 +158,17 @@ enum { FUSED_ROWS = 8, FUSED_COLS = 4, FUSED_CHUNKS = 8 };
  * beats writing 16 dequantized rows to scratch and reading them back, up to 6 rows (3-6
  * rows of a 4- or 8-bit pass 0.55-0.85x the time on a Zen 3; 7 and 8 even; ADR 0031).
  * NEON (32 of 4, PARTS 4) keeps 2: not measured on a NEON CPU. */
-#ifndef FUSED_REACH /* given at build time: a tuning experiment */
+#ifndef FUSED_REACH /* given at build time: a tuning experiment, for every format */
 #define FUSED_REACH (!SIMD_FMA ? 0 : LANES == 16 ? 8 : LANES == 8 ? 6 : 2) /* needs the FMA */
+/* On AVX-512 a 4- or 8-bit row's decoding costs more beside 8 rows' accumulators than
+ * writing 16 dequantized rows to scratch does: 4-bit rows from 6 on and 8-bit from 8 on
+ * take the scratch path (one thread, 30 SmolLM2-shaped layers from memory, scratch against
+ * fused: 4-bit 5 rows 1.18x the time, 6 rows 0.94-0.99x, 7 0.87-0.90x, 8 0.74x; 8-bit 6
+ * rows 1.16-1.21x, 7 0.91-1.01x, 8 0.86x; bfloat16 8 rows 1.04x; Zen 5, ADR 0031). */
+#define FUSED_REACH_OF(kind) \
+    (LANES == 16 && (kind) == WEIGHT_Q4 ? 5 : LANES == 16 && (kind) == WEIGHT_Q8 ? 7 : FUSED_REACH)
+#else
+#define FUSED_REACH_OF(kind) FUSED_REACH
 #endif
 
 static inline __attribute__((always_inline)) void fused_tile(const int rows, const int cols,
@@ -334,7 +343,7 @@ static int weight_product(const float *x, const weight_t *w, const float *bias, 
     }
     weight_task_t task = {w, x, y, rows, in, out, beta, 0};
     if (rows > KERNEL_ROWS) return blocked_product(&task);
-    int fused = rows <= FUSED_REACH;
+    int fused = rows <= FUSED_REACH_OF(w->kind);
     int units = fused ? out : (out + DEQUANTIZED_ROWS - 1) / DEQUANTIZED_ROWS;
     work_fn work = fused ? fused_units : weight_units;
     parallel_fn parallel = shared_helper();
