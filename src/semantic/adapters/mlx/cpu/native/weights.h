@@ -6,10 +6,10 @@
  *
  * Up to 32 activation rows (decode steps, the host pass), a quantized product either
  * dequantizes 16 weights at a time in registers and meets every row there (a few rows), or
- * dequantizes 16 output rows into per-thread scratch and multiplies them with our
- * small-product kernel (cblas_sgemm, small_sgemm.c); the first keeps weights out of memory,
- * the second keeps 16 dequantized rows in cache for many activation rows (a 4 MB block
- * there ran 16 rows 1.6x slower). Both sum as that kernel does, so an
+ * dequantizes a tile's worth of output rows into per-thread scratch and multiplies them
+ * with our small-product kernel's dot tiles (dot_tile.h); the first keeps weights out of
+ * memory, the second keeps the dequantized rows in L1 for many activation rows (a 4 MB
+ * block there ran 16 rows 1.6x slower). Both sum as that kernel does, so an
  * output element is the same bits as the float32 product over the dequantized matrix,
  * whatever the number of rows or their place in a batch; and dequantization rounds as
  * mx.dequantize does (q * scale, then + bias, two roundings), so a 4-bit model here
@@ -33,11 +33,23 @@ typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float *, int
                          const float *, int, float, float *, int);
 enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 };
 enum { KERNEL_ROWS = 32 }; /* the matmul kernel's batch-invariant reach (small_sgemm.c) */
+/* Output rows the scratch path dequantizes at a time: one dot tile's columns, which then
+ * stay in L1 while every activation row meets them. Sixteen rows of SmolLM2's matrices
+ * were 37-98 KB of float32, past a 32-48 KB L1: a tile's columns ran sixteen 4-bit rows'
+ * products 0.85-0.92x the time on AVX-512 (four rows a unit) and 0.78-0.85x on AVX2
+ * (three), 8-bit and bfloat16 alike (one thread, ADR 0031). Without the FMA kernels, 16
+ * for OpenBLAS. */
+#if SIMD_FMA
+enum { DEQUANTIZED_ROWS = TILE_COLS };
+#else
 enum { DEQUANTIZED_ROWS = 16 };
-/* Packed bytes of the next unit the scratch path asks for at most: a 16-row unit of a
- * 576-wide 4-bit matrix is 4.6 KB; one of 4,096-wide bfloat16 rows would be 128 KB,
- * more than L1 holds. */
+#endif
+/* Packed bytes of the next unit the scratch path asks for at most: four rows of a
+ * 4,096-wide bfloat16 matrix would be 32 KB (asking 16 rows ahead instead of the next
+ * unit's ran even). */
 enum { AHEAD_BYTES = 16384 };
+/* Output rows a thread claims at a time when dequantizing a block for OpenBLAS. */
+enum { BLOCK_CHUNK = 16 };
 
 static sgemm_fn sgemm(void) {
     static sgemm_fn found;
@@ -119,10 +131,10 @@ static inline rows_shape_t rows_shape(const weight_task_t *t, int kind) {
     return s;
 }
 
-/* Up to KERNEL_ROWS rows: output rows [16 unit, 16 (unit + 1)) dequantized into scratch
- * (it stays in L1/L2 while every row meets it), unit by unit, the next unit's weights
- * asked for meanwhile (`perf` had the dequantization waiting on memory; 16 rows of a 4-bit
- * 1,536 x 576 product 0.96x the time, one AVX-512 VM, ADR 0031). */
+/* Up to KERNEL_ROWS rows: DEQUANTIZED_ROWS output rows at a time dequantized into scratch
+ * (it stays in L1 while every row meets it), the next unit's weights asked for meanwhile
+ * (`perf` had the dequantization waiting on memory; 16 rows of a 4-bit 1,536 x 576
+ * product 0.96x the time, one AVX-512 VM, ADR 0031). */
 static void weight_units(const void *context, int from, int to) {
     weight_task_t *t = (weight_task_t *)context;
     float *dense = scratch((size_t)DEQUANTIZED_ROWS * t->in);
@@ -152,24 +164,30 @@ static void weight_units(const void *context, int from, int to) {
  * activation rows `cols` output rows go together: their chains are independent, and an
  * output element's sum is the same whatever its neighbours. */
 enum { FUSED_ROWS = 8, FUSED_COLS = 4, FUSED_CHUNKS = 8 };
-/* Rows up to which the fused loop runs. AVX-512 has 32 registers of 16 lanes (PARTS 1),
- * so 8 rows' accumulators stay in them. AVX2 has 16 of 8 (PARTS 2): from 3 rows on, the
- * compiler reads the activations as memory operands of the multiply-adds, and that still
- * beats writing 16 dequantized rows to scratch and reading them back, up to 6 rows (3-6
- * rows of a 4- or 8-bit pass 0.55-0.85x the time on a Zen 3; 7 and 8 even; ADR 0031).
- * NEON (32 of 4, PARTS 4) keeps 2: not measured on a NEON CPU. */
-#ifndef FUSED_REACH /* given at build time: a tuning experiment, for every format */
-#define FUSED_REACH (!SIMD_FMA ? 0 : LANES == 16 ? 8 : LANES == 8 ? 6 : 2) /* needs the FMA */
-/* On AVX-512 a 4- or 8-bit row's decoding costs more beside 8 rows' accumulators than
- * writing 16 dequantized rows to scratch does: 4-bit rows from 6 on and 8-bit from 8 on
- * take the scratch path (one thread, 30 SmolLM2-shaped layers from memory, scratch against
- * fused: 4-bit 5 rows 1.18x the time, 6 rows 0.94-0.99x, 7 0.87-0.90x, 8 0.74x; 8-bit 6
- * rows 1.16-1.21x, 7 0.91-1.01x, 8 0.86x; bfloat16 8 rows 1.04x; Zen 5, ADR 0031). */
-#define FUSED_REACH_OF(kind) \
-    (LANES == 16 && (kind) == WEIGHT_Q4 ? 5 : LANES == 16 && (kind) == WEIGHT_Q8 ? 7 : FUSED_REACH)
+/* Rows up to which the fused loop runs, by format; from there on the scratch path, which
+ * dequantizes each weight once for all rows. A fused 32-input 4-bit step keeps its bytes
+ * and the group's table beside every row's accumulator and activations, so its decoding
+ * stops hiding behind the multiply-adds first; bfloat16 decodes by a shift, last. AVX-512
+ * has 32 registers of 16 lanes (PARTS 1), AVX2 16 of 8 (PARTS 2: from 3 rows on the
+ * compiler reads the activations as memory operands of the multiply-adds). Measured with
+ * the scratch path at a tile's columns a unit (one thread, 30 SmolLM2-shaped layers from
+ * memory, scratch against fused; Zen 5, ADR 0031): AVX-512 4-bit 5 rows 1.04-1.05x the
+ * time, 6 rows 0.94-0.99x; 8-bit 6 rows 1.00-1.03x, 7 rows 0.79-0.89x; bfloat16 6 rows
+ * 0.94-1.14x, 8 rows 0.86-0.94x; AVX2 4-bit 5 rows 1.04-1.06x, 6 rows 0.80-0.81x; 8-bit
+ * 6 rows 0.99-1.10x; bfloat16 6 rows 1.16x. (Four rows fill a 4 x 4 tile exactly, and
+ * there AVX-512's 4-bit scratch path was 0.91-0.93x: one count among the fused ones, not
+ * taken.) NEON (32 of 4, PARTS 4) keeps 2: not measured on a NEON CPU. Needs the FMA. */
+static inline int fused_reach(int kind) {
+#ifdef FUSED_REACH /* given at build time: a tuning experiment, for every format */
+    (void)kind;
+    return FUSED_REACH;
 #else
-#define FUSED_REACH_OF(kind) FUSED_REACH
+    if (!SIMD_FMA) return 0;
+    if (LANES == 16) return kind == WEIGHT_Q4 ? 5 : kind == WEIGHT_Q8 ? 6 : 7;
+    if (LANES == 8) return kind == WEIGHT_Q4 ? 5 : 6;
+    return 2;
 #endif
+}
 
 static inline __attribute__((always_inline)) void fused_tile(const int rows, const int cols,
                                                              const int kind,
@@ -319,7 +337,7 @@ static int blocked_product(const weight_task_t *t) {
         int n = t->out - first < block ? t->out - first : block;
         dequantize_task_t task = {t->w, dense, first, t->in};
         if (parallel != NULL)
-            parallel(dequantize_units, &task, n, DEQUANTIZED_ROWS);
+            parallel(dequantize_units, &task, n, BLOCK_CHUNK);
         else
             dequantize_units(&task, 0, n);
         sgemm()(ROW_MAJOR, NO_TRANS, TRANS, t->rows, n, t->in, 1.0f, t->x, t->in, dense, t->in,
@@ -343,7 +361,7 @@ static int weight_product(const float *x, const weight_t *w, const float *bias, 
     }
     weight_task_t task = {w, x, y, rows, in, out, beta, 0};
     if (rows > KERNEL_ROWS) return blocked_product(&task);
-    int fused = rows <= FUSED_REACH_OF(w->kind);
+    int fused = rows <= fused_reach(w->kind);
     int units = fused ? out : (out + DEQUANTIZED_ROWS - 1) / DEQUANTIZED_ROWS;
     work_fn work = fused ? fused_units : weight_units;
     parallel_fn parallel = shared_helper();
