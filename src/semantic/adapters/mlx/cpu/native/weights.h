@@ -172,11 +172,12 @@ enum { FUSED_ROWS = 8, FUSED_COLS = 4, FUSED_CHUNKS = 8 };
  * compiler reads the activations as memory operands of the multiply-adds). Measured with
  * the scratch path at a tile's columns a unit (one thread, 30 SmolLM2-shaped layers from
  * memory, scratch against fused; Zen 5, ADR 0031): AVX-512 4-bit 5 rows 1.04-1.05x the
- * time, 6 rows 0.94-0.99x; 8-bit 6 rows 1.00-1.03x, 7 rows 0.79-0.89x; bfloat16 6 rows
- * 0.94-1.14x, 8 rows 0.86-0.94x; AVX2 4-bit 5 rows 1.04-1.06x, 6 rows 0.80-0.81x; 8-bit
- * 6 rows 0.99-1.10x; bfloat16 6 rows 1.16x. (Four rows fill a 4 x 4 tile exactly, and
- * there AVX-512's 4-bit scratch path was 0.91-0.93x: one count among the fused ones, not
- * taken.) NEON (32 of 4, PARTS 4) keeps 2: not measured on a NEON CPU. Needs the FMA. */
+ * time, 6 rows 0.94-0.99x (with 16-row units); 8-bit 6 rows 1.00-1.03x, 7 rows
+ * 0.79-0.89x; bfloat16 6 rows 0.94-1.14x, 8 rows 0.86-0.94x; AVX2 4-bit 5 rows
+ * 1.04-1.06x, 6 rows 0.80-0.81x; 8-bit 6 rows 0.99-1.10x; bfloat16 6 rows 1.16x. (Four
+ * rows fill a 4 x 4 tile exactly, and there AVX-512's 4-bit scratch path was 0.82-0.93x:
+ * one count among the fused ones, not taken.) NEON (32 of 4, PARTS 4) keeps 2: not
+ * measured on a NEON CPU. Needs the FMA. */
 static inline int fused_reach(int kind) {
 #ifdef FUSED_REACH /* given at build time: a tuning experiment, for every format */
     (void)kind;
