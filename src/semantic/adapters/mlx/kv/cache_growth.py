@@ -13,8 +13,8 @@ for it (ADR 0009, ADR 0013).
 Past 2,048 positions a growth adds a quarter of the capacity (whole steps) instead of one
 step, so a long decode copies and faults in its KV a bounded number of times rather than
 once every 256 tokens: a new buffer's first touch costs a page fault per 4 KiB (~2 us on
-the Firecracker VMs here, 3 ms for a 6.3 MB buffer against 0.24 ms for one MLX's cache
-reused), which made growing the larger part of the stall. Eight streams decoding 520
+the Firecracker VMs here: 3 ms for a fresh 6.3 MB buffer against 0.24 ms for one reused
+from MLX's cache), which made up most of a growth's cost. Eight streams decoding 520
 tokens past 2,440-token prompts spent 792 ms growing with steps of 256 and 253 ms with a
 quarter (in one process; AMD EPYC Zen 5 VM). At most a quarter of a batch's buffers is
 room not yet written.

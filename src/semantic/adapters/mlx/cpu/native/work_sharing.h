@@ -3,10 +3,11 @@
  * (or any range of units) by work stealing: `share` offers the work, and both threads
  * claim runs of chunks until none are left. If the helper is slow to wake (or its core is
  * busy with another thread) the caller simply claims more; it only ever waits for a claim
- * the helper is in the middle of (a quarter of what was left when it claimed, at most). A column is computed the same way by either thread, so the split
- * never changes a result. Included by small_sgemm.c, which exports `share` to our other
- * kernels as semantic_parallel_for (helper.h finds it): a process never runs more than one
- * extra compute thread of ours. See docs/adr/0010-small-batch-matmul-kernel.md.
+ * the helper is in the middle of (a quarter of what was left when it claimed, at most). A
+ * column is computed the same way by either thread, so the split never changes a result.
+ * Included by small_sgemm.c, which exports `share` to our other kernels as
+ * semantic_parallel_for (helper.h finds it): a process never runs more than one extra
+ * compute thread of ours. See docs/adr/0010-small-batch-matmul-kernel.md.
  */
 #ifndef SEMANTIC_WORK_SHARING_H
 #define SEMANTIC_WORK_SHARING_H
