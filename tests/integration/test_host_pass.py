@@ -85,20 +85,21 @@ def test_left_padded_batches_match_mlx_on_every_real_row(
     assert ours[0].offset.tolist() == theirs[0].offset.tolist() == [8, 11, 4]
 
 
-def test_every_layer_of_a_batch_keeps_offsets_of_its_own(
+def test_a_batch_moves_once_a_step_on_the_host_and_in_mlx_lm_after_it(
     real_model: RealModel, host: HostPass
 ) -> None:
-    """The pass moves each layer's offsets from layer 0's values; MLX's ``+=`` writes
-    into an array, so one array shared between layers would move them all at once."""
+    """The pass gives a batch's layers one offsets array a step; mlx-lm's own step after
+    it must move each layer's once, which holds while it replaces the array (an addition
+    in place would move the shared one once a layer)."""
     model = real_model.loaded.model
     padding = [2, 0]
     caches = [BatchKVCache(padding) for _ in model.model.layers]
     prompt = mx.array([[0] * pad + tokens(pad + 3, 6 - pad) for pad in padding])
-    for batch in (prompt, mx.array([[5], [6]]), mx.array([[7], [8]])):
+    for batch in (prompt, mx.array([[5], [6]])):
         assert host.hidden([Group(batch, caches)]) is not None
+    assert [c.offset.tolist() for c in caches] == [[5, 7]] * len(caches)
+    model.model(mx.array([[7], [8]]), cache=caches)
     assert [c.offset.tolist() for c in caches] == [[6, 8]] * len(caches)
-    caches[0].offset += 1  # as mlx-lm's own caches move theirs in places
-    assert caches[1].offset.tolist() == [6, 8]
 
 
 def test_a_batch_whose_buffers_grow_ahead_gives_the_bits_of_growing_when_full(
