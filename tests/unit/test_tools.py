@@ -205,10 +205,10 @@ def test_templates_that_take_tools_get_their_family_format() -> None:
 CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
 
 
-def read(pieces: list[str], fmt: DefaultFormat | None) -> tuple[str, Reply]:
+def read(pieces: list[str], fmt: DefaultFormat | None, *, cut: bool = False) -> tuple[str, Reply]:
     reader = ReplyReader(fmt, new_id)
     events = [event for piece in pieces for event in reader.feed(piece)]
-    rest, reply = reader.finish()
+    rest, reply = reader.finish(cut=cut)
     return "".join(e.text for e in [*events, *rest] if isinstance(e, TextDelta)), reply
 
 
@@ -237,12 +237,24 @@ def test_the_reader_passes_text_on_and_each_call_as_it_forms() -> None:
 
 
 def test_a_reply_cut_inside_a_call_keeps_the_call_as_far_as_it_came() -> None:
-    shown, reply = read(["Sure. ", CALL[:60]], DefaultFormat())
+    shown, reply = read(["Sure. ", CALL[:60]], DefaultFormat(), cut=True)
     assert shown == "Sure."
     [call] = reply.calls
     assert (call.name, call.arguments, call.complete) == ("get_weather", '{"city": "Pa', False)
     assert reply.cut_in_a_call
-    shown, reply = read(["Sure. ", CALL[:30]], DefaultFormat())  # before the tool's name
+
+
+def test_a_call_cut_before_its_tools_name_is_never_shown_as_text() -> None:
+    shown, reply = read(["Sure. ", CALL[:30]], DefaultFormat(), cut=True)
+    assert (shown, reply.content, reply.calls) == ("Sure.", "Sure.", ())
+    assert reply.raw == "Sure. " + CALL[:30]  # rendered again as it was generated
+    _, reply = read([CALL, "\n", CALL[:30]], DefaultFormat(), cut=True)  # after whole calls
+    assert [c.complete for c in reply.calls] == [True]
+    assert not reply.cut_in_a_call  # it ends in its whole calls
+
+
+def test_a_trigger_that_began_no_call_is_text_when_the_model_ended_there() -> None:
+    shown, reply = read(["Sure. ", CALL[:30]], DefaultFormat())
     assert (shown, reply.calls) == ("Sure. " + CALL[:30], ())
 
 

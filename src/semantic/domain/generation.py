@@ -22,6 +22,10 @@ class FinishReason(StrEnum):
     ERROR = "error"
 
 
+LIMITS = frozenset({FinishReason.MAX_TOKENS, FinishReason.MAX_CHARS, FinishReason.POOL_EXHAUSTED})
+"""Reasons a reply was cut short by a limit rather than ended (OpenAI's ``length``)."""
+
+
 class Priority(IntEnum):
     """Queue priority; a lower value is served first."""
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from semantic.application.agents.values import CommittedReply
 from semantic.domain.errors import InvalidRequestError
+from semantic.domain.generation import LIMITS
 from semantic.domain.tools import is_json_object
 from semantic.ports.metadata_store import MessageRecord
 
@@ -149,20 +150,27 @@ def output_items(
     with calls, whose tokens are not all the message's text)."""
     items = []
     if reply.text or not reply.calls:
-        items.append(message_item(message_id, reply.text, None if reply.calls else logprobs))
+        cut = reply.finish_reason in LIMITS and not reply.calls  # its text ends at the limit
+        shown = None if reply.calls else logprobs
+        items.append(message_item(message_id, reply.text, shown, complete=not cut))
     items += [call_item(c.id, c.name, c.arguments, complete=c.complete) for c in reply.calls]
     return items
 
 
 def message_item(
-    message_id: str, text: str, logprobs: list[dict[str, Any]] | None = None
+    message_id: str,
+    text: str,
+    logprobs: list[dict[str, Any]] | None = None,
+    *,
+    complete: bool = True,
 ) -> dict[str, Any]:
+    """``complete`` False: its text was cut at the limit (``max_output_tokens``)."""
     part = {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
     return {
         "id": message_id,
         "type": "message",
         "role": "assistant",
-        "status": "completed",
+        "status": "completed" if complete else "incomplete",
         "content": [part],
     }
 

@@ -45,7 +45,7 @@ from semantic.application.agents.values import CommittedReply, Turn
 from semantic.application.chat.generation import GenerationResult
 from semantic.domain.constraints import OutputConstraint
 from semantic.domain.errors import InvalidRequestError, PromptTooLongError, SemanticError
-from semantic.domain.generation import FinishReason
+from semantic.domain.generation import LIMITS
 from semantic.domain.retention import Retention
 from semantic.domain.tools import ToolUse
 from semantic.ports.object_store import StoredObject
@@ -172,8 +172,9 @@ class _Body:
     def keep(self, reply: CommittedReply) -> list[StoredObject]:
         shown = [] if self.pieces is None else token_entries(reply.logprobs, self.pieces)
         output = output_items(reply, self.message_id, shown)
-        cut = reply.finish_reason in (FinishReason.MAX_TOKENS, FinishReason.MAX_CHARS)
-        status = "incomplete" if cut and not reply.whole_calls else "completed"
+        status = (
+            "incomplete" if reply.finish_reason in LIMITS and not reply.whole_calls else "completed"
+        )
         self.body = self._shape(status, output, reply)
         rid = self.response_id
         kept = [StoredObject(RESPONSE, rid, json.dumps(self.body))]

@@ -20,6 +20,7 @@ from semantic.application.chat.generation import (
 from semantic.application.chat.reply_shape import ReplyShape, named_refusal
 from semantic.application.chat.tool_replies import Reply, ReplyEvent, ReplyReader
 from semantic.domain.constraints import UnsupportedSchemaError
+from semantic.domain.generation import LIMITS
 from semantic.domain.tools import ToolUse
 
 
@@ -75,7 +76,7 @@ class ChatReply:
                     for piece in pieces:
                         yield piece
                 elif isinstance(event, GenerationResult):
-                    rest, answer = self._reader.finish()
+                    rest, answer = self._reader.finish(cut=event.finish_reason in LIMITS)
                     for piece in rest:
                         yield piece
                     await self._keep(answer)

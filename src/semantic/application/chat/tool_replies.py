@@ -113,16 +113,17 @@ class ReplyReader:
                 return events
         return events + self._read_calls(fmt)
 
-    def finish(self) -> tuple[list[ReplyEvent], Reply]:
-        """What is still to pass on, and the reply."""
+    def finish(self, *, cut: bool = False) -> tuple[list[ReplyEvent], Reply]:
+        """What is still to pass on, and the reply. ``cut``: the generation stopped at a
+        limit; a call it cut before its tool's name is then dropped, never shown as text
+        (without a limit, a trigger that began no call was the model's own text)."""
         forming = self._forming
         if forming is not None and forming.index is not None:  # cut short inside it
             end = len(self._raw) if forming.end is None else forming.end
             arguments = self._raw[forming.start : end]
             self._calls.append(Call(forming.id, forming.name, arguments, forming.end is not None))
-        if not self._calls:  # no call began: everything is text
+        if self._call_at is None or not (self._calls or cut):  # no call began: all text
             return self._text(len(self._raw)), Reply(self._raw, (), self._raw)
-        assert self._call_at is not None
         content = self._raw[: self._call_at].rstrip()
         return [], Reply(content, tuple(self._calls), self._raw)
 
