@@ -222,6 +222,28 @@ def test_a_constrained_call_cut_by_max_tokens_ends_as_length(server: ServerProce
     assert [(block.type, getattr(block, "text", "")) for block in cut.content] == [("text", "")]
 
 
+def test_stop_strings_end_a_replys_text_and_never_cut_its_calls(server: ServerProcess) -> None:
+    """A stop string the call's own JSON holds (the city asked about, the call's tag)
+    would cut the arguments into JSON that does not parse: calls lie out of their reach."""
+    reply = (
+        oai(server)
+        .chat.completions.create(
+            model="default",
+            messages=[{"role": "user", "content": "Weather in Oslo?"}],
+            tools=TOOLS,
+            tool_choice="required",
+            parallel_tool_calls=False,
+            stop=["Oslo", '"', "<tool_call>"],
+            temperature=0,
+            max_tokens=60,
+        )
+        .choices[0]
+    )
+    assert reply.finish_reason == "tool_calls"
+    [call] = reply.message.tool_calls or []
+    jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+
+
 def test_anthropic_tool_use_round_trip(server: ServerProcess) -> None:
     client = anthropic.Anthropic(base_url=server.url, api_key="unused")
     tools: list[Any] = [

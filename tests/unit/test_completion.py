@@ -24,15 +24,14 @@ def generations(draw: st.DrawFn) -> tuple[str, list[bytes], list[str], int]:
 
 
 def run(
-    pieces: list[bytes], stops: list[str], max_tokens: int
+    pieces: list[bytes], stops: list[str], max_tokens: int, markers: tuple[str, ...] = ()
 ) -> tuple[CompletionDetector, list[str]]:
     eos = len(pieces)
     tokenizer = ByteTokenizer([*pieces, b""])
-    detector = CompletionDetector(
-        tokenizer,
-        CompletionCriteria(max_tokens=max_tokens, stop_strings=tuple(stops)),
-        frozenset({eos}),
+    criteria = CompletionCriteria(
+        max_tokens=max_tokens, stop_strings=tuple(stops), stops_before=markers
     )
+    detector = CompletionDetector(tokenizer, criteria, frozenset({eos}))
     streamed: list[str] = []
     for token in [*range(len(pieces)), eos]:
         progress = detector.add(token)
@@ -42,10 +41,14 @@ def run(
     return detector, streamed
 
 
-def expected_text(pieces: list[bytes], stops: list[str], max_tokens: int) -> str:
+def expected_text(
+    pieces: list[bytes], stops: list[str], max_tokens: int, markers: tuple[str, ...] = ()
+) -> str:
     # A character the token limit cut off is not shown (only the end can be cut).
     shown = b"".join(pieces[:max_tokens]).decode("utf-8", errors="ignore")
-    found = [i for i in (shown.find(s) for s in stops) if i != -1]
+    marked = [i for i in (shown.find(m) for m in markers) if i != -1]
+    within = shown[: min(marked)] if marked else shown  # stops end before the first marker
+    found = [i for i in (within.find(s) for s in stops) if i != -1]
     return shown[: min(found)] if found else shown
 
 
@@ -64,6 +67,32 @@ def test_text_ends_at_the_first_stop_or_the_token_limit(
         shown += delta
         assert expected.startswith(shown), "a stream showed text past the cut"
     assert shown == expected
+
+
+@settings(max_examples=400, deadline=None)
+@given(generations(), st.lists(st.text(alphabet=ALPHABET, min_size=1, max_size=4), max_size=2))
+def test_stops_end_only_the_text_before_the_first_marker(
+    case: tuple[str, list[bytes], list[str], int], markers: list[str]
+) -> None:
+    _, pieces, stops, max_tokens = case
+    detector, streamed = run(pieces, stops, max_tokens, tuple(markers))
+    expected = expected_text(pieces, stops, max_tokens, tuple(markers))
+    assert detector.text == "".join(streamed) == expected
+
+
+def test_a_stop_string_inside_a_tool_call_does_not_cut_it() -> None:
+    call = [b"Sure. <tool", b'_call>{"city": ', b'"Paris"}', b"</tool_call>"]
+    detector, _ = run(call, ["Paris", "<tool"], 10, ("<tool_call>",))
+    assert detector.reason is FinishReason.END_OF_TURN
+    assert detector.text == b"".join(call).decode()
+    detector, _ = run([b"Paris is near. <tool_call>"], ["Paris"], 10, ("<tool_call>",))
+    assert (detector.reason, detector.text) == (FinishReason.STOP_STRING, "")
+
+
+def test_a_stop_string_that_could_start_a_marker_waits_for_the_next_text() -> None:
+    detector, streamed = run([b"a <to", b"ad", b" b"], ["<to"], 10, ("<tool_call>",))
+    assert streamed[0] == "a "  # "<to" could be a call starting: neither shown nor ended
+    assert (detector.reason, detector.text) == (FinishReason.STOP_STRING, "a ")
 
 
 @settings(max_examples=300, deadline=None)

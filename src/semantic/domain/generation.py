@@ -144,6 +144,10 @@ class CompletionCriteria:
 
     max_tokens: int
     stop_strings: tuple[str, ...] = ()
+    stops_before: tuple[str, ...] = ()
+    """Where stop strings are no longer looked for: the first of these the reply writes
+    (the text that starts a tool call). A client's stop strings end its text, not a call's
+    JSON, which they would cut into arguments that do not parse."""
     max_chars: int | None = None
     min_top_prob: float | None = None
     low_confidence_patience: int = 8
@@ -155,6 +159,8 @@ class CompletionCriteria:
             )
         if any(not s for s in self.stop_strings):
             raise InvalidRequestError("stop strings must not be empty", param="stop")
+        if any(not s for s in self.stops_before):
+            raise InvalidRequestError("the text that ends stop strings' reach must not be empty")
         if self.max_chars is not None and self.max_chars <= 0:
             raise InvalidRequestError("max_chars must be positive", param="max_chars")
         if self.min_top_prob is not None and not 0.0 < self.min_top_prob < 1.0:
@@ -165,6 +171,10 @@ class CompletionCriteria:
     @property
     def longest_stop(self) -> int:
         return max((len(s) for s in self.stop_strings), default=0)
+
+    @property
+    def longest_marker(self) -> int:
+        return max((len(s) for s in self.stops_before), default=0)
 
 
 @dataclass(frozen=True, slots=True)

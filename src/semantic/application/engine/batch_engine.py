@@ -149,8 +149,8 @@ class BlockPoolBatchEngine:
         cache lookup's) brings its match along, which is used as is. ``logprobs``: each
         token's log-probability with that many alternatives (``TokenEvent.logprob``)."""
         check_logprobs(logprobs)
-        criteria = criteria or CompletionCriteria(
-            max_tokens=max_tokens or self._config.default_max_tokens, stop_strings=tuple(stop)
+        criteria = criteria or _criteria(
+            max_tokens or self._config.default_max_tokens, tuple(stop), constraint
         )
         prompt = tuple(prompt_tokens)
         cached = (
@@ -253,3 +253,18 @@ class BlockPoolBatchEngine:
         )
         self._admission.release_copied()
         return plan
+
+
+def _criteria(
+    max_tokens: int, stop: tuple[str, ...], constraint: OutputConstraint | None
+) -> CompletionCriteria:
+    """A reply's tool calls lie out of its stop strings' reach (``stops_before``): they
+    end its text, not a call's JSON; a reply that must call from its first character has
+    no text for them to end."""
+    if constraint is None or not constraint.calls:
+        return CompletionCriteria(max_tokens=max_tokens, stop_strings=stop)
+    if constraint.require_call:
+        return CompletionCriteria(max_tokens=max_tokens)
+    return CompletionCriteria(
+        max_tokens=max_tokens, stop_strings=stop, stops_before=constraint.triggers
+    )

@@ -13,6 +13,11 @@ the agent ends where the text ends.
 A stream shows text as soon as it is safe: held back only while its tail could still grow
 into a stop string, or while a stop string that starts earlier than one already found might
 still complete.
+
+Stop strings are looked for only before the first of ``stops_before`` (where a tool call
+begins): a stop string must end before it, and one found where that text may be starting
+ends the request only once it is not (a stop string ``"<tool"`` is the start of
+``"<tool_call>"`` until the next characters say otherwise).
 """
 
 from __future__ import annotations
@@ -38,6 +43,9 @@ class CompletionDetector:
         self._criteria = criteria
         self._stops = criteria.stop_strings
         self._longest = criteria.longest_stop
+        self._markers = criteria.stops_before
+        self._region: int | None = None
+        """Where the first of ``stops_before`` starts, once written: stops end before it."""
         self._end_tokens = end_tokens
         self._detok = IncrementalDetokenizer(tokenizer)
         self._tokens: list[int] = []
@@ -82,7 +90,11 @@ class CompletionDetector:
             self._scan_for_stops()
         if is_end:  # even as the last token allowed: the reply is whole
             return self._finish(FinishReason.END_OF_TURN)
-        if self._stop_at is not None and self._pending_stop_start() is None:
+        if (
+            self._stop_at is not None
+            and self._pending_stop_start() is None
+            and not self._may_begin_a_marker()
+        ):
             return self._finish(FinishReason.STOP_STRING)
         if len(self._tokens) >= self._criteria.max_tokens:
             # A stop string found while an earlier one might still have completed: with no
@@ -130,15 +142,43 @@ class CompletionDetector:
             return
         text = self._detok.text
         start = max(0, self._scanned - self._longest + 1)
+        if self._region is None and self._markers and self._find_region(text):
+            start = 0  # a stop found so far may reach into it: look again, before it only
+        within = text if self._region is None else text[: self._region]
         for stop in self._stops:
-            found = text.find(stop, start)
+            found = within.find(stop, start)
             if found != -1 and (self._stop_at is None or found < self._stop_at):
                 self._stop_at = found
                 self.stop_string = stop
         self._scanned = len(text)
 
+    def _find_region(self, text: str) -> bool:
+        """Whether the first of ``stops_before`` is written now (stops found are then
+        forgotten, to be found again before it)."""
+        start = max(0, self._scanned - self._criteria.longest_marker + 1)
+        found = [at for at in (text.find(m, start) for m in self._markers) if at != -1]
+        if not found:
+            return False
+        self._region = min(found)
+        self._stop_at, self.stop_string = None, None
+        return True
+
+    def _may_begin_a_marker(self) -> bool:
+        """Whether the stop string found reaches into text that may still grow into the
+        first of ``stops_before`` (it would not end the text, then)."""
+        if self._region is not None or not self._markers or self._stop_at is None:
+            return False
+        text, reach = self._detok.text, self._stop_at + len(self.stop_string or "")
+        first = max(0, len(text) - self._criteria.longest_marker + 1)
+        return any(
+            any(len(m) > len(text) - at and m.startswith(text[at:]) for m in self._markers)
+            for at in range(first, min(reach, len(text)))
+        )
+
     def _pending_stop_start(self) -> int | None:
         """Earliest position whose tail is a proper prefix of some stop string."""
+        if self._region is not None:
+            return None  # every stop lies before it, and is found
         text = self._detok.text
         limit = self._stop_at if self._stop_at is not None else len(text)
         for start in range(max(0, len(text) - self._longest + 1), min(limit, len(text))):
