@@ -244,6 +244,47 @@ def test_stop_strings_end_a_replys_text_and_never_cut_its_calls(server: ServerPr
     jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
 
 
+def test_a_reply_beside_tools_under_auto_is_calls_or_an_answer_of_the_format(
+    server: ServerProcess,
+) -> None:
+    """Tools the reply may call and a response format (the OpenAI Agents SDK sends both
+    for an agent with tools and an output type): the reply is calls, or JSON of the
+    format, never free text (which this model writes here without the format), streamed
+    or not."""
+    joke = {
+        "type": "object",
+        "properties": {"joke": {"type": "string", "maxLength": 80}},
+        "required": ["joke"],
+        "additionalProperties": False,
+    }
+    body: dict[str, Any] = {
+        "model": "default",
+        "messages": [{"role": "user", "content": "Tell me a joke."}],
+        "tools": TOOLS,
+        "tool_choice": "auto",
+        "parallel_tool_calls": False,
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "joke", "strict": True, "schema": joke},
+        },
+        "temperature": 0,
+        "max_tokens": 60,
+    }
+    reply = oai(server).chat.completions.create(**body).choices[0]
+    for call in reply.message.tool_calls or []:
+        assert call.type == "function"
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+    if not reply.message.tool_calls:
+        jsonschema.validate(json.loads(reply.message.content or ""), joke)
+    chunks = list(oai(server).chat.completions.create(**body, stream=True))
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == (reply.message.content or "")
+    free = {k: v for k, v in body.items() if k != "response_format"}
+    unformatted = oai(server).chat.completions.create(**free).choices[0].message
+    assert not unformatted.tool_calls  # free text here: what the format changes
+    assert unformatted.content
+
+
 def test_anthropic_tool_use_round_trip(server: ServerProcess) -> None:
     client = anthropic.Anthropic(base_url=server.url, api_key="unused")
     tools: list[Any] = [

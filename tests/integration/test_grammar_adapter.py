@@ -85,3 +85,24 @@ def test_max_calls_bounds_parallel_calls(real_model: RealModel, grammars: Gramma
     two = one + "\n" + one.replace('"a"', '"b"')
     assert feed(real_model, grammars.compile(constraint).matcher(), two)
     assert not feed(real_model, grammars.compile(constraint).matcher(), two + "\n" + one)
+
+
+def test_an_answer_of_the_schema_or_calls_and_nothing_else(
+    real_model: RealModel, grammars: GrammarCompiler
+) -> None:
+    """Tools under ``auto`` beside a response format: the reply is a call from its first
+    character, or one JSON value of the schema where free text would be."""
+    answer = json.dumps(
+        {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+    )
+    both = OutputConstraint(
+        json_schema=answer, calls=(call("a"),), triggers=("<tool_call>",), max_calls=1
+    )
+    grammar = grammars.compile(both)
+    assert feed(real_model, grammar.matcher(), '{"answer": "Paris"}')
+    assert feed(
+        real_model, grammar.matcher(), '<tool_call>{"name": "a", "arguments": {"city": "Rome"}}'
+    )
+    assert not feed(real_model, grammar.matcher(), "Paris is the capital.")
+    assert not feed(real_model, grammar.matcher(), '{"city": "Rome"}')  # not the answer's schema
+    assert not feed(real_model, grammar.matcher(), 'Sure. <tool_call>{"name": "a"')

@@ -8,11 +8,12 @@ import json
 
 import pytest
 
+from semantic.adapters.grammar.lark import lark_for
 from semantic.adapters.http.tool_translate import response_schema
 from semantic.adapters.tool_formats import DefaultFormat, format_for
 from semantic.application.chat.call_memory import CallMemory
 from semantic.application.chat.generation import TextDelta
-from semantic.application.chat.reply_shape import named_refusal
+from semantic.application.chat.reply_shape import named_refusal, reply_shape
 from semantic.application.chat.tool_replies import (
     ArgumentsDelta,
     Call,
@@ -334,14 +335,35 @@ def test_response_formats_become_schemas() -> None:
 def test_a_schema_the_engine_refuses_is_named_by_the_requests_field() -> None:
     tools = checked_tools([("get_weather", None, WEATHER), ("get_time", None, None)])
     compiled = UnsupportedSchemaError("keyword 'format' refused", keywords=("format",))
+    offered = use(tools, ToolChoice.AUTO, None, True)
+    calls = reply_shape(DefaultFormat(), offered)
     named = named_refusal(
-        UnsupportedSchemaError("x", keywords=("format",), call_index=1),
-        use(tools, ToolChoice.AUTO, None, True),
+        UnsupportedSchemaError("x", keywords=("format",), call_index=1), offered, calls
     )
     assert named.param == "tools"
     assert "get_time" in str(named)
     assert named.keywords == ("format",)
-    assert named_refusal(compiled, None).param == "response_format"
+    assert named_refusal(compiled, offered, calls).param == "tools"
+    answer = reply_shape(DefaultFormat(), None, json.dumps(WEATHER))
+    assert named_refusal(compiled, None, answer).param == "response_format"
+    both = reply_shape(DefaultFormat(), offered, json.dumps(WEATHER))
+    assert named_refusal(compiled, offered, both).param == "response_format"
+
+
+def test_tools_under_auto_and_a_schema_ask_for_calls_or_an_answer_of_it() -> None:
+    tools = checked_tools([("get_weather", None, WEATHER)])
+    schema = json.dumps({"type": "object", "properties": {"answer": {"type": "string"}}})
+    auto = reply_shape(DefaultFormat(), use(tools, ToolChoice.AUTO, None, True), schema)
+    assert auto.constraint is not None
+    assert auto.constraint.json_schema == schema
+    assert auto.calls_in is not None  # its calls are read as ever
+    assert auto.constraint.calls
+    grammar = lark_for(auto.constraint)
+    assert grammar.startswith("start: answer | call")
+    assert "free" not in grammar  # no free text: an answer of the schema instead
+    required = reply_shape(DefaultFormat(), use(tools, ToolChoice.REQUIRED, None, True), schema)
+    assert required.constraint is not None
+    assert required.constraint.json_schema is None  # a call is due: no answer to shape
 
 
 @pytest.mark.parametrize(

@@ -31,7 +31,7 @@ class TaggedSchema:
 
 @dataclass(frozen=True, slots=True)
 class OutputConstraint:
-    """Either ``json_schema`` (the whole reply is one JSON value of it) or ``calls``.
+    """``json_schema`` (the whole reply is one JSON value of it), ``calls``, or both.
 
     With ``calls``: the reply may hold free text until one of ``triggers`` appears, and from
     there one of ``calls`` must be completed (the trigger is the start of some ``begin``).
@@ -40,6 +40,10 @@ class OutputConstraint:
     other (1 when parallel tool calls are off); after the last call the reply ends.
     ``end_on_repeat``: a call written exactly as an earlier one of the reply ends the reply
     there (the repeat is the model looping, not a call to make again).
+
+    With both (tools under ``auto`` and a response format, as the OpenAI Agents SDK sends
+    an agent's tools and its output type): the reply is its calls, or instead of free text
+    one JSON value of ``json_schema``, as OpenAI's structured outputs are beside tools.
     """
 
     json_schema: str | None = None
@@ -50,8 +54,10 @@ class OutputConstraint:
     end_on_repeat: bool = False
 
     def __post_init__(self) -> None:
-        if (self.json_schema is None) == (not self.calls):
-            raise InvalidRequestError("a constraint is either a JSON schema or tool calls")
+        if self.json_schema is None and not self.calls:
+            raise InvalidRequestError("a constraint is a JSON schema, tool calls, or both")
+        if self.json_schema is not None and self.require_call:
+            raise InvalidRequestError("a reply that must call a tool has no answer for a schema")
         if self.calls and not self.require_call and not self.triggers:
             raise InvalidRequestError("optional tool calls need the text that starts one")
         if self.max_calls is not None and self.max_calls < 1:

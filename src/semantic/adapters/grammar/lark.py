@@ -5,7 +5,8 @@ A JSON-schema constraint is one ``%json`` value. Tool calls are alternatives of
 ``auto`` (triggers, no ``require_call``) the reply is either free text holding no trigger,
 or free text up to the first trigger (a lazy lexeme: it ends where the trigger does) and a
 call completed from there: the model chooses, and once it has written a trigger the rest of
-the call is constrained.
+the call is constrained. Under ``auto`` with a schema the free text gives way to an answer
+of it: the reply is that JSON value, or its calls from the first character.
 
 JSON is written the way ``json.dumps`` writes it (``", "`` and ``": "``, no other
 whitespace): a model writes the JSON it has seen most, and flexible whitespace would let a
@@ -25,7 +26,7 @@ CALL_SEPARATOR = "\n"
 
 
 def lark_for(constraint: OutputConstraint) -> str:
-    if constraint.json_schema is not None:
+    if constraint.json_schema is not None and not constraint.calls:
         return f"start: {_json(constraint.json_schema, None)}\n"
     tail = "" if constraint.max_calls == 1 else " tail"
     lines = [_calls_rule(constraint)]
@@ -34,6 +35,10 @@ def lark_for(constraint: OutputConstraint) -> str:
         lines.append(f"args_{index}: {_json(call.schema, index)}")
     if constraint.require_call:
         lines.insert(0, f"start: call{tail}")
+        return "\n".join(lines) + "\n"
+    if constraint.json_schema is not None:
+        lines.insert(0, f"start: answer | call{tail}")
+        lines.append(f"answer: {_json(constraint.json_schema, None)}")
         return "\n".join(lines) + "\n"
     triggers = constraint.triggers
     lines.insert(0, "start: free | " + " | ".join(_after_trigger(constraint, tail)))

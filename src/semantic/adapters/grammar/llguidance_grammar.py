@@ -210,7 +210,7 @@ def _refusal(error: str, constraint: OutputConstraint) -> UnsupportedSchemaError
     """The error naming the keywords llguidance refused, and whose schema held them."""
     schemas: list[tuple[int | None, str]] = [(i, c.schema) for i, c in enumerate(constraint.calls)]
     if constraint.json_schema is not None:
-        schemas = [(None, constraint.json_schema)]
+        schemas.append((None, constraint.json_schema))
     for index, schema in schemas:
         alone = llguidance.LLMatcher.validate_grammar(_alone(schema))
         if alone:

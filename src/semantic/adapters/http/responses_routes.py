@@ -312,7 +312,7 @@ def _turn(data: ResponseRequest, items: list[dict[str, Any]], use: ToolUse | Non
         sampling(data.temperature, data.top_p, None),
         tools=use,
         items=item_messages(items),
-        constraint=_schema_constraint(_text_schema(data.text), use),
+        constraint=_schema_constraint(_text_schema(data.text)),
         logprobs=responses_logprobs_asked(data.include, data.top_logprobs),
     )
 
@@ -350,11 +350,9 @@ def _tool_use(data: ResponseRequest) -> ToolUse | None:
     return openai_tool_use(tools, choice, data.parallel_tool_calls)
 
 
-def _schema_constraint(schema: str | None, use: ToolUse | None) -> OutputConstraint | None:
-    """The schema a reply must match where it may call no tool: tools win (ADR 0018)."""
-    if schema is None or (use is not None and use.offered):
-        return None
-    return OutputConstraint(json_schema=schema)
+def _schema_constraint(schema: str | None) -> OutputConstraint | None:
+    """The schema a reply that calls no tool must match (``reply_shape``, ADR 0018)."""
+    return None if schema is None else OutputConstraint(json_schema=schema)
 
 
 def _text_schema(text: dict[str, Any] | None) -> str | None:

@@ -92,7 +92,7 @@ class TurnRunner:
             turn.sampling,
             turn.stop,
             turn.priority,
-            self._shape(turn).constraint or turn.constraint,
+            self._shape(turn).constraint,
             turn.logprobs,
         )
         try:
@@ -151,8 +151,9 @@ class TurnRunner:
         return prompt if edited == chat else render(edited, known)
 
     def _shape(self, turn: Turn) -> ReplyShape:
-        """The plain front doors' rule (``reply_shape``): offered tools win over a schema."""
-        return reply_shape(self._tokenizer.tool_format, turn.tools)
+        """The plain front doors' rule (``reply_shape``): calls, or an answer of the schema."""
+        schema = turn.constraint.json_schema if turn.constraint is not None else None
+        return reply_shape(self._tokenizer.tool_format, turn.tools, schema)
 
     def _count(self, text: str) -> int:
         return len(self._tokenizer.encode(text)) if text else 0

@@ -113,5 +113,5 @@ async def start_reply(
     try:
         handle = await start
     except UnsupportedSchemaError as error:  # the grammar engine's, naming no field
-        raise named_refusal(error, tools) from None
+        raise named_refusal(error, tools, shape) from None
     return ChatReply(handle, ReplyReader(shape.calls_in, new_id), keep, applied)

@@ -4,6 +4,7 @@ the request's own field. The model's tool format says how a call is written."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from semantic.domain.constraints import OutputConstraint, UnsupportedSchemaError
@@ -23,11 +24,13 @@ FREE = ReplyShape(None, None)
 
 
 def reply_shape(fmt: ToolFormat, use: ToolUse | None, json_schema: str | None = None) -> ReplyShape:
-    """Tools the reply may call win over a schema: an agent framework sends both (its tools,
-    and its final answer's schema), and a reply that calls no tool is then free text under
-    ``auto`` (ADR 0018)."""
-    if use is not None and use.offered:
-        return ReplyShape(fmt.constraint(use), fmt)
+    """Tools and a schema together: an agent framework sends both (its tools, and its final
+    answer's schema), and a reply that calls no tool is then an answer of the schema; a
+    reply that must call one has no answer (ADR 0018)."""
+    if use is not None and use.offered and (calls := fmt.constraint(use)) is not None:
+        if json_schema is not None and not calls.require_call:
+            calls = dataclasses.replace(calls, json_schema=json_schema)
+        return ReplyShape(calls, fmt)
     if json_schema is not None:
         return ReplyShape(OutputConstraint(json_schema=json_schema), None)
     return FREE
@@ -42,17 +45,20 @@ def no_room_for_tools(error: PromptTooLongError, use: ToolUse | None) -> PromptT
     )
 
 
-def named_refusal(error: UnsupportedSchemaError, use: ToolUse | None) -> UnsupportedSchemaError:
+def named_refusal(
+    error: UnsupportedSchemaError, use: ToolUse | None, shape: ReplyShape
+) -> UnsupportedSchemaError:
     """A schema the grammar engine refused when it compiled the constraint, named by the
     request's own field: the tool whose parameters it is, or ``response_format``."""
     if error.param is not None:
         return error
     offered = use.offered if use is not None else ()
+    answers = shape.constraint is not None and shape.constraint.json_schema is not None
     if error.call_index is not None and error.call_index < len(offered):
         where = f"tools ({offered[error.call_index].name}): "
         param = "tools"
     else:
-        where, param = ("tools: ", "tools") if offered else ("response_format: ", "response_format")
+        where, param = ("response_format: ", "response_format") if answers else ("tools: ", "tools")
     return UnsupportedSchemaError(
         where + str(error), keywords=error.keywords, call_index=error.call_index, param=param
     )
