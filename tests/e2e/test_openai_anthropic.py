@@ -54,6 +54,11 @@ def test_openai_chat_answers_without_and_with_streaming(server: ServerProcess) -
 def test_openai_completions_and_models(server: ServerProcess) -> None:
     client = oai(server)
     assert [m.id for m in client.models.list().data] == ["smollm2-135m-instruct"]
+    theirs = anthropic.Anthropic(base_url=server.url, api_key="unused").models.list().data
+    assert [(m.type, m.id, m.display_name) for m in theirs] == [
+        ("model",) + ("smollm2-135m-instruct",) * 2
+    ]
+    assert theirs[0].created_at.tzinfo is not None
     runtime = (client.models.retrieve("smollm2-135m-instruct").model_extra or {})["runtime"]
     assert "core " in runtime["blas"] or not runtime["blas"].startswith("OpenBLAS")
     assert runtime["device"] == "cpu"

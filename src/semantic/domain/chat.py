@@ -35,7 +35,7 @@ def check_tool_answers(messages: list[ChatMessage] | tuple[ChatMessage, ...]) ->
         called.update(call.id for call in message.tool_calls)
         if message.role == "tool" and message.tool_call_id not in called:
             raise InvalidRequestError(
-                f"a tool message's tool_call_id {message.tool_call_id!r} answers no call "
-                "made earlier in the conversation",
+                f"the tool result for {message.tool_call_id!r} answers no call made earlier "
+                "in the conversation (OpenAI's tool_call_id, Anthropic's tool_use_id)",
                 param="messages",
             )

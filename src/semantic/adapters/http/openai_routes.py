@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -67,7 +68,12 @@ class OpenAIController(Controller):
     @route("/models", http_method=GET_AND_HEAD)
     async def models(self, state: State) -> dict[str, Any]:
         found = services(state)
-        return {"object": "list", "data": [_model_entry(found.model_id)]}
+        entry = _model_entry(found.model_id)
+        return {
+            "object": "list",
+            "data": [entry],
+            **{"has_more": False, "first_id": entry["id"], "last_id": entry["id"]},
+        }
 
     @route("/models/{model_id:path}", http_method=GET_AND_HEAD)
     async def model(self, model_id: str, state: State) -> dict[str, Any]:
@@ -139,7 +145,18 @@ _SERVED_SINCE = int(time.time())
 
 
 def _model_entry(model_id: str) -> dict[str, Any]:
-    return {"id": model_id, "object": "model", "created": _SERVED_SINCE, "owned_by": "semantic"}
+    """OpenAI's fields and Anthropic's (``type``, ``display_name``, ``created_at``): both
+    SDKs list models at this one route."""
+    created_at = datetime.datetime.fromtimestamp(_SERVED_SINCE, datetime.UTC)
+    return {
+        "id": model_id,
+        "object": "model",
+        "created": _SERVED_SINCE,
+        "owned_by": "semantic",
+        "type": "model",
+        "display_name": model_id,
+        "created_at": created_at.isoformat().replace("+00:00", "Z"),
+    }
 
 
 def _check_common(data: SamplingFields, found: Services) -> None:
