@@ -241,6 +241,7 @@ def test_stop_strings_end_a_replys_text_and_never_cut_its_calls(server: ServerPr
     )
     assert reply.finish_reason == "tool_calls"
     [call] = reply.message.tool_calls or []
+    assert call.type == "function"
     jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
 
 
