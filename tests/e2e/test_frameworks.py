@@ -1,6 +1,6 @@
-"""Agent frameworks as their docs point them at an OpenAI-compatible server: pydantic-ai,
-LangGraph, smolagents and AutoGen, each naming its agent in ``X-Agent-Id`` through its own
-client settings. (The OpenAI Agents SDK and LangChain have their own tests; CrewAI pins an
+"""Agent frameworks as their docs point them at an OpenAI-compatible server: LangChain,
+LangGraph, pydantic-ai, smolagents and AutoGen, each naming its agent in ``X-Agent-Id``
+through its own client settings. (The OpenAI Agents SDK has its own tests; CrewAI pins an
 ``openai`` older than the SDK these tests need, so it is not installed beside them.)
 
 What is held: each framework reads the replies it is given (calls, text, usage, a
@@ -22,6 +22,42 @@ pytestmark = pytest.mark.model
 
 def headers(agent: str) -> dict[str, str]:
     return {"X-Agent-Id": agent}
+
+
+def langchain_model(server: ServerProcess, agent: str, max_tokens: int) -> Any:
+    from langchain_openai import ChatOpenAI
+    from pydantic import SecretStr
+
+    return ChatOpenAI(
+        base_url=f"{server.url}/v1",
+        api_key=SecretStr("unused"),
+        model="default",
+        temperature=0,
+        max_completion_tokens=max_tokens,
+        default_headers=headers(agent),
+    )
+
+
+def test_langchain_binds_tools_and_returns_structured_output(server: ServerProcess) -> None:
+    llm = langchain_model(server, "chain-1", 120)
+
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        return "Sunny"
+
+    message = llm.bind_tools([get_weather], tool_choice="get_weather").invoke(
+        "What is the weather in Paris?"
+    )
+    [call] = message.tool_calls
+    assert call["name"] == "get_weather"
+    assert isinstance(call["args"]["city"], str)
+
+    class Person(BaseModel):
+        name: str = Field(max_length=30)
+        age: int = Field(ge=0, le=150)
+
+    person = llm.with_structured_output(Person).invoke("Ann is 31 years old.")
+    assert isinstance(person, Person)
 
 
 class Forecast(BaseModel):
@@ -62,19 +98,10 @@ def test_pydantic_ai_runs_its_tools_and_output_and_comes_back_cached(
 @pytest.mark.filterwarnings("ignore:create_react_agent has been moved")  # `langchain` unneeded
 def test_langgraph_react_agent_keeps_its_thread_cached(server: ServerProcess) -> None:
     from langchain_core.messages import AIMessage
-    from langchain_openai import ChatOpenAI
     from langgraph.checkpoint.memory import InMemorySaver
     from langgraph.prebuilt import create_react_agent
-    from pydantic import SecretStr
 
-    llm = ChatOpenAI(
-        base_url=f"{server.url}/v1",
-        api_key=SecretStr("unused"),
-        model="default",
-        temperature=0,
-        max_completion_tokens=60,
-        default_headers=headers("graph-1"),
-    )
+    llm = langchain_model(server, "graph-1", 60)
 
     def get_weather(city: str) -> str:
         """The weather in a city."""

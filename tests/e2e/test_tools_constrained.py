@@ -468,34 +468,3 @@ def test_the_openai_agents_sdk_runs_a_function_tool_and_a_handoff(server: Server
     handed = Runner.run_sync(triage, "Bonjour!", max_turns=5)
     assert handed.last_agent.name == "french"
     assert handed.final_output
-
-
-def test_langchain_binds_tools_and_returns_structured_output(server: ServerProcess) -> None:
-    from langchain_openai import ChatOpenAI
-    from pydantic import BaseModel, Field, SecretStr
-
-    llm = ChatOpenAI(
-        base_url=f"{server.url}/v1",
-        api_key=SecretStr("unused"),
-        model="default",
-        temperature=0,
-        max_completion_tokens=120,
-    )
-
-    def get_weather(city: str) -> str:
-        """The weather in a city."""
-        return "Sunny"
-
-    message = llm.bind_tools([get_weather], tool_choice="get_weather").invoke(
-        "What is the weather in Paris?"
-    )
-    [call] = message.tool_calls
-    assert call["name"] == "get_weather"
-    assert isinstance(call["args"]["city"], str)
-
-    class Person(BaseModel):
-        name: str = Field(max_length=30)
-        age: int = Field(ge=0, le=150)
-
-    person = llm.with_structured_output(Person).invoke("Ann is 31 years old.")
-    assert isinstance(person, Person)
