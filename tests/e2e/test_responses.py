@@ -131,11 +131,20 @@ def test_a_deleted_response_and_another_namespace_are_404(server: ServerProcess)
         client(server).responses.retrieve(first.id)
 
 
-def test_store_false_keeps_nothing(server: ServerProcess) -> None:
-    unstored = ask(server, "Name a bird.", store=False)
+def test_store_false_keeps_nothing_a_client_can_name_but_its_prompt_stays_cached(
+    server: ServerProcess,
+) -> None:
+    """A stateless client sends the whole conversation each turn: as at OpenAI, what it
+    sent before is cached though no response is stored."""
+    said: list[Any] = [{"role": "user", "content": "Name a bird."}]
+    unstored = ask(server, said, store=False, instructions="Be brief.")
     assert unstored.output_text
     with pytest.raises(openai.NotFoundError):
         client(server).responses.retrieve(unstored.id)
+    said += [{"role": "assistant", "content": unstored.output_text}]
+    said += [{"role": "user", "content": "And a fish?"}]
+    again = ask(server, said, store=False, instructions="Be brief.")
+    assert again.usage.input_tokens_details.cached_tokens >= unstored.usage.input_tokens
 
 
 def test_a_conversation_keeps_its_items_in_order(server: ServerProcess) -> None:

@@ -276,7 +276,8 @@ class AgentService:
         with the agent it branches from, nothing copied) and ``history`` as its transcript.
         Nothing is written before the reply, so a chain's next turn waits for no commit;
         the agent, ``history`` and the turn then commit in one transaction before the
-        result is reported (``commit_branch``). ``keep=False`` commits nothing.
+        result is reported (``commit_branch``). ``keep=False`` commits nothing, and the
+        turn's KV is saved as an anonymous request's.
         ``rendered``: the mark of the prompt that made the blocks ``agent`` starts from
         (``CommittedReply.rendered``), whose ids the rendering then takes for the text it
         repeats rather than tokenize it again (after a restart, the whole history).
@@ -295,6 +296,10 @@ class AgentService:
                 history = fitted
                 agent = dataclasses.replace(agent, block_keys=(), token_count=0)
                 request = self._new_request(agent, history, turn)
+            if not keep:  # nothing a client can name stays: its KV stays as any anonymous
+                # request's does, found again by prompt (as OpenAI caches store: false ones)
+                anonymous = dataclasses.replace(request.request, agent_id=None)
+                request = dataclasses.replace(request, request=anonymous)
             write = functools.partial(self._write_new, agent, history, keep, lease)
             events = self._runner.run(request, live, turn, len(history), write)
             async for event in _under(lease, events):
