@@ -18,7 +18,7 @@ def semantic(
     *args: str, env: dict[str, str] | None = None, timeout: float = 300
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "semantic.adapters.cli.main", *args],
+        [sys.executable, "-m", "semantic", *args],  # `python -m semantic`, as a user may
         capture_output=True,
         text=True,
         timeout=timeout,
