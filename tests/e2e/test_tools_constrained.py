@@ -468,3 +468,43 @@ def test_the_openai_agents_sdk_runs_a_function_tool_and_a_handoff(server: Server
     handed = Runner.run_sync(triage, "Bonjour!", max_turns=5)
     assert handed.last_agent.name == "french"
     assert handed.final_output
+
+
+def test_anthropic_structured_output_parses_and_refuses_what_it_cannot_serve(
+    server: ServerProcess,
+) -> None:
+    """``output_config.format`` (the SDK's ``messages.parse(output_format=...)``): the
+    reply's text is JSON of the schema; ``effort`` and malformed formats are a 400 naming
+    ``output_config``."""
+    from pydantic import BaseModel, Field
+
+    class City(BaseModel):
+        name: str = Field(max_length=30)
+        country: str = Field(max_length=30)
+
+    client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
+    ask: dict[str, Any] = {
+        "model": "default",
+        "max_tokens": 60,
+        "messages": [{"role": "user", "content": "Paris is in France."}],
+        "extra_body": {"temperature": 0},  # this SDK's parse takes no temperature
+    }
+    parsed = client.messages.parse(**ask, output_format=City)
+    assert parsed.stop_reason == "end_turn"
+    assert isinstance(parsed.parsed_output, City)
+    malformed: list[Any] = [
+        {"effort": "high"},
+        {"format": {"type": "json_object"}},
+        {"format": {"type": "json_schema", "schema": {"not": {}}}},
+        {"format": {"type": "json_schema", "schema": {}}, "extra": 1},
+    ]
+    for config in malformed:
+        with pytest.raises(anthropic.BadRequestError) as refused:
+            client.messages.create(**ask, output_config=config)
+        assert "output_config" in str(refused.value)
+    counted = client.messages.count_tokens(
+        model="default",
+        messages=ask["messages"],
+        output_config={"format": {"type": "json_schema", "schema": City.model_json_schema()}},
+    )
+    assert counted.input_tokens > 0

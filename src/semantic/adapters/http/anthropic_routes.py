@@ -28,6 +28,7 @@ from semantic.adapters.http.common import result_of, services, sse, sse_data
 from semantic.adapters.http.errors import body_for, problem_for
 from semantic.adapters.http.identity import identity
 from semantic.adapters.http.retention_hints import anthropic_hints
+from semantic.adapters.http.tool_translate import output_config_schema
 from semantic.adapters.http.translate import (
     ANTHROPIC_MAX_TEMPERATURE,
     ANTHROPIC_STOP,
@@ -45,6 +46,7 @@ from semantic.application.chat.generation import (
 )
 from semantic.application.chat.tool_replies import CallOpened, Reply, ReplyEvent
 from semantic.domain.chat import ChatMessage, check_tool_answers
+from semantic.domain.constraints import UnsupportedSchemaError
 from semantic.domain.errors import InvalidRequestError, SemanticError
 from semantic.domain.generation import GREEDY, SamplingParams
 
@@ -62,7 +64,14 @@ class AnthropicController(Controller):
         check_model(data.model, found.model_id)
         _check_plain_chat(data)
         ask = _ask(request, data)
-        reply = await found.chats.start(ask)
+        try:
+            reply = await found.chats.start(ask)
+        except UnsupportedSchemaError as error:  # named by OpenAI's field where it is ours
+            if error.param != "response_format":
+                raise
+            said = str(error).replace("response_format", "output_config", 1)
+            named = UnsupportedSchemaError(said, keywords=error.keywords, param="output_config")
+            raise named from None
         message_id = f"msg_{uuid.uuid4().hex[:24]}"
         context = applied_edits(ask.context_edit, reply.applied)
         if data.stream:
@@ -101,6 +110,7 @@ def _ask(request: Request[Any, Any, Any], data: MessagesRequest | CountTokensReq
         who.agent_id,
         tuple(chat),
         tools=anthropic_tool_use(data.tools, data.tool_choice),
+        json_schema=output_config_schema(data.output_config),
         continue_final=prefill,
         context_edit=context_edit(data.context_management),
         max_tokens=full.max_tokens if full else None,

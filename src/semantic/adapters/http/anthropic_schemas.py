@@ -56,6 +56,7 @@ class CountTokensRequest(PlainChat, forbid_unknown_fields=True):
     messages: list[AnthropicMessage]
     system: str | list[TextBlock] | None = None
     context_management: dict[str, Any] | None = None
+    output_config: dict[str, Any] | None = None
 
 
 class MessagesRequest(PlainChat, forbid_unknown_fields=True):
@@ -76,6 +77,8 @@ class MessagesRequest(PlainChat, forbid_unknown_fields=True):
     user_profile_id: str | None = None
     workspace_id: str | None = None
     """Routing and accounting fields: accepted, with no effect on the reply. Other features
-    we do not have (output_config, ...) are refused as unknown fields."""
+    we do not have are refused as unknown fields."""
+    output_config: dict[str, Any] | None = None
+    """Structured output (``format``: a JSON Schema the reply's text matches)."""
     context_management: dict[str, Any] | None = None
     """Context edits (``clear_tool_uses_20250919``), read by ``anthropic_context``."""

@@ -1,5 +1,6 @@
-"""OpenAI's ``response_format`` as the JSON Schema a reply must match. What the schema and
-a request's tools then ask of the reply is the chat turn's (``application.chat.reply_shape``)."""
+"""OpenAI's ``response_format`` and Anthropic's ``output_config`` as the JSON Schema a reply
+must match. What the schema and a request's tools then ask of the reply is the chat turn's
+(``application.chat.reply_shape``)."""
 
 from __future__ import annotations
 
@@ -58,3 +59,32 @@ def _json_schema(spec: object) -> str:
 
 def _bad_format(message: str) -> InvalidRequestError:
     return InvalidRequestError(f"response_format: {message}", param="response_format")
+
+
+def output_config_schema(output_config: dict[str, Any] | None) -> str | None:
+    """Anthropic's ``output_config``: its ``format`` (``json_schema``, always strict there)
+    as the JSON Schema the reply must match, or None. ``effort`` asks for thinking this
+    server does not do: only its absence is served."""
+    if output_config is None:
+        return None
+    unknown = set(output_config) - {"format", "effort"}
+    if unknown:
+        raise _bad_config(f"has no field {sorted(unknown)[0]!r}")
+    if output_config.get("effort") is not None:
+        raise _bad_config("effort is not supported (no extended thinking here)")
+    spec = output_config.get("format")
+    if spec is None:
+        return None
+    if not isinstance(spec, dict) or spec.get("type") != "json_schema":
+        raise _bad_config("format must be an object of type 'json_schema'")
+    if set(spec) - {"type", "schema"}:
+        raise _bad_config(f"format has no field {sorted(set(spec) - {'type', 'schema'})[0]!r}")
+    schema = spec.get("schema")
+    if not isinstance(schema, dict):
+        raise _bad_config("format.schema must be a JSON Schema object")
+    check_schema(schema, "output_config.format.schema", "output_config")
+    return json.dumps(schema, ensure_ascii=False)
+
+
+def _bad_config(message: str) -> InvalidRequestError:
+    return InvalidRequestError(f"output_config: {message}", param="output_config")
