@@ -301,13 +301,13 @@ def _rows_contiguous(array: mx.array) -> bool:
 def _advance(caches: list[Any], length: int) -> None:
     """What the caches' own ``update_and_fetch`` would have counted. A batch's layers
     share one offsets array a step (the same values in every layer), made from layer 0's,
-    already evaluated: ``offset + length`` left lazy in the layers whose offsets no step
-    reads grew a chain of additions a step, evaluated only when a row left (a thousand
-    steps' chain 6.7 ms a layer), and thirty additions or arrays a step took 0.14-0.26 ms
-    of a one-stream step (each several times its cost in a loop: the pass has just
-    flushed the CPU's caches). Sharing holds while no one moves a
-    batch's offsets in place (MLX's ``+=`` writes into the array): mlx-lm's batch cache
-    replaces them (``self.offset = self.offset + n``), and a test holds it to that."""
+    already evaluated. Left lazy, ``offset + length`` grew a chain of additions a step in
+    every layer no step reads, evaluated only when a row left (6.7 ms a layer after a
+    thousand steps); thirty arrays of their own took 0.14-0.26 ms of a one-stream step
+    (several times their cost in a loop: the pass has just flushed the CPU's caches).
+    Sharing holds while no one moves a batch's offsets in place (MLX's ``+=`` writes into
+    the array): mlx-lm's batch cache replaces them (``self.offset = self.offset + n``),
+    and a test holds it to that."""
     if type(caches[0]) is KVCache:
         for cache in caches:
             cache.offset += length
