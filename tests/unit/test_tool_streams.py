@@ -131,7 +131,11 @@ async def test_openai_stream_rebuilds_the_reply_without_streaming(
 
 @pytest.mark.parametrize(
     ("pieces", "finish"),
-    [(PIECES, FinishReason.END_OF_TURN), (PIECES[:3], FinishReason.MAX_TOKENS)],
+    [
+        (PIECES, FinishReason.END_OF_TURN),
+        (PIECES[:3], FinishReason.MAX_TOKENS),
+        (PIECES[:4], FinishReason.MAX_TOKENS),  # cut further in: a partial input
+    ],
 )
 async def test_anthropic_stream_rebuilds_the_reply_without_streaming(
     pieces: list[str], finish: FinishReason
@@ -153,7 +157,7 @@ async def test_anthropic_stream_rebuilds_the_reply_without_streaming(
     content = [block.model_dump(exclude_none=True) for block in snapshot.content]
     for block in content:
         block.pop("parsed_output", None)
-    assert content == plain["content"]  # a cut call's input: {} both ways
+    assert content == plain["content"]  # a cut call's input: as far as it came, both ways
     assert snapshot.stop_reason == plain["stop_reason"]
     expected = "tool_use" if finish is FinishReason.END_OF_TURN else "max_tokens"
     assert plain["stop_reason"] == expected
@@ -162,6 +166,8 @@ async def test_anthropic_stream_rebuilds_the_reply_without_streaming(
         assert [b["type"] for b in content] == ["text", "tool_use", "tool_use"]
         assert content[1]["input"] == {"city": "Paris", "days": [1, 2]}
         assert content[1]["id"].startswith("toolu_")
+    elif len(pieces) == 4:
+        assert content[1]["input"] == {"city": "Paris", "days": [1]}
 
 
 def test_ids_have_each_protocols_prefix() -> None:

@@ -9,6 +9,8 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+import jiter
+
 from semantic.application.chat.tool_replies import Call
 from semantic.domain.chat import ChatMessage
 from semantic.domain.errors import InvalidRequestError
@@ -129,11 +131,20 @@ def _result(block: Any) -> ChatMessage:
 
 
 def tool_use_block(call: Call) -> dict[str, Any]:
-    """A call cut short by ``max_tokens`` has the input ``{}`` (its stream showed the
-    partial JSON as it came)."""
+    """A call cut short by ``max_tokens`` has its input as far as it came, read as the
+    SDK's own stream accumulator reads the partial JSON it streamed (jiter's partial mode:
+    an unfinished string or number is left out), so the message equals its stream."""
     return {
         "type": "tool_use",
         "id": call.id,
         "name": call.name,
-        "input": json.loads(call.arguments) if call.complete else {},
+        "input": json.loads(call.arguments) if call.complete else _partial(call.arguments),
     }
+
+
+def _partial(arguments: str) -> dict[str, Any]:
+    try:
+        value = jiter.from_json(arguments.encode(), partial_mode=True)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
