@@ -5,9 +5,14 @@ process, and most of a start is imports)."""
 
 from __future__ import annotations
 
+import json
 import random
+import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 from reliability.server import ServerProcess
@@ -105,3 +110,45 @@ def test_each_served_model_says_which_fast_paths_run(
         assert (said["host softmax attention (ADR 0008)"] == "on") == host_softmax
     if not bodied:
         assert variant.family in said["host pass for small passes (ADR 0013)"]
+
+
+def test_a_model_type_mlx_lm_does_not_know_is_named_as_such(
+    model_dir: ModelDirs, tmp_path: Path
+) -> None:
+    """Not "re-create it": no directory fixes an architecture the installed mlx-lm lacks."""
+    unknown = tmp_path / "unknown"
+    shutil.copytree(model_dir(Variant("llama", quantized=False, dtype="float32")), unknown)
+    config = json.loads((unknown / "config.json").read_text())
+    (unknown / "config.json").write_text(json.dumps({**config, "model_type": "foomodel"}))
+    command = [sys.executable, "-m", "semantic", "generate", "hi", "--model", str(unknown)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 2
+    assert "no model class for its config.json's model_type" in result.stderr
+    assert "re-create" not in result.stderr
+
+
+def test_a_model_without_a_chat_template_refuses_chats_by_name_and_completes_prompts(
+    model_dir: ModelDirs, tmp_path: Path
+) -> None:
+    """A base model ships no chat template: its chat routes are a 400 saying so (not a
+    500 from deep in transformers), and a raw prompt still completes."""
+    base = tmp_path / "base"
+    shutil.copytree(model_dir(Variant("llama", quantized=False, dtype="float32")), base)
+    config = json.loads((base / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (base / "tokenizer_config.json").write_text(json.dumps(config))
+    server = ServerProcess(tmp_path / "data", "--model", str(base), "--prefault-mb", "0").start()
+    try:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(
+                model="default", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+            )
+        assert "no chat template" in str(refused.value)
+        assert refused.value.body["param"] == "messages"
+        done = client.completions.create(model="default", prompt="Once upon", max_tokens=4)
+        assert done.usage is not None
+        assert done.usage.completion_tokens > 0
+        assert "has no chat template" in server.log.read_text()
+    finally:
+        server.stop()

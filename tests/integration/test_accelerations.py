@@ -69,6 +69,29 @@ def test_a_model_the_fast_paths_do_not_cover_is_told_why() -> None:
     assert found["long prompts sliced between decode steps (ADR 0009)"] is None  # layer by layer
 
 
+def test_a_model_whose_layers_name_their_attention_otherwise_runs_on_mlx_lm() -> None:
+    """InternLM2's layers keep theirs in ``attention``, not ``self_attn``: nothing of ours
+    is installed, and the report says why (it once failed the load with AttributeError)."""
+    from mlx_lm.models import internlm2
+
+    model = internlm2.Model(
+        internlm2.ModelArgs(
+            model_type="internlm2",
+            hidden_size=64,
+            num_hidden_layers=2,
+            intermediate_size=128,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            rms_norm_eps=1e-5,
+            vocab_size=256,
+        )
+    )
+    assert not install(model)
+    found = _by_name(model)
+    assert "internlm2" in (found["host softmax attention (ADR 0008)"] or "")
+    assert "internlm2" in (found["host pass for small passes (ADR 0013)"] or "")
+
+
 @pytest.mark.parametrize("family", ["gemma3_text", "phi3"])
 def test_gemma3_and_phi3_are_sliced_but_ride_nothing_and_say_why(family: str) -> None:
     """Their layers run whole in a slice (test_layer_slice); the other paths read llama's

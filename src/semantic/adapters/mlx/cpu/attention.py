@@ -72,8 +72,12 @@ def obstacle(model: Any) -> str | None:
 
 
 def _installed(model: Any) -> bool:
+    """Asked of any model: one whose layers name their attention otherwise (InternLM2's
+    ``attention``) or have none (a hybrid's recurrent layers) is simply not installed."""
     layers = getattr(getattr(model, "model", None), "layers", None) or []
-    return bool(layers) and all(type(layer.self_attn) is HostSoftmaxAttention for layer in layers)
+    return bool(layers) and all(
+        type(getattr(layer, "self_attn", None)) is HostSoftmaxAttention for layer in layers
+    )
 
 
 class HostSoftmaxAttention(nn.Module):  # type: ignore[misc,name-defined]  # mlx.nn ships no types

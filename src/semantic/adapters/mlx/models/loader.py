@@ -86,16 +86,25 @@ def load_model(path: Path, model_id: str, *, move_weights_later: bool = False) -
     """Load weights and tokenizer; a broken directory gives one clear error. The weights
     move onto huge pages now, or with ``move_weights_later`` when the caller starts
     ``LoadedModel.pages`` (a server, once it answers: ADR 0032)."""
-    check_mlx_lm_version()
+    mlx_lm_version = check_mlx_lm_version()
     check_model_dir(path)
     try:
         loaded: Any = mlx_lm_load(str(path), return_config=True)
         model, tokenizer, config = loaded
     except (ValueError, KeyError, OSError, RuntimeError) as error:
+        said = str(error).rstrip(". ")
+        if "not supported" in said and "Model type" in said:  # mlx-lm knows no such class
+            raise CorruptModelError(
+                f"could not load the model in {path}: {said}: mlx-lm {mlx_lm_version} has "
+                "no model class for its config.json's model_type (a newer mlx-lm may; "
+                "semantic runs the range it was tested with)."
+            ) from error
         raise CorruptModelError(
-            f"could not load the model in {path}: {error}. Fix: re-create it (for the "
+            f"could not load the model in {path}: {said}. Fix: re-create it (for the "
             "embedded model: `semantic model pull --force`)."
         ) from error
+    if not getattr(tokenizer, "chat_template", None):
+        log.warning("model %s has no chat template: its chat routes answer 400", model_id)
     fast = install_attention(model)
     products = install_host_products(model)
     install_host_swiglu(model)

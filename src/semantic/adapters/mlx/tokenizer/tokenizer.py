@@ -17,6 +17,13 @@ from semantic.domain.tools import Tool
 Turn = dict[str, Any]
 
 
+NO_CHAT_TEMPLATE = (
+    "this model has no chat template (a base model's tokenizer_config.json names none), so "
+    "messages cannot be made into its prompt: send the raw prompt to /v1/completions, or "
+    "give the model directory a chat_template"
+)
+
+
 class MlxTokenizer:
     """``max_context``: a text that cannot fit it is refused before it is tokenized
     (``_refuse_if_certainly_too_long``)."""
@@ -105,6 +112,8 @@ class MlxTokenizer:
         continue_final: bool,
     ) -> str:
         extra = {"tools": listed} if listed else {}
+        if not getattr(self._wrapper, "chat_template", None):
+            raise InvalidRequestError(NO_CHAT_TEMPLATE, param="messages")
         try:
             text = self._wrapper.apply_chat_template(
                 turns,
