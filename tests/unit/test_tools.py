@@ -251,7 +251,10 @@ def test_a_call_cut_before_its_tools_name_is_never_shown_as_text() -> None:
     assert reply.raw == "Sure. " + CALL[:30]  # rendered again as it was generated
     _, reply = read([CALL, "\n", CALL[:30]], DefaultFormat(), cut=True)  # after whole calls
     assert [c.complete for c in reply.calls] == [True]
-    assert not reply.cut_in_a_call  # it ends in its whole calls
+    assert reply.cut_in_a_call  # the limit's finish: more calls may have followed
+    _, ended = read([CALL, "\n", CALL], DefaultFormat())  # a repeat the grammar ended
+    assert [c.complete for c in ended.calls] == [True]
+    assert not ended.cut_in_a_call
 
 
 def test_a_trigger_that_began_no_call_is_text_when_the_model_ended_there() -> None:

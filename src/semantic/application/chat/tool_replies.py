@@ -60,12 +60,17 @@ class Reply:
     calls: tuple[Call, ...]
     raw: str
     """Everything the model wrote, to render this turn again exactly as it was generated."""
+    cut: bool = False
+    """The generation stopped at a limit (``max_tokens``) once its calls had begun."""
 
     @property
     def cut_in_a_call(self) -> bool:
-        """A call it shows is cut short. A further call cut before its tool's name (or a
-        held repeat) was never shown: the reply ends in its whole calls."""
-        return any(not call.complete for call in self.calls)
+        """Its calls were cut short: a call it shows is incomplete, or the limit came after
+        its whole calls (in a further call, never shown, or a held repeat). Its finish is
+        then the limit's (``length``, ``max_tokens``, Responses ``incomplete``), as OpenAI's
+        and Anthropic's are: a client learns that more may have followed. A repeat the
+        grammar ended is no limit: that reply ends in its whole calls."""
+        return self.cut or any(not call.complete for call in self.calls)
 
 
 class _Forming:
@@ -125,7 +130,7 @@ class ReplyReader:
         if self._call_at is None or not (self._calls or cut):  # no call began: all text
             return self._text(len(self._raw)), Reply(self._raw, (), self._raw)
         content = self._raw[: self._call_at].rstrip()
-        return [], Reply(content, tuple(self._calls), self._raw)
+        return [], Reply(content, tuple(self._calls), self._raw, cut=cut)
 
     def _before_calls(self, trigger: str) -> list[ReplyEvent]:
         found = self._raw.find(trigger, self._shown)
