@@ -16,6 +16,7 @@ from semantic.adapters.mlx.cpu.accelerations import accelerations, kernels_obsta
 from semantic.adapters.mlx.cpu.attention import install
 from semantic.adapters.mlx.cpu.blas import BlasStatus, blas_in_use
 from semantic.adapters.mlx.cpu.page_placement import PagePlacement
+from tests.conformance.tiny_models import FAMILIES
 from tests.helpers import huge_pages_expected, tiny_family, tiny_llama
 from tests.integration.conftest import RealModel
 
@@ -72,20 +73,11 @@ def test_a_model_the_fast_paths_do_not_cover_is_told_why() -> None:
 def test_a_model_whose_layers_name_their_attention_otherwise_runs_on_mlx_lm() -> None:
     """InternLM2's layers keep theirs in ``attention``, not ``self_attn``: nothing of ours
     is installed, and the report says why (it once failed the load with AttributeError)."""
-    from mlx_lm.models import internlm2
+    from mlx_lm.utils import _get_classes
 
-    model = internlm2.Model(
-        internlm2.ModelArgs(
-            model_type="internlm2",
-            hidden_size=64,
-            num_hidden_layers=2,
-            intermediate_size=128,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            rms_norm_eps=1e-5,
-            vocab_size=256,
-        )
-    )
+    config = {**FAMILIES["llama"], "model_type": "internlm2", "vocab_size": 256}
+    model_class, args_class = _get_classes(config)
+    model = model_class(args_class.from_dict(config))
     assert not install(model)
     found = _by_name(model)
     assert "internlm2" in (found["host softmax attention (ADR 0008)"] or "")
