@@ -191,6 +191,8 @@ class StrippingTemplate:
     """A chat template that rewrites the text it is given (strips it), over the real
     tokenizer: quote marks would move, so a message spelling a control token is refused."""
 
+    chat_template = "{# each message stripped: apply_chat_template below #}"
+
     def __init__(self, wrapper: Any) -> None:
         self.backend_tokenizer = wrapper.backend_tokenizer
         self.eos_token_ids = wrapper.eos_token_ids
