@@ -172,9 +172,7 @@ class _Body:
     def keep(self, reply: CommittedReply) -> list[StoredObject]:
         shown = [] if self.pieces is None else token_entries(reply.logprobs, self.pieces)
         output = output_items(reply, self.message_id, shown)
-        status = (
-            "incomplete" if reply.finish_reason in LIMITS and not reply.whole_calls else "completed"
-        )
+        status = "incomplete" if reply.finish_reason in LIMITS else "completed"  # calls too
         self.body = self._shape(status, output, reply)
         rid = self.response_id
         kept = [StoredObject(RESPONSE, rid, json.dumps(self.body))]
