@@ -30,7 +30,9 @@ from semantic.domain.tools import (
     ToolCall,
     ToolChoice,
     ToolUse,
+    check_schema,
     checked_tools,
+    loosened,
     tool_use,
 )
 from tests.unit.storage_fakes import FakeMetadataStore
@@ -332,7 +334,35 @@ def test_response_formats_become_schemas() -> None:
     with pytest.raises(UnsupportedSchemaError):
         response_schema({"type": "json_schema", "json_schema": {**strict, "schema": unsupported}})
     loose = {"name": "a", "strict": False, "schema": unsupported}
-    assert response_schema({"type": "json_schema", "json_schema": loose}) == "{}"
+    assert json.loads(response_schema({"type": "json_schema", "json_schema": loose}) or "") == {
+        "type": "object"
+    }
+    malformed = {"name": "a", "strict": False, "schema": {"properties": []}}
+    assert response_schema({"type": "json_schema", "json_schema": malformed}) == "{}"
+
+
+def test_a_loose_schema_keeps_all_but_what_a_grammar_cannot_honour() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "a": {"type": "string", "not": {"const": "x"}},
+            "b": {"anyOf": [{"if": {"type": "null"}}, {"$ref": "https://x/y"}]},
+            "c": {"$ref": "#/$defs/c"},
+        },
+        "items": [{"then": {}}],
+        "$defs": {"c": {"type": "integer", "unevaluatedProperties": False}},
+    }
+    assert loosened(schema) == {
+        "type": "object",
+        "properties": {
+            "a": {"type": "string"},
+            "b": {"anyOf": [{}, {}]},
+            "c": {"$ref": "#/$defs/c"},
+        },
+        "items": [{}],
+        "$defs": {"c": {"type": "integer"}},
+    }
+    check_schema(loosened(schema), "loose", "response_format")
 
 
 def test_a_schema_the_engine_refuses_is_named_by_the_requests_field() -> None:

@@ -188,6 +188,28 @@ def check_schema(schema: object, what: str, field: str) -> None:
                 check_schema(sub, what, field)
 
 
+def loosened(schema: object) -> object:
+    """``schema`` without the keywords a grammar cannot honour (a non-local ``$ref`` becomes
+    any value): what a non-strict format is generated under, so that a reply keeps the
+    shape the rest of the schema asks for instead of being any JSON at all."""
+    if not isinstance(schema, dict):
+        return schema
+    return {
+        keyword: _loosened_value(keyword, value)
+        for keyword, value in schema.items()
+        if keyword not in UNSUPPORTED_KEYWORDS
+        and (keyword != "$ref" or (isinstance(value, str) and value.startswith("#")))
+    }
+
+
+def _loosened_value(keyword: str, value: object) -> object:
+    if keyword in _SCHEMA_MAPS and isinstance(value, dict):
+        return {name: loosened(sub) for name, sub in value.items()}
+    if keyword in (*_SCHEMA_VALUES, *_SCHEMA_LISTS) and isinstance(value, list):
+        return [loosened(sub) for sub in value]
+    return loosened(value) if keyword in _SCHEMA_VALUES else value
+
+
 def _unsupported(keyword: str, what: str, field: str, detail: str = "") -> UnsupportedSchemaError:
     return UnsupportedSchemaError(
         f"{what}: the JSON Schema keyword {keyword!r}{detail} is not supported in "

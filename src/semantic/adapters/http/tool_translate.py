@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from semantic.domain.errors import InvalidRequestError
-from semantic.domain.tools import check_schema
+from semantic.domain.tools import check_schema, loosened
 
 JSON_OBJECT = json.dumps({"type": "object"})
 
@@ -47,13 +47,14 @@ def _json_schema(spec: object) -> str:
     schema = spec.get("schema", {})
     if not isinstance(schema, dict):
         raise _bad_format("json_schema.schema must be a JSON Schema object")
-    if strict:
-        check_schema(schema, "response_format.json_schema.schema", "response_format")
-        return json.dumps(schema, ensure_ascii=False)
-    try:  # not strict: a schema the grammar cannot honour still gets JSON
+    if not strict:  # generated around what the grammar cannot honour (ADR 0018)
+        schema = loosened(schema)
+    try:
         check_schema(schema, "response_format.json_schema.schema", "response_format")
     except InvalidRequestError:
-        return json.dumps({}, ensure_ascii=False)
+        if strict:
+            raise
+        schema = {}  # malformed beyond loosening: still JSON, as OpenAI promises no more
     return json.dumps(schema, ensure_ascii=False)
 
 
