@@ -508,3 +508,75 @@ def test_anthropic_structured_output_parses_and_refuses_what_it_cannot_serve(
         output_config={"format": {"type": "json_schema", "schema": City.model_json_schema()}},
     )
     assert counted.input_tokens > 0
+
+
+def test_a_schema_the_grammar_cannot_compile_is_named_by_each_front_doors_field(
+    server: ServerProcess,
+) -> None:
+    """A pattern with a look-ahead passes the keyword check and is refused when the grammar
+    compiles: a 400 that says why, naming the request's own field on every front door; a
+    non-strict format leaves out only what the grammar cannot honour."""
+    looks_ahead = {
+        "type": "object",
+        "properties": {"a": {"type": "string", "pattern": "(?=a)b"}},
+        "required": ["a"],
+        "additionalProperties": False,
+    }
+    client = oai(server)
+    ask: dict[str, Any] = {"model": "default", "temperature": 0}
+    with pytest.raises(openai.BadRequestError) as chat:
+        client.chat.completions.create(
+            **ask,
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=5,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "a", "strict": True, "schema": looks_ahead},
+            },
+        )
+    with pytest.raises(openai.BadRequestError) as responses:
+        client.responses.create(
+            **ask,
+            input="hi",
+            max_output_tokens=16,
+            text={
+                "format": {
+                    "type": "json_schema",
+                    "name": "a",
+                    "strict": True,
+                    "schema": looks_ahead,
+                }
+            },
+        )
+    said = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
+    with pytest.raises(anthropic.BadRequestError) as messages:
+        said.messages.create(
+            model="default",
+            max_tokens=5,
+            messages=[{"role": "user", "content": "hi"}],
+            output_config={"format": {"type": "json_schema", "schema": looks_ahead}},
+        )
+    refusals = {
+        "response_format": chat.value,
+        "text": responses.value,
+        "output_config": messages.value,
+    }
+    for field, refusal in refusals.items():
+        assert "look-around" in str(refusal)
+        assert field in str(refusal)
+    assert chat.value.param == "response_format"
+    assert responses.value.param == "text"
+    assert "text.format" in str(responses.value)
+    inner_not = {
+        "type": "object",
+        "properties": {"a": {"type": "integer", "not": {"const": 3}}},
+        "required": ["a"],
+        "additionalProperties": False,
+    }
+    loose = client.chat.completions.create(
+        **ask,
+        messages=[{"role": "user", "content": "Give a number as JSON."}],
+        max_tokens=30,
+        response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": inner_not}},
+    )
+    assert set(json.loads(loose.choices[0].message.content or "")) == {"a"}

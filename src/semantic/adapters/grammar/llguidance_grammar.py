@@ -225,12 +225,21 @@ def _alone(schema: str) -> str:
     return llguidance.LLMatcher.grammar_from_json_schema(json.dumps(loaded))
 
 
+def _one_line(message: str) -> str:
+    """llguidance's message on one line: a regex error's text, without the carets under it
+    (``regex parse error: (?=a)b: look-around ... is not supported``)."""
+    lines = [line.strip() for line in message.splitlines()]
+    kept = [line.removeprefix("error: ") for line in lines if line.strip("^ ")]
+    return ": ".join(line.rstrip(":") for line in kept) or "invalid"
+
+
 def _error(message: str, index: int | None) -> UnsupportedSchemaError:
     found = _UNIMPLEMENTED.search(message)
     where = "the schema" if index is None else f"the schema of call {index}"
     if found is None:
-        first = message.strip().splitlines()[0] if message.strip() else "invalid"
-        return UnsupportedSchemaError(f"{where} cannot be compiled: {first}", call_index=index)
+        return UnsupportedSchemaError(
+            f"{where} cannot be compiled: {_one_line(message)}", call_index=index
+        )
     keywords = tuple(json.loads(found.group(1)))
     return UnsupportedSchemaError(
         f"{where} uses JSON Schema keyword(s) constrained decoding cannot honour: "

@@ -25,7 +25,7 @@ from semantic.adapters.http.anthropic_tools import (
     tool_use_block,
 )
 from semantic.adapters.http.common import result_of, services, sse, sse_data
-from semantic.adapters.http.errors import body_for, problem_for
+from semantic.adapters.http.errors import body_for, in_own_words, problem_for
 from semantic.adapters.http.identity import identity
 from semantic.adapters.http.retention_hints import anthropic_hints
 from semantic.adapters.http.tool_translate import output_config_schema
@@ -69,9 +69,7 @@ class AnthropicController(Controller):
         except UnsupportedSchemaError as error:  # named by OpenAI's field where it is ours
             if error.param != "response_format":
                 raise
-            said = str(error).replace("response_format", "output_config", 1)
-            named = UnsupportedSchemaError(said, keywords=error.keywords, param="output_config")
-            raise named from None
+            raise in_own_words(error, "response_format", "output_config", "output_config") from None
         message_id = f"msg_{uuid.uuid4().hex[:24]}"
         context = applied_edits(ask.context_edit, reply.applied)
         if data.stream:

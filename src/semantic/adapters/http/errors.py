@@ -6,10 +6,11 @@ read ``{"type": "error", "error": {"type", "message"}}``.
 
 from __future__ import annotations
 
+import copy
 import logging
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from litestar import Request, Response
 from litestar.exceptions import (
@@ -45,6 +46,7 @@ from semantic.domain.errors import (
 )
 
 log = logging.getLogger(__name__)
+E = TypeVar("E", bound=InvalidRequestError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +108,16 @@ _PLAIN: tuple[tuple[type[Exception], int, str], ...] = (
     (GenerationFailedError, 500, "generation_failed"),
     (SemanticError, 400, "invalid_request"),
 )
+
+
+def in_own_words(error: E, field: str, own: str, param: str) -> E:
+    """The application's refusal as a front door words it: the field the chat turn calls
+    ``field`` (``max_tokens``, ``response_format``) named ``own``, as that door's request
+    names it; the same error type, its other attributes kept."""
+    renamed = copy.copy(error)
+    renamed.args = (str(error).replace(field, own),)
+    renamed.param = param
+    return renamed
 
 
 def problem_for(error: Exception) -> Problem:

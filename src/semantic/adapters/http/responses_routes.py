@@ -12,6 +12,7 @@ from litestar import Controller, Request, delete, get, post
 from litestar.datastructures import State
 
 from semantic.adapters.http.common import services, sse, unless_client_leaves
+from semantic.adapters.http.errors import in_own_words
 from semantic.adapters.http.identity import checked_id, identity
 from semantic.adapters.http.openai_logprobs import (
     TokenPieces,
@@ -253,10 +254,13 @@ async def _first(
     except PromptTooLongError as error:
         raise _too_long(error, data) from None
     except InvalidRequestError as error:
-        if error.param != "max_tokens":
-            raise
-        message = str(error).replace("max_tokens", "max_output_tokens")
-        raise InvalidRequestError(message, param="max_output_tokens") from None
+        if error.param == "max_tokens":
+            raise in_own_words(
+                error, "max_tokens", "max_output_tokens", "max_output_tokens"
+            ) from None
+        if error.param == "response_format":  # the grammar engine's refusal of text.format
+            raise in_own_words(error, "response_format", "text.format", "text") from None
+        raise
 
 
 def _too_long(error: PromptTooLongError, data: ResponseRequest) -> PromptTooLongError:
@@ -366,9 +370,7 @@ def _text_schema(text: dict[str, Any] | None) -> str | None:
     try:
         return response_schema(shaped)
     except InvalidRequestError as error:
-        raise InvalidRequestError(
-            str(error).replace("response_format", "text.format"), param="text"
-        ) from None
+        raise in_own_words(error, "response_format", "text.format", "text") from None
 
 
 def _retention(request: Request[Any, Any, Any], asked: str | None) -> str | None:
