@@ -67,6 +67,48 @@ def test_a_chat_reply_carries_each_tokens_logprob_whole_and_streamed(
         assert math.isclose(ours.logprob, theirs.logprob, abs_tol=1e-4)
 
 
+def test_a_limit_inside_a_character_keeps_each_tokens_logprob_whole_and_streamed(
+    server: ServerProcess,
+) -> None:
+    """Tokens whose bytes the limit left short of a character show no text, and still
+    have their entries (their bytes, as every token's), as many as the tokens counted."""
+    create = functools.partial(
+        oai(server).chat.completions.create,
+        model="default",
+        messages=openai_messages([{"role": "user", "content": "Write three emojis about joy: 😀"}]),
+        temperature=0,
+        logprobs=True,
+    )
+    uncut = create(max_tokens=8).choices[0].message.content or ""
+    whole = create(max_tokens=2)
+    assert whole.usage is not None
+    logprobs = whole.choices[0].logprobs
+    assert logprobs is not None
+    content = logprobs.content or []
+    assert len(content) == whole.usage.completion_tokens == 2
+    said = bytes(b for entry in content for b in entry.bytes or [])
+    assert uncut.encode().startswith(said)
+    assert whole.choices[0].message.content == said.decode(errors="ignore")
+    chunks = cast("openai.Stream[ChatCompletionChunk]", create(max_tokens=2, stream=True))
+    streamed = [
+        entry
+        for chunk in chunks
+        if chunk.choices and chunk.choices[0].logprobs
+        for entry in chunk.choices[0].logprobs.content or []
+    ]
+    assert [e.bytes for e in streamed] == [e.bytes for e in content]
+    events = oai(server).responses.create(
+        model="default",
+        input="Write three emojis about joy: 😀",
+        max_output_tokens=2,
+        temperature=0,
+        include=["message.output_text.logprobs"],
+        stream=True,
+    )
+    deltas = [e for e in events if isinstance(e, ResponseTextDeltaEvent)]
+    assert [len(e.logprobs) for e in deltas] == [2]  # one delta, no text: the cut's tokens
+
+
 def test_a_completion_carries_its_tokens_offsets_and_alternatives(server: ServerProcess) -> None:
     done = oai(server).completions.create(
         model="default", prompt="The capital of France is", max_tokens=6, logprobs=3

@@ -51,7 +51,7 @@ class ResponseEvents:
         try:
             event: ResponseEvent | None = first
             while event is not None:
-                if isinstance(event, TextDelta) and event.text:
+                if isinstance(event, TextDelta) and (event.text or event.logprobs):
                     for line in self._delta(event):
                         yield line
                 elif isinstance(event, CallOpened):

@@ -71,8 +71,8 @@ class ChatReply:
             async for event in events:
                 if isinstance(event, TextDelta):
                     pieces = self._reader.feed(event.text)
-                    if pieces and not self._reader.reads_calls:  # all text: the delta itself
-                        pieces = [event]  # with its tokens' log-probabilities
+                    if (pieces or event.logprobs) and not self._reader.reads_calls:
+                        pieces = [event]  # all text: the delta itself, with its tokens' logprobs
                     for piece in pieces:
                         yield piece
                 elif isinstance(event, GenerationResult):

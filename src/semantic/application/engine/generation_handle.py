@@ -13,7 +13,13 @@ from semantic.application.engine.admission import NO_ROOM_FAILURE
 from semantic.application.engine.engine_loop import SHUTDOWN_FAILURE, AsyncEventStream, EngineLoop
 from semantic.application.engine.events import CompletionEvent, TokenEvent
 from semantic.domain.errors import NoRoomCameError, SemanticError, ShuttingDownError
-from semantic.domain.generation import FinishedRequest, FinishReason, RequestStats, TokenLogprob
+from semantic.domain.generation import (
+    LIMITS,
+    FinishedRequest,
+    FinishReason,
+    RequestStats,
+    TokenLogprob,
+)
 from semantic.ports.observer import GenerationObserver
 
 log = logging.getLogger(__name__)
@@ -134,6 +140,9 @@ class GenerationHandle:
                     if self._observer is not None:
                         self._observer.on_finished(self._finished_request(event, now))
                     if len(event.text) > shown_chars:  # released at the end, unstreamed
+                        shown += held
+                    elif held and event.finish_reason in LIMITS:
+                        yield TextDelta("", tuple(held))  # a character the limit cut short
                         shown += held
                     yield _result(event, tuple(shown))
         finally:
