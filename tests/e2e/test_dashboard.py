@@ -138,6 +138,7 @@ def test_the_dashboard_shows_agents_forks_and_tenants_in_a_browser(
     page = httpx.get(f"{server.url}/dashboard")  # the page holds no data: no key asked
     assert page.status_code == 200
     assert "script-src 'self'" in page.headers["content-security-policy"]
+    assert page.headers["content-type"] == "text/html; charset=utf-8"
     assert httpx.get(f"{server.url}/v1/dashboard/agents").status_code == 401
 
     _open(browser, server, ADMIN)

@@ -41,9 +41,9 @@ PAGE_HEADERS: Final = {
     "Cache-Control": "no-cache",
 }
 PAGE_FILES: Final = {
-    "index.html": "text/html; charset=utf-8",
-    "dashboard.js": "text/javascript; charset=utf-8",
-    "dashboard.css": "text/css; charset=utf-8",
+    "index.html": "text/html",
+    "dashboard.js": "text/javascript",
+    "dashboard.css": "text/css",
 }
 PAGE_PATHS: Final = frozenset({"/dashboard", *(f"/dashboard/{name}" for name in PAGE_FILES)})
 """Served without a key: the page holds no data and asks for the key itself."""
