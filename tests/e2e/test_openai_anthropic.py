@@ -450,6 +450,9 @@ def test_streams_are_event_streams_and_bad_bodies_are_client_errors(server: Serv
     assert refused.status_code == 400
     assert refused.json()["error"]["code"] == "context_length_exceeded"
     assert "at least" in refused.json()["error"]["message"]
+    too_long = httpx.post(f"{server.url}/v1/messages", json={**huge, "max_tokens": 5}, timeout=60)
+    assert too_long.status_code == 400
+    assert too_long.json()["error"]["message"].startswith("prompt is too long: ")
     for path, limit in (("/v1/chat/completions", 2), ("/v1/messages", 1)):
         body = {"model": "default", "max_tokens": 1, "messages": chat_body["messages"]}
         for temperature in (limit + 0.5, -0.01):

@@ -218,7 +218,7 @@ def body_for(path: str, problem: Problem) -> dict[str, Any]:
     """The error body in the shape the client of ``path`` expects."""
     if path.startswith("/v1/messages"):
         kind = _ANTHROPIC_TYPES.get(problem.status, _default_type(problem, "api_error"))
-        return {"type": "error", "error": {"type": kind, "message": problem.message}}
+        return {"type": "error", "error": {"type": kind, "message": _anthropic_words(problem)}}
     return {
         "error": {
             "message": problem.message,
@@ -227,6 +227,15 @@ def body_for(path: str, problem: Problem) -> dict[str, Any]:
             "code": problem.kind,
         }
     }
+
+
+def _anthropic_words(problem: Problem) -> str:
+    """Anthropic's body has no code: a context overflow says so as Anthropic's does
+    ("prompt is too long: ..."), the words its clients look for (pydantic-ai, LangChain)."""
+    said = problem.message
+    if problem.kind == "context_length_exceeded" and not said.startswith("prompt is too long"):
+        return f"prompt is too long: {said}"
+    return said
 
 
 def _default_type(problem: Problem, server_side: str) -> str:
