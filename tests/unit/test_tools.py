@@ -345,7 +345,8 @@ def test_a_loose_schema_keeps_all_but_what_a_grammar_cannot_honour() -> None:
     schema = {
         "type": "object",
         "properties": {
-            "a": {"type": "string", "not": {"const": "x"}},
+            "a": {"type": "string", "not": {"const": "x"}, "pattern": "^(?=a)b(c)\\1$"},
+            "d": {"type": "string", "pattern": "^[a-z]+(?:-[a-z]+)*$"},
             "b": {"anyOf": [{"if": {"type": "null"}}, {"$ref": "https://x/y"}]},
             "c": {"$ref": "#/$defs/c"},
         },
@@ -356,6 +357,7 @@ def test_a_loose_schema_keeps_all_but_what_a_grammar_cannot_honour() -> None:
         "type": "object",
         "properties": {
             "a": {"type": "string"},
+            "d": {"type": "string", "pattern": "^[a-z]+(?:-[a-z]+)*$"},
             "b": {"anyOf": [{}, {}]},
             "c": {"$ref": "#/$defs/c"},
         },

@@ -188,18 +188,30 @@ def check_schema(schema: object, what: str, field: str) -> None:
                 check_schema(sub, what, field)
 
 
+_NO_GRAMMAR_REGEX = re.compile(r"\(\?<?[=!]|\\[1-9]")
+"""Look-around and back-references: what no regular grammar (llguidance's regexes) has."""
+
+
 def loosened(schema: object) -> object:
     """``schema`` without the keywords a grammar cannot honour (a non-local ``$ref`` becomes
-    any value): what a non-strict format is generated under, so that a reply keeps the
-    shape the rest of the schema asks for instead of being any JSON at all."""
+    any value, a ``pattern`` that looks around or back no pattern): what a non-strict
+    format is generated under, so that a reply keeps the shape the rest of the schema asks
+    for instead of being any JSON at all."""
     if not isinstance(schema, dict):
         return schema
     return {
         keyword: _loosened_value(keyword, value)
         for keyword, value in schema.items()
-        if keyword not in UNSUPPORTED_KEYWORDS
-        and (keyword != "$ref" or (isinstance(value, str) and value.startswith("#")))
+        if keyword not in UNSUPPORTED_KEYWORDS and _honoured(keyword, value)
     }
+
+
+def _honoured(keyword: str, value: object) -> bool:
+    if keyword == "$ref":
+        return isinstance(value, str) and value.startswith("#")
+    if keyword == "pattern" and isinstance(value, str):
+        return _NO_GRAMMAR_REGEX.search(value) is None
+    return True
 
 
 def _loosened_value(keyword: str, value: object) -> object:
