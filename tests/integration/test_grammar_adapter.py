@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from semantic.adapters.grammar.lark import FORMATS
 from semantic.domain.constraints import OutputConstraint, TaggedSchema, UnsupportedSchemaError
 from semantic.ports.grammar import GrammarCompiler, GrammarMatcher
 from tests.integration.conftest import RealModel
@@ -106,3 +107,29 @@ def test_an_answer_of_the_schema_or_calls_and_nothing_else(
     assert not feed(real_model, grammar.matcher(), "Paris is the capital.")
     assert not feed(real_model, grammar.matcher(), '{"city": "Rome"}')  # not the answer's schema
     assert not feed(real_model, grammar.matcher(), 'Sure. <tool_call>{"name": "a"')
+
+
+def test_a_format_the_engine_writes_holds_and_any_other_is_an_annotation(
+    real_model: RealModel, grammars: GrammarCompiler
+) -> None:
+    """pydantic writes ``path``, ``binary`` and ``password`` for ``Path``, ``bytes`` and
+    ``SecretStr``: a tool taking one compiles, its string any string, as JSON Schema reads
+    an unknown format; each format of ``FORMATS`` is still generated as that format."""
+    for known in FORMATS:
+        grammars.compile(
+            OutputConstraint(json_schema=json.dumps({"type": "string", "format": known}))
+        )
+    fields = {"path": "path", "data": "binary", "secret": "password", "day": "date"}
+    schema = {
+        "type": "object",
+        "properties": {name: {"type": "string", "format": kind} for name, kind in fields.items()},
+        "required": list(fields),
+        "additionalProperties": False,
+    }
+    constraint = OutputConstraint(calls=(call("save", json.dumps(schema)),), require_call=True)
+    grammar = grammars.compile(constraint)
+    written = (
+        '<tool_call>{"name": "save", "arguments": {"path": "a.txt", "data": "xyz", "secret": "pw", '
+    )
+    assert feed(real_model, grammar.matcher(), written + '"day": "2024-01-31"}}</tool_call>')
+    assert not feed(real_model, grammar.matcher(), written + '"day": "last week"}}</tool_call>')

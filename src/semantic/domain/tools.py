@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -197,16 +198,12 @@ def loosened(schema: object) -> object:
     any value, a ``pattern`` that looks around or back no pattern): what a non-strict
     format is generated under, so that a reply keeps the shape the rest of the schema asks
     for instead of being any JSON at all."""
-    if not isinstance(schema, dict):
-        return schema
-    return {
-        keyword: _loosened_value(keyword, value)
-        for keyword, value in schema.items()
-        if keyword not in UNSUPPORTED_KEYWORDS and _honoured(keyword, value)
-    }
+    return pruned(schema, _honoured)
 
 
 def _honoured(keyword: str, value: object) -> bool:
+    if keyword in UNSUPPORTED_KEYWORDS:
+        return False
     if keyword == "$ref":
         return isinstance(value, str) and value.startswith("#")
     if keyword == "pattern" and isinstance(value, str):
@@ -214,12 +211,24 @@ def _honoured(keyword: str, value: object) -> bool:
     return True
 
 
-def _loosened_value(keyword: str, value: object) -> object:
+def pruned(schema: object, keep: Callable[[str, object], bool]) -> object:
+    """``schema`` with every keyword ``keep`` refuses left out, in it and in each of its
+    subschemas (never inside a value such as ``const`` or ``enum``, which is data)."""
+    if not isinstance(schema, dict):
+        return schema
+    return {
+        keyword: _pruned_value(keyword, value, keep)
+        for keyword, value in schema.items()
+        if keep(keyword, value)
+    }
+
+
+def _pruned_value(keyword: str, value: object, keep: Callable[[str, object], bool]) -> object:
     if keyword in _SCHEMA_MAPS and isinstance(value, dict):
-        return {name: loosened(sub) for name, sub in value.items()}
+        return {name: pruned(sub, keep) for name, sub in value.items()}
     if keyword in (*_SCHEMA_VALUES, *_SCHEMA_LISTS) and isinstance(value, list):
-        return [loosened(sub) for sub in value]
-    return loosened(value) if keyword in _SCHEMA_VALUES else value
+        return [pruned(sub, keep) for sub in value]
+    return pruned(value, keep) if keyword in _SCHEMA_VALUES else value
 
 
 def _unsupported(keyword: str, what: str, field: str, detail: str = "") -> UnsupportedSchemaError:

@@ -16,7 +16,7 @@ from typing import Protocol
 
 import llguidance
 
-from semantic.adapters.grammar.lark import JSON_STYLE, lark_for
+from semantic.adapters.grammar.lark import as_generated, lark_for
 from semantic.domain.constraints import OutputConstraint, UnsupportedSchemaError
 
 CACHED_GRAMMARS = 256
@@ -221,7 +221,7 @@ def _refusal(error: str, constraint: OutputConstraint) -> UnsupportedSchemaError
 def _alone(schema: str) -> str:
     loaded = json.loads(schema)
     if isinstance(loaded, dict):
-        loaded = {**loaded, "x-guidance": JSON_STYLE}
+        loaded = as_generated(loaded)
     return llguidance.LLMatcher.grammar_from_json_schema(json.dumps(loaded))
 
 
