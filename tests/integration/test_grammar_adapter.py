@@ -109,23 +109,24 @@ def test_an_answer_of_the_schema_or_calls_and_nothing_else(
     assert not feed(real_model, grammar.matcher(), 'Sure. <tool_call>{"name": "a"')
 
 
-def test_a_format_the_engine_writes_holds_and_any_other_is_an_annotation(
+def test_a_format_the_engine_writes_holds_and_any_other_is_an_annotation_as_is_uniqueness(
     real_model: RealModel, grammars: GrammarCompiler
 ) -> None:
     """pydantic writes ``path``, ``binary`` and ``password`` for ``Path``, ``bytes`` and
-    ``SecretStr``: a tool taking one compiles, its string any string, as JSON Schema reads
-    an unknown format; each format of ``FORMATS`` is still generated as that format."""
+    ``SecretStr``, and ``uniqueItems`` for ``set``: a tool taking one compiles (its string
+    any string, as JSON Schema reads an unknown format; its items free to repeat); each
+    format of ``FORMATS`` is still generated as that format."""
     for known in FORMATS:
         grammars.compile(
             OutputConstraint(json_schema=json.dumps({"type": "string", "format": known}))
         )
     fields = {"path": "path", "data": "binary", "secret": "password", "day": "date"}
-    schema = {
-        "type": "object",
-        "properties": {name: {"type": "string", "format": kind} for name, kind in fields.items()},
-        "required": list(fields),
-        "additionalProperties": False,
+    properties: dict[str, object] = {
+        name: {"type": "string", "format": kind} for name, kind in fields.items()
     }
+    properties["tags"] = {"type": "array", "items": {"type": "string"}, "uniqueItems": True}
+    schema = {"type": "object", "properties": properties, "additionalProperties": False}
+    schema["required"] = list(fields)
     constraint = OutputConstraint(calls=(call("save", json.dumps(schema)),), require_call=True)
     grammar = grammars.compile(constraint)
     written = (

@@ -159,6 +159,12 @@ UNSUPPORTED_KEYWORDS = frozenset(
 """Keywords output constrained to a schema is not promised to honour: refused up front
 rather than generated around (the grammar engine may refuse more when it compiles)."""
 
+UNENFORCEABLE = frozenset({"uniqueItems"})
+"""Assertions no grammar can make (a grammar cannot remember which items came before): a
+strict format, whose reply must validate, is refused with one; a tool's arguments and a
+loose format's reply are generated without them (pydantic writes ``uniqueItems`` for every
+``set``, which a repeated item does not break)."""
+
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _SCHEMA_VALUES = ("items", "additionalProperties", "contains", "propertyNames", "not")
 _SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
@@ -191,6 +197,15 @@ def check_schema(schema: object, what: str, field: str) -> None:
 
 _NO_GRAMMAR_REGEX = re.compile(r"\(\?<?[=!]|\\[1-9]")
 """Look-around and back-references: what no regular grammar (llguidance's regexes) has."""
+
+
+def check_strict_schema(schema: object, what: str, field: str) -> None:
+    """``check_schema``, and no assertion a grammar cannot make (``UNENFORCEABLE``): what a
+    reply promised to validate may use."""
+    check_schema(schema, what, field)
+    unenforced = pruned(schema, lambda keyword, _: keyword not in UNENFORCEABLE)
+    if unenforced != schema:
+        raise _unsupported(sorted(UNENFORCEABLE)[0], what, field)
 
 
 def loosened(schema: object) -> object:

@@ -19,7 +19,7 @@ import json
 from typing import Any, cast
 
 from semantic.domain.constraints import OutputConstraint, TaggedSchema, UnsupportedSchemaError
-from semantic.domain.tools import pruned
+from semantic.domain.tools import UNENFORCEABLE, pruned
 
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 FORMATS = frozenset(
@@ -101,13 +101,15 @@ def _json(schema_text: str, index: int | None) -> str:
 
 
 def as_generated(schema: dict[str, Any]) -> dict[str, Any]:
-    """An object schema as llguidance is given it: formats it does not write left out, and
-    JSON written as ``json.dumps`` writes it."""
-    return {**cast("dict[str, Any]", pruned(schema, _format_it_writes)), "x-guidance": JSON_STYLE}
+    """An object schema as llguidance is given it: formats it does not write and assertions
+    it cannot make left out, JSON written as ``json.dumps`` writes it."""
+    return {**cast("dict[str, Any]", pruned(schema, _generated)), "x-guidance": JSON_STYLE}
 
 
-def _format_it_writes(keyword: str, value: object) -> bool:
-    return keyword != "format" or not isinstance(value, str) or value in FORMATS
+def _generated(keyword: str, value: object) -> bool:
+    if keyword == "format" and isinstance(value, str):
+        return value in FORMATS
+    return keyword not in UNENFORCEABLE
 
 
 def _literal(text: str) -> str:

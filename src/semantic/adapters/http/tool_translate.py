@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from semantic.domain.errors import InvalidRequestError
-from semantic.domain.tools import check_schema, loosened
+from semantic.domain.tools import check_schema, check_strict_schema, loosened
 
 JSON_OBJECT = json.dumps({"type": "object"})
 
@@ -49,8 +49,9 @@ def _json_schema(spec: object) -> str:
         raise _bad_format("json_schema.schema must be a JSON Schema object")
     if not strict:  # generated around what the grammar cannot honour (ADR 0018)
         schema = loosened(schema)
+    checked = check_strict_schema if strict else check_schema
     try:
-        check_schema(schema, "response_format.json_schema.schema", "response_format")
+        checked(schema, "response_format.json_schema.schema", "response_format")
     except InvalidRequestError:
         if strict:
             raise
@@ -83,7 +84,7 @@ def output_config_schema(output_config: dict[str, Any] | None) -> str | None:
     schema = spec.get("schema")
     if not isinstance(schema, dict):
         raise _bad_config("format.schema must be a JSON Schema object")
-    check_schema(schema, "output_config.format.schema", "output_config")
+    check_strict_schema(schema, "output_config.format.schema", "output_config")
     return json.dumps(schema, ensure_ascii=False)
 
 
