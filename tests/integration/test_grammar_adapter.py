@@ -125,6 +125,7 @@ def test_a_format_the_engine_writes_holds_and_any_other_is_an_annotation_as_is_u
         name: {"type": "string", "format": kind} for name, kind in fields.items()
     }
     properties["tags"] = {"type": "array", "items": {"type": "string"}, "uniqueItems": True}
+    properties["counts"] = {"type": "object", "propertyNames": {"enum": ["a", "b"]}}
     schema = {"type": "object", "properties": properties, "additionalProperties": False}
     schema["required"] = list(fields)
     constraint = OutputConstraint(calls=(call("save", json.dumps(schema)),), require_call=True)

@@ -372,6 +372,9 @@ def test_uniqueness_is_refused_only_where_the_reply_is_promised_to_validate() ->
     tags = {"type": "object", "properties": {"t": {"type": "array", "uniqueItems": True}}}
     with pytest.raises(UnsupportedSchemaError, match="uniqueItems"):
         check_strict_schema(tags, "strict", "response_format")
+    keyed = {"type": "object", "additionalProperties": {"propertyNames": {"enum": ["a"]}}}
+    with pytest.raises(UnsupportedSchemaError, match="propertyNames"):
+        check_strict_schema(keyed, "strict", "response_format")
     strict = {"name": "a", "strict": True, "schema": tags}
     with pytest.raises(UnsupportedSchemaError, match="uniqueItems"):
         response_schema({"type": "json_schema", "json_schema": strict})

@@ -159,11 +159,23 @@ UNSUPPORTED_KEYWORDS = frozenset(
 """Keywords output constrained to a schema is not promised to honour: refused up front
 rather than generated around (the grammar engine may refuse more when it compiles)."""
 
-UNENFORCEABLE = frozenset({"uniqueItems"})
-"""Assertions no grammar can make (a grammar cannot remember which items came before): a
-strict format, whose reply must validate, is refused with one; a tool's arguments and a
-loose format's reply are generated without them (pydantic writes ``uniqueItems`` for every
-``set``, which a repeated item does not break)."""
+UNENFORCEABLE = frozenset(
+    {
+        "uniqueItems",
+        "contains",
+        "minContains",
+        "maxContains",
+        "propertyNames",
+        "dependentRequired",
+        "dependencies",
+    }
+)
+"""Assertions a reply is not generated under: uniqueness, which no grammar can remember,
+and what the grammar engine does not implement. A strict format, whose reply must
+validate, is refused with one; a tool's arguments and a loose format's reply are generated
+without them, a superset of what they allow (pydantic writes ``uniqueItems`` for every
+``set`` and ``propertyNames`` for a ``dict`` keyed by an enum; a client's own validation
+then has the last word, as it has against any server's non-strict tools)."""
 
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _SCHEMA_VALUES = ("items", "additionalProperties", "contains", "propertyNames", "not")
@@ -203,9 +215,16 @@ def check_strict_schema(schema: object, what: str, field: str) -> None:
     """``check_schema``, and no assertion a grammar cannot make (``UNENFORCEABLE``): what a
     reply promised to validate may use."""
     check_schema(schema, what, field)
-    unenforced = pruned(schema, lambda keyword, _: keyword not in UNENFORCEABLE)
-    if unenforced != schema:
-        raise _unsupported(sorted(UNENFORCEABLE)[0], what, field)
+    used: set[str] = set()
+
+    def note(keyword: str, _: object) -> bool:
+        if keyword in UNENFORCEABLE:
+            used.add(keyword)
+        return True
+
+    pruned(schema, note)
+    if used:
+        raise _unsupported(sorted(used)[0], what, field)
 
 
 def loosened(schema: object) -> object:
