@@ -30,10 +30,7 @@ from semantic.domain.tools import (
     ToolCall,
     ToolChoice,
     ToolUse,
-    check_schema,
-    check_strict_schema,
     checked_tools,
-    loosened,
     tool_use,
 )
 from tests.unit.storage_fakes import FakeMetadataStore
@@ -340,47 +337,6 @@ def test_response_formats_become_schemas() -> None:
     }
     malformed = {"name": "a", "strict": False, "schema": {"properties": []}}
     assert response_schema({"type": "json_schema", "json_schema": malformed}) == "{}"
-
-
-def test_a_loose_schema_keeps_all_but_what_a_grammar_cannot_honour() -> None:
-    schema = {
-        "type": "object",
-        "properties": {
-            "a": {"type": "string", "not": {"const": "x"}, "pattern": "^(?=a)b(c)\\1$"},
-            "d": {"type": "string", "pattern": "^[a-z]+(?:-[a-z]+)*$"},
-            "b": {"anyOf": [{"if": {"type": "null"}}, {"$ref": "https://x/y"}]},
-            "c": {"$ref": "#/$defs/c"},
-        },
-        "items": [{"then": {}}],
-        "$defs": {"c": {"type": "integer", "unevaluatedProperties": False}},
-    }
-    assert loosened(schema) == {
-        "type": "object",
-        "properties": {
-            "a": {"type": "string"},
-            "d": {"type": "string", "pattern": "^[a-z]+(?:-[a-z]+)*$"},
-            "b": {"anyOf": [{}, {}]},
-            "c": {"$ref": "#/$defs/c"},
-        },
-        "items": [{}],
-        "$defs": {"c": {"type": "integer"}},
-    }
-    check_schema(loosened(schema), "loose", "response_format")
-
-
-def test_uniqueness_is_refused_only_where_the_reply_is_promised_to_validate() -> None:
-    tags = {"type": "object", "properties": {"t": {"type": "array", "uniqueItems": True}}}
-    with pytest.raises(UnsupportedSchemaError, match="uniqueItems"):
-        check_strict_schema(tags, "strict", "response_format")
-    keyed = {"type": "object", "additionalProperties": {"propertyNames": {"enum": ["a"]}}}
-    with pytest.raises(UnsupportedSchemaError, match="propertyNames"):
-        check_strict_schema(keyed, "strict", "response_format")
-    strict = {"name": "a", "strict": True, "schema": tags}
-    with pytest.raises(UnsupportedSchemaError, match="uniqueItems"):
-        response_schema({"type": "json_schema", "json_schema": strict})
-    loose = {"name": "a", "schema": tags}
-    assert json.loads(response_schema({"type": "json_schema", "json_schema": loose}) or "") == tags
-    assert checked_tools([("tag", None, tags)])[0].name == "tag"
 
 
 def test_a_schema_the_engine_refuses_is_named_by_the_requests_field() -> None:

@@ -19,7 +19,7 @@ import json
 from typing import Any, cast
 
 from semantic.domain.constraints import OutputConstraint, TaggedSchema, UnsupportedSchemaError
-from semantic.domain.tools import UNENFORCEABLE, pruned
+from semantic.domain.json_schema import UNENFORCEABLE, pruned
 
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 FORMATS = frozenset(

@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from semantic.domain.errors import InvalidRequestError
-from semantic.domain.tools import check_schema, check_strict_schema, loosened
+from semantic.domain.json_schema import check_schema, check_strict_schema, loosened
 
 JSON_OBJECT = json.dumps({"type": "object"})
 
