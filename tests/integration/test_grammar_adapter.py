@@ -135,3 +135,24 @@ def test_a_format_the_engine_writes_holds_and_any_other_is_an_annotation_as_is_u
     )
     assert feed(real_model, grammar.matcher(), written + '"day": "2024-01-31"}}</tool_call>')
     assert not feed(real_model, grammar.matcher(), written + '"day": "last week"}}</tool_call>')
+
+
+def test_a_one_of_not_proven_disjoint_is_generated_as_any_of(
+    real_model: RealModel, grammars: GrammarCompiler
+) -> None:
+    """OpenAPI's unions (as MCP servers built from them carry) are ``oneOf`` of objects
+    whose keys are optional, which llguidance cannot prove disjoint and refuses unless told
+    to read ``oneOf`` as ``anyOf``: each branch then, and nothing else."""
+    branch = {
+        "cat": {"kind": {"const": "cat", "type": "string"}, "lives": {"type": "integer"}},
+        "dog": {"kind": {"const": "dog", "type": "string"}, "bark": {"type": "string"}},
+    }
+    pet = {
+        "oneOf": [{"type": "object", "properties": props} for props in branch.values()],
+        "discriminator": {"propertyName": "kind"},
+    }
+    schema = {"type": "object", "properties": {"pet": pet}, "required": ["pet"]}
+    grammar = grammars.compile(OutputConstraint(json_schema=json.dumps(schema)))
+    assert feed(real_model, grammar.matcher(), '{"pet": {"kind": "cat", "lives": 9}}')
+    assert feed(real_model, grammar.matcher(), '{"pet": {"kind": "dog", "bark": "woof"}}')
+    assert not feed(real_model, grammar.matcher(), '{"pet": 5}')

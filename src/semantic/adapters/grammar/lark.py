@@ -21,7 +21,16 @@ from typing import Any, cast
 from semantic.domain.constraints import OutputConstraint, TaggedSchema, UnsupportedSchemaError
 from semantic.domain.json_schema import UNENFORCEABLE, pruned
 
-JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+JSON_STYLE = {
+    "whitespace_flexible": False,
+    "item_separator": ", ",
+    "key_separator": ": ",
+    "coerce_one_of": True,
+}
+"""How llguidance writes JSON: as ``json.dumps`` does (above); and a ``oneOf`` it cannot
+prove disjoint as ``anyOf`` rather than refuse it (OpenAPI's unions of objects with
+optional keys, which MCP servers built from a spec carry): a reply of overlapping branches
+may then match more than one (ADR 0017)."""
 FORMATS = frozenset(
     {"date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid", "uri"}
 )
