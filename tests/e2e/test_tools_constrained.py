@@ -510,63 +510,60 @@ def test_anthropic_structured_output_parses_and_refuses_what_it_cannot_serve(
     assert counted.input_tokens > 0
 
 
-def test_a_schema_the_grammar_cannot_compile_is_named_by_each_front_doors_field(
+def test_a_schema_no_reply_can_be_held_to_is_named_by_each_front_doors_field(
     server: ServerProcess,
 ) -> None:
-    """A pattern with a look-ahead passes the keyword check and is refused when the grammar
-    compiles: a 400 that says why, naming the request's own field on every front door; a
-    non-strict format leaves out only what the grammar cannot honour."""
+    """A look-ahead pattern (refused up front where the reply must validate) and an integer
+    range wider than 64 bits (refused when the grammar compiles): a 400 that says why,
+    naming the request's own field on every front door; a non-strict format leaves out
+    only what the grammar cannot honour."""
     looks_ahead = {
         "type": "object",
         "properties": {"a": {"type": "string", "pattern": "(?=a)b"}},
         "required": ["a"],
         "additionalProperties": False,
     }
+    too_wide = {**looks_ahead, "properties": {"a": {"type": "integer", "minimum": -(2**70)}}}
     client = oai(server)
     ask: dict[str, Any] = {"model": "default", "temperature": 0}
-    with pytest.raises(openai.BadRequestError) as chat:
-        client.chat.completions.create(
-            **ask,
-            messages=[{"role": "user", "content": "hi"}],
-            max_tokens=5,
-            response_format={
-                "type": "json_schema",
-                "json_schema": {"name": "a", "strict": True, "schema": looks_ahead},
-            },
-        )
-    with pytest.raises(openai.BadRequestError) as responses:
-        client.responses.create(
-            **ask,
-            input="hi",
-            max_output_tokens=16,
-            text={
-                "format": {
-                    "type": "json_schema",
-                    "name": "a",
-                    "strict": True,
-                    "schema": looks_ahead,
-                }
-            },
-        )
     said = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
-    with pytest.raises(anthropic.BadRequestError) as messages:
-        said.messages.create(
-            model="default",
-            max_tokens=5,
-            messages=[{"role": "user", "content": "hi"}],
-            output_config={"format": {"type": "json_schema", "schema": looks_ahead}},
-        )
-    refusals = {
-        "response_format": chat.value,
-        "text": responses.value,
-        "output_config": messages.value,
-    }
-    for field, refusal in refusals.items():
-        assert "look-around" in str(refusal)
-        assert field in str(refusal)
-    assert chat.value.param == "response_format"
-    assert responses.value.param == "text"
-    assert "text.format" in str(responses.value)
+    for schema, why in ((looks_ahead, "look-around"), (too_wide, "integer range")):
+        with pytest.raises(openai.BadRequestError) as chat:
+            client.chat.completions.create(
+                **ask,
+                messages=[{"role": "user", "content": "hi"}],
+                max_tokens=5,
+                response_format={
+                    "type": "json_schema",
+                    "json_schema": {"name": "a", "strict": True, "schema": schema},
+                },
+            )
+        with pytest.raises(openai.BadRequestError) as responses:
+            client.responses.create(
+                **ask,
+                input="hi",
+                max_output_tokens=16,
+                text={
+                    "format": {"type": "json_schema", "name": "a", "strict": True, "schema": schema}
+                },
+            )
+        with pytest.raises(anthropic.BadRequestError) as messages:
+            said.messages.create(
+                model="default",
+                max_tokens=5,
+                messages=[{"role": "user", "content": "hi"}],
+                output_config={"format": {"type": "json_schema", "schema": schema}},
+            )
+        refusals = {
+            "response_format": chat.value,
+            "text.format": responses.value,
+            "output_config": messages.value,
+        }
+        for field, refusal in refusals.items():
+            assert why in str(refusal), refusal
+            assert field in str(refusal), refusal
+        assert chat.value.param == "response_format"
+        assert responses.value.param == "text"
     inner_not = {
         "type": "object",
         "properties": {"a": {"type": "integer", "not": {"const": 3}}},

@@ -126,6 +126,7 @@ def test_a_format_the_engine_writes_holds_and_any_other_is_an_annotation_as_is_u
     }
     properties["tags"] = {"type": "array", "items": {"type": "string"}, "uniqueItems": True}
     properties["counts"] = {"type": "object", "propertyNames": {"enum": ["a", "b"]}}
+    properties["mail"] = {"type": "string", "format": "email", "pattern": "^(?!\\.)[^@]+@x$"}
     schema = {"type": "object", "properties": properties, "additionalProperties": False}
     schema["required"] = list(fields)
     constraint = OutputConstraint(calls=(call("save", json.dumps(schema)),), require_call=True)

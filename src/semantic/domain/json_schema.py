@@ -81,37 +81,44 @@ _NO_GRAMMAR_REGEX = re.compile(r"\(\?<?[=!]|\\[1-9]")
 
 
 def check_strict_schema(schema: object, what: str, field: str) -> None:
-    """``check_schema``, and no assertion a grammar cannot make (``UNENFORCEABLE``): what a
+    """``check_schema``, and nothing a reply is generated without (``ungenerated``): what a
     reply promised to validate may use."""
     check_schema(schema, what, field)
-    used: set[str] = set()
+    found: list[tuple[str, object]] = []
 
-    def note(keyword: str, _: object) -> bool:
-        if keyword in UNENFORCEABLE:
-            used.add(keyword)
+    def note(keyword: str, value: object) -> bool:
+        if ungenerated(keyword, value):
+            found.append((keyword, value))
         return True
 
     pruned(schema, note)
-    if used:
-        raise _unsupported(sorted(used)[0], what, field)
+    if found:
+        keyword, value = found[0]
+        detail = f" {value!r} (look-around or a back-reference)" if keyword == "pattern" else ""
+        raise _unsupported(keyword, what, field, detail)
+
+
+def ungenerated(keyword: str, value: object) -> bool:
+    """An assertion a reply is generated without: one of ``UNENFORCEABLE``, or a
+    ``pattern`` that looks around or back, which no regular grammar (llguidance's regexes)
+    can write; zod writes one for every ``.email()``."""
+    if keyword == "pattern" and isinstance(value, str):
+        return _NO_GRAMMAR_REGEX.search(value) is not None
+    return keyword in UNENFORCEABLE
 
 
 def loosened(schema: object) -> object:
-    """``schema`` without the keywords a grammar cannot honour (a non-local ``$ref`` becomes
-    any value, a ``pattern`` that looks around or back no pattern): what a non-strict
-    format is generated under, so that a reply keeps the shape the rest of the schema asks
-    for instead of being any JSON at all."""
+    """``schema`` without the keywords a grammar cannot be promised to honour (a non-local
+    ``$ref`` becomes any value): what a non-strict format is generated under, so that a
+    reply keeps the shape the rest of the schema asks for instead of being any JSON at all
+    (what it is generated without besides, ``ungenerated``, the grammar leaves out)."""
     return pruned(schema, _honoured)
 
 
 def _honoured(keyword: str, value: object) -> bool:
-    if keyword in UNSUPPORTED_KEYWORDS:
-        return False
     if keyword == "$ref":
         return isinstance(value, str) and value.startswith("#")
-    if keyword == "pattern" and isinstance(value, str):
-        return _NO_GRAMMAR_REGEX.search(value) is None
-    return True
+    return keyword not in UNSUPPORTED_KEYWORDS
 
 
 def pruned(schema: object, keep: Callable[[str, object], bool]) -> object:

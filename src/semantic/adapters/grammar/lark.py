@@ -19,7 +19,7 @@ import json
 from typing import Any, cast
 
 from semantic.domain.constraints import OutputConstraint, TaggedSchema, UnsupportedSchemaError
-from semantic.domain.json_schema import UNENFORCEABLE, pruned
+from semantic.domain.json_schema import pruned, ungenerated
 
 JSON_STYLE = {
     "whitespace_flexible": False,
@@ -118,7 +118,7 @@ def as_generated(schema: dict[str, Any]) -> dict[str, Any]:
 def _generated(keyword: str, value: object) -> bool:
     if keyword == "format" and isinstance(value, str):
         return value in FORMATS
-    return keyword not in UNENFORCEABLE
+    return not ungenerated(keyword, value)
 
 
 def _literal(text: str) -> str:
