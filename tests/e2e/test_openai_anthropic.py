@@ -438,9 +438,10 @@ def test_streams_are_event_streams_and_bad_bodies_are_client_errors(server: Serv
     ) as response:
         assert response.headers["content-type"].startswith("text/event-stream")
         assert any(line == "data: [DONE]" for line in response.iter_lines())
-    nested = '{"model": "default", "messages": ' + "[" * 5000 + "]" * 5000 + "}"
+    deep_value = "[" * 5000 + "]" * 5000  # where a body takes any JSON (a tool's schema, say)
     as_json = {"content-type": "application/json"}
-    for path in ("/v1/chat/completions", "/v1/messages"):
+    for path, field in (("/v1/chat/completions", "prediction"), ("/v1/messages", "metadata")):
+        nested = f'{{"model": "default", "{field}": {{"a": {deep_value}}}, "messages": []}}'
         deep = httpx.post(f"{server.url}{path}", content=nested, headers=as_json)
         assert deep.status_code == 400, path
         assert "nested too deeply" in deep.text
@@ -485,6 +486,38 @@ def test_streams_are_event_streams_and_bad_bodies_are_client_errors(server: Serv
     assert wrong_method.json()["error"]["type"] == "invalid_request_error"
     assert "POST" in wrong_method.headers["allow"].split(", ")
     assert "DELETE is not allowed on /v1/chat/completions; allowed: " in wrong_method.text
+
+
+def test_a_value_of_the_wrong_json_type_is_refused_not_converted(server: ServerProcess) -> None:
+    """``"max_tokens": "5"`` is a 400 naming the field, as OpenAI and Anthropic answer it:
+    read as what it spells, the server would run a request its client never sent."""
+    as_json = {"content-type": "application/json"}
+    oversized = b'{"model": "' + b"x" * (5 << 20)
+    too_big = httpx.post(f"{server.url}/v1/chat/completions", content=oversized, headers=as_json)
+    assert too_big.status_code == 413
+    assert "limit of 4 MiB" in too_big.json()["error"]["message"]
+    chat = {"model": "default", "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}]}
+    wrong = (
+        ("max_tokens", "5", "got `str`"),
+        ("max_tokens", 5.0, "got `float`"),
+        ("stream", "true", "got `str`"),
+        ("temperature", "0", "got `str`"),
+    )
+    for path in ("/v1/chat/completions", "/v1/messages", "/v1/completions"):
+        body = {**chat, "prompt": "Hi"} if path == "/v1/completions" else chat
+        if path == "/v1/completions":
+            del body["messages"]
+        for field, value, says in wrong:
+            refused = httpx.post(f"{server.url}{path}", json={**body, field: value}, timeout=60)
+            assert refused.status_code == 400, (path, field, refused.text)
+            error = refused.json()["error"]
+            assert says in error["message"], error
+            assert f"at `{field}`" in error["message"], error
+            assert path == "/v1/messages" or error["param"] == field
+    nested = {**chat, "messages": [{"role": "user", "content": 5}]}
+    refused = httpx.post(f"{server.url}/v1/chat/completions", json=nested)
+    assert refused.status_code == 400
+    assert refused.json()["error"]["param"] == "messages[0].content"
 
 
 def test_an_endpoint_this_server_lacks_is_refused_with_what_it_has(server: ServerProcess) -> None:

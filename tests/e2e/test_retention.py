@@ -102,6 +102,9 @@ def test_the_agents_api_sets_and_changes_hints_and_refuses_bad_ones(
         ("post", {"id": "retention-bad-3", "retention": {"ttl_seconds": -5}}, "ttl_seconds"),
         ("patch", {"retention": {"ttl_seconds": 1e12}}, "ttl_seconds"),
         ("patch", {"retention": {"priority": "high"}}, "priority"),
+        ("patch", {"retention": {"priority": "50"}}, "retention.priority"),  # not converted
+        ("patch", {"retention": {"pinned": 1}}, "retention.pinned"),
+        ("post", {"id": "retention-bad-5", "retention": {"pinned": "true"}}, "pinned"),
     ]
     for method, body, field in refused:
         url = api if method == "post" else f"{api}/retention-keeper"
@@ -109,6 +112,9 @@ def test_the_agents_api_sets_and_changes_hints_and_refuses_bad_ones(
         assert answer.status_code == 400, (body, answer.text)
         assert field in answer.text, answer.text
     assert httpx.get(f"{api}/retention-bad-1").status_code == 404  # nothing made
+    assert httpx.get(f"{api}/retention-bad-5").status_code == 404
+    assert retention_of(server, "retention-keeper")["priority"] == 80  # nothing changed
+    assert retention_of(server, "retention-keeper")["pinned"] is True
     bad_made = httpx.post(
         api, json={"id": "retention-bad-4"}, headers={"X-Retention": "priority=500"}
     )

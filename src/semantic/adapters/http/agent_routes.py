@@ -19,6 +19,7 @@ from semantic.adapters.http.identity import (
 )
 from semantic.adapters.http.openai_tools import call_entry, openai_tool_use, reply_delta
 from semantic.adapters.http.retention_hints import header_hints, keep_hints
+from semantic.adapters.http.strict_body import StrictBody
 from semantic.adapters.http.translate import OPENAI_FINISH, sampling, stop_strings
 from semantic.application.agents.values import AgentInfo, CommittedReply, Turn
 from semantic.application.chat.generation import GenerationResult, TextDelta
@@ -34,7 +35,7 @@ class AgentController(Controller):
     path = "/v1/agents"
     tags = ("Agents",)
 
-    @post("/", status_code=201)
+    @post("/", status_code=201, dto=StrictBody[CreateAgent])
     async def create(
         self, request: Request[Any, Any, Any], data: CreateAgent, state: State
     ) -> dict[str, Any]:
@@ -62,7 +63,7 @@ class AgentController(Controller):
         )
         return _agent(info)
 
-    @patch("/{agent_id:str}")
+    @patch("/{agent_id:str}", dto=StrictBody[PatchAgent])
     async def update(
         self, request: Request[Any, Any, Any], agent_id: str, data: PatchAgent, state: State
     ) -> dict[str, Any]:
@@ -132,7 +133,7 @@ class AgentController(Controller):
         namespace = identity(request).namespace
         await services(state).agents.delete(namespace, checked_id(agent_id, "agent_id"))
 
-    @post("/{agent_id:str}/fork", status_code=201)
+    @post("/{agent_id:str}/fork", status_code=201, dto=StrictBody[ForkAgent])
     async def fork(
         self, request: Request[Any, Any, Any], agent_id: str, data: ForkAgent, state: State
     ) -> dict[str, Any]:
@@ -161,7 +162,7 @@ class AgentController(Controller):
         page = [_message(start + i + 1, m) for i, m in enumerate(records[start:end])]
         return {"object": "list", "data": page, "has_more": end < len(records)}
 
-    @post("/{agent_id:str}/messages", status_code=200)
+    @post("/{agent_id:str}/messages", status_code=200, dto=StrictBody[SendMessage])
     async def send(
         self, request: Request[Any, Any, Any], agent_id: str, data: SendMessage, state: State
     ) -> Any:

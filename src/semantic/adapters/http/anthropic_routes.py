@@ -28,6 +28,7 @@ from semantic.adapters.http.common import result_of, services, sse, sse_data
 from semantic.adapters.http.errors import body_for, in_own_words, problem_for
 from semantic.adapters.http.identity import identity
 from semantic.adapters.http.retention_hints import anthropic_hints
+from semantic.adapters.http.strict_body import StrictBody
 from semantic.adapters.http.tool_translate import output_config_schema
 from semantic.adapters.http.translate import (
     ANTHROPIC_MAX_TEMPERATURE,
@@ -55,7 +56,7 @@ class AnthropicController(Controller):
     path = "/v1/messages"
     tags = ("Anthropic-compatible",)
 
-    @post("/", status_code=200)
+    @post("/", status_code=200, dto=StrictBody[MessagesRequest])
     async def messages(
         self, request: Request[Any, Any, Any], data: MessagesRequest, state: State
     ) -> Any:
@@ -78,7 +79,7 @@ class AnthropicController(Controller):
         outcome = await result_of(request, reply)
         return {**message_body(message_id, found.model_id, outcome), **context}
 
-    @post("/count_tokens", status_code=200)
+    @post("/count_tokens", status_code=200, dto=StrictBody[CountTokensRequest])
     async def count_tokens(
         self, request: Request[Any, Any, Any], data: CountTokensRequest, state: State
     ) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from semantic.adapters.http.responses_schemas import (
     CreateConversation,
     UpdateConversation,
 )
+from semantic.adapters.http.strict_body import StrictBody
 from semantic.application.agents.responses import CONVERSATION, ITEM
 from semantic.ports.object_store import StoredObject
 
@@ -26,7 +27,7 @@ class ConversationController(Controller):
     path = "/v1/conversations"
     tags = ("OpenAI Conversations",)
 
-    @post("/", status_code=200)
+    @post("/", status_code=200, dto=StrictBody[CreateConversation])
     async def create(
         self, request: Request[Any, Any, Any], data: CreateConversation, state: State
     ) -> dict[str, Any]:
@@ -52,7 +53,7 @@ class ConversationController(Controller):
         body: dict[str, Any] = json.loads(stored.body)
         return body
 
-    @post("/{conversation_id:str}", status_code=200)
+    @post("/{conversation_id:str}", status_code=200, dto=StrictBody[UpdateConversation])
     async def update(
         self,
         request: Request[Any, Any, Any],
@@ -89,7 +90,7 @@ class ConversationController(Controller):
         stored = await service.conversation_items(identity(request).namespace, _id(conversation_id))
         return page([json.loads(o.body) for o in stored], limit, after, order)
 
-    @post("/{conversation_id:str}/items", status_code=200)
+    @post("/{conversation_id:str}/items", status_code=200, dto=StrictBody[AddItems])
     async def add_items(
         self,
         request: Request[Any, Any, Any],

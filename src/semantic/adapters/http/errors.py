@@ -12,14 +12,13 @@ import re
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import msgspec
 from litestar import Request, Response
 from litestar.exceptions import (
-    ClientException,
     HTTPException,
     MethodNotAllowedException,
     NotAuthorizedException,
     NotFoundException,
-    SerializationException,
     ValidationException,
 )
 
@@ -138,20 +137,31 @@ def problem_for(error: Exception) -> Problem:
             return _unavailable(error)
         case NotAuthorizedException():
             return Problem(401, "invalid_api_key", "missing or invalid API key")
-        case ValidationException():
-            return Problem(400, "invalid_request", _validation_message(error), _first_key(error))
-        case RecursionError() if "deserializ" in str(error):  # msgspec, on deep nesting
-            return Problem(400, "invalid_request", "the request body is nested too deeply")
-        case UnicodeError():
-            return Problem(400, "invalid_request", f"the request body is not valid UTF-8: {error}")
-        case ClientException() if isinstance(error.__cause__, SerializationException):
-            return Problem(400, "invalid_request", _not_json_message(str(error.detail)))
+        case ValidationException() | msgspec.DecodeError() | RecursionError() | UnicodeError():
+            return _unreadable(error)
         case HTTPException():
             kind = _HTTP_KINDS.get(error.status_code, "http_error")
             return Problem(error.status_code, kind, str(error.detail))
     for error_type, status, code in _PLAIN:
         if isinstance(error, error_type):
             return Problem(status, code, str(error), getattr(error, "param", None))
+    log.exception("unexpected error", exc_info=error)
+    return Problem(500, "internal_error", "internal server error")
+
+
+def _unreadable(error: Exception) -> Problem:
+    """A body that is not JSON, or not the route's shape."""
+    match error:
+        case ValidationException():
+            return _invalid(_items(error), error.detail)
+        case msgspec.ValidationError():  # a body of the wrong shape (``StrictBody``)
+            return _invalid([_msgspec_item(str(error))], str(error))
+        case msgspec.DecodeError():
+            return Problem(400, "invalid_request", _not_json_message(str(error)))
+        case RecursionError() if "deserializ" in str(error):  # msgspec, on deep nesting
+            return Problem(400, "invalid_request", "the request body is nested too deeply")
+        case UnicodeError():
+            return Problem(400, "invalid_request", f"the request body is not valid UTF-8: {error}")
     log.exception("unexpected error", exc_info=error)
     return Problem(500, "internal_error", "internal server error")
 
@@ -186,7 +196,7 @@ ENDPOINTS = (
 
 
 def handle(request: Request[Any, Any, Any], error: Exception) -> Response[Any]:
-    problem = _routing_problem(request, error) or problem_for(error)
+    problem = _routing_problem(request, error) or _too_large(request, error) or problem_for(error)
     metrics = request.app.state.get("metrics")
     if metrics is not None:  # the server's ``Metrics``; absent in apps built for one test
         metrics.on_refused(problem.status, problem.kind)
@@ -212,6 +222,16 @@ def _routing_problem(request: Request[Any, Any, Any], error: Exception) -> Probl
             405, "method_not_allowed", f"{message}; allowed: {allowed}" if allowed else message
         )
     return None
+
+
+def _too_large(request: Request[Any, Any, Any], error: Exception) -> Problem | None:
+    """A body over the limit, said with the limit (the framework's words are only "Request
+    Entity Too Large"): a client splitting its upload needs the figure."""
+    if not (isinstance(error, HTTPException) and error.status_code == 413):
+        return None
+    limit = request.route_handler.resolve_request_max_body_size()
+    said = f" of {limit / (1 << 20):g} MiB" if limit else ""
+    return Problem(413, "request_too_large", f"the request body is over this server's limit{said}")
 
 
 def body_for(path: str, problem: Problem) -> dict[str, Any]:
@@ -252,31 +272,37 @@ def headers_for(problem: Problem) -> dict[str, str]:
     return headers
 
 
-def _validation_message(error: ValidationException) -> str:
+def _invalid(items: list[dict[str, Any]], detail: str) -> Problem:
     """Each problem with where it is (``Expected `float | null`, got `str` at
     `temperature```): a client with several fields of one type needs the field."""
-    items = [item for item in _items(error) if item.get("message")]
+    found = [item for item in items if item.get("message")]
     messages = [
         f"{item['message']} at `{item['key']}`" if item.get("key") else str(item["message"])
-        for item in items
+        for item in found
     ]
-    in_query = items and all(item.get("source") == "query" for item in items)
-    if messages:
-        return ("invalid query parameter: " if in_query else "invalid request body: ") + "; ".join(
-            messages
-        )
-    return f"invalid request body: {error.detail}"
+    in_query = found and all(item.get("source") == "query" for item in found)
+    prefix = "invalid query parameter: " if in_query else "invalid request body: "
+    message = prefix + "; ".join(messages) if messages else f"invalid request body: {detail}"
+    return Problem(400, "invalid_request", message, _first_key(found))
 
 
-def _first_key(error: ValidationException) -> str | None:
+def _first_key(items: list[dict[str, Any]]) -> str | None:
     """Where the first problem is; for a field unknown or missing at the root, that field."""
-    for item in _items(error):
+    for item in items:
         if item.get("key"):
             return str(item["key"])
         named = _NAMED_FIELD.search(str(item.get("message", "")))
         if named:
             return named.group(1)
     return None
+
+
+def _msgspec_item(text: str) -> dict[str, Any]:
+    """msgspec's ``Expected `int`, got `str` - at `$.max_tokens``` as a problem at
+    ``max_tokens``, the path a client reads in ``param``."""
+    message, _, where = text.partition(" - at `$")
+    key = where.rstrip("`").lstrip(".")
+    return {"message": message, "key": key} if key else {"message": message}
 
 
 _NAMED_FIELD = re.compile(r"(?:unknown|missing required) field `([^`]+)`")

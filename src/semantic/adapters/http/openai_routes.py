@@ -37,6 +37,7 @@ from semantic.adapters.http.openai_tools import (
 )
 from semantic.adapters.http.retention_hints import cache_key_agent, openai_hints
 from semantic.adapters.http.state import Services
+from semantic.adapters.http.strict_body import StrictBody
 from semantic.adapters.http.tool_translate import (
     response_schema,
 )
@@ -82,7 +83,7 @@ class OpenAIController(Controller):
         check_model(model_id.lstrip("/"), found.model_id)
         return {**_model_entry(found.model_id), "runtime": dict(found.runtime)}
 
-    @post("/chat/completions", status_code=200)
+    @post("/chat/completions", status_code=200, dto=StrictBody[ChatCompletionRequest])
     async def chat_completions(
         self, request: Request[Any, Any, Any], data: ChatCompletionRequest, state: State
     ) -> Any:
@@ -116,7 +117,7 @@ class OpenAIController(Controller):
             return sse(bodies.chat_chunks(replies, usage), _closing(replies))
         return bodies.chat(await _outcomes(request, replies))
 
-    @post("/completions", status_code=200)
+    @post("/completions", status_code=200, dto=StrictBody[CompletionRequest])
     async def completions(
         self, request: Request[Any, Any, Any], data: CompletionRequest, state: State
     ) -> Any:

@@ -33,6 +33,7 @@ from semantic.adapters.http.responses_schemas import ResponseRequest
 from semantic.adapters.http.responses_stream import ResponseEvents
 from semantic.adapters.http.retention_hints import openai_hints
 from semantic.adapters.http.state import Services
+from semantic.adapters.http.strict_body import StrictBody
 from semantic.adapters.http.tool_translate import response_schema
 from semantic.adapters.http.translate import check_model, must_default, sampling
 from semantic.application.agents.responses import (
@@ -56,7 +57,7 @@ class ResponsesController(Controller):
     path = "/v1/responses"
     tags = ("OpenAI Responses",)
 
-    @post("/", status_code=200)
+    @post("/", status_code=200, dto=StrictBody[ResponseRequest])
     async def create(
         self, request: Request[Any, Any, Any], data: ResponseRequest, state: State
     ) -> Any:
