@@ -126,6 +126,15 @@ def test_keys_bound_to_namespaces_and_private_files(
             f"{server.url}/v1/namespaces/team-a/usage", headers={"Authorization": f"Bearer {key}"}
         )
         assert usage.json()["disk"]["quota_bytes"] == 512 << 20, usage.text
+        as_tenant = {"Authorization": f"Bearer {key}"}
+        others = httpx.get(f"{server.url}/v1/dashboard/agents?namespace=team-b", headers=as_tenant)
+        assert others.status_code == 403, others.text  # not team-a's list in its place
+        every_namespace = httpx.get(f"{server.url}/metrics", headers=as_tenant)
+        assert every_namespace.status_code == 403
+        assert every_namespace.json()["error"]["code"] == "admin_key_needed"
+        scraped = httpx.get(f"{server.url}/metrics", headers=admin).text
+        refused = 'semantic_requests_refused_total{code="invalid_api_key",status="401"}'
+        assert f"{refused} 1.0" in scraped  # refused at the edge, counted all the same
         names = assert_private(data_dir)
         assert {"semantic.db", "semantic.db-wal", "lock"} <= set(names)
         assert server.stop() == 0  # flushes every save

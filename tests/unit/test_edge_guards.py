@@ -68,9 +68,38 @@ def call(
     return sent[0]["status"], body
 
 
+REFUSED: list[tuple[int, str]] = []
+"""What the edges ``guard`` builds told the metrics, as (status, code)."""
+
+
 def guard(keys: KeyRing | None = None, **options: Any) -> tuple[Any, Reached]:
     inner = Reached()
-    return edge(inner, keys or KeyRing(), **options), inner
+    return edge(inner, keys or KeyRing(), on_refused=_counted, **options), inner
+
+
+def _counted(status: int, code: str) -> None:
+    REFUSED.append((status, code))
+
+
+def test_every_refusal_at_the_edge_is_counted(tmp_path: Path) -> None:
+    keys_file = tmp_path / "keys"
+    keys_file.write_text(f"{hash_line('team-a', 'ka')}\n")
+    guarded, _ = guard(keyring("root", keys_file), cors_origins=(PAGE,))
+    REFUSED.clear()
+    tenant = {**HOST, "Authorization": "Bearer ka"}
+    asked = [
+        ("GET", "/v1/agents", HOST),
+        ("GET", "/v1/agents", {**tenant, "X-Namespace": "team-b"}),
+        ("GET", "/v1/agents", {**tenant, "Origin": "http://evil.example"}),
+        ("POST", "/v1/agents", {**tenant, "Content-Type": "text/plain", "Content-Length": "2"}),
+        ("GET", "/v1/agents", {**tenant, "Host": "evil.example"}),
+        ("GET", "/v1/agents/..%2Fx", tenant),
+        ("GET", "/v1/agents", tenant),
+    ]
+    statuses = [call(guarded, method, path, headers)[0] for method, path, headers in asked]
+    assert statuses == [401, 403, 403, 415, 421, 400, 200]
+    assert [status for status, _ in REFUSED] == statuses[:-1]
+    assert REFUSED[1] == (403, "namespace_not_allowed")
 
 
 HOST = {"Host": "127.0.0.1:8000"}

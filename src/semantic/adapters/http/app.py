@@ -75,7 +75,13 @@ def create_app(
 
     app = app_for(state, observer, lifespan, max_body_bytes, cors_origins)
     ring = keys if keys is not None else keyring(api_key, None)
-    return edge(app, ring, cors_origins=cors_origins, allowed_hosts=allowed_hosts)
+    return edge(
+        app,
+        ring,
+        cors_origins=cors_origins,
+        allowed_hosts=allowed_hosts,
+        on_refused=observer.on_refused,
+    )
 
 
 def app_for(

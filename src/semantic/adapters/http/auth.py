@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 from litestar.enums import ScopeType
@@ -41,12 +42,14 @@ def edge(
     *,
     cors_origins: tuple[str, ...] = (),
     allowed_hosts: tuple[str, ...] = (),
+    on_refused: Callable[[int, str], None],
 ) -> ASGIApp:
     """``app`` behind the path and browser checks and, if ``keys`` holds any, the key
-    check. With ``cors_origins``, a browser's preflight (an OPTIONS asking what it may
-    send) passes without the key, which it never carries; the request it clears must carry
-    it, and a refusal lets the page read why (else the browser reports a CORS failure, not
-    a 401)."""
+    check; each refusal is told to ``on_refused`` (status and code: the metrics count
+    them as they count the app's own). With ``cors_origins``, a browser's preflight (an
+    OPTIONS asking what it may send) passes without the key, which it never carries; the
+    request it clears must carry it, and a refusal lets the page read why (else the browser
+    reports a CORS failure, not a 401)."""
     allowed = frozenset(origin.encode() for origin in cors_origins)
     browser = BrowserPolicy.of(allowed_hosts, cors_origins)
 
@@ -68,6 +71,7 @@ def edge(
             problem, scope = _keyed(scope, headers, keys)
         problem = problem or json_problem(str(scope.get("method", "")), headers)
         if problem is not None:
+            on_refused(problem.status, problem.kind)
             await _refuse(send, path, problem, shown_to)
             return
         await app(scope, receive, send)

@@ -16,7 +16,7 @@ from litestar import Controller, Request, Response, get
 from litestar.datastructures import State
 
 from semantic.adapters.http.common import services
-from semantic.adapters.http.identity import bound_namespace, checked_id
+from semantic.adapters.http.identity import NamespaceNotAllowedError, bound_namespace, checked_id
 from semantic.adapters.http.state import Services
 from semantic.application.dashboard.turn_history import MinuteSample
 from semantic.application.dashboard.view import (
@@ -140,8 +140,10 @@ class DashboardController(Controller):
 def _scope(request: Request[Any, Any, Any], namespace: str | None) -> frozenset[str] | None:
     """The namespaces the asker sees: its key's own, else the one it names, else all."""
     bound = bound_namespace(request)
+    if bound is not None and namespace and namespace != bound:  # the header's at the edge
+        raise NamespaceNotAllowedError(bound, namespace)
     if bound is not None:
-        return frozenset({bound})  # naming another was refused at the edge (403)
+        return frozenset({bound})
     if namespace:
         return frozenset({checked_id(namespace, "namespace")})
     return None

@@ -23,7 +23,7 @@ from litestar.exceptions import (
 )
 
 from semantic.adapters.http.common import ClientGoneError
-from semantic.adapters.http.identity import NamespaceNotAllowedError
+from semantic.adapters.http.identity import AdminKeyNeededError, NamespaceNotAllowedError
 from semantic.application.chat.generation import GenerationFailedError
 from semantic.domain.errors import (
     AgentBusyError,
@@ -98,6 +98,7 @@ _HTTP_KINDS = {
 _PLAIN: tuple[tuple[type[Exception], int, str], ...] = (
     (ClientGoneError, 499, "client_closed_request"),  # nginx's code: nobody reads it
     (NamespaceNotAllowedError, 403, "namespace_not_allowed"),
+    (AdminKeyNeededError, 403, "admin_key_needed"),
     (AgentNotFoundError, 404, "not_found"),
     (ObjectNotFoundError, 404, "not_found"),
     (ModelNotFoundError, 404, "not_found"),

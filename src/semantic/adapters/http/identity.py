@@ -33,6 +33,15 @@ class NamespaceNotAllowedError(SemanticError):
         )
 
 
+class AdminKeyNeededError(SemanticError):
+    """What every namespace shares (the metrics) asked for with a key bound to one."""
+
+    def __init__(self, what: str, bound: str) -> None:
+        super().__init__(
+            f"{what} covers every namespace; this API key is bound to {bound!r}: use an admin key"
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class Identity:
     namespace: str
@@ -73,6 +82,12 @@ def bound_namespace(request: Request[Any, Any, Any]) -> str | None:
     """The namespace the request's key is bound to; None for an admin key or none."""
     bound = (request.scope.get("state") or {}).get(BOUND_NAMESPACE)
     return bound if isinstance(bound, str) else None
+
+
+def require_admin(request: Request[Any, Any, Any], what: str) -> None:
+    bound = bound_namespace(request)
+    if bound is not None:
+        raise AdminKeyNeededError(what, bound)
 
 
 def _one_header(request: Request[Any, Any, Any], name: str) -> str | None:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from litestar import Response, route
+from litestar import Request, Response, route
 from litestar.datastructures import State
 
 from semantic.adapters.http.common import GET_AND_HEAD
+from semantic.adapters.http.identity import require_admin
 from semantic.adapters.http.state import ServerState
 from semantic.domain.errors import StorageUnavailableError
 
@@ -50,9 +51,11 @@ async def ready(state: State) -> Response[dict[str, Any]]:
 
 
 @route("/metrics", http_method=GET_AND_HEAD, tags=["Operations"])
-async def metrics(state: State) -> Response[bytes]:
+async def metrics(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
     """Prometheus text format (Litestar adds the charset to a text type). Each namespace's
-    disk bytes are read first; with the database out of reach, that gauge is left out."""
+    disk bytes are read first; with the database out of reach, that gauge is left out.
+    They name every tenant's namespace and use: a key bound to one namespace gets a 403."""
+    require_admin(request, "/metrics")
     server: ServerState = state.server
     disk = None
     if server.services is not None:
