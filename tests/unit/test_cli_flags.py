@@ -41,6 +41,7 @@ def refused(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
         ("--model", "", "must not be empty"),
         ("--lease-seconds", "0", "must be positive"),
         ("--lease-wait", "-1", "must be 0 or more"),
+        ("--max-context", "10", "must be at least 256 (one KV block), not 10"),
     ],
 )
 def test_serve_refuses_a_bad_flag_before_creating_anything(
@@ -49,6 +50,29 @@ def test_serve_refuses_a_bad_flag_before_creating_anything(
     data_dir = tmp_path / "data"
     line = refused(capsys, "serve", f"{flag}={value}", "--data-dir", str(data_dir))
     assert line.startswith(f"semantic serve: error: argument {flag}: {message}")
+    assert not data_dir.exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (None, "cannot read"),
+        ("{", "the quotas are not JSON"),
+        ('{"../x": {"disk_mb": 64}}', "invalid namespace '../x'"),
+        ('{"team-a": {"disk": 64}}', "the quota of 'team-a' takes memory_mb, disk_mb"),
+        ('{"team-a": {"disk_mb": "64"}}', "team-a.disk_mb must be a number of MiB"),
+    ],
+)
+def test_a_bad_quotas_file_is_refused_before_the_model_loads(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, text: str | None, message: str
+) -> None:
+    quotas = tmp_path / "quotas.json"
+    if text is not None:
+        quotas.write_text(text)
+    data_dir = tmp_path / "data"
+    line = refused(capsys, "serve", "--namespace-quotas", str(quotas), "--data-dir", str(data_dir))
+    assert line.startswith("semantic serve: error: argument --namespace-quotas: "), line
+    assert message in line
     assert not data_dir.exists()
 
 

@@ -191,6 +191,12 @@ class _Started:
 def _limits(settings: Settings, engine: _Started) -> Limits:
     """What a request is checked against (``request_validation``), from the started engine."""
     window = max_context(engine.loaded, settings)
+    if settings.max_context is not None and settings.max_context > window:
+        log.warning(
+            "--max-context %d is over the model's window: serving its %d tokens",
+            settings.max_context,
+            window,
+        )
     scored = engine.loaded.scored_tokens
     vocab = engine.tokenizer.vocab_size
     return Limits(

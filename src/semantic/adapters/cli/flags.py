@@ -8,11 +8,23 @@ import argparse
 import math
 from pathlib import Path
 
+from semantic.domain.cache_spec import BLOCK_TOKENS
+
 
 def positive_int(text: str) -> int:
     value = _int(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be positive, not {text}")
+    return value
+
+
+def context_tokens(text: str) -> int:
+    """A context of one KV block at least: less could not hold a block of the prompt."""
+    value = _int(text)
+    if value < BLOCK_TOKENS:
+        raise argparse.ArgumentTypeError(
+            f"must be at least {BLOCK_TOKENS} (one KV block), not {text}"
+        )
     return value
 
 
@@ -72,6 +84,25 @@ def redis_url(text: str) -> str:
 
 def path(text: str) -> Path:
     return Path(non_empty(text)).expanduser()
+
+
+def quotas_file(text: str) -> Path:
+    """A quotas file that is there and reads as quotas of valid namespaces, said before
+    the model loads; that each holds a block of the model is checked once it has."""
+    from semantic.adapters.http.identity import checked_id
+    from semantic.domain.errors import InvalidRequestError
+    from semantic.domain.quotas import NamespaceQuotas
+
+    given = path(text)
+    try:
+        quotas = NamespaceQuotas.parse(given.read_text(encoding="utf-8"), smallest=1)
+        for namespace in quotas.limited():
+            checked_id(namespace, "namespace")
+    except OSError as error:
+        raise argparse.ArgumentTypeError(f"cannot read {given}: {error.strerror}") from None
+    except (InvalidRequestError, UnicodeError) as error:
+        raise argparse.ArgumentTypeError(f"{given}: {error}") from None
+    return given
 
 
 def database_url(text: str) -> str:

@@ -23,10 +23,11 @@ def keep_private(data_dir: Path) -> None:
     already lets others read it."""
     os.umask(PRIVATE_UMASK)
     try:
-        mode = stat.S_IMODE(data_dir.stat().st_mode)
+        found = data_dir.stat()
     except OSError:  # not there yet (it will be made private) or unusable (said later)
         return
-    if mode & 0o077:
+    mode = stat.S_IMODE(found.st_mode)
+    if stat.S_ISDIR(found.st_mode) and mode & 0o077:  # not a directory: said later
         log.warning(
             "the data directory %s is open to other users (mode %o): they may read every "
             "tenant's transcripts; `chmod 700 %s` keeps it private",

@@ -144,7 +144,7 @@ SERVE_FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         "--namespace-quotas",
-        type=flags.path,
+        type=flags.quotas_file,
         default=None,
         metavar="PATH",
         help='hard limits per namespace, JSON: {"team-a": {"memory_mb": 512, "disk_mb": 4096, '
@@ -185,11 +185,11 @@ SERVE_FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         "--max-context",
-        type=flags.positive_int,
+        type=flags.context_tokens,
         default=None,
         metavar="TOKENS",
-        help="tokens of context served, prompt and reply, at least 256 (default: the "
-        "model's own window)",
+        help="tokens of context served, prompt and reply, at least 256; more than the "
+        "model's window serves its window (default: the model's own window)",
     ),
     Flag(
         "--prefill-budget",
