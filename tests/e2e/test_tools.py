@@ -95,20 +95,23 @@ def test_anthropic_history_with_tool_use_and_results_is_read(server: ServerProce
     assert listed["input_tokens"] > bare["input_tokens"] + 20  # the tools are in the prompt
 
 
-def function(name: str = "get_weather", parameters: object = WEATHER) -> dict[str, Any]:
-    return {"type": "function", "function": {"name": name, "parameters": parameters}}
+def function(
+    name: str = "get_weather", parameters: object = WEATHER, strict: bool = False
+) -> dict[str, Any]:
+    described = {"name": name, "parameters": parameters, "strict": strict}
+    return {"type": "function", "function": described}
 
 
 OPENAI_REFUSALS = [
     ({"tools": [function(parameters={"type": "string"})]}, "tools", "JSON Schema of an object"),
     ({"tools": [function(parameters=[1, 2])]}, "tools", "JSON Schema of an object"),
     (
-        {"tools": [function(parameters={"type": "object", "if": {}})]},
+        {"tools": [function(parameters={"type": "object", "if": {}}, strict=True)]},
         "tools",
         "keyword 'if'",
     ),
     (
-        {"tools": [function(parameters={"$ref": "https://example.com/s.json"})]},
+        {"tools": [function(parameters={"$ref": "https://example.com/s.json"}, strict=True)]},
         "tools",
         "keyword '$ref'",
     ),
@@ -175,6 +178,10 @@ ANTHROPIC_REFUSALS = [
     ({"tools": [ANTHROPIC_TOOL, ANTHROPIC_TOOL]}, "used twice"),
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "server tools"),
     ({"tools": [{"name": "get_weather"}]}, "needs its input_schema"),
+    ({"tools": [{**ANTHROPIC_TOOL, "defer_loading": True}]}, "tool search"),
+    ({"tools": [{**ANTHROPIC_TOOL, "allowed_callers": ["code_execution_20250825"]}]}, "'direct'"),
+    ({"tools": [{**ANTHROPIC_TOOL, "input_examples": ["Lima"]}]}, "list of objects"),
+    ({"tools": [{**ANTHROPIC_TOOL, "strict": "yes"}]}, "strict must be true or false"),
     (
         {"tools": [ANTHROPIC_TOOL], "tool_choice": {"type": "tool", "name": "x"}},
         "not one of the tools",

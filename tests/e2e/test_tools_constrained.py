@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anthropic
 import httpx
@@ -331,6 +331,57 @@ def test_anthropic_tool_use_round_trip(server: ServerProcess) -> None:
         + reply.usage.output_tokens
     )
     assert (final.usage.cache_read_input_tokens or 0) >= 0.95 * before
+
+
+def test_a_loose_tool_with_keywords_no_grammar_honours_is_called_and_a_strict_one_refused(
+    server: ServerProcess,
+) -> None:
+    """zod's ``z.never()`` writes ``not: {}``, and JSON Schema's conditionals are common in
+    MCP tools: OpenAI's and Anthropic's non-strict tools take them, and so does this
+    server (the call is generated under the rest of the schema); a strict tool, whose
+    calls must validate, is refused naming the keyword, on both doors."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "not": {"const": ""}},
+            "unit": {"enum": ["C", "F"], "if": {"const": "F"}, "then": {}},
+            "never": {"not": {}},
+        },
+        "required": ["city", "unit"],
+    }
+    asked: list[Any] = [{"role": "user", "content": "Weather in Lima?"}]
+    client = oai(server)
+    ask: dict[str, Any] = {"model": "default", "messages": asked, "max_tokens": 60}
+    ask |= {"temperature": 0, "tool_choice": "required"}
+    function = {"name": "get_weather", "parameters": schema}
+    loose: Any = [{"type": "function", "function": function}]
+    reply = client.chat.completions.create(**ask, tools=loose)
+    [call] = reply.choices[0].message.tool_calls or []
+    arguments = json.loads(call.function.arguments)
+    assert {"city", "unit"} <= set(arguments)
+    assert arguments["unit"] in ("C", "F")
+    strict: Any = [{"type": "function", "function": {**function, "strict": True}}]
+    with pytest.raises(openai.BadRequestError, match="'not'"):
+        client.chat.completions.create(**ask, tools=strict)
+    said = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
+    tool: Any = {
+        "name": "get_weather",
+        "input_schema": schema,
+        "input_examples": [{"city": "Oslo", "unit": "C"}],
+        "eager_input_streaming": True,
+    }
+    one_call: Any = {"type": "any", "disable_parallel_tool_use": True}
+    used = said.messages.create(
+        model="default", max_tokens=100, messages=asked, tools=[tool], tool_choice=one_call
+    )
+    assert used.stop_reason == "tool_use", used
+    [block] = [b for b in used.content if b.type == "tool_use"]
+    assert {"city", "unit"} <= set(cast("dict[str, Any]", block.input))
+    held: Any = [{**tool, "strict": True}]
+    with pytest.raises(anthropic.BadRequestError, match="'not'"):
+        said.messages.create(
+            model="default", max_tokens=60, messages=asked, tools=held, tool_choice=one_call
+        )
 
 
 def test_json_schema_strict_validates_and_json_object_parses_20_of_20(

@@ -28,7 +28,7 @@ async def test_a_call_sent_back_renders_as_generated_also_after_a_restart(
     real_model: RealModel, tmp_path: Path
 ) -> None:
     tokenizer = real_model.tokenizer
-    tools = checked_tools([("get_weather", "Weather in a city", WEATHER)])
+    tools = checked_tools([("get_weather", "Weather in a city", WEATHER, None)])
     asked = [ChatMessage("system", "Be brief."), ChatMessage("user", "Weather in Paris?")]
     prompt = tokenizer.render_chat(asked, tools=tools)
     call = '{"name": "get_weather", "arguments": {"city":"Paris","days":2}}'

@@ -70,7 +70,7 @@ def test_a_template_that_takes_tools_renders_them_and_reads_its_own_calls(
     tokenizer = MlxTokenizer(WithTemplate(real_model.loaded.tokenizer, HERMES_STYLE))
     fmt = tokenizer.tool_format
     assert fmt.name == "hermes"
-    tools = checked_tools([("get_weather", "Weather in a city", WEATHER)])
+    tools = checked_tools([("get_weather", "Weather in a city", WEATHER, None)])
     call = ToolCall("call_1", "get_weather", '{"city": "Paris"}')
     history = [
         ChatMessage("system", "Be brief."),

@@ -51,7 +51,7 @@ def test_uniqueness_is_refused_only_where_the_reply_is_promised_to_validate() ->
         response_schema({"type": "json_schema", "json_schema": strict})
     loose = {"name": "a", "schema": tags}
     assert json.loads(response_schema({"type": "json_schema", "json_schema": loose}) or "") == tags
-    assert checked_tools([("tag", None, tags)])[0].name == "tag"
+    assert checked_tools([("tag", None, tags, None)])[0].name == "tag"
 
 
 @pytest.mark.parametrize(

@@ -54,14 +54,16 @@ def new_id() -> str:
 @pytest.mark.parametrize(
     ("tools", "says"),
     [
-        ([("get weather", None, WEATHER)], "must match"),
-        ([("x" * 65, None, WEATHER)], "must match"),
-        ([("a", None, WEATHER), ("a", None, WEATHER)], "used twice"),
-        ([("a", None, {"type": "string"})], "JSON Schema of an object"),
-        ([("a", None, [1])], "JSON Schema of an object"),
-        ([("a", None, {"type": "object", "not": {}})], "'not'"),
-        ([("a", None, {"properties": {"b": {"$ref": "https://x.org/s.json"}}})], "'$ref'"),
-        ([("a", 3, WEATHER)], "description"),
+        ([("get weather", None, WEATHER, None)], "must match"),
+        ([("x" * 65, None, WEATHER, None)], "must match"),
+        ([("a", None, WEATHER, None), ("a", None, WEATHER, None)], "used twice"),
+        ([("a", None, {"type": "string"}, None)], "JSON Schema of an object"),
+        ([("a", None, [1], None)], "JSON Schema of an object"),
+        ([("a", None, {"type": "object", "not": {}}, True)], "'not'"),
+        ([("a", None, {"properties": {"b": {"$ref": "https://x.org/s.json"}}}, True)], "'$ref'"),
+        ([("a", None, {"properties": {"b": {"uniqueItems": True}}}, True)], "'uniqueItems'"),
+        ([("a", None, WEATHER, "yes")], "strict must be true or false"),
+        ([("a", 3, WEATHER, None)], "description"),
     ],
 )
 def test_malformed_tools_are_refused_naming_the_field(tools: list, says: str) -> None:  # type: ignore[type-arg]  # tuples as a request gives them
@@ -73,16 +75,36 @@ def test_malformed_tools_are_refused_naming_the_field(tools: list, says: str) ->
 
 def test_unsupported_keywords_are_their_own_error_and_local_refs_pass() -> None:
     with pytest.raises(UnsupportedSchemaError) as refused:
-        checked_tools([("a", None, {"type": "object", "if": {}})])
+        checked_tools([("a", None, {"type": "object", "if": {}}, True)])
     assert refused.value.keywords == ("if",)
     schema = {"type": "object", "properties": {"n": {"$ref": "#/$defs/n"}}, "$defs": {"n": {}}}
-    assert checked_tools([("a", None, schema)])[0].schema == schema
+    assert checked_tools([("a", None, schema, None)])[0].schema == schema
     named_not = {"type": "object", "properties": {"not": {"type": "string"}}}
-    assert checked_tools([("a", None, named_not)])  # a property may be called "not"
+    assert checked_tools([("a", None, named_not, None)])  # a property may be called "not"
+
+
+def test_a_loose_tool_is_called_under_its_schema_without_what_no_grammar_honours() -> None:
+    """OpenAI's and Anthropic's non-strict tools take any schema (zod's ``z.never()`` writes
+    ``not: {}``): the model is shown it whole, and its calls are generated under the rest."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "when": {"type": "string", "not": {"const": ""}},
+            "mode": {"if": {"const": "a"}, "then": {}, "enum": ["a", "b"]},
+            "far": {"$ref": "https://x.org/s.json"},
+        },
+        "required": ["when"],
+    }
+    [tool] = checked_tools([("plan", None, schema, False)])
+    assert tool.schema == schema
+    called = json.loads(tool.call_schema)["properties"]
+    assert called["when"] == {"type": "string"}
+    assert called["mode"] == {"enum": ["a", "b"]}
+    assert called["far"] == {}
 
 
 def test_tool_choice_must_name_one_of_the_tools() -> None:
-    tools = checked_tools([("get_weather", "Weather", WEATHER)])
+    tools = checked_tools([("get_weather", "Weather", WEATHER, None)])
     with pytest.raises(InvalidRequestError, match="not one of the tools"):
         tool_use(tools, ToolChoice.NAMED, "get_time", True)
     with pytest.raises(InvalidRequestError, match="needs tools"):
@@ -100,7 +122,9 @@ def test_a_tool_message_must_answer_an_earlier_call() -> None:
 
 def test_the_default_format_constrains_and_reads_its_own_calls() -> None:
     fmt = DefaultFormat()
-    tools = checked_tools([("get_weather", "Weather", WEATHER), ("get_time", None, None)])
+    tools = checked_tools(
+        [("get_weather", "Weather", WEATHER, None), ("get_time", None, None, None)]
+    )
     required = fmt.constraint(use(tools, ToolChoice.REQUIRED, None, False))
     assert required is not None
     assert required.require_call
@@ -142,7 +166,7 @@ def test_call_schemas_close_objects_that_list_their_properties() -> None:
             "either": {"anyOf": [{"type": "object", "properties": {"a": {}}}, {"type": "null"}]},
         },
     }
-    [tool] = checked_tools([("f", None, schema)])
+    [tool] = checked_tools([("f", None, schema, None)])
     closed = json.loads(tool.call_schema)
     assert closed["additionalProperties"] is False
     where, tags = closed["properties"]["where"], closed["properties"]["tags"]["items"]
@@ -170,13 +194,13 @@ def test_objects_that_others_extend_stay_open() -> None:
     }
     unlisted = {"type": "object", "properties": {"a": {}}, "required": ["a", "b"]}
     for schema in (kinds, inherited, unlisted):
-        [tool] = checked_tools([("f", None, schema)])
+        [tool] = checked_tools([("f", None, schema, None)])
         assert json.loads(tool.call_schema) == schema
 
 
 def test_the_default_format_renders_calls_and_results_as_plain_turns() -> None:
     fmt = DefaultFormat()
-    tools = checked_tools([("get_weather", "Weather", WEATHER)])
+    tools = checked_tools([("get_weather", "Weather", WEATHER, None)])
     call = ToolCall("call_1", "get_weather", '{"city": "Paris"}')
     turns, listed = fmt.render(
         [
@@ -340,7 +364,7 @@ def test_response_formats_become_schemas() -> None:
 
 
 def test_a_schema_the_engine_refuses_is_named_by_the_requests_field() -> None:
-    tools = checked_tools([("get_weather", None, WEATHER), ("get_time", None, None)])
+    tools = checked_tools([("get_weather", None, WEATHER, None), ("get_time", None, None, None)])
     compiled = UnsupportedSchemaError("keyword 'format' refused", keywords=("format",))
     offered = use(tools, ToolChoice.AUTO, None, True)
     calls = reply_shape(DefaultFormat(), offered)
@@ -358,7 +382,7 @@ def test_a_schema_the_engine_refuses_is_named_by_the_requests_field() -> None:
 
 
 def test_tools_under_auto_and_a_schema_ask_for_calls_or_an_answer_of_it() -> None:
-    tools = checked_tools([("get_weather", None, WEATHER)])
+    tools = checked_tools([("get_weather", None, WEATHER, None)])
     schema = json.dumps({"type": "object", "properties": {"answer": {"type": "string"}}})
     auto = reply_shape(DefaultFormat(), use(tools, ToolChoice.AUTO, None, True), schema)
     assert auto.constraint is not None
@@ -391,7 +415,7 @@ def test_each_template_family_reads_the_calls_its_constraint_writes(
     template: str, written: str
 ) -> None:
     fmt = format_for(template)
-    tools = checked_tools([("get_weather", None, WEATHER)])
+    tools = checked_tools([("get_weather", None, WEATHER, None)])
     constraint = fmt.constraint(use(tools, ToolChoice.AUTO, None, True))
     assert constraint is not None
     [tagged] = constraint.calls

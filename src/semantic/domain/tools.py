@@ -17,7 +17,7 @@ from typing import Any
 
 from semantic.domain.call_schema import closed_objects
 from semantic.domain.errors import InvalidRequestError
-from semantic.domain.json_schema import check_schema
+from semantic.domain.json_schema import check_schema, check_strict_schema, loosened
 
 TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 """OpenAI's and Anthropic's rule for a function's name."""
@@ -37,9 +37,10 @@ class Tool:
 
     @property
     def call_schema(self) -> str:
-        """The arguments a generated call may hold, as JSON Schema text: ``parameters`` with
-        every object that lists its properties closed to others (``closed_objects``)."""
-        return json.dumps(closed_objects(self.schema), ensure_ascii=False)
+        """The arguments a generated call may hold, as JSON Schema text: ``parameters``
+        without what a grammar cannot honour (``loosened``: a strict tool was refused with
+        any), every object that lists its properties closed to others (``closed_objects``)."""
+        return json.dumps(closed_objects(loosened(self.schema)), ensure_ascii=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,14 +109,14 @@ def tool_use(
 
 
 def checked_tools(
-    raw: list[tuple[object, object, object]], field: str = "tools"
+    raw: list[tuple[object, object, object, object]], field: str = "tools"
 ) -> tuple[Tool, ...]:
-    """Tools from (name, description, parameters) as a request gave them; refused by
-    ``field`` where a name is malformed or used twice, or a schema is not an object schema
-    or uses what output constrained to it cannot honour."""
+    """Tools from (name, description, parameters, strict) as a request gave them; refused
+    by ``field`` where a name is malformed or used twice, or a schema is not an object
+    schema, or a strict one uses what a call generated under it may not match."""
     seen: set[str] = set()
     out = []
-    for index, (name, description, parameters) in enumerate(raw):
+    for index, (name, description, parameters, strict) in enumerate(raw):
         where = f"{field}[{index}]"
         if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
             raise InvalidRequestError(
@@ -127,20 +128,28 @@ def checked_tools(
         seen.add(name)
         if description is not None and not isinstance(description, str):
             raise InvalidRequestError(f"{where}: description must be a string", param=field)
+        if strict is not None and not isinstance(strict, bool):
+            raise InvalidRequestError(f"{where}: strict must be true or false", param=field)
         schema = {"type": "object", "properties": {}} if parameters is None else parameters
-        check_object_schema(schema, f"{where} ({name})", field)
+        check_object_schema(schema, f"{where} ({name})", field, strict=bool(strict))
         out.append(Tool(name, description or "", json.dumps(schema, ensure_ascii=False)))
     return tuple(out)
 
 
-def check_object_schema(schema: object, what: str, field: str) -> None:
+def check_object_schema(schema: object, what: str, field: str, *, strict: bool) -> None:
+    """An object schema; a strict tool's may use only what its calls are generated under,
+    a loose one's is generated without the rest (``Tool.call_schema``), as a loose
+    ``response_format`` is: OpenAI's and Anthropic's non-strict tools take any schema."""
     if not isinstance(schema, dict) or schema.get("type", "object") != "object":
         raise InvalidRequestError(
             f"{what}: the parameters must be a JSON Schema of an object "
             '({"type": "object", ...})',
             param=field,
         )
-    check_schema(schema, what, field)
+    if strict:
+        check_strict_schema(schema, what, field)
+    else:
+        check_schema(loosened(schema), what, field)
 
 
 def is_json_object(text: str) -> bool:

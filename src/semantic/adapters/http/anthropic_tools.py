@@ -16,7 +16,20 @@ from semantic.domain.chat import ChatMessage
 from semantic.domain.errors import InvalidRequestError
 from semantic.domain.tools import ToolCall, ToolChoice, ToolUse, checked_tools, tool_use
 
-_TOOL_FIELDS = frozenset({"name", "description", "input_schema", "type", "cache_control"})
+_TOOL_FIELDS = frozenset(
+    {
+        "name",
+        "description",
+        "input_schema",
+        "type",
+        "cache_control",
+        "strict",
+        "eager_input_streaming",  # how input streams: ours streams as it is generated
+        "input_examples",
+        "defer_loading",
+        "allowed_callers",
+    }
+)
 _CHOICES = {
     "auto": ToolChoice.AUTO,
     "any": ToolChoice.REQUIRED,
@@ -54,7 +67,7 @@ def anthropic_tool_use(
     return tool_use(checked_tools(specs), _CHOICES[kind], named, not serial)
 
 
-def _tool(tool: object, index: int) -> tuple[object, object, object]:
+def _tool(tool: object, index: int) -> tuple[object, object, object, object]:
     where = f"tools[{index}]"
     if not isinstance(tool, dict):
         raise InvalidRequestError(f"{where} must be an object", param="tools")
@@ -71,7 +84,42 @@ def _tool(tool: object, index: int) -> tuple[object, object, object]:
         )
     if "input_schema" not in tool:
         raise InvalidRequestError(f"{where} needs its input_schema", param="tools")
-    return tool.get("name"), tool.get("description"), tool["input_schema"]
+    _check_direct(tool, where)
+    description = _with_examples(tool.get("description"), tool.get("input_examples"), where)
+    return tool.get("name"), description, tool["input_schema"], tool.get("strict")
+
+
+def _check_direct(tool: dict[str, Any], where: str) -> None:
+    """A tool the model calls itself: tool search (``defer_loading``) and code execution
+    (``allowed_callers`` without ``direct``) are Anthropic's server tools, not served."""
+    if tool.get("defer_loading") not in (None, False):
+        raise InvalidRequestError(
+            f"{where}: defer_loading needs Anthropic's tool search, which this server does "
+            "not have; send the tool without it",
+            param="tools",
+        )
+    callers = tool.get("allowed_callers")
+    if callers is not None and (not isinstance(callers, list) or "direct" not in callers):
+        raise InvalidRequestError(
+            f"{where}: allowed_callers must include 'direct' (this server has no code "
+            "execution tool to call it)",
+            param="tools",
+        )
+
+
+def _with_examples(description: object, examples: object, where: str) -> object:
+    """The description the model reads, with the tool's ``input_examples`` after it: the
+    model sees them beside the schema, where a chat template has room for nothing else."""
+    if examples is None:
+        return description
+    if not isinstance(examples, list) or not all(isinstance(e, dict) for e in examples):
+        raise InvalidRequestError(
+            f"{where}: input_examples must be a list of objects", param="tools"
+        )
+    if not examples or not (description is None or isinstance(description, str)):
+        return description  # a bad description is refused with its own words
+    shown = "\n".join(json.dumps(example, ensure_ascii=False) for example in examples)
+    return f"{description or ''}\n\nExample inputs:\n{shown}".lstrip()
 
 
 def history_message(role: str, blocks: Sequence[Any]) -> list[ChatMessage]:

@@ -29,7 +29,7 @@ def openai_tool_use(
     return tool_use(checked_tools(functions), choice, named, parallel is not False)
 
 
-def _function(tool: object, index: int) -> tuple[object, object, object]:
+def _function(tool: object, index: int) -> tuple[object, object, object, object]:
     where = f"tools[{index}]"
     if not isinstance(tool, dict) or tool.get("type") != "function":
         kind = tool.get("type") if isinstance(tool, dict) else None
@@ -46,7 +46,12 @@ def _function(tool: object, index: int) -> tuple[object, object, object]:
     if unknown:
         field = sorted(unknown)[0]
         raise InvalidRequestError(f"{where}: a function has no field {field!r}", param="tools")
-    return function.get("name"), function.get("description"), function.get("parameters")
+    return (
+        function.get("name"),
+        function.get("description"),
+        function.get("parameters"),
+        function.get("strict"),
+    )
 
 
 def _choice(choice: str | dict[str, Any] | None) -> tuple[ToolChoice, str | None]:
