@@ -119,7 +119,13 @@ def test_the_agents_api_sets_and_changes_hints_and_refuses_bad_ones(
         api, json={"id": "retention-bad-4"}, headers={"X-Retention": "priority=500"}
     )
     assert bad_made.status_code == 400, bad_made.text
+    assert bad_made.json()["error"]["param"] == "X-Retention"  # the header's, not the body's
     assert "priority" in bad_made.text
+    twice = httpx.post(api, json={"id": "retention-bad-6"}, headers={"X-Retention": "ttl=5,ttl=9"})
+    assert twice.status_code == 400
+    assert "ttl is given twice" in twice.text
+    ranged = httpx.post(api, json={"id": "retention-bad-7", "retention": {"priority": 101}})
+    assert ranged.json()["error"]["param"] == "retention.priority"  # as the body names it
     assert httpx.get(f"{api}/retention-bad-4").status_code == 404
     turn = {"content": "Hi", "max_tokens": 1}
     bad_header = httpx.post(

@@ -87,6 +87,8 @@ def header_change(value: str) -> dict[str, Any]:
         if not part:
             continue
         name, _, given = (s.strip() for s in part.partition("="))
+        if _HEADER_FIELDS.get(name) in change:
+            raise _bad(HEADER, f"{name} is given twice")
         if name == "pinned":
             change["pinned"] = _flag(given or "true")
         elif name == "priority":
@@ -95,7 +97,20 @@ def header_change(value: str) -> dict[str, Any]:
             change["ttl_seconds"] = None if given.lower() == "none" else _seconds(given)
         else:
             raise _bad(HEADER, f"unknown retention field {name[:40]!r}; use priority, ttl, pinned")
+    try:
+        Retention().changed(change)
+    except InvalidRequestError as error:  # out of range: said as the header's
+        raise _bad(HEADER, f"{HEADER}: {error}") from None
     return change
+
+
+_HEADER_FIELDS: Final = {
+    "pinned": "pinned",
+    "priority": "priority",
+    "ttl": "ttl_seconds",
+    "ttl_seconds": "ttl_seconds",
+}
+"""The header's names for the fields (``ttl`` short for ``ttl_seconds``)."""
 
 
 def openai_change(retention: object) -> dict[str, Any]:

@@ -59,7 +59,7 @@ class AgentController(Controller):
         change = {**(data.retention.change() if data.retention else {}), **header_hints(request)}
         retention = Retention().changed(change) if change else None
         info = await services(state).agents.create(
-            namespace, checked_id(data.id, "agent_id"), data.system_prompt, context, retention
+            namespace, checked_id(data.id, "id"), data.system_prompt, context, retention
         )
         return _agent(info)
 
@@ -139,7 +139,7 @@ class AgentController(Controller):
     ) -> dict[str, Any]:
         namespace = identity(request).namespace
         info = await services(state).agents.fork(
-            namespace, checked_id(agent_id, "agent_id"), checked_id(data.id, "agent_id")
+            namespace, checked_id(agent_id, "agent_id"), checked_id(data.id, "id")
         )
         return _agent(info)
 

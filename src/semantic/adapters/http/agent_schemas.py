@@ -6,6 +6,10 @@ from typing import Any
 
 import msgspec
 
+from semantic.adapters.http.errors import in_own_words
+from semantic.domain.errors import InvalidRequestError
+from semantic.domain.retention import Retention
+
 
 class ContextRule(msgspec.Struct, forbid_unknown_fields=True):
     """An agent's context policy: ``drop_oldest_turns`` or ``clear_tool_results`` once its
@@ -24,8 +28,16 @@ class RetentionIn(msgspec.Struct, forbid_unknown_fields=True):
     pinned: bool | msgspec.UnsetType = msgspec.UNSET
 
     def change(self) -> dict[str, Any]:
+        """The fields given, each checked and named as the body names it when refused
+        (``retention.priority``), as a type error there is."""
         given = {f: getattr(self, f) for f in self.__struct_fields__}
-        return {name: value for name, value in given.items() if value is not msgspec.UNSET}
+        change = {name: value for name, value in given.items() if value is not msgspec.UNSET}
+        try:
+            Retention().changed(change)
+        except InvalidRequestError as error:
+            field = error.param or "retention"
+            raise in_own_words(error, field, f"retention.{field}", f"retention.{field}") from None
+        return change
 
 
 class CreateAgent(msgspec.Struct, forbid_unknown_fields=True):
