@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -114,9 +115,10 @@ def test_deleting_an_agent_ends_its_running_turn_which_keeps_nothing(
     api = f"{server.url}/v1/agents"
     httpx.post(api, json={"id": "doomed"}).raise_for_status()
     long_turn = {"content": "Count from 1 to 1000.", "max_tokens": 2000, "stream": True}
-    events = []
+    events, last_data = [], ""
     with httpx.stream("POST", f"{api}/doomed/messages", json=long_turn, timeout=120) as stream:
         for line in stream.iter_lines():
+            last_data = line if line.startswith("data: ") else last_data
             if not line.startswith("event: "):
                 continue
             events.append(line.removeprefix("event: "))
@@ -126,6 +128,8 @@ def test_deleting_an_agent_ends_its_running_turn_which_keeps_nothing(
                     codes = sorted(reply.status_code for reply in deletes)
                 assert codes == [204, 404, 404, 404], "only the first delete finds it"
     assert events[-1] == "error"  # not a committed message
+    error = json.loads(last_data.removeprefix("data: "))["error"]
+    assert (error["type"], error["code"]) == ("not_found_error", "not_found")  # as a 404's
     assert len(events) < 2000
     assert httpx.get(f"{api}/doomed").status_code == 404
     httpx.post(api, json={"id": "doomed"}).raise_for_status()  # the id is free, and clean

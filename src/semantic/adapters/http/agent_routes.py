@@ -10,6 +10,7 @@ from litestar.datastructures import State
 
 from semantic.adapters.http.agent_schemas import CreateAgent, ForkAgent, PatchAgent, SendMessage
 from semantic.adapters.http.common import services, sse, sse_data, unless_client_leaves
+from semantic.adapters.http.errors import body_for, problem_for
 from semantic.adapters.http.identity import (
     NAMESPACE_HEADER,
     NamespaceNotAllowedError,
@@ -217,8 +218,8 @@ async def _stream(first: TurnEvent, rest: AsyncIterator[TurnEvent]) -> AsyncIter
             else:
                 yield sse_data({"type": "message", **_reply(event)}, "message")
             event = await anext(rest, None)
-    except SemanticError as error:
-        yield sse_data({"type": "error", "error": {"message": str(error)}}, "error")
+    except SemanticError as error:  # as a refusal before the stream is worded: type, code
+        yield sse_data({"type": "error", **body_for("/v1/agents", problem_for(error))}, "error")
 
 
 def _reply(result: GenerationResult) -> dict[str, Any]:
