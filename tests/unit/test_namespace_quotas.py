@@ -88,3 +88,24 @@ async def test_memory_pressure_takes_a_namespace_over_its_quota_first() -> None:
     after = h.store.hot.pool_blocks_by_namespace()
     assert after.get("greedy", 0) == 0
     assert after["quiet"] == held["quiet"]  # plain LRU would have taken quiet's, older
+
+
+async def test_a_quota_lowered_across_a_restart_holds_from_the_start() -> None:
+    """Not from the tenant's next save: its files over the new quota go as the server
+    starts, the least valuable agents' first, and another tenant's stay."""
+    before = await started(Harness())
+    await before.ask([1, *SYSTEM[1:], 50], agent="calm", namespace="quiet")
+    for agent in range(4):
+        await before.ask([agent + 2, *SYSTEM[1:], 30 + agent], agent=f"g{agent}", namespace="big")
+    await before.store.close()
+    calm = before.metadata.agent_rows[("quiet", "calm")].block_keys
+    used = await before.metadata.block_bytes_by_namespace()
+    lowered = NamespaceQuotas({"big": Quota(disk_bytes=used["big"] // 2)})
+    after = await started(
+        Harness(block_store=before.block_store, metadata=before.metadata, quotas=lowered)
+    )
+    held = await after.metadata.block_bytes_by_namespace()
+    assert held["big"] <= used["big"] // 2
+    assert held["quiet"] == used["quiet"]
+    assert after.metadata.agent_rows[("quiet", "calm")].block_keys == calm
+    assert after.metadata.agent_rows[("big", "g3")].block_keys  # the newest kept its blocks

@@ -168,10 +168,21 @@ class DiskRoom:
         )
         await self.enforce(namespace, agent_id, chain=chain, hard=True)
 
+    async def settle(self) -> None:
+        """At start: a quota lowered since the files were written (a namespace's or the
+        disk's) holds now, not from the next save, as the save would hold it (the least
+        valuable agents' blocks go; no agent was just saved)."""
+        async with self.lock:
+            for namespace in self._namespaces.limited():
+                await self._namespaces.enforce(namespace, None)
+            over = self._quota is not None
+            if over and await self._block_records.total_block_bytes() > (self._quota or 0):
+                await self.enforce(None, None)
+
     async def enforce(
         self,
-        namespace: str,
-        agent_id: str,
+        namespace: str | None,
+        agent_id: str | None,
         *,
         chain: Sequence[str] = (),
         need: int = 0,
@@ -188,7 +199,7 @@ class DiskRoom:
         another program fills would otherwise leave no agent anything cached, not even in
         memory. ``chain`` (a save in flight) is never cut. First, the namespace's own
         quota: it cuts the namespace's blocks only."""
-        if not hard:
+        if not hard and namespace is not None:
             await self._namespaces.enforce(namespace, agent_id, chain)
         limit, short = await self._limit(need, hard)
         if limit is None or await self._block_records.total_block_bytes() <= limit:

@@ -33,8 +33,15 @@ class NamespaceRoom:
         self._cut = cut
         self._order = order
 
-    async def enforce(self, namespace: str, agent_id: str, chain: Sequence[str] = ()) -> None:
-        """``chain``: a save in flight, never cut."""
+    def limited(self) -> list[str]:
+        """The namespaces with a disk quota."""
+        return [ns for ns, quota in self._quotas.limited().items() if quota.disk_bytes is not None]
+
+    async def enforce(
+        self, namespace: str, agent_id: str | None, chain: Sequence[str] = ()
+    ) -> None:
+        """``agent_id``: the agent just saved (None at start: no one's); ``chain``: a save
+        in flight, never cut."""
         quota = self._quotas.of(namespace).disk_bytes
         if quota is None or await self._used(namespace) <= quota:
             return

@@ -199,8 +199,10 @@ class AgentCacheStore:
         self.hot.hold(keys, self.tool_waits.started(namespace, agent_id, tools))
 
     async def start(self) -> None:
-        """Clean up after a crash, then start the writer (and the shared tier's pusher)."""
+        """Clean up after a crash, hold the disk's quotas as they are now set, then start
+        the writer (and the shared tier's pusher)."""
         await self._saver.start()
+        await self._room.settle()
         if self._shared is not None:
             await self._shared.start()
         self._expiring = asyncio.create_task(self._expire(), name="semantic-ttl-expiry")
