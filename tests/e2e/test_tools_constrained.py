@@ -183,6 +183,54 @@ def test_openai_tool_round_trip_streams_alike_and_keeps_the_cache(
     assert cached >= 0.95 * before, (cached, before)
 
 
+def test_the_older_function_calling_round_trips_as_clients_written_for_it_send_it(
+    server: ServerProcess,
+) -> None:
+    """``functions`` and ``function_call`` (before ``tools``): the reply's one call comes as
+    ``message.function_call`` (finish ``function_call``), streamed alike, and sent back
+    with a ``function`` message's result it continues the cached conversation."""
+    asked: list[Any] = [{"role": "user", "content": "What is the weather in Paris?"}]
+    ask: dict[str, Any] = {"model": "default", "messages": asked, "temperature": 0}
+    functions: Any = [{"name": "get_weather", "description": "Weather", "parameters": WEATHER}]
+    named: Any = {"name": "get_weather"}
+    client = oai(server)
+    reply = client.chat.completions.create(
+        **ask, max_tokens=120, functions=functions, function_call=named
+    )
+    choice = reply.choices[0]
+    assert choice.finish_reason == "function_call"
+    assert choice.message.tool_calls is None
+    called = choice.message.function_call
+    assert called is not None
+    assert called.name == "get_weather"
+    jsonschema.validate(json.loads(called.arguments), WEATHER)
+    name, arguments = "", ""
+    for chunk in client.chat.completions.create(
+        **ask, max_tokens=120, functions=functions, function_call=named, stream=True
+    ):
+        piece = chunk.choices[0].delta.function_call if chunk.choices else None
+        name += (piece.name or "") if piece else ""
+        arguments += (piece.arguments or "") if piece else ""
+    assert (name, arguments) == (called.name, called.arguments)
+    history = [
+        *asked,
+        choice.message.model_dump(),  # as the SDK dumps it: null tool_calls beside the call
+        {"role": "function", "name": "get_weather", "content": "Sunny, 21 C"},
+    ]
+    final = client.chat.completions.create(
+        **{**ask, "messages": history}, max_tokens=20, functions=functions, function_call="none"
+    )
+    assert final.choices[0].message.content
+    assert reply.usage is not None
+    assert final.usage is not None
+    details = final.usage.prompt_tokens_details
+    cached = details.cached_tokens if details else 0
+    assert (cached or 0) >= 0.9 * (reply.usage.prompt_tokens + reply.usage.completion_tokens)
+    orphan = [*asked, {"role": "function", "name": "get_time", "content": "noon"}]
+    with pytest.raises(openai.BadRequestError, match="none was made of 'get_time'"):
+        client.chat.completions.create(**{**ask, "messages": orphan}, max_tokens=5)
+
+
 def test_a_constrained_call_cut_by_max_tokens_ends_as_length(server: ServerProcess) -> None:
     """Cut before the tool's name: no call, and none of its markup as text, streamed or
     not. Cut inside the arguments: the call as far as it came, streamed and not streamed

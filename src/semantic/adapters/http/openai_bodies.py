@@ -13,7 +13,7 @@ from typing import Any
 from semantic.adapters.http.common import sse_data
 from semantic.adapters.http.errors import body_for, problem_for
 from semantic.adapters.http.openai_logprobs import TokenPieces, chat_content, completion_lists
-from semantic.adapters.http.openai_tools import call_entry, reply_delta
+from semantic.adapters.http.openai_tools import TOOL_CALLS, CallShape
 from semantic.adapters.http.translate import OPENAI_FINISH
 from semantic.application.chat.chat_reply import ChatOutcome, ChatReply
 from semantic.application.chat.generation import GenerationResult, TextDelta
@@ -32,13 +32,20 @@ class ReplyBodies:
     log-probability's entry shows it, where the request asked for them (None: it did not)."""
 
     def __init__(
-        self, prefix: str, kind: str, model: str, pieces: TokenPieces | None = None
+        self,
+        prefix: str,
+        kind: str,
+        model: str,
+        pieces: TokenPieces | None = None,
+        calls: CallShape = TOOL_CALLS,
     ) -> None:
         self.id = f"{prefix}-{uuid.uuid4().hex[:24]}"
         self.kind = kind
         self.model = model
         self.created = int(time.time())
         self.pieces = pieces
+        self.calls = calls
+        """How a reply's calls are written (``tool_calls``, or the older ``function_call``)."""
         self._null_usage = False
 
     def chat(self, outcomes: Sequence[ChatOutcome]) -> dict[str, Any]:
@@ -50,11 +57,11 @@ class ReplyBodies:
         message: dict[str, Any] = {"role": "assistant", "content": answer.content}
         if answer.calls:
             message["content"] = answer.content or None
-            message["tool_calls"] = [call_entry(call) for call in answer.calls]
+            message |= self.calls.message(answer.calls)
         return {
             "index": index,
             "message": message,
-            "finish_reason": _finish(result, answer),
+            "finish_reason": self._finish(result, answer),
             "logprobs": self._chat_logprobs(None if answer.calls else result.logprobs),
         }
 
@@ -87,10 +94,10 @@ class ReplyBodies:
             if not isinstance(event, ChatOutcome):
                 shown = event.logprobs if isinstance(event, TextDelta) else ()
                 # (text re-read for calls carries none: null, as a call's pieces)
-                yield chunk(reply_delta(event), None, self._chat_logprobs(shown or None))
+                yield chunk(self.calls.delta(event), None, self._chat_logprobs(shown or None))
                 continue
             ended[index] = event.result
-            yield chunk(None, _finish(event.result, event.answer))
+            yield chunk(None, self._finish(event.result, event.answer))
 
     def text_chunks(self, replies: Sequence[ChatReply], usage: bool) -> AsyncIterator[str]:
         return self._all(replies, self._text_choice_chunks, usage, "/v1/completions")
@@ -131,6 +138,11 @@ class ReplyBodies:
         except SemanticError as error:  # typed as the same error outside a stream would be
             yield sse_data(body_for(path, problem_for(error)))
         yield DONE
+
+    def _finish(self, result: GenerationResult, answer: Reply) -> str:
+        """``tool_calls`` for whole calls; a reply cut inside one ends as it was cut."""
+        whole = answer.calls and not answer.cut_in_a_call
+        return self.calls.finish if whole else OPENAI_FINISH[result.finish_reason]
 
     def _chat_logprobs(self, entries: Sequence[TokenLogprob] | None) -> dict[str, Any] | None:
         """Chat's ``logprobs`` for ``entries``, where the request asked (else None)."""
@@ -200,12 +212,6 @@ async def merged(streams: Sequence[AsyncIterator[str]]) -> AsyncGenerator[str, N
     finally:
         for task in pumps:
             task.cancel()
-
-
-def _finish(result: GenerationResult, answer: Reply) -> str:
-    """``tool_calls`` for whole calls; a reply cut inside one ends as it was cut."""
-    whole = answer.calls and not answer.cut_in_a_call
-    return "tool_calls" if whole else OPENAI_FINISH[result.finish_reason]
 
 
 def _usage(results: Sequence[GenerationResult]) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from semantic.adapters.http.common import (
 )
 from semantic.adapters.http.identity import identity
 from semantic.adapters.http.openai_bodies import ReplyBodies
+from semantic.adapters.http.openai_functions import FUNCTION_CALL, FunctionHistory, function_use
 from semantic.adapters.http.openai_logprobs import (
     chat_logprobs_asked,
     completion_logprobs_asked,
@@ -31,10 +32,7 @@ from semantic.adapters.http.openai_schemas import (
     CompletionRequest,
     SamplingFields,
 )
-from semantic.adapters.http.openai_tools import (
-    history_calls,
-    openai_tool_use,
-)
+from semantic.adapters.http.openai_tools import TOOL_CALLS, history_calls, openai_tool_use
 from semantic.adapters.http.retention_hints import cache_key_agent, openai_hints
 from semantic.adapters.http.state import Services
 from semantic.adapters.http.strict_body import StrictBody
@@ -53,6 +51,7 @@ from semantic.application.chat.chat_reply import ChatOutcome, ChatReply
 from semantic.application.chat.chat_turn import ChatAsk
 from semantic.domain.chat import ChatMessage, check_tool_answers
 from semantic.domain.errors import InvalidRequestError
+from semantic.domain.tools import ToolUse
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16
 """OpenAI's default for legacy completions (chat replies run to the end of the turn)."""
@@ -95,7 +94,10 @@ class OpenAIController(Controller):
             raise InvalidRequestError(
                 "give max_tokens or max_completion_tokens, not both", param="max_tokens"
             )
-        messages = tuple(_chat_message(message) for message in data.messages)
+        functions = FunctionHistory()
+        messages = tuple(
+            _chat_message(message, functions, place) for place, message in enumerate(data.messages)
+        )
         if not messages:
             raise InvalidRequestError("messages must not be empty", param="messages")
         check_tool_answers(messages)
@@ -104,14 +106,15 @@ class OpenAIController(Controller):
             request,
             data,
             messages=messages,
-            tools=openai_tool_use(data.tools, data.tool_choice, data.parallel_tool_calls),
+            tools=_tool_use(data),
             json_schema=response_schema(data.response_format),
             max_tokens=data.max_tokens if newer is None else newer,
             logprobs=chat_logprobs_asked(data.logprobs, data.top_logprobs),
         )
         replies = await _started(found, ask, data.n or 1)
         pieces = pieces_for(ask.logprobs, found.chats.token_piece)
-        bodies = ReplyBodies("chatcmpl", "chat.completion", found.model_id, pieces)
+        calls = FUNCTION_CALL if data.functions else TOOL_CALLS
+        bodies = ReplyBodies("chatcmpl", "chat.completion", found.model_id, pieces, calls)
         if data.stream:
             usage = bool(data.stream_options and data.stream_options.include_usage)
             return sse(bodies.chat_chunks(replies, usage), _closing(replies))
@@ -178,14 +181,9 @@ def _check_completion_only(data: CompletionRequest) -> None:
 def _check_chat_only(data: ChatCompletionRequest) -> None:
     """Chat fields this server has no use for are fine at their neutral values only."""
     must_default(data.prediction, None, "prediction")
-    if data.functions:
-        raise InvalidRequestError("functions are not supported; use tools", param="functions")
     if data.max_completion_tokens is not None and data.max_completion_tokens < 1:
         message = f"max_completion_tokens must be at least 1, got {data.max_completion_tokens}"
         raise InvalidRequestError(message, param="max_completion_tokens")
-    if data.function_call not in (None, "none", "auto"):
-        message = "function_call is not supported; use tools and tool_choice"
-        raise InvalidRequestError(message, param="function_call")
     for unused, name in (
         (data.reasoning_effort, "reasoning_effort"),
         (data.audio, "audio"),
@@ -197,19 +195,35 @@ def _check_chat_only(data: ChatCompletionRequest) -> None:
         raise InvalidRequestError("only the 'text' modality is supported", param="modalities")
 
 
-def _chat_message(message: ChatMessageIn) -> ChatMessage:
+def _tool_use(data: ChatCompletionRequest) -> ToolUse | None:
+    """``tools``, or the older ``functions`` (one call a reply); not both."""
+    if not data.functions:
+        if data.function_call not in (None, "none", "auto"):
+            raise InvalidRequestError(
+                "function_call names a function: give functions", param="function_call"
+            )
+        return openai_tool_use(data.tools, data.tool_choice, data.parallel_tool_calls)
+    if data.tools:
+        raise InvalidRequestError("give tools or the older functions, not both", param="functions")
+    return function_use(data.functions, data.function_call)
+
+
+def _chat_message(message: ChatMessageIn, functions: FunctionHistory, place: int) -> ChatMessage:
     """A history message as the model reads it. A reply sent back as OpenAI's SDKs dump it
-    carries null tool and audio fields; only a non-empty one asks for what is missing."""
-    if message.role not in ("system", "developer", "user", "assistant", "tool"):
+    carries null tool and audio fields; only a non-empty one asks for what is missing. The
+    older API's function calls and results are read as tool calls and results."""
+    if message.role not in ("system", "developer", "user", "assistant", "tool", "function"):
         raise InvalidRequestError(
             f"message role {message.role!r} is not supported", param="messages"
         )
-    if message.function_call:
+    if (message.tool_calls or message.function_call) and message.role != "assistant":
         raise InvalidRequestError(
-            "messages with function_call are not supported; use tool_calls", param="messages"
+            "only assistant messages have tool_calls or a function_call", param="messages"
         )
-    if message.tool_calls and message.role != "assistant":
-        raise InvalidRequestError("only assistant messages have tool_calls", param="messages")
+    if message.tool_calls and message.function_call:
+        raise InvalidRequestError(
+            "an assistant message has tool_calls or a function_call, not both", param="messages"
+        )
     if message.audio is not None:
         raise InvalidRequestError("messages with audio are not supported", param="messages")
     if (message.role == "tool") != (message.tool_call_id is not None):
@@ -220,7 +234,9 @@ def _chat_message(message: ChatMessageIn) -> ChatMessage:
     text = joined_text(message.content, "content part", refusal_ok=message.role == "assistant")
     if message.role == "tool":
         return ChatMessage("tool", text, tool_call_id=message.tool_call_id)
-    calls = history_calls(message.tool_calls or [])
+    if message.role == "function":
+        return functions.result(message, text)
+    calls = history_calls(message.tool_calls or []) or functions.call(message, place)
     return dataclasses.replace(chat(message.role, text or message.refusal or ""), tool_calls=calls)
 
 

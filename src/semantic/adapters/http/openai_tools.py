@@ -4,6 +4,8 @@ and the calls of a reply (``message.tool_calls``, and their stream deltas)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from semantic.application.chat.generation import TextDelta
@@ -114,3 +116,19 @@ def reply_delta(event: ReplyEvent) -> dict[str, Any]:
         }
         return {"tool_calls": [opened]}
     return {"tool_calls": [{"index": event.index, "function": {"arguments": event.text}}]}
+
+
+@dataclass(frozen=True, slots=True)
+class CallShape:
+    """How a chat reply writes its calls: its finish reason when they are whole, the
+    message's fields, and each piece streamed (``tool_calls``, or the older API's
+    ``function_call``, ``openai_functions``)."""
+
+    finish: str
+    message: Callable[[Sequence[Call]], dict[str, Any]]
+    delta: Callable[[ReplyEvent], dict[str, Any]]
+
+
+TOOL_CALLS = CallShape(
+    "tool_calls", lambda calls: {"tool_calls": [call_entry(c) for c in calls]}, reply_delta
+)
