@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from semantic.adapters.cli.main import _parser, main
+from semantic.domain.errors import InvalidRequestError
 
 
 def refused(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
@@ -152,3 +153,17 @@ def test_weights_auto_leaves_the_format_to_the_model_source() -> None:
     from semantic.config import Settings
 
     assert weight_format(Settings()) is None
+
+
+def test_a_disk_quota_below_one_block_of_the_model_is_refused_at_start() -> None:
+    """Known once the model is: a namespace's quota is held to one block, so is the
+    disk's (``--disk-quota-mb 1`` kept nothing on disk, silently)."""
+    from semantic.bootstrap.services import _disk_quota
+    from semantic.config import Settings
+    from semantic.domain.cache_spec import ModelCacheSpec
+
+    spec = ModelCacheSpec(30, 3, 64, 64, "float32", (None,) * 30)  # SmolLM2's: 11.2 MiB a block
+    with pytest.raises(InvalidRequestError, match=r"--disk-quota-mb 1 is less than one KV block"):
+        _disk_quota(Settings(disk_quota_bytes=1 << 20), spec)
+    assert _disk_quota(Settings(disk_quota_bytes=12 << 20), spec) == 12 << 20
+    assert _disk_quota(Settings(), spec) is None

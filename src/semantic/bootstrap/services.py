@@ -54,7 +54,8 @@ from semantic.bootstrap.prefault import RESERVE_WAIT_S, prefault_work
 from semantic.config import Settings
 from semantic.domain.block_pool import BlockPool
 from semantic.domain.cache_spec import ModelCacheSpec
-from semantic.domain.quotas import NamespaceQuotas
+from semantic.domain.errors import InvalidRequestError
+from semantic.domain.quotas import MIB, NamespaceQuotas
 from semantic.ports.observer import GenerationObserver
 
 log = logging.getLogger(__name__)
@@ -154,6 +155,19 @@ async def _start_services(
         observer=observer,
         data_dir=data_dir,
     )
+
+
+def _disk_quota(settings: Settings, spec: ModelCacheSpec) -> int | None:
+    """``--disk-quota-mb``, at least one block of this model (a namespace's quota is held
+    to that too): a quota that cannot hold one block would keep nothing on disk."""
+    quota, smallest = settings.disk_quota_bytes, spec.block_bytes * spec.n_layers
+    if quota is not None and quota < smallest:
+        raise InvalidRequestError(
+            f"--disk-quota-mb {quota / MIB:g} is less than one KV block of this model "
+            f"({smallest / MIB:.1f} MiB)",
+            param="disk_quota_mb",
+        )
+    return quota
 
 
 def _quotas(settings: Settings, spec: ModelCacheSpec) -> NamespaceQuotas:
@@ -299,7 +313,7 @@ def _cache_store(
         MlxHostCodec(settings.kv_at_rest, restore_buffers, host),
     )
     config = CacheConfig(
-        disk_quota_bytes=settings.disk_quota_bytes,
+        disk_quota_bytes=_disk_quota(settings, spec),
         disk_reserve_bytes=settings.disk_reserve_bytes,
         eviction=settings.eviction,
         quotas=_quotas(settings, spec),
