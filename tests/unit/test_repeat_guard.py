@@ -41,3 +41,10 @@ def test_a_token_spanning_a_calls_end_and_the_separator_does_not_hide_a_repeat()
     head, tail = CALL_A[:-13], CALL_A[-13:]
     spanning = [(head, False), (tail + "\n", False), (head, False), (tail, True)]
     assert fed(spanning).repeated is True
+
+
+def test_a_reply_of_the_formats_json_is_no_call_and_no_error() -> None:
+    """Tools beside a response format: a reply that is the format's JSON becomes accepting
+    with no call trigger in it (it raised ``zip() argument 2 is longer``: a 500)."""
+    guard = fed([('{"answer": ', False), ('"Paris"}', True), ("\n", False), (" ", True)])
+    assert guard.repeated is False

@@ -59,8 +59,11 @@ class RepeatGuard:
         self._was_accepting = accepting
 
     def _calls_in(self, text: bytes, start: int) -> list[bytes]:
-        """The calls that begin at or after ``start``, each up to the next."""
+        """The calls that begin at or after ``start``, each up to the next (none where the
+        reply is the format's JSON, which ends accepting too, with no trigger in it)."""
         starts = sorted({at for trigger in self._triggers for at in _found(text, trigger, start)})
+        if not starts:
+            return []
         ends = [*starts[1:], len(text)]
         return [text[a:b].strip() for a, b in zip(starts, ends, strict=True)]
 
