@@ -385,7 +385,7 @@ def test_a_reply_sent_back_as_the_sdk_dumps_it_continues_the_conversation(
         json={"model": "default", "max_tokens": 1, "messages": [asked, dumped, more]},
     )
     assert refused.status_code == 400  # a call without its arguments
-    assert "arguments must be a JSON object" in refused.json()["error"]["message"]
+    assert "arguments must be a string" in refused.json()["error"]["message"]
 
 
 def test_content_parts_are_read_as_text_or_refused_by_their_kind(server: ServerProcess) -> None:

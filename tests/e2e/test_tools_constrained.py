@@ -231,6 +231,14 @@ def test_the_older_function_calling_round_trips_as_clients_written_for_it_send_i
         client.chat.completions.create(**{**ask, "messages": orphan}, max_tokens=5)
 
 
+def is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
 def test_a_constrained_call_cut_by_max_tokens_ends_as_length(server: ServerProcess) -> None:
     """Cut before the tool's name: no call, and none of its markup as text, streamed or
     not. Cut inside the arguments: the call as far as it came, streamed and not streamed
@@ -259,6 +267,21 @@ def test_a_constrained_call_cut_by_max_tokens_ends_as_length(server: ServerProce
     assert [p.function.name for p in pieces if p.id] == ["get_weather"]
     assert "".join(p.function.arguments or "" for p in pieces) == call.function.arguments
     assert chunks[-1].choices[0].finish_reason == "length"
+    assert not is_json(call.function.arguments)  # cut, as it is sent back: an opaque string
+    result = {"role": "tool", "tool_call_id": call.id, "content": "error: the call was cut"}
+    history = [*body["messages"], late.message.model_dump(exclude_none=True), result]
+    resent = client.chat.completions.create(**{**body, "messages": history}, max_tokens=5)
+    assert resent.choices[0].finish_reason in ("length", "tool_calls", "stop")
+    flat: Any = [{"type": "function", **t["function"]} for t in TOOLS]
+    asked: Any = [{"role": "user", "content": "Weather in Oslo?"}]
+    ask: dict[str, Any] = {"model": "default", "tools": flat, "tool_choice": "required"}
+    first = client.responses.create(**ask, input=asked, max_output_tokens=24, store=False)
+    assert first.status == "incomplete"
+    [item] = [i for i in first.output if i.type == "function_call"]
+    answered: Any = {"type": "function_call_output", "call_id": item.call_id, "output": "cut"}
+    stateless: Any = [*asked, item.model_dump(exclude_none=True), answered]
+    again = client.responses.create(**ask, input=stateless, max_output_tokens=16, store=False)
+    assert again.status in ("completed", "incomplete")
     cut = anthropic.Anthropic(base_url=server.url, api_key="unused").messages.create(
         model="default",
         max_tokens=6,

@@ -152,12 +152,12 @@ def check_object_schema(schema: object, what: str, field: str, *, strict: bool) 
         check_schema(loosened(schema), what, field)
 
 
-def is_json_object(text: str) -> bool:
-    """Whether ``text`` is a JSON object (a call's arguments sent back must be one)."""
-    try:
-        return isinstance(json.loads(text), dict)
-    except ValueError:
-        return False
+def sent_back(arguments: str) -> str:
+    """A call's arguments as a client sends them back in the history: the text it got,
+    whatever it holds (OpenAI reads it as an opaque string; a call cut by ``max_tokens``
+    comes back cut, and the OpenAI Agents SDK sends it so), and ``{}`` for the empty text
+    some clients send for a tool without parameters."""
+    return arguments if arguments.strip() else "{}"
 
 
 def same_arguments(left: str, right: str) -> bool:

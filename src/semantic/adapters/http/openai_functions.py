@@ -20,7 +20,7 @@ from semantic.domain.tools import (
     ToolChoice,
     ToolUse,
     checked_tools,
-    is_json_object,
+    sent_back,
     tool_use,
 )
 
@@ -78,14 +78,14 @@ class FunctionHistory:
             raise InvalidRequestError(
                 "an assistant message's function_call needs its name", param="messages"
             )
-        if not isinstance(arguments, str) or not is_json_object(arguments):
+        if not isinstance(arguments, str):
             raise InvalidRequestError(
-                "an assistant message's function_call.arguments must be a JSON object as a string",
+                "an assistant message's function_call.arguments must be a string",
                 param="messages",
             )
         call_id = f"call_fn_{place}"
         self._latest[name] = call_id
-        return (ToolCall(call_id, name, arguments),)
+        return (ToolCall(call_id, name, sent_back(arguments)),)
 
     def result(self, message: ChatMessageIn, text: str) -> ChatMessage:
         """A ``function`` message: the result of the latest call of its ``name``."""

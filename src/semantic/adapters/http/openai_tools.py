@@ -16,7 +16,7 @@ from semantic.domain.tools import (
     ToolChoice,
     ToolUse,
     checked_tools,
-    is_json_object,
+    sent_back,
     tool_use,
 )
 
@@ -86,11 +86,9 @@ def history_calls(raw: list[dict[str, Any]]) -> tuple[ToolCall, ...]:
         call_id, name, arguments = call.get("id"), function.get("name"), function.get("arguments")
         if not isinstance(call_id, str) or not call_id or not isinstance(name, str):
             raise InvalidRequestError(f"{where} needs its 'id' and name", param="messages")
-        if not isinstance(arguments, str) or not is_json_object(arguments):
-            raise InvalidRequestError(
-                f"{where}: arguments must be a JSON object as a string", param="messages"
-            )
-        calls.append(ToolCall(call_id, name, arguments))
+        if not isinstance(arguments, str):
+            raise InvalidRequestError(f"{where}: arguments must be a string", param="messages")
+        calls.append(ToolCall(call_id, name, sent_back(arguments)))
     return tuple(calls)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from semantic.application.agents.values import CommittedReply
 from semantic.domain.errors import InvalidRequestError
 from semantic.domain.generation import LIMITS
-from semantic.domain.tools import is_json_object
+from semantic.domain.tools import sent_back
 from semantic.ports.metadata_store import MessageRecord
 
 _TEXT_PARTS = {"input_text", "output_text", "text", "refusal"}
@@ -64,11 +64,8 @@ def _item(item: object, where: str, field: str) -> dict[str, Any]:
         for key in ("call_id", "name", "arguments"):
             if not isinstance(item.get(key), str):
                 raise InvalidRequestError(f"{where}: a function_call needs {key!r}", param=field)
-        if not is_json_object(item["arguments"]):  # a call cut short (status incomplete), say
-            raise InvalidRequestError(
-                f"{where}: a function_call's arguments must be a JSON object", param=field
-            )
-        return {"status": "completed", **item, "id": _given_id(item)}
+        arguments = sent_back(item["arguments"])  # a call cut short (incomplete) too
+        return {"status": "completed", **item, "arguments": arguments, "id": _given_id(item)}
     if kind == "function_call_output":
         if not isinstance(item.get("call_id"), str):
             raise InvalidRequestError(

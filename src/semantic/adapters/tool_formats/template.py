@@ -45,13 +45,22 @@ def _message(message: ChatMessage) -> dict[str, Any]:
             {
                 "id": call.id,
                 "type": "function",
-                "function": {"name": call.name, "arguments": json.loads(call.arguments)},
+                "function": {"name": call.name, "arguments": _arguments(call.arguments)},
             }
             for call in message.tool_calls
         ]
     if message.tool_call_id is not None:
         out["tool_call_id"] = message.tool_call_id
     return out
+
+
+def _arguments(text: str) -> Any:
+    """A call's arguments as the template takes them: their JSON value, or the text itself
+    where it is none (a call cut by a limit, sent back as it was cut)."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 def _function(tool: Tool) -> dict[str, Any]:
