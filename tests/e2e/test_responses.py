@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import openai
@@ -190,6 +190,33 @@ def test_a_conversation_keeps_its_items_in_order(server: ServerProcess) -> None:
     api.conversations.delete(conversation.id)
     with pytest.raises(openai.NotFoundError):
         ask(server, "Hello?", conversation=conversation.id)
+
+
+def test_a_call_result_without_its_call_never_breaks_a_conversation(
+    server: ServerProcess,
+) -> None:
+    """A ``function_call_output`` added alone is refused at once, naming ``items``; one
+    whose call was deleted since is left out of what the next response reads (it failed
+    every response after it, naming an ``input`` index no request held)."""
+    api = client(server)
+    call = {"type": "function_call", "call_id": "call_a", "name": "f", "arguments": "{}"}
+    result = {"type": "function_call_output", "call_id": "call_a", "output": "x"}
+    asked = {"type": "message", "role": "user", "content": "hi"}
+    conversation = api.conversations.create(items=cast("Any", [asked, call, result]))
+    with pytest.raises(openai.BadRequestError, match="answers no function_call") as refused:
+        api.conversations.items.create(
+            conversation.id, items=cast("Any", [{**result, "call_id": "call_nope"}])
+        )
+    assert refused.value.param == "items"
+    with pytest.raises(openai.BadRequestError, match="answers no function_call"):
+        api.conversations.create(items=cast("Any", [asked, result]))
+    items = api.conversations.items.list(conversation.id, order="asc").data
+    [made] = [i for i in items if i.type == "function_call"]
+    api.conversations.items.delete(made.id, conversation_id=conversation.id)
+    assert ask(server, "Again?", conversation=conversation.id).status in (
+        "completed",
+        "incomplete",
+    )
 
 
 def _refused(server: ServerProcess, body: dict[str, Any]) -> dict[str, Any]:

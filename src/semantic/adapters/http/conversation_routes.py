@@ -12,7 +12,13 @@ from litestar.datastructures import State
 
 from semantic.adapters.http.common import services
 from semantic.adapters.http.identity import checked_id, identity
-from semantic.adapters.http.responses_items import fresh_id, input_items, new_id, page
+from semantic.adapters.http.responses_items import (
+    fresh_id,
+    input_items,
+    new_id,
+    page,
+    unanswerable,
+)
 from semantic.adapters.http.responses_schemas import (
     AddItems,
     CreateConversation,
@@ -20,6 +26,7 @@ from semantic.adapters.http.responses_schemas import (
 )
 from semantic.adapters.http.strict_body import StrictBody
 from semantic.application.agents.responses import CONVERSATION, ITEM
+from semantic.domain.errors import InvalidRequestError
 from semantic.ports.object_store import StoredObject
 
 
@@ -38,7 +45,7 @@ class ConversationController(Controller):
             "created_at": int(time.time()),
             "metadata": data.metadata or {},
         }
-        items = _fresh(input_items(data.items, "items")) if data.items else []
+        items = _answered(_fresh(input_items(data.items, "items")) if data.items else [], [])
         kept = [StoredObject(CONVERSATION, conversation_id, json.dumps(conversation))]
         kept += _item_objects(conversation_id, items)
         await services(state).responses.put(identity(request).namespace, kept)
@@ -100,7 +107,10 @@ class ConversationController(Controller):
     ) -> dict[str, Any]:
         service, namespace = services(state).responses, identity(request).namespace
         await service.conversation(namespace, _id(conversation_id))
-        items = _fresh(input_items(data.items, "items"))
+        stored = await service.conversation_items(namespace, conversation_id)
+        items = _answered(
+            _fresh(input_items(data.items, "items")), [json.loads(o.body) for o in stored]
+        )
         await service.put(namespace, _item_objects(conversation_id, items))
         return {
             "object": "list",
@@ -141,3 +151,16 @@ def _item_objects(conversation_id: str, items: list[dict[str, Any]]) -> list[Sto
 
 def _id(value: str) -> str:
     return checked_id(value, "id")
+
+
+def _answered(items: list[dict[str, Any]], stored: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``items``, refused where a ``function_call_output`` answers no call of the
+    conversation: kept, it would fail every response in the conversation after it."""
+    orphans = unanswerable(items, stored)
+    if orphans:
+        raise InvalidRequestError(
+            f"items: the function_call_output for call_id {orphans[0]!r} answers no "
+            "function_call of this conversation",
+            param="items",
+        )
+    return items

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from semantic.application.agents.values import CommittedReply
@@ -117,6 +118,32 @@ def _joined(content: object, where: str, field: str) -> str:
             raise InvalidRequestError(f"{where}.content[{index}] needs its text", param=field)
         texts.append(text)
     return "".join(texts)
+
+
+def unanswerable(
+    items: Sequence[dict[str, Any]], before: Sequence[dict[str, Any]] = ()
+) -> list[str]:
+    """The call ids of the ``function_call_output`` items among ``items`` that answer no
+    ``function_call`` before them (in ``before``, then in ``items``)."""
+    called = {i["call_id"] for i in before if i["type"] == "function_call"}
+    orphans = []
+    for item in items:
+        if item["type"] == "function_call":
+            called.add(item["call_id"])
+        elif item["type"] == "function_call_output" and item["call_id"] not in called:
+            orphans.append(item["call_id"])
+    return orphans
+
+
+def stored_messages(items: list[dict[str, Any]]) -> tuple[MessageRecord, ...]:
+    """A conversation's stored items as the transcript holds them, less a result whose
+    call is gone (its item deleted since): what the next response reads must not fail on
+    an item no request holds, and that the client may not find."""
+    orphans = set(unanswerable(items))
+    answered = [
+        i for i in items if i["type"] != "function_call_output" or i["call_id"] not in orphans
+    ]
+    return item_messages(answered)
 
 
 def item_messages(items: list[dict[str, Any]]) -> tuple[MessageRecord, ...]:

@@ -28,6 +28,7 @@ from semantic.adapters.http.responses_items import (
     new_id,
     output_items,
     page,
+    stored_messages,
 )
 from semantic.adapters.http.responses_schemas import ResponseRequest
 from semantic.adapters.http.responses_stream import ResponseEvents
@@ -77,7 +78,7 @@ class ResponsesController(Controller):
             data.instructions,
             data.previous_response_id,
             conversation,
-            item_messages(history),
+            stored_messages(history),
             tuple(i["id"] for i in history),
             data.store is not False,
             truncate=data.truncation == "auto",
