@@ -169,6 +169,8 @@ def test_a_conversation_keeps_its_items_in_order(server: ServerProcess) -> None:
         "Where do I live?",
         reply.output_text,
     ]
+    assert items[3]["id"] == reply.output[0].id  # the reply's item, under its own id
+    assert api.conversations.items.retrieve(reply.output[0].id, conversation_id=conversation.id)
     first_page = api.conversations.items.with_raw_response.list(
         conversation.id, limit=2, order="asc"
     ).http_response.json()

@@ -182,10 +182,10 @@ class _Body:
         kept += [
             StoredObject(INPUT_ITEM, f"{rid}/{i['id']}", json.dumps(i), rid) for i in self.items
         ]
-        if self.conversation is not None:
-            for item in [*self.items, *output]:
-                fresh = {**item, "id": fresh_id(item)}
-                kept.append(StoredObject(ITEM, fresh["id"], json.dumps(fresh), self.conversation))
+        if self.conversation is not None:  # input items anew (a client's id may be taken);
+            fresh = [{**item, "id": fresh_id(item)} for item in self.items]  # output's its own
+            for item in [*fresh, *output]:
+                kept.append(StoredObject(ITEM, item["id"], json.dumps(item), self.conversation))
         return kept
 
     def _shape(
