@@ -31,7 +31,8 @@ def checked_max_tokens(prompt: Sequence[int], max_tokens: int | None, limits: Li
     wanted = limits.default_max_tokens if max_tokens is None else max_tokens
     if not 0 < wanted <= limits.max_tokens_cap:
         raise InvalidRequestError(
-            f"max_tokens must be between 1 and {limits.max_tokens_cap}, got {wanted}",
+            f"max_tokens must be between 1 and {limits.max_tokens_cap} (this server's cap, "
+            f"its --max-tokens-cap), got {wanted}",
             param="max_tokens",
         )
     _check_prompt(prompt, limits)
