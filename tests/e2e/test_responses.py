@@ -121,12 +121,14 @@ def test_a_deleted_response_and_another_namespace_are_404(server: ServerProcess)
     other = client(server, **{"X-Namespace": "elsewhere"})
     with pytest.raises(openai.NotFoundError):
         other.responses.retrieve(first.id)
-    with pytest.raises(openai.NotFoundError):
+    with pytest.raises(openai.BadRequestError):  # OpenAI's 400, as below
         other.responses.create(model="default", input="Hi", previous_response_id=first.id)
     client(server).responses.delete(first.id)
-    with pytest.raises(openai.NotFoundError) as missing:
+    with pytest.raises(openai.BadRequestError) as missing:
         ask(server, "And another?", previous_response_id=first.id)
-    assert missing.value.body["param"] == "previous_response_id"  # type: ignore[index]  # the SDK types body as object
+    assert missing.value.code == "previous_response_not_found"  # what clients recover by
+    assert missing.value.param == "previous_response_id"
+    assert "- Previous response with id 'resp_" in missing.value.message
     with pytest.raises(openai.NotFoundError):
         client(server).responses.retrieve(first.id)
 

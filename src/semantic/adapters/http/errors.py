@@ -130,6 +130,8 @@ def problem_for(error: Exception) -> Problem:
                 else "invalid_request"
             )
             return Problem(400, kind, str(error), error.param)
+        case ObjectNotFoundError() if error.param == "previous_response_id":
+            return _no_previous_response(error)
         case QueueFullError() | AgentBusyError():
             return _retry_later(error)
         case PoolExhaustedError() | NoRoomCameError():
@@ -165,6 +167,14 @@ def _unreadable(error: Exception) -> Problem:
             return Problem(400, "invalid_request", f"the request body is not valid UTF-8: {error}")
     log.exception("unexpected error", exc_info=error)
     return Problem(500, "internal_error", "internal server error")
+
+
+def _no_previous_response(error: ObjectNotFoundError) -> Problem:
+    """OpenAI's answer to a ``previous_response_id`` it does not hold: a 400 with
+    ``previous_response_not_found``, the code clients recover by (sending the whole
+    history instead), not a 404."""
+    said = str(error).replace("response ", "Previous response with id ", 1)
+    return Problem(400, "previous_response_not_found", said, error.param)
 
 
 def _retry_later(error: QueueFullError | AgentBusyError) -> Problem:

@@ -197,7 +197,7 @@ class _Body:
             u = reply.usage
             usage = {
                 "input_tokens": u.prompt_tokens,
-                "input_tokens_details": {"cached_tokens": u.cached_tokens},
+                "input_tokens_details": {"cached_tokens": u.cached_tokens, "cache_write_tokens": 0},
                 "output_tokens": u.completion_tokens,
                 "output_tokens_details": {"reasoning_tokens": 0},
                 "total_tokens": u.prompt_tokens + u.completion_tokens,
@@ -207,6 +207,7 @@ class _Body:
             "id": self.response_id,
             "object": "response",
             "created_at": self.created_at,
+            "completed_at": int(time.time()) if status == "completed" else None,
             "status": status,
             "background": False,
             "error": None,
@@ -230,6 +231,10 @@ class _Body:
             "usage": usage,
             "metadata": data.metadata or {},
             "user": data.user,
+            "prompt_cache_key": data.prompt_cache_key,
+            "prompt_cache_retention": data.prompt_cache_retention,
+            "safety_identifier": data.safety_identifier,
+            "max_tool_calls": data.max_tool_calls,
         }
 
 
