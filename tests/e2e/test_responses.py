@@ -251,6 +251,8 @@ def test_bad_input_is_refused_by_name(server: ServerProcess) -> None:
             "conversation",
             "not both",
         ),
+        ({"input": "Hi", "metadata": {f"k{i}": "v" for i in range(17)}}, "metadata", "<= 16"),
+        ({"input": "Hi", "metadata": {"k": "v" * 513}}, "metadata[...]", "<= 512"),
     ]
     for body, param, named in cases:
         if isinstance(body["input"], list) and body["input"] and body["input"][0] == "Hi":
@@ -264,3 +266,7 @@ def test_bad_input_is_refused_by_name(server: ServerProcess) -> None:
         timeout=60,
     )
     assert missing.status_code == 404
+    many = [{"type": "message", "role": "user", "content": "hi"}] * 21
+    too_many = httpx.post(f"{server.url}/v1/conversations", json={"items": many})
+    assert too_many.status_code == 400
+    assert too_many.json()["error"]["param"] == "items"

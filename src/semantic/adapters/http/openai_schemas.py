@@ -8,9 +8,15 @@ is told so by name (``tools are not supported``), not that its field is unknown.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
+
+Metadata = Annotated[
+    dict[Annotated[str, msgspec.Meta(max_length=64)], Annotated[str, msgspec.Meta(max_length=512)]],
+    msgspec.Meta(max_length=16),
+]
+"""OpenAI's ``metadata``: at most 16 pairs, keys up to 64 characters, values up to 512."""
 
 
 class ContentPart(msgspec.Struct, forbid_unknown_fields=True):
@@ -66,7 +72,7 @@ class SamplingFields(msgspec.Struct, forbid_unknown_fields=True):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
-    metadata: dict[str, str] | None = None
+    metadata: Metadata | None = None
     """Bookkeeping for the client's own records (as ``user``, ``store``, ``service_tier``
     and ``safety_identifier``): accepted and not acted on. ``prompt_cache_key`` names the
     request's agent where ``X-Agent-Id`` does not, and ``prompt_cache_retention`` sets its

@@ -4,9 +4,14 @@ is fine and one asking for more is refused by name (``responses_routes``)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
+
+from semantic.adapters.http.openai_schemas import Metadata
+
+Items = Annotated[list[Any], msgspec.Meta(max_length=20)]
+"""Items added to a conversation at once: at most 20, as OpenAI takes them."""
 
 
 class ResponseRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -24,7 +29,7 @@ class ResponseRequest(msgspec.Struct, forbid_unknown_fields=True):
     max_output_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
-    metadata: dict[str, str] | None = None
+    metadata: Metadata | None = None
     background: bool | None = None
     truncation: str | None = None
     include: list[str] | None = None
@@ -44,13 +49,13 @@ class ResponseRequest(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class CreateConversation(msgspec.Struct, forbid_unknown_fields=True):
-    items: list[Any] | None = None
-    metadata: dict[str, str] | None = None
+    items: Items | None = None
+    metadata: Metadata | None = None
 
 
 class UpdateConversation(msgspec.Struct, forbid_unknown_fields=True):
-    metadata: dict[str, str] | None = None
+    metadata: Metadata | None = None
 
 
 class AddItems(msgspec.Struct, forbid_unknown_fields=True):
-    items: list[Any]
+    items: Items
