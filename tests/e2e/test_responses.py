@@ -252,6 +252,7 @@ def test_bad_input_is_refused_by_name(server: ServerProcess) -> None:
             "not both",
         ),
         ({"input": "Hi", "metadata": {f"k{i}": "v" for i in range(17)}}, "metadata", "<= 16"),
+        ({"input": "Hi", "include": ["bogus.value"]}, "include", "'bogus.value' is not one of"),
         ({"input": "Hi", "metadata": {"k": "v" * 513}}, "metadata[...]", "<= 512"),
     ]
     for body, param, named in cases:
@@ -270,3 +271,8 @@ def test_bad_input_is_refused_by_name(server: ServerProcess) -> None:
     too_many = httpx.post(f"{server.url}/v1/conversations", json={"items": many})
     assert too_many.status_code == 400
     assert too_many.json()["error"]["param"] == "items"
+    quiet: Any = {"input": "Hi", "max_output_tokens": 2, "include": ["reasoning.encrypted_content"]}
+    made = client(server).responses.create(model="default", **quiet)  # what Codex sends
+    streamed = httpx.get(f"{server.url}/v1/responses/{made.id}", params={"stream": "true"})
+    assert streamed.status_code == 400  # not an empty stream
+    assert streamed.json()["error"]["param"] == "stream"

@@ -103,8 +103,20 @@ class ResponsesController(Controller):
 
     @get("/{response_id:str}")
     async def get_response(
-        self, request: Request[Any, Any, Any], response_id: str, state: State
+        self,
+        request: Request[Any, Any, Any],
+        response_id: str,
+        state: State,
+        stream: bool | None = None,
     ) -> dict[str, Any]:
+        """The stored response; ``stream=true`` is OpenAI's for background responses,
+        which are not served, so it is refused rather than answered with nothing."""
+        if stream:
+            raise InvalidRequestError(
+                "stream: a response streams as it is created; retrieve a stored one whole "
+                "(background responses are not served)",
+                param="stream",
+            )
         service = services(state).responses
         stored = await service.response(identity(request).namespace, _id(response_id))
         body: dict[str, Any] = json.loads(stored.body)
@@ -312,6 +324,29 @@ def _check_unserved(data: ResponseRequest) -> None:
         raise InvalidRequestError("max_output_tokens must be at least 1", param="max_output_tokens")
     if data.previous_response_id is not None:
         checked_id(data.previous_response_id, "previous_response_id")
+    unknown = sorted(set(data.include or ()) - INCLUDABLE)
+    if unknown:
+        raise InvalidRequestError(
+            f"include: {unknown[0][:64]!r} is not one of {', '.join(sorted(INCLUDABLE))}",
+            param="include",
+        )
+
+
+INCLUDABLE = frozenset(
+    {
+        "message.output_text.logprobs",
+        "reasoning.encrypted_content",
+        "file_search_call.results",
+        "web_search_call.results",
+        "web_search_call.action.sources",
+        "message.input_image.image_url",
+        "computer_call_output.output.image_url",
+        "code_interpreter_call.outputs",
+    }
+)
+"""OpenAI's ``include`` values: the text's log-probabilities are served; the others name
+items this server never makes (hosted tools, images, encrypted reasoning), so asking for
+them changes nothing, as it would not where no such item comes."""
 
 
 def _turn(data: ResponseRequest, items: list[dict[str, Any]], use: ToolUse | None) -> Turn:
