@@ -276,3 +276,7 @@ def test_bad_input_is_refused_by_name(server: ServerProcess) -> None:
     streamed = httpx.get(f"{server.url}/v1/responses/{made.id}", params={"stream": "true"})
     assert streamed.status_code == 400  # not an empty stream
     assert streamed.json()["error"]["param"] == "stream"
+    for unserved in ("input_tokens", "compact"):  # the SDK's; not a 405 from /{id}
+        answer = httpx.post(f"{server.url}/v1/responses/{unserved}", json={"input": "Hi"})
+        assert answer.status_code == 404
+        assert "no endpoint at POST" in answer.json()["error"]["message"]

@@ -10,6 +10,7 @@ from typing import Any
 
 from litestar import Controller, Request, delete, get, post
 from litestar.datastructures import State
+from litestar.exceptions import NotFoundException
 
 from semantic.adapters.http.common import services, sse, unless_client_leaves
 from semantic.adapters.http.errors import in_own_words
@@ -121,6 +122,13 @@ class ResponsesController(Controller):
         stored = await service.response(identity(request).namespace, _id(response_id))
         body: dict[str, Any] = json.loads(stored.body)
         return body
+
+    @post(["/input_tokens", "/compact"], include_in_schema=False)
+    async def unserved(self) -> None:
+        """The SDK's ``responses.input_tokens.count`` and ``responses.compact``: not served,
+        and said so as an unknown endpoint is (the ``/{response_id}`` routes beside them
+        answered a 405 naming GET and DELETE)."""
+        raise NotFoundException()
 
     @delete("/{response_id:str}", status_code=200)
     async def delete_response(
