@@ -22,6 +22,7 @@ from semantic.adapters.http.openai_logprobs import (
     token_entries,
 )
 from semantic.adapters.http.openai_tools import openai_tool_use
+from semantic.adapters.http.responses_checks import check_unserved
 from semantic.adapters.http.responses_items import (
     fresh_id,
     input_items,
@@ -37,7 +38,7 @@ from semantic.adapters.http.retention_hints import openai_hints
 from semantic.adapters.http.state import Services
 from semantic.adapters.http.strict_body import StrictBody
 from semantic.adapters.http.tool_translate import response_schema
-from semantic.adapters.http.translate import check_model, must_default, sampling
+from semantic.adapters.http.translate import check_model, sampling
 from semantic.application.agents.responses import (
     INPUT_ITEM,
     ITEM,
@@ -66,7 +67,7 @@ class ResponsesController(Controller):
         found = services(state)
         if data.model is not None:
             check_model(data.model, found.model_id)
-        _check_unserved(data)
+        check_unserved(data)
         namespace = identity(request).namespace
         items = input_items(data.input)
         turn = _turn(data, items, _tool_use(data))  # refusals before any read
@@ -315,46 +316,6 @@ async def _last(first: ResponseEvent, rest: AsyncIterator[ResponseEvent]) -> Non
         result = event
     if not isinstance(result, CommittedReply):
         raise SemanticError("the response ended without a reply")
-
-
-def _check_unserved(data: ResponseRequest) -> None:
-    if data.background:
-        raise InvalidRequestError("background responses are not supported", param="background")
-    if data.truncation not in (None, "auto", "disabled"):
-        raise InvalidRequestError("truncation must be 'auto' or 'disabled'", param="truncation")
-    must_default(data.prompt, None, "prompt")
-    must_default(data.context_management or None, None, "context_management")
-    if data.previous_response_id is not None and data.conversation is not None:
-        raise InvalidRequestError(
-            "give previous_response_id or conversation, not both", param="conversation"
-        )
-    if data.max_output_tokens is not None and data.max_output_tokens < 1:
-        raise InvalidRequestError("max_output_tokens must be at least 1", param="max_output_tokens")
-    if data.previous_response_id is not None:
-        checked_id(data.previous_response_id, "previous_response_id")
-    unknown = sorted(set(data.include or ()) - INCLUDABLE)
-    if unknown:
-        raise InvalidRequestError(
-            f"include: {unknown[0][:64]!r} is not one of {', '.join(sorted(INCLUDABLE))}",
-            param="include",
-        )
-
-
-INCLUDABLE = frozenset(
-    {
-        "message.output_text.logprobs",
-        "reasoning.encrypted_content",
-        "file_search_call.results",
-        "web_search_call.results",
-        "web_search_call.action.sources",
-        "message.input_image.image_url",
-        "computer_call_output.output.image_url",
-        "code_interpreter_call.outputs",
-    }
-)
-"""OpenAI's ``include`` values: the text's log-probabilities are served; the others name
-items this server never makes (hosted tools, images, encrypted reasoning), so asking for
-them changes nothing, as it would not where no such item comes."""
 
 
 def _turn(data: ResponseRequest, items: list[dict[str, Any]], use: ToolUse | None) -> Turn:
