@@ -87,16 +87,17 @@ def header_change(value: str) -> dict[str, Any]:
         if not part:
             continue
         name, _, given = (s.strip() for s in part.partition("="))
-        if _HEADER_FIELDS.get(name) in change:
-            raise _bad(HEADER, f"{name} is given twice")
-        if name == "pinned":
-            change["pinned"] = _flag(given or "true")
-        elif name == "priority":
-            change["priority"] = _integer(given, "priority")
-        elif name in ("ttl", "ttl_seconds"):
-            change["ttl_seconds"] = None if given.lower() == "none" else _seconds(given)
-        else:
+        field = _HEADER_FIELDS.get(name)
+        if field is None:
             raise _bad(HEADER, f"unknown retention field {name[:40]!r}; use priority, ttl, pinned")
+        if field in change:
+            raise _bad(HEADER, f"{name} is given twice")
+        if field == "pinned":
+            change[field] = _flag(given or "true")
+        elif field == "priority":
+            change[field] = _integer(given, "priority")
+        else:
+            change[field] = None if given.lower() == "none" else _seconds(given)
     try:
         Retention().changed(change)
     except InvalidRequestError as error:  # out of range: said as the header's

@@ -141,7 +141,8 @@ def problem_for(error: Exception) -> Problem:
         case NotAuthorizedException():
             return Problem(401, "invalid_api_key", "missing or invalid API key")
         case ValidationException() | msgspec.DecodeError() | RecursionError() | UnicodeError():
-            return _unreadable(error)
+            if (unreadable := _unreadable(error)) is not None:
+                return unreadable
         case HTTPException():
             kind = _HTTP_KINDS.get(error.status_code, "http_error")
             return Problem(error.status_code, kind, str(error.detail))
@@ -152,8 +153,8 @@ def problem_for(error: Exception) -> Problem:
     return Problem(500, "internal_error", "internal server error")
 
 
-def _unreadable(error: Exception) -> Problem:
-    """A body that is not JSON, or not the route's shape."""
+def _unreadable(error: Exception) -> Problem | None:
+    """A body that is not JSON, or not the route's shape (None: some other error)."""
     match error:
         case ValidationException():
             return _invalid(_items(error), error.detail)
@@ -165,8 +166,7 @@ def _unreadable(error: Exception) -> Problem:
             return Problem(400, "invalid_request", "the request body is nested too deeply")
         case UnicodeError():
             return Problem(400, "invalid_request", f"the request body is not valid UTF-8: {error}")
-    log.exception("unexpected error", exc_info=error)
-    return Problem(500, "internal_error", "internal server error")
+    return None
 
 
 def _no_previous_response(error: ObjectNotFoundError) -> Problem:

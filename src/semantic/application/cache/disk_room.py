@@ -175,8 +175,8 @@ class DiskRoom:
         async with self.lock:
             for namespace in self._namespaces.limited():
                 await self._namespaces.enforce(namespace, None)
-            over = self._quota is not None
-            if over and await self._block_records.total_block_bytes() > (self._quota or 0):
+            quota = self._quota
+            if quota is not None and await self._block_records.total_block_bytes() > quota:
                 await self.enforce(None, None)
 
     async def enforce(
