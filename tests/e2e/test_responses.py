@@ -276,7 +276,41 @@ def test_bad_input_is_refused_by_name(server: ServerProcess) -> None:
     streamed = httpx.get(f"{server.url}/v1/responses/{made.id}", params={"stream": "true"})
     assert streamed.status_code == 400  # not an empty stream
     assert streamed.json()["error"]["param"] == "stream"
-    for unserved in ("input_tokens", "compact"):  # the SDK's; not a 405 from /{id}
-        answer = httpx.post(f"{server.url}/v1/responses/{unserved}", json={"input": "Hi"})
-        assert answer.status_code == 404
-        assert "no endpoint at POST" in answer.json()["error"]["message"]
+    compact = httpx.post(f"{server.url}/v1/responses/compact", json={"input": "Hi"})
+    assert compact.status_code == 404  # the SDK's; not a 405 from /{id}
+    assert "no endpoint at POST" in compact.json()["error"]["message"]
+
+
+def test_input_tokens_counts_the_prompt_the_response_then_takes(server: ServerProcess) -> None:
+    """``responses.input_tokens.count`` renders the chain, instructions and tools as the
+    response does: its count is the response's ``usage.input_tokens``."""
+    openai = client(server)
+    first = openai.responses.create(model="default", input="Name a colour.", max_output_tokens=4)
+    tool: Any = {
+        "type": "function",
+        "name": "paint",
+        "description": "Paint a wall.",
+        "parameters": {"type": "object", "properties": {"colour": {"type": "string"}}},
+    }
+    asked: Any = {
+        "model": "default",
+        "input": "And another?",
+        "instructions": "Answer in one word.",
+        "previous_response_id": first.id,
+    }
+    plain = openai.responses.input_tokens.count(**asked)
+    with_tool = openai.responses.input_tokens.count(**asked, tools=[tool])
+    assert plain.object == "response.input_tokens"
+    assert with_tool.input_tokens > plain.input_tokens > first.usage.input_tokens
+    made = openai.responses.create(**asked, tools=[tool], max_output_tokens=4)
+    assert made.usage is not None
+    assert made.usage.input_tokens == with_tool.input_tokens
+    gone = httpx.post(
+        f"{server.url}/v1/responses/input_tokens",
+        json={"input": "Hi", "previous_response_id": "resp_missing"},
+    )
+    assert gone.status_code == 400  # as a response on it is refused
+    assert gone.json()["error"]["code"] == "previous_response_not_found"
+    unknown = httpx.post(f"{server.url}/v1/responses/input_tokens", json={"stream": True})
+    assert unknown.status_code == 400
+    assert "stream" in unknown.json()["error"]["message"]

@@ -18,41 +18,30 @@ from semantic.adapters.http.identity import checked_id, identity
 from semantic.adapters.http.openai_logprobs import (
     TokenPieces,
     pieces_for,
-    responses_logprobs_asked,
     token_entries,
 )
-from semantic.adapters.http.openai_tools import openai_tool_use
-from semantic.adapters.http.responses_checks import check_unserved
+from semantic.adapters.http.responses_asks import response_ask
 from semantic.adapters.http.responses_items import (
     fresh_id,
-    input_items,
-    item_messages,
     new_id,
     output_items,
     page,
-    stored_messages,
 )
-from semantic.adapters.http.responses_schemas import ResponseRequest
+from semantic.adapters.http.responses_schemas import InputTokensRequest, ResponseRequest
 from semantic.adapters.http.responses_stream import ResponseEvents
 from semantic.adapters.http.retention_hints import openai_hints
-from semantic.adapters.http.state import Services
 from semantic.adapters.http.strict_body import StrictBody
-from semantic.adapters.http.tool_translate import response_schema
-from semantic.adapters.http.translate import check_model, sampling
 from semantic.application.agents.responses import (
     INPUT_ITEM,
     ITEM,
     RESPONSE,
-    ResponseAsk,
     ResponseEvent,
 )
-from semantic.application.agents.values import CommittedReply, Turn
+from semantic.application.agents.values import CommittedReply
 from semantic.application.chat.generation import GenerationResult
-from semantic.domain.constraints import OutputConstraint
 from semantic.domain.errors import InvalidRequestError, PromptTooLongError, SemanticError
 from semantic.domain.generation import LIMITS
 from semantic.domain.retention import Retention
-from semantic.domain.tools import ToolUse
 from semantic.ports.object_store import StoredObject
 
 
@@ -65,33 +54,16 @@ class ResponsesController(Controller):
         self, request: Request[Any, Any, Any], data: ResponseRequest, state: State
     ) -> Any:
         found = services(state)
-        if data.model is not None:
-            check_model(data.model, found.model_id)
-        check_unserved(data)
         namespace = identity(request).namespace
-        items = input_items(data.input)
-        turn = _turn(data, items, _tool_use(data))  # refusals before any read
-        conversation = _conversation_id(data)
-        history = await _conversation_items(found, namespace, conversation)
-        response_id, message_id = new_id("resp"), new_id("msg")
-        ask = ResponseAsk(
-            response_id,
-            turn,
-            data.instructions,
-            data.previous_response_id,
-            conversation,
-            stored_messages(history),
-            tuple(i["id"] for i in history),
-            data.store is not False,
-            truncate=data.truncation == "auto",
-            retention=_retention(request, data.prompt_cache_retention),
-        )
+        retention = _retention(request, data.prompt_cache_retention)
+        ask, items = await response_ask(found, namespace, data, retention)
+        response_id, turn, message_id = ask.response_id, ask.turn, new_id("msg")
         body = _Body(
             response_id,
             message_id,
             data,
             model=found.model_id,
-            conversation=conversation,
+            conversation=ask.conversation_id,
             items=items,
             pieces=pieces_for(turn.logprobs, found.chats.token_piece),
         )
@@ -124,11 +96,23 @@ class ResponsesController(Controller):
         body: dict[str, Any] = json.loads(stored.body)
         return body
 
-    @post(["/input_tokens", "/compact"], include_in_schema=False)
+    @post("/input_tokens", status_code=200, dto=StrictBody[InputTokensRequest])
+    async def input_tokens(
+        self, request: Request[Any, Any, Any], data: InputTokensRequest, state: State
+    ) -> dict[str, Any]:
+        """How many tokens the response's prompt would hold: its chain or conversation,
+        instructions, tools and format, rendered as a response renders them, no turn run.
+        Counted whole: ``truncation`` would drop the oldest turns only when a turn runs."""
+        found = services(state)
+        namespace = identity(request).namespace
+        ask, _ = await response_ask(found, namespace, data.as_response())
+        counted = await found.responses.input_tokens(namespace, ask)
+        return {"object": "response.input_tokens", "input_tokens": counted}
+
+    @post("/compact", include_in_schema=False)
     async def unserved(self) -> None:
-        """The SDK's ``responses.input_tokens.count`` and ``responses.compact``: not served,
-        and said so as an unknown endpoint is (the ``/{response_id}`` routes beside them
-        answered a 405 naming GET and DELETE)."""
+        """The SDK's ``responses.compact``: not served, and said so as an unknown endpoint
+        is (the ``/{response_id}`` routes beside it answered a 405 naming GET and DELETE)."""
         raise NotFoundException()
 
     @delete("/{response_id:str}", status_code=200)
@@ -259,16 +243,6 @@ class _Body:
         }
 
 
-async def _conversation_items(
-    found: Services, namespace: str, conversation: str | None
-) -> list[dict[str, Any]]:
-    """The items of the conversation a response is in (none outside one)."""
-    if conversation is None:
-        return []
-    stored = await found.responses.conversation_items(namespace, conversation)
-    return [json.loads(o.body) for o in stored]
-
-
 async def _first(
     request: Request[Any, Any, Any],
     events: AsyncIterator[ResponseEvent],
@@ -316,72 +290,6 @@ async def _last(first: ResponseEvent, rest: AsyncIterator[ResponseEvent]) -> Non
         result = event
     if not isinstance(result, CommittedReply):
         raise SemanticError("the response ended without a reply")
-
-
-def _turn(data: ResponseRequest, items: list[dict[str, Any]], use: ToolUse | None) -> Turn:
-    return Turn(
-        "",
-        data.max_output_tokens,
-        sampling(data.temperature, data.top_p, None),
-        tools=use,
-        items=item_messages(items),
-        constraint=_schema_constraint(_text_schema(data.text)),
-        logprobs=responses_logprobs_asked(data.include, data.top_logprobs),
-    )
-
-
-def _conversation_id(data: ResponseRequest) -> str | None:
-    conversation = data.conversation
-    if isinstance(conversation, dict):
-        conversation = conversation.get("id")
-        if not isinstance(conversation, str):
-            raise InvalidRequestError("conversation.id must be a string", param="conversation")
-    return None if conversation is None else checked_id(conversation, "conversation")
-
-
-def _tool_use(data: ResponseRequest) -> ToolUse | None:
-    """The Responses API's flat function tools in the chat shape the use case reads."""
-    tools = []
-    for index, tool in enumerate(data.tools or []):
-        kind = tool.get("type") if isinstance(tool, dict) else None
-        if kind != "function":
-            raise InvalidRequestError(
-                f"tools[{index}]: hosted tools ({kind!r}) are not served; only function tools",
-                param="tools",
-            )
-        function = {
-            k: tool[k] for k in ("name", "description", "parameters", "strict") if k in tool
-        }
-        tools.append({"type": "function", "function": function})
-    choice = data.tool_choice
-    if isinstance(choice, dict):
-        if choice.get("type") != "function":
-            raise InvalidRequestError(
-                f"tool_choice of type {choice.get('type')!r} is not served", param="tool_choice"
-            )
-        choice = {"type": "function", "function": {"name": choice.get("name")}}
-    return openai_tool_use(tools, choice, data.parallel_tool_calls)
-
-
-def _schema_constraint(schema: str | None) -> OutputConstraint | None:
-    """The schema a reply that calls no tool must match (``reply_shape``, ADR 0018)."""
-    return None if schema is None else OutputConstraint(json_schema=schema)
-
-
-def _text_schema(text: dict[str, Any] | None) -> str | None:
-    fmt = (text or {}).get("format")
-    if fmt is None:
-        return None
-    if not isinstance(fmt, dict) or not isinstance(fmt.get("type"), str):
-        raise InvalidRequestError("text.format must be an object with a type", param="text")
-    shaped = dict(fmt)
-    if fmt.get("type") == "json_schema":
-        spec = {k: v for k, v in fmt.items() if k != "type"}
-        shaped = {"type": "json_schema", "json_schema": spec}
-    try:
-        return response_schema(shaped)
-    except InvalidRequestError as error:
-        raise in_own_words(error, "response_format", "text.format", "text") from None
 
 
 def _retention(request: Request[Any, Any, Any], asked: str | None) -> str | None:

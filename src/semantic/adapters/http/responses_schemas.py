@@ -48,6 +48,30 @@ class ResponseRequest(msgspec.Struct, forbid_unknown_fields=True):
     context_management: list[Any] | None = None
 
 
+class InputTokensRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """``POST /v1/responses/input_tokens``: the fields of a response that make its prompt."""
+
+    model: str | None = None
+    input: str | list[Any] = ""
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    conversation: str | dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    text: dict[str, Any] | None = None
+    truncation: str | None = None
+    reasoning: dict[str, Any] | None = None
+    personality: str | None = None
+    """A style preset of OpenAI's models; as ``reasoning``, it changes no count here."""
+
+    def as_response(self) -> ResponseRequest:
+        """The response these fields would make, read by the same checks."""
+        fields = msgspec.structs.asdict(self)
+        del fields["personality"]
+        return ResponseRequest(**fields)
+
+
 class CreateConversation(msgspec.Struct, forbid_unknown_fields=True):
     items: Items | None = None
     metadata: Metadata | None = None

@@ -123,6 +123,12 @@ class ResponsesService:
         if not ask.store:  # once its turn let go of the agent: what a save made goes
             await self._drop(namespace, agent_id)
 
+    async def input_tokens(self, namespace: str, ask: ResponseAsk) -> int:
+        """How many tokens the response's prompt would hold, its chain read as ``create``
+        reads it; nothing is run or written."""
+        agent, history, turn, _ = await self._chain(namespace, ask, response_agent(ask.response_id))
+        return self._agents.prompt_tokens(agent, history, turn)
+
     async def _finish(
         self,
         namespace: str,

@@ -305,6 +305,12 @@ class AgentService:
             async for event in _under(lease, events):
                 yield event
 
+    def prompt_tokens(
+        self, agent: AgentRecord, history: Sequence[MessageRecord], turn: Turn
+    ) -> int:
+        """The length of the prompt ``send_new`` would render, nothing run."""
+        return self._runner.prompt_tokens(agent, history, turn)
+
     async def _known(self, agent: AgentRecord, rendered: str) -> Sequence[int]:
         """The ids of the prompt ``rendered`` marks, from the agent's blocks (the metadata's
         copy in memory); none if the blocks do not start with exactly that prompt."""

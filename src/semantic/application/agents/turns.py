@@ -100,6 +100,13 @@ class TurnRunner:
         except PromptTooLongError as error:
             raise outgrown(error, record.agent_id) from None
 
+    def prompt_tokens(
+        self, record: AgentRecord, history: Sequence[MessageRecord], turn: Turn
+    ) -> int:
+        """The length of ``request_of``'s prompt, whether or not it fits the context."""
+        check_answers(history, turn)
+        return len(self._prompt(record, history, turn, ()))
+
     def fitted_history(
         self, record: AgentRecord, history: Sequence[MessageRecord], turn: Turn
     ) -> list[MessageRecord] | None:
