@@ -286,6 +286,7 @@ def test_input_tokens_counts_the_prompt_the_response_then_takes(server: ServerPr
     response does: its count is the response's ``usage.input_tokens``."""
     openai = client(server)
     first = openai.responses.create(model="default", input="Name a colour.", max_output_tokens=4)
+    assert first.usage is not None
     tool: Any = {
         "type": "function",
         "name": "paint",
