@@ -287,3 +287,32 @@ def test_truncation_keeps_the_turn_whose_call_the_input_answers(small: ServerPro
         )
     assert refused.value.body["param"] == "input"  # type: ignore[index]  # an error body
     assert "answers no function_call" not in str(refused.value)
+
+
+def test_an_anthropic_max_tokens_past_the_window_runs_to_its_end(small: ServerProcess) -> None:
+    """Anthropic's ``max_tokens`` is a ceiling (its 4.5 models' rule; pydantic-ai sends
+    16,384 to a model it does not know): lowered to the room the prompt leaves, and a
+    reply that fills the window says so, plain and streamed."""
+    client = anthropic.Anthropic(base_url=small.url, api_key="unused", max_retries=0)
+    words = " ".join(f"w{i}" for i in range(100))
+
+    def asked(pad: int) -> Any:
+        return [{"role": "user", "content": f"Repeat these words: {words}{' x' * pad}"}]
+
+    def count(pad: int) -> int:
+        return client.messages.count_tokens(model="default", messages=asked(pad)).input_tokens
+
+    bare, each = count(0), (count(100) - count(0)) // 100
+    messages = asked((WINDOW - 3 - bare) // each)  # a few tokens of room left
+    prompt = count((WINDOW - 3 - bare) // each)
+    assert WINDOW - 8 < prompt < WINDOW
+    ceiling: Any = {"model": "default", "max_tokens": 16_384, "extra_body": {"temperature": 0}}
+    full = client.messages.create(messages=messages, **ceiling)
+    assert full.usage.input_tokens + full.usage.output_tokens == WINDOW
+    assert full.stop_reason == "model_context_window_exceeded"
+    with client.messages.stream(messages=messages, **ceiling) as stream:
+        streamed = stream.get_final_message()
+    assert streamed.stop_reason == "model_context_window_exceeded"
+    assert [b.model_dump(exclude={"parsed_output"}) for b in streamed.content] == [
+        b.model_dump() for b in full.content
+    ]

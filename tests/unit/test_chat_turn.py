@@ -118,3 +118,18 @@ async def test_a_prefill_leaves_the_reply_free_and_tools_shape_it_otherwise() ->
     shaped = await turns(agents).start(ask(tools=tools))
     assert [request.constraint is None for request in agents.started] == [True, False]
     assert (free.reads_calls, shaped.reads_calls) == (False, True)
+
+
+async def test_a_lowered_max_tokens_runs_with_what_the_server_gives() -> None:
+    """Anthropic's ``max_tokens`` is a ceiling: lowered to the cap and to the room the
+    prompt leaves; other front doors' run as asked (and are refused past either)."""
+    agents = FakeAgents()
+    await turns(agents).start(ask(max_tokens=16_384, max_tokens_lowered=True))
+    await turns(agents).start(ask(max_tokens=4, max_tokens_lowered=True))
+    tools = ToolUse((TOOL, TOOL, TOOL), ToolChoice.AUTO)  # 60 more tokens of prompt
+    await turns(agents).start(ask(max_tokens=16_384, max_tokens_lowered=True, tools=tools))
+    await turns(agents).start(ask(max_tokens=16_384))
+    prompts = [len(request.prompt_tokens) for request in agents.started]
+    room = LIMITS.max_context - prompts[2]
+    assert 0 < room < LIMITS.max_tokens_cap
+    assert [request.max_tokens for request in agents.started] == [16, 4, room, 16_384]

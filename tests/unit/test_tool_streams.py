@@ -130,20 +130,23 @@ async def test_openai_stream_rebuilds_the_reply_without_streaming(
 
 
 @pytest.mark.parametrize(
-    ("pieces", "finish"),
+    ("pieces", "finish", "window", "expected"),
     [
-        (PIECES, FinishReason.END_OF_TURN),
-        (PIECES[:3], FinishReason.MAX_TOKENS),
-        (PIECES[:4], FinishReason.MAX_TOKENS),  # cut further in: a partial input
+        (PIECES, FinishReason.END_OF_TURN, 8192, "tool_use"),
+        (PIECES[:3], FinishReason.MAX_TOKENS, 8192, "max_tokens"),
+        (PIECES[:4], FinishReason.MAX_TOKENS, 8192, "max_tokens"),  # a partial input
+        (PIECES[:3], FinishReason.MAX_TOKENS, 12 + 3, "model_context_window_exceeded"),
     ],
 )
 async def test_anthropic_stream_rebuilds_the_reply_without_streaming(
-    pieces: list[str], finish: FinishReason
+    pieces: list[str], finish: FinishReason, window: int, expected: str
 ) -> None:
+    """``window``: the model's context; the 12-token prompt and the reply filling it, the
+    reply was cut by the window, not by a ``max_tokens`` the client chose."""
     outcome = ChatOutcome(result(pieces, finish), whole(pieces, fixed_ids("toolu_")))
-    plain = anthropic_routes.message_body("msg_1", "m", outcome)
+    plain = anthropic_routes.message_body("msg_1", "m", outcome, window)
     reply = canned_reply(pieces, finish, fixed_ids("toolu_"))
-    events = anthropic_routes.message_events(reply, "msg_1", "m")
+    events = anthropic_routes.message_events(reply, "msg_1", "m", window)
     lines = [line async for line in events]
     adapter: TypeAdapter[RawMessageStreamEvent] = TypeAdapter(RawMessageStreamEvent)
     snapshot = None
@@ -159,7 +162,6 @@ async def test_anthropic_stream_rebuilds_the_reply_without_streaming(
         block.pop("parsed_output", None)
     assert content == plain["content"]  # a cut call's input: as far as it came, both ways
     assert snapshot.stop_reason == plain["stop_reason"]
-    expected = "tool_use" if finish is FinishReason.END_OF_TURN else "max_tokens"
     assert plain["stop_reason"] == expected
     assert [b["type"] for b in content][:2] == ["text", "tool_use"]
     if finish is FinishReason.END_OF_TURN:

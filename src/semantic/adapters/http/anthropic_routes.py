@@ -49,7 +49,7 @@ from semantic.application.chat.tool_replies import CallOpened, Reply, ReplyEvent
 from semantic.domain.chat import ChatMessage, check_tool_answers
 from semantic.domain.constraints import UnsupportedSchemaError
 from semantic.domain.errors import InvalidRequestError, SemanticError
-from semantic.domain.generation import GREEDY, SamplingParams
+from semantic.domain.generation import GREEDY, FinishReason, SamplingParams
 
 
 class AnthropicController(Controller):
@@ -74,10 +74,12 @@ class AnthropicController(Controller):
         message_id = f"msg_{uuid.uuid4().hex[:24]}"
         context = applied_edits(ask.context_edit, reply.applied)
         if data.stream:
-            events = message_events(reply, message_id, found.model_id, context=context)
+            window = found.chats.max_context
+            events = message_events(reply, message_id, found.model_id, window, context=context)
             return sse(events, reply.close)
         outcome = await result_of(request, reply)
-        return {**message_body(message_id, found.model_id, outcome), **context}
+        body = message_body(message_id, found.model_id, outcome, found.chats.max_context)
+        return {**body, **context}
 
     @post("/count_tokens", status_code=200, dto=StrictBody[CountTokensRequest])
     async def count_tokens(
@@ -113,6 +115,7 @@ def _ask(request: Request[Any, Any, Any], data: MessagesRequest | CountTokensReq
         continue_final=prefill,
         context_edit=context_edit(data.context_management),
         max_tokens=full.max_tokens if full else None,
+        max_tokens_lowered=True,
         sampling=_sampling(full) if full else GREEDY,
         stop=stop_strings(full.stop_sequences, "stop_sequences") if full else (),
         priority=who.priority,
@@ -193,13 +196,21 @@ def _usage(result: GenerationResult | None, prompt_tokens: int, cached: int) -> 
     }
 
 
-def _stop(result: GenerationResult, answer: Reply) -> str:
-    """``tool_use`` for whole calls; a reply cut inside one ends as it was cut."""
+def _stop(result: GenerationResult, answer: Reply, window: int) -> str:
+    """``tool_use`` for whole calls; a reply cut inside one ends as it was cut; a reply cut
+    where prompt and reply fill the model's context, ``model_context_window_exceeded``
+    (its ``max_tokens`` was lowered to that room: ``ChatAsk.max_tokens_lowered``)."""
     whole = answer.calls and not answer.cut_in_a_call
-    return "tool_use" if whole else ANTHROPIC_STOP[result.finish_reason]
+    if whole:
+        return "tool_use"
+    usage = result.usage
+    filled = usage.prompt_tokens + usage.completion_tokens >= window
+    if result.finish_reason == FinishReason.MAX_TOKENS and filled:
+        return "model_context_window_exceeded"
+    return ANTHROPIC_STOP[result.finish_reason]
 
 
-def message_body(message_id: str, model: str, outcome: ChatOutcome) -> dict[str, Any]:
+def message_body(message_id: str, model: str, outcome: ChatOutcome, window: int) -> dict[str, Any]:
     result, answer = outcome.result, outcome.answer
     content: list[dict[str, Any]] = []
     if answer.content or not answer.calls:
@@ -211,7 +222,7 @@ def message_body(message_id: str, model: str, outcome: ChatOutcome) -> dict[str,
         "role": "assistant",
         "model": model,
         "content": content,
-        "stop_reason": _stop(result, answer),
+        "stop_reason": _stop(result, answer, window),
         "stop_sequence": result.stop_string,
         "usage": _usage(result, result.usage.prompt_tokens, result.usage.cached_tokens),
     }
@@ -273,9 +284,15 @@ _EMPTY_TEXT = {"type": "text", "text": ""}
 
 
 async def message_events(
-    reply: ChatReply, message_id: str, model: str, *, context: dict[str, Any] | None = None
+    reply: ChatReply,
+    message_id: str,
+    model: str,
+    window: int,
+    *,
+    context: dict[str, Any] | None = None,
 ) -> AsyncIterator[str]:
-    """``context``: the ``context_management`` the message ends with (edits applied)."""
+    """``window``: the model's context (``_stop``); ``context``: the
+    ``context_management`` the message ends with (edits applied)."""
     start: dict[str, Any] = {
         "id": message_id,
         "type": "message",
@@ -294,7 +311,7 @@ async def message_events(
     try:
         async for event in reply.events():
             if isinstance(event, ChatOutcome):
-                for line in _ending(event, blocks, context or {}):
+                for line in _ending(event, blocks, window, context or {}):
                     yield line
             else:
                 for line in blocks.event(event):
@@ -303,7 +320,9 @@ async def message_events(
         yield sse_data(body_for("/v1/messages", problem_for(error)), "error")
 
 
-def _ending(outcome: ChatOutcome, blocks: _Blocks, context: dict[str, Any]) -> list[str]:
+def _ending(
+    outcome: ChatOutcome, blocks: _Blocks, window: int, context: dict[str, Any]
+) -> list[str]:
     result, answer = outcome.result, outcome.answer
     lines: list[str] = []
     if not answer.calls and not blocks.text_open and blocks.index == 0:
@@ -311,7 +330,10 @@ def _ending(outcome: ChatOutcome, blocks: _Blocks, context: dict[str, Any]) -> l
     lines += blocks.close_text() + blocks.close_call()
     done = {
         "type": "message_delta",
-        "delta": {"stop_reason": _stop(result, answer), "stop_sequence": result.stop_string},
+        "delta": {
+            "stop_reason": _stop(result, answer, window),
+            "stop_sequence": result.stop_string,
+        },
         "usage": _usage(result, result.usage.prompt_tokens, result.usage.cached_tokens),
         **context,
     }

@@ -57,6 +57,11 @@ class ChatAsk:
     max_tokens: int | None = None
     default_max_tokens: int | None = None
     """The front door's own default, within the room the prompt leaves (None: the server's)."""
+    max_tokens_lowered: bool = False
+    """``max_tokens`` is a ceiling the server lowers to what it gives (its cap, the room
+    the prompt leaves) rather than refuses: Anthropic's rule since its 4.5 models, whose
+    clients send their model's largest output (pydantic-ai 16,384 for a model it does not
+    know) and learn where the window ended from the stop reason."""
     sampling: SamplingParams = GREEDY
     stop: tuple[str, ...] = ()
     priority: Priority = Priority.NORMAL
@@ -185,11 +190,18 @@ class ChatTurns:
             return self._tokenizer.encode(prompt)
         return list(prompt)
 
+    @property
+    def max_context(self) -> int:
+        """The tokens a prompt and its reply share (a reply that fills them ended there)."""
+        return self._limits.max_context
+
     def _max_tokens(self, ask: ChatAsk, prompt_tokens: int) -> int | None:
+        room = max(1, self._limits.max_context - prompt_tokens)  # a prompt over it is refused
+        if ask.max_tokens is not None and ask.max_tokens_lowered:
+            return min(ask.max_tokens, self._limits.max_tokens_cap, room)
         if ask.max_tokens is not None or ask.default_max_tokens is None:
             return ask.max_tokens
-        room = self._limits.max_context - prompt_tokens
-        return min(ask.default_max_tokens, max(1, room))
+        return min(ask.default_max_tokens, room)
 
     def _too_long(
         self, ask: ChatAsk, rendered: Rendered, error: PromptTooLongError

@@ -137,9 +137,11 @@ class PagePlacement:
         with self._lock:
             self._pages, callbacks = pages, self._callbacks
             self._callbacks = []
-        self._done.set()
-        for callback in callbacks:
-            callback(pages)
+        try:  # told before a waiter wakes: it finds them told
+            for callback in callbacks:
+                callback(pages)
+        finally:
+            self._done.set()
 
     def _go_ahead(self, idle: Callable[[], bool], patience: float) -> bool:
         """Before each page: an idle engine waited for, ``patience`` seconds at most;
