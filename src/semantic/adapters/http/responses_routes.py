@@ -262,6 +262,8 @@ async def _first(
             ) from None
         if error.param == "response_format":  # the grammar engine's refusal of text.format
             raise in_own_words(error, "response_format", "text.format", "text") from None
+        if error.param == "messages":  # the chat's prompt (a template's refusal): the input
+            error.param = "input"
         raise
 
 

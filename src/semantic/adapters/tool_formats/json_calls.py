@@ -29,8 +29,12 @@ class JsonCallFormat:
         *,
         arguments_key: str = "arguments",
         trigger: str | None = None,
+        one_call: bool = False,
     ) -> None:
+        """``one_call``: a reply holds one call at most, parallel calls asked or not (a
+        template that refuses a history of several, as Llama 3.1's does)."""
         self._name = name
+        self._one_call = one_call
         self.open_tag = open_tag
         self.close_tag = close_tag
         self.arguments_key = arguments_key
@@ -69,7 +73,7 @@ class JsonCallFormat:
             calls=tuple(TaggedSchema(self.begin(t.name), t.call_schema, self.end) for t in offered),
             triggers=(self._trigger,),
             require_call=use.must_call,
-            max_calls=MAX_CALLS_PER_REPLY if use.parallel else 1,
+            max_calls=MAX_CALLS_PER_REPLY if use.parallel and not self._one_call else 1,
             end_on_repeat=True,
         )
 

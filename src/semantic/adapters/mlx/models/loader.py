@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import jinja2
+import mlx.core as mx
+
 from semantic.adapters.mlx.cpu import (
     PagePlacement,
     install_attention,
@@ -91,6 +94,11 @@ def load_model(path: Path, model_id: str, *, move_weights_later: bool = False) -
     try:
         loaded: Any = mlx_lm_load(str(path), return_config=True)
         model, tokenizer, config = loaded
+    except TypeError as error:  # the family's ModelArgs or modules refused the config
+        raise CorruptModelError(
+            f"could not load the model in {path}: {str(error).rstrip('. ')}: its config.json "
+            "lacks a setting its model_type's mlx-lm class needs, or describes another family"
+        ) from error
     except (ValueError, KeyError, OSError, RuntimeError) as error:
         said = str(error).rstrip(". ")
         if "not supported" in said and "Model type" in said:  # mlx-lm knows no such class
@@ -103,8 +111,11 @@ def load_model(path: Path, model_id: str, *, move_weights_later: bool = False) -
             f"could not load the model in {path}: {said}. Fix: re-create it (for the "
             "embedded model: `semantic model pull --force`)."
         ) from error
+    evaluate_held_arrays(model)
     if not getattr(tokenizer, "chat_template", None):
         log.warning("model %s has no chat template: its chat routes answer 400", model_id)
+    else:
+        check_chat_template(tokenizer, path)
     fast = install_attention(model)
     products = install_host_products(model)
     install_host_swiglu(model)
@@ -117,6 +128,40 @@ def load_model(path: Path, model_id: str, *, move_weights_later: bool = False) -
         f" ({products} quantized products on our kernels)" if products else "",
     )
     return LoadedModel(model, tokenizer, path, model_id, dict(config), fast, pages)
+
+
+def evaluate_held_arrays(model: Any) -> None:
+    """Every array a module holds outside its parameters (a LongRoPE's or YaRN's
+    frequencies, ``_freqs``), computed here on the loading thread: mlx-lm's load evaluates
+    the parameters only, and the rest, left lazy, was first evaluated on the engine's
+    thread, whose streams cannot run a graph made on this one (Phi-3's LongRoPE would not
+    start: "There is no Stream(cpu, 0) in current thread")."""
+    held = [  # a module is a dict of what it holds, its "_"-named arrays too
+        value
+        for module in model.modules()
+        for value in module.values()
+        if isinstance(value, mx.array)
+    ]
+    if held:
+        mx.eval(held)
+
+
+def check_chat_template(tokenizer: Any, path: Path) -> None:
+    """A template that does not compile is refused at start, not with a 500 on every chat
+    request; one that refuses this conversation (a template's ``raise_exception``) is the
+    requests' to hear about (a 400 naming its words)."""
+    try:
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True
+        )
+    except jinja2.TemplateSyntaxError as error:
+        raise CorruptModelError(
+            f"the chat template of the model in {path} does not compile: {error} (line "
+            f"{error.lineno}). Fix: correct chat_template in its tokenizer_config.json or "
+            "chat_template.jinja"
+        ) from error
+    except jinja2.TemplateError:
+        pass
 
 
 def _from_hub(repo: str) -> Path:

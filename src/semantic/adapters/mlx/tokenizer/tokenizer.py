@@ -7,6 +7,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+import jinja2
+
 from semantic.adapters.mlx.tokenizer.piece_encoder import PieceEncoder, quote_marks
 from semantic.adapters.mlx.tokenizer.token_bytes import TokenBytes
 from semantic.adapters.tool_formats import PromptFormat, format_for
@@ -114,20 +116,34 @@ class MlxTokenizer:
         extra = {"tools": listed} if listed else {}
         if not getattr(self._wrapper, "chat_template", None):
             raise InvalidRequestError(NO_CHAT_TEMPLATE, param="messages")
-        try:
-            text = self._wrapper.apply_chat_template(
-                turns,
-                add_generation_prompt=add_generation_prompt and not continue_final,
-                continue_final_message=continue_final,
-                tokenize=False,
-                **extra,
+
+        def applied(shown: list[Turn]) -> str:
+            return str(
+                self._wrapper.apply_chat_template(
+                    shown,
+                    add_generation_prompt=add_generation_prompt and not continue_final,
+                    continue_final_message=continue_final,
+                    tokenize=False,
+                    **extra,
+                )
             )
+
+        try:
+            try:
+                return applied(turns)
+            except jinja2.TemplateError:  # a template that wants roles to alternate (Gemma's,
+                merged = one_turn_a_role(turns)  # Mistral's) takes two turns as one
+                if merged == turns:
+                    raise
+                return applied(merged)
+        except jinja2.TemplateError as error:  # its raise_exception: the model's own rule
+            message = f"this model's chat template refuses the conversation: {error}"
+            raise InvalidRequestError(message, param="messages") from None
         except ValueError as error:  # transformers: the template rewrote the final message
             if not continue_final:
                 raise
             message = f"this model's chat template cannot continue the final message: {error}"
             raise InvalidRequestError(message, param="messages") from None
-        return str(text)
 
     def _spells_special(self, text: str) -> bool:
         if self._pieces is not None:
@@ -173,6 +189,29 @@ class MlxTokenizer:
                 f"{self._max_context}",
                 param="messages",
             )
+
+
+def one_turn_a_role(turns: list[Turn]) -> list[Turn]:
+    """Neighbouring plain turns of one role (a tool's results, then the user's words) as
+    one turn, their texts a blank line apart; turns that carry calls or answer one stay."""
+    out: list[Turn] = []
+    for turn in turns:
+        last = out[-1] if out else None
+        plain = turn.keys() == {"role", "content"} and isinstance(turn["content"], str)
+        if (
+            plain
+            and last is not None
+            and last.keys() == turn.keys()
+            and last["role"] == turn["role"]
+        ):
+            out[-1] = {**last, "content": f"{last['content']}\n\n{turn['content']}"}
+        else:
+            out.append(turn)
+    return out
+
+
+def _plain(turn: Turn) -> bool:
+    return turn.keys() == {"role", "content"} and isinstance(turn["content"], str)
 
 
 def _cannot_quote(why: str) -> InvalidRequestError:
