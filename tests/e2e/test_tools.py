@@ -6,7 +6,7 @@ that must be calls are in ``test_tools_constrained.py``."""
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, Literal
 
 import anthropic
 import httpx
@@ -240,3 +240,43 @@ def test_an_agents_tool_result_must_answer_one_of_its_calls(server: ServerProces
     assert httpx.post(f"{api}/{agent}/messages", json=bad_tool).json()["error"]["param"] == "tools"
     listed = httpx.get(f"{api}/{agent}/messages").json()["data"]
     assert [m["role"] for m in listed] == ["user", "assistant"]  # the refused turns kept nothing
+
+
+def test_the_anthropic_tool_runner_runs_its_tools_unthreaded(server: ServerProcess) -> None:
+    """The SDK's tool runner asks for a message thread (a beta); refused with the code it
+    recovers by, it sends each turn whole, and its loop runs the tool."""
+    client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
+    asked: list[str] = []
+
+    @anthropic.beta_tool
+    def get_weather(city: Literal["Paris", "Oslo"]) -> str:  # short calls, however sampled
+        """The weather in a city.
+
+        Args:
+            city: The city's name.
+        """
+        asked.append(city)
+        return "Sunny"
+
+    runner = client.beta.messages.tool_runner(
+        model="default",
+        max_tokens=60,
+        max_iterations=2,
+        tools=[get_weather],
+        tool_choice={"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True},
+        messages=[{"role": "user", "content": "Weather in Paris?"}],
+    )
+    replies = list(runner)
+    assert [r.stop_reason for r in replies] == ["tool_use", "tool_use"], replies
+    assert len(asked) == 2  # its tool ran after each reply
+    threaded = httpx.post(
+        f"{server.url}/v1/messages",
+        json={
+            "model": "default",
+            "max_tokens": 4,
+            "thread": {"type": "create"},
+            "messages": [{"role": "user", "content": "Hi"}],
+        },
+    )
+    assert threaded.status_code == 400
+    assert threaded.json()["error"]["details"]["error_code"] == "thread_unsupported_request"

@@ -60,11 +60,13 @@ async def nothing_kept(reply: Reply) -> None:
     pass
 
 
-def canned_reply(pieces: list[str], finish: FinishReason, new_id: Any) -> ChatReply:
+def canned_reply(
+    pieces: list[str], finish: FinishReason, new_id: Any, *, must_call: bool = False
+) -> ChatReply:
     """The chat turn's reply over a canned generation, its calls read in the default format."""
     reader = ReplyReader(DefaultFormat(), new_id)
     handle = CannedHandle(pieces, finish)
-    return ChatReply(handle, reader, nothing_kept, None)  # type: ignore[arg-type]  # a canned handle
+    return ChatReply(handle, reader, nothing_kept, None, must_call=must_call)  # type: ignore[arg-type]  # a canned handle
 
 
 def whole(pieces: list[str], new_id: Any) -> Reply:
@@ -127,6 +129,20 @@ async def test_openai_stream_rebuilds_the_reply_without_streaming(
         opening = first["choices"][0]["delta"]["tool_calls"][0]
         assert opening["function"] == {"name": "get_weather", "arguments": ""}
         assert {"index", "id", "type"} <= opening.keys()
+
+
+async def test_a_stream_that_must_call_opens_with_no_text() -> None:
+    """``tool_choice`` required or named: the reply is calls alone, so the stream opens
+    with ``content: null`` (OpenAI's), and a client's snapshot has no empty text."""
+    calls = ["<tool" + PIECES[2], *PIECES[3:]]  # the calls, no text before them
+    bodies = openai_bodies.ReplyBodies("chatcmpl", "chat.completion", "m")
+    reply = canned_reply(calls, FinishReason.END_OF_TURN, fixed_ids("call_"), must_call=True)
+    lines = [line async for line in bodies.chat_chunks([reply], False)]
+    assert data_lines(lines)[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
+    state: ChatCompletionStreamState[Any] = ChatCompletionStreamState()
+    for body in data_lines(lines):
+        state.handle_chunk(ChatCompletionChunk.model_validate(body))
+    assert state.current_completion_snapshot.choices[0].message.content is None
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,12 @@ from semantic.adapters.http.anthropic_tools import (
     tool_use_block,
 )
 from semantic.adapters.http.common import result_of, services, sse, sse_data
-from semantic.adapters.http.errors import body_for, in_own_words, problem_for
+from semantic.adapters.http.errors import (
+    ThreadsNotServedError,
+    body_for,
+    in_own_words,
+    problem_for,
+)
 from semantic.adapters.http.identity import identity
 from semantic.adapters.http.retention_hints import anthropic_hints
 from semantic.adapters.http.strict_body import StrictBody
@@ -133,6 +138,8 @@ def _sampling(data: MessagesRequest) -> SamplingParams:
 def _check_plain_chat(data: PlainChat) -> None:
     if data.thinking is not None and data.thinking.get("type") != "disabled":
         raise InvalidRequestError("extended thinking is not supported", param="thinking")
+    if data.thread is not None:  # the SDK's tool runner asks by default
+        raise ThreadsNotServedError()
 
 
 def _conversation(

@@ -49,6 +49,7 @@ class PlainChat(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None
+    thread: dict[str, Any] | None = None
 
 
 class CountTokensRequest(PlainChat, forbid_unknown_fields=True):

@@ -55,10 +55,24 @@ class Problem:
     message: str
     param: str | None = None
     retry_after: float | None = None
+    details: dict[str, Any] | None = None
+    """Anthropic's ``error.details``: what a client recovers by (``error_code``)."""
 
 
 class ModelNotFoundError(SemanticError):
     """The request names a model this server does not serve."""
+
+
+class ThreadsNotServedError(InvalidRequestError):
+    """Anthropic's ``thread`` (the message-threads beta): refused with the code its SDK
+    recovers by, sending the conversation whole, unthreaded, from then on."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "thread: this server holds no message threads; send the whole conversation (its "
+            "KV is found again by its prompt)",
+            param="thread",
+        )
 
 
 _OPENAI_TYPES = {
@@ -123,6 +137,9 @@ def in_own_words(error: E, field: str, own: str, param: str) -> E:
 def problem_for(error: Exception) -> Problem:
     """The status, error code and message a domain (or framework) error maps to."""
     match error:
+        case ThreadsNotServedError():
+            unsupported = {"error_code": "thread_unsupported_request", "unsupported": ["thread"]}
+            return Problem(400, "invalid_request", str(error), error.param, details=unsupported)
         case InvalidRequestError():
             kind = (
                 "context_length_exceeded"
@@ -249,7 +266,10 @@ def body_for(path: str, problem: Problem) -> dict[str, Any]:
     """The error body in the shape the client of ``path`` expects."""
     if path.startswith("/v1/messages"):
         kind = _ANTHROPIC_TYPES.get(problem.status, _default_type(problem, "api_error"))
-        return {"type": "error", "error": {"type": kind, "message": _anthropic_words(problem)}}
+        error: dict[str, Any] = {"type": kind, "message": _anthropic_words(problem)}
+        if problem.details:
+            error["details"] = problem.details
+        return {"type": "error", "error": error}
     return {
         "error": {
             "message": problem.message,

@@ -89,7 +89,7 @@ class ReplyBodies:
             body = {"index": index, "delta": delta or {}, "finish_reason": finish}
             return self._chunk([{**body, "logprobs": logprobs}])
 
-        yield chunk({"role": "assistant", "content": ""}, None)
+        yield chunk({"role": "assistant", "content": None if reply.must_call else ""}, None)
         async for event in reply.events():
             if not isinstance(event, ChatOutcome):
                 shown = event.logprobs if isinstance(event, TextDelta) else ()

@@ -184,13 +184,13 @@ def _check_chat_only(data: ChatCompletionRequest) -> None:
     if data.max_completion_tokens is not None and data.max_completion_tokens < 1:
         message = f"max_completion_tokens must be at least 1, got {data.max_completion_tokens}"
         raise InvalidRequestError(message, param="max_completion_tokens")
-    for unused, name in (
-        (data.reasoning_effort, "reasoning_effort"),
-        (data.audio, "audio"),
-        (data.verbosity, "verbosity"),
-        (data.web_search_options, "web_search_options"),
+    for unused, neutral, name in (  # what this server does anyway is fine to ask for
+        (data.reasoning_effort, "none", "reasoning_effort"),
+        (data.audio, None, "audio"),
+        (data.verbosity, "medium", "verbosity"),
+        (data.web_search_options, None, "web_search_options"),
     ):
-        must_default(unused, None, name)
+        must_default(unused, neutral, name)
     if data.modalities is not None and data.modalities != ["text"]:
         raise InvalidRequestError("only the 'text' modality is supported", param="modalities")
 

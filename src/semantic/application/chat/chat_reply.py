@@ -41,12 +41,17 @@ class ChatReply:
         reader: ReplyReader,
         keep: Callable[[Reply], Awaitable[None]],
         applied: AppliedEdit | None,
+        *,
+        must_call: bool = False,
     ) -> None:
         self._handle = handle
         self._reader = reader
         self._keep = keep
         self.applied = applied
         """What the request's context edit cleared (None: nothing, or none asked)."""
+        self.must_call = must_call
+        """The reply is calls and no text (``tool_choice`` required or named): known
+        before its first token, as OpenAI's streams open it (``content: null``)."""
 
     @property
     def request_id(self) -> str:
@@ -114,4 +119,6 @@ async def start_reply(
         handle = await start
     except UnsupportedSchemaError as error:  # the grammar engine's, naming no field
         raise named_refusal(error, tools, shape) from None
-    return ChatReply(handle, ReplyReader(shape.calls_in, new_id), keep, applied)
+    must_call = shape.constraint is not None and shape.constraint.require_call
+    reader = ReplyReader(shape.calls_in, new_id)
+    return ChatReply(handle, reader, keep, applied, must_call=must_call)
