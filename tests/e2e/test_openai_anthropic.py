@@ -35,6 +35,8 @@ def test_openai_chat_answers_without_and_with_streaming(server: ServerProcess) -
     )
     assert "Paris" in (reply.choices[0].message.content or "")
     assert reply.choices[0].finish_reason == "stop"
+    assert reply._request_id is not None  # noqa: SLF001 - the SDK's name for the header's id
+    assert reply._request_id.startswith("req_")  # noqa: SLF001
     stream = client.chat.completions.create(
         model="default",
         messages=[{"role": "user", "content": QUESTION}],
@@ -135,6 +137,7 @@ def test_anthropic_messages_stream_and_count_tokens(server: ServerProcess) -> No
         model="default", messages=[{"role": "user", "content": QUESTION}]
     )
     assert count.input_tokens > 10
+    assert (count._request_id or "").startswith("req_")  # noqa: SLF001 - the SDK's name for it
 
 
 def test_an_anthropic_reply_continues_a_final_assistant_message(server: ServerProcess) -> None:
@@ -212,6 +215,7 @@ def test_errors_come_in_each_protocols_shape(server: ServerProcess) -> None:
     assert bad.status_code == 400
     assert "used twice" in bad.json()["error"]["message"]
     assert bad.json()["error"]["param"] == "tools"
+    assert bad.headers["x-request-id"].startswith("req_")  # what a user quotes, refused too
     empty = httpx.post(f"{server.url}/v1/chat/completions")
     assert empty.status_code == 400
     assert "the body is empty" in empty.json()["error"]["message"]

@@ -28,6 +28,7 @@ from semantic.adapters.http.identity import (
     NamespaceNotAllowedError,
 )
 from semantic.adapters.http.keys import KeyRing
+from semantic.adapters.http.request_ids import with_request_id
 
 OPEN_PATHS = frozenset({"/health", "/ready", *PAGE_PATHS})
 _REFUSED = Problem(401, "invalid_api_key", "missing or invalid API key")
@@ -57,6 +58,7 @@ def edge(
         if scope["type"] != ScopeType.HTTP:
             await app(scope, receive, send)
             return
+        send = with_request_id(send)
         path = scope["path"]
         headers = {k.lower(): v for k, v in scope["headers"]}
         origin = headers.get(b"origin")
