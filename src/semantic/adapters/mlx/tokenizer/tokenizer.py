@@ -197,13 +197,7 @@ def one_turn_a_role(turns: list[Turn]) -> list[Turn]:
     out: list[Turn] = []
     for turn in turns:
         last = out[-1] if out else None
-        plain = turn.keys() == {"role", "content"} and isinstance(turn["content"], str)
-        if (
-            plain
-            and last is not None
-            and last.keys() == turn.keys()
-            and last["role"] == turn["role"]
-        ):
+        if last is not None and _plain(last) and _plain(turn) and last["role"] == turn["role"]:
             out[-1] = {**last, "content": f"{last['content']}\n\n{turn['content']}"}
         else:
             out.append(turn)
