@@ -709,3 +709,33 @@ def test_a_schema_no_reply_can_be_held_to_is_named_by_each_front_doors_field(
         },
     )
     assert isinstance(json.loads(unchecked.choices[0].message.content or "")["a"], str)
+
+
+def test_a_turn_after_calls_cut_by_max_tokens_is_what_a_cold_run_gives(
+    server: ServerProcess,
+) -> None:
+    """A reply cut after a whole call drops what followed it; the next turn is built from
+    what the client was shown, as a cold run of the conversation is, not from the dropped
+    text the cache still holds (an agent's transcript and a plain conversation alike)."""
+    city = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    weather = {"name": "get_weather", "description": "Weather for a city", "parameters": city}
+    tools: list[Any] = [{"type": "function", "function": weather}]
+    asked: list[Any] = [{"role": "user", "content": "Weather in Paris?"}]
+    body: dict[str, Any] = {"model": "default", "tools": tools, "temperature": 0}
+    warm = oai(server).with_options(default_headers={"X-Agent-Id": f"cut-{uuid.uuid4().hex}"})
+    first = warm.chat.completions.create(
+        **body, messages=asked, tool_choice="required", max_tokens=40
+    ).choices[0]
+    assert first.finish_reason == "length"
+    [call] = first.message.tool_calls or []
+    assert is_json(call.function.arguments)  # whole; what came after it was dropped
+    result = {"role": "tool", "tool_call_id": call.id, "content": "20 C"}
+    follow = [*asked, first.message.model_dump(exclude_none=True), result]
+    follow.append({"role": "user", "content": "Is it warm?"})
+    again = warm.chat.completions.create(**body, messages=follow, max_tokens=12)
+    cold_client = oai(server).with_options(default_headers={"X-Namespace": uuid.uuid4().hex})
+    cold = cold_client.chat.completions.create(**body, messages=follow, max_tokens=12)
+    assert again.usage is not None
+    assert cold.usage is not None
+    assert again.usage.prompt_tokens == cold.usage.prompt_tokens
+    assert again.choices[0].message.content == cold.choices[0].message.content

@@ -27,10 +27,10 @@ class CallMemory:
         self._replies = replies
 
     async def remember(self, namespace: str, reply: Reply) -> None:
-        if not reply.calls:
+        if not reply.calls or reply.generated is None:
             return
         body = {
-            "raw": reply.raw,
+            "raw": reply.generated,
             "content": reply.content,
             "calls": [[c.id, c.name, c.arguments] for c in reply.calls],
         }

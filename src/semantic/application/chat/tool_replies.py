@@ -64,6 +64,14 @@ class Reply:
     """The generation stopped at a limit (``max_tokens``) once its calls had begun."""
 
     @property
+    def generated(self) -> str | None:
+        """``raw`` where the client was shown all of it; None where a limit cut the calls
+        (the text after the last call shown was dropped, or a call never reached its end):
+        the next turn then renders this one from what the client sends back, as a cold run
+        of the conversation does, never from text the client was not shown."""
+        return None if self.cut_in_a_call else self.raw
+
+    @property
     def cut_in_a_call(self) -> bool:
         """Its calls were cut short: a call it shows is incomplete, or the limit came after
         its whole calls (in a further call, never shown, or a held repeat). Its finish is

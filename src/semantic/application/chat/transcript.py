@@ -55,12 +55,13 @@ def asked(turn: Turn, when: float) -> list[MessageRecord]:
 
 
 def answered(answer: Reply) -> MessageRecord:
-    """The reply as the transcript keeps it: with its calls, as generated (``raw``)."""
+    """The reply as the transcript keeps it: with its calls, as generated where the client
+    was shown all of it (``Reply.generated``)."""
     if not answer.calls:
         return MessageRecord("assistant", answer.content, time.time())
     calls = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in answer.calls]
     return MessageRecord(
-        "assistant", answer.content, time.time(), tool_calls=json.dumps(calls), raw=answer.raw
+        "assistant", answer.content, time.time(), tool_calls=json.dumps(calls), raw=answer.generated
     )
 
 
