@@ -5,11 +5,13 @@ that must be calls are in ``test_tools_constrained.py``."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any, Literal
 
 import anthropic
 import httpx
+import httpx2
 import openai
 import pytest
 from reliability.server import ServerProcess
@@ -242,10 +244,19 @@ def test_an_agents_tool_result_must_answer_one_of_its_calls(server: ServerProces
     assert [m["role"] for m in listed] == ["user", "assistant"]  # the refused turns kept nothing
 
 
-def test_the_anthropic_tool_runner_runs_its_tools_unthreaded(server: ServerProcess) -> None:
-    """The SDK's tool runner asks for a message thread (a beta); refused with the code it
-    recovers by, it sends each turn whole, and its loop runs the tool."""
-    client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
+def test_the_anthropic_tool_runner_runs_its_tools_in_a_thread(server: ServerProcess) -> None:
+    """The SDK's tool runner holds its conversation in a message thread (a beta): each
+    turn after the first sends only its tool results, and the server continues the
+    conversation it holds under the last reply's id."""
+    sent: list[Any] = []
+
+    def record(request: httpx2.Request) -> None:
+        sent.append(json.loads(request.content).get("thread"))
+
+    watched = httpx2.Client(event_hooks={"request": [record]})  # the SDK's own HTTP client
+    client = anthropic.Anthropic(
+        base_url=server.url, api_key="unused", max_retries=0, http_client=watched
+    )
     asked: list[str] = []
 
     @anthropic.beta_tool
@@ -261,22 +272,52 @@ def test_the_anthropic_tool_runner_runs_its_tools_unthreaded(server: ServerProce
     runner = client.beta.messages.tool_runner(
         model="default",
         max_tokens=60,
-        max_iterations=2,
+        max_iterations=3,
         tools=[get_weather],
         tool_choice={"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True},
         messages=[{"role": "user", "content": "Weather in Paris?"}],
     )
     replies = list(runner)
-    assert [r.stop_reason for r in replies] == ["tool_use", "tool_use"], replies
-    assert len(asked) == 2  # its tool ran after each reply
-    threaded = httpx.post(
-        f"{server.url}/v1/messages",
-        json={
-            "model": "default",
-            "max_tokens": 4,
-            "thread": {"type": "create"},
-            "messages": [{"role": "user", "content": "Hi"}],
-        },
+    assert [r.stop_reason for r in replies] == ["tool_use"] * 3, replies
+    assert len(asked) == 3  # its tool ran after each reply
+    assert [thread["type"] for thread in sent] == ["create", "continue", "continue"]
+    assert sent[1]["previous_message_id"] == replies[0].id
+
+
+def test_a_thread_continues_as_the_whole_conversation_would(server: ServerProcess) -> None:
+    """A continuation sends only the new messages; its reply is the one the whole
+    conversation, sent unthreaded, gets. What it cannot continue is refused with the
+    codes Anthropic's SDK recovers by."""
+    url = f"{server.url}/v1/messages"
+    first_turn = [{"role": "user", "content": "Name a colour."}]
+    body = {"model": "default", "max_tokens": 8, "temperature": 0, "system": "Be brief."}
+    created = httpx.post(url, json={**body, "messages": first_turn, "thread": {"type": "create"}})
+    assert created.status_code == 200
+    reply = created.json()
+    more = [{"role": "user", "content": "And another?"}]
+    thread = {"type": "continue", "previous_message_id": reply["id"]}
+    plain = {k: v for k, v in body.items() if k != "system"}
+    continued = httpx.post(url, json={**plain, "messages": more, "thread": thread})
+    assert continued.status_code == 200, continued.text
+    whole = [*first_turn, {"role": "assistant", "content": reply["content"]}, *more]
+    unthreaded = httpx.post(url, json={**body, "messages": whole})
+    assert continued.json()["content"] == unthreaded.json()["content"]
+    assert continued.json()["usage"]["cache_read_input_tokens"] > 0
+    streamed = httpx.post(url, json={**plain, "messages": more, "thread": thread, "stream": True})
+    lines = streamed.text.splitlines()
+    started = next(ln for ln in lines if ln.startswith("data:") and "message_start" in ln)
+    streamed_id = json.loads(started.removeprefix("data: "))["message"]["id"]
+    onwards = {"type": "continue", "previous_message_id": streamed_id}  # held as it ended
+    assert httpx.post(url, json={**plain, "messages": more, "thread": onwards}).status_code == 200
+    again = httpx.post(url, json={**body, "messages": more, "thread": thread})
+    assert again.status_code == 400  # its system prompt comes from the thread
+    assert again.json()["error"]["message"].startswith("system comes from the thread")
+    lost = {"type": "continue", "previous_message_id": "msg_unknown"}
+    missing = httpx.post(url, json={**plain, "messages": more, "thread": lost})
+    assert missing.status_code == 404
+    assert missing.json()["error"]["details"] == {"error_code": "thread_not_found"}
+    counted = httpx.post(
+        f"{url}/count_tokens", json={"model": "default", "messages": more, "thread": thread}
     )
-    assert threaded.status_code == 400
-    assert threaded.json()["error"]["details"]["error_code"] == "thread_unsupported_request"
+    assert counted.status_code == 400
+    assert counted.json()["error"]["details"]["error_code"] == "thread_unsupported_request"

@@ -15,6 +15,7 @@ from semantic.domain.errors import (
 from semantic.ports.block_store import LayerPayload, StoredFile
 from semantic.ports.leases import Lease
 from semantic.ports.metadata_store import AgentRecord, BlockRecord, MessageRecord
+from semantic.ports.object_store import StoredObject
 
 
 class FakeBlockStore:
@@ -338,3 +339,39 @@ class FakeMetadataStore:
                 orphans.append(key)
                 self.block_rows.pop(key, None)
         return orphans
+
+
+class FakeObjectStore:
+    """The stored-objects port in memory: by namespace, kind and id."""
+
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str, str], StoredObject] = {}
+
+    async def put_objects(
+        self, namespace: str, objects: Sequence[StoredObject], *, lease: Lease | None = None
+    ) -> None:
+        for stored in objects:
+            self.objects[(namespace, stored.kind, stored.object_id)] = stored
+
+    async def stored_object(self, namespace: str, kind: str, object_id: str) -> StoredObject | None:
+        return self.objects.get((namespace, kind, object_id))
+
+    async def object_children(
+        self, namespace: str, kind: str, parent_id: str
+    ) -> list[StoredObject]:
+        return [
+            o
+            for (n, k, _), o in self.objects.items()
+            if (n, k) == (namespace, kind) and o.parent_id == parent_id
+        ]
+
+    async def objects_of_kind(self, namespace: str, kind: str) -> list[StoredObject]:
+        return [o for (n, k, _), o in self.objects.items() if (n, k) == (namespace, kind)]
+
+    async def delete_objects(self, namespace: str, kind: str, object_ids: Sequence[str]) -> int:
+        gone = [
+            key for key in self.objects if key[:2] == (namespace, kind) and key[2] in object_ids
+        ]
+        for key in gone:
+            del self.objects[key]
+        return len(gone)

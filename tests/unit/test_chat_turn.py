@@ -11,12 +11,13 @@ import pytest
 from semantic.application.chat.call_memory import CallMemory
 from semantic.application.chat.chat_turn import ChatAsk, ChatTurns
 from semantic.application.chat.generation import GenerationHandle, GenerationInput, Limits
+from semantic.application.chat.message_threads import MessageThreads
 from semantic.domain.chat import ChatMessage
 from semantic.domain.errors import InvalidRequestError, PromptTooLongError
 from semantic.domain.retention import Retention
 from semantic.domain.tools import Tool, ToolChoice, ToolUse
 from tests.unit.fakes import FakeTokenizer
-from tests.unit.storage_fakes import FakeMetadataStore
+from tests.unit.storage_fakes import FakeMetadataStore, FakeObjectStore
 
 TOOL = Tool("get_time", "", '{"type": "object", "properties": {}}')
 LIMITS = Limits(max_context=64, max_tokens_cap=16, default_max_tokens=8)
@@ -68,7 +69,8 @@ class FakeAgents:
 
 
 def turns(agents: FakeAgents) -> ChatTurns:
-    return ChatTurns(agents, ToolsTokenizer(), CallMemory(FakeMetadataStore()), LIMITS)
+    threads = MessageThreads(FakeObjectStore())
+    return ChatTurns(agents, ToolsTokenizer(), CallMemory(FakeMetadataStore()), LIMITS, threads)
 
 
 def ask(**fields: Any) -> ChatAsk:

@@ -36,6 +36,7 @@ from semantic.application.cache.store import AgentCacheStore, CacheConfig
 from semantic.application.chat.call_memory import CallMemory
 from semantic.application.chat.chat_turn import ChatTurns
 from semantic.application.chat.generation import GenerationService, Limits
+from semantic.application.chat.message_threads import MessageThreads
 from semantic.application.dashboard.turn_history import TurnHistory
 from semantic.application.dashboard.view import Dashboard
 from semantic.application.engine.engine_loop import EngineLoop
@@ -247,7 +248,8 @@ async def _services(
         transcripts=metadata,
         leases=leases,
     )
-    responses = await _responses(agents, metadata, sweep=leases is None)
+    objects = SqliteObjectStore(metadata)
+    responses = await _responses(agents, objects, sweep=leases is None)
     _log_serving(settings, loaded, engine.spec, engine.pool)
     return Services(
         loaded.model_id,
@@ -263,7 +265,9 @@ async def _services(
         dashboard=Dashboard(
             metadata, metadata, cache.hot, history, pool_block_bytes=engine.spec.block_bytes
         ),
-        chats=ChatTurns(agents, engine.tokenizer, CallMemory(metadata), limits),
+        chats=ChatTurns(
+            agents, engine.tokenizer, CallMemory(metadata), limits, MessageThreads(objects)
+        ),
         readiness=ReadinessCheck(lambda: cache.disk, {"metadata": DatabaseProbe(metadata)}),
         responses=responses,
         runtime=runtime_report(loaded, engine.kernel, engine.host) | _placement(settings),
@@ -284,12 +288,11 @@ def _leases(settings: Settings, metadata: SqlMetadataStore) -> AgentLeases | Non
 
 
 async def _responses(
-    agents: AgentService, metadata: SqlMetadataStore, *, sweep: bool
+    agents: AgentService, objects: SqliteObjectStore, *, sweep: bool
 ) -> ResponsesService:
     """The Responses API's store, swept of what a crash left (``collect_orphans``) where
     this process is the database's only user: with instances sharing it (leases on), a
     response another one is running would look orphaned, so nothing is swept."""
-    objects = SqliteObjectStore(metadata)
     responses = ResponsesService(agents, objects)
     if sweep and (orphans := await responses.collect_orphans()):
         log.info("deleted %d response agents no stored response points at", orphans)

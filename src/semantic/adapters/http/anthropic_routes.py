@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from litestar import Controller, Request, post
@@ -18,6 +19,7 @@ from semantic.adapters.http.anthropic_schemas import (
     PlainChat,
     TextBlock,
 )
+from semantic.adapters.http.anthropic_threads import hold, whole_request
 from semantic.adapters.http.anthropic_tools import (
     anthropic_tool_use,
     history_message,
@@ -68,6 +70,8 @@ class AnthropicController(Controller):
         """Messages; ``X-Agent-Id``/``X-Namespace``/``X-Priority`` headers apply."""
         found = services(state)
         check_model(data.model, found.model_id)
+        namespace = identity(request).namespace
+        data = await whole_request(found, namespace, data)  # a thread's continuation: whole
         _check_plain_chat(data)
         ask = _ask(request, data)
         try:
@@ -78,12 +82,16 @@ class AnthropicController(Controller):
             raise in_own_words(error, "response_format", "output_config", "output_config") from None
         message_id = f"msg_{uuid.uuid4().hex[:24]}"
         context = applied_edits(ask.context_edit, reply.applied)
+        keep = functools.partial(hold, found, namespace, data, message_id)
         if data.stream:
             window = found.chats.max_context
-            events = message_events(reply, message_id, found.model_id, window, context=context)
+            events = message_events(
+                reply, message_id, found.model_id, window, context=context, keep=keep
+            )
             return sse(events, reply.close)
         outcome = await result_of(request, reply)
         body = message_body(message_id, found.model_id, outcome, found.chats.max_context)
+        await keep(body["content"])
         return {**body, **context}
 
     @post("/count_tokens", status_code=200, dto=StrictBody[CountTokensRequest])
@@ -95,6 +103,8 @@ class AnthropicController(Controller):
         found = services(state)
         check_model(data.model, found.model_id)
         _check_plain_chat(data)
+        if data.thread is not None:
+            raise ThreadsNotServedError()
         ask = _ask(request, data)
         rendered = await found.chats.render(ask)
         prompt, context = rendered.prompt, applied_edits(ask.context_edit, rendered.applied)
@@ -138,8 +148,6 @@ def _sampling(data: MessagesRequest) -> SamplingParams:
 def _check_plain_chat(data: PlainChat) -> None:
     if data.thinking is not None and data.thinking.get("type") != "disabled":
         raise InvalidRequestError("extended thinking is not supported", param="thinking")
-    if data.thread is not None:  # the SDK's tool runner asks by default
-        raise ThreadsNotServedError()
 
 
 def _conversation(
@@ -217,12 +225,19 @@ def _stop(result: GenerationResult, answer: Reply, window: int) -> str:
     return ANTHROPIC_STOP[result.finish_reason]
 
 
-def message_body(message_id: str, model: str, outcome: ChatOutcome, window: int) -> dict[str, Any]:
-    result, answer = outcome.result, outcome.answer
+def reply_content(answer: Reply) -> list[dict[str, Any]]:
+    """The reply's content blocks: its text (an empty one where there is nothing else),
+    then its calls."""
     content: list[dict[str, Any]] = []
     if answer.content or not answer.calls:
         content.append({"type": "text", "text": answer.content})
     content.extend(tool_use_block(call) for call in answer.calls)
+    return content
+
+
+def message_body(message_id: str, model: str, outcome: ChatOutcome, window: int) -> dict[str, Any]:
+    result, answer = outcome.result, outcome.answer
+    content = reply_content(answer)
     return {
         "id": message_id,
         "type": "message",
@@ -297,9 +312,11 @@ async def message_events(
     window: int,
     *,
     context: dict[str, Any] | None = None,
+    keep: Callable[[list[dict[str, Any]]], Awaitable[None]] | None = None,
 ) -> AsyncIterator[str]:
     """``window``: the model's context (``_stop``); ``context``: the
-    ``context_management`` the message ends with (edits applied)."""
+    ``context_management`` the message ends with (edits applied); ``keep``: told the
+    reply's content once it is whole, before the message ends (a thread holds it)."""
     start: dict[str, Any] = {
         "id": message_id,
         "type": "message",
@@ -318,6 +335,8 @@ async def message_events(
     try:
         async for event in reply.events():
             if isinstance(event, ChatOutcome):
+                if keep is not None:
+                    await keep(reply_content(event.answer))
                 for line in _ending(event, blocks, window, context or {}):
                     yield line
             else:

@@ -63,14 +63,23 @@ class ModelNotFoundError(SemanticError):
     """The request names a model this server does not serve."""
 
 
+class ThreadNotFoundError(SemanticError):
+    """A thread's ``previous_message_id`` this server holds nothing for (never held, or
+    another namespace's): 404 with the code Anthropic's SDK recovers by, sending the whole
+    conversation under a new thread."""
+
+    def __init__(self, message_id: str) -> None:
+        super().__init__(f"no message thread holds {message_id!r}")
+        self.param = "thread.previous_message_id"
+
+
 class ThreadsNotServedError(InvalidRequestError):
-    """Anthropic's ``thread`` (the message-threads beta): refused with the code its SDK
-    recovers by, sending the conversation whole, unthreaded, from then on."""
+    """Anthropic's ``thread`` where no thread is held (a token count): refused with the code
+    its SDK recovers by, sending the conversation whole, unthreaded."""
 
     def __init__(self) -> None:
         super().__init__(
-            "thread: this server holds no message threads; send the whole conversation (its "
-            "KV is found again by its prompt)",
+            "thread: a token count holds no thread; count the whole conversation",
             param="thread",
         )
 
@@ -137,9 +146,8 @@ def in_own_words(error: E, field: str, own: str, param: str) -> E:
 def problem_for(error: Exception) -> Problem:
     """The status, error code and message a domain (or framework) error maps to."""
     match error:
-        case ThreadsNotServedError():
-            unsupported = {"error_code": "thread_unsupported_request", "unsupported": ["thread"]}
-            return Problem(400, "invalid_request", str(error), error.param, details=unsupported)
+        case ThreadNotFoundError() | ThreadsNotServedError():
+            return _thread_problem(error)
         case InvalidRequestError():
             kind = (
                 "context_length_exceeded"
@@ -260,6 +268,16 @@ def _too_large(request: Request[Any, Any, Any], error: Exception) -> Problem | N
     limit = request.route_handler.resolve_request_max_body_size()
     said = f" of {limit / (1 << 20):g} MiB" if limit else ""
     return Problem(413, "request_too_large", f"the request body is over this server's limit{said}")
+
+
+def _thread_problem(error: ThreadNotFoundError | ThreadsNotServedError) -> Problem:
+    """Anthropic's thread refusals, with the ``error_code`` its SDK recovers by: a lost
+    thread is replayed whole under a new one, an unserved one is sent unthreaded."""
+    if isinstance(error, ThreadNotFoundError):
+        lost = {"error_code": "thread_not_found"}
+        return Problem(404, "not_found", str(error), error.param, details=lost)
+    unsupported = {"error_code": "thread_unsupported_request", "unsupported": ["thread"]}
+    return Problem(400, "invalid_request", str(error), error.param, details=unsupported)
 
 
 def body_for(path: str, problem: Problem) -> dict[str, Any]:

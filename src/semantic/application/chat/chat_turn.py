@@ -27,6 +27,7 @@ from semantic.application.chat.generation import (
     GenerationInput,
     Limits,
 )
+from semantic.application.chat.message_threads import MessageThreads
 from semantic.application.chat.reply_shape import FREE, no_room_for_tools, reply_shape
 from semantic.application.chat.transcript import new_call_id
 from semantic.domain.chat import ChatMessage
@@ -98,8 +99,15 @@ class ChatTurns:
     count of tokens asks only that)."""
 
     def __init__(
-        self, agents: PlainAgents, tokenizer: Tokenizer, calls: CallMemory, limits: Limits
+        self,
+        agents: PlainAgents,
+        tokenizer: Tokenizer,
+        calls: CallMemory,
+        limits: Limits,
+        threads: MessageThreads,
     ) -> None:
+        self.threads = threads
+        """The conversations a Messages thread holds, each made whole before its turn."""
         self._agents = agents
         self._tokenizer = tokenizer
         self._calls = calls

@@ -1,0 +1,31 @@
+"""Anthropic's message threads (its ``message-threads`` beta): a conversation held under
+each reply's id, so that a client continues it sending only its new messages, as a
+Responses chain continues by ``previous_response_id``. What is held is what the next turn
+needs of the request (its system prompt, tools and messages, the reply last), as JSON the
+front door writes and reads; the KV behind it is found again by its prompt, as every
+conversation's is. A reply may be continued more than once: each continuation is a branch."""
+
+from __future__ import annotations
+
+from semantic.domain.errors import ObjectNotFoundError
+from semantic.ports.object_store import ObjectStore, StoredObject
+
+THREAD = "message_thread"
+
+
+class MessageThreads:
+    def __init__(self, objects: ObjectStore) -> None:
+        self._objects = objects
+
+    async def hold(self, namespace: str, message_id: str, state: str) -> None:
+        """The conversation up to and with the reply ``message_id``, to be continued."""
+        await self._objects.put_objects(namespace, [StoredObject(THREAD, message_id, state)])
+
+    async def held(self, namespace: str, message_id: str) -> str:
+        """The conversation a reply ends, as ``hold`` was given it."""
+        found = await self._objects.stored_object(namespace, THREAD, message_id)
+        if found is None:
+            raise ObjectNotFoundError(
+                "message thread", message_id, param="thread.previous_message_id"
+            )
+        return found.body
