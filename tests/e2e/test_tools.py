@@ -286,8 +286,8 @@ def test_the_anthropic_tool_runner_runs_its_tools_in_a_thread(server: ServerProc
 
 def test_a_thread_continues_as_the_whole_conversation_would(server: ServerProcess) -> None:
     """A continuation sends only the new messages; its reply is the one the whole
-    conversation, sent unthreaded, gets. What it cannot continue is refused with the
-    codes Anthropic's SDK recovers by."""
+    conversation, sent unthreaded, gets, and the thread moves on to it. What it cannot
+    continue is refused with the codes Anthropic's SDK recovers by."""
     url = f"{server.url}/v1/messages"
     first_turn = [{"role": "user", "content": "Name a colour."}]
     body = {"model": "default", "max_tokens": 8, "temperature": 0, "system": "Be brief."}
@@ -303,7 +303,8 @@ def test_a_thread_continues_as_the_whole_conversation_would(server: ServerProces
     unthreaded = httpx.post(url, json={**body, "messages": whole})
     assert continued.json()["content"] == unthreaded.json()["content"]
     assert continued.json()["usage"]["cache_read_input_tokens"] > 0
-    streamed = httpx.post(url, json={**plain, "messages": more, "thread": thread, "stream": True})
+    moved = {"type": "continue", "previous_message_id": continued.json()["id"]}
+    streamed = httpx.post(url, json={**plain, "messages": more, "thread": moved, "stream": True})
     lines = streamed.text.splitlines()
     started = next(ln for ln in lines if ln.startswith("data:") and "message_start" in ln)
     streamed_id = json.loads(started.removeprefix("data: "))["message"]["id"]
@@ -312,10 +313,10 @@ def test_a_thread_continues_as_the_whole_conversation_would(server: ServerProces
     again = httpx.post(url, json={**body, "messages": more, "thread": thread})
     assert again.status_code == 400  # its system prompt comes from the thread
     assert again.json()["error"]["message"].startswith("system comes from the thread")
-    lost = {"type": "continue", "previous_message_id": "msg_unknown"}
-    missing = httpx.post(url, json={**plain, "messages": more, "thread": lost})
-    assert missing.status_code == 404
-    assert missing.json()["error"]["details"] == {"error_code": "thread_not_found"}
+    for lost in (thread, {"type": "continue", "previous_message_id": "msg_unknown"}):
+        missing = httpx.post(url, json={**plain, "messages": more, "thread": lost})
+        assert missing.status_code == 404  # moved on from (the SDK replays it whole), or never
+        assert missing.json()["error"]["details"] == {"error_code": "thread_not_found"}
     counted = httpx.post(
         f"{url}/count_tokens", json={"model": "default", "messages": more, "thread": thread}
     )

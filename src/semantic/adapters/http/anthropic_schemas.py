@@ -7,7 +7,7 @@ from typing import Any
 import msgspec
 
 
-class TextBlock(msgspec.Struct, forbid_unknown_fields=True):
+class TextBlock(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """A content block. Text is read, and a text document as text (``anthropic_documents``);
     ``cache_control`` (every prefix is cached here anyway) and ``citations`` (a reply's
     sources sent back with it as history, or a document's ``{"enabled": true}``) do not
@@ -36,7 +36,7 @@ class TextBlock(msgspec.Struct, forbid_unknown_fields=True):
     """Of a ``tool_use`` block: Anthropic's SDKs dump them, null, with the block."""
 
 
-class AnthropicMessage(msgspec.Struct, forbid_unknown_fields=True):
+class AnthropicMessage(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     role: str
     content: str | list[TextBlock]
 

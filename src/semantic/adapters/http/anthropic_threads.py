@@ -71,4 +71,10 @@ async def hold(
         return
     reply = msgspec.convert({"role": "assistant", "content": content}, AnthropicMessage)
     held = _Held(whole.system, whole.tools, [*whole.messages, reply])
-    await found.chats.threads.hold(namespace, message_id, msgspec.json.encode(held).decode())
+    continued = whole.thread.get("previous_message_id")
+    await found.chats.threads.hold(
+        namespace,
+        message_id,
+        msgspec.json.encode(held).decode(),
+        moves_on=continued if isinstance(continued, str) else None,
+    )
