@@ -317,6 +317,11 @@ def test_a_thread_continues_as_the_whole_conversation_would(server: ServerProces
         missing = httpx.post(url, json={**plain, "messages": more, "thread": lost})
         assert missing.status_code == 404  # moved on from (the SDK replays it whole), or never
         assert missing.json()["error"]["details"] == {"error_code": "thread_not_found"}
+    added = {"type": "tool_addition", "tool": {"type": "tool_reference", "name": "get_weather"}}
+    changing = [{"role": "system", "content": [added]}, *more]  # the SDK's add_tools()
+    refused = httpx.post(url, json={**plain, "messages": changing})
+    assert refused.status_code == 400
+    assert "'tool_addition' is not supported" in refused.json()["error"]["message"]
     counted = httpx.post(
         f"{url}/count_tokens", json={"model": "default", "messages": more, "thread": thread}
     )

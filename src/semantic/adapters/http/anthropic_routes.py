@@ -184,6 +184,7 @@ def _chat(
 ) -> list[ChatMessage]:
     out = [ChatMessage("system", joined_text(system, "content block"))] if system else []
     for message in messages:
+        _check_no_tool_changes(message)
         if message.role not in ("user", "assistant"):
             raise InvalidRequestError(
                 f"message role {message.role!r} is not supported", param="messages"
@@ -200,6 +201,20 @@ def _chat(
     if not messages:
         raise InvalidRequestError("messages must not be empty", param="messages")
     return out
+
+
+def _check_no_tool_changes(message: AnthropicMessage) -> None:
+    """The SDK's ``add_tools``/``remove_tools`` (the inline-tools beta) send these in a
+    system message; refused by kind, not as an odd field or role."""
+    content = message.content if isinstance(message.content, list) else []
+    changing = next((b.type for b in content if b.type in ("tool_addition", "tool_removal")), None)
+    if changing is not None:
+        raise InvalidRequestError(
+            f"content block type {changing!r} is not supported: tools do not change within a "
+            "conversation here (the inline-tools beta); send them with the request, or start "
+            "a new thread with them",
+            param="messages",
+        )
 
 
 def _usage(result: GenerationResult | None, prompt_tokens: int, cached: int) -> dict[str, int]:

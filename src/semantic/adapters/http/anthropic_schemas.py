@@ -34,6 +34,8 @@ class TextBlock(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     caller: Any = None
     toolset_name: Any = None
     """Of a ``tool_use`` block: Anthropic's SDKs dump them, null, with the block."""
+    tool: Any = None
+    """Of a ``tool_addition`` or ``tool_removal`` block (tools changed mid-conversation)."""
 
 
 class AnthropicMessage(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
