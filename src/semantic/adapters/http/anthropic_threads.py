@@ -11,10 +11,9 @@ from typing import Any
 import msgspec
 
 from semantic.adapters.http.anthropic_schemas import AnthropicMessage, MessagesRequest, TextBlock
-from semantic.adapters.http.errors import ThreadNotFoundError
 from semantic.adapters.http.identity import checked_id
 from semantic.adapters.http.state import Services
-from semantic.domain.errors import InvalidRequestError, ObjectNotFoundError
+from semantic.domain.errors import InvalidRequestError
 
 FROM_THE_THREAD = ("system", "tools")
 """What a continuation takes from its thread, and is refused for sending again."""
@@ -45,12 +44,7 @@ async def whole_request(found: Services, namespace: str, data: MessagesRequest) 
     if not data.messages:
         message = "a continue sends the turn's new messages"
         raise InvalidRequestError(message, param="messages")
-    try:
-        held = await found.chats.threads.held(
-            namespace, checked_id(previous, "previous_message_id")
-        )
-    except ObjectNotFoundError:
-        raise ThreadNotFoundError(previous) from None
+    held = await found.chats.threads.held(namespace, checked_id(previous, "previous_message_id"))
     earlier = msgspec.json.decode(held, type=_Held)
     messages = [*earlier.messages, *data.messages]
     return msgspec.structs.replace(

@@ -25,6 +25,7 @@ from litestar.exceptions import (
 from semantic.adapters.http.common import ClientGoneError
 from semantic.adapters.http.identity import AdminKeyNeededError, NamespaceNotAllowedError
 from semantic.application.chat.generation import GenerationFailedError
+from semantic.application.chat.message_threads import THREAD_PARAM
 from semantic.domain.errors import (
     AgentBusyError,
     AgentExistsError,
@@ -61,16 +62,6 @@ class Problem:
 
 class ModelNotFoundError(SemanticError):
     """The request names a model this server does not serve."""
-
-
-class ThreadNotFoundError(SemanticError):
-    """A thread's ``previous_message_id`` this server holds nothing for (never held, or
-    another namespace's): 404 with the code Anthropic's SDK recovers by, sending the whole
-    conversation under a new thread."""
-
-    def __init__(self, message_id: str) -> None:
-        super().__init__(f"no message thread holds {message_id!r}")
-        self.param = "thread.previous_message_id"
 
 
 class ThreadsNotServedError(InvalidRequestError):
@@ -146,8 +137,9 @@ def in_own_words(error: E, field: str, own: str, param: str) -> E:
 def problem_for(error: Exception) -> Problem:
     """The status, error code and message a domain (or framework) error maps to."""
     match error:
-        case ThreadNotFoundError() | ThreadsNotServedError():
-            return _thread_problem(error)
+        case ThreadsNotServedError():
+            unsupported = {"error_code": "thread_unsupported_request", "unsupported": ["thread"]}
+            return Problem(400, "invalid_request", str(error), error.param, details=unsupported)
         case InvalidRequestError():
             kind = (
                 "context_length_exceeded"
@@ -155,8 +147,8 @@ def problem_for(error: Exception) -> Problem:
                 else "invalid_request"
             )
             return Problem(400, kind, str(error), error.param)
-        case ObjectNotFoundError() if error.param == "previous_response_id":
-            return _no_previous_response(error)
+        case ObjectNotFoundError() if error.param in ("previous_response_id", THREAD_PARAM):
+            return _lost_chain(error)
         case QueueFullError() | AgentBusyError():
             return _retry_later(error)
         case PoolExhaustedError() | NoRoomCameError():
@@ -194,10 +186,14 @@ def _unreadable(error: Exception) -> Problem | None:
     return None
 
 
-def _no_previous_response(error: ObjectNotFoundError) -> Problem:
-    """OpenAI's answer to a ``previous_response_id`` it does not hold: a 400 with
-    ``previous_response_not_found``, the code clients recover by (sending the whole
-    history instead), not a 404."""
+def _lost_chain(error: ObjectNotFoundError) -> Problem:
+    """What a client continuing a chain it was told of gets for one not held, with the code
+    its SDK recovers by (sending the whole history instead): OpenAI's 400
+    ``previous_response_not_found``, or Anthropic's 404 with ``error.details.error_code``
+    ``thread_not_found`` (a thread never held, let go, or another namespace's)."""
+    if error.param == THREAD_PARAM:
+        lost = {"error_code": "thread_not_found"}
+        return Problem(404, "not_found", str(error), error.param, details=lost)
     said = str(error).replace("response ", "Previous response with id ", 1)
     return Problem(400, "previous_response_not_found", said, error.param)
 
@@ -268,16 +264,6 @@ def _too_large(request: Request[Any, Any, Any], error: Exception) -> Problem | N
     limit = request.route_handler.resolve_request_max_body_size()
     said = f" of {limit / (1 << 20):g} MiB" if limit else ""
     return Problem(413, "request_too_large", f"the request body is over this server's limit{said}")
-
-
-def _thread_problem(error: ThreadNotFoundError | ThreadsNotServedError) -> Problem:
-    """Anthropic's thread refusals, with the ``error_code`` its SDK recovers by: a lost
-    thread is replayed whole under a new one, an unserved one is sent unthreaded."""
-    if isinstance(error, ThreadNotFoundError):
-        lost = {"error_code": "thread_not_found"}
-        return Problem(404, "not_found", str(error), error.param, details=lost)
-    unsupported = {"error_code": "thread_unsupported_request", "unsupported": ["thread"]}
-    return Problem(400, "invalid_request", str(error), error.param, details=unsupported)
 
 
 def body_for(path: str, problem: Problem) -> dict[str, Any]:

@@ -13,6 +13,8 @@ from semantic.domain.errors import ObjectNotFoundError
 from semantic.ports.object_store import ObjectStore, StoredObject
 
 THREAD = "message_thread"
+THREAD_PARAM = "thread.previous_message_id"
+"""The field a lost thread's refusal names (the edge maps it to Anthropic's code)."""
 
 
 class MessageThreads:
@@ -33,7 +35,5 @@ class MessageThreads:
         """The conversation a reply ends, as ``hold`` was given it."""
         found = await self._objects.stored_object(namespace, THREAD, message_id)
         if found is None:
-            raise ObjectNotFoundError(
-                "message thread", message_id, param="thread.previous_message_id"
-            )
+            raise ObjectNotFoundError("message thread", message_id, param=THREAD_PARAM)
         return found.body
